@@ -1,0 +1,771 @@
+/*
+ * mg_client: see mg_client.h. One nghttp2 client session per mg_client, on one bufferevent.
+ * Calls are submitted at once; nghttp2 holds the frames until the connection is up. Each call
+ * has a bounded deframer for responses and an evbuffer of request bytes read by the data source.
+ */
+#include "mg_client.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/util.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <nghttp2/nghttp2.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#define MAX_HDRS 16
+
+struct mg_rpc {
+    mg_client *c;
+    int32_t stream_id;
+    const mg_rpc_handlers *h;
+    void *arg;
+    struct evbuffer *out;
+    int send_closed;
+    int deferred;
+    int closed;
+    int http_status;
+    int grpc_status; /* -1 until seen */
+    char *grpc_message;
+    char *hdr_names[MAX_HDRS];
+    char *hdr_values[MAX_HDRS];
+    int n_hdrs;
+    mg_deframer deframer;
+    int deframe_error;
+    struct event *deadline;
+    uint64_t timeout_ms;
+    struct mg_rpc *next, *prev;
+};
+
+struct mg_client {
+    struct event_base *base;
+    struct bufferevent *bev;
+    nghttp2_session *ng;
+    SSL_CTX *ssl_ctx;
+    char target[256];
+    char authority[256];
+    int tls;
+    int connected;
+    int failed;
+    char fail_msg[600];
+    uint32_t max_message;
+    mg_rpc *rpcs;
+    struct event *flush_ev;
+    int in_cb;
+};
+
+static void client_fail(mg_client *c, const char *why);
+static void client_flush(mg_client *c);
+
+/* ------------------------------------------------------------------ calls */
+
+static void rpc_free(mg_rpc *rpc)
+{
+    if (rpc->deadline)
+        event_free(rpc->deadline);
+    evbuffer_free(rpc->out);
+    mg_deframer_free(&rpc->deframer);
+    free(rpc->grpc_message);
+    for (int i = 0; i < rpc->n_hdrs; i++) {
+        free(rpc->hdr_names[i]);
+        free(rpc->hdr_values[i]);
+    }
+    free(rpc);
+}
+
+static void rpc_unlink(mg_rpc *rpc)
+{
+    mg_client *c = rpc->c;
+    if (rpc->prev)
+        rpc->prev->next = rpc->next;
+    else if (c->rpcs == rpc)
+        c->rpcs = rpc->next;
+    if (rpc->next)
+        rpc->next->prev = rpc->prev;
+    rpc->next = rpc->prev = NULL;
+}
+
+/* Reports the final status once and frees the call. */
+static void rpc_close(mg_rpc *rpc, int status, const char *message)
+{
+    if (rpc->closed)
+        return;
+    rpc->closed = 1;
+    rpc_unlink(rpc);
+    if (rpc->stream_id > 0 && rpc->c->ng)
+        nghttp2_session_set_stream_user_data(rpc->c->ng, rpc->stream_id, NULL);
+    if (rpc->h->on_close)
+        rpc->h->on_close(rpc, status, message ? message : "", rpc->arg);
+    rpc_free(rpc);
+}
+
+static ssize_t rpc_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,
+                           uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
+{
+    mg_rpc *rpc = source->ptr;
+    int n = evbuffer_remove(rpc->out, buf, length);
+    if (n > 0)
+        return n;
+    if (rpc->send_closed) {
+        *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+        return 0;
+    }
+    rpc->deferred = 1;
+    return NGHTTP2_ERR_DEFERRED;
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_rpc *rpc = arg;
+    mg_client *c = rpc->c;
+    char msg[96];
+    if (rpc->stream_id > 0 && c->ng)
+        nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, rpc->stream_id, NGHTTP2_CANCEL);
+    snprintf(msg, sizeof(msg), "deadline of %llu ms exceeded",
+             (unsigned long long)rpc->timeout_ms);
+    rpc_close(rpc, MG_GRPC_DEADLINE_EXCEEDED, msg);
+    client_flush(c);
+}
+
+mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size_t n_md,
+                     uint64_t timeout_ms, const mg_rpc_handlers *h, void *arg)
+{
+    nghttp2_nv nva[8 + 32];
+    size_t n = 0;
+    char tbuf[16];
+    mg_rpc *rpc;
+    nghttp2_data_provider dp;
+
+    if (c->failed || n_md > 32)
+        return NULL;
+    rpc = calloc(1, sizeof(*rpc));
+    if (rpc == NULL)
+        return NULL;
+    rpc->out = evbuffer_new();
+    if (rpc->out == NULL) {
+        free(rpc);
+        return NULL;
+    }
+    rpc->c = c;
+    rpc->h = h;
+    rpc->arg = arg;
+    rpc->grpc_status = -1;
+    rpc->timeout_ms = timeout_ms;
+    mg_deframer_init(&rpc->deframer, c->max_message);
+
+#define ADD(nm, val)                                                                               \
+    nva[n++] = (nghttp2_nv)                                                                        \
+    {                                                                                              \
+        (uint8_t *)(nm), (uint8_t *)(val), strlen(nm), strlen(val), NGHTTP2_NV_FLAG_NONE           \
+    }
+    ADD(":method", "POST");
+    ADD(":scheme", c->tls ? "https" : "http");
+    ADD(":authority", c->authority);
+    ADD(":path", path);
+    if (timeout_ms) {
+        mg_grpc_timeout_format(tbuf, timeout_ms * 1000000ULL);
+        ADD("grpc-timeout", tbuf);
+    }
+    ADD("content-type", "application/grpc");
+    ADD("te", "trailers");
+    ADD("user-agent", "moongate-c/" MG_VERSION);
+    for (size_t i = 0; i < n_md; i++)
+        ADD(md[i].name, md[i].value);
+#undef ADD
+    dp.source.ptr = rpc;
+    dp.read_callback = rpc_read_cb;
+    rpc->stream_id = nghttp2_submit_request(c->ng, NULL, nva, n, &dp, rpc);
+    if (rpc->stream_id < 0) {
+        rpc_free(rpc);
+        return NULL;
+    }
+    rpc->next = c->rpcs;
+    if (c->rpcs)
+        c->rpcs->prev = rpc;
+    c->rpcs = rpc;
+    if (timeout_ms) {
+        struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+        rpc->deadline = evtimer_new(c->base, deadline_cb, rpc);
+        if (rpc->deadline)
+            evtimer_add(rpc->deadline, &tv);
+    }
+    client_flush(c);
+    return rpc;
+}
+
+static void rpc_resume(mg_rpc *rpc)
+{
+    if (rpc->deferred) {
+        rpc->deferred = 0;
+        nghttp2_session_resume_data(rpc->c->ng, rpc->stream_id);
+    }
+    client_flush(rpc->c);
+}
+
+int mg_rpc_send(mg_rpc *rpc, const uint8_t *msg, size_t len)
+{
+    uint8_t prefix[MG_GRPC_PREFIX_LEN];
+    if (rpc->closed || rpc->send_closed || len > UINT32_MAX)
+        return -1;
+    mg_grpc_prefix(prefix, (uint32_t)len);
+    if (evbuffer_add(rpc->out, prefix, sizeof(prefix)) != 0 ||
+        (len && evbuffer_add(rpc->out, msg, len) != 0))
+        return -1;
+    rpc_resume(rpc);
+    return 0;
+}
+
+int mg_rpc_close_send(mg_rpc *rpc)
+{
+    if (rpc->closed || rpc->send_closed)
+        return -1;
+    rpc->send_closed = 1;
+    rpc_resume(rpc);
+    return 0;
+}
+
+void mg_rpc_cancel(mg_rpc *rpc)
+{
+    mg_client *c = rpc->c;
+    if (rpc->closed)
+        return;
+    if (rpc->stream_id > 0 && c->ng)
+        nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, rpc->stream_id, NGHTTP2_CANCEL);
+    rpc_close(rpc, MG_GRPC_CANCELLED, "cancelled by the client");
+    client_flush(c);
+}
+
+const char *mg_rpc_header(const mg_rpc *rpc, const char *name)
+{
+    for (int i = 0; i < rpc->n_hdrs; i++) {
+        if (strcmp(rpc->hdr_names[i], name) == 0)
+            return rpc->hdr_values[i];
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ nghttp2 callbacks */
+
+static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, int flags,
+                       void *user_data)
+{
+    mg_client *c = user_data;
+    if (!c->connected)
+        return NGHTTP2_ERR_WOULDBLOCK;
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 4 * 1024 * 1024)
+        return NGHTTP2_ERR_WOULDBLOCK;
+    if (bufferevent_write(c->bev, data, length) != 0)
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
+    return (ssize_t)length;
+}
+
+static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
+                        size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
+                        void *user_data)
+{
+    mg_rpc *rpc = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (rpc == NULL || frame->hd.type != NGHTTP2_HEADERS)
+        return 0;
+    if (namelen == 7 && memcmp(name, ":status", 7) == 0) {
+        rpc->http_status = 0;
+        for (size_t i = 0; i < valuelen && i < 3; i++)
+            rpc->http_status = rpc->http_status * 10 + (value[i] - '0');
+    } else if (namelen == 11 && memcmp(name, "grpc-status", 11) == 0) {
+        char buf[8];
+        size_t n = valuelen < sizeof(buf) - 1 ? valuelen : sizeof(buf) - 1;
+        memcpy(buf, value, n);
+        buf[n] = '\0';
+        rpc->grpc_status = mg_grpc_code_parse(buf);
+        if (rpc->grpc_status < 0)
+            rpc->grpc_status = MG_GRPC_UNKNOWN;
+    } else if (namelen == 12 && memcmp(name, "grpc-message", 12) == 0) {
+        free(rpc->grpc_message);
+        rpc->grpc_message = malloc(valuelen + 1);
+        if (rpc->grpc_message)
+            mg_pct_decode(rpc->grpc_message, (const char *)value, valuelen);
+    }
+    if (rpc->n_hdrs < MAX_HDRS) {
+        rpc->hdr_names[rpc->n_hdrs] = strndup((const char *)name, namelen);
+        rpc->hdr_values[rpc->n_hdrs] = strndup((const char *)value, valuelen);
+        if (rpc->hdr_names[rpc->n_hdrs] && rpc->hdr_values[rpc->n_hdrs]) {
+            rpc->n_hdrs++;
+        } else {
+            free(rpc->hdr_names[rpc->n_hdrs]);
+            free(rpc->hdr_values[rpc->n_hdrs]);
+        }
+    }
+    return 0;
+}
+
+static int on_message(void *arg, const uint8_t *msg, size_t len)
+{
+    mg_rpc *rpc = arg;
+    if (rpc->h->on_message)
+        rpc->h->on_message(rpc, msg, len, rpc->arg);
+    return rpc->closed ? 1 : 0;
+}
+
+static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t stream_id,
+                                 const uint8_t *data, size_t len, void *user_data)
+{
+    mg_rpc *rpc = nghttp2_session_get_stream_user_data(ng, stream_id);
+    int rv;
+    if (rpc == NULL || rpc->deframe_error)
+        return 0;
+    rv = mg_deframer_feed(&rpc->deframer, data, len, on_message, rpc);
+    if (rv < 0) {
+        char msg[160];
+        rpc->deframe_error = 1;
+        if (rv == MG_DEFRAME_TOO_LARGE)
+            snprintf(msg, sizeof(msg), "response message of %u bytes exceeds the limit of %u",
+                     rpc->deframer.declared, rpc->deframer.max_message);
+        else
+            snprintf(msg, sizeof(msg), "malformed response framing (%d)", rv);
+        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_CANCEL);
+        rpc_close(rpc, rv == MG_DEFRAME_TOO_LARGE ? MG_GRPC_RESOURCE_EXHAUSTED : MG_GRPC_INTERNAL,
+                  msg);
+    }
+    return 0;
+}
+
+/* gRPC's HTTP-to-status mapping, for responses without grpc-status. */
+static int http_to_grpc(int http)
+{
+    switch (http) {
+    case 400:
+        return MG_GRPC_INTERNAL;
+    case 401:
+        return MG_GRPC_UNAUTHENTICATED;
+    case 403:
+        return MG_GRPC_PERMISSION_DENIED;
+    case 404:
+        return MG_GRPC_UNIMPLEMENTED;
+    case 429:
+    case 502:
+    case 503:
+    case 504:
+        return MG_GRPC_UNAVAILABLE;
+    default:
+        return MG_GRPC_UNKNOWN;
+    }
+}
+
+static int on_stream_close_cb(nghttp2_session *ng, int32_t stream_id, uint32_t error_code,
+                              void *user_data)
+{
+    mg_rpc *rpc = nghttp2_session_get_stream_user_data(ng, stream_id);
+    char msg[160];
+    if (rpc == NULL)
+        return 0;
+    if (rpc->grpc_status >= 0) {
+        if (rpc->grpc_status == MG_GRPC_OK && mg_deframer_partial(&rpc->deframer))
+            rpc_close(rpc, MG_GRPC_INTERNAL, "response ended inside a message");
+        else
+            rpc_close(rpc, rpc->grpc_status, rpc->grpc_message);
+    } else if (error_code != NGHTTP2_NO_ERROR) {
+        snprintf(msg, sizeof(msg), "stream reset by the server: %s",
+                 nghttp2_http2_strerror(error_code));
+        rpc_close(rpc,
+                  error_code == NGHTTP2_REFUSED_STREAM ? MG_GRPC_UNAVAILABLE
+                  : error_code == NGHTTP2_CANCEL       ? MG_GRPC_CANCELLED
+                                                       : MG_GRPC_INTERNAL,
+                  msg);
+    } else {
+        snprintf(msg, sizeof(msg), "response without grpc-status (HTTP %d)", rpc->http_status);
+        rpc_close(rpc, http_to_grpc(rpc->http_status), msg);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ connection */
+
+static void client_send(mg_client *c)
+{
+    int rv;
+    if (c->ng == NULL || !c->connected || c->failed)
+        return;
+    rv = nghttp2_session_send(c->ng);
+    if (rv != 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "HTTP/2: %s", nghttp2_strerror(rv));
+        client_fail(c, why);
+    }
+}
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    client_send(arg);
+}
+
+static void client_flush(mg_client *c)
+{
+    if (c->flush_ev && !event_pending(c->flush_ev, EV_TIMEOUT, NULL))
+        event_active(c->flush_ev, EV_TIMEOUT, 0);
+}
+
+/* The connection is unusable: every open call ends with UNAVAILABLE. */
+static void client_fail(mg_client *c, const char *why)
+{
+    if (!c->failed) {
+        c->failed = 1;
+        snprintf(c->fail_msg, sizeof(c->fail_msg), "%s: %s", c->target, why);
+    }
+    while (c->rpcs)
+        rpc_close(c->rpcs, MG_GRPC_UNAVAILABLE, c->fail_msg);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+    mg_client *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    while (evbuffer_get_length(in) > 0 && !c->failed) {
+        size_t len = evbuffer_get_contiguous_space(in);
+        unsigned char *data = evbuffer_pullup(in, (ssize_t)len);
+        ssize_t r = nghttp2_session_mem_recv(c->ng, data, len);
+        if (r < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "HTTP/2 protocol error: %s", nghttp2_strerror((int)r));
+            client_fail(c, why);
+            return;
+        }
+        evbuffer_drain(in, (size_t)r);
+    }
+    client_send(c);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+    client_send(arg);
+}
+
+static void event_cb(struct bufferevent *bev, short events, void *arg)
+{
+    mg_client *c = arg;
+    if (events & BEV_EVENT_CONNECTED) {
+        if (c->tls) {
+            const unsigned char *alpn = NULL;
+            unsigned alpnlen = 0;
+            SSL *ssl = bufferevent_openssl_get_ssl(bev);
+            SSL_get0_alpn_selected(ssl, &alpn, &alpnlen);
+            if (alpn == NULL || alpnlen != 2 || memcmp(alpn, "h2", 2) != 0) {
+                client_fail(c, "server did not negotiate ALPN h2");
+                return;
+            }
+        }
+        {
+            int one = 1;
+            evutil_socket_t fd = bufferevent_getfd(bev);
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        c->connected = 1;
+        bufferevent_set_timeouts(bev, NULL, NULL);
+        client_send(c);
+        return;
+    }
+    {
+        char why[256];
+        unsigned long e = c->bev ? bufferevent_get_openssl_error(bev) : 0;
+        if (e) {
+            char ebuf[200];
+            ERR_error_string_n(e, ebuf, sizeof(ebuf));
+            snprintf(why, sizeof(why), "TLS: %s", ebuf);
+        } else if (events & BEV_EVENT_TIMEOUT) {
+            snprintf(why, sizeof(why), "connect timed out");
+        } else if (events & BEV_EVENT_EOF) {
+            snprintf(why, sizeof(why), "connection closed by the server");
+        } else {
+            int err = EVUTIL_SOCKET_ERROR();
+            snprintf(why, sizeof(why), "%s", err ? evutil_socket_error_to_string(err)
+                                                 : "connection failed");
+        }
+        client_fail(c, why);
+    }
+}
+
+static SSL_CTX *client_ssl_ctx(const mg_client_options *o, char *err, size_t errcap)
+{
+    static const unsigned char alpn[] = "\x02h2";
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL)
+        return NULL;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    if (!o->insecure) {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        if (o->ca_file ? SSL_CTX_load_verify_locations(ctx, o->ca_file, NULL) != 1
+                       : SSL_CTX_set_default_verify_paths(ctx) != 1) {
+            snprintf(err, errcap, "cannot load CA %s", o->ca_file ? o->ca_file : "(system)");
+            goto fail;
+        }
+    }
+    if (o->cert_file) {
+        if (SSL_CTX_use_certificate_chain_file(ctx, o->cert_file) != 1 ||
+            SSL_CTX_use_PrivateKey_file(ctx, o->key_file ? o->key_file : o->cert_file,
+                                        SSL_FILETYPE_PEM) != 1 ||
+            SSL_CTX_check_private_key(ctx) != 1) {
+            snprintf(err, errcap, "cannot load client certificate %s / key %s", o->cert_file,
+                     o->key_file ? o->key_file : o->cert_file);
+            goto fail;
+        }
+    }
+    return ctx;
+fail:
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+int mg_client_new(mg_client **out, struct event_base *base, const mg_client_options *o,
+                  char *err, size_t errcap)
+{
+    mg_client *c = calloc(1, sizeof(*c));
+    nghttp2_session_callbacks *cbs = NULL;
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 4 * 1024 * 1024}};
+    struct timeval ct;
+    char host[256];
+    const char *t = o->target;
+
+    if (c == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    c->base = base;
+    c->tls = o->tls;
+    c->max_message = o->max_message_bytes ? o->max_message_bytes : 4u * 1024u * 1024u;
+    snprintf(c->target, sizeof(c->target), "%s", t);
+    ct.tv_sec = o->connect_timeout_ms ? o->connect_timeout_ms / 1000 : 10;
+    ct.tv_usec = o->connect_timeout_ms ? (suseconds_t)(o->connect_timeout_ms % 1000) * 1000 : 0;
+
+    if (strncmp(t, "unix:", 5) == 0) {
+        struct sockaddr_un sun;
+        const char *path = t + 5;
+        if (strlen(path) >= sizeof(sun.sun_path) || *path == '\0') {
+            snprintf(err, errcap, "bad Unix socket path in \"%s\"", t);
+            goto fail;
+        }
+        snprintf(c->authority, sizeof(c->authority), "localhost");
+        memset(&sun, 0, sizeof(sun));
+        sun.sun_family = AF_UNIX;
+        memcpy(sun.sun_path, path, strlen(path) + 1);
+        c->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        if (c->bev == NULL) {
+            snprintf(err, errcap, "out of memory");
+            goto fail;
+        }
+        bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
+        bufferevent_set_timeouts(c->bev, &ct, &ct);
+        if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&sun, sizeof(sun)) != 0) {
+            snprintf(err, errcap, "connect %s: %s", t, strerror(errno));
+            goto fail;
+        }
+    } else {
+        struct evutil_addrinfo hints, *ai = NULL;
+        const char *colon = strrchr(t, ':');
+        size_t hl;
+        int gai;
+        if (colon == NULL || colon[1] == '\0') {
+            snprintf(err, errcap, "target \"%s\" is not host:port or unix:/path", t);
+            goto fail;
+        }
+        hl = (size_t)(colon - t);
+        if (hl >= 2 && t[0] == '[' && t[hl - 1] == ']')
+            snprintf(host, sizeof(host), "%.*s", (int)(hl - 2), t + 1);
+        else
+            snprintf(host, sizeof(host), "%.*s", (int)hl, t);
+        snprintf(c->authority, sizeof(c->authority), "%s", t);
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = EVUTIL_AI_ADDRCONFIG;
+        gai = evutil_getaddrinfo(host, colon + 1, &hints, &ai);
+        if (gai != 0 || ai == NULL) {
+            snprintf(err, errcap, "cannot resolve \"%s\": %s", host, evutil_gai_strerror(gai));
+            goto fail;
+        }
+        if (c->tls) {
+            SSL *ssl;
+            c->ssl_ctx = client_ssl_ctx(o, err, errcap);
+            if (c->ssl_ctx == NULL) {
+                evutil_freeaddrinfo(ai);
+                goto fail;
+            }
+            ssl = SSL_new(c->ssl_ctx);
+            if (ssl == NULL) {
+                evutil_freeaddrinfo(ai);
+                snprintf(err, errcap, "out of memory");
+                goto fail;
+            }
+            {
+                const char *sni = o->server_name ? o->server_name : host;
+                SSL_set_tlsext_host_name(ssl, sni);
+                if (!o->insecure)
+                    SSL_set1_host(ssl, sni);
+            }
+            c->bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                    BEV_OPT_CLOSE_ON_FREE |
+                                                        BEV_OPT_DEFER_CALLBACKS);
+            if (c->bev == NULL)
+                SSL_free(ssl);
+            else
+                bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+        } else {
+            c->bev =
+                bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        }
+        if (c->bev == NULL) {
+            evutil_freeaddrinfo(ai);
+            snprintf(err, errcap, "out of memory");
+            goto fail;
+        }
+        bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
+        bufferevent_set_timeouts(c->bev, &ct, &ct);
+        if (bufferevent_socket_connect(c->bev, ai->ai_addr, (int)ai->ai_addrlen) != 0) {
+            snprintf(err, errcap, "connect %s: %s", t, strerror(errno));
+            evutil_freeaddrinfo(ai);
+            goto fail;
+        }
+        evutil_freeaddrinfo(ai);
+    }
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+
+    if (nghttp2_session_callbacks_new(&cbs) != 0)
+        goto fail_ng;
+    nghttp2_session_callbacks_set_send_callback(cbs, send_cb);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header_cb);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk_recv_cb);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close_cb);
+    if (nghttp2_session_client_new(&c->ng, cbs, c) != 0)
+        goto fail_ng;
+    nghttp2_session_callbacks_del(cbs);
+    cbs = NULL;
+    nghttp2_submit_settings(c->ng, NGHTTP2_FLAG_NONE, iv, 2);
+    nghttp2_session_set_local_window_size(c->ng, NGHTTP2_FLAG_NONE, 0, 16 * 1024 * 1024);
+    c->flush_ev = event_new(base, -1, 0, flush_cb, c);
+    if (c->flush_ev == NULL)
+        goto fail_ng;
+    *out = c;
+    return 0;
+
+fail_ng:
+    snprintf(err, errcap, "out of memory");
+    if (cbs)
+        nghttp2_session_callbacks_del(cbs);
+fail:
+    mg_client_del(c);
+    return -1;
+}
+
+void mg_client_del(mg_client *c)
+{
+    if (c == NULL)
+        return;
+    while (c->rpcs)
+        rpc_close(c->rpcs, MG_GRPC_CANCELLED, "client closed");
+    if (c->ng)
+        nghttp2_session_del(c->ng);
+    if (c->flush_ev)
+        event_free(c->flush_ev);
+    if (c->bev)
+        bufferevent_free(c->bev);
+    if (c->ssl_ctx)
+        SSL_CTX_free(c->ssl_ctx);
+    free(c);
+}
+
+/* ------------------------------------------------------------------ blocking unary */
+
+typedef struct {
+    struct event_base *base;
+    uint8_t *resp;
+    size_t resp_len;
+    int got;
+    int status;
+    char *message;
+    int done;
+} unary_state;
+
+static void unary_msg(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
+{
+    unary_state *s = arg;
+    if (s->got++)
+        return; /* a second response message is a protocol violation: reported below */
+    s->resp = malloc(len ? len : 1);
+    if (s->resp) {
+        memcpy(s->resp, msg, len);
+        s->resp_len = len;
+    }
+}
+
+static void unary_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    unary_state *s = arg;
+    s->status = status;
+    s->message = strdup(message);
+    if (status == MG_GRPC_OK && s->got != 1) {
+        free(s->message);
+        s->message = strdup(s->got ? "more than one response message for a unary call"
+                                   : "no response message for a unary call");
+        s->status = MG_GRPC_INTERNAL;
+    }
+    s->done = 1;
+    event_base_loopbreak(s->base);
+}
+
+int mg_client_unary(const mg_client_options *opts, const char *path, const uint8_t *req,
+                    size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
+                    int *status, char **message, char *err, size_t errcap)
+{
+    static const mg_rpc_handlers h = {unary_msg, unary_close};
+    unary_state s;
+    mg_client *c;
+    mg_rpc *rpc;
+    struct event_base *base = event_base_new();
+
+    memset(&s, 0, sizeof(s));
+    s.status = MG_GRPC_UNKNOWN;
+    if (base == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    s.base = base;
+    if (mg_client_new(&c, base, opts, err, errcap) != 0) {
+        event_base_free(base);
+        return -1;
+    }
+    rpc = mg_rpc_start(c, path, NULL, 0, timeout_ms, &h, &s);
+    if (rpc == NULL) {
+        snprintf(err, errcap, "cannot start the call");
+        mg_client_del(c);
+        event_base_free(base);
+        return -1;
+    }
+    mg_rpc_send(rpc, req, req_len);
+    mg_rpc_close_send(rpc);
+    while (!s.done && event_base_dispatch(base) == 0)
+        ;
+    mg_client_del(c);
+    event_base_free(base);
+    *status = s.status;
+    *message = s.message ? s.message : strdup("the call ended without a status");
+    if (s.status == MG_GRPC_OK) {
+        *resp = s.resp;
+        *resp_len = s.resp_len;
+    } else {
+        free(s.resp);
+        *resp = NULL;
+        *resp_len = 0;
+    }
+    return 0;
+}

@@ -1,0 +1,78 @@
+/*
+ * mg_client: a gRPC client over HTTP/2, in C. TLS with ALPN h2 (and client certificates), h2c
+ * with prior knowledge over TCP, or h2c over a Unix-domain socket. Unary and streaming calls,
+ * deadlines (sent as grpc-timeout and enforced locally), metadata and cancellation. The framing
+ * is the server's (mg_grpc.h).
+ *
+ * Threads: a client and its calls belong to the libevent base given to mg_client_new() and are
+ * used only from that base's thread. Callbacks run on it. Name resolution uses getaddrinfo();
+ * give numeric addresses where the loop must never wait.
+ *
+ * Lifecycle: mg_rpc_start() returns a call; its on_close callback runs exactly once, with the
+ * final status, after which the library frees the call. mg_client_del() closes the connection;
+ * calls still open end with CANCELLED.
+ */
+#ifndef MG_CLIENT_H
+#define MG_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mg_grpc.h"
+
+struct event_base;
+
+typedef struct mg_client mg_client;
+typedef struct mg_rpc mg_rpc;
+
+typedef struct mg_client_options {
+    const char *target;      /* "host:port", "[v6]:port" or "unix:/path" */
+    int tls;                 /* 1: TLS + ALPN h2; 0: h2c prior knowledge */
+    const char *ca_file;     /* CA to verify the server with; NULL: the system store */
+    const char *cert_file;   /* client certificate for mTLS, or NULL */
+    const char *key_file;    /* its key */
+    const char *server_name; /* SNI and name checked in the certificate; default: host */
+    int insecure;            /* TLS without verifying the server (development only) */
+    uint32_t connect_timeout_ms; /* 0: 10 s */
+    uint32_t max_message_bytes;  /* largest response message accepted; 0: 4 MiB */
+} mg_client_options;
+
+typedef struct mg_metadata {
+    const char *name; /* lower case */
+    const char *value;
+} mg_metadata;
+
+typedef struct mg_rpc_handlers {
+    /* One response message; the buffer is valid during the call only. Optional. */
+    void (*on_message)(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg);
+    /* Final status, exactly once; `message` is decoded and never NULL. */
+    void (*on_close)(mg_rpc *rpc, int status, const char *message, void *arg);
+} mg_rpc_handlers;
+
+/* Starts connecting. Returns 0, or -1 with the reason in err (bad target, TLS files). */
+int mg_client_new(mg_client **out, struct event_base *base, const mg_client_options *opts,
+                  char *err, size_t errcap);
+/* Closes the connection; open calls end with CANCELLED. Accepts NULL. */
+void mg_client_del(mg_client *c);
+
+/* Starts a call on `path` ("/pkg.Service/Method"). timeout_ms 0 means none. Returns the call, or
+ * NULL when out of memory or the connection already failed (on_close is then not called). */
+mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size_t n_md,
+                     uint64_t timeout_ms, const mg_rpc_handlers *h, void *arg);
+/* Queues one request message. Returns 0, or -1 after close_send or when the call ended. */
+int mg_rpc_send(mg_rpc *rpc, const uint8_t *msg, size_t len);
+/* Half-closes: no more request messages. */
+int mg_rpc_close_send(mg_rpc *rpc);
+/* Cancels the call (RST_STREAM CANCEL); on_close runs with CANCELLED. */
+void mg_rpc_cancel(mg_rpc *rpc);
+/* A response header or trailer value seen so far, or NULL. */
+const char *mg_rpc_header(const mg_rpc *rpc, const char *name);
+
+/* Blocking unary call on a private loop and connection. On return *status and *message (caller
+ * frees) are set; *resp (caller frees) holds the response when status is OK. Returns 0, or -1
+ * with err set when the call could not be attempted at all. */
+int mg_client_unary(const mg_client_options *opts, const char *path, const uint8_t *req,
+                    size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
+                    int *status, char **message, char *err, size_t errcap);
+
+#endif

@@ -1,0 +1,263 @@
+/* mg_grpc: see mg_grpc.h. */
+#include "mg_grpc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const code_names[MG_GRPC_CODE_COUNT] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+static const int code_http[MG_GRPC_CODE_COUNT] = {
+    200, 499, 500, 400, 504, 404, 409, 403, 429, 400, 409, 400, 501, 500, 503, 500, 401,
+};
+
+const char *mg_grpc_code_name(int code)
+{
+    if (code < 0 || code >= MG_GRPC_CODE_COUNT)
+        return "UNKNOWN";
+    return code_names[code];
+}
+
+int mg_grpc_code_parse(const char *s)
+{
+    char *end;
+    long v;
+
+    for (int i = 0; i < MG_GRPC_CODE_COUNT; i++) {
+        if (strcmp(s, code_names[i]) == 0)
+            return i;
+    }
+    if (*s < '0' || *s > '9')
+        return -1;
+    v = strtol(s, &end, 10);
+    if (*end != '\0' || v < 0 || v >= MG_GRPC_CODE_COUNT)
+        return -1;
+    return (int)v;
+}
+
+int mg_grpc_code_http(int code)
+{
+    if (code < 0 || code >= MG_GRPC_CODE_COUNT)
+        return 500;
+    return code_http[code];
+}
+
+size_t mg_pct_encode(char *dst, size_t cap, const char *src, size_t len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t need = 0, o = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)src[i];
+        int plain = c >= 0x20 && c <= 0x7e && c != '%';
+        size_t w = plain ? 1 : 3;
+        if (cap > 0 && o + w < cap) {
+            if (plain) {
+                dst[o++] = (char)c;
+            } else {
+                dst[o++] = '%';
+                dst[o++] = hex[c >> 4];
+                dst[o++] = hex[c & 15];
+            }
+        } else if (cap > 0) {
+            cap = o + 1; /* stop writing; keep counting */
+        }
+        need += w;
+    }
+    if (cap > 0)
+        dst[o] = '\0';
+    return need;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+size_t mg_pct_decode(char *dst, const char *src, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        int hi, lo;
+        if (src[i] == '%' && i + 2 < len && (hi = hexval(src[i + 1])) >= 0 &&
+            (lo = hexval(src[i + 2])) >= 0) {
+            dst[o++] = (char)(hi << 4 | lo);
+            i += 2;
+        } else {
+            dst[o++] = src[i];
+        }
+    }
+    dst[o] = '\0';
+    return o;
+}
+
+int mg_grpc_timeout_parse(const char *s, size_t len, uint64_t *ns)
+{
+    uint64_t v = 0, mult;
+
+    if (len < 2 || len > 9)
+        return -1;
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    switch (s[len - 1]) {
+    case 'H':
+        mult = 3600ULL * 1000000000ULL;
+        break;
+    case 'M':
+        mult = 60ULL * 1000000000ULL;
+        break;
+    case 'S':
+        mult = 1000000000ULL;
+        break;
+    case 'm':
+        mult = 1000000ULL;
+        break;
+    case 'u':
+        mult = 1000ULL;
+        break;
+    case 'n':
+        mult = 1ULL;
+        break;
+    default:
+        return -1;
+    }
+    /* 8 digits of hours fit: 99999999 * 3.6e12 < 2^64 / 50. */
+    *ns = v * mult;
+    return 0;
+}
+
+size_t mg_grpc_timeout_format(char *buf, uint64_t ns)
+{
+    static const struct {
+        char unit;
+        uint64_t ns;
+    } units[] = {{'n', 1ULL},
+                 {'u', 1000ULL},
+                 {'m', 1000000ULL},
+                 {'S', 1000000000ULL},
+                 {'M', 60ULL * 1000000000ULL},
+                 {'H', 3600ULL * 1000000000ULL}};
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        uint64_t v = (ns + units[i].ns - 1) / units[i].ns; /* round up: never shorten */
+        if (v <= 99999999ULL || i + 1 == sizeof(units) / sizeof(units[0])) {
+            if (v > 99999999ULL)
+                v = 99999999ULL;
+            return (size_t)snprintf(buf, 16, "%llu%c", (unsigned long long)v, units[i].unit);
+        }
+    }
+    return 0;
+}
+
+void mg_grpc_prefix(uint8_t out[MG_GRPC_PREFIX_LEN], uint32_t len)
+{
+    out[0] = 0;
+    out[1] = (uint8_t)(len >> 24);
+    out[2] = (uint8_t)(len >> 16);
+    out[3] = (uint8_t)(len >> 8);
+    out[4] = (uint8_t)len;
+}
+
+void mg_deframer_init(mg_deframer *d, uint32_t max_message)
+{
+    memset(d, 0, sizeof(*d));
+    d->max_message = max_message;
+}
+
+void mg_deframer_free(mg_deframer *d)
+{
+    if (d == NULL)
+        return;
+    free(d->msg);
+    d->msg = NULL;
+}
+
+int mg_deframer_partial(const mg_deframer *d)
+{
+    return d->prefix_got > 0;
+}
+
+int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb,
+                     void *arg)
+{
+    while (len > 0) {
+        if (d->prefix_got < MG_GRPC_PREFIX_LEN) {
+            size_t take = MG_GRPC_PREFIX_LEN - d->prefix_got;
+            if (take > len)
+                take = len;
+            memcpy(d->prefix + d->prefix_got, data, take);
+            d->prefix_got += take;
+            data += take;
+            len -= take;
+            if (d->prefix_got < MG_GRPC_PREFIX_LEN)
+                break;
+            d->declared = (uint32_t)d->prefix[1] << 24 | (uint32_t)d->prefix[2] << 16 |
+                          (uint32_t)d->prefix[3] << 8 | d->prefix[4];
+            if (d->prefix[0] == 1)
+                return MG_DEFRAME_COMPRESSED;
+            if (d->prefix[0] != 0)
+                return MG_DEFRAME_BAD_FLAG;
+            if (d->declared > d->max_message)
+                return MG_DEFRAME_TOO_LARGE;
+            d->msg_len = d->declared;
+            d->msg_got = 0;
+            /* A message wholly inside this chunk is delivered without a copy. */
+            if (len >= d->msg_len) {
+                int rv = cb(arg, data, d->msg_len);
+                data += d->msg_len;
+                len -= d->msg_len;
+                d->prefix_got = 0;
+                d->messages++;
+                if (rv != 0)
+                    return rv;
+                continue;
+            }
+            d->msg = malloc(d->msg_len);
+            if (d->msg == NULL)
+                return MG_DEFRAME_NOMEM;
+        }
+        size_t take = d->msg_len - d->msg_got;
+        if (take > len)
+            take = len;
+        memcpy(d->msg + d->msg_got, data, take);
+        d->msg_got += (uint32_t)take;
+        data += take;
+        len -= take;
+        if (d->msg_got == d->msg_len) {
+            int rv = cb(arg, d->msg, d->msg_len);
+            free(d->msg);
+            d->msg = NULL;
+            d->prefix_got = 0;
+            d->messages++;
+            if (rv != 0)
+                return rv;
+        }
+    }
+    return MG_DEFRAME_OK;
+}

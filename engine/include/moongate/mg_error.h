@@ -1,0 +1,43 @@
+/*
+ * moongate error codes: every function returns 0 or a negative MG_ERR_*. Each code maps to
+ * exactly one gRPC status (and through it one HTTP status); mg_strerror() gives its text.
+ */
+#ifndef MOONGATE_MG_ERROR_H
+#define MOONGATE_MG_ERROR_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    MG_OK = 0,
+    MG_ERR_INVALID = -1,      /* INVALID_ARGUMENT */
+    MG_ERR_NOMEM = -2,        /* RESOURCE_EXHAUSTED */
+    MG_ERR_FULL = -3,         /* RESOURCE_EXHAUSTED: a bounded queue or table is full */
+    MG_ERR_NOT_FOUND = -4,    /* NOT_FOUND */
+    MG_ERR_EXISTS = -5,       /* ALREADY_EXISTS */
+    MG_ERR_PERMISSION = -6,   /* PERMISSION_DENIED */
+    MG_ERR_BUSY = -7,         /* FAILED_PRECONDITION: in use */
+    MG_ERR_RANGE = -8,        /* OUT_OF_RANGE */
+    MG_ERR_TIMEOUT = -9,      /* DEADLINE_EXCEEDED */
+    MG_ERR_CANCELLED = -10,   /* CANCELLED */
+    MG_ERR_SHUTDOWN = -11,    /* UNAVAILABLE: shutting down */
+    MG_ERR_UNAVAILABLE = -12, /* UNAVAILABLE: peer or transport unreachable */
+    MG_ERR_UNSUPPORTED = -13, /* UNIMPLEMENTED */
+    MG_ERR_SYSTEM = -14,      /* INTERNAL: a system call failed (errno is logged) */
+    MG_ERR_PROTOCOL = -15,    /* INTERNAL: malformed data from a peer */
+    MG_ERR_AUTH = -16,        /* UNAUTHENTICATED */
+    MG_ERR_DATA_LOSS = -17,   /* DATA_LOSS */
+};
+#define MG_ERR_COUNT 18
+
+/* Text for a code ("invalid argument"); "unknown error" out of range. */
+const char *mg_strerror(int err);
+/* The gRPC status code for an MG_ERR_* (0 for MG_OK). */
+int mg_err_grpc(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * moongate: the daemon. Reads the configuration, starts the engine's workers, then the gateway
+ * on one libevent loop, and runs until SIGTERM/SIGINT has drained it (exit 0) or start-up fails
+ * (exit 1 with the reason logged; 2 for a configuration error).
+ */
+#include "mg_config.h"
+#include "mg_gateway.h"
+#include "mg_log.h"
+#include "moongate/engine.h"
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <openssl/ssl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    mg_gateway *gw = arg;
+    mg_info("signal", "signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    mg_gateway_drain(gw);
+}
+
+int main(int argc, char **argv)
+{
+    mg_config cfg;
+    char err[512];
+    struct event_base *base = NULL;
+    struct event *sigterm = NULL, *sigint = NULL;
+    mg_engine *engine = NULL;
+    mg_gateway *gw = NULL;
+    mg_log_level level;
+    int rc, exit_code = 1;
+
+    evthread_use_pthreads();
+    signal(SIGPIPE, SIG_IGN);
+
+    rc = mg_config_load(&cfg, argc, argv, stdout, err, sizeof(err));
+    if (rc == MG_CONFIG_EXIT) {
+        mg_config_free(&cfg);
+        return 0;
+    }
+    if (rc != MG_CONFIG_OK) {
+        fprintf(stderr, "moongate: %s\n", err);
+        mg_config_free(&cfg);
+        return 2;
+    }
+    if (mg_log_parse_level(cfg.log_level, &level) != 0) {
+        fprintf(stderr, "moongate: --log-level takes debug, info, warn or error, not \"%s\"\n",
+                cfg.log_level);
+        mg_config_free(&cfg);
+        return 2;
+    }
+    mg_log_set_level(level);
+    OPENSSL_init_ssl(0, NULL);
+
+    mg_info("starting", "version=%s workers=%llu queue_depth=%llu", MG_VERSION,
+            (unsigned long long)cfg.workers, (unsigned long long)cfg.queue_depth);
+    {
+        mg_engine_config ec = {(unsigned)cfg.workers, (unsigned)cfg.queue_depth};
+        rc = mg_engine_new(&engine, &ec);
+        if (rc != 0) {
+            mg_error("engine_failed", "error=\"%s\"", mg_strerror(rc));
+            goto out;
+        }
+    }
+    base = event_base_new();
+    if (base == NULL) {
+        mg_error("start_failed", "reason=\"event_base_new\"");
+        goto out;
+    }
+    rc = mg_gateway_new(&gw, base, &cfg, engine);
+    if (rc != 0) {
+        mg_error("start_failed", "error=\"%s\"", mg_strerror(rc));
+        goto out;
+    }
+    sigterm = evsignal_new(base, SIGTERM, signal_cb, gw);
+    sigint = evsignal_new(base, SIGINT, signal_cb, gw);
+    if (sigterm == NULL || sigint == NULL || evsignal_add(sigterm, NULL) != 0 ||
+        evsignal_add(sigint, NULL) != 0) {
+        mg_error("start_failed", "reason=\"signal handlers\"");
+        goto out;
+    }
+    mg_gateway_set_serving(gw);
+    event_base_dispatch(base);
+    exit_code = 0;
+
+out:
+    if (sigterm)
+        event_free(sigterm);
+    if (sigint)
+        event_free(sigint);
+    /* Workers stop after their current job; queued jobs complete as cancelled, and the
+     * gateway drains its completion queue as it is freed, so every job's caller is released. */
+    mg_engine_del(engine);
+    mg_gateway_del(gw);
+    if (base)
+        event_base_free(base);
+    mg_info("stopped", "exit_code=%d", exit_code);
+    mg_config_free(&cfg);
+    return exit_code;
+}

@@ -1,0 +1,363 @@
+/* mg_config: see mg_config.h. */
+#include "mg_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { T_STR, T_UINT, T_SIZE, T_BOOL } opt_type;
+
+typedef struct {
+    const char *name;
+    opt_type type;
+    size_t offset;
+    const char *def;
+    uint64_t min, max;
+    const char *help;
+} opt_def;
+
+#define O(f) offsetof(mg_config, f)
+#define KiB  1024ULL
+#define MiB  (1024ULL * 1024ULL)
+#define GiB  (1024ULL * 1024ULL * 1024ULL)
+
+static const opt_def opts[] = {
+    {"config", T_STR, O(config), "", 0, 0, "config file of `name = value` lines"},
+    {"listen", T_STR, O(listen), "[::]:7443", 0, 0,
+     "TLS HTTP/2 control listeners (comma-separated host:port); without --tls-cert the daemon "
+     "serves h2c on 127.0.0.1 at the first listener's port instead"},
+    {"h2c-listen", T_STR, O(h2c_listen), "", 0, 0,
+     "plaintext h2c (prior knowledge) TCP listeners; loopback only unless --allow-h2c-any"},
+    {"allow-h2c-any", T_BOOL, O(allow_h2c_any), "false", 0, 1,
+     "permit --h2c-listen on non-loopback addresses"},
+    {"unix-socket", T_STR, O(unix_socket), "/run/moongate/moongate.sock", 0, 0,
+     "h2c on a Unix-domain socket for local clients; empty disables"},
+    {"ops-listen", T_STR, O(ops_listen), "[::]:7080", 0, 0,
+     "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
+    {"tls-cert", T_STR, O(tls_cert), "", 0, 0, "server certificate chain (PEM)"},
+    {"tls-key", T_STR, O(tls_key), "", 0, 0, "server private key (PEM)"},
+    {"workers", T_UINT, O(workers), "4", 1, 256, "engine worker threads for blocking jobs"},
+    {"queue-depth", T_UINT, O(queue_depth), "1024", 1, 1048576,
+     "engine jobs queued or running at most; beyond it calls get RESOURCE_EXHAUSTED"},
+    {"max-message-bytes", T_SIZE, O(max_message_bytes), "4M", 1024, 1 * GiB,
+     "largest gRPC message accepted or sent (RESOURCE_EXHAUSTED beyond)"},
+    {"max-concurrent-streams", T_UINT, O(max_concurrent_streams), "100", 1, 65536,
+     "HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS per connection"},
+    {"max-header-list-bytes", T_SIZE, O(max_header_list_bytes), "16K", 1024, 1 * MiB,
+     "largest request header list (name + value + 32 per field)"},
+    {"max-conn-output-bytes", T_SIZE, O(max_conn_output_bytes), "4M", 64 * KiB, 1 * GiB,
+     "output buffered per connection before the daemon stops reading from it"},
+    {"stream-window-bytes", T_SIZE, O(stream_window_bytes), "1M", 64 * KiB, 2 * GiB - 1,
+     "HTTP/2 initial stream flow-control window"},
+    {"conn-window-bytes", T_SIZE, O(conn_window_bytes), "16M", 64 * KiB, 2 * GiB - 1,
+     "HTTP/2 connection flow-control window"},
+    {"idle-timeout", T_UINT, O(idle_timeout), "300", 1, 86400,
+     "seconds a connection without streams may stay open"},
+    {"handshake-timeout", T_UINT, O(handshake_timeout), "10", 1, 600,
+     "seconds for the TLS handshake and the HTTP/2 preface"},
+    {"grace", T_UINT, O(grace), "30", 0, 3600,
+     "seconds SIGTERM/SIGINT waits for in-flight calls before closing connections"},
+    {"max-continuations", T_UINT, O(max_continuations), "8", 1, 1024,
+     "CONTINUATION frames allowed per header block (flood limit)"},
+    {"reset-burst", T_UINT, O(reset_burst), "1000", 1, 1000000,
+     "client RST_STREAM burst allowed before GOAWAY (rapid-reset limit)"},
+    {"reset-rate", T_UINT, O(reset_rate), "33", 1, 1000000,
+     "client RST_STREAM per second refilled into the burst"},
+    {"max-watchers", T_UINT, O(max_watchers), "1024", 1, 1000000,
+     "open Health/Watch streams at most"},
+    {"log-level", T_STR, O(log_level), "info", 0, 0, "debug, info, warn or error"},
+    {"access-log", T_BOOL, O(access_log), "true", 0, 1, "one log line per call"},
+    {"debug-service", T_BOOL, O(debug_service), "false", 0, 1,
+     "serve moongate.v1.Debug (sleep/echo/streaming test calls)"},
+};
+#define NOPTS (sizeof(opts) / sizeof(opts[0]))
+
+int mg_config_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    uint64_t v, mult = 1;
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return -1;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        mult = KiB;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = MiB;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = GiB;
+        end++;
+        break;
+    default:
+        return -1;
+    }
+    if (*end == 'i' && (end[1] == 'B' || end[1] == 'b'))
+        end += 2;
+    else if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
+        return -1;
+    *out = v * mult;
+    return 0;
+}
+
+static const opt_def *find_opt(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0)
+            return &opts[i];
+    }
+    return NULL;
+}
+
+static int set_opt(mg_config *cfg, const opt_def *o, const char *val, const char *src, char *err,
+                   size_t errcap)
+{
+    char *base = (char *)cfg;
+    uint64_t v;
+
+    switch (o->type) {
+    case T_STR: {
+        char **p = (char **)(base + o->offset);
+        char *copy = strdup(val);
+        if (copy == NULL) {
+            snprintf(err, errcap, "out of memory");
+            return -1;
+        }
+        free(*p);
+        *p = copy;
+        return 0;
+    }
+    case T_BOOL: {
+        int *p = (int *)(base + o->offset);
+        if (!strcmp(val, "true") || !strcmp(val, "1") || !strcmp(val, "yes") || !strcmp(val, "on"))
+            *p = 1;
+        else if (!strcmp(val, "false") || !strcmp(val, "0") || !strcmp(val, "no") ||
+                 !strcmp(val, "off"))
+            *p = 0;
+        else {
+            snprintf(err, errcap, "%s: --%s takes true or false, not \"%s\"", src, o->name, val);
+            return -1;
+        }
+        return 0;
+    }
+    case T_UINT:
+    case T_SIZE: {
+        char *end;
+        if (o->type == T_SIZE) {
+            if (mg_config_parse_size(val, &v) != 0) {
+                snprintf(err, errcap, "%s: --%s takes a size such as 4M or 65536, not \"%s\"", src,
+                         o->name, val);
+                return -1;
+            }
+        } else {
+            errno = 0;
+            v = strtoull(val, &end, 10);
+            if (!isdigit((unsigned char)*val) || *end != '\0' || errno != 0) {
+                snprintf(err, errcap, "%s: --%s takes a whole number, not \"%s\"", src, o->name,
+                         val);
+                return -1;
+            }
+        }
+        if (v < o->min || v > o->max) {
+            snprintf(err, errcap, "%s: --%s=%s is outside %" PRIu64 "..%" PRIu64, src, o->name,
+                     val, o->min, o->max);
+            return -1;
+        }
+        *(uint64_t *)(base + o->offset) = v;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static char *trim(char *s)
+{
+    char *e;
+    while (isspace((unsigned char)*s))
+        s++;
+    e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+static int load_file(mg_config *cfg, const char *path, char *err, size_t errcap)
+{
+    char line[4096];
+    unsigned lineno = 0;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errcap, "--config %s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        char src[512], *s, *eq, *key, *val;
+        const opt_def *o;
+        lineno++;
+        s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        eq = strchr(s, '=');
+        snprintf(src, sizeof(src), "%s line %u", path, lineno);
+        if (eq == NULL) {
+            snprintf(err, errcap, "%s: expected `name = value`", src);
+            goto fail;
+        }
+        *eq = '\0';
+        key = trim(s);
+        val = trim(eq + 1);
+        if (strlen(val) >= 2 && val[0] == '"' && val[strlen(val) - 1] == '"') {
+            val[strlen(val) - 1] = '\0';
+            val++;
+        }
+        o = find_opt(key, strlen(key));
+        if (o == NULL || !strcmp(key, "config")) {
+            snprintf(err, errcap, "%s: unknown option \"%s\"", src, key);
+            goto fail;
+        }
+        if (set_opt(cfg, o, val, src, err, errcap) != 0)
+            goto fail;
+    }
+    fclose(f);
+    return 0;
+fail:
+    fclose(f);
+    return -1;
+}
+
+static void env_name(char *dst, size_t cap, const char *name)
+{
+    size_t o = (size_t)snprintf(dst, cap, "MOONGATE_");
+    for (; *name && o + 1 < cap; name++)
+        dst[o++] = *name == '-' ? '_' : (char)toupper((unsigned char)*name);
+    dst[o] = '\0';
+}
+
+void mg_config_help(FILE *out)
+{
+    fprintf(out,
+            "Usage: moongate [OPTIONS]\n\n"
+            "moongate is a node-local memory-transfer gateway: clients call it over HTTP/2\n"
+            "(gRPC, or JSON with curl) to register memory, lease buffers and move bytes\n"
+            "between nodes.\n\n"
+            "Every option is also read from the environment (MOONGATE_NAME) and from the\n"
+            "config file (`name = value`); flags win over the environment, which wins over\n"
+            "the file. Sizes take K, M or G (binary) suffixes.\n\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        char env[64];
+        const char *kind = opts[i].type == T_BOOL   ? ""
+                           : opts[i].type == T_SIZE ? " SIZE"
+                           : opts[i].type == T_UINT ? " N"
+                                                    : " VALUE";
+        env_name(env, sizeof(env), opts[i].name);
+        fprintf(out, "  --%s%s\n      %s\n      env %s; default \"%s\"", opts[i].name, kind,
+                opts[i].help, env, opts[i].def);
+        if (opts[i].type == T_UINT || opts[i].type == T_SIZE)
+            fprintf(out, "; range %" PRIu64 "..%" PRIu64, opts[i].min, opts[i].max);
+        fputc('\n', out);
+    }
+    fprintf(out, "  --help     print this help and exit\n  --version  print the version and "
+                 "exit\n\nSignals: SIGTERM or SIGINT drain gracefully within --grace seconds.\n");
+}
+
+void mg_config_free(mg_config *cfg)
+{
+    char *base = (char *)cfg;
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (opts[i].type == T_STR) {
+            free(*(char **)(base + opts[i].offset));
+            *(char **)(base + opts[i].offset) = NULL;
+        }
+    }
+}
+
+int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, size_t errcap)
+{
+    const char *config_path = NULL;
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (set_opt(cfg, &opts[i], opts[i].def, "default", err, errcap) != 0)
+            return MG_CONFIG_ERROR;
+    }
+    /* The config file's own path: command line, then environment. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            mg_config_help(out);
+            return MG_CONFIG_EXIT;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            fprintf(out, "moongate %s\n", MG_VERSION);
+            return MG_CONFIG_EXIT;
+        }
+        if (!strncmp(argv[i], "--config=", 9))
+            config_path = argv[i] + 9;
+        else if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config_path = argv[i + 1];
+    }
+    if (config_path == NULL)
+        config_path = getenv("MOONGATE_CONFIG");
+    if (config_path && *config_path) {
+        if (set_opt(cfg, &opts[0], config_path, "--config", err, errcap) != 0 ||
+            load_file(cfg, config_path, err, errcap) != 0)
+            return MG_CONFIG_ERROR;
+    }
+    for (size_t i = 0; i < NOPTS; i++) {
+        char env[64], src[80];
+        const char *v;
+        env_name(env, sizeof(env), opts[i].name);
+        v = getenv(env);
+        snprintf(src, sizeof(src), "environment %s", env);
+        if (v && set_opt(cfg, &opts[i], v, src, err, errcap) != 0)
+            return MG_CONFIG_ERROR;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq, *val;
+        const opt_def *o;
+        size_t nlen;
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(err, errcap, "unexpected argument \"%s\" (see --help)", a);
+            return MG_CONFIG_ERROR;
+        }
+        a += 2;
+        eq = strchr(a, '=');
+        nlen = eq ? (size_t)(eq - a) : strlen(a);
+        o = find_opt(a, nlen);
+        if (o == NULL) {
+            snprintf(err, errcap, "unknown option \"--%.*s\" (see --help)", (int)nlen, a);
+            return MG_CONFIG_ERROR;
+        }
+        if (eq) {
+            val = eq + 1;
+        } else if (o->type == T_BOOL) {
+            val = "true";
+        } else if (i + 1 < argc) {
+            val = argv[++i];
+        } else {
+            snprintf(err, errcap, "--%s needs a value", o->name);
+            return MG_CONFIG_ERROR;
+        }
+        if (set_opt(cfg, o, val, "command line", err, errcap) != 0)
+            return MG_CONFIG_ERROR;
+    }
+    if ((*cfg->tls_cert == '\0') != (*cfg->tls_key == '\0')) {
+        snprintf(err, errcap, "--tls-cert and --tls-key go together");
+        return MG_CONFIG_ERROR;
+    }
+    return MG_CONFIG_OK;
+}

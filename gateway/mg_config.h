@@ -1,0 +1,54 @@
+/*
+ * mg_config: the daemon's options. One table gives each option's name, type, default, limits and
+ * help; values come from, in rising precedence, the defaults, the config file (`--config PATH`,
+ * lines `name = value`), the environment (`MOONGATE_NAME`) and the command line (`--name value`
+ * or `--name=value`). The result is a read-only snapshot used by every thread.
+ */
+#ifndef MG_CONFIG_H
+#define MG_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct mg_config {
+    char *config;
+    char *listen;      /* TLS h2 control listeners, comma-separated host:port */
+    char *h2c_listen;  /* plaintext h2c TCP listeners (loopback unless allow_h2c_any) */
+    int allow_h2c_any; /* permit h2c on non-loopback addresses */
+    char *unix_socket; /* h2c on a Unix-domain socket; "" disables */
+    char *ops_listen;  /* plaintext HTTP/1.1 ops listeners; "" disables */
+    char *tls_cert;
+    char *tls_key;
+    uint64_t workers;
+    uint64_t queue_depth;
+    uint64_t max_message_bytes;
+    uint64_t max_concurrent_streams;
+    uint64_t max_header_list_bytes;
+    uint64_t max_conn_output_bytes;
+    uint64_t stream_window_bytes;
+    uint64_t conn_window_bytes;
+    uint64_t idle_timeout;     /* seconds */
+    uint64_t handshake_timeout; /* seconds */
+    uint64_t grace;            /* seconds */
+    uint64_t max_continuations;
+    uint64_t reset_burst;
+    uint64_t reset_rate;
+    uint64_t max_watchers;
+    char *log_level;
+    int access_log;
+    int debug_service;
+} mg_config;
+
+enum { MG_CONFIG_OK = 0, MG_CONFIG_EXIT = 1, MG_CONFIG_ERROR = -1 };
+
+/* Fills cfg from defaults, file, environment and argv. Returns MG_CONFIG_OK, MG_CONFIG_EXIT
+ * (help or version was printed to `out`) or MG_CONFIG_ERROR with a message naming the option
+ * and where it came from in err. */
+int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, size_t errcap);
+void mg_config_free(mg_config *cfg);
+/* Prints the option table: flag, environment name, default, limits and help. */
+void mg_config_help(FILE *out);
+/* Parses "4M", "512k", "1G", "123" (binary units) into *out; returns 0 or -1. */
+int mg_config_parse_size(const char *s, uint64_t *out);
+
+#endif

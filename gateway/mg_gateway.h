@@ -1,0 +1,182 @@
+/*
+ * mg_gateway: the daemon's HTTP/2 side, internal API shared by the server, the services and the
+ * ops port.
+ *
+ * Threads: everything here runs on the gateway loop thread (one libevent base), which never
+ * blocks. Blocking work goes to the engine with mg_engine_submit() and comes back through the
+ * loop's completion queue.
+ *
+ * A call (mg_call) is one HTTP/2 stream carrying one RPC, in one of three modes: gRPC
+ * (application/grpc), JSON (application/json, unary methods only) or plain HTTP (GET routes such
+ * as /livez). Its handler learns of it through the method's callbacks and answers with
+ * mg_call_send() / mg_call_finish(). A call is reference counted: the stream holds one reference
+ * until it closes; a handler that answers later (after engine work, on a timer) takes its own
+ * with mg_call_ref() and checks mg_call_done() before answering. When the client cancels, the
+ * deadline passes or the connection drops, the call is finished for the handler: on_cancel runs
+ * once and further sends are dropped.
+ */
+#ifndef MG_GATEWAY_H
+#define MG_GATEWAY_H
+
+#include <event2/event.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
+
+#include "mg_config.h"
+#include "mg_grpc.h"
+#include "moongate/engine.h"
+
+struct evbuffer;
+
+typedef enum {
+    MG_RPC_UNARY,
+    MG_RPC_CLIENT_STREAM,
+    MG_RPC_SERVER_STREAM,
+    MG_RPC_BIDI,
+} mg_rpc_kind;
+
+typedef enum { MG_STATE_STARTING, MG_STATE_SERVING, MG_STATE_DRAINING } mg_state;
+
+typedef struct mg_call mg_call;
+typedef struct mg_gateway mg_gateway;
+
+typedef struct mg_method {
+    const char *path; /* "/package.Service/Method" */
+    mg_rpc_kind kind;
+    const ProtobufCMessageDescriptor *in;
+    const ProtobufCMessageDescriptor *out;
+    /* A request message. Unary and server-streaming methods get exactly one, after the client
+     * half-closed; streaming-request methods get each as it arrives. The message is freed when
+     * the callback returns. */
+    void (*on_message)(mg_call *call, const ProtobufCMessage *msg);
+    /* Client-streaming and bidi methods: the client sent its last message. */
+    void (*on_half_close)(mg_call *call);
+    /* The call ended before the handler finished it (cancel, deadline, connection loss,
+     * shutdown). Optional. The handler drops what it keeps for the call. */
+    void (*on_cancel)(mg_call *call);
+} mg_method;
+
+/* ---- calls: used by handlers ---- */
+
+/* Queues one response message. Returns 0, or -1 when the call is already done (the message is
+ * dropped) or the message exceeds --max-message-bytes (the call is finished with
+ * RESOURCE_EXHAUSTED). */
+int mg_call_send(mg_call *call, const ProtobufCMessage *msg);
+/* Ends the call with a status; the message is printf-formatted (may be NULL). No-op when done. */
+void mg_call_finish(mg_call *call, int grpc_code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* mg_call_send + mg_call_finish(OK). */
+void mg_call_reply(mg_call *call, const ProtobufCMessage *msg);
+/* Ends the call with the status of an MG_ERR_* and a message. */
+void mg_call_fail(mg_call *call, int mg_err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Non-zero once the call was finished or cancelled: stop working on it. */
+int mg_call_done(const mg_call *call);
+void mg_call_ref(mg_call *call);
+void mg_call_unref(mg_call *call);
+/* One pointer of handler state; the handler frees it (on finish or in on_cancel). */
+void mg_call_set_data(mg_call *call, void *data);
+void *mg_call_data(const mg_call *call);
+mg_gateway *mg_call_gateway(const mg_call *call);
+/* Who called: "uid:0 pid:123" on the Unix socket, the address on TCP. */
+const char *mg_call_peer(const mg_call *call);
+/* Milliseconds left before the call's deadline, or -1 without one. */
+int64_t mg_call_remaining_ms(const mg_call *call);
+
+/* ---- the gateway ---- */
+
+typedef struct mg_method_stats {
+    uint64_t started;
+    uint64_t handled[MG_GRPC_CODE_COUNT];
+    uint64_t buckets[12]; /* latency histogram, see mg_metrics.c */
+    double seconds_sum;
+} mg_method_stats;
+
+#define MG_MAX_METHODS 64
+
+typedef struct mg_gateway_stats {
+    uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
+    uint64_t conns_active;
+    uint64_t streams_active;
+    uint64_t tls_handshake_errors;
+    uint64_t protocol_errors;
+    uint64_t http_requests; /* GET routes on the control port */
+    uint64_t unknown_method_calls;
+    uint64_t rst_received;
+    uint64_t goaway_sent;
+} mg_gateway_stats;
+
+struct mg_gateway {
+    struct event_base *base;
+    const mg_config *cfg;
+    mg_engine *engine;
+    mg_cq *cq;
+    struct event *cq_event;
+    void *ssl_ctx; /* SSL_CTX, NULL when TLS is off */
+    mg_state state;
+    uint64_t epoch;
+    uint64_t start_unix_ms;
+    uint64_t start_mono_ns;
+
+    const mg_method *methods[MG_MAX_METHODS];
+    mg_method_stats method_stats[MG_MAX_METHODS];
+    size_t n_methods;
+    mg_gateway_stats stats;
+
+    struct mg_listener *listeners; /* control-port listeners */
+    struct mg_conn *conns;         /* all open connections */
+    struct mg_ops *ops;
+    struct mg_health *health;
+    struct mg_reflection *reflection;
+
+    struct event *drain_timer;
+    struct event *grace_timer;
+    int drain_phase; /* 0 none, 1 notice sent, 2 final GOAWAY sent */
+    int exit_code;
+};
+
+/* Creates the gateway on `base`: TLS context, listeners, ops port, services. Returns 0 or a
+ * negative MG_ERR_* after logging what failed. */
+int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
+                   mg_engine *engine);
+void mg_gateway_del(mg_gateway *gw);
+/* Registers a method (at start-up). Returns 0, MG_ERR_FULL or MG_ERR_EXISTS. */
+int mg_gateway_add_method(mg_gateway *gw, const mg_method *m);
+const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, size_t len,
+                                        int *service_known);
+/* Moves to SERVING (readiness true) or starts the graceful drain. */
+void mg_gateway_set_serving(mg_gateway *gw);
+void mg_gateway_drain(mg_gateway *gw);
+const char *mg_state_name(mg_state s);
+uint64_t mg_now_mono_ns(void);
+uint64_t mg_now_unix_ms(void);
+
+/* ---- pieces implemented in their own files ---- */
+
+/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). Returns NULL after logging why. */
+void *mg_tls_server_ctx(const char *cert, const char *key);
+void mg_tls_ctx_free(void *ctx);
+
+/* mg_metrics.c: Prometheus text for everything the daemon counts. */
+void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
+void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double seconds);
+
+/* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
+int mg_ops_start(mg_gateway *gw, const char *listen);
+void mg_ops_stop(mg_gateway *gw);
+/* Shared by the ops port and the control port's GET routes: fills status and body. */
+int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
+
+/* Services. */
+int mg_svc_health_init(mg_gateway *gw);
+void mg_svc_health_free(mg_gateway *gw);
+/* Tells Watch streams the serving state changed. */
+void mg_svc_health_notify(mg_gateway *gw);
+/* Ends open Watch streams with UNAVAILABLE (final phase of a drain). */
+void mg_svc_health_close_watchers(mg_gateway *gw);
+int mg_svc_reflection_init(mg_gateway *gw);
+void mg_svc_reflection_free(mg_gateway *gw);
+int mg_svc_daemon_init(mg_gateway *gw);
+int mg_svc_debug_init(mg_gateway *gw);
+
+#endif

@@ -1,0 +1,157 @@
+/*
+ * mg_metrics: Prometheus text exposition of what the gateway and the engine count. Counters are
+ * plain integers written by the loop thread; this renderer runs on the same thread. Engine
+ * figures come from mg_engine_get_stats(), which takes the engine's lock briefly.
+ */
+#include "mg_gateway.h"
+
+#include <event2/buffer.h>
+#include <string.h>
+
+static const double bucket_le[12] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                     0.01,   0.025,   0.05,   0.1,   0.5,    1.0};
+
+void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
+{
+    mg_method_stats *s;
+    if (idx < 0 || (size_t)idx >= gw->n_methods)
+        return;
+    s = &gw->method_stats[idx];
+    if (code < 0 || code >= MG_GRPC_CODE_COUNT)
+        code = MG_GRPC_UNKNOWN;
+    s->handled[code]++;
+    s->seconds_sum += seconds;
+    for (int b = 0; b < 12; b++) {
+        if (seconds <= bucket_le[b])
+            s->buckets[b]++;
+    }
+}
+
+/* "/pkg.Service/Method" -> service and method label values. */
+static void split_path(const char *path, char *svc, size_t scap, char *meth, size_t mcap)
+{
+    const char *slash = strrchr(path, '/');
+    size_t n = slash && slash > path ? (size_t)(slash - path - 1) : 0;
+    if (n >= scap)
+        n = scap - 1;
+    memcpy(svc, path + 1, n);
+    svc[n] = '\0';
+    snprintf(meth, mcap, "%s", slash ? slash + 1 : path);
+}
+
+void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
+{
+    static const char *const kinds[3] = {"tls", "h2c", "unix"};
+    mg_engine_stats es;
+    double uptime = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
+
+    evbuffer_add_printf(out,
+                        "# HELP moongate_build_info Build information.\n"
+                        "# TYPE moongate_build_info gauge\n"
+                        "moongate_build_info{version=\"%s\"} 1\n"
+                        "# HELP moongate_up_state Serving state: 0 starting, 1 serving, 2 "
+                        "draining.\n# TYPE moongate_up_state gauge\nmoongate_up_state %d\n"
+                        "# HELP moongate_uptime_seconds Seconds since start.\n"
+                        "# TYPE moongate_uptime_seconds gauge\nmoongate_uptime_seconds %.3f\n",
+                        MG_VERSION, (int)gw->state, uptime);
+    evbuffer_add_printf(out, "# HELP moongate_connections_total Connections accepted.\n"
+                             "# TYPE moongate_connections_total counter\n");
+    for (int k = 0; k < 3; k++)
+        evbuffer_add_printf(out, "moongate_connections_total{kind=\"%s\"} %llu\n", kinds[k],
+                            (unsigned long long)gw->stats.conns_total[k]);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_connections_active Open control connections.\n"
+        "# TYPE moongate_connections_active gauge\nmoongate_connections_active %llu\n"
+        "# HELP moongate_streams_active Open HTTP/2 streams.\n"
+        "# TYPE moongate_streams_active gauge\nmoongate_streams_active %llu\n"
+        "# HELP moongate_tls_handshake_errors_total Failed TLS handshakes.\n"
+        "# TYPE moongate_tls_handshake_errors_total counter\n"
+        "moongate_tls_handshake_errors_total %llu\n"
+        "# HELP moongate_http2_protocol_errors_total Connections closed for HTTP/2 errors.\n"
+        "# TYPE moongate_http2_protocol_errors_total counter\n"
+        "moongate_http2_protocol_errors_total %llu\n"
+        "# HELP moongate_rst_stream_received_total RST_STREAM frames from clients.\n"
+        "# TYPE moongate_rst_stream_received_total counter\n"
+        "moongate_rst_stream_received_total %llu\n"
+        "# HELP moongate_goaway_sent_total GOAWAY frames sent.\n"
+        "# TYPE moongate_goaway_sent_total counter\nmoongate_goaway_sent_total %llu\n"
+        "# HELP moongate_unknown_method_calls_total Calls to methods the daemon does not serve.\n"
+        "# TYPE moongate_unknown_method_calls_total counter\n"
+        "moongate_unknown_method_calls_total %llu\n",
+        (unsigned long long)gw->stats.conns_active, (unsigned long long)gw->stats.streams_active,
+        (unsigned long long)gw->stats.tls_handshake_errors,
+        (unsigned long long)gw->stats.protocol_errors,
+        (unsigned long long)gw->stats.rst_received, (unsigned long long)gw->stats.goaway_sent,
+        (unsigned long long)gw->stats.unknown_method_calls);
+
+    evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
+                             "# TYPE moongate_grpc_started_total counter\n");
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        char svc[128], meth[64];
+        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        evbuffer_add_printf(out,
+                            "moongate_grpc_started_total{grpc_service=\"%s\",grpc_method=\"%s\"} "
+                            "%llu\n",
+                            svc, meth, (unsigned long long)gw->method_stats[i].started);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_grpc_handled_total Calls finished, by method and "
+                             "status code.\n# TYPE moongate_grpc_handled_total counter\n");
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        char svc[128], meth[64];
+        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        for (int c = 0; c < MG_GRPC_CODE_COUNT; c++) {
+            if (c != 0 && gw->method_stats[i].handled[c] == 0)
+                continue; /* OK is always present; other codes once seen */
+            evbuffer_add_printf(out,
+                                "moongate_grpc_handled_total{grpc_service=\"%s\",grpc_method=\"%s\","
+                                "grpc_code=\"%s\"} %llu\n",
+                                svc, meth, mg_grpc_code_name(c),
+                                (unsigned long long)gw->method_stats[i].handled[c]);
+        }
+    }
+    evbuffer_add_printf(out, "# HELP moongate_grpc_handling_seconds Call latency, by method.\n"
+                             "# TYPE moongate_grpc_handling_seconds histogram\n");
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        char svc[128], meth[64];
+        uint64_t count = 0;
+        const mg_method_stats *s = &gw->method_stats[i];
+        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        for (int c = 0; c < MG_GRPC_CODE_COUNT; c++)
+            count += s->handled[c];
+        for (int b = 0; b < 12; b++)
+            evbuffer_add_printf(out,
+                                "moongate_grpc_handling_seconds_bucket{grpc_service=\"%s\","
+                                "grpc_method=\"%s\",le=\"%g\"} %llu\n",
+                                svc, meth, bucket_le[b], (unsigned long long)s->buckets[b]);
+        evbuffer_add_printf(out,
+                            "moongate_grpc_handling_seconds_bucket{grpc_service=\"%s\","
+                            "grpc_method=\"%s\",le=\"+Inf\"} %llu\n"
+                            "moongate_grpc_handling_seconds_sum{grpc_service=\"%s\","
+                            "grpc_method=\"%s\"} %.6f\n"
+                            "moongate_grpc_handling_seconds_count{grpc_service=\"%s\","
+                            "grpc_method=\"%s\"} %llu\n",
+                            svc, meth, (unsigned long long)count, svc, meth, s->seconds_sum, svc,
+                            meth, (unsigned long long)count);
+    }
+    mg_engine_get_stats(gw->engine, &es);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_engine_workers Engine worker threads.\n"
+        "# TYPE moongate_engine_workers gauge\nmoongate_engine_workers %u\n"
+        "# HELP moongate_engine_queue_depth Engine jobs allowed queued or running.\n"
+        "# TYPE moongate_engine_queue_depth gauge\nmoongate_engine_queue_depth %u\n"
+        "# HELP moongate_engine_jobs_in_flight Engine jobs queued or running.\n"
+        "# TYPE moongate_engine_jobs_in_flight gauge\nmoongate_engine_jobs_in_flight %u\n"
+        "# HELP moongate_engine_jobs_submitted_total Engine jobs accepted.\n"
+        "# TYPE moongate_engine_jobs_submitted_total counter\n"
+        "moongate_engine_jobs_submitted_total %llu\n"
+        "# HELP moongate_engine_jobs_rejected_total Engine jobs refused, queue full.\n"
+        "# TYPE moongate_engine_jobs_rejected_total counter\n"
+        "moongate_engine_jobs_rejected_total %llu\n"
+        "# HELP moongate_engine_jobs_completed_total Engine jobs run.\n"
+        "# TYPE moongate_engine_jobs_completed_total counter\n"
+        "moongate_engine_jobs_completed_total %llu\n",
+        es.workers, es.queue_depth, es.in_flight, (unsigned long long)es.submitted,
+        (unsigned long long)es.rejected, (unsigned long long)es.completed);
+}

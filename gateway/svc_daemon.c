@@ -1,0 +1,67 @@
+/*
+ * svc_daemon: moongate.v1.Daemon/Info: version, epoch, uptime, state, build features and the
+ * data transports with the reason a transport is unavailable. Loop thread only; no blocking.
+ */
+#include "mg_gateway.h"
+
+#include "moongate/v1/daemon.pb-c.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void info_message(mg_call *call, const ProtobufCMessage *m)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__InfoResponse resp = MOONGATE__V1__INFO_RESPONSE__INIT;
+    Moongate__V1__TransportInfo tcp = MOONGATE__V1__TRANSPORT_INFO__INIT;
+    Moongate__V1__TransportInfo rdma = MOONGATE__V1__TRANSPORT_INFO__INIT;
+    Moongate__V1__TransportInfo *transports[2] = {&tcp, &rdma};
+    char *features[8];
+    size_t nf = 0;
+    mg_engine_stats es;
+    char state[16];
+
+    features[nf++] = gw->ssl_ctx ? "tls" : "no-tls";
+    features[nf++] = "h2c";
+    if (*gw->cfg->unix_socket)
+        features[nf++] = "unix";
+    features[nf++] = "json";
+    features[nf++] = "reflection";
+    features[nf++] = "health";
+    if (gw->cfg->debug_service)
+        features[nf++] = "debug-service";
+
+    mg_engine_get_stats(gw->engine, &es);
+    resp.version = MG_VERSION;
+    resp.epoch = gw->epoch;
+    resp.uptime_ms = (mg_now_mono_ns() - gw->start_mono_ns) / 1000000ULL;
+    resp.start_unix_ms = gw->start_unix_ms;
+    snprintf(state, sizeof(state), "%s", mg_state_name(gw->state));
+    resp.state = state;
+    resp.features = features;
+    resp.n_features = nf;
+    tcp.name = "tcp";
+    tcp.available = 0;
+    tcp.reason = "TCP data plane not in this build yet";
+    rdma.name = "rdma";
+    rdma.available = 0;
+    rdma.reason = "RDMA data plane not in this build yet";
+    resp.transports = transports;
+    resp.n_transports = 2;
+    resp.workers = es.workers;
+    resp.worker_queue_depth = es.queue_depth;
+    mg_call_reply(call, &resp.base);
+}
+
+static const mg_method info_method = {
+    .path = "/moongate.v1.Daemon/Info",
+    .kind = MG_RPC_UNARY,
+    .in = &moongate__v1__info_request__descriptor,
+    .out = &moongate__v1__info_response__descriptor,
+    .on_message = info_message,
+};
+
+int mg_svc_daemon_init(mg_gateway *gw)
+{
+    return mg_gateway_add_method(gw, &info_method);
+}

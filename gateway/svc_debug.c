@@ -1,0 +1,264 @@
+/*
+ * svc_debug: moongate.v1.Debug, served with --debug-service. Test calls for the RPC framework
+ * (every streaming shape, large messages, flow control) and for the engine hand-off: Sleep runs a
+ * blocking job on an engine worker and answers from the loop when the job comes back, so a test
+ * can show that other calls are served meanwhile. Loop thread, except sleep_work (a worker).
+ */
+#include "mg_gateway.h"
+
+#include "moongate/v1/debug.pb-c.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_SLEEP_MS    60000u
+#define MAX_EXPAND      100000u
+#define MAX_EXPAND_BYTES (256u * 1024u * 1024u)
+
+/* ---- Sleep: a job on an engine worker ---- */
+
+typedef struct {
+    mg_call *call;
+    uint32_t ms;
+} sleep_job;
+
+static int sleep_work(void *arg)
+{
+    sleep_job *j = arg;
+    struct timespec ts = {(time_t)(j->ms / 1000), (long)(j->ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    return 0;
+}
+
+static void sleep_done(void *arg, int result)
+{
+    sleep_job *j = arg;
+    if (!mg_call_done(j->call)) {
+        if (result != 0) {
+            mg_call_fail(j->call, result, "sleep job");
+        } else {
+            Moongate__V1__SleepResponse resp = MOONGATE__V1__SLEEP_RESPONSE__INIT;
+            resp.slept_ms = j->ms;
+            mg_call_reply(j->call, &resp.base);
+        }
+    }
+    mg_call_unref(j->call);
+    free(j);
+}
+
+static void sleep_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__SleepRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    sleep_job *j;
+    int rc;
+
+    if (req->duration_ms > MAX_SLEEP_MS) {
+        mg_call_finish(call, MG_GRPC_INVALID_ARGUMENT, "duration_ms %u is above the maximum %u",
+                       req->duration_ms, MAX_SLEEP_MS);
+        return;
+    }
+    j = malloc(sizeof(*j));
+    if (j == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    j->call = call;
+    j->ms = req->duration_ms;
+    mg_call_ref(call);
+    rc = mg_engine_submit(gw->engine, gw->cq, sleep_work, sleep_done, j);
+    if (rc != 0) {
+        mg_call_unref(call);
+        free(j);
+        mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
+                     (unsigned)gw->cfg->queue_depth);
+    }
+}
+
+/* ---- Echo, Collect, Chat ---- */
+
+static void echo_message(mg_call *call, const ProtobufCMessage *m)
+{
+    mg_call_reply(call, m);
+}
+
+typedef struct {
+    uint64_t messages, bytes;
+} collect_state;
+
+static void collect_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__EchoMessage *msg = (const void *)m;
+    collect_state *st = mg_call_data(call);
+    if (st == NULL) {
+        st = calloc(1, sizeof(*st));
+        if (st == NULL) {
+            mg_call_fail(call, MG_ERR_NOMEM, NULL);
+            return;
+        }
+        mg_call_set_data(call, st);
+    }
+    st->messages++;
+    st->bytes += msg->payload.len;
+}
+
+static void collect_half_close(mg_call *call)
+{
+    collect_state *st = mg_call_data(call);
+    Moongate__V1__CollectResponse resp = MOONGATE__V1__COLLECT_RESPONSE__INIT;
+    if (st) {
+        resp.messages = st->messages;
+        resp.bytes = st->bytes;
+    }
+    mg_call_reply(call, &resp.base);
+    free(st);
+    mg_call_set_data(call, NULL);
+}
+
+static void collect_cancel(mg_call *call)
+{
+    free(mg_call_data(call));
+    mg_call_set_data(call, NULL);
+}
+
+static void chat_message(mg_call *call, const ProtobufCMessage *m)
+{
+    mg_call_send(call, m);
+}
+
+static void chat_half_close(mg_call *call)
+{
+    mg_call_finish(call, MG_GRPC_OK, NULL);
+}
+
+/* ---- Expand: server streaming, paced by a timer when interval_ms > 0 ---- */
+
+typedef struct {
+    mg_call *call;
+    struct event *timer;
+    uint32_t left, size, interval_ms;
+    uint64_t seq;
+    uint8_t *payload;
+} expand_state;
+
+static void expand_free(expand_state *st)
+{
+    if (st->timer)
+        event_free(st->timer);
+    free(st->payload);
+    free(st);
+}
+
+static void expand_step(evutil_socket_t fd, short what, void *arg)
+{
+    expand_state *st = arg;
+    mg_call *call = st->call;
+    do {
+        Moongate__V1__EchoMessage msg = MOONGATE__V1__ECHO_MESSAGE__INIT;
+        if (mg_call_done(call) || st->left == 0)
+            break;
+        msg.payload.data = st->payload;
+        msg.payload.len = st->size;
+        msg.seq = st->seq++;
+        st->left--;
+        if (mg_call_send(call, &msg.base) != 0)
+            return; /* the call ended; expand_cancel freed st */
+    } while (st->interval_ms == 0);
+    if (st->left > 0 && !mg_call_done(call)) {
+        struct timeval tv = {(time_t)(st->interval_ms / 1000),
+                             (suseconds_t)(st->interval_ms % 1000) * 1000};
+        evtimer_add(st->timer, &tv);
+        return;
+    }
+    mg_call_finish(call, MG_GRPC_OK, NULL);
+    mg_call_set_data(call, NULL);
+    expand_free(st);
+    mg_call_unref(call);
+}
+
+static void expand_cancel(mg_call *call)
+{
+    expand_state *st = mg_call_data(call);
+    if (st == NULL)
+        return;
+    mg_call_set_data(call, NULL);
+    expand_free(st);
+    mg_call_unref(call);
+}
+
+static void expand_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ExpandRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    expand_state *st;
+
+    if (req->count > MAX_EXPAND ||
+        (uint64_t)req->count * req->size > (uint64_t)MAX_EXPAND_BYTES) {
+        mg_call_finish(call, MG_GRPC_INVALID_ARGUMENT,
+                       "count %u x size %u is above the limit of %u messages and %u bytes",
+                       req->count, req->size, MAX_EXPAND, MAX_EXPAND_BYTES);
+        return;
+    }
+    st = calloc(1, sizeof(*st));
+    if (st == NULL || (st->payload = malloc(req->size ? req->size : 1)) == NULL ||
+        (st->timer = evtimer_new(gw->base, expand_step, st)) == NULL) {
+        if (st)
+            expand_free(st);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    for (uint32_t i = 0; i < req->size; i++)
+        st->payload[i] = (uint8_t)(i * 7 + 1);
+    st->call = call;
+    st->left = req->count;
+    st->size = req->size;
+    st->interval_ms = req->interval_ms;
+    mg_call_ref(call);
+    mg_call_set_data(call, st);
+    event_active(st->timer, EV_TIMEOUT, 0);
+}
+
+static const mg_method debug_methods[] = {
+    {.path = "/moongate.v1.Debug/Sleep",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__sleep_request__descriptor,
+     .out = &moongate__v1__sleep_response__descriptor,
+     .on_message = sleep_message},
+    {.path = "/moongate.v1.Debug/Echo",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__echo_message__descriptor,
+     .out = &moongate__v1__echo_message__descriptor,
+     .on_message = echo_message},
+    {.path = "/moongate.v1.Debug/Collect",
+     .kind = MG_RPC_CLIENT_STREAM,
+     .in = &moongate__v1__echo_message__descriptor,
+     .out = &moongate__v1__collect_response__descriptor,
+     .on_message = collect_message,
+     .on_half_close = collect_half_close,
+     .on_cancel = collect_cancel},
+    {.path = "/moongate.v1.Debug/Expand",
+     .kind = MG_RPC_SERVER_STREAM,
+     .in = &moongate__v1__expand_request__descriptor,
+     .out = &moongate__v1__echo_message__descriptor,
+     .on_message = expand_message,
+     .on_cancel = expand_cancel},
+    {.path = "/moongate.v1.Debug/Chat",
+     .kind = MG_RPC_BIDI,
+     .in = &moongate__v1__echo_message__descriptor,
+     .out = &moongate__v1__echo_message__descriptor,
+     .on_message = chat_message,
+     .on_half_close = chat_half_close},
+};
+
+int mg_svc_debug_init(mg_gateway *gw)
+{
+    for (size_t i = 0; i < sizeof(debug_methods) / sizeof(debug_methods[0]); i++) {
+        int rc = mg_gateway_add_method(gw, &debug_methods[i]);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}

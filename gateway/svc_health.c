@@ -1,0 +1,175 @@
+/*
+ * svc_health: grpc.health.v1.Health. Check answers SERVING while the daemon serves, NOT_SERVING
+ * while it starts or drains, for "" (the whole daemon) and for every service it serves; any other
+ * name is NOT_FOUND. Watch sends the current status at once and again on every change; for an
+ * unknown name it sends SERVICE_UNKNOWN and stays open. Watchers are bounded (--max-watchers) and
+ * ended with UNAVAILABLE in the last phase of a drain, after NOT_SERVING was sent.
+ * Loop thread only.
+ */
+#include "mg_gateway.h"
+
+#include "grpc/health/v1/health.pb-c.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct watcher {
+    mg_call *call;
+    char *service;
+    int last; /* last status sent */
+    struct watcher *next;
+} watcher;
+
+struct mg_health {
+    watcher *watchers;
+    size_t count;
+};
+
+static int status_for(mg_gateway *gw, const char *service, int watch)
+{
+    int known = 1;
+    if (*service) {
+        char path[300];
+        snprintf(path, sizeof(path), "/%s", service);
+        mg_gateway_find_method(gw, path, strlen(path), &known);
+    }
+    if (!known)
+        return watch ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+                     : -1;
+    return gw->state == MG_STATE_SERVING
+               ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void check_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    int st = status_for(mg_call_gateway(call), req->service, 0);
+    if (st < 0) {
+        mg_call_finish(call, MG_GRPC_NOT_FOUND, "unknown service \"%s\"", req->service);
+        return;
+    }
+    resp.status = st;
+    mg_call_reply(call, &resp.base);
+}
+
+static void watcher_unlink(mg_gateway *gw, mg_call *call)
+{
+    watcher **pp = &gw->health->watchers;
+    while (*pp) {
+        watcher *w = *pp;
+        if (w->call == call) {
+            *pp = w->next;
+            gw->health->count--;
+            free(w->service);
+            mg_call_unref(w->call);
+            free(w);
+            return;
+        }
+        pp = &w->next;
+    }
+}
+
+static void watch_cancel(mg_call *call)
+{
+    mg_gateway *gw = mg_call_data(call);
+    if (gw && gw->health)
+        watcher_unlink(gw, call);
+}
+
+static void watch_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    mg_gateway *gw = mg_call_gateway(call);
+    watcher *w;
+
+    if (gw->health->count >= gw->cfg->max_watchers) {
+        mg_call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED,
+                       "%zu Watch streams are open, the limit (--max-watchers)",
+                       gw->health->count);
+        return;
+    }
+    w = calloc(1, sizeof(*w));
+    if (w == NULL || (w->service = strdup(req->service)) == NULL) {
+        free(w);
+        mg_call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    resp.status = status_for(gw, req->service, 1);
+    w->last = resp.status;
+    w->call = call;
+    mg_call_ref(call);
+    mg_call_set_data(call, gw);
+    w->next = gw->health->watchers;
+    gw->health->watchers = w;
+    gw->health->count++;
+    mg_call_send(call, &resp.base);
+}
+
+static const mg_method check_method = {
+    .path = "/grpc.health.v1.Health/Check",
+    .kind = MG_RPC_UNARY,
+    .in = &grpc__health__v1__health_check_request__descriptor,
+    .out = &grpc__health__v1__health_check_response__descriptor,
+    .on_message = check_message,
+};
+
+static const mg_method watch_method = {
+    .path = "/grpc.health.v1.Health/Watch",
+    .kind = MG_RPC_SERVER_STREAM,
+    .in = &grpc__health__v1__health_check_request__descriptor,
+    .out = &grpc__health__v1__health_check_response__descriptor,
+    .on_message = watch_message,
+    .on_cancel = watch_cancel,
+};
+
+int mg_svc_health_init(mg_gateway *gw)
+{
+    int rc;
+    gw->health = calloc(1, sizeof(*gw->health));
+    if (gw->health == NULL)
+        return MG_ERR_NOMEM;
+    if ((rc = mg_gateway_add_method(gw, &check_method)) != 0 ||
+        (rc = mg_gateway_add_method(gw, &watch_method)) != 0)
+        return rc;
+    return 0;
+}
+
+void mg_svc_health_notify(mg_gateway *gw)
+{
+    if (gw->health == NULL)
+        return;
+    for (watcher *w = gw->health->watchers; w; w = w->next) {
+        Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+        resp.status = status_for(gw, w->service, 1);
+        if ((int)resp.status == w->last || mg_call_done(w->call))
+            continue;
+        w->last = resp.status;
+        mg_call_send(w->call, &resp.base);
+    }
+}
+
+void mg_svc_health_close_watchers(mg_gateway *gw)
+{
+    if (gw->health == NULL)
+        return;
+    while (gw->health->watchers) {
+        mg_call *call = gw->health->watchers->call;
+        mg_call_ref(call);
+        watcher_unlink(gw, call);
+        mg_call_finish(call, MG_GRPC_UNAVAILABLE, "server shutting down");
+        mg_call_unref(call);
+    }
+}
+
+void mg_svc_health_free(mg_gateway *gw)
+{
+    if (gw->health == NULL)
+        return;
+    while (gw->health->watchers)
+        watcher_unlink(gw, gw->health->watchers->call);
+    free(gw->health);
+    gw->health = NULL;
+}
