@@ -756,6 +756,8 @@ int mg_client_unary(const mg_client_options *opts, const char *path, const uint8
     while (!s.done && event_base_dispatch(base) == 0)
         ;
     mg_client_del(c);
+    /* Let deferred bufferevent callbacks run so the freed connection is released. */
+    event_base_loop(base, EVLOOP_NONBLOCK);
     event_base_free(base);
     *status = s.status;
     *message = s.message ? s.message : strdup("the call ended without a status");

@@ -6,11 +6,13 @@
  *
  * Threads: a client and its calls belong to the libevent base given to mg_client_new() and are
  * used only from that base's thread. Callbacks run on it. Name resolution uses getaddrinfo();
- * give numeric addresses where the loop must never wait.
+ * give numeric addresses where the loop must never wait. Writes to a connection the server
+ * closed raise SIGPIPE: programs using the library ignore it (signal(SIGPIPE, SIG_IGN)).
  *
  * Lifecycle: mg_rpc_start() returns a call; its on_close callback runs exactly once, with the
  * final status, after which the library frees the call. mg_client_del() closes the connection;
- * calls still open end with CANCELLED.
+ * calls still open end with CANCELLED. The connection's last resources are released by the
+ * base's deferred callbacks: run the base once more (EVLOOP_NONBLOCK) before freeing it.
  */
 #ifndef MG_CLIENT_H
 #define MG_CLIENT_H

@@ -190,6 +190,7 @@ static int cmd_watch(const ctl *c, const char *service)
         event_base_dispatch(w.base);
     }
     mg_client_del(cl);
+    event_base_loop(w.base, EVLOOP_NONBLOCK); /* deferred frees of the connection */
     event_base_free(w.base);
     /* A watch that ran into its own deadline ended as asked. */
     return w.status == MG_GRPC_DEADLINE_EXCEEDED ? 0 : w.status;

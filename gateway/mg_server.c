@@ -104,6 +104,7 @@ struct mg_call {
     struct event *deadline;
     uint64_t start_ns;
     uint64_t msgs_in, msgs_out;
+    uint64_t discarded; /* request bytes received after the call finished */
     void *data;
     struct mg_call *next, *prev;
 };
@@ -854,8 +855,14 @@ static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t str
                                  const uint8_t *data, size_t len, void *user_data)
 {
     mg_call *call = nghttp2_session_get_stream_user_data(ng, stream_id);
-    if (call == NULL || call->finished)
+    if (call == NULL)
         return 0;
+    if (call->finished) {
+        call->discarded += len;
+        if (call->mode != MODE_GRPC && call->discarded > call->conn->gw->cfg->max_message_bytes)
+            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_CANCEL);
+        return 0;
+    }
     if (call->mode == MODE_GRPC) {
         grpc_data(call, data, len);
     } else if (call->mode == MODE_JSON && call->body) {
@@ -877,8 +884,10 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
     if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
         (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
         call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-        /* We answered before the client finished sending: release the stream. */
-        if (call && !call->remote_closed)
+        /* A gRPC call answered before the client finished sending: release the stream, as
+         * gRPC clients expect. HTTP clients (curl) read a reset as an error, so their
+         * remaining body is read and dropped instead (bounded in on_data_chunk_recv_cb). */
+        if (call && !call->remote_closed && call->mode == MODE_GRPC)
             nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
                                       NGHTTP2_NO_ERROR);
     } else if (frame->hd.type == NGHTTP2_GOAWAY) {

@@ -1,0 +1,337 @@
+/*
+ * Unit tests for the C client library (mg_client), against the real gateway running in a
+ * thread of this process: unary and every streaming shape, deadlines, cancellation, unknown
+ * methods, response headers, connection failure. h2c over a Unix socket and over TCP.
+ */
+#include "mg_client.h"
+#include "mg_config.h"
+#include "mg_gateway.h"
+#include "mg_log.h"
+#include "mg_test.h"
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "moongate/v1/debug.pb-c.h"
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static mg_config cfg;
+static mg_engine *engine;
+static mg_gateway *gw;
+static struct event_base *gw_base;
+static pthread_t gw_thread;
+static char sock_target[128], tcp_target[64];
+
+static void *gw_main(void *arg)
+{
+    event_base_dispatch(gw_base);
+    return NULL;
+}
+
+static int free_port(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+static int start_gateway(void)
+{
+    char err[512], sock[96], h2c[64];
+    char *argv[] = {"moongate", "--listen=", "--ops-listen=", "--debug-service",
+                    "--access-log=false", "--workers=2", sock, h2c};
+    mg_engine_config ec = {2, 16};
+    int port = free_port();
+    snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-client-%d.sock", (int)getpid());
+    snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);
+    snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-client-%d.sock", (int)getpid());
+    snprintf(tcp_target, sizeof(tcp_target), "127.0.0.1:%d", port);
+    if (mg_config_load(&cfg, 8, argv, stdout, err, sizeof(err)) != MG_CONFIG_OK) {
+        fprintf(stderr, "config: %s\n", err);
+        return -1;
+    }
+    mg_log_set_level(MG_LOG_WARN);
+    if (mg_engine_new(&engine, &ec) != 0 || (gw_base = event_base_new()) == NULL ||
+        mg_gateway_new(&gw, gw_base, &cfg, engine) != 0)
+        return -1;
+    mg_gateway_set_serving(gw);
+    return pthread_create(&gw_thread, NULL, gw_main, NULL);
+}
+
+static void stop_gateway(void)
+{
+    event_base_loopbreak(gw_base);
+    pthread_join(gw_thread, NULL);
+    mg_engine_del(engine);
+    mg_gateway_del(gw);
+    event_base_free(gw_base);
+    mg_config_free(&cfg);
+}
+
+/* ---- a tiny harness: one client on a private base, calls recorded ---- */
+
+typedef struct {
+    struct event_base *base;
+    int closed;
+    int status;
+    char message[256];
+    int messages;
+    size_t bytes;
+    uint64_t last_seq;
+    char ctype[64];
+    mg_rpc *rpc;
+    int reply_each; /* bidi: send the next message when one arrives */
+    int sent;
+} rec;
+
+static void on_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    rec *r = arg;
+    const char *ct = mg_rpc_header(rpc, "content-type");
+    Moongate__V1__EchoMessage *e = moongate__v1__echo_message__unpack(NULL, len, m);
+    r->messages++;
+    r->bytes += len;
+    if (ct)
+        snprintf(r->ctype, sizeof(r->ctype), "%s", ct);
+    if (e) {
+        r->last_seq = e->seq;
+        moongate__v1__echo_message__free_unpacked(e, NULL);
+    }
+    if (r->reply_each && r->sent < r->reply_each) {
+        Moongate__V1__EchoMessage next = MOONGATE__V1__ECHO_MESSAGE__INIT;
+        uint8_t buf[64];
+        next.seq = (uint64_t)r->sent++;
+        mg_rpc_send(rpc, buf, moongate__v1__echo_message__pack(&next, buf));
+        if (r->sent == r->reply_each)
+            mg_rpc_close_send(rpc);
+    }
+}
+
+static void on_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    rec *r = arg;
+    r->closed = 1;
+    r->status = status;
+    snprintf(r->message, sizeof(r->message), "%s", message);
+    event_base_loopbreak(r->base);
+}
+
+static const mg_rpc_handlers handlers = {on_msg, on_close};
+
+static mg_client *client(const char *target, struct event_base *base)
+{
+    mg_client_options o = {.target = target};
+    mg_client *c = NULL;
+    char err[256];
+    CU_ASSERT_EQUAL(mg_client_new(&c, base, &o, err, sizeof(err)), 0);
+    return c;
+}
+
+static void run(rec *r)
+{
+    while (!r->closed && event_base_dispatch(r->base) == 0)
+        ;
+}
+
+static size_t pack(const ProtobufCMessage *m, uint8_t *buf)
+{
+    return protobuf_c_message_pack(m, buf);
+}
+
+static void test_unary_over_unix_and_tcp(void)
+{
+    const char *targets[] = {sock_target, tcp_target};
+    for (int i = 0; i < 2; i++) {
+        rec r = {.base = event_base_new()};
+        mg_client *c = client(targets[i], r.base);
+        Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+        uint8_t buf[64];
+        mg_metadata md[] = {{"x-request-id", "abc"}};
+        r.rpc = mg_rpc_start(c, "/grpc.health.v1.Health/Check", md, 1, 5000, &handlers, &r);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(r.rpc);
+        mg_rpc_send(r.rpc, buf, pack(&req.base, buf));
+        mg_rpc_close_send(r.rpc);
+        run(&r);
+        CU_ASSERT_EQUAL(r.status, MG_GRPC_OK);
+        CU_ASSERT_EQUAL(r.messages, 1);
+        CU_ASSERT_STRING_EQUAL(r.ctype, "application/grpc");
+        mg_client_del(c);
+        event_base_loop(r.base, EVLOOP_NONBLOCK);
+        event_base_free(r.base);
+    }
+}
+
+static void test_server_streaming(void)
+{
+    rec r = {.base = event_base_new()};
+    mg_client *c = client(sock_target, r.base);
+    Moongate__V1__ExpandRequest req = MOONGATE__V1__EXPAND_REQUEST__INIT;
+    uint8_t buf[64];
+    req.count = 40;
+    req.size = 200000; /* 8 MB in all: many flow-control windows */
+    r.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Expand", NULL, 0, 20000, &handlers, &r);
+    mg_rpc_send(r.rpc, buf, pack(&req.base, buf));
+    mg_rpc_close_send(r.rpc);
+    run(&r);
+    CU_ASSERT_EQUAL(r.status, MG_GRPC_OK);
+    CU_ASSERT_EQUAL(r.messages, 40);
+    CU_ASSERT_EQUAL(r.last_seq, 39);
+    mg_client_del(c);
+    event_base_loop(r.base, EVLOOP_NONBLOCK);
+    event_base_free(r.base);
+}
+
+static void test_client_streaming(void)
+{
+    rec r = {.base = event_base_new()};
+    mg_client *c = client(tcp_target, r.base);
+    Moongate__V1__EchoMessage m = MOONGATE__V1__ECHO_MESSAGE__INIT;
+    static uint8_t payload[100000], buf[100100];
+    Moongate__V1__CollectResponse *resp;
+    r.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Collect", NULL, 0, 20000, &handlers, &r);
+    m.payload.data = payload;
+    m.payload.len = sizeof(payload);
+    for (int i = 0; i < 30; i++)
+        CU_ASSERT_EQUAL(mg_rpc_send(r.rpc, buf, pack(&m.base, buf)), 0);
+    mg_rpc_close_send(r.rpc);
+    CU_ASSERT_EQUAL(mg_rpc_send(r.rpc, buf, 1), -1); /* after half-close */
+    run(&r);
+    CU_ASSERT_EQUAL(r.status, MG_GRPC_OK);
+    CU_ASSERT_EQUAL(r.messages, 1);
+    (void)resp;
+    mg_client_del(c);
+    event_base_loop(r.base, EVLOOP_NONBLOCK);
+    event_base_free(r.base);
+}
+
+static void test_bidi_lock_step(void)
+{
+    rec r = {.base = event_base_new(), .reply_each = 25};
+    mg_client *c = client(sock_target, r.base);
+    Moongate__V1__EchoMessage first = MOONGATE__V1__ECHO_MESSAGE__INIT;
+    uint8_t buf[64];
+    r.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Chat", NULL, 0, 10000, &handlers, &r);
+    first.seq = 1000;
+    mg_rpc_send(r.rpc, buf, pack(&first.base, buf));
+    run(&r);
+    CU_ASSERT_EQUAL(r.status, MG_GRPC_OK);
+    CU_ASSERT_EQUAL(r.messages, 26);
+    CU_ASSERT_EQUAL(r.last_seq, 24);
+    mg_client_del(c);
+    event_base_loop(r.base, EVLOOP_NONBLOCK);
+    event_base_free(r.base);
+}
+
+static void test_deadline_and_cancel(void)
+{
+    rec r = {.base = event_base_new()}, r2 = {.base = r.base};
+    mg_client *c = client(sock_target, r.base);
+    Moongate__V1__SleepRequest req = MOONGATE__V1__SLEEP_REQUEST__INIT;
+    uint8_t buf[64];
+    size_t n;
+    req.duration_ms = 3000;
+    n = pack(&req.base, buf);
+    r.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Sleep", NULL, 0, 100, &handlers, &r);
+    mg_rpc_send(r.rpc, buf, n);
+    mg_rpc_close_send(r.rpc);
+    run(&r);
+    CU_ASSERT_EQUAL(r.status, MG_GRPC_DEADLINE_EXCEEDED);
+
+    r2.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Sleep", NULL, 0, 0, &handlers, &r2);
+    mg_rpc_send(r2.rpc, buf, n);
+    mg_rpc_close_send(r2.rpc);
+    mg_rpc_cancel(r2.rpc);
+    CU_ASSERT_EQUAL(r2.closed, 1);
+    CU_ASSERT_EQUAL(r2.status, MG_GRPC_CANCELLED);
+    mg_client_del(c);
+    event_base_loop(r.base, EVLOOP_NONBLOCK);
+    event_base_free(r.base);
+}
+
+static void test_unknown_method(void)
+{
+    rec r = {.base = event_base_new()};
+    mg_client *c = client(tcp_target, r.base);
+    r.rpc = mg_rpc_start(c, "/moongate.v1.Daemon/Nope", NULL, 0, 5000, &handlers, &r);
+    mg_rpc_send(r.rpc, (const uint8_t *)"", 0);
+    mg_rpc_close_send(r.rpc);
+    run(&r);
+    CU_ASSERT_EQUAL(r.status, MG_GRPC_UNIMPLEMENTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.message, "unknown method /moongate.v1.Daemon/Nope"));
+    mg_client_del(c);
+    event_base_loop(r.base, EVLOOP_NONBLOCK);
+    event_base_free(r.base);
+}
+
+static void test_blocking_unary_and_unreachable(void)
+{
+    mg_client_options o = {.target = tcp_target};
+    mg_client_options down = {.target = "127.0.0.1:1"};
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    int status = -1;
+    char *msg = NULL, err[256];
+    Moongate__V1__EchoMessage m = MOONGATE__V1__ECHO_MESSAGE__INIT;
+    uint8_t buf[64];
+    m.seq = 77;
+    CU_ASSERT_EQUAL(mg_client_unary(&o, "/moongate.v1.Debug/Echo", buf, pack(&m.base, buf), 5000,
+                                    &resp, &len, &status, &msg, err, sizeof(err)),
+                    0);
+    CU_ASSERT_EQUAL(status, MG_GRPC_OK);
+    {
+        Moongate__V1__EchoMessage *e = moongate__v1__echo_message__unpack(NULL, len, resp);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+        CU_ASSERT_EQUAL(e->seq, 77);
+        moongate__v1__echo_message__free_unpacked(e, NULL);
+    }
+    free(resp);
+    free(msg);
+    CU_ASSERT_EQUAL(mg_client_unary(&down, "/grpc.health.v1.Health/Check", buf, 0, 5000, &resp,
+                                    &len, &status, &msg, err, sizeof(err)),
+                    0);
+    CU_ASSERT_EQUAL(status, MG_GRPC_UNAVAILABLE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, "127.0.0.1:1"));
+    free(msg);
+    {
+        mg_client_options bad = {.target = "no-port"};
+        mg_client *c = NULL;
+        struct event_base *b = event_base_new();
+        CU_ASSERT_EQUAL(mg_client_new(&c, b, &bad, err, sizeof(err)), -1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "host:port"));
+        event_base_free(b);
+    }
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {
+        MG_TEST(test_unary_over_unix_and_tcp), MG_TEST(test_server_streaming),
+        MG_TEST(test_client_streaming),        MG_TEST(test_bidi_lock_step),
+        MG_TEST(test_deadline_and_cancel),     MG_TEST(test_unknown_method),
+        MG_TEST(test_blocking_unary_and_unreachable),
+    };
+    int rc;
+    signal(SIGPIPE, SIG_IGN); /* as the daemon and mgctl do */
+    evthread_use_pthreads();
+    if (start_gateway() != 0) {
+        fprintf(stderr, "could not start the gateway\n");
+        return 1;
+    }
+    rc = mg_test_run("client library", cases, sizeof(cases) / sizeof(cases[0]));
+    stop_gateway();
+    return rc;
+}
