@@ -132,8 +132,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     char msg[96];
     if (rpc->stream_id > 0 && c->ng)
         nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, rpc->stream_id, NGHTTP2_CANCEL);
-    snprintf(msg, sizeof(msg), "deadline of %llu ms exceeded",
-             (unsigned long long)rpc->timeout_ms);
+    snprintf(msg, sizeof(msg), "deadline of %llu ms exceeded", (unsigned long long)rpc->timeout_ms);
     rpc_close(rpc, MG_GRPC_DEADLINE_EXCEEDED, msg);
     client_flush(c);
 }
@@ -164,11 +163,9 @@ mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size
     rpc->timeout_ms = timeout_ms;
     mg_deframer_init(&rpc->deframer, c->max_message);
 
-#define ADD(nm, val)                                                                               \
-    nva[n++] = (nghttp2_nv)                                                                        \
-    {                                                                                              \
-        (uint8_t *)(nm), (uint8_t *)(val), strlen(nm), strlen(val), NGHTTP2_NV_FLAG_NONE           \
-    }
+#define ADD(nm, val)                                                                    \
+    nva[n++] = (nghttp2_nv){(uint8_t *)(nm), (uint8_t *)(val), strlen(nm), strlen(val), \
+                            NGHTTP2_NV_FLAG_NONE}
     ADD(":method", "POST");
     ADD(":scheme", c->tls ? "https" : "http");
     ADD(":authority", c->authority);
@@ -486,8 +483,8 @@ static void event_cb(struct bufferevent *bev, short events, void *arg)
             snprintf(why, sizeof(why), "connection closed by the server");
         } else {
             int err = EVUTIL_SOCKET_ERROR();
-            snprintf(why, sizeof(why), "%s", err ? evutil_socket_error_to_string(err)
-                                                 : "connection failed");
+            snprintf(why, sizeof(why), "%s",
+                     err ? evutil_socket_error_to_string(err) : "connection failed");
         }
         client_fail(c, why);
     }
@@ -526,8 +523,8 @@ fail:
     return NULL;
 }
 
-int mg_client_new(mg_client **out, struct event_base *base, const mg_client_options *o,
-                  char *err, size_t errcap)
+int mg_client_new(mg_client **out, struct event_base *base, const mg_client_options *o, char *err,
+                  size_t errcap)
 {
     mg_client *c = calloc(1, sizeof(*c));
     nghttp2_session_callbacks *cbs = NULL;
@@ -613,9 +610,9 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
                 if (!o->insecure)
                     SSL_set1_host(ssl, sni);
             }
-            c->bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-                                                    BEV_OPT_CLOSE_ON_FREE |
-                                                        BEV_OPT_DEFER_CALLBACKS);
+            c->bev =
+                bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                               BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
             if (c->bev == NULL)
                 SSL_free(ssl);
             else

@@ -28,13 +28,13 @@ typedef struct mg_client mg_client;
 typedef struct mg_rpc mg_rpc;
 
 typedef struct mg_client_options {
-    const char *target;      /* "host:port", "[v6]:port" or "unix:/path" */
-    int tls;                 /* 1: TLS + ALPN h2; 0: h2c prior knowledge */
-    const char *ca_file;     /* CA to verify the server with; NULL: the system store */
-    const char *cert_file;   /* client certificate for mTLS, or NULL */
-    const char *key_file;    /* its key */
-    const char *server_name; /* SNI and name checked in the certificate; default: host */
-    int insecure;            /* TLS without verifying the server (development only) */
+    const char *target;          /* "host:port", "[v6]:port" or "unix:/path" */
+    int tls;                     /* 1: TLS + ALPN h2; 0: h2c prior knowledge */
+    const char *ca_file;         /* CA to verify the server with; NULL: the system store */
+    const char *cert_file;       /* client certificate for mTLS, or NULL */
+    const char *key_file;        /* its key */
+    const char *server_name;     /* SNI and name checked in the certificate; default: host */
+    int insecure;                /* TLS without verifying the server (development only) */
     uint32_t connect_timeout_ms; /* 0: 10 s */
     uint32_t max_message_bytes;  /* largest response message accepted; 0: 4 MiB */
 } mg_client_options;

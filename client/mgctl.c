@@ -38,37 +38,36 @@ typedef struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: mgctl [OPTIONS] COMMAND [ARGS]\n\n"
-            "Commands:\n"
-            "  health [SERVICE] [--watch]  serving status of the daemon (or of one service);\n"
-            "                              --watch streams every change\n"
-            "  info                        version, epoch, uptime, state, features, transports\n"
-            "  call METHOD [JSON|-]        call any unary method with a JSON request (argument\n"
-            "                              or standard input) and print the JSON response;\n"
-            "                              METHOD is Service/Method or /pkg.Service/Method\n"
-            "  methods                     list the methods `call` knows\n\n"
-            "Options (environment in brackets):\n"
-            "  --target ADDR     host:port, [v6]:port or unix:/path [MOONGATE_TARGET]\n"
-            "                    default unix:/run/moongate/moongate.sock\n"
-            "  --tls             TLS with ALPN h2 (default for host:port targets)\n"
-            "  --plaintext       h2c with prior knowledge (default for unix: targets)\n"
-            "  --ca FILE         CA that signed the daemon's certificate [MOONGATE_CA]\n"
-            "  --cert FILE       client certificate [MOONGATE_CERT]\n"
-            "  --key FILE        client key [MOONGATE_KEY]\n"
-            "  --server-name N   name expected in the daemon's certificate\n"
-            "  --insecure        do not verify the daemon's certificate\n"
-            "  --timeout MS      deadline of the call, default 10000 (0: none)\n"
-            "  --json            machine-readable output\n"
-            "  --help\n\n"
-            "Exit status: the call's gRPC status code (0 OK); 64 for usage errors.\n");
+    fprintf(f, "Usage: mgctl [OPTIONS] COMMAND [ARGS]\n\n"
+               "Commands:\n"
+               "  health [SERVICE] [--watch]  serving status of the daemon (or of one service);\n"
+               "                              --watch streams every change\n"
+               "  info                        version, epoch, uptime, state, features, transports\n"
+               "  call METHOD [JSON|-]        call any unary method with a JSON request (argument\n"
+               "                              or standard input) and print the JSON response;\n"
+               "                              METHOD is Service/Method or /pkg.Service/Method\n"
+               "  methods                     list the methods `call` knows\n\n"
+               "Options (environment in brackets):\n"
+               "  --target ADDR     host:port, [v6]:port or unix:/path [MOONGATE_TARGET]\n"
+               "                    default unix:/run/moongate/moongate.sock\n"
+               "  --tls             TLS with ALPN h2 (default for host:port targets)\n"
+               "  --plaintext       h2c with prior knowledge (default for unix: targets)\n"
+               "  --ca FILE         CA that signed the daemon's certificate [MOONGATE_CA]\n"
+               "  --cert FILE       client certificate [MOONGATE_CERT]\n"
+               "  --key FILE        client key [MOONGATE_KEY]\n"
+               "  --server-name N   name expected in the daemon's certificate\n"
+               "  --insecure        do not verify the daemon's certificate\n"
+               "  --timeout MS      deadline of the call, default 10000 (0: none)\n"
+               "  --json            machine-readable output\n"
+               "  --help\n\n"
+               "Exit status: the call's gRPC status code (0 OK); 64 for usage errors.\n");
 }
 
 static int report_error(const ctl *c, int status, const char *message)
 {
     if (c->json) {
-        json_t *j = json_pack("{s:i,s:s,s:s}", "code", status, "status",
-                              mg_grpc_code_name(status), "message", message ? message : "");
+        json_t *j = json_pack("{s:i,s:s,s:s}", "code", status, "status", mg_grpc_code_name(status),
+                              "message", message ? message : "");
         char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
         printf("%s\n", s ? s : "{}");
         free(s);
@@ -334,12 +333,12 @@ int main(int argc, char **argv)
     c.copt.key_file = getenv("MOONGATE_KEY");
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
-#define NEXT()                                                                                     \
-    do {                                                                                           \
-        if (i + 1 >= argc) {                                                                       \
-            fprintf(stderr, "mgctl: %s needs a value\n", a);                                       \
-            return EXIT_USAGE;                                                                     \
-        }                                                                                          \
+#define NEXT()                                               \
+    do {                                                     \
+        if (i + 1 >= argc) {                                 \
+            fprintf(stderr, "mgctl: %s needs a value\n", a); \
+            return EXIT_USAGE;                               \
+        }                                                    \
     } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);

@@ -203,8 +203,7 @@ int mg_deframer_partial(const mg_deframer *d)
     return d->prefix_got > 0;
 }
 
-int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb,
-                     void *arg)
+int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb, void *arg)
 {
     while (len > 0) {
         if (d->prefix_got < MG_GRPC_PREFIX_LEN) {

@@ -73,7 +73,7 @@ enum {
 typedef struct mg_deframer {
     uint8_t prefix[MG_GRPC_PREFIX_LEN];
     size_t prefix_got;
-    uint8_t *msg;         /* body being assembled (NULL between messages) */
+    uint8_t *msg; /* body being assembled (NULL between messages) */
     uint32_t msg_len;
     uint32_t msg_got;
     uint32_t max_message; /* largest accepted body */
@@ -88,8 +88,7 @@ typedef int (*mg_deframer_cb)(void *arg, const uint8_t *msg, size_t len);
 void mg_deframer_init(mg_deframer *d, uint32_t max_message);
 void mg_deframer_free(mg_deframer *d);
 /* Feeds bytes. Returns MG_DEFRAME_OK, a negative MG_DEFRAME_* error or the callback's value. */
-int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb,
-                     void *arg);
+int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb, void *arg);
 /* Non-zero when bytes of an unfinished message are buffered (a truncated stream at its end). */
 int mg_deframer_partial(const mg_deframer *d);
 

@@ -208,8 +208,8 @@ static int fail(decode_ctx *c, const char *path, const char *what)
 static ProtobufCMessage *decode_message(decode_ctx *c, const ProtobufCMessageDescriptor *d,
                                         const json_t *j, const char *path, int depth);
 
-static int parse_int(decode_ctx *c, const char *path, const json_t *j, int is_signed,
-                     int64_t *sv, uint64_t *uv)
+static int parse_int(decode_ctx *c, const char *path, const json_t *j, int is_signed, int64_t *sv,
+                     uint64_t *uv)
 {
     if (json_is_integer(j)) {
         json_int_t v = json_integer_value(j);
@@ -276,8 +276,8 @@ static int parse_float(decode_ctx *c, const char *path, const json_t *j, double 
 }
 
 /* Decodes one value of field f from j into p (storage of elem_size(f->type) bytes). */
-static int decode_value(decode_ctx *c, const ProtobufCFieldDescriptor *f, const json_t *j,
-                        void *p, const char *path, int depth)
+static int decode_value(decode_ctx *c, const ProtobufCFieldDescriptor *f, const json_t *j, void *p,
+                        const char *path, int depth)
 {
     int64_t sv = 0;
     uint64_t uv = 0;
@@ -470,8 +470,9 @@ static int decode_field(decode_ctx *c, ProtobufCMessage *msg, const ProtobufCFie
         return 0;
     if (decode_value(c, f, v, base + f->offset, path, depth) != 0) {
         if (f->type == PROTOBUF_C_TYPE_STRING)
-            *(char **)(base + f->offset) =
-                f->default_value ? (char *)(uintptr_t)f->default_value : (char *)(uintptr_t)protobuf_c_empty_string;
+            *(char **)(base + f->offset) = f->default_value
+                                               ? (char *)(uintptr_t)f->default_value
+                                               : (char *)(uintptr_t)protobuf_c_empty_string;
         return -1;
     }
     if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {

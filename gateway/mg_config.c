@@ -175,8 +175,8 @@ static int set_opt(mg_config *cfg, const opt_def *o, const char *val, const char
             }
         }
         if (v < o->min || v > o->max) {
-            snprintf(err, errcap, "%s: --%s=%s is outside %" PRIu64 "..%" PRIu64, src, o->name,
-                     val, o->min, o->max);
+            snprintf(err, errcap, "%s: --%s=%s is outside %" PRIu64 "..%" PRIu64, src, o->name, val,
+                     o->min, o->max);
             return -1;
         }
         *(uint64_t *)(base + o->offset) = v;
@@ -251,14 +251,13 @@ static void env_name(char *dst, size_t cap, const char *name)
 
 void mg_config_help(FILE *out)
 {
-    fprintf(out,
-            "Usage: moongate [OPTIONS]\n\n"
-            "moongate is a node-local memory-transfer gateway: clients call it over HTTP/2\n"
-            "(gRPC, or JSON with curl) to register memory, lease buffers and move bytes\n"
-            "between nodes.\n\n"
-            "Every option is also read from the environment (MOONGATE_NAME) and from the\n"
-            "config file (`name = value`); flags win over the environment, which wins over\n"
-            "the file. Sizes take K, M or G (binary) suffixes.\n\n");
+    fprintf(out, "Usage: moongate [OPTIONS]\n\n"
+                 "moongate is a node-local memory-transfer gateway: clients call it over HTTP/2\n"
+                 "(gRPC, or JSON with curl) to register memory, lease buffers and move bytes\n"
+                 "between nodes.\n\n"
+                 "Every option is also read from the environment (MOONGATE_NAME) and from the\n"
+                 "config file (`name = value`); flags win over the environment, which wins over\n"
+                 "the file. Sizes take K, M or G (binary) suffixes.\n\n");
     for (size_t i = 0; i < NOPTS; i++) {
         char env[64];
         const char *kind = opts[i].type == T_BOOL   ? ""

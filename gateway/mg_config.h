@@ -27,9 +27,9 @@ typedef struct mg_config {
     uint64_t max_conn_output_bytes;
     uint64_t stream_window_bytes;
     uint64_t conn_window_bytes;
-    uint64_t idle_timeout;     /* seconds */
+    uint64_t idle_timeout;      /* seconds */
     uint64_t handshake_timeout; /* seconds */
-    uint64_t grace;            /* seconds */
+    uint64_t grace;             /* seconds */
     uint64_t max_continuations;
     uint64_t reset_burst;
     uint64_t reset_rate;

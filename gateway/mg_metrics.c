@@ -81,8 +81,8 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         "moongate_unknown_method_calls_total %llu\n",
         (unsigned long long)gw->stats.conns_active, (unsigned long long)gw->stats.streams_active,
         (unsigned long long)gw->stats.tls_handshake_errors,
-        (unsigned long long)gw->stats.protocol_errors,
-        (unsigned long long)gw->stats.rst_received, (unsigned long long)gw->stats.goaway_sent,
+        (unsigned long long)gw->stats.protocol_errors, (unsigned long long)gw->stats.rst_received,
+        (unsigned long long)gw->stats.goaway_sent,
         (unsigned long long)gw->stats.unknown_method_calls);
 
     evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
@@ -103,11 +103,12 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         for (int c = 0; c < MG_GRPC_CODE_COUNT; c++) {
             if (c != 0 && gw->method_stats[i].handled[c] == 0)
                 continue; /* OK is always present; other codes once seen */
-            evbuffer_add_printf(out,
-                                "moongate_grpc_handled_total{grpc_service=\"%s\",grpc_method=\"%s\","
-                                "grpc_code=\"%s\"} %llu\n",
-                                svc, meth, mg_grpc_code_name(c),
-                                (unsigned long long)gw->method_stats[i].handled[c]);
+            evbuffer_add_printf(
+                out,
+                "moongate_grpc_handled_total{grpc_service=\"%s\",grpc_method=\"%s\","
+                "grpc_code=\"%s\"} %llu\n",
+                svc, meth, mg_grpc_code_name(c),
+                (unsigned long long)gw->method_stats[i].handled[c]);
         }
     }
     evbuffer_add_printf(out, "# HELP moongate_grpc_handling_seconds Call latency, by method.\n"

@@ -37,9 +37,8 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
     if (!strcmp(clean, "/readyz") || !strcmp(clean, "/healthz")) {
         int ready = gw->state == MG_STATE_SERVING;
         if (verbose)
-            evbuffer_add_printf(body, "[%s] state: %s\n[+] engine: %u workers\n",
-                                ready ? "+" : "-", mg_state_name(gw->state),
-                                (unsigned)gw->cfg->workers);
+            evbuffer_add_printf(body, "[%s] state: %s\n[+] engine: %u workers\n", ready ? "+" : "-",
+                                mg_state_name(gw->state), (unsigned)gw->cfg->workers);
         evbuffer_add_printf(body, "%s\n", ready ? "ok" : mg_state_name(gw->state));
         return ready ? 200 : 503;
     }
@@ -68,8 +67,7 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
             "readiness</a></p></body></html>\n",
             MG_VERSION, mg_state_name(gw->state), (unsigned long long)gw->epoch, up,
             (unsigned long long)gw->stats.conns_active,
-            (unsigned long long)gw->stats.streams_active, es.workers, es.in_flight,
-            es.queue_depth);
+            (unsigned long long)gw->stats.streams_active, es.workers, es.in_flight, es.queue_depth);
         return 200;
     }
     evbuffer_add_printf(body, "not found: %s (try /livez /readyz /metrics /)\n", clean);
@@ -143,7 +141,8 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
             mg_error("listen_failed", "ops=%s:%d reason=\"cannot bind\"", host, port);
             return MG_ERR_SYSTEM;
         }
-        mg_info("listen", "addr=%s:%d kind=ops", host, port);
+        mg_info("listen", "addr=%s%s%s:%d kind=ops", strchr(host, ':') ? "[" : "", host,
+                strchr(host, ':') ? "]" : "", port);
     }
     return 0;
 }

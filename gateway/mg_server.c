@@ -90,7 +90,7 @@ struct mg_call {
     size_t header_bytes;
     int headers_too_large;
     mg_deframer deframer;
-    struct evbuffer *body; /* JSON request body */
+    struct evbuffer *body;     /* JSON request body */
     ProtobufCMessage *pending; /* the single request of a unary/server-streaming call */
     struct evbuffer *out;      /* response bytes not yet handed to nghttp2 */
     int headers_sent;
@@ -301,9 +301,9 @@ static ssize_t call_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf
     return 0;
 }
 
-#define NV(n, v)                                                                                   \
-    {                                                                                              \
-        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE             \
+#define NV(n, v)                                                                       \
+    {                                                                                  \
+        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE \
     }
 
 /* Submits response headers plus a body read from call->out. */
@@ -392,7 +392,9 @@ static void access_log(mg_call *call)
     mg_info("access",
             "proto=%s verb=%s path=%s peer=%s stream=%d status=%d code=%s http=%d "
             "msgs_in=%llu msgs_out=%llu duration_ms=%.3f message=%s",
-            call->mode == MODE_GRPC ? "grpc" : call->mode == MODE_JSON ? "json" : "http",
+            call->mode == MODE_GRPC   ? "grpc"
+            : call->mode == MODE_JSON ? "json"
+                                      : "http",
             call->verb, path, peer, call->stream_id, call->status, mg_grpc_code_name(call->status),
             call->http_status, (unsigned long long)call->msgs_in,
             (unsigned long long)call->msgs_out, secs * 1e3, msg);
@@ -576,8 +578,7 @@ static void grpc_data(mg_call *call, const uint8_t *data, size_t len)
                     "compressed request messages are not supported; send identity encoding", 1);
         break;
     case MG_DEFRAME_BAD_FLAG:
-        call_finish(call, MG_GRPC_INTERNAL, "malformed message prefix: flag byte is not 0 or 1",
-                    1);
+        call_finish(call, MG_GRPC_INTERNAL, "malformed message prefix: flag byte is not 0 or 1", 1);
         break;
     case MG_DEFRAME_NOMEM:
         call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 1);
@@ -598,8 +599,8 @@ static void json_request_end(mg_call *call)
 
     j = json_loadb(text, len ? len : 2, JSON_REJECT_DUPLICATES, &jerr);
     if (j == NULL) {
-        snprintf(err, sizeof(err), "invalid JSON at line %d column %d: %s", jerr.line,
-                 jerr.column, jerr.text);
+        snprintf(err, sizeof(err), "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+                 jerr.text);
         call_finish(call, MG_GRPC_INVALID_ARGUMENT, err, 0);
         return;
     }
@@ -888,8 +889,7 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
          * gRPC clients expect. HTTP clients (curl) read a reset as an error, so their
          * remaining body is read and dropped instead (bounded in on_data_chunk_recv_cb). */
         if (call && !call->remote_closed && call->mode == MODE_GRPC)
-            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
-                                      NGHTTP2_NO_ERROR);
+            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
     } else if (frame->hd.type == NGHTTP2_GOAWAY) {
         mg_conn *conn = user_data;
         conn->gw->stats.goaway_sent++;
@@ -1072,8 +1072,8 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
     mg_conn *conn = arg;
     if (conn->ng == NULL)
         return;
-    if (conn->read_paused &&
-        evbuffer_get_length(bufferevent_get_output(bev)) < conn->gw->cfg->max_conn_output_bytes / 2) {
+    if (conn->read_paused && evbuffer_get_length(bufferevent_get_output(bev)) <
+                                 conn->gw->cfg->max_conn_output_bytes / 2) {
         conn->read_paused = 0;
         bufferevent_enable(bev, EV_READ);
     }
@@ -1225,15 +1225,14 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
             return;
         }
         conn->bev = bufferevent_openssl_socket_new(gw->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                                   BEV_OPT_CLOSE_ON_FREE |
-                                                       BEV_OPT_DEFER_CALLBACKS);
+                                                   BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
         if (conn->bev)
             bufferevent_openssl_set_allow_dirty_shutdown(conn->bev, 1);
         else
             SSL_free(ssl);
     } else {
-        conn->bev = bufferevent_socket_new(gw->base, fd,
-                                           BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        conn->bev =
+            bufferevent_socket_new(gw->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
     }
     conn->timer = evtimer_new(gw->base, conn_timer_cb, conn);
     conn->flush_ev = event_new(gw->base, -1, 0, flush_cb, conn);
@@ -1301,10 +1300,9 @@ static int add_listener(mg_gateway *gw, conn_kind kind, const char *addr)
     l->gw = gw;
     l->kind = kind;
     snprintf(l->addr, sizeof(l->addr), "%s", addr);
-    l->lev = evconnlistener_new_bind(gw->base, accept_cb, l,
-                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
-                                         LEV_OPT_CLOSE_ON_EXEC,
-                                     1024, (struct sockaddr *)&ss, sslen);
+    l->lev = evconnlistener_new_bind(
+        gw->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+        1024, (struct sockaddr *)&ss, sslen);
     if (l->lev == NULL) {
         mg_error("listen_failed", "addr=%s kind=%s errno=%d reason=\"%s\"", addr,
                  conn_kind_names[kind], errno, strerror(errno));

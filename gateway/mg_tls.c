@@ -10,6 +10,7 @@
 #include <nghttp2/nghttp2.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 
 static int alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
@@ -53,10 +54,10 @@ void *mg_tls_server_ctx(const char *cert, const char *key)
                                  SSL_OP_IGNORE_UNEXPECTED_EOF);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
     /* RFC 9113 9.2.2: TLS 1.2 with ephemeral key exchange and AEAD ciphers only. */
-    if (SSL_CTX_set_cipher_list(ctx, "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
-                                     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
-                                     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") !=
-        1) {
+    if (SSL_CTX_set_cipher_list(ctx,
+                                "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                                "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                                "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
         log_ssl_error("cipher list", "-");
         goto fail;
     }
@@ -65,7 +66,9 @@ void *mg_tls_server_ctx(const char *cert, const char *key)
         goto fail;
     }
     if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
-        log_ssl_error("cannot load --tls-key", key);
+        int mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+        log_ssl_error(mismatch ? "--tls-key does not match --tls-cert" : "cannot load --tls-key",
+                      key);
         goto fail;
     }
     if (SSL_CTX_check_private_key(ctx) != 1) {

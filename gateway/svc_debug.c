@@ -13,8 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_SLEEP_MS    60000u
-#define MAX_EXPAND      100000u
+#define MAX_SLEEP_MS     60000u
+#define MAX_EXPAND       100000u
 #define MAX_EXPAND_BYTES (256u * 1024u * 1024u)
 
 /* ---- Sleep: a job on an engine worker ---- */
@@ -195,8 +195,7 @@ static void expand_message(mg_call *call, const ProtobufCMessage *m)
     mg_gateway *gw = mg_call_gateway(call);
     expand_state *st;
 
-    if (req->count > MAX_EXPAND ||
-        (uint64_t)req->count * req->size > (uint64_t)MAX_EXPAND_BYTES) {
+    if (req->count > MAX_EXPAND || (uint64_t)req->count * req->size > (uint64_t)MAX_EXPAND_BYTES) {
         mg_call_finish(call, MG_GRPC_INVALID_ARGUMENT,
                        "count %u x size %u is above the limit of %u messages and %u bytes",
                        req->count, req->size, MAX_EXPAND, MAX_EXPAND_BYTES);

@@ -87,8 +87,7 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
 
     if (gw->health->count >= gw->cfg->max_watchers) {
         mg_call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED,
-                       "%zu Watch streams are open, the limit (--max-watchers)",
-                       gw->health->count);
+                       "%zu Watch streams are open, the limit (--max-watchers)", gw->health->count);
         return;
     }
     w = calloc(1, sizeof(*w));

@@ -6,12 +6,10 @@ Environment:
   MG_CERTS       directory made by certs/make-dev-certs.sh (default: made under the build tree)
 """
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -24,39 +22,10 @@ MGCTL = os.path.join(BUILD, "mgctl")
 GEN = os.path.join(BUILD, "pygen")
 
 
-def _generate_stubs():
-    """protoc (grpc_tools) -> GEN. The standard grpc.* protos are generated under the module
-    prefix `mgstd` so that they do not shadow the grpcio package named `grpc`."""
-    stamp = os.path.join(GEN, ".stamp")
-    protos = [
-        ("moongate/v1/daemon.proto", "moongate/v1/daemon.proto"),
-        ("moongate/v1/debug.proto", "moongate/v1/debug.proto"),
-        ("grpc/health/v1/health.proto", "mgstd/health.proto"),
-        ("grpc/reflection/v1/reflection.proto", "mgstd/reflection_v1.proto"),
-        ("grpc/reflection/v1alpha/reflection.proto", "mgstd/reflection_v1alpha.proto"),
-    ]
-    newest = max(os.path.getmtime(os.path.join(ROOT, "proto", p)) for p, _ in protos)
-    if os.path.exists(stamp) and os.path.getmtime(stamp) >= newest:
-        return
-    src = tempfile.mkdtemp(prefix="mgproto-")
-    try:
-        for s, d in protos:
-            os.makedirs(os.path.join(src, os.path.dirname(d)), exist_ok=True)
-            shutil.copy(os.path.join(ROOT, "proto", s), os.path.join(src, d))
-        os.makedirs(GEN, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", "-I" + src, "--python_out=" + GEN,
-             "--grpc_python_out=" + GEN] + [d for _, d in protos],
-            check=True)
-        for d in ("moongate", "moongate/v1", "mgstd"):
-            open(os.path.join(GEN, d, "__init__.py"), "a").close()
-        open(stamp, "w").close()
-    finally:
-        shutil.rmtree(src)
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+from gen_stubs import generate  # noqa: E402
 
-
-_generate_stubs()
-sys.path.insert(0, GEN)
+sys.path.insert(0, generate(GEN))
 
 
 def free_port():

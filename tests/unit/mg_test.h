@@ -25,6 +25,9 @@ static inline int mg_test_run(const char *suite, const mg_test_case *cases, size
     return failed ? 1 : 0;
 }
 
-#define MG_TEST(fn) {#fn, fn}
+#define MG_TEST(fn) \
+    {               \
+#fn, fn     \
+    }
 
 #endif

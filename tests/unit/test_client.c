@@ -52,8 +52,14 @@ static int free_port(void)
 static int start_gateway(void)
 {
     char err[512], sock[96], h2c[64];
-    char *argv[] = {"moongate", "--listen=", "--ops-listen=", "--debug-service",
-                    "--access-log=false", "--workers=2", sock, h2c};
+    char *argv[] = {"moongate",
+                    "--listen=",
+                    "--ops-listen=",
+                    "--debug-service",
+                    "--access-log=false",
+                    "--workers=2",
+                    sock,
+                    h2c};
     mg_engine_config ec = {2, 16};
     int port = free_port();
     snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-client-%d.sock", (int)getpid());
@@ -319,9 +325,12 @@ static void test_blocking_unary_and_unreachable(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_unary_over_unix_and_tcp), MG_TEST(test_server_streaming),
-        MG_TEST(test_client_streaming),        MG_TEST(test_bidi_lock_step),
-        MG_TEST(test_deadline_and_cancel),     MG_TEST(test_unknown_method),
+        MG_TEST(test_unary_over_unix_and_tcp),
+        MG_TEST(test_server_streaming),
+        MG_TEST(test_client_streaming),
+        MG_TEST(test_bidi_lock_step),
+        MG_TEST(test_deadline_and_cancel),
+        MG_TEST(test_unknown_method),
         MG_TEST(test_blocking_unary_and_unreachable),
     };
     int rc;

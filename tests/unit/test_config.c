@@ -48,9 +48,9 @@ static void test_precedence_file_env_flag(void)
         char *argv[] = {"moongate", arg_config, "--grace", "7", "--debug-service"};
         CU_ASSERT_EQUAL(load(&c, err, 5, argv), MG_CONFIG_OK);
     }
-    CU_ASSERT_EQUAL(c.workers, 3);            /* file */
-    CU_ASSERT_EQUAL(c.queue_depth, 10);       /* env beats file */
-    CU_ASSERT_EQUAL(c.grace, 7);              /* flag beats env */
+    CU_ASSERT_EQUAL(c.workers, 3);      /* file */
+    CU_ASSERT_EQUAL(c.queue_depth, 10); /* env beats file */
+    CU_ASSERT_EQUAL(c.grace, 7);        /* flag beats env */
     CU_ASSERT_EQUAL(c.max_message_bytes, 1024 * 1024);
     CU_ASSERT_STRING_EQUAL(c.log_level, "debug");
     CU_ASSERT_EQUAL(c.debug_service, 1);

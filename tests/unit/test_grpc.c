@@ -24,7 +24,8 @@ static void test_code_names_and_http(void)
 static void test_pct_encode_spec_example(void)
 {
     /* grpc-message: "ünïcode % test" -> "%C3%BCn%C3%AFcode %25 test" */
-    const char *in = "\xc3\xbcn\xc3\xaf" "code % test";
+    const char *in = "\xc3\xbcn\xc3\xaf"
+                     "code % test";
     char out[64];
     size_t need = mg_pct_encode(out, sizeof(out), in, strlen(in));
     CU_ASSERT_STRING_EQUAL(out, "%C3%BCn%C3%AFcode %25 test");
@@ -83,8 +84,9 @@ static void test_timeout_parse(void)
 static void test_timeout_format_never_shortens(void)
 {
     char buf[16];
-    uint64_t ns, samples[] = {1, 999, 1000, 1500, 2500000000ULL, 100000000000ULL,
-                              3600000000000ULL * 30000000ULL};
+    uint64_t ns,
+        samples[] = {
+            1, 999, 1000, 1500, 2500000000ULL, 100000000000ULL, 3600000000000ULL * 30000000ULL};
     for (size_t i = 0; i < sizeof(samples) / sizeof(samples[0]); i++) {
         size_t n = mg_grpc_timeout_format(buf, samples[i]);
         CU_ASSERT(n >= 2 && n <= 9);
@@ -202,8 +204,12 @@ static void test_deframer_callback_stops_feeding(void)
 
 static void test_base64(void)
 {
-    const char *cases[][2] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
-                              {"foo", "Zm9v"},  {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+    const char *cases[][2] = {{"", ""},
+                              {"f", "Zg=="},
+                              {"fo", "Zm8="},
+                              {"foo", "Zm9v"},
+                              {"foob", "Zm9vYg=="},
+                              {"fooba", "Zm9vYmE="},
                               {"foobar", "Zm9vYmFy"}};
     char enc[32];
     uint8_t dec[32];

@@ -73,8 +73,7 @@ static void test_enum_by_name_and_number(void)
     s = dump(&r.base);
     CU_ASSERT_STRING_EQUAL(s, "{\"status\":\"NOT_SERVING\"}");
     free(s);
-    m = load(&grpc__health__v1__health_check_response__descriptor, "{\"status\":\"SERVING\"}",
-             err);
+    m = load(&grpc__health__v1__health_check_response__descriptor, "{\"status\":\"SERVING\"}", err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
     CU_ASSERT_EQUAL(((Grpc__Health__V1__HealthCheckResponse *)m)->status, 1);
     protobuf_c_message_free_unpacked(m, NULL);
@@ -82,8 +81,7 @@ static void test_enum_by_name_and_number(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
     CU_ASSERT_EQUAL(((Grpc__Health__V1__HealthCheckResponse *)m)->status, 3);
     protobuf_c_message_free_unpacked(m, NULL);
-    m = load(&grpc__health__v1__health_check_response__descriptor, "{\"status\":\"MAYBE\"}",
-             err);
+    m = load(&grpc__health__v1__health_check_response__descriptor, "{\"status\":\"MAYBE\"}", err);
     CU_ASSERT_PTR_NULL(m);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "status"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "ServingStatus"));
@@ -184,8 +182,9 @@ static void test_oneof(void)
                                "{\"host\":\"h\",\"fileContainingSymbol\":\"a.B\"}", err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
     r = (void *)m;
-    CU_ASSERT_EQUAL(r->message_request_case,
-                    GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL);
+    CU_ASSERT_EQUAL(
+        r->message_request_case,
+        GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL);
     s = dump(m);
     /* Only the set member of the oneof is emitted. */
     CU_ASSERT_STRING_EQUAL(s, "{\"fileContainingSymbol\":\"a.B\",\"host\":\"h\"}");

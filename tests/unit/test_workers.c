@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 typedef struct {
-    sem_t go;          /* posted by the loop while the job runs */
+    sem_t go; /* posted by the loop while the job runs */
     atomic_int started;
     int result;
     pthread_t done_thread;

@@ -64,10 +64,10 @@ int mg_engine_submit(mg_engine *engine, mg_cq *cq, mg_work_fn work, mg_done_fn d
 typedef struct mg_engine_stats {
     unsigned workers;
     unsigned queue_depth;
-    unsigned in_flight;   /* queued or running */
-    uint64_t submitted;   /* accepted by mg_engine_submit */
-    uint64_t rejected;    /* refused with MG_ERR_FULL */
-    uint64_t completed;   /* work functions that returned */
+    unsigned in_flight; /* queued or running */
+    uint64_t submitted; /* accepted by mg_engine_submit */
+    uint64_t rejected;  /* refused with MG_ERR_FULL */
+    uint64_t completed; /* work functions that returned */
 } mg_engine_stats;
 
 void mg_engine_get_stats(mg_engine *engine, mg_engine_stats *out);

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The main job: on a fresh Debian 12 machine, as root, installs what is missing, builds moongate,
+# makes development certificates, starts the daemon with its embedded defaults (TLS control port
+# 7443, ops port 7080, Unix socket /run/moongate/moongate.sock) and shows it working end to end
+# with mgctl, curl and a Python gRPC client. Then it drains the daemon with SIGTERM.
+#
+#   scripts/demo.sh          run the demo and stop the daemon
+#   scripts/demo.sh --keep   leave the daemon running (stop it with: kill $(cat build/demo/pid))
+#
+# Ports and paths follow the daemon's environment (MOONGATE_LISTEN, MOONGATE_OPS_LISTEN,
+# MOONGATE_UNIX_SOCKET, ...) when set.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+keep=0
+[ "${1:-}" = "--keep" ] && keep=1
+
+say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+
+scripts/deps.sh
+echo "building moongate ..."
+build=$(scripts/build.sh release)
+certs/make-dev-certs.sh >/dev/null
+certs=$root/certs/dev
+run=$build/demo
+mkdir -p "$run"
+
+control=${MOONGATE_LISTEN:-[::]:7443}
+port=${control##*:}
+ops=${MOONGATE_OPS_LISTEN:-[::]:7080}
+ops_port=${ops##*:}
+sock=${MOONGATE_UNIX_SOCKET:-/run/moongate/moongate.sock}
+
+if [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; then
+    echo "stopping the daemon of an earlier demo"
+    kill -TERM "$(cat "$run/pid")"
+    sleep 2
+fi
+
+say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key &"
+"$build/moongate" --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" \
+    >"$run/moongate.log" 2>&1 &
+pid=$!
+echo $pid >"$run/pid"
+for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$ops_port/readyz" >/dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || { cat "$run/moongate.log"; exit 1; }
+    sleep 0.1
+done
+sed 's/^/  /' "$run/moongate.log"
+
+say "mgctl health                                   # h2c on the Unix socket"
+"$build/mgctl" --target "unix:$sock" health
+say "mgctl --target localhost:$port --ca certs/dev/ca.pem info"
+"$build/mgctl" --target "localhost:$port" --ca "$certs/ca.pem" info
+say "curl --http2 --cacert certs/dev/ca.pem -H 'content-type: application/json' -d '{}' https://localhost:$port/moongate.v1.Daemon/Info"
+curl -sS --http2 --cacert "$certs/ca.pem" -H 'content-type: application/json' -d '{}' \
+    "https://localhost:$port/moongate.v1.Daemon/Info"
+say "curl --http2 ... -d '{\"service\": \"nope\"}' https://localhost:$port/grpc.health.v1.Health/Check   # errors are JSON too"
+curl -sS --http2 --cacert "$certs/ca.pem" -H 'content-type: application/json' \
+    -d '{"service": "nope"}' -w '  (HTTP %{http_code})\n' \
+    "https://localhost:$port/grpc.health.v1.Health/Check"
+say "curl http://127.0.0.1:$ops_port/readyz; curl -s http://127.0.0.1:$ops_port/metrics | grep grpc_handled"
+curl -sS "http://127.0.0.1:$ops_port/readyz"
+curl -sS "http://127.0.0.1:$ops_port/metrics" | grep '^moongate_grpc_handled_total'
+say "clients/python/health_check.py --target localhost:$port --ca certs/dev/ca.pem   # python3-grpcio"
+MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/health_check.py \
+    --target "localhost:$port" --ca "$certs/ca.pem"
+
+if [ $keep -eq 1 ]; then
+    echo
+    echo "moongate is running (pid $pid, log $run/moongate.log); stop it with: kill $pid"
+    exit 0
+fi
+say "kill -TERM $pid                                  # graceful drain"
+kill -TERM $pid
+wait $pid
+rc=$?
+tail -n 3 "$run/moongate.log" | sed 's/^/  /'
+echo "moongate exited with status $rc"
+exit $rc

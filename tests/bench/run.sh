@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
+#   tests/bench/run.sh [control] [-- bench_control.py options]
+# control: h2load against Health/Check on moongate and on a reference gRPC C++ server, same run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux
+build=$(scripts/build.sh release)
+certs=$(mktemp -d)
+trap 'rm -rf "$certs"' EXIT
+certs/make-dev-certs.sh "$certs" >/dev/null
+ref=$build/bench/ref_health_server
+[ -x "$ref" ] || tests/bench/build_ref.sh "$build/bench" >/dev/null
+what=${1:-control}
+[ $# -gt 0 ] && shift
+[ "${1:-}" = "--" ] && shift
+case "$what" in
+control)
+    /usr/bin/python3 tests/bench/bench_control.py --moongate "$build/moongate" --ref "$ref" \
+        --certs "$certs" "$@"
+    ;;
+*) echo "usage: $0 [control] [-- options]" >&2; exit 64 ;;
+esac

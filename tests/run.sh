@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The whole moongate test suite, as CI runs it (.ci/run calls this):
+#   1. installs missing Debian packages (scripts/deps.sh)
+#   2. checks formatting against .clang-format
+#   3. release build: CUnit suites (ctest), then integration tests (pytest: real daemons driven
+#      by python3-grpcio, curl, mgctl and raw HTTP/2)
+#   4. the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   5. libFuzzer targets (clang) for a bounded time each, from the committed seed corpus
+# Ends with one line `N passed, N failed`; exits non-zero when anything failed.
+# Environment: MG_FUZZ_SECONDS (default 30 per target), MG_SKIP_ASAN=1, MG_SKIP_FUZZ=1.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+py=/usr/bin/python3
+fuzz_seconds=${MG_FUZZ_SECONDS:-30}
+passed=0
+failed=0
+summary=()
+t_start=$(date +%s)
+
+stage() { # name command...
+    local name=$1 t0 rc
+    shift
+    t0=$(date +%s)
+    echo "=== $name"
+    "$@"
+    rc=$?
+    summary+=("$(printf '%-34s %-6s %4ss' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" \
+        $(($(date +%s) - t0)))")
+    return $rc
+}
+
+count_ctest() { # build-dir
+    local out rc
+    out=$(cd "$1" && ctest --output-on-failure 2>&1)
+    rc=$?
+    echo "$out" | grep -E "Test +#|tests passed|FAILED|Failed|Exception" | sed 's/^/  /'
+    [ $rc -ne 0 ] && echo "$out" | tail -n 60
+    local line total bad
+    line=$(echo "$out" | grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" | tail -n 1)
+    total=$(echo "$line" | sed -E 's/.*out of ([0-9]+).*/\1/')
+    bad=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed.*/\1/')
+    if [ -n "$line" ]; then
+        passed=$((passed + total - bad))
+        failed=$((failed + bad))
+    else
+        failed=$((failed + 1))
+    fi
+    return $rc
+}
+
+count_pytest() { # build-dir
+    local out rc line p f e
+    out=$(MG_BUILD_DIR="$1" MG_CERTS="$certs" timeout 1200 $py -m pytest -q -p no:cacheprovider \
+        tests/integration 2>&1)
+    rc=$?
+    echo "$out" | tail -n 40 | sed 's/^/  /'
+    line=$(echo "$out" | tail -n 1)
+    p=$(echo "$line" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || true)
+    f=$(echo "$line" | grep -oE "[0-9]+ failed" | grep -oE "[0-9]+" || true)
+    e=$(echo "$line" | grep -oE "[0-9]+ error" | grep -oE "[0-9]+" || true)
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0} + ${e:-0}))
+    [ $rc -ne 0 ] && [ -z "$f$e" ] && failed=$((failed + 1))
+    return $rc
+}
+
+check_format() {
+    local bad=()
+    for f in $(git ls-files '*.c' '*.h' 2>/dev/null || find common engine gateway client tests \
+        -name '*.[ch]'); do
+        clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+    done
+    if [ ${#bad[@]} -gt 0 ]; then
+        echo "  not formatted with .clang-format (clang-format $(clang-format --version |
+            grep -oE '[0-9]+\.[0-9.]+' | head -1)): ${bad[*]}"
+        failed=$((failed + 1))
+        return 1
+    fi
+    passed=$((passed + 1))
+}
+
+build() { # flavour -> sets $dir
+    dir=$(scripts/build.sh "$1") || { failed=$((failed + 1)); return 1; }
+}
+
+fuzz_run() {
+    local rc=0 target corpus work
+    for target in deframer json; do
+        corpus=tests/fuzz/corpus/$target
+        work=$(mktemp -d)
+        echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"
+        if "$dir/tests/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 \
+            -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/" \
+            "$work" "$corpus" >"$work/log" 2>&1; then
+            grep -E "stat::number_of_executed_units" "$work/log" | sed 's/^/    /'
+            passed=$((passed + 1))
+        else
+            tail -n 40 "$work/log"
+            failed=$((failed + 1))
+            rc=1
+        fi
+        rm -rf "$work"
+    done
+    return $rc
+}
+
+stage "dependencies" scripts/deps.sh || { echo "cannot install dependencies"; exit 1; }
+certs=$(mktemp -d)
+trap 'rm -rf "$certs"' EXIT
+certs/make-dev-certs.sh "$certs" >/dev/null
+
+stage "format (clang-format)" check_format
+if stage "build (release)" build release; then
+    stage "unit tests (release)" count_ctest "$dir"
+    stage "integration tests (release)" count_pytest "$dir"
+fi
+if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
+    if stage "build (asan+ubsan)" build asan; then
+        export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+        export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+        stage "unit tests (asan+ubsan)" count_ctest "$dir"
+        stage "integration tests (asan+ubsan)" count_pytest "$dir"
+    fi
+fi
+if [ "${MG_SKIP_FUZZ:-0}" != 1 ]; then
+    if stage "build (fuzz, clang)" build fuzz; then
+        stage "fuzz (${fuzz_seconds}s per target)" fuzz_run
+    fi
+fi
+
+echo
+echo "=== summary ($(($(date +%s) - t_start))s in all)"
+printf '  %s\n' "${summary[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
