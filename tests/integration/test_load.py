@@ -1,0 +1,30 @@
+"""Many multiplexed calls from h2load over h2c and TLS. h2load counts HTTP 200 as success, so
+the check is the daemon's own count of calls answered with grpc-status 0."""
+import re
+import subprocess
+
+import pytest
+
+N = 3000
+
+
+def ok_checks(d):
+    return d.metric("moongate_grpc_handled_total", grpc_service="grpc.health.v1.Health",
+                    grpc_method="Check", grpc_code="OK") or 0
+
+
+@pytest.mark.parametrize("scheme", ["h2c", "tls"])
+def test_h2load_many_streams(daemon, tmp_path, scheme):
+    body = tmp_path / "check.bin"
+    body.write_bytes(b"\0\0\0\0\0")
+    url = ("http://%s" % daemon.h2c if scheme == "h2c" else "https://localhost:%d" %
+           daemon.tls_port) + "/grpc.health.v1.Health/Check"
+    before = ok_checks(daemon)
+    p = subprocess.run(["h2load", "-n", str(N), "-c", "4", "-m", "64", "-d", str(body),
+                        "-H", "content-type: application/grpc", "-H", "te: trailers", url],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"%d succeeded, 0 failed, 0 errored" % N, p.stdout), p.stdout
+    assert ok_checks(daemon) - before == N
+    # Nothing left open once the load is over.
+    assert daemon.metric("moongate_streams_active") == 0
