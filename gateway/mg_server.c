@@ -12,7 +12,8 @@
  *  - a finished call never sends again; its handler's on_cancel runs at most once;
  *  - the trailers of a gRPC response are submitted from the data source callback after the last
  *    queued message, so they never overtake DATA (nghttp2 issue #269);
- *  - a call finished before its request ended gets RST_STREAM(NO_ERROR) after its last frame.
+ *  - a call finished before its request ended is reset (RST_STREAM NO_ERROR) only when the
+ *    client keeps sending after it; a request that simply ends is never reset.
  */
 #include "mg_gateway.h"
 
@@ -104,7 +105,11 @@ struct mg_call {
     struct event *deadline;
     uint64_t start_ns;
     uint64_t msgs_in, msgs_out;
-    uint64_t discarded; /* request bytes received after the call finished */
+    uint64_t discarded;     /* request bytes received after the call finished */
+    int64_t content_length; /* declared request body length, -1 when absent */
+    int submit_pending;     /* answer decided, waiting for the request body (see
+                               answer_after_body) */
+    const char *http_ctype; /* static string: content-type of a JSON or HTTP answer */
     void *data;
     struct mg_call *next, *prev;
 };
@@ -200,6 +205,7 @@ static mg_call *call_new(mg_conn *conn, int32_t stream_id)
     call->stream_id = stream_id;
     call->refs = 1;
     call->method_index = -1;
+    call->content_length = -1;
     call->start_ns = mg_now_mono_ns();
     mg_deframer_init(&call->deframer, (uint32_t)conn->gw->cfg->max_message_bytes);
     call->next = conn->calls;
@@ -400,10 +406,62 @@ static void access_log(mg_call *call)
             (unsigned long long)call->msgs_out, secs * 1e3, msg);
 }
 
+/* Submits the final answer the call's status and body call for. */
+static void submit_final(mg_call *call)
+{
+    char codebuf[8], pct[1024], status[8];
+    nghttp2_session *ng;
+
+    call->submit_pending = 0;
+    if (call->conn == NULL || call->stream_closed)
+        return;
+    ng = call->conn->ng;
+    switch (call->mode) {
+    case MODE_GRPC:
+        if (call->headers_sent) {
+            resume(call); /* the data source submits the trailers after the last message */
+            return;
+        }
+        {
+            /* Trailers-Only: one HEADERS frame with END_STREAM. */
+            nghttp2_nv hdrs[4] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                                  NV("grpc-status", "0"), NV("grpc-message", "")};
+            size_t n = 3;
+            snprintf(codebuf, sizeof(codebuf), "%d", call->status);
+            hdrs[2].value = (uint8_t *)codebuf;
+            hdrs[2].valuelen = strlen(codebuf);
+            if (call->message && *call->message) {
+                mg_pct_encode(pct, sizeof(pct), call->message, strlen(call->message));
+                hdrs[3].value = (uint8_t *)pct;
+                hdrs[3].valuelen = strlen(pct);
+                n = 4;
+            }
+            nghttp2_submit_response(ng, call->stream_id, hdrs, n, NULL);
+            call->headers_sent = 1;
+        }
+        break;
+    case MODE_JSON:
+    case MODE_HTTP:
+        snprintf(status, sizeof(status), "%d", call->http_status);
+        submit_with_body(call, status, call->http_ctype);
+        break;
+    }
+    conn_schedule_flush(call->conn);
+}
+
+/* An early answer to a request that declared a body (content-length) waits for that body:
+ * curl 7.88 neither finishes a request whose complete response arrived during its upload nor
+ * accepts the RST_STREAM that would stop the upload. gRPC clients send no content-length, so
+ * streaming calls are answered at once. */
+static int answer_after_body(const mg_call *call)
+{
+    return !call->remote_closed && !call->headers_sent && call->content_length >= 0 &&
+           (uint64_t)call->content_length <= call->conn->gw->cfg->max_message_bytes;
+}
+
 /* Decides the call's status, submits what the client must see and tells the handler. */
 static void call_finish(mg_call *call, int code, const char *msg, int cancel_handler)
 {
-    char codebuf[8], pct[1024];
     if (call->finished)
         return;
     call->finished = 1;
@@ -413,50 +471,30 @@ static void call_finish(mg_call *call, int code, const char *msg, int cancel_han
     if (call->deadline)
         event_del(call->deadline);
 
-    if (call->conn && !call->stream_closed) {
-        nghttp2_session *ng = call->conn->ng;
-        if (call->mode == MODE_GRPC) {
-            call->http_status = 200;
-            if (call->headers_sent) {
-                resume(call);
-            } else {
-                /* Trailers-Only: one HEADERS frame with END_STREAM. */
-                nghttp2_nv hdrs[4] = {NV(":status", "200"), NV("content-type", "application/grpc"),
-                                      NV("grpc-status", "0"), NV("grpc-message", "")};
-                size_t n = 3;
-                snprintf(codebuf, sizeof(codebuf), "%d", code);
-                hdrs[2].value = (uint8_t *)codebuf;
-                hdrs[2].valuelen = strlen(codebuf);
-                if (msg && *msg) {
-                    mg_pct_encode(pct, sizeof(pct), msg, strlen(msg));
-                    hdrs[3].value = (uint8_t *)pct;
-                    hdrs[3].valuelen = strlen(pct);
-                    n = 4;
-                }
-                nghttp2_submit_response(ng, call->stream_id, hdrs, n, NULL);
-                call->headers_sent = 1;
-                conn_schedule_flush(call->conn);
+    if (call->mode == MODE_GRPC) {
+        call->http_status = 200;
+    } else if (call->mode == MODE_JSON) {
+        call->http_status = mg_grpc_code_http(code);
+        call->http_ctype = "application/json";
+        if (code != MG_GRPC_OK) {
+            json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg ? msg : "");
+            char *s = err ? json_dumps(err, JSON_COMPACT) : NULL;
+            json_decref(err);
+            evbuffer_drain(call->out, evbuffer_get_length(call->out));
+            if (s) {
+                evbuffer_add(call->out, s, strlen(s));
+                evbuffer_add(call->out, "\n", 1);
+                free(s);
             }
-        } else if (call->mode == MODE_JSON) {
-            char status[8];
-            call->http_status = mg_grpc_code_http(code);
-            if (code != MG_GRPC_OK) {
-                json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg ? msg : "");
-                char *s = err ? json_dumps(err, JSON_COMPACT) : NULL;
-                json_decref(err);
-                evbuffer_drain(call->out, evbuffer_get_length(call->out));
-                if (s) {
-                    evbuffer_add(call->out, s, strlen(s));
-                    evbuffer_add(call->out, "\n", 1);
-                    free(s);
-                }
-            } else if (evbuffer_get_length(call->out) == 0) {
-                evbuffer_add(call->out, "{}\n", 3);
-            }
-            snprintf(status, sizeof(status), "%d", call->http_status);
-            submit_with_body(call, status, "application/json");
-            conn_schedule_flush(call->conn);
+        } else if (evbuffer_get_length(call->out) == 0) {
+            evbuffer_add(call->out, "{}\n", 3);
         }
+    }
+    if (call->conn && !call->stream_closed) {
+        if (answer_after_body(call))
+            call->submit_pending = 1;
+        else
+            submit_final(call);
     }
     access_log(call);
     if (cancel_handler && call->method && call->method->on_cancel)
@@ -503,16 +541,17 @@ void mg_call_reply(mg_call *call, const ProtobufCMessage *msg)
 /* Plain HTTP answer (GET routes, 415, 405): headers and a body, then END_STREAM. */
 static void call_http(mg_call *call, int status, const char *ctype, const char *body, size_t len)
 {
-    char st[8];
     call->mode = MODE_HTTP;
     call->finished = 1;
     call->http_status = status;
+    call->http_ctype = ctype;
     call->status = status == 200 ? MG_GRPC_OK : MG_GRPC_UNKNOWN;
     if (body)
         evbuffer_add(call->out, body, len);
-    snprintf(st, sizeof(st), "%d", status);
-    submit_with_body(call, st, ctype);
-    conn_schedule_flush(call->conn);
+    if (answer_after_body(call))
+        call->submit_pending = 1;
+    else
+        submit_final(call);
     access_log(call);
 }
 
@@ -619,6 +658,8 @@ static void request_end(mg_call *call)
 {
     char m[256];
     call->remote_closed = 1;
+    if (call->submit_pending)
+        submit_final(call);
     if (call->finished)
         return;
     if (call->mode == MODE_JSON) {
@@ -677,10 +718,10 @@ static void request_headers(mg_call *call)
             return;
         }
         status = mg_ops_route(gw, call->path, body, &ctype);
-        call_http(call, status, ctype, NULL, 0);
         if (strcmp(call->verb, "HEAD") != 0)
             evbuffer_add_buffer(call->out, body);
         evbuffer_free(body);
+        call_http(call, status, ctype, NULL, 0);
         return;
     }
     if (strcmp(call->verb, "POST") != 0) {
@@ -809,11 +850,24 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, const u
             call->has_timeout = 1;
         else
             call->bad_timeout = 1;
+    } else if (IS("content-length")) {
+        int64_t v = 0;
+        size_t i = 0;
+        for (; i < valuelen && i < 18 && value[i] >= '0' && value[i] <= '9'; i++)
+            v = v * 10 + (value[i] - '0');
+        call->content_length = i == valuelen && i > 0 ? v : -1;
     } else if (IS("grpc-encoding")) {
         call->has_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
     }
 #undef IS
     return 0;
+}
+
+/* Request bytes a finished call may still receive before its stream is reset: none for gRPC
+ * (its clients expect the reset), up to one message for JSON and HTTP bodies. */
+static uint64_t discard_allowance(const mg_call *call)
+{
+    return call->mode == MODE_GRPC ? 0 : call->conn->gw->cfg->max_message_bytes;
 }
 
 static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
@@ -840,8 +894,17 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
         break;
     case NGHTTP2_DATA:
         call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-        if (call && (frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        if (call == NULL)
+            break;
+        if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
             request_end(call);
+        } else if (call->finished && !call->submit_pending &&
+                   call->discarded > discard_allowance(call)) {
+            /* Answered, yet the client keeps sending: ask it to stop (RFC 9113 8.1). A
+             * request that simply ends is never reset, as curl reports such a reset as an
+             * error even after a complete response. */
+            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
+        }
         break;
     case NGHTTP2_RST_STREAM:
         conn->gw->stats.rst_received++;
@@ -859,9 +922,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t str
     if (call == NULL)
         return 0;
     if (call->finished) {
-        call->discarded += len;
-        if (call->mode != MODE_GRPC && call->discarded > call->conn->gw->cfg->max_message_bytes)
-            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_CANCEL);
+        call->discarded += len; /* judged when the frame is complete, in on_frame_recv_cb */
         return 0;
     }
     if (call->mode == MODE_GRPC) {
@@ -881,16 +942,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t str
 
 static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
-    mg_call *call;
-    if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
-        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-        call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-        /* A gRPC call answered before the client finished sending: release the stream, as
-         * gRPC clients expect. HTTP clients (curl) read a reset as an error, so their
-         * remaining body is read and dropped instead (bounded in on_data_chunk_recv_cb). */
-        if (call && !call->remote_closed && call->mode == MODE_GRPC)
-            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
-    } else if (frame->hd.type == NGHTTP2_GOAWAY) {
+    if (frame->hd.type == NGHTTP2_GOAWAY) {
         mg_conn *conn = user_data;
         conn->gw->stats.goaway_sent++;
     }

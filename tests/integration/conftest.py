@@ -6,6 +6,7 @@ Environment:
   MG_CERTS       directory made by certs/make-dev-certs.sh (default: made under the build tree)
 """
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,29 @@ from gen_stubs import generate  # noqa: E402
 sys.path.insert(0, generate(GEN))
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that binds now, chosen below the kernel's ephemeral range so that outgoing
+    connections of other tests cannot take it before the daemon binds it."""
+    lo, _ = _ephemeral_range()
+    top = max(lo, 12000)
+    for _ in range(200):
+        port = random.randrange(10000, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +69,13 @@ class Daemon:
 
     def __init__(self, certs, workdir, extra=()):
         self.certs = certs
+        self.workdir = workdir
+        self.extra = list(extra)
+        self.proc = None
+        self._pick_ports()
+
+    def _pick_ports(self):
+        certs, workdir, extra = self.certs, self.workdir, self.extra
         self.tls_port = free_port()
         self.h2c_port = free_port()
         self.ops_port = free_port()
@@ -65,7 +92,6 @@ class Daemon:
             "--debug-service",
             "--grace", "10",
         ] + list(extra)
-        self.proc = None
 
     @property
     def ca(self):
@@ -79,12 +105,23 @@ class Daemon:
     def tls(self):
         return "localhost:%d" % self.tls_port
 
-    def start(self):
+    def start(self, attempts=5):
+        """Starts the daemon; a port taken in the meantime means new ports and a new try."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RuntimeError as e:
+                if "listen_failed" not in str(e) or attempt + 1 == attempts:
+                    raise
+                self._pick_ports()
+
+    def _start_once(self):
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.log.close()
                 raise RuntimeError("moongate exited with %d:\n%s" % (self.proc.returncode,
                                                                       self.read_log()))
             try:

@@ -168,3 +168,32 @@ def test_rst_stream_cancels_the_call(daemon):
         s.sendall(conn.data_to_send())
     s.close()
     assert status == b"0"
+
+
+def test_client_that_keeps_sending_after_the_answer_is_reset(daemon):
+    """The daemon refuses an oversized message at once; a client that keeps sending its body
+    is then asked to stop with RST_STREAM(NO_ERROR), after the trailers."""
+    s, conn = _raw_h2(daemon)
+    conn.send_headers(1, _headers("/moongate.v1.Debug/Echo"))
+    conn.send_data(1, b"\0\x10\0\0\0" + b"x" * 1000)  # declares 256 MiB
+    s.sendall(conn.data_to_send())
+    events = []
+    deadline = time.monotonic() + 5
+    sent_more = False
+    while time.monotonic() < deadline and not any(
+            isinstance(e, h2.events.StreamReset) for e in events):
+        for ev in conn.receive_data(s.recv(65536)):
+            events.append(ev)
+            if isinstance(ev, h2.events.TrailersReceived) or (
+                    isinstance(ev, h2.events.ResponseReceived) and
+                    dict(ev.headers).get(b"grpc-status")):
+                if not sent_more:
+                    conn.send_data(1, b"y" * 1000)
+                    sent_more = True
+        s.sendall(conn.data_to_send())
+    s.close()
+    status = [dict(e.headers).get(b"grpc-status") for e in events
+              if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))]
+    assert b"8" in status
+    resets = [e for e in events if isinstance(e, h2.events.StreamReset)]
+    assert resets and resets[0].error_code == 0
