@@ -13,7 +13,8 @@
  *  - the trailers of a gRPC response are submitted from the data source callback after the last
  *    queued message, so they never overtake DATA (nghttp2 issue #269);
  *  - a call finished before its request ended is reset (RST_STREAM NO_ERROR) only when the
- *    client keeps sending after it; a request that simply ends is never reset.
+ *    client keeps sending after it, and only after the answer went out (nghttp2 drops frames
+ *    still queued for a stream it resets); a request that simply ends is never reset.
  */
 #include "mg_gateway.h"
 
@@ -110,6 +111,8 @@ struct mg_call {
     int submit_pending;     /* answer decided, waiting for the request body (see
                                answer_after_body) */
     const char *http_ctype; /* static string: content-type of a JSON or HTTP answer */
+    int final_sent;         /* our END_STREAM frame went out */
+    int rst_wanted;         /* reset the stream once final_sent (client kept sending) */
     void *data;
     struct mg_call *next, *prev;
 };
@@ -863,11 +866,11 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, const u
     return 0;
 }
 
-/* Request bytes a finished call may still receive before its stream is reset: none for gRPC
- * (its clients expect the reset), up to one message for JSON and HTTP bodies. */
+/* Request bytes a finished call may still receive before its stream is reset: one default
+ * stream window for gRPC (a small request simply ends), one message for JSON and HTTP. */
 static uint64_t discard_allowance(const mg_call *call)
 {
-    return call->mode == MODE_GRPC ? 0 : call->conn->gw->cfg->max_message_bytes;
+    return call->mode == MODE_GRPC ? 65535 : call->conn->gw->cfg->max_message_bytes;
 }
 
 static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
@@ -900,10 +903,14 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
             request_end(call);
         } else if (call->finished && !call->submit_pending &&
                    call->discarded > discard_allowance(call)) {
-            /* Answered, yet the client keeps sending: ask it to stop (RFC 9113 8.1). A
-             * request that simply ends is never reset, as curl reports such a reset as an
-             * error even after a complete response. */
-            nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
+            /* Answered, yet the client keeps sending: ask it to stop (RFC 9113 8.1), once
+             * the answer is out (a reset submitted earlier would cancel it). A request that
+             * simply ends is never reset, as curl reports such a reset as an error. */
+            if (call->final_sent)
+                nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                          NGHTTP2_NO_ERROR);
+            else
+                call->rst_wanted = 1;
         }
         break;
     case NGHTTP2_RST_STREAM:
@@ -942,7 +949,16 @@ static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t str
 
 static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *user_data)
 {
-    if (frame->hd.type == NGHTTP2_GOAWAY) {
+    if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+        mg_call *call = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+        if (call) {
+            call->final_sent = 1;
+            if (call->rst_wanted && !call->remote_closed)
+                nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                          NGHTTP2_NO_ERROR);
+        }
+    } else if (frame->hd.type == NGHTTP2_GOAWAY) {
         mg_conn *conn = user_data;
         conn->gw->stats.goaway_sent++;
     }

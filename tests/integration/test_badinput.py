@@ -188,7 +188,8 @@ def test_client_that_keeps_sending_after_the_answer_is_reset(daemon):
                     isinstance(ev, h2.events.ResponseReceived) and
                     dict(ev.headers).get(b"grpc-status")):
                 if not sent_more:
-                    conn.send_data(1, b"y" * 1000)
+                    for _ in range(5):  # beyond the 64 KiB a finished gRPC call may still get
+                        conn.send_data(1, b"y" * 16000)
                     sent_more = True
         s.sendall(conn.data_to_send())
     s.close()

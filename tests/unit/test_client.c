@@ -268,6 +268,8 @@ static void test_deadline_and_cancel(void)
     event_base_free(r.base);
 }
 
+/* The request's DATA frame arrives right behind its HEADERS, after the daemon already decided
+ * the answer: the answer must still reach the client (no reset may cancel it). */
 static void test_unknown_method(void)
 {
     rec r = {.base = event_base_new()};
