@@ -220,11 +220,24 @@ static int parse_int(decode_ctx *c, const char *path, const json_t *j, int is_si
         return 0;
     }
     if (json_is_real(j)) {
+        /* Range-check in the target's signedness before converting: a double outside the
+         * integer type's range is undefined behaviour to convert. 2^63 and 2^64 are exact. */
         double v = json_real_value(j);
-        if (v != floor(v) || v < -9.2e18 || v > 1.8e19 || (!is_signed && v < 0))
+        if (v != floor(v))
             return fail(c, path, "expected an integer");
-        *sv = (int64_t)v;
-        *uv = (uint64_t)v;
+        if (is_signed) {
+            if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+                return fail(c, path, "out of range for a 64-bit integer");
+            *sv = (int64_t)v;
+            *uv = (uint64_t)*sv;
+        } else {
+            if (v < 0)
+                return fail(c, path, "negative value for an unsigned field");
+            if (!(v < 18446744073709551616.0))
+                return fail(c, path, "out of range for a 64-bit integer");
+            *uv = (uint64_t)v;
+            *sv = (int64_t)*uv;
+        }
         return 0;
     }
     if (json_is_string(j)) {

@@ -278,25 +278,17 @@ static void refl_half_close(mg_call *call)
     mg_call_finish(call, MG_GRPC_OK, NULL);
 }
 
-static const mg_method refl_v1 = {
-    .path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    .kind = MG_RPC_BIDI,
-    .in = &grpc__reflection__v1__server_reflection_request__descriptor,
-    .out = &grpc__reflection__v1__server_reflection_response__descriptor,
-    .on_message = refl_message,
-    .on_half_close = refl_half_close,
-    .on_cancel = refl_stream_free,
-};
+/* v1 and v1alpha differ only in their package: one handler, the v1 message types for both. */
+#define REFLECTION_METHOD(pkg)                                                                   \
+    {                                                                                            \
+        .path = "/grpc.reflection." pkg ".ServerReflection/ServerReflectionInfo",                \
+        .kind = MG_RPC_BIDI, .in = &grpc__reflection__v1__server_reflection_request__descriptor, \
+        .out = &grpc__reflection__v1__server_reflection_response__descriptor,                    \
+        .on_message = refl_message, .on_half_close = refl_half_close,                            \
+        .on_cancel = refl_stream_free,                                                           \
+    }
 
-static const mg_method refl_v1alpha = {
-    .path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-    .kind = MG_RPC_BIDI,
-    .in = &grpc__reflection__v1__server_reflection_request__descriptor,
-    .out = &grpc__reflection__v1__server_reflection_response__descriptor,
-    .on_message = refl_message,
-    .on_half_close = refl_half_close,
-    .on_cancel = refl_stream_free,
-};
+static const mg_method refl_methods[] = {REFLECTION_METHOD("v1"), REFLECTION_METHOD("v1alpha")};
 
 int mg_svc_reflection_init(mg_gateway *gw)
 {
@@ -306,9 +298,10 @@ int mg_svc_reflection_init(mg_gateway *gw)
         return MG_ERR_NOMEM;
     if ((rc = reflection_index(gw->reflection)) != 0)
         return rc;
-    if ((rc = mg_gateway_add_method(gw, &refl_v1)) != 0 ||
-        (rc = mg_gateway_add_method(gw, &refl_v1alpha)) != 0)
-        return rc;
+    for (size_t i = 0; i < sizeof(refl_methods) / sizeof(refl_methods[0]); i++) {
+        if ((rc = mg_gateway_add_method(gw, &refl_methods[i])) != 0)
+            return rc;
+    }
     return 0;
 }
 

@@ -154,6 +154,23 @@ static void test_errors_name_the_field(void)
     expect_error(info, "{\"version\":\"a\\u0000b\"}", "NUL");
 }
 
+/* Reals given for integer fields are range-checked before conversion (found by fuzz_json). */
+static void test_reals_for_integer_fields(void)
+{
+    char err[256];
+    ProtobufCMessage *m = load(&moongate__v1__echo_message__descriptor, "{\"seq\": 1.5e19}", err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    CU_ASSERT_EQUAL(((Moongate__V1__EchoMessage *)m)->seq, 15000000000000000000ULL);
+    protobuf_c_message_free_unpacked(m, NULL);
+    expect_error(&moongate__v1__echo_message__descriptor, "{\"seq\": 1.8446744073709552e19}",
+                 "out of range");
+    expect_error(&moongate__v1__echo_message__descriptor, "{\"seq\": -1.0}", "negative");
+    expect_error(&moongate__v1__expand_request__descriptor, "{\"count\": 15555555555555555556.8}",
+                 "out of range for uint32");
+    expect_error(&moongate__v1__expand_request__descriptor, "{\"count\": 1e300}", "out of range");
+    expect_error(&moongate__v1__expand_request__descriptor, "{\"count\": 2.5}", "integer");
+}
+
 static void test_nested_and_repeated_decode(void)
 {
     char err[256];
@@ -203,6 +220,7 @@ int main(void)
         MG_TEST(test_bytes_and_64bit_round_trip),
         MG_TEST(test_both_field_name_spellings),
         MG_TEST(test_errors_name_the_field),
+        MG_TEST(test_reals_for_integer_fields),
         MG_TEST(test_nested_and_repeated_decode),
         MG_TEST(test_oneof),
     };
