@@ -54,6 +54,9 @@ typedef struct mg_method {
     /* The call ended before the handler finished it (cancel, deadline, connection loss,
      * shutdown). Optional. The handler drops what it keeps for the call. */
     void (*on_cancel)(mg_call *call);
+    /* Streaming responses: the call's queue drained below half its bound after
+     * mg_call_writable() returned 0. Optional; runs from the loop, never inside nghttp2. */
+    void (*on_writable)(mg_call *call);
 } mg_method;
 
 /* ---- calls: used by handlers ---- */
@@ -62,6 +65,10 @@ typedef struct mg_method {
  * dropped) or the message exceeds --max-message-bytes (the call is finished with
  * RESOURCE_EXHAUSTED). */
 int mg_call_send(mg_call *call, const ProtobufCMessage *msg);
+/* Non-zero while the call's queued response bytes are below their bound
+ * (--max-conn-output-bytes). A streaming handler sends while this holds, then waits for
+ * on_writable: that is how a slow reader holds back its producer. */
+int mg_call_writable(mg_call *call);
 /* Ends the call with a status; the message is printf-formatted (may be NULL). No-op when done. */
 void mg_call_finish(mg_call *call, int grpc_code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

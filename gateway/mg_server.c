@@ -111,8 +111,10 @@ struct mg_call {
     int submit_pending;     /* answer decided, waiting for the request body (see
                                answer_after_body) */
     const char *http_ctype; /* static string: content-type of a JSON or HTTP answer */
-    int final_sent;         /* our END_STREAM frame went out */
-    int rst_wanted;         /* reset the stream once final_sent (client kept sending) */
+    int want_writable;      /* the handler waits for on_writable */
+    struct event *writable_ev;
+    int final_sent; /* our END_STREAM frame went out */
+    int rst_wanted; /* reset the stream once final_sent (client kept sending) */
     void *data;
     struct mg_call *next, *prev;
 };
@@ -229,6 +231,8 @@ void mg_call_unref(mg_call *call)
         return;
     if (call->deadline)
         event_free(call->deadline);
+    if (call->writable_ev)
+        event_free(call->writable_ev);
     mg_deframer_free(&call->deframer);
     if (call->body)
         evbuffer_free(call->body);
@@ -274,12 +278,36 @@ int64_t mg_call_remaining_ms(const mg_call *call)
     return end > now ? (int64_t)((end - now) / 1000000ULL) : 0;
 }
 
+static void writable_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_call *call = arg;
+    call->want_writable = 0;
+    if (!mg_call_done(call) && call->method && call->method->on_writable)
+        call->method->on_writable(call);
+}
+
+int mg_call_writable(mg_call *call)
+{
+    if (mg_call_done(call))
+        return 0;
+    if (evbuffer_get_length(call->out) < call->conn->gw->cfg->max_conn_output_bytes)
+        return 1;
+    call->want_writable = 1;
+    if (call->writable_ev == NULL)
+        call->writable_ev = event_new(call->conn->gw->base, -1, 0, writable_cb, call);
+    return 0;
+}
+
 /* Data source: hands queued response bytes to nghttp2. */
 static ssize_t call_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,
                             uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
 {
     mg_call *call = source->ptr;
     int n = evbuffer_remove(call->out, buf, length);
+    if (call->want_writable && call->writable_ev &&
+        evbuffer_get_length(call->out) < call->conn->gw->cfg->max_conn_output_bytes / 2 &&
+        !event_pending(call->writable_ev, EV_TIMEOUT, NULL))
+        event_active(call->writable_ev, EV_TIMEOUT, 0); /* the handler runs outside nghttp2 */
     if (n > 0)
         return n;
     if (call->mode != MODE_GRPC) {

@@ -160,6 +160,8 @@ static void expand_step(evutil_socket_t fd, short what, void *arg)
         Moongate__V1__EchoMessage msg = MOONGATE__V1__ECHO_MESSAGE__INIT;
         if (mg_call_done(call) || st->left == 0)
             break;
+        if (!mg_call_writable(call))
+            return; /* a slow reader: expand_writable resumes */
         msg.payload.data = st->payload;
         msg.payload.len = st->size;
         msg.seq = st->seq++;
@@ -177,6 +179,13 @@ static void expand_step(evutil_socket_t fd, short what, void *arg)
     mg_call_set_data(call, NULL);
     expand_free(st);
     mg_call_unref(call);
+}
+
+static void expand_writable(mg_call *call)
+{
+    expand_state *st = mg_call_data(call);
+    if (st)
+        expand_step(-1, 0, st); /* sends what the queue takes; re-arms the pacing timer */
 }
 
 static void expand_cancel(mg_call *call)
@@ -243,7 +252,8 @@ static const mg_method debug_methods[] = {
      .in = &moongate__v1__expand_request__descriptor,
      .out = &moongate__v1__echo_message__descriptor,
      .on_message = expand_message,
-     .on_cancel = expand_cancel},
+     .on_cancel = expand_cancel,
+     .on_writable = expand_writable},
     {.path = "/moongate.v1.Debug/Chat",
      .kind = MG_RPC_BIDI,
      .in = &moongate__v1__echo_message__descriptor,
