@@ -28,3 +28,21 @@ def test_h2load_many_streams(daemon, tmp_path, scheme):
     assert ok_checks(daemon) - before == N
     # Nothing left open once the load is over.
     assert daemon.metric("moongate_streams_active") == 0
+
+
+@pytest.mark.parametrize("target", ["unix", "h2c", "tls"])
+def test_mgbench_many_calls_through_the_client_library(daemon, target):
+    import os
+    from conftest import BUILD
+    args = {"unix": ["--target", "unix:" + daemon.sock],
+            "h2c": ["--target", daemon.h2c, "--plaintext"],
+            "tls": ["--target", daemon.tls, "--ca", daemon.ca]}[target]
+    before = ok_checks(daemon)
+    p = subprocess.run([os.path.join(BUILD, "mgbench"), *args, "--conns", "3", "--streams",
+                        "150", "--requests", str(N), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    import json
+    out = json.loads(p.stdout)
+    assert out["requests"] == N and out["ok"] == N
+    assert ok_checks(daemon) - before == N
