@@ -1484,7 +1484,7 @@ static void free_listeners(mg_gateway *gw)
     }
 }
 
-/* Calls fn for each comma-separated item of list. */
+/* Adds a listener of `kind` for each comma-separated host:port of list. */
 static int each_addr(mg_gateway *gw, const char *list, conn_kind kind)
 {
     char buf[1024], *save = NULL, *tok;

@@ -3,6 +3,8 @@
 over plain HTTP/1.1 on the ops port."""
 import json
 
+import pytest
+
 from conftest import curl
 
 
@@ -116,3 +118,31 @@ def test_grpc_over_curl_shows_trailers_only_errors(daemon):
                         "https://localhost:%d/x.Y/Z" % daemon.tls_port, input=b"\0\0\0\0\0")
     head = out.decode().lower()
     assert "grpc-status: 12" in head and "unknown service" in head
+
+
+def test_tls_versions(daemon):
+    url = "https://localhost:%d/livez" % daemon.tls_port
+    for version, flags in (("1.2", ["--tlsv1.2", "--tls-max", "1.2"]),
+                           ("1.3", ["--tlsv1.3", "--tls-max", "1.3"])):
+        rc, out, err = curl("--http2", "--cacert", daemon.ca, *flags, "-w", " %{http_version}",
+                            url)
+        assert rc == 0 and out.decode() == "ok\n 2", (version, err)
+    rc, out, err = curl("--http2", "--cacert", daemon.ca, "--tlsv1.1", "--tls-max", "1.1", url)
+    assert rc != 0  # TLS 1.1 and older are refused
+
+
+def test_access_log_names_the_caller(daemon):
+    import os
+    from conftest import unix_channel
+    from mgstd import health_pb2, health_pb2_grpc
+    import grpc
+    with unix_channel(daemon) as ch:
+        with pytest.raises(grpc.RpcError):  # NOT_FOUND: an unknown service name, on purpose
+            health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service="caller.Identity"), timeout=5)
+    lines = [l for l in daemon.read_log().splitlines()
+             if "event=access" in l and "caller.Identity" in l]
+    assert lines, "no access log line for the call"
+    # On the Unix socket the identity is the caller's uid and pid (SO_PEERCRED).
+    assert 'peer="uid:%d pid:' % os.getuid() in lines[-1]
+    assert "code=NOT_FOUND" in lines[-1] and "duration_ms=" in lines[-1]
