@@ -1,0 +1,766 @@
+/*
+ * mg_call: the call layer. A call is one request stream in one of three modes — gRPC
+ * (application/grpc), JSON (application/json on a unary method's path) or plain HTTP (GET
+ * routes) — routed to a method's handler, which answers through the mg_call_* API of
+ * mg_gateway.h. The connection layer (mg_conn.c) feeds it headers, body chunks and stream
+ * events; this file decides what the client sees and submits it to nghttp2.
+ *
+ * Loop thread only. Invariants:
+ *  - a call is on its connection's list while its stream is open; the stream holds a reference;
+ *  - a finished call never sends again; its handler's on_cancel runs at most once;
+ *  - the trailers of a gRPC response are submitted from the data source callback after the last
+ *    queued message, so they never overtake DATA (nghttp2 issue #269);
+ *  - a call finished before its request ended is reset (RST_STREAM NO_ERROR) only when the
+ *    client keeps sending after it, and only after the answer went out (nghttp2 drops frames
+ *    still queued for a stream it resets); a request that simply ends is never reset.
+ */
+#include "mg_server_int.h"
+
+#include "mg_json.h"
+#include "mg_log.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void call_finish(mg_call *call, int code, const char *msg, int cancel_handler);
+
+/* ------------------------------------------------------------------ calls */
+
+mg_call *mg_call_open(mg_conn *conn, int32_t stream_id)
+{
+    mg_call *call = calloc(1, sizeof(*call));
+    if (call == NULL)
+        return NULL;
+    call->out = evbuffer_new();
+    if (call->out == NULL) {
+        free(call);
+        return NULL;
+    }
+    call->conn = conn;
+    call->stream_id = stream_id;
+    call->refs = 1;
+    call->method_index = -1;
+    call->content_length = -1;
+    call->start_ns = mg_now_mono_ns();
+    mg_deframer_init(&call->deframer, (uint32_t)conn->gw->cfg->max_message_bytes);
+    call->next = conn->calls;
+    if (conn->calls)
+        conn->calls->prev = call;
+    conn->calls = call;
+    return call;
+}
+
+void mg_call_ref(mg_call *call)
+{
+    call->refs++;
+}
+
+void mg_call_unref(mg_call *call)
+{
+    if (call == NULL || --call->refs > 0)
+        return;
+    if (call->deadline)
+        event_free(call->deadline);
+    if (call->writable_ev)
+        event_free(call->writable_ev);
+    mg_deframer_free(&call->deframer);
+    if (call->body)
+        evbuffer_free(call->body);
+    if (call->pending)
+        protobuf_c_message_free_unpacked(call->pending, NULL);
+    evbuffer_free(call->out);
+    free(call->message);
+    free(call);
+}
+
+int mg_call_done(const mg_call *call)
+{
+    return call->finished || call->stream_closed || call->conn == NULL;
+}
+
+void mg_call_set_data(mg_call *call, void *data)
+{
+    call->data = data;
+}
+
+void *mg_call_data(const mg_call *call)
+{
+    return call->data;
+}
+
+mg_gateway *mg_call_gateway(const mg_call *call)
+{
+    return call->conn ? call->conn->gw : NULL;
+}
+
+const char *mg_call_peer(const mg_call *call)
+{
+    return call->conn ? call->conn->peer : "gone";
+}
+
+int64_t mg_call_remaining_ms(const mg_call *call)
+{
+    uint64_t now, end;
+    if (!call->has_timeout)
+        return -1;
+    now = mg_now_mono_ns();
+    end = call->start_ns + call->timeout_ns;
+    return end > now ? (int64_t)((end - now) / 1000000ULL) : 0;
+}
+
+static void writable_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_call *call = arg;
+    call->want_writable = 0;
+    if (!mg_call_done(call) && call->method && call->method->on_writable)
+        call->method->on_writable(call);
+}
+
+int mg_call_writable(mg_call *call)
+{
+    if (mg_call_done(call))
+        return 0;
+    if (evbuffer_get_length(call->out) < call->conn->gw->cfg->max_conn_output_bytes)
+        return 1;
+    call->want_writable = 1;
+    if (call->writable_ev == NULL)
+        call->writable_ev = event_new(call->conn->gw->base, -1, 0, writable_cb, call);
+    return 0;
+}
+
+/* Data source: hands queued response bytes to nghttp2. */
+static ssize_t call_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf, size_t length,
+                            uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
+{
+    mg_call *call = source->ptr;
+    int n = evbuffer_remove(call->out, buf, length);
+    if (call->want_writable && call->writable_ev &&
+        evbuffer_get_length(call->out) < call->conn->gw->cfg->max_conn_output_bytes / 2 &&
+        !event_pending(call->writable_ev, EV_TIMEOUT, NULL))
+        event_active(call->writable_ev, EV_TIMEOUT, 0); /* the handler runs outside nghttp2 */
+    if (n > 0)
+        return n;
+    if (call->mode != MODE_GRPC) {
+        *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+        return 0;
+    }
+    if (!call->finished) {
+        call->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
+    }
+    {
+        char code[8], msg[1024];
+        nghttp2_nv trailers[2];
+        size_t ntr = 1;
+        snprintf(code, sizeof(code), "%d", call->status);
+        trailers[0] = (nghttp2_nv){(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code),
+                                   NGHTTP2_NV_FLAG_NONE};
+        if (call->message && *call->message) {
+            mg_pct_encode(msg, sizeof(msg), call->message, strlen(call->message));
+            trailers[1] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)msg, 12, strlen(msg),
+                                       NGHTTP2_NV_FLAG_NONE};
+            ntr = 2;
+        }
+        *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        if (nghttp2_submit_trailer(ng, stream_id, trailers, ntr) != 0)
+            *data_flags &= ~(uint32_t)NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
+    return 0;
+}
+
+#define NV(n, v)                                                                       \
+    {                                                                                  \
+        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE \
+    }
+
+/* Submits response headers plus a body read from call->out. */
+static int submit_with_body(mg_call *call, const char *status, const char *ctype)
+{
+    nghttp2_data_provider dp = {.source.ptr = call, .read_callback = call_read_cb};
+    nghttp2_nv hdrs[] = {NV(":status", status), NV("content-type", ctype),
+                         NV("grpc-accept-encoding", "identity")};
+    size_t n = call->mode == MODE_GRPC ? 3 : 2;
+    int rv = nghttp2_submit_response(call->conn->ng, call->stream_id, hdrs, n, &dp);
+    call->headers_sent = 1;
+    return rv;
+}
+
+static void resume(mg_call *call)
+{
+    if (call->deferred) {
+        call->deferred = 0;
+        nghttp2_session_resume_data(call->conn->ng, call->stream_id);
+    }
+    mg_conn_schedule_flush(call->conn);
+}
+
+int mg_call_send(mg_call *call, const ProtobufCMessage *msg)
+{
+    size_t len;
+    if (mg_call_done(call))
+        return -1;
+    len = protobuf_c_message_get_packed_size(msg);
+    if (len > call->conn->gw->cfg->max_message_bytes) {
+        char m[160];
+        snprintf(m, sizeof(m), "response message of %zu bytes exceeds the limit of %llu bytes", len,
+                 (unsigned long long)call->conn->gw->cfg->max_message_bytes);
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 1);
+        return -1;
+    }
+    if (call->mode == MODE_JSON) {
+        json_t *j = mg_json_from_message(msg);
+        char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        if (s == NULL) {
+            call_finish(call, MG_GRPC_INTERNAL, "could not encode the response as JSON", 1);
+            return -1;
+        }
+        evbuffer_drain(call->out, evbuffer_get_length(call->out));
+        evbuffer_add(call->out, s, strlen(s));
+        evbuffer_add(call->out, "\n", 1);
+        free(s);
+        call->msgs_out++;
+        return 0;
+    }
+    {
+        struct evbuffer_iovec v;
+        uint8_t *p;
+        if (evbuffer_reserve_space(call->out, len + MG_GRPC_PREFIX_LEN, &v, 1) < 1) {
+            call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 1);
+            return -1;
+        }
+        p = v.iov_base;
+        mg_grpc_prefix(p, (uint32_t)len);
+        protobuf_c_message_pack(msg, p + MG_GRPC_PREFIX_LEN);
+        v.iov_len = len + MG_GRPC_PREFIX_LEN;
+        evbuffer_commit_space(call->out, &v, 1);
+    }
+    call->msgs_out++;
+    if (!call->headers_sent)
+        submit_with_body(call, "200", "application/grpc");
+    resume(call);
+    return 0;
+}
+
+static void access_log(mg_call *call)
+{
+    mg_gateway *gw = call->conn ? call->conn->gw : NULL;
+    double secs = (double)(mg_now_mono_ns() - call->start_ns) / 1e9;
+    char msg[256], peer[160], path[300];
+    if (gw && call->method_index >= 0)
+        mg_metrics_observe(gw, call->method_index, call->status, secs);
+    if (gw && !gw->cfg->access_log)
+        return;
+    if (gw == NULL && !mg_log_enabled(MG_LOG_INFO))
+        return;
+    mg_log_quote(peer, sizeof(peer), call->conn ? call->conn->peer : "gone");
+    mg_log_quote(path, sizeof(path), call->path);
+    mg_log_quote(msg, sizeof(msg), call->message ? call->message : "");
+    mg_info("access",
+            "proto=%s verb=%s path=%s peer=%s stream=%d status=%d code=%s http=%d "
+            "msgs_in=%llu msgs_out=%llu duration_ms=%.3f message=%s",
+            call->mode == MODE_GRPC   ? "grpc"
+            : call->mode == MODE_JSON ? "json"
+                                      : "http",
+            call->verb, path, peer, call->stream_id, call->status, mg_grpc_code_name(call->status),
+            call->http_status, (unsigned long long)call->msgs_in,
+            (unsigned long long)call->msgs_out, secs * 1e3, msg);
+}
+
+/* Submits the final answer the call's status and body call for. */
+static void submit_final(mg_call *call)
+{
+    char codebuf[8], pct[1024], status[8];
+    nghttp2_session *ng;
+
+    call->submit_pending = 0;
+    if (call->conn == NULL || call->stream_closed)
+        return;
+    ng = call->conn->ng;
+    switch (call->mode) {
+    case MODE_GRPC:
+        if (call->headers_sent) {
+            resume(call); /* the data source submits the trailers after the last message */
+            return;
+        }
+        {
+            /* Trailers-Only: one HEADERS frame with END_STREAM. */
+            nghttp2_nv hdrs[4] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                                  NV("grpc-status", "0"), NV("grpc-message", "")};
+            size_t n = 3;
+            snprintf(codebuf, sizeof(codebuf), "%d", call->status);
+            hdrs[2].value = (uint8_t *)codebuf;
+            hdrs[2].valuelen = strlen(codebuf);
+            if (call->message && *call->message) {
+                mg_pct_encode(pct, sizeof(pct), call->message, strlen(call->message));
+                hdrs[3].value = (uint8_t *)pct;
+                hdrs[3].valuelen = strlen(pct);
+                n = 4;
+            }
+            nghttp2_submit_response(ng, call->stream_id, hdrs, n, NULL);
+            call->headers_sent = 1;
+        }
+        break;
+    case MODE_JSON:
+    case MODE_HTTP:
+        snprintf(status, sizeof(status), "%d", call->http_status);
+        submit_with_body(call, status, call->http_ctype);
+        break;
+    }
+    mg_conn_schedule_flush(call->conn);
+}
+
+/* An early answer to a request that declared a body (content-length) waits for that body:
+ * curl 7.88 neither finishes a request whose complete response arrived during its upload nor
+ * accepts the RST_STREAM that would stop the upload. gRPC clients send no content-length, so
+ * streaming calls are answered at once. */
+static int answer_after_body(const mg_call *call)
+{
+    return !call->remote_closed && !call->headers_sent && call->content_length >= 0 &&
+           (uint64_t)call->content_length <= call->conn->gw->cfg->max_message_bytes;
+}
+
+/* Decides the call's status, submits what the client must see and tells the handler. */
+static void call_finish(mg_call *call, int code, const char *msg, int cancel_handler)
+{
+    if (call->finished)
+        return;
+    call->finished = 1;
+    call->status = code;
+    free(call->message);
+    call->message = msg ? strdup(msg) : NULL;
+    if (call->deadline)
+        event_del(call->deadline);
+
+    if (call->mode == MODE_GRPC) {
+        call->http_status = 200;
+    } else if (call->mode == MODE_JSON) {
+        call->http_status = mg_grpc_code_http(code);
+        call->http_ctype = "application/json";
+        if (code != MG_GRPC_OK) {
+            json_t *err = json_pack("{s:i,s:s}", "code", code, "message", msg ? msg : "");
+            char *s = err ? json_dumps(err, JSON_COMPACT) : NULL;
+            json_decref(err);
+            evbuffer_drain(call->out, evbuffer_get_length(call->out));
+            if (s) {
+                evbuffer_add(call->out, s, strlen(s));
+                evbuffer_add(call->out, "\n", 1);
+                free(s);
+            }
+        } else if (evbuffer_get_length(call->out) == 0) {
+            evbuffer_add(call->out, "{}\n", 3);
+        }
+    }
+    if (call->conn && !call->stream_closed) {
+        if (answer_after_body(call))
+            call->submit_pending = 1;
+        else
+            submit_final(call);
+    }
+    access_log(call);
+    if (cancel_handler && call->method && call->method->on_cancel)
+        call->method->on_cancel(call);
+}
+
+void mg_call_finish(mg_call *call, int code, const char *fmt, ...)
+{
+    char msg[1024];
+    if (call->finished)
+        return;
+    msg[0] = '\0';
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
+    call_finish(call, code, msg, 0);
+}
+
+void mg_call_fail(mg_call *call, int err, const char *fmt, ...)
+{
+    char msg[1024];
+    int n = snprintf(msg, sizeof(msg), "%s", mg_strerror(err));
+    if (fmt && n >= 0 && (size_t)n < sizeof(msg) - 2) {
+        va_list ap;
+        msg[n++] = ':';
+        msg[n++] = ' ';
+        va_start(ap, fmt);
+        vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    if (!call->finished)
+        call_finish(call, mg_err_grpc(err), msg, 0);
+}
+
+void mg_call_reply(mg_call *call, const ProtobufCMessage *msg)
+{
+    if (mg_call_send(call, msg) == 0)
+        call_finish(call, MG_GRPC_OK, NULL, 0);
+}
+
+/* Plain HTTP answer (GET routes, 415, 405): headers and a body, then END_STREAM. */
+static void call_http(mg_call *call, int status, const char *ctype, const char *body, size_t len)
+{
+    call->mode = MODE_HTTP;
+    call->finished = 1;
+    call->http_status = status;
+    call->http_ctype = ctype;
+    call->status = status == 200 ? MG_GRPC_OK : MG_GRPC_UNKNOWN;
+    if (body)
+        evbuffer_add(call->out, body, len);
+    if (answer_after_body(call))
+        call->submit_pending = 1;
+    else
+        submit_final(call);
+    access_log(call);
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_call *call = arg;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "deadline of %.3f s exceeded", (double)call->timeout_ns / 1e9);
+    call_finish(call, MG_GRPC_DEADLINE_EXCEEDED, msg, 1);
+}
+
+/* ------------------------------------------------------------------ request handling */
+
+static void deliver(mg_call *call, const ProtobufCMessage *msg)
+{
+    call->method->on_message(call, msg);
+}
+
+static int on_grpc_message(void *arg, const uint8_t *data, size_t len)
+{
+    mg_call *call = arg;
+    ProtobufCMessage *msg;
+    char m[256];
+
+    call->msgs_in++;
+    msg = protobuf_c_message_unpack(call->method->in, NULL, len, data);
+    if (msg == NULL) {
+        snprintf(m, sizeof(m), "could not decode request message %llu (%zu bytes) as %s",
+                 (unsigned long long)call->msgs_in, len, call->method->in->name);
+        call_finish(call, MG_GRPC_INTERNAL, m, 1);
+        return 1;
+    }
+    if (call->method->kind == MG_RPC_UNARY || call->method->kind == MG_RPC_SERVER_STREAM) {
+        if (call->pending) {
+            protobuf_c_message_free_unpacked(msg, NULL);
+            snprintf(m, sizeof(m), "%s takes exactly one request message, got more",
+                     call->method->path);
+            call_finish(call, MG_GRPC_UNIMPLEMENTED, m, 1);
+            return 1;
+        }
+        call->pending = msg;
+        return 0;
+    }
+    deliver(call, msg);
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return mg_call_done(call) ? 1 : 0;
+}
+
+static void grpc_data(mg_call *call, const uint8_t *data, size_t len)
+{
+    char m[256];
+    int rv = mg_deframer_feed(&call->deframer, data, len, on_grpc_message, call);
+    switch (rv) {
+    case MG_DEFRAME_TOO_LARGE:
+        snprintf(m, sizeof(m),
+                 "request message of %u bytes exceeds the limit of %u bytes "
+                 "(--max-message-bytes)",
+                 call->deframer.declared, call->deframer.max_message);
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 1);
+        break;
+    case MG_DEFRAME_COMPRESSED:
+        call_finish(call, MG_GRPC_UNIMPLEMENTED,
+                    "compressed request messages are not supported; send identity encoding", 1);
+        break;
+    case MG_DEFRAME_BAD_FLAG:
+        call_finish(call, MG_GRPC_INTERNAL, "malformed message prefix: flag byte is not 0 or 1", 1);
+        break;
+    case MG_DEFRAME_NOMEM:
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 1);
+        break;
+    default:
+        break;
+    }
+}
+
+static void json_request_end(mg_call *call)
+{
+    json_error_t jerr;
+    json_t *j;
+    ProtobufCMessage *msg;
+    char err[512];
+    size_t len = call->body ? evbuffer_get_length(call->body) : 0;
+    const char *text = len ? (const char *)evbuffer_pullup(call->body, -1) : "{}";
+
+    j = json_loadb(text, len ? len : 2, JSON_REJECT_DUPLICATES, &jerr);
+    if (j == NULL) {
+        snprintf(err, sizeof(err), "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+                 jerr.text);
+        call_finish(call, MG_GRPC_INVALID_ARGUMENT, err, 0);
+        return;
+    }
+    msg = mg_json_to_message(call->method->in, j, err, sizeof(err));
+    json_decref(j);
+    if (msg == NULL) {
+        call_finish(call, MG_GRPC_INVALID_ARGUMENT, err, 0);
+        return;
+    }
+    call->msgs_in = 1;
+    deliver(call, msg);
+    protobuf_c_message_free_unpacked(msg, NULL);
+}
+
+void mg_call_on_request_end(mg_call *call)
+{
+    char m[256];
+    call->remote_closed = 1;
+    if (call->submit_pending)
+        submit_final(call);
+    if (call->finished)
+        return;
+    if (call->mode == MODE_JSON) {
+        json_request_end(call);
+        return;
+    }
+    if (call->mode != MODE_GRPC)
+        return;
+    if (mg_deframer_partial(&call->deframer)) {
+        snprintf(m, sizeof(m), "request stream ended inside a message (%u of %u bytes)",
+                 call->deframer.msg_got, call->deframer.msg_len);
+        call_finish(call, MG_GRPC_INTERNAL, m, 1);
+        return;
+    }
+    if (call->method->kind == MG_RPC_UNARY || call->method->kind == MG_RPC_SERVER_STREAM) {
+        ProtobufCMessage *msg = call->pending;
+        if (msg == NULL) {
+            snprintf(m, sizeof(m), "%s takes exactly one request message, got none",
+                     call->method->path);
+            call_finish(call, MG_GRPC_UNIMPLEMENTED, m, 0);
+            return;
+        }
+        call->pending = NULL;
+        deliver(call, msg);
+        protobuf_c_message_free_unpacked(msg, NULL);
+    } else if (call->method->on_half_close) {
+        call->method->on_half_close(call);
+    }
+}
+
+/* The request's headers are complete: route it. */
+void mg_call_on_headers_end(mg_call *call)
+{
+    mg_conn *conn = call->conn;
+    mg_gateway *gw = conn->gw;
+    int service_known = 0;
+    int is_grpc = strncmp(call->ctype, "application/grpc", 16) == 0 &&
+                  (call->ctype[16] == '\0' || call->ctype[16] == '+' || call->ctype[16] == ';');
+    int is_json = strncmp(call->ctype, "application/json", 16) == 0;
+    char m[400];
+
+    if (call->headers_too_large) {
+        call->mode = is_grpc ? MODE_GRPC : MODE_JSON;
+        snprintf(m, sizeof(m), "request headers exceed %llu bytes (--max-header-list-bytes)",
+                 (unsigned long long)gw->cfg->max_header_list_bytes);
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 0);
+        return;
+    }
+    if (!strcmp(call->verb, "GET") || !strcmp(call->verb, "HEAD")) {
+        struct evbuffer *body = evbuffer_new();
+        const char *ctype = "text/plain; charset=utf-8";
+        int status;
+        gw->stats.http_requests++;
+        if (body == NULL) {
+            call_http(call, 500, ctype, "out of memory\n", 14);
+            return;
+        }
+        status = mg_ops_route(gw, call->path, body, &ctype);
+        if (strcmp(call->verb, "HEAD") != 0)
+            evbuffer_add_buffer(call->out, body);
+        evbuffer_free(body);
+        call_http(call, status, ctype, NULL, 0);
+        return;
+    }
+    if (strcmp(call->verb, "POST") != 0) {
+        static const char msg[] = "use POST for gRPC and JSON calls, GET for /livez /readyz "
+                                  "/metrics\n";
+        call_http(call, 405, "text/plain; charset=utf-8", msg, sizeof(msg) - 1);
+        return;
+    }
+    if (!is_grpc && !is_json) {
+        static const char msg[] = "content-type must be application/grpc (gRPC) or "
+                                  "application/json (JSON)\n";
+        call_http(call, 415, "text/plain; charset=utf-8", msg, sizeof(msg) - 1);
+        return;
+    }
+    call->mode = is_grpc ? MODE_GRPC : MODE_JSON;
+    call->method = mg_gateway_find_method(gw, call->path, strlen(call->path), &service_known);
+    if (call->method == NULL) {
+        gw->stats.unknown_method_calls++;
+        if (service_known)
+            snprintf(m, sizeof(m), "unknown method %s", call->path);
+        else
+            snprintf(m, sizeof(m), "unknown service in %s", call->path);
+        call_finish(call, MG_GRPC_UNIMPLEMENTED, m, 0);
+        return;
+    }
+    call->method_index = mg_gateway_method_index(gw, call->method);
+    gw->method_stats[call->method_index].started++;
+    if (is_grpc && !call->te_trailers) {
+        call_finish(call, MG_GRPC_INTERNAL, "missing \"te: trailers\" request header", 0);
+        return;
+    }
+    if (call->bad_timeout) {
+        call_finish(call, MG_GRPC_INTERNAL, "malformed grpc-timeout header", 0);
+        return;
+    }
+    if (is_json && call->method->kind != MG_RPC_UNARY) {
+        snprintf(m, sizeof(m), "%s is a streaming method; JSON serves unary methods only",
+                 call->path);
+        call_finish(call, MG_GRPC_UNIMPLEMENTED, m, 0);
+        return;
+    }
+    if (is_json) {
+        call->body = evbuffer_new();
+        if (call->body == NULL) {
+            call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 0);
+            return;
+        }
+    }
+    if (call->has_timeout) {
+        struct timeval tv = {(time_t)(call->timeout_ns / 1000000000ULL),
+                             (suseconds_t)(call->timeout_ns % 1000000000ULL / 1000ULL)};
+        call->deadline = evtimer_new(gw->base, deadline_cb, call);
+        if (call->deadline)
+            evtimer_add(call->deadline, &tv);
+    }
+}
+
+/* ------------------------------------------------------------------ stream events */
+
+static void copy_hdr(char *dst, size_t cap, const uint8_t *v, size_t len)
+{
+    if (len >= cap)
+        len = cap - 1;
+    memcpy(dst, v, len);
+    dst[len] = '\0';
+}
+
+void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const uint8_t *value,
+                       size_t valuelen)
+{
+    call->header_bytes += namelen + valuelen + 32;
+    if (call->header_bytes > call->conn->gw->cfg->max_header_list_bytes) {
+        call->headers_too_large = 1;
+        return;
+    }
+#define IS(s) (namelen == sizeof(s) - 1 && memcmp(name, s, sizeof(s) - 1) == 0)
+    if (IS(":path")) {
+        if (valuelen >= sizeof(call->path))
+            call->headers_too_large = 1;
+        copy_hdr(call->path, sizeof(call->path), value, valuelen);
+    } else if (IS(":method")) {
+        copy_hdr(call->verb, sizeof(call->verb), value, valuelen);
+    } else if (IS("content-type")) {
+        copy_hdr(call->ctype, sizeof(call->ctype), value, valuelen);
+    } else if (IS("te")) {
+        call->te_trailers = valuelen == 8 && memcmp(value, "trailers", 8) == 0;
+    } else if (IS("grpc-timeout")) {
+        if (mg_grpc_timeout_parse((const char *)value, valuelen, &call->timeout_ns) == 0)
+            call->has_timeout = 1;
+        else
+            call->bad_timeout = 1;
+    } else if (IS("content-length")) {
+        int64_t v = 0;
+        size_t i = 0;
+        for (; i < valuelen && i < 18 && value[i] >= '0' && value[i] <= '9'; i++)
+            v = v * 10 + (value[i] - '0');
+        call->content_length = i == valuelen && i > 0 ? v : -1;
+    } else if (IS("grpc-encoding")) {
+        call->has_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+    }
+#undef IS
+}
+
+/* Request bytes a finished call may still receive before its stream is reset: one default
+ * stream window for gRPC (a small request simply ends), one message for JSON and HTTP. */
+static uint64_t discard_allowance(const mg_call *call)
+{
+    return call->mode == MODE_GRPC ? 65535 : call->conn->gw->cfg->max_message_bytes;
+}
+
+void mg_call_on_data(mg_call *call, const uint8_t *data, size_t len)
+{
+    if (call->finished) {
+        call->discarded += len; /* judged when the frame is complete: mg_call_on_data_frame */
+        return;
+    }
+    if (call->mode == MODE_GRPC) {
+        grpc_data(call, data, len);
+    } else if (call->mode == MODE_JSON && call->body) {
+        if (evbuffer_get_length(call->body) + len > call->conn->gw->cfg->max_message_bytes) {
+            char m[160];
+            snprintf(m, sizeof(m), "JSON body exceeds the limit of %llu bytes",
+                     (unsigned long long)call->conn->gw->cfg->max_message_bytes);
+            call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 0);
+            return;
+        }
+        evbuffer_add(call->body, data, len);
+    }
+}
+
+void mg_call_on_data_frame(mg_call *call)
+{
+    if (!call->finished || call->submit_pending || call->discarded <= discard_allowance(call))
+        return;
+    /* Answered, yet the client keeps sending: ask it to stop (RFC 9113 8.1), once the answer
+     * is out (a reset submitted earlier would cancel it). A request that simply ends is never
+     * reset, as curl reports such a reset as an error. */
+    if (call->final_sent)
+        nghttp2_submit_rst_stream(call->conn->ng, NGHTTP2_FLAG_NONE, call->stream_id,
+                                  NGHTTP2_NO_ERROR);
+    else
+        call->rst_wanted = 1;
+}
+
+void mg_call_on_final_sent(mg_call *call)
+{
+    call->final_sent = 1;
+    if (call->rst_wanted && !call->remote_closed)
+        nghttp2_submit_rst_stream(call->conn->ng, NGHTTP2_FLAG_NONE, call->stream_id,
+                                  NGHTTP2_NO_ERROR);
+}
+
+/* The stream is gone: detach the call, cancelling it for its handler if it was not finished. */
+void mg_call_detach(mg_call *call, const char *why)
+{
+    mg_conn *conn = call->conn;
+    if (conn) {
+        if (call->prev)
+            call->prev->next = call->next;
+        else
+            conn->calls = call->next;
+        if (call->next)
+            call->next->prev = call->prev;
+        call->next = call->prev = NULL;
+        conn->nstreams--;
+        conn->gw->stats.streams_active--;
+    }
+    if (!call->finished) {
+        call->stream_closed = 1;
+        call_finish(call, MG_GRPC_CANCELLED, why, 1);
+    }
+    call->stream_closed = 1;
+    call->conn = NULL;
+    mg_call_unref(call);
+}

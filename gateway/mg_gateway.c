@@ -1,0 +1,282 @@
+/*
+ * mg_gateway: the gateway object: its method table, start-up (engine completion queue,
+ * services, TLS context, listeners, ops port), the serving state and the graceful drain.
+ *
+ * Drain: SIGTERM/SIGINT -> state draining (readiness false, Watch streams told NOT_SERVING) ->
+ * listeners closed -> GOAWAY shutdown notice on every connection -> one second later GOAWAY with
+ * the last processed stream and Watch streams ended -> connections close as their calls finish
+ * -> the loop ends. --grace bounds it all; a second signal ends it at once. Loop thread only.
+ */
+#include "mg_server_int.h"
+
+#include "mg_log.h"
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <event2/util.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ time */
+
+uint64_t mg_now_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t mg_now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
+}
+
+const char *mg_state_name(mg_state s)
+{
+    switch (s) {
+    case MG_STATE_STARTING:
+        return "starting";
+    case MG_STATE_SERVING:
+        return "serving";
+    case MG_STATE_DRAINING:
+        return "draining";
+    }
+    return "unknown";
+}
+
+/* ------------------------------------------------------------------ methods */
+
+int mg_gateway_add_method(mg_gateway *gw, const mg_method *m)
+{
+    int known;
+    if (mg_gateway_find_method(gw, m->path, strlen(m->path), &known))
+        return MG_ERR_EXISTS;
+    if (gw->n_methods >= MG_MAX_METHODS)
+        return MG_ERR_FULL;
+    gw->methods[gw->n_methods++] = m;
+    return 0;
+}
+
+int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m)
+{
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        if (gw->methods[i] == m)
+            return (int)i;
+    }
+    return -1;
+}
+
+const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, size_t len,
+                                        int *service_known)
+{
+    const char *slash = len > 1 ? memchr(path + 1, '/', len - 1) : NULL;
+    size_t svc_len = slash ? (size_t)(slash - path) : len;
+    *service_known = 0;
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        const char *p = gw->methods[i]->path;
+        if (strlen(p) == len && memcmp(p, path, len) == 0) {
+            *service_known = 1;
+            return gw->methods[i];
+        }
+        if (strncmp(p, path, svc_len) == 0 && p[svc_len] == '/')
+            *service_known = 1;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ gateway */
+
+static void cq_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_gateway *gw = arg;
+    mg_cq_drain(gw->cq, 256);
+}
+
+int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
+                   mg_engine *engine)
+{
+    mg_gateway *gw = calloc(1, sizeof(*gw));
+    int rc;
+    if (gw == NULL)
+        return MG_ERR_NOMEM;
+    gw->base = base;
+    gw->cfg = cfg;
+    gw->engine = engine;
+    gw->state = MG_STATE_STARTING;
+    gw->start_unix_ms = mg_now_unix_ms();
+    gw->start_mono_ns = mg_now_mono_ns();
+    if (getrandom(&gw->epoch, sizeof(gw->epoch), 0) != sizeof(gw->epoch))
+        gw->epoch = gw->start_mono_ns ^ gw->start_unix_ms;
+
+    rc = mg_cq_new(&gw->cq);
+    if (rc != 0)
+        goto fail;
+    gw->cq_event = event_new(base, mg_cq_fd(gw->cq), EV_READ | EV_PERSIST, cq_cb, gw);
+    if (gw->cq_event == NULL || event_add(gw->cq_event, NULL) != 0) {
+        rc = MG_ERR_NOMEM;
+        goto fail;
+    }
+    if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
+        (rc = mg_svc_reflection_init(gw)) != 0)
+        goto fail;
+    if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
+        goto fail;
+
+    if (*cfg->tls_cert) {
+        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key);
+        if (gw->ssl_ctx == NULL) {
+            rc = MG_ERR_INVALID;
+            goto fail;
+        }
+        if ((rc = mg_listeners_add(gw, CONN_TLS, cfg->listen)) != 0)
+            goto fail;
+    } else if (*cfg->listen) {
+        /* No certificate: serve h2c on loopback at the first listener's port. */
+        struct sockaddr_storage ss;
+        int sslen = sizeof(ss);
+        char first[256], addr[64], *comma;
+        snprintf(first, sizeof(first), "%s", cfg->listen);
+        comma = strchr(first, ',');
+        if (comma)
+            *comma = '\0';
+        if (evutil_parse_sockaddr_port(first, (struct sockaddr *)&ss, &sslen) != 0) {
+            mg_error("listen_failed", "addr=%s reason=\"not a host:port\"", first);
+            rc = MG_ERR_INVALID;
+            goto fail;
+        }
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d",
+                 ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                : ((struct sockaddr_in *)&ss)->sin_port));
+        mg_warn("tls_disabled",
+                "reason=\"no --tls-cert\" fallback=h2c addr=%s note=\"loopback only\"", addr);
+        if ((rc = mg_listeners_add(gw, CONN_H2C, addr)) != 0)
+            goto fail;
+    }
+    if (*cfg->h2c_listen && (rc = mg_listeners_add(gw, CONN_H2C, cfg->h2c_listen)) != 0)
+        goto fail;
+    if (*cfg->unix_socket && (rc = mg_listener_add_unix(gw, cfg->unix_socket)) != 0)
+        goto fail;
+    if (*cfg->ops_listen && (rc = mg_ops_start(gw, cfg->ops_listen)) != 0)
+        goto fail;
+    *out = gw;
+    return 0;
+
+fail:
+    mg_gateway_del(gw);
+    return rc;
+}
+
+void mg_gateway_del(mg_gateway *gw)
+{
+    if (gw == NULL)
+        return;
+    mg_listeners_free(gw);
+    while (gw->conns)
+        mg_conn_free(gw->conns);
+    mg_ops_stop(gw);
+    mg_svc_health_free(gw);
+    mg_svc_reflection_free(gw);
+    if (gw->drain_timer)
+        event_free(gw->drain_timer);
+    if (gw->grace_timer)
+        event_free(gw->grace_timer);
+    if (gw->cq_event)
+        event_free(gw->cq_event);
+    if (gw->cq) {
+        mg_cq_drain(gw->cq, 0);
+        mg_cq_del(gw->cq);
+    }
+    mg_tls_ctx_free(gw->ssl_ctx);
+    free(gw);
+}
+
+void mg_gateway_set_serving(mg_gateway *gw)
+{
+    if (gw->state != MG_STATE_STARTING)
+        return;
+    gw->state = MG_STATE_SERVING;
+    mg_svc_health_notify(gw);
+    mg_info("ready", "state=serving epoch=%016llx", (unsigned long long)gw->epoch);
+}
+
+void mg_gateway_check_drained(mg_gateway *gw)
+{
+    if (gw->drain_phase == 2 && gw->conns == NULL) {
+        mg_info("drained", "result=clean");
+        event_base_loopbreak(gw->base);
+    }
+}
+
+static void grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_gateway *gw = arg;
+    unsigned n = 0;
+    for (mg_conn *c = gw->conns; c; c = c->next)
+        n++;
+    mg_warn("drain_timeout", "grace_s=%llu connections_closed=%u",
+            (unsigned long long)gw->cfg->grace, n);
+    gw->drain_phase = 3;
+    while (gw->conns)
+        mg_conn_free(gw->conns);
+    event_base_loopbreak(gw->base);
+}
+
+/* Second step of the drain: the real last stream id, watchers ended. */
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_gateway *gw = arg;
+    mg_conn *c, *next;
+    gw->drain_phase = 2;
+    mg_svc_health_close_watchers(gw);
+    for (c = gw->conns; c; c = next) {
+        next = c->next;
+        if (c->ng == NULL) {
+            mg_conn_free(c);
+            continue;
+        }
+        nghttp2_submit_goaway(c->ng, NGHTTP2_FLAG_NONE,
+                              nghttp2_session_get_last_proc_stream_id(c->ng), NGHTTP2_NO_ERROR,
+                              (const uint8_t *)"shutdown", 8);
+        mg_conn_send(c);
+    }
+    mg_gateway_check_drained(gw);
+}
+
+void mg_gateway_drain(mg_gateway *gw)
+{
+    struct timeval rtt = {1, 0};
+    struct timeval grace = {(time_t)gw->cfg->grace, 0};
+    if (gw->state == MG_STATE_DRAINING) {
+        mg_warn("drain_forced", "reason=\"second signal\"");
+        grace_cb(-1, 0, gw);
+        return;
+    }
+    gw->state = MG_STATE_DRAINING;
+    gw->drain_phase = 1;
+    mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
+    mg_svc_health_notify(gw);
+    mg_listeners_free(gw); /* stop accepting */
+    for (mg_conn *c = gw->conns; c; c = c->next) {
+        if (c->ng) {
+            nghttp2_submit_shutdown_notice(c->ng);
+            mg_conn_schedule_flush(c);
+        }
+    }
+    gw->drain_timer = evtimer_new(gw->base, drain_cb, gw);
+    gw->grace_timer = evtimer_new(gw->base, grace_cb, gw);
+    if (gw->drain_timer == NULL || gw->grace_timer == NULL) {
+        grace_cb(-1, 0, gw);
+        return;
+    }
+    if (gw->cfg->grace < 1)
+        rtt.tv_sec = 0;
+    evtimer_add(gw->drain_timer, &rtt);
+    evtimer_add(gw->grace_timer, &grace);
+}

@@ -1,0 +1,131 @@
+/*
+ * mg_server_int: what the gateway's own files share and nothing else sees: the connection and
+ * call structures, and the functions that pass a request from the connection layer (mg_conn.c:
+ * sockets, TLS, nghttp2) to the call layer (mg_call.c: routing, gRPC/JSON/HTTP answers) and
+ * back. All of it runs on the gateway loop thread.
+ */
+#ifndef MG_SERVER_INT_H
+#define MG_SERVER_INT_H
+
+#include "mg_gateway.h"
+
+#include <nghttp2/nghttp2.h>
+
+struct bufferevent;
+
+typedef enum { CONN_TLS = 0, CONN_H2C = 1, CONN_UNIX = 2 } conn_kind;
+extern const char *const mg_conn_kind_names[];
+
+typedef struct mg_listener {
+    struct evconnlistener *lev;
+    mg_gateway *gw;
+    conn_kind kind;
+    char addr[128];
+    char *unix_path;
+    struct mg_listener *next;
+} mg_listener;
+
+typedef struct mg_conn {
+    mg_gateway *gw;
+    struct bufferevent *bev;
+    nghttp2_session *ng;
+    conn_kind kind;
+    char peer[128];
+    struct event *timer; /* handshake, then idle */
+    struct event *flush_ev;
+    unsigned nstreams;
+    int got_frame;
+    int read_paused;
+    int in_send;
+    mg_call *calls;
+    struct mg_conn *next, *prev;
+} mg_conn;
+
+typedef enum { MODE_GRPC, MODE_JSON, MODE_HTTP } call_mode;
+
+struct mg_call {
+    mg_conn *conn; /* NULL once the connection is gone */
+    int32_t stream_id;
+    int refs;
+    call_mode mode;
+    const mg_method *method;
+    int method_index; /* -1: no method (routes, errors) */
+    char path[256];
+    char verb[8];
+    char ctype[96];
+    int te_trailers;
+    int has_timeout;
+    uint64_t timeout_ns;
+    int bad_timeout;
+    int has_encoding;
+    size_t header_bytes;
+    int headers_too_large;
+    mg_deframer deframer;
+    struct evbuffer *body;     /* JSON request body */
+    ProtobufCMessage *pending; /* the single request of a unary/server-streaming call */
+    struct evbuffer *out;      /* response bytes not yet handed to nghttp2 */
+    int headers_sent;
+    int finished;
+    int remote_closed;
+    int stream_closed;
+    int deferred;
+    int status;
+    int http_status;
+    char *message;
+    struct event *deadline;
+    uint64_t start_ns;
+    uint64_t msgs_in, msgs_out;
+    uint64_t discarded;     /* request bytes received after the call finished */
+    int64_t content_length; /* declared request body length, -1 when absent */
+    int submit_pending;     /* answer decided, waiting for the request body (see
+                               answer_after_body) */
+    const char *http_ctype; /* static string: content-type of a JSON or HTTP answer */
+    int want_writable;      /* the handler waits for on_writable */
+    struct event *writable_ev;
+    int final_sent; /* our END_STREAM frame went out */
+    int rst_wanted; /* reset the stream once final_sent (client kept sending) */
+    void *data;
+    struct mg_call *next, *prev;
+};
+
+/* ---- mg_call.c: the call layer, driven by the connection's nghttp2 callbacks ---- */
+
+/* A new request stream: the call, linked into the connection's list. NULL when out of memory. */
+mg_call *mg_call_open(mg_conn *conn, int32_t stream_id);
+/* One request header field (request trailers are not passed). */
+void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const uint8_t *value,
+                       size_t valuelen);
+/* The request headers are complete: route the call. */
+void mg_call_on_headers_end(mg_call *call);
+/* A chunk of request body. */
+void mg_call_on_data(mg_call *call, const uint8_t *data, size_t len);
+/* A request DATA frame without END_STREAM is complete. */
+void mg_call_on_data_frame(mg_call *call);
+/* The client half-closed (END_STREAM). */
+void mg_call_on_request_end(mg_call *call);
+/* Our last frame (END_STREAM) of the call went out. */
+void mg_call_on_final_sent(mg_call *call);
+/* The stream is gone: unlink the call, cancel it for its handler if unfinished, drop the
+ * stream's reference. */
+void mg_call_detach(mg_call *call, const char *why);
+
+/* ---- mg_conn.c: connections and listeners ---- */
+
+/* Sends queued frames soon, from a deferred event (never inside nghttp2). Accepts NULL. */
+void mg_conn_schedule_flush(mg_conn *conn);
+/* Hands queued frames to the socket now. Returns -1 when the connection was freed. */
+int mg_conn_send(mg_conn *conn);
+void mg_conn_free(mg_conn *conn);
+/* Listeners: control-port TLS, h2c TCP (loopback unless allowed) and the Unix socket. */
+int mg_listeners_add(mg_gateway *gw, conn_kind kind, const char *list);
+int mg_listener_add_unix(mg_gateway *gw, const char *path);
+void mg_listeners_free(mg_gateway *gw);
+
+/* ---- mg_gateway.c ---- */
+
+/* The index of a registered method (metrics), or -1. */
+int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m);
+/* Ends the event loop once a drain has closed every connection. */
+void mg_gateway_check_drained(mg_gateway *gw);
+
+#endif
