@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { T_STR, T_UINT, T_SIZE, T_BOOL } opt_type;
+typedef enum { T_STR, T_UINT, T_SIZE, T_BOOL, T_MODE } opt_type;
 
 typedef struct {
     const char *name;
@@ -35,6 +35,8 @@ static const opt_def opts[] = {
      "permit --h2c-listen on non-loopback addresses"},
     {"unix-socket", T_STR, O(unix_socket), "/run/moongate/moongate.sock", 0, 0,
      "h2c on a Unix-domain socket for local clients; empty disables"},
+    {"unix-socket-mode", T_MODE, O(unix_socket_mode), "0660", 0, 0777,
+     "permissions of the Unix socket (octal); 0666 lets every local user connect"},
     {"ops-listen", T_STR, O(ops_listen), "[::]:7080", 0, 0,
      "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
     {"tls-cert", T_STR, O(tls_cert), "", 0, 0, "server certificate chain (PEM)"},
@@ -156,6 +158,18 @@ static int set_opt(mg_config *cfg, const opt_def *o, const char *val, const char
         }
         return 0;
     }
+    case T_MODE: {
+        char *end;
+        errno = 0;
+        v = strtoull(val, &end, 8);
+        if (*val < '0' || *val > '7' || *end != '\0' || errno != 0 || v > o->max) {
+            snprintf(err, errcap, "%s: --%s takes octal permissions such as 0660, not \"%s\"", src,
+                     o->name, val);
+            return -1;
+        }
+        *(uint64_t *)(base + o->offset) = v;
+        return 0;
+    }
     case T_UINT:
     case T_SIZE: {
         char *end;
@@ -261,6 +275,7 @@ void mg_config_help(FILE *out)
     for (size_t i = 0; i < NOPTS; i++) {
         char env[64];
         const char *kind = opts[i].type == T_BOOL   ? ""
+                           : opts[i].type == T_MODE ? " MODE"
                            : opts[i].type == T_SIZE ? " SIZE"
                            : opts[i].type == T_UINT ? " N"
                                                     : " VALUE";

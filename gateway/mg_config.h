@@ -12,11 +12,12 @@
 
 typedef struct mg_config {
     char *config;
-    char *listen;      /* TLS h2 control listeners, comma-separated host:port */
-    char *h2c_listen;  /* plaintext h2c TCP listeners (loopback unless allow_h2c_any) */
-    int allow_h2c_any; /* permit h2c on non-loopback addresses */
-    char *unix_socket; /* h2c on a Unix-domain socket; "" disables */
-    char *ops_listen;  /* plaintext HTTP/1.1 ops listeners; "" disables */
+    char *listen;              /* TLS h2 control listeners, comma-separated host:port */
+    char *h2c_listen;          /* plaintext h2c TCP listeners (loopback unless allow_h2c_any) */
+    int allow_h2c_any;         /* permit h2c on non-loopback addresses */
+    char *unix_socket;         /* h2c on a Unix-domain socket; "" disables */
+    uint64_t unix_socket_mode; /* permission bits of the socket */
+    char *ops_listen;          /* plaintext HTTP/1.1 ops listeners; "" disables */
     char *tls_cert;
     char *tls_key;
     uint64_t workers;

@@ -585,7 +585,8 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
         free(l);
         return MG_ERR_SYSTEM;
     }
-    chmod(path, 0660);
+    if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
+        mg_warn("unix_socket_mode", "path=%s errno=%d", path, errno);
     l->next = gw->listeners;
     gw->listeners = l;
     mg_info("listen", "addr=unix:%s kind=unix", path);

@@ -110,3 +110,12 @@ def test_config_file_and_environment(make_daemon, tmp_path):
     d = make_daemon("--config", str(cfg))
     assert d.metric("moongate_engine_workers") == 3
     assert d.metric("moongate_engine_queue_depth") == 77
+
+
+def test_unix_socket_permissions(make_daemon):
+    import stat
+    d = make_daemon()
+    assert stat.S_IMODE(os.stat(d.sock).st_mode) == 0o660
+    assert d.stop() == 0
+    d = make_daemon("--unix-socket-mode", "0666")
+    assert stat.S_IMODE(os.stat(d.sock).st_mode) == 0o666

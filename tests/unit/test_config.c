@@ -28,6 +28,7 @@ static void test_defaults(void)
     CU_ASSERT_EQUAL(c.grace, 30);
     CU_ASSERT_EQUAL(c.debug_service, 0);
     CU_ASSERT_EQUAL(c.access_log, 1);
+    CU_ASSERT_EQUAL(c.unix_socket_mode, 0660);
     mg_config_free(&c);
 }
 
@@ -45,8 +46,9 @@ static void test_precedence_file_env_flag(void)
     setenv("MOONGATE_QUEUE_DEPTH", "10", 1);
     setenv("MOONGATE_GRACE", "5", 1);
     {
-        char *argv[] = {"moongate", arg_config, "--grace", "7", "--debug-service"};
-        CU_ASSERT_EQUAL(load(&c, err, 5, argv), MG_CONFIG_OK);
+        char *argv[] = {"moongate", arg_config,        "--grace",
+                        "7",        "--debug-service", "--unix-socket-mode=0666"};
+        CU_ASSERT_EQUAL(load(&c, err, 6, argv), MG_CONFIG_OK);
     }
     CU_ASSERT_EQUAL(c.workers, 3);      /* file */
     CU_ASSERT_EQUAL(c.queue_depth, 10); /* env beats file */
@@ -54,6 +56,7 @@ static void test_precedence_file_env_flag(void)
     CU_ASSERT_EQUAL(c.max_message_bytes, 1024 * 1024);
     CU_ASSERT_STRING_EQUAL(c.log_level, "debug");
     CU_ASSERT_EQUAL(c.debug_service, 1);
+    CU_ASSERT_EQUAL(c.unix_socket_mode, 0666);
     mg_config_free(&c);
     unsetenv("MOONGATE_QUEUE_DEPTH");
     unsetenv("MOONGATE_GRACE");
@@ -80,6 +83,8 @@ static void test_errors(void)
     char *a7[] = {"moongate", "--debug-service=maybe"};
     char *a8[] = {"moongate", "stray"};
     char *a9[] = {"moongate", "--max-message-bytes", "2G"};
+    char *a10[] = {"moongate", "--unix-socket-mode", "0999"};
+    char *a11[] = {"moongate", "--unix-socket-mode", "01777"};
     expect_error("--workers=0 is outside 1..256", 3, a1);
     expect_error("whole number", 2, a2);
     expect_error("unknown option \"--no-such-flag\"", 2, a3);
@@ -89,6 +94,8 @@ static void test_errors(void)
     expect_error("true or false", 2, a7);
     expect_error("unexpected argument", 2, a8);
     expect_error("outside", 3, a9);
+    expect_error("octal permissions", 3, a10);
+    expect_error("octal permissions", 3, a11);
 }
 
 static void test_env_error_names_the_variable(void)
