@@ -42,6 +42,9 @@ say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key &"
     >"$run/moongate.log" 2>&1 &
 pid=$!
 echo $pid >"$run/pid"
+# A step that fails must not leave the daemon behind (unless --keep asked for it).
+stop_on_error() { [ $keep -eq 1 ] || kill -TERM $pid 2>/dev/null || true; }
+trap stop_on_error ERR
 for _ in $(seq 1 100); do
     curl -fsS "http://127.0.0.1:$ops_port/readyz" >/dev/null 2>&1 && break
     kill -0 $pid 2>/dev/null || { cat "$run/moongate.log"; exit 1; }
@@ -73,6 +76,7 @@ if [ $keep -eq 1 ]; then
     exit 0
 fi
 say "kill -TERM $pid                                  # graceful drain"
+trap - ERR
 kill -TERM $pid
 wait $pid
 rc=$?

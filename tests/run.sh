@@ -4,6 +4,7 @@
 #   2. checks formatting against .clang-format
 #   3. release build: CUnit suites (ctest), then integration tests (pytest: real daemons driven
 #      by python3-grpcio, curl, mgctl and raw HTTP/2)
+#      and the demo (scripts/demo.sh, the README's first command)
 #   4. the same under AddressSanitizer + UndefinedBehaviorSanitizer
 #   5. libFuzzer targets (clang) for a bounded time each, from the committed seed corpus
 # Ends with one line `N passed, N failed`; exits non-zero when anything failed.
@@ -80,6 +81,18 @@ check_format() {
     passed=$((passed + 1))
 }
 
+run_demo() { # the README's first command, end to end, on its default ports
+    local out
+    if out=$(timeout 300 scripts/demo.sh 2>&1) && echo "$out" | grep -q "^health: SERVING" &&
+        echo "$out" | grep -q "moongate exited with status 0"; then
+        passed=$((passed + 1))
+    else
+        echo "$out" | tail -n 40 | sed 's/^/  /'
+        failed=$((failed + 1))
+        return 1
+    fi
+}
+
 build() { # flavour -> sets $dir
     dir=$(scripts/build.sh "$1") || { failed=$((failed + 1)); return 1; }
 }
@@ -114,6 +127,7 @@ stage "format (clang-format)" check_format
 if stage "build (release)" build release; then
     stage "unit tests (release)" count_ctest "$dir"
     stage "integration tests (release)" count_pytest "$dir"
+    stage "demo (scripts/demo.sh)" run_demo
 fi
 if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
     if stage "build (asan+ubsan)" build asan; then

@@ -13,11 +13,11 @@ import sys
 
 import grpc
 
-sys.path.insert(0, os.environ.get("MOONGATE_PYGEN") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "pygen"))
-from gen_stubs import generate  # noqa: E402
+from gen_stubs import generate  # noqa: E402  (beside this file)
 
-generate(sys.path[0])
+# Generate first, then import: a directory missing when first looked at stays unseen.
+sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "pygen")))
 from mgstd import health_pb2, health_pb2_grpc  # noqa: E402
 from moongate.v1 import daemon_pb2, daemon_pb2_grpc  # noqa: E402
 
