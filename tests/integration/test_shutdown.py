@@ -64,3 +64,40 @@ def test_grace_period_bounds_the_drain(make_daemon):
     # The grace ends the drain; the worker's job then finishes before exit.
     assert time.monotonic() - t0 < 10
     ch.close()
+
+
+def test_drain_sends_goaway_twice(make_daemon):
+    """HTTP/2's graceful shutdown: a GOAWAY notice with the largest stream id, then, about one
+    round trip later, the last stream the daemon processed."""
+    import socket
+    import h2.config
+    import h2.connection
+    import h2.events
+    d = make_daemon()
+    s = socket.create_connection(("127.0.0.1", d.h2c_port), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                          (":path", "/grpc.health.v1.Health/Check"),
+                          ("content-type", "application/grpc"), ("te", "trailers")])
+    conn.send_data(1, b"\0\0\0\0\0", end_stream=True)
+    s.sendall(conn.data_to_send())
+    goaways, answered, closed = [], False, False
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not closed:
+        data = s.recv(65536)
+        if not data:
+            closed = True
+            break
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.StreamEnded) and ev.stream_id == 1 and not answered:
+                answered = True
+                d.signal(signal.SIGTERM)
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                goaways.append((ev.last_stream_id, ev.error_code))
+        s.sendall(conn.data_to_send())
+    s.close()
+    assert answered and closed
+    assert goaways == [(2**31 - 1, 0), (1, 0)]
+    d.proc.wait(timeout=15)
+    assert d.proc.returncode == 0
