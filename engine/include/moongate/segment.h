@@ -1,0 +1,145 @@
+/*
+ * moongate segments: registered memory regions and their registry.
+ *
+ * A segment is a file in the registry's shm directory, mapped shared by the daemon so that local
+ * clients can map the same bytes: `anon` segments are files the daemon creates (and removes),
+ * `shm` segments are files a local client made there. Each has an opaque 64-bit id, a name unique
+ * per tenant, an owner tenant, a size, a location ("cpu:N"), a remote-accessible flag, a state
+ * and a reference count (leases and transfers in flight hold references; a segment in use cannot
+ * be unregistered).
+ *
+ * Threads. The registry is shared and guarded by one mutex held only for O(1) work (hash
+ * lookups and list links). The blocking part of a registration — creating or opening the file,
+ * sizing, mapping, locking and prefaulting — is mg_segment_map(), which only engine workers call;
+ * the loop thread calls the rest:
+ *
+ *   loop:    mg_registry_reserve()  checks the spec and the limits, enters the segment as
+ *                                   REGISTERING (its name is taken, nothing is mapped yet)
+ *   worker:  mg_segment_map()       does the slow work; on failure says why in the segment
+ *   loop:    mg_registry_commit()   READY, or the reservation is undone and nothing is left
+ *
+ *   loop:    mg_registry_unregister() READY and unreferenced -> UNREGISTERING (others: errors)
+ *   worker:  mg_segment_unmap()     munmap, and unlink a file the daemon created
+ *   loop:    mg_registry_release()  the segment is gone
+ */
+#ifndef MOONGATE_SEGMENT_H
+#define MOONGATE_SEGMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moongate/mg_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mg_registry mg_registry;
+typedef struct mg_segment mg_segment;
+
+typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1 } mg_seg_source;
+typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
+typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
+
+#define MG_SEG_NAME_MAX  128 /* bytes of a segment name, tenant or shm file name */
+#define MG_SEG_ERROR_MAX 256
+
+typedef struct mg_registry_config {
+    const char *shm_dir;           /* where segment files live; must exist */
+    unsigned file_mode;            /* mode of files the daemon creates, e.g. 0600 */
+    uint64_t max_segments;         /* in the whole registry */
+    uint64_t max_registered_bytes; /* sum of segment sizes */
+    uint64_t max_segment_bytes;    /* largest single segment */
+} mg_registry_config;
+
+typedef struct mg_segment_spec {
+    const char *tenant; /* owner; [A-Za-z0-9._:-], 1..128 bytes */
+    const char *name;   /* unique per tenant; same alphabet */
+    mg_seg_source source;
+    uint64_t size;        /* anon: bytes (> 0). shm: 0 = the whole file, else at most its size */
+    const char *shm_file; /* shm: a file name inside shm_dir (no '/', not "." or "..") */
+    const char *location; /* "cpu:N" with N < 4096; NULL or "" means "cpu:0" */
+    int remote_accessible;
+    mg_memlock memlock;
+    int prefault;
+} mg_segment_spec;
+
+typedef struct mg_segment_info {
+    uint64_t id;
+    char tenant[MG_SEG_NAME_MAX + 1];
+    char name[MG_SEG_NAME_MAX + 1];
+    char location[16];
+    char path[4096 + 1];
+    mg_seg_source source;
+    uint64_t size;
+    int remote_accessible;
+    int locked; /* pages are locked in memory */
+    mg_seg_state state;
+    uint32_t refs; /* holders besides the registry (leases, transfers) */
+} mg_segment_info;
+
+/* Opens the registry on cfg->shm_dir and removes the segment files an earlier daemon created
+ * there (they are served no more). Returns 0, MG_ERR_INVALID (bad config; why is logged),
+ * MG_ERR_SYSTEM (shm_dir unusable) or MG_ERR_NOMEM. */
+int mg_registry_new(mg_registry **out, const mg_registry_config *cfg);
+/* Unmaps every segment and removes the files the daemon created. Accepts NULL. Call only when
+ * no worker runs registry work. */
+void mg_registry_del(mg_registry *reg);
+
+/* Loop. Checks spec and limits and enters the segment as REGISTERING. Returns 0 and the
+ * segment, or: MG_ERR_INVALID (bad name, tenant, size, location, shm file name), MG_ERR_EXISTS
+ * (the tenant has a segment of that name), MG_ERR_FULL (max_segments, max_registered_bytes or
+ * max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
+int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
+/* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it.
+ * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
+ * mapped or created. */
+int mg_segment_map(mg_segment *seg);
+/* Loop. With result 0: READY. Otherwise the reservation is undone and the segment freed. */
+void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result);
+/* The text of the last mg_segment_map() failure ("" when none). */
+const char *mg_segment_error(const mg_segment *seg);
+
+/* Loop. Finds a READY segment of `tenant` by id (another tenant's id is NOT_FOUND) and takes a
+ * reference. Returns 0, MG_ERR_NOT_FOUND. */
+int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out);
+/* Drops a reference taken by mg_registry_acquire(). */
+void mg_registry_put(mg_registry *reg, mg_segment *seg);
+
+/* Loop. Starts unregistering a READY segment of `tenant`. Returns 0 (now UNREGISTERING: unmap
+ * it on a worker, then release it), MG_ERR_NOT_FOUND (unknown, another tenant's, or already
+ * going), MG_ERR_BUSY (references held; err names how many). */
+int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out,
+                           char *err);
+/* Worker. Unmaps and removes a file the daemon created. */
+void mg_segment_unmap(mg_segment *seg);
+/* Loop. Forgets an unmapped segment and frees it. */
+void mg_registry_release(mg_registry *reg, mg_segment *seg);
+
+/* Snapshot of one segment. */
+void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out);
+/* The mapped bytes (NULL before mapping); stable while the caller holds a reference. */
+void *mg_segment_addr(const mg_segment *seg);
+
+/* Lists the tenant's segments (all tenants when tenant is NULL) whose id is greater than
+ * `after`, in id order, at most `max`. Returns how many were written. */
+size_t mg_registry_list(mg_registry *reg, const char *tenant, uint64_t after, mg_segment_info *out,
+                        size_t max);
+
+typedef struct mg_registry_stats {
+    uint64_t segments; /* READY */
+    uint64_t registering;
+    uint64_t bytes; /* sum of sizes of segments entered (any state) */
+    uint64_t locked_bytes;
+} mg_registry_stats;
+void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out);
+
+/* Checks that [offset, offset + length) lies inside a region of `size` bytes, without
+ * overflow. Returns 0 or MG_ERR_RANGE. */
+int mg_bounds_check(uint64_t size, uint64_t offset, uint64_t length);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

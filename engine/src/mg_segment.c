@@ -1,0 +1,704 @@
+/*
+ * mg_segment: the segment registry (see moongate/segment.h).
+ *
+ * Storage: two chained hash tables of fixed size (a power of two >= max_segments), one by id and
+ * one by (tenant, name), plus a list of all segments. Ids are a bijective 64-bit mix of a counter
+ * that starts at a random value, so they are unique, never 0 and not guessable from one another.
+ * The mutex guards the tables, the list, the counters and each segment's state and refs; it is
+ * held for O(1) work except in mg_registry_list (O(n), n <= max_segments).
+ *
+ * Files the daemon creates are named "moongate-seg-<id>" in shm_dir; a client's shm file may not
+ * use that prefix. Every file is opened relative to shm_dir's descriptor without following
+ * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED.
+ */
+#include "moongate/segment.h"
+
+#include "mg_log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FILE_PREFIX "moongate-seg-"
+
+struct mg_segment {
+    mg_registry *reg;
+    uint64_t id;
+    char tenant[MG_SEG_NAME_MAX + 1];
+    char name[MG_SEG_NAME_MAX + 1];
+    char file[MG_SEG_NAME_MAX + 1]; /* name inside shm_dir */
+    char location[16];
+    mg_seg_source source;
+    uint64_t size; /* 0 for an shm segment of unknown size until mapped */
+    int remote_accessible;
+    mg_memlock memlock;
+    int prefault;
+    mg_seg_state state;
+    uint32_t refs;
+    int fd;
+    void *addr;
+    int locked;
+    int created; /* the daemon created the file: it removes it */
+    char error[MG_SEG_ERROR_MAX];
+    struct mg_segment *id_next, *name_next; /* hash chains */
+    struct mg_segment *prev, *next;         /* all segments */
+};
+
+struct mg_registry {
+    pthread_mutex_t lock;
+    char *shm_dir;
+    int dirfd;
+    unsigned file_mode;
+    uint64_t max_segments, max_bytes, max_segment_bytes;
+    size_t nbuckets;
+    mg_segment **by_id, **by_name;
+    mg_segment *all;
+    uint64_t counter;
+    uint64_t count, ready, registering, bytes, locked_bytes;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+int mg_bounds_check(uint64_t size, uint64_t offset, uint64_t length)
+{
+    if (offset > size || length > size - offset)
+        return MG_ERR_RANGE;
+    return 0;
+}
+
+/* splitmix64's finalizer: a bijection on 64-bit values. */
+static uint64_t mix64(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash_str2(const char *a, const char *b)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *a; a++)
+        h = (h ^ (unsigned char)*a) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;
+    for (; *b; b++)
+        h = (h ^ (unsigned char)*b) * 1099511628211ULL;
+    return h;
+}
+
+static int valid_name(const char *s, int allow_colon)
+{
+    size_t n = 0;
+    if (s == NULL)
+        return 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-' || (allow_colon && c == ':')))
+            return 0;
+        if (n >= MG_SEG_NAME_MAX)
+            return 0;
+    }
+    return n > 0;
+}
+
+static int parse_location(const char *loc, char out[16])
+{
+    unsigned long n;
+    char *end;
+    if (loc == NULL || *loc == '\0') {
+        snprintf(out, 16, "cpu:0");
+        return 0;
+    }
+    if (strncmp(loc, "cpu:", 4) != 0 || loc[4] < '0' || loc[4] > '9')
+        return -1;
+    n = strtoul(loc + 4, &end, 10);
+    if (*end != '\0' || n >= 4096)
+        return -1;
+    snprintf(out, 16, "cpu:%lu", n);
+    return 0;
+}
+
+static void set_error(mg_segment *seg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void set_error(mg_segment *seg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(seg->error, sizeof(seg->error), fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ registry */
+
+static void remove_stale_files(mg_registry *reg)
+{
+    int fd = dup(reg->dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    struct dirent *e;
+    unsigned removed = 0;
+    if (d == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, FILE_PREFIX, sizeof(FILE_PREFIX) - 1) == 0 &&
+            unlinkat(reg->dirfd, e->d_name, 0) == 0)
+            removed++;
+    }
+    closedir(d);
+    if (removed)
+        mg_info("segments_cleanup", "shm_dir=%s removed=%u reason=\"files of an earlier daemon\"",
+                reg->shm_dir, removed);
+}
+
+int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
+{
+    mg_registry *reg;
+    size_t nb = 16;
+    struct stat st;
+
+    if (cfg->shm_dir == NULL || cfg->shm_dir[0] != '/' || cfg->max_segments == 0 ||
+        cfg->max_segments > (1u << 24) || cfg->file_mode > 0777) {
+        mg_error("registry_config", "shm_dir=%s max_segments=%llu",
+                 cfg->shm_dir ? cfg->shm_dir : "(none)", (unsigned long long)cfg->max_segments);
+        return MG_ERR_INVALID;
+    }
+    reg = calloc(1, sizeof(*reg));
+    if (reg == NULL)
+        return MG_ERR_NOMEM;
+    while (nb < cfg->max_segments)
+        nb <<= 1;
+    reg->nbuckets = nb;
+    reg->by_id = calloc(nb, sizeof(*reg->by_id));
+    reg->by_name = calloc(nb, sizeof(*reg->by_name));
+    reg->shm_dir = strdup(cfg->shm_dir);
+    if (reg->by_id == NULL || reg->by_name == NULL || reg->shm_dir == NULL)
+        goto fail_nomem;
+    reg->dirfd = open(cfg->shm_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (reg->dirfd < 0 || fstat(reg->dirfd, &st) != 0) {
+        mg_error("registry_config", "shm_dir=%s error=\"%s\"", cfg->shm_dir, strerror(errno));
+        if (reg->dirfd >= 0)
+            close(reg->dirfd);
+        free(reg->by_id);
+        free(reg->by_name);
+        free(reg->shm_dir);
+        free(reg);
+        return MG_ERR_SYSTEM;
+    }
+    reg->file_mode = cfg->file_mode;
+    reg->max_segments = cfg->max_segments;
+    reg->max_bytes = cfg->max_registered_bytes;
+    reg->max_segment_bytes = cfg->max_segment_bytes;
+    if (getrandom(&reg->counter, sizeof(reg->counter), 0) != sizeof(reg->counter))
+        reg->counter = (uint64_t)getpid() << 32 ^ (uint64_t)st.st_ino;
+    pthread_mutex_init(&reg->lock, NULL);
+    remove_stale_files(reg);
+    *out = reg;
+    return 0;
+
+fail_nomem:
+    free(reg->by_id);
+    free(reg->by_name);
+    free(reg->shm_dir);
+    free(reg);
+    return MG_ERR_NOMEM;
+}
+
+static void unlink_nolock(mg_registry *reg, mg_segment *seg)
+{
+    mg_segment **pp = &reg->by_id[mix64(seg->id) & (reg->nbuckets - 1)];
+    while (*pp && *pp != seg)
+        pp = &(*pp)->id_next;
+    if (*pp)
+        *pp = seg->id_next;
+    pp = &reg->by_name[hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1)];
+    while (*pp && *pp != seg)
+        pp = &(*pp)->name_next;
+    if (*pp)
+        *pp = seg->name_next;
+    if (seg->prev)
+        seg->prev->next = seg->next;
+    else
+        reg->all = seg->next;
+    if (seg->next)
+        seg->next->prev = seg->prev;
+    reg->count--;
+    reg->bytes -= seg->size;
+    if (seg->state == MG_SEG_READY)
+        reg->ready--;
+    else if (seg->state == MG_SEG_REGISTERING)
+        reg->registering--;
+    if (seg->locked)
+        reg->locked_bytes -= seg->size;
+}
+
+void mg_registry_del(mg_registry *reg)
+{
+    if (reg == NULL)
+        return;
+    while (reg->all) {
+        mg_segment *seg = reg->all;
+        unlink_nolock(reg, seg);
+        mg_segment_unmap(seg);
+        free(seg);
+    }
+    close(reg->dirfd);
+    pthread_mutex_destroy(&reg->lock);
+    free(reg->by_id);
+    free(reg->by_name);
+    free(reg->shm_dir);
+    free(reg);
+}
+
+static mg_segment *find_name_nolock(mg_registry *reg, const char *tenant, const char *name)
+{
+    mg_segment *s = reg->by_name[hash_str2(tenant, name) & (reg->nbuckets - 1)];
+    for (; s; s = s->name_next) {
+        if (strcmp(s->tenant, tenant) == 0 && strcmp(s->name, name) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
+{
+    mg_segment *s = reg->by_id[mix64(id) & (reg->nbuckets - 1)];
+    for (; s; s = s->id_next) {
+        if (s->id == id)
+            return s;
+    }
+    return NULL;
+}
+
+int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+{
+    mg_segment *seg;
+    char loc[16];
+    size_t b;
+
+    err[0] = '\0';
+    if (!valid_name(spec->tenant, 1)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "tenant must be 1-%d characters of [A-Za-z0-9._:-]",
+                 MG_SEG_NAME_MAX);
+        return MG_ERR_INVALID;
+    }
+    if (!valid_name(spec->name, 1)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "name must be 1-%d characters of [A-Za-z0-9._:-]",
+                 MG_SEG_NAME_MAX);
+        return MG_ERR_INVALID;
+    }
+    if (parse_location(spec->location, loc) != 0) {
+        snprintf(err, MG_SEG_ERROR_MAX, "location \"%.64s\" is not cpu:N (N < 4096)",
+                 spec->location);
+        return MG_ERR_INVALID;
+    }
+    if (spec->memlock > MG_MEMLOCK_REQUIRE) {
+        snprintf(err, MG_SEG_ERROR_MAX, "memlock must be off, try or require");
+        return MG_ERR_INVALID;
+    }
+    if (spec->source == MG_SEG_ANON) {
+        if (spec->size == 0) {
+            snprintf(err, MG_SEG_ERROR_MAX, "size must be greater than 0");
+            return MG_ERR_INVALID;
+        }
+    } else if (spec->source == MG_SEG_SHM) {
+        if (!valid_name(spec->shm_file, 0) || !strcmp(spec->shm_file, ".") ||
+            !strcmp(spec->shm_file, "..") ||
+            strncmp(spec->shm_file, FILE_PREFIX, sizeof(FILE_PREFIX) - 1) == 0) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "shm file must be a file name inside the shm directory ([A-Za-z0-9._-], "
+                     "not . or .., not starting with %s)",
+                     FILE_PREFIX);
+            return MG_ERR_INVALID;
+        }
+    } else {
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon or shm");
+        return MG_ERR_INVALID;
+    }
+    if (reg->max_segment_bytes && spec->size > reg->max_segment_bytes) {
+        snprintf(err, MG_SEG_ERROR_MAX, "size %llu is above the largest segment allowed, %llu",
+                 (unsigned long long)spec->size, (unsigned long long)reg->max_segment_bytes);
+        return MG_ERR_FULL;
+    }
+    seg = calloc(1, sizeof(*seg));
+    if (seg == NULL) {
+        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+        return MG_ERR_NOMEM;
+    }
+    seg->reg = reg;
+    seg->fd = -1;
+    snprintf(seg->tenant, sizeof(seg->tenant), "%s", spec->tenant);
+    snprintf(seg->name, sizeof(seg->name), "%s", spec->name);
+    memcpy(seg->location, loc, sizeof(loc));
+    seg->source = spec->source;
+    seg->size = spec->size;
+    seg->remote_accessible = spec->remote_accessible != 0;
+    seg->memlock = spec->memlock;
+    seg->prefault = spec->prefault != 0;
+    if (spec->source == MG_SEG_SHM)
+        snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
+
+    pthread_mutex_lock(&reg->lock);
+    if (reg->count >= reg->max_segments) {
+        snprintf(err, MG_SEG_ERROR_MAX, "%llu segments are registered, the limit",
+                 (unsigned long long)reg->count);
+        goto fail_full;
+    }
+    if (reg->max_bytes && spec->size > reg->max_bytes - reg->bytes) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "%llu more bytes would exceed the registered-bytes limit of %llu "
+                 "(%llu registered)",
+                 (unsigned long long)spec->size, (unsigned long long)reg->max_bytes,
+                 (unsigned long long)reg->bytes);
+        goto fail_full;
+    }
+    if (find_name_nolock(reg, seg->tenant, seg->name)) {
+        pthread_mutex_unlock(&reg->lock);
+        snprintf(err, MG_SEG_ERROR_MAX, "a segment named \"%s\" exists", seg->name);
+        free(seg);
+        return MG_ERR_EXISTS;
+    }
+    do {
+        seg->id = mix64(++reg->counter);
+    } while (seg->id == 0 || find_id_nolock(reg, seg->id));
+    if (spec->source == MG_SEG_ANON)
+        snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx", (unsigned long long)seg->id);
+    b = mix64(seg->id) & (reg->nbuckets - 1);
+    seg->id_next = reg->by_id[b];
+    reg->by_id[b] = seg;
+    b = hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1);
+    seg->name_next = reg->by_name[b];
+    reg->by_name[b] = seg;
+    seg->next = reg->all;
+    if (reg->all)
+        reg->all->prev = seg;
+    reg->all = seg;
+    reg->count++;
+    reg->bytes += seg->size;
+    seg->state = MG_SEG_REGISTERING;
+    reg->registering++;
+    pthread_mutex_unlock(&reg->lock);
+    *out = seg;
+    return 0;
+
+fail_full:
+    pthread_mutex_unlock(&reg->lock);
+    free(seg);
+    return MG_ERR_FULL;
+}
+
+/* Worker: an shm segment of size 0 learns its size from the file; account for it now. */
+static int grow_reservation(mg_segment *seg, uint64_t size)
+{
+    mg_registry *reg = seg->reg;
+    int rc = 0;
+    if (reg->max_segment_bytes && size > reg->max_segment_bytes) {
+        set_error(seg, "file of %llu bytes is above the largest segment allowed, %llu",
+                  (unsigned long long)size, (unsigned long long)reg->max_segment_bytes);
+        return MG_ERR_FULL;
+    }
+    pthread_mutex_lock(&reg->lock);
+    if (reg->max_bytes && size > reg->max_bytes - reg->bytes) {
+        set_error(seg, "%llu more bytes would exceed the registered-bytes limit of %llu",
+                  (unsigned long long)size, (unsigned long long)reg->max_bytes);
+        rc = MG_ERR_FULL;
+    } else {
+        reg->bytes += size;
+        seg->size = size;
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return rc;
+}
+
+static int open_file(mg_segment *seg)
+{
+    mg_registry *reg = seg->reg;
+    struct stat st;
+
+    if (seg->source == MG_SEG_ANON) {
+        seg->fd = openat(reg->dirfd, seg->file, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         reg->file_mode);
+        if (seg->fd < 0) {
+            set_error(seg, "cannot create %s/%s: %s", reg->shm_dir, seg->file, strerror(errno));
+            return MG_ERR_SYSTEM;
+        }
+        seg->created = 1;
+        if (fchmod(seg->fd, reg->file_mode) != 0 || ftruncate(seg->fd, (off_t)seg->size) != 0) {
+            set_error(seg, "cannot size %s/%s to %llu bytes: %s", reg->shm_dir, seg->file,
+                      (unsigned long long)seg->size, strerror(errno));
+            return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
+        }
+        return 0;
+    }
+    seg->fd = openat(reg->dirfd, seg->file, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (seg->fd < 0) {
+        int e = errno;
+        if (e == ELOOP) {
+            set_error(seg, "%s in %s is a symbolic link; segments are regular files", seg->file,
+                      reg->shm_dir);
+            return MG_ERR_PERMISSION;
+        }
+        set_error(seg, "cannot open %s in %s: %s", seg->file, reg->shm_dir, strerror(e));
+        return e == EACCES || e == EPERM ? MG_ERR_PERMISSION : MG_ERR_INVALID;
+    }
+    if (fstat(seg->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        set_error(seg, "%s in %s is not a regular file", seg->file, reg->shm_dir);
+        return MG_ERR_INVALID;
+    }
+    if (st.st_nlink != 1) {
+        set_error(seg, "%s in %s has %lu hard links; a segment file must have one", seg->file,
+                  reg->shm_dir, (unsigned long)st.st_nlink);
+        return MG_ERR_PERMISSION;
+    }
+    if (st.st_size <= 0) {
+        set_error(seg, "%s in %s is empty", seg->file, reg->shm_dir);
+        return MG_ERR_INVALID;
+    }
+    if (seg->size == 0)
+        return grow_reservation(seg, (uint64_t)st.st_size);
+    if ((uint64_t)st.st_size < seg->size) {
+        set_error(seg, "%s in %s has %lld bytes, fewer than the %llu asked for", seg->file,
+                  reg->shm_dir, (long long)st.st_size, (unsigned long long)seg->size);
+        return MG_ERR_INVALID;
+    }
+    return 0;
+}
+
+static int lock_pages(mg_segment *seg)
+{
+    struct rlimit rl;
+    int e;
+    if (seg->memlock == MG_MEMLOCK_OFF)
+        return 0;
+    if (mlock(seg->addr, seg->size) == 0) {
+        seg->locked = 1;
+        return 0;
+    }
+    e = errno;
+    if (seg->memlock == MG_MEMLOCK_TRY) {
+        mg_warn("segment_mlock", "id=%016llx bytes=%llu error=\"%s\" policy=try",
+                (unsigned long long)seg->id, (unsigned long long)seg->size, strerror(e));
+        return 0;
+    }
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    if (rl.rlim_cur == RLIM_INFINITY)
+        set_error(seg, "cannot lock %llu bytes in memory: %s", (unsigned long long)seg->size,
+                  strerror(e));
+    else
+        set_error(seg,
+                  "cannot lock %llu bytes in memory: %s (RLIMIT_MEMLOCK is %llu bytes; raise "
+                  "it, e.g. ulimit -l, or use memlock try/off)",
+                  (unsigned long long)seg->size, strerror(e), (unsigned long long)rl.rlim_cur);
+    return e == EPERM ? MG_ERR_PERMISSION : MG_ERR_NOMEM;
+}
+
+static void prefault(mg_segment *seg)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (!seg->prefault)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(seg->addr, seg->size, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    /* Older kernels: read every page; writes would race with a client's own. */
+    for (uint64_t off = 0; off < seg->size; off += (uint64_t)page)
+        (void)*(volatile const char *)((const char *)seg->addr + off);
+}
+
+int mg_segment_map(mg_segment *seg)
+{
+    int rc;
+    seg->error[0] = '\0';
+    rc = open_file(seg);
+    if (rc != 0)
+        goto fail;
+    seg->addr = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);
+    if (seg->addr == MAP_FAILED) {
+        seg->addr = NULL;
+        set_error(seg, "cannot map %llu bytes: %s", (unsigned long long)seg->size, strerror(errno));
+        rc = errno == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
+        goto fail;
+    }
+    if ((rc = lock_pages(seg)) != 0)
+        goto fail;
+    prefault(seg);
+    return 0;
+
+fail:
+    mg_segment_unmap(seg);
+    return rc;
+}
+
+const char *mg_segment_error(const mg_segment *seg)
+{
+    return seg->error;
+}
+
+void mg_segment_unmap(mg_segment *seg)
+{
+    mg_registry *reg = seg->reg;
+    if (seg->addr) {
+        munmap(seg->addr, seg->size);
+        seg->addr = NULL;
+    }
+    if (seg->fd >= 0) {
+        close(seg->fd);
+        seg->fd = -1;
+    }
+    if (seg->created) {
+        unlinkat(reg->dirfd, seg->file, 0);
+        seg->created = 0;
+    }
+}
+
+void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result)
+{
+    pthread_mutex_lock(&reg->lock);
+    if (result == 0) {
+        seg->state = MG_SEG_READY;
+        reg->registering--;
+        reg->ready++;
+        if (seg->locked)
+            reg->locked_bytes += seg->size;
+        pthread_mutex_unlock(&reg->lock);
+        return;
+    }
+    unlink_nolock(reg, seg);
+    pthread_mutex_unlock(&reg->lock);
+    free(seg);
+}
+
+int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out)
+{
+    mg_segment *seg;
+    pthread_mutex_lock(&reg->lock);
+    seg = find_id_nolock(reg, id);
+    if (seg == NULL || seg->state != MG_SEG_READY || strcmp(seg->tenant, tenant) != 0) {
+        pthread_mutex_unlock(&reg->lock);
+        return MG_ERR_NOT_FOUND;
+    }
+    seg->refs++;
+    pthread_mutex_unlock(&reg->lock);
+    *out = seg;
+    return 0;
+}
+
+void mg_registry_put(mg_registry *reg, mg_segment *seg)
+{
+    pthread_mutex_lock(&reg->lock);
+    if (seg->refs > 0)
+        seg->refs--;
+    pthread_mutex_unlock(&reg->lock);
+}
+
+int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out,
+                           char *err)
+{
+    mg_segment *seg;
+    err[0] = '\0';
+    pthread_mutex_lock(&reg->lock);
+    seg = find_id_nolock(reg, id);
+    if (seg == NULL || seg->state != MG_SEG_READY || strcmp(seg->tenant, tenant) != 0) {
+        pthread_mutex_unlock(&reg->lock);
+        snprintf(err, MG_SEG_ERROR_MAX, "no segment %016llx", (unsigned long long)id);
+        return MG_ERR_NOT_FOUND;
+    }
+    if (seg->refs > 0) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "segment %016llx (\"%s\") is held by %u lease(s) or transfer(s)",
+                 (unsigned long long)id, seg->name, seg->refs);
+        pthread_mutex_unlock(&reg->lock);
+        return MG_ERR_BUSY;
+    }
+    seg->state = MG_SEG_UNREGISTERING;
+    reg->ready--;
+    pthread_mutex_unlock(&reg->lock);
+    *out = seg;
+    return 0;
+}
+
+void mg_registry_release(mg_registry *reg, mg_segment *seg)
+{
+    pthread_mutex_lock(&reg->lock);
+    unlink_nolock(reg, seg);
+    pthread_mutex_unlock(&reg->lock);
+    free(seg);
+}
+
+static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segment_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->id = seg->id;
+    memcpy(out->tenant, seg->tenant, sizeof(out->tenant));
+    memcpy(out->name, seg->name, sizeof(out->name));
+    memcpy(out->location, seg->location, sizeof(out->location));
+    snprintf(out->path, sizeof(out->path), "%s/%s", reg->shm_dir, seg->file);
+    out->source = seg->source;
+    out->size = seg->size;
+    out->remote_accessible = seg->remote_accessible;
+    out->locked = seg->locked;
+    out->state = seg->state;
+    out->refs = seg->refs;
+}
+
+void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out)
+{
+    pthread_mutex_lock(&reg->lock);
+    info_nolock(reg, seg, out);
+    pthread_mutex_unlock(&reg->lock);
+}
+
+void *mg_segment_addr(const mg_segment *seg)
+{
+    return seg->addr;
+}
+
+size_t mg_registry_list(mg_registry *reg, const char *tenant, uint64_t after, mg_segment_info *out,
+                        size_t max)
+{
+    size_t n = 0;
+    if (max == 0)
+        return 0;
+    pthread_mutex_lock(&reg->lock);
+    /* Keep the `max` smallest ids above `after`, in order (insertion into a sorted page). */
+    for (const mg_segment *s = reg->all; s; s = s->next) {
+        size_t pos;
+        if (s->id <= after || (tenant && strcmp(s->tenant, tenant) != 0))
+            continue;
+        if (n == max && s->id >= out[n - 1].id)
+            continue;
+        pos = n < max ? n : max - 1;
+        while (pos > 0 && out[pos - 1].id > s->id) {
+            if (pos < max)
+                out[pos] = out[pos - 1];
+            pos--;
+        }
+        info_nolock(reg, s, &out[pos]);
+        if (n < max)
+            n++;
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return n;
+}
+
+void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out)
+{
+    pthread_mutex_lock(&reg->lock);
+    out->segments = reg->ready;
+    out->registering = reg->registering;
+    out->bytes = reg->bytes;
+    out->locked_bytes = reg->locked_bytes;
+    pthread_mutex_unlock(&reg->lock);
+}

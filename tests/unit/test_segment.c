@@ -1,0 +1,484 @@
+/*
+ * Unit tests for the segment registry (moongate/segment.h): spec checks, limits, ids and names,
+ * anon files and their mapping, shm file checks (symlinks, non-regular, hard links, short files,
+ * reserved names), references and unregistration, listing, restart clean-up, bounds arithmetic.
+ * Each test works in its own temporary shm directory.
+ */
+#include "mg_test.h"
+#include "moongate/segment.h"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static void make_dir(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/mgseg-XXXXXX");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+}
+
+static void remove_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
+static mg_registry *open_reg(uint64_t max_segments, uint64_t max_bytes, uint64_t max_seg)
+{
+    mg_registry_config cfg = {dir, 0600, max_segments, max_bytes, max_seg};
+    mg_registry *reg = NULL;
+    CU_ASSERT_EQUAL(mg_registry_new(&reg, &cfg), 0);
+    return reg;
+}
+
+/* reserve + map + commit, as the gateway does with a worker in between. */
+static int reg_segment(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+{
+    mg_segment *seg;
+    int rc = mg_registry_reserve(reg, spec, &seg, err);
+    if (rc != 0)
+        return rc;
+    rc = mg_segment_map(seg);
+    if (rc != 0)
+        snprintf(err, MG_SEG_ERROR_MAX, "%s", mg_segment_error(seg));
+    mg_registry_commit(reg, seg, rc);
+    if (rc == 0 && out)
+        *out = seg;
+    return rc;
+}
+
+static void unreg(mg_registry *reg, const char *tenant, uint64_t id)
+{
+    mg_segment *seg;
+    char err[MG_SEG_ERROR_MAX];
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, tenant, id, &seg, err), 0);
+    mg_segment_unmap(seg);
+    mg_registry_release(reg, seg);
+}
+
+static mg_segment_spec anon(const char *tenant, const char *name, uint64_t size)
+{
+    mg_segment_spec s = {tenant, name, MG_SEG_ANON, size, NULL, "cpu:0", 0, MG_MEMLOCK_OFF, 0};
+    return s;
+}
+
+static void test_bounds(void)
+{
+    CU_ASSERT_EQUAL(mg_bounds_check(100, 0, 100), 0);
+    CU_ASSERT_EQUAL(mg_bounds_check(100, 100, 0), 0);
+    CU_ASSERT_EQUAL(mg_bounds_check(100, 99, 2), MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(mg_bounds_check(100, 101, 0), MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(mg_bounds_check(100, 1, UINT64_MAX), MG_ERR_RANGE); /* would wrap */
+    CU_ASSERT_EQUAL(mg_bounds_check(UINT64_MAX, UINT64_MAX, 0), 0);
+    CU_ASSERT_EQUAL(mg_bounds_check(UINT64_MAX, 2, UINT64_MAX - 1), MG_ERR_RANGE);
+}
+
+static void expect_reserve(mg_registry *reg, const mg_segment_spec *spec, int code,
+                           const char *needle)
+{
+    mg_segment *seg;
+    char err[MG_SEG_ERROR_MAX];
+    int rc = mg_registry_reserve(reg, spec, &seg, err);
+    CU_ASSERT_EQUAL(rc, code);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, needle));
+    if (rc == 0)
+        mg_registry_commit(reg, seg, MG_ERR_CANCELLED);
+}
+
+static void test_spec_checks(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s;
+    char long_name[200];
+    make_dir();
+    reg = open_reg(16, 0, 0);
+    memset(long_name, 'a', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+
+    s = anon("t", "ok", 0);
+    expect_reserve(reg, &s, MG_ERR_INVALID, "size must be greater than 0");
+    s = anon("t", "bad/name", 4096);
+    expect_reserve(reg, &s, MG_ERR_INVALID, "name must be");
+    s = anon("t", long_name, 4096);
+    expect_reserve(reg, &s, MG_ERR_INVALID, "name must be");
+    s = anon("", "x", 4096);
+    expect_reserve(reg, &s, MG_ERR_INVALID, "tenant");
+    s = anon("t", "x", 4096);
+    s.location = "gpu:0";
+    expect_reserve(reg, &s, MG_ERR_INVALID, "cpu:N");
+    s.location = "cpu:99999";
+    expect_reserve(reg, &s, MG_ERR_INVALID, "cpu:N");
+    s = anon("t", "x", 4096);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "../etc/passwd";
+    expect_reserve(reg, &s, MG_ERR_INVALID, "shm file");
+    s.shm_file = "..";
+    expect_reserve(reg, &s, MG_ERR_INVALID, "shm file");
+    s.shm_file = "moongate-seg-0000000000000001";
+    expect_reserve(reg, &s, MG_ERR_INVALID, "not starting with moongate-seg-");
+    s = anon("t", "x", 4096);
+    s.memlock = (mg_memlock)7;
+    expect_reserve(reg, &s, MG_ERR_INVALID, "memlock");
+    {
+        mg_registry_stats st;
+        mg_registry_get_stats(reg, &st);
+        CU_ASSERT_EQUAL(st.segments + st.registering + st.bytes, 0); /* nothing left behind */
+    }
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_limits_names_and_ids(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s;
+    mg_segment *a, *b, *c;
+    char err[MG_SEG_ERROR_MAX];
+    mg_segment_info ia, ib;
+    make_dir();
+    reg = open_reg(3, 3 * 4096, 2 * 4096);
+
+    s = anon("t1", "a", 4096);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &a, err), 0);
+    s = anon("t1", "a", 4096);
+    expect_reserve(reg, &s, MG_ERR_EXISTS, "\"a\" exists");
+    s = anon("t2", "a", 4096); /* names are per tenant */
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &b, err), 0);
+    s = anon("t1", "big", 3 * 4096);
+    expect_reserve(reg, &s, MG_ERR_FULL, "largest segment allowed, 8192");
+    s = anon("t1", "b", 2 * 4096);
+    expect_reserve(reg, &s, MG_ERR_FULL, "registered-bytes limit of 12288");
+    s = anon("t1", "b", 4096);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &c, err), 0);
+    s = anon("t1", "d", 1);
+    expect_reserve(reg, &s, MG_ERR_FULL, "3 segments are registered");
+
+    mg_segment_get_info(reg, a, &ia);
+    mg_segment_get_info(reg, b, &ib);
+    CU_ASSERT(ia.id != 0 && ib.id != 0 && ia.id != ib.id);
+    CU_ASSERT(ia.id != ib.id + 1 && ib.id != ia.id + 1); /* not sequential */
+    CU_ASSERT_STRING_EQUAL(ia.tenant, "t1");
+    CU_ASSERT_EQUAL(ia.state, MG_SEG_READY);
+
+    unreg(reg, "t1", ia.id);
+    s = anon("t1", "a", 4096); /* the name and the bytes are free again */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_anon_file_is_the_memory(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "kv", 3 * 4096 + 100);
+    mg_segment *seg;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX], buf[16];
+    struct stat st;
+    int fd;
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    s.prefault = 1;
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(stat(info.path, &st), 0);
+    CU_ASSERT_EQUAL(st.st_mode & 0777, 0600);
+    CU_ASSERT_EQUAL((uint64_t)st.st_size, 3 * 4096 + 100);
+    CU_ASSERT_PTR_NOT_NULL(strstr(info.path, dir));
+    {
+        /* Prefaulted: every page is resident. */
+        unsigned char vec[4];
+        CU_ASSERT_EQUAL(mincore(mg_segment_addr(seg), info.size, vec), 0);
+        for (int i = 0; i < 4; i++)
+            CU_ASSERT(vec[i] & 1);
+    }
+    /* What the daemon writes, a local client reads from the file, and the other way. */
+    memcpy((char *)mg_segment_addr(seg) + 4096, "from daemon", 11);
+    fd = open(info.path, O_RDWR);
+    CU_ASSERT_EQUAL(pread(fd, buf, 11, 4096), 11);
+    CU_ASSERT_EQUAL(memcmp(buf, "from daemon", 11), 0);
+    CU_ASSERT_EQUAL(pwrite(fd, "from client", 11, 8192), 11);
+    CU_ASSERT_EQUAL(memcmp((char *)mg_segment_addr(seg) + 8192, "from client", 11), 0);
+    close(fd);
+    unreg(reg, "t", info.id);
+    CU_ASSERT_EQUAL(stat(info.path, &st), -1); /* the daemon's file is gone */
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void write_file(const char *name, size_t size)
+{
+    char path[128];
+    int fd;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_EQUAL(ftruncate(fd, (off_t)size), 0);
+    if (size >= 5)
+        CU_ASSERT_EQUAL(pwrite(fd, "hello", 5, 0), 5);
+    close(fd);
+}
+
+static void expect_map(mg_registry *reg, const char *file, uint64_t size, int code,
+                       const char *needle)
+{
+    mg_segment_spec s = anon("t", file, size);
+    char err[MG_SEG_ERROR_MAX];
+    mg_registry_stats st;
+    s.source = MG_SEG_SHM;
+    s.shm_file = file;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), code);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, needle));
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.registering, 0);
+    CU_ASSERT_EQUAL(st.bytes, 0);
+}
+
+static void test_shm_file_checks(void)
+{
+    mg_registry *reg;
+    char p1[128], p2[128];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    write_file("short", 100);
+    expect_map(reg, "short", 4096, MG_ERR_INVALID, "has 100 bytes, fewer than the 4096");
+    expect_map(reg, "missing", 0, MG_ERR_INVALID, "cannot open missing");
+    write_file("empty", 0);
+    expect_map(reg, "empty", 0, MG_ERR_INVALID, "is empty");
+    snprintf(p1, sizeof(p1), "%s/sub", dir);
+    CU_ASSERT_EQUAL(mkdir(p1, 0700), 0);
+    expect_map(reg, "sub", 0, MG_ERR_INVALID, "cannot open sub"); /* a directory */
+    snprintf(p1, sizeof(p1), "%s/link", dir);
+    CU_ASSERT_EQUAL(symlink("/etc/hostname", p1), 0);
+    expect_map(reg, "link", 0, MG_ERR_PERMISSION, "symbolic link");
+    write_file("twice", 8192);
+    snprintf(p1, sizeof(p1), "%s/twice", dir);
+    snprintf(p2, sizeof(p2), "%s/twice2", dir);
+    CU_ASSERT_EQUAL(link(p1, p2), 0);
+    expect_map(reg, "twice", 0, MG_ERR_PERMISSION, "2 hard links");
+    snprintf(p1, sizeof(p1), "%s/fifo", dir);
+    CU_ASSERT_EQUAL(mkfifo(p1, 0600), 0);
+    expect_map(reg, "fifo", 0, MG_ERR_INVALID, "not a regular file");
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_shm_whole_file_and_client_bytes(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "client-buf", 0);
+    mg_segment *seg;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    struct stat st;
+    make_dir();
+    reg = open_reg(8, 10000, 0);
+    write_file("client.buf", 8192);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "client.buf";
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(info.size, 8192); /* size 0: the whole file */
+    CU_ASSERT_EQUAL(memcmp(mg_segment_addr(seg), "hello", 5), 0);
+    /* The whole-file size counts against the registered-bytes limit. */
+    write_file("client2.buf", 4096);
+    s.name = "second";
+    s.shm_file = "client2.buf";
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_FULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "registered-bytes limit of 10000"));
+    unreg(reg, "t", info.id);
+    CU_ASSERT_EQUAL(stat(info.path, &st), 0); /* a client's file stays */
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_references_block_unregister(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "held", 4096);
+    mg_segment *seg, *held, *gone;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "other", info.id, &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id + 1, &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_acquire(reg, "t", info.id, &held), 0);
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", info.id, &gone, err), MG_ERR_BUSY);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "held by 1 lease(s) or transfer(s)"));
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "other", info.id, &gone, err), MG_ERR_NOT_FOUND);
+    mg_registry_put(reg, held);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, "t", info.id, &gone, err), 0);
+    /* While it is being unregistered it can be neither acquired nor unregistered again. */
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id, &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", info.id, &held, err), MG_ERR_NOT_FOUND);
+    mg_segment_unmap(gone);
+    mg_registry_release(reg, gone);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_list_pages_in_id_order(void)
+{
+    mg_registry *reg;
+    mg_segment_info page[4], all[20];
+    char err[MG_SEG_ERROR_MAX], name[16];
+    uint64_t after = 0;
+    size_t n, total = 0;
+    make_dir();
+    reg = open_reg(32, 0, 0);
+    for (int i = 0; i < 10; i++) {
+        mg_segment_spec s;
+        snprintf(name, sizeof(name), "s%d", i);
+        s = anon(i % 2 ? "odd" : "even", name, 4096);
+        CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    }
+    while ((n = mg_registry_list(reg, "even", after, page, 4)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            CU_ASSERT_STRING_EQUAL(page[i].tenant, "even");
+            CU_ASSERT(page[i].id > after);
+            after = page[i].id;
+            all[total++] = page[i];
+        }
+    }
+    CU_ASSERT_EQUAL(total, 5);
+    CU_ASSERT_EQUAL(mg_registry_list(reg, NULL, 0, all, 20), 10);
+    for (size_t i = 1; i < 10; i++)
+        CU_ASSERT(all[i - 1].id < all[i].id);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_restart_removes_old_daemon_files(void)
+{
+    mg_registry *reg;
+    struct stat st;
+    char path[128];
+    make_dir();
+    write_file("moongate-seg-00000000deadbeef", 4096);
+    write_file("client.buf", 4096);
+    reg = open_reg(8, 0, 0);
+    snprintf(path, sizeof(path), "%s/moongate-seg-00000000deadbeef", dir);
+    CU_ASSERT_EQUAL(stat(path, &st), -1);
+    snprintf(path, sizeof(path), "%s/client.buf", dir);
+    CU_ASSERT_EQUAL(stat(path, &st), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+/* Drops CAP_IPC_LOCK so that RLIMIT_MEMLOCK applies even to root. */
+static int drop_ipc_lock(void)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return -1;
+    data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    data[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+/* In a child process: lock 1 MiB under a 64 KiB RLIMIT_MEMLOCK. Exit status 0 when `require`
+ * fails naming the limit and `try` registers without locking. */
+static int memlock_child(void)
+{
+    struct rlimit rl = {65536, 65536};
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "locked", 1 << 20);
+    mg_segment *seg;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    mg_registry_config cfg = {dir, 0600, 8, 0, 0};
+    if (drop_ipc_lock() != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0 ||
+        mg_registry_new(&reg, &cfg) != 0)
+        return 10;
+    s.memlock = MG_MEMLOCK_REQUIRE;
+    if (reg_segment(reg, &s, NULL, err) != MG_ERR_NOMEM)
+        return 11;
+    if (strstr(err, "RLIMIT_MEMLOCK is 65536 bytes") == NULL)
+        return 12;
+    s.memlock = MG_MEMLOCK_TRY;
+    if (reg_segment(reg, &s, &seg, err) != 0)
+        return 13;
+    mg_segment_get_info(reg, seg, &info);
+    if (info.locked)
+        return 14;
+    mg_registry_del(reg);
+    return 0;
+}
+
+static void test_memlock_policy_and_limit(void)
+{
+    pid_t pid;
+    int status = -1;
+    make_dir();
+    pid = fork();
+    if (pid == 0)
+        _exit(memlock_child());
+    CU_ASSERT_FATAL(pid > 0);
+    CU_ASSERT_EQUAL(waitpid(pid, &status, 0), pid);
+    CU_ASSERT_TRUE(WIFEXITED(status));
+    CU_ASSERT_EQUAL(WEXITSTATUS(status), 0);
+    {
+        /* With the capability (the parent), require locks. */
+        mg_registry *reg = open_reg(8, 0, 0);
+        mg_segment_spec s = anon("t", "locked", 1 << 20);
+        mg_segment *seg;
+        mg_segment_info info;
+        mg_registry_stats st;
+        char err[MG_SEG_ERROR_MAX];
+        s.memlock = MG_MEMLOCK_REQUIRE;
+        if (geteuid() == 0) {
+            CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+            mg_segment_get_info(reg, seg, &info);
+            CU_ASSERT_TRUE(info.locked);
+            mg_registry_get_stats(reg, &st);
+            CU_ASSERT_EQUAL(st.locked_bytes, 1 << 20);
+        }
+        mg_registry_del(reg);
+    }
+    remove_dir();
+}
+
+static void test_bad_registry_config(void)
+{
+    mg_registry *reg = NULL;
+    mg_registry_config rel = {"relative/dir", 0600, 8, 0, 0};
+    mg_registry_config none = {"/nonexistent/moongate", 0600, 8, 0, 0};
+    mg_registry_config zero = {"/tmp", 0600, 0, 0, 0};
+    CU_ASSERT_EQUAL(mg_registry_new(&reg, &rel), MG_ERR_INVALID);
+    CU_ASSERT_EQUAL(mg_registry_new(&reg, &none), MG_ERR_SYSTEM);
+    CU_ASSERT_EQUAL(mg_registry_new(&reg, &zero), MG_ERR_INVALID);
+    mg_registry_del(NULL);
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {
+        MG_TEST(test_bounds),
+        MG_TEST(test_spec_checks),
+        MG_TEST(test_limits_names_and_ids),
+        MG_TEST(test_anon_file_is_the_memory),
+        MG_TEST(test_shm_file_checks),
+        MG_TEST(test_shm_whole_file_and_client_bytes),
+        MG_TEST(test_references_block_unregister),
+        MG_TEST(test_list_pages_in_id_order),
+        MG_TEST(test_restart_removes_old_daemon_files),
+        MG_TEST(test_memlock_policy_and_limit),
+        MG_TEST(test_bad_registry_config),
+    };
+    return mg_test_run("segment registry", cases, sizeof(cases) / sizeof(cases[0]));
+}
