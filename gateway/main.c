@@ -95,8 +95,12 @@ out:
      * gateway drains its completion queue as it is freed, so every job's caller is released. */
     mg_engine_del(engine);
     mg_gateway_del(gw);
-    if (base)
+    if (base) {
+        /* Connections closed last still have deferred bufferevent callbacks: let them run so
+         * the bufferevents are freed, not abandoned with the base. */
+        event_base_loop(base, EVLOOP_NONBLOCK);
         event_base_free(base);
+    }
     mg_info("stopped", "exit_code=%d", exit_code);
     mg_config_free(&cfg);
     return exit_code;

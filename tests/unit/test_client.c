@@ -84,6 +84,7 @@ static void stop_gateway(void)
     pthread_join(gw_thread, NULL);
     mg_engine_del(engine);
     mg_gateway_del(gw);
+    event_base_loop(gw_base, EVLOOP_NONBLOCK); /* deferred frees of closed connections */
     event_base_free(gw_base);
     mg_config_free(&cfg);
 }
