@@ -14,6 +14,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "moongate/v1/daemon.pb-c.h"
 #include "moongate/v1/debug.pb-c.h"
+#include "moongate/v1/memory.pb-c.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
@@ -27,6 +28,7 @@
 static const ProtobufCServiceDescriptor *const services[] = {
     &grpc__health__v1__health__descriptor,
     &moongate__v1__daemon__descriptor,
+    &moongate__v1__memory__descriptor,
     &moongate__v1__debug__descriptor,
 };
 

@@ -11,9 +11,12 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <openssl/ssl.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
@@ -57,8 +60,15 @@ int main(int argc, char **argv)
 
     mg_info("starting", "version=%s workers=%llu queue_depth=%llu", MG_VERSION,
             (unsigned long long)cfg.workers, (unsigned long long)cfg.queue_depth);
+    if (mkdir(cfg.shm_dir, 0755) != 0 && errno != EEXIST) {
+        mg_error("start_failed", "shm_dir=%s error=\"%s\"", cfg.shm_dir, strerror(errno));
+        goto out;
+    }
     {
-        mg_engine_config ec = {(unsigned)cfg.workers, (unsigned)cfg.queue_depth};
+        mg_engine_config ec = {
+            (unsigned)cfg.workers,
+            (unsigned)cfg.queue_depth,
+            {cfg.shm_dir, (unsigned)cfg.shm_mode, cfg.max_segments, cfg.max_registered_bytes, 0}};
         rc = mg_engine_new(&engine, &ec);
         if (rc != 0) {
             mg_error("engine_failed", "error=\"%s\"", mg_strerror(rc));

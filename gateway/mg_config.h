@@ -20,6 +20,10 @@ typedef struct mg_config {
     char *ops_listen;          /* plaintext HTTP/1.1 ops listeners; "" disables */
     char *tls_cert;
     char *tls_key;
+    char *shm_dir;
+    uint64_t shm_mode;
+    uint64_t max_segments;
+    uint64_t max_registered_bytes;
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

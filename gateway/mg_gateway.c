@@ -124,7 +124,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     }
     if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
-        (rc = mg_svc_reflection_init(gw)) != 0)
+        (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_reflection_init(gw)) != 0)
         goto fail;
     if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
         goto fail;

@@ -185,5 +185,6 @@ int mg_svc_reflection_init(mg_gateway *gw);
 void mg_svc_reflection_free(mg_gateway *gw);
 int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
+int mg_svc_memory_init(mg_gateway *gw);
 
 #endif

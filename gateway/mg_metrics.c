@@ -135,6 +135,22 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                             svc, meth, (unsigned long long)count, svc, meth, s->seconds_sum, svc,
                             meth, (unsigned long long)count);
     }
+    if (mg_engine_registry(gw->engine)) {
+        mg_registry_stats rs;
+        mg_registry_get_stats(mg_engine_registry(gw->engine), &rs);
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_segments Registered segments, by state.\n"
+            "# TYPE moongate_segments gauge\n"
+            "moongate_segments{state=\"ready\"} %llu\n"
+            "moongate_segments{state=\"registering\"} %llu\n"
+            "# HELP moongate_registered_bytes Bytes of the segments entered in the registry.\n"
+            "# TYPE moongate_registered_bytes gauge\nmoongate_registered_bytes %llu\n"
+            "# HELP moongate_locked_bytes Bytes of segments locked in memory.\n"
+            "# TYPE moongate_locked_bytes gauge\nmoongate_locked_bytes %llu\n",
+            (unsigned long long)rs.segments, (unsigned long long)rs.registering,
+            (unsigned long long)rs.bytes, (unsigned long long)rs.locked_bytes);
+    }
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(
         out,

@@ -17,6 +17,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROTOS = [
     ("moongate/v1/daemon.proto", "moongate/v1/daemon.proto"),
     ("moongate/v1/debug.proto", "moongate/v1/debug.proto"),
+    ("moongate/v1/memory.proto", "moongate/v1/memory.proto"),
     ("grpc/health/v1/health.proto", "mgstd/health.proto"),
     ("grpc/reflection/v1/reflection.proto", "mgstd/reflection_v1.proto"),
     ("grpc/reflection/v1alpha/reflection.proto", "mgstd/reflection_v1alpha.proto"),

@@ -1,6 +1,6 @@
 /*
- * mg_engine: the engine object. Today it owns the worker pool; the segment registry, the pool
- * and leases, and the transports hang off it as they arrive.
+ * mg_engine: the engine object. It owns the worker pool and the segment registry; the pool and
+ * leases, and the transports hang off it as they arrive.
  */
 #include "moongate/engine.h"
 
@@ -10,6 +10,7 @@
 
 struct mg_engine {
     mg_workers *workers;
+    mg_registry *registry;
 };
 
 int mg_engine_new(mg_engine **out, const mg_engine_config *cfg)
@@ -18,8 +19,13 @@ int mg_engine_new(mg_engine **out, const mg_engine_config *cfg)
     int rc;
     if (e == NULL)
         return MG_ERR_NOMEM;
+    if (cfg->registry.shm_dir && (rc = mg_registry_new(&e->registry, &cfg->registry)) != 0) {
+        free(e);
+        return rc;
+    }
     rc = mg_workers_new(&e->workers, cfg->workers, cfg->queue_depth);
     if (rc != 0) {
+        mg_registry_del(e->registry);
         free(e);
         return rc;
     }
@@ -32,6 +38,7 @@ void mg_engine_del(mg_engine *e)
     if (e == NULL)
         return;
     mg_workers_del(e->workers);
+    mg_registry_del(e->registry); /* after the workers: no registration runs any more */
     free(e);
 }
 
@@ -40,6 +47,11 @@ int mg_engine_submit(mg_engine *e, mg_cq *cq, mg_work_fn work, mg_done_fn done, 
     if (e == NULL || cq == NULL || work == NULL || done == NULL)
         return MG_ERR_INVALID;
     return mg_workers_submit(e->workers, cq, work, done, arg);
+}
+
+mg_registry *mg_engine_registry(mg_engine *e)
+{
+    return e->registry;
 }
 
 void mg_engine_get_stats(mg_engine *e, mg_engine_stats *out)

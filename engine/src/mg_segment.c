@@ -487,7 +487,7 @@ static int lock_pages(mg_segment *seg)
     }
     e = errno;
     if (seg->memlock == MG_MEMLOCK_TRY) {
-        mg_warn("segment_mlock", "id=%016llx bytes=%llu error=\"%s\" policy=try",
+        mg_warn("segment_mlock", "id=%llu bytes=%llu error=\"%s\" policy=try",
                 (unsigned long long)seg->id, (unsigned long long)seg->size, strerror(e));
         return 0;
     }
@@ -612,12 +612,12 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
     seg = find_id_nolock(reg, id);
     if (seg == NULL || seg->state != MG_SEG_READY || strcmp(seg->tenant, tenant) != 0) {
         pthread_mutex_unlock(&reg->lock);
-        snprintf(err, MG_SEG_ERROR_MAX, "no segment %016llx", (unsigned long long)id);
+        snprintf(err, MG_SEG_ERROR_MAX, "no segment %llu", (unsigned long long)id);
         return MG_ERR_NOT_FOUND;
     }
     if (seg->refs > 0) {
         snprintf(err, MG_SEG_ERROR_MAX,
-                 "segment %016llx (\"%s\") is held by %u lease(s) or transfer(s)",
+                 "segment %llu (\"%s\") is held by %u lease(s) or transfer(s)",
                  (unsigned long long)id, seg->name, seg->refs);
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_BUSY;
@@ -627,6 +627,16 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
     pthread_mutex_unlock(&reg->lock);
     *out = seg;
     return 0;
+}
+
+void mg_registry_restore(mg_registry *reg, mg_segment *seg)
+{
+    pthread_mutex_lock(&reg->lock);
+    if (seg->state == MG_SEG_UNREGISTERING) {
+        seg->state = MG_SEG_READY;
+        reg->ready++;
+    }
+    pthread_mutex_unlock(&reg->lock);
 }
 
 void mg_registry_release(mg_registry *reg, mg_segment *seg)
@@ -658,6 +668,20 @@ void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_inf
     pthread_mutex_lock(&reg->lock);
     info_nolock(reg, seg, out);
     pthread_mutex_unlock(&reg->lock);
+}
+
+int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out)
+{
+    const mg_segment *seg;
+    pthread_mutex_lock(&reg->lock);
+    seg = find_id_nolock(reg, id);
+    if (seg == NULL || strcmp(seg->tenant, tenant) != 0) {
+        pthread_mutex_unlock(&reg->lock);
+        return MG_ERR_NOT_FOUND;
+    }
+    info_nolock(reg, seg, out);
+    pthread_mutex_unlock(&reg->lock);
+    return 0;
 }
 
 void *mg_segment_addr(const mg_segment *seg)

@@ -80,6 +80,9 @@ class Daemon:
         self.h2c_port = free_port()
         self.ops_port = free_port()
         self.sock = os.path.join(workdir, "moongate.sock")
+        self.shm = os.path.join(workdir, "shm-%d" % self.tls_port)  # one per daemon
+        if "--shm-dir" in extra:  # the flag given last wins, in the daemon as here
+            self.shm = extra[len(extra) - 1 - extra[::-1].index("--shm-dir") + 1]
         self.log_path = os.path.join(workdir, "moongate-%d.log" % self.tls_port)
         self.args = [
             MOONGATE,
@@ -91,6 +94,7 @@ class Daemon:
             "--tls-key", os.path.join(certs, "server.key"),
             "--debug-service",
             "--grace", "10",
+            "--shm-dir", self.shm,
         ] + list(extra)
 
     @property

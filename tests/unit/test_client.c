@@ -60,7 +60,7 @@ static int start_gateway(void)
                     "--workers=2",
                     sock,
                     h2c};
-    mg_engine_config ec = {2, 16};
+    mg_engine_config ec = {.workers = 2, .queue_depth = 16};
     int port = free_port();
     snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-client-%d.sock", (int)getpid());
     snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);

@@ -72,7 +72,7 @@ static void cq_cb(evutil_socket_t fd, short what, void *arg)
 
 static void test_loop_runs_while_workers_are_busy(void)
 {
-    mg_engine_config cfg = {2, 8};
+    mg_engine_config cfg = {.workers = 2, .queue_depth = 8};
     mg_engine *e;
     mg_cq *cq;
     probe p[2];
@@ -129,7 +129,7 @@ static void count_done(void *arg, int result)
 
 static void test_queue_is_bounded(void)
 {
-    mg_engine_config cfg = {1, 2};
+    mg_engine_config cfg = {.workers = 1, .queue_depth = 2};
     mg_engine *e;
     mg_engine_stats st;
     mg_cq *cq;
@@ -176,7 +176,7 @@ static void *del_thread(void *arg)
 
 static void test_shutdown_cancels_queued_jobs(void)
 {
-    mg_engine_config cfg = {1, 8};
+    mg_engine_config cfg = {.workers = 1, .queue_depth = 8};
     mg_engine *e;
     mg_cq *cq;
     sem_t s;
@@ -216,7 +216,7 @@ static int nothing(void *arg)
 
 static void test_partial_drain_rearms_the_wakeup(void)
 {
-    mg_engine_config cfg = {2, 64};
+    mg_engine_config cfg = {.workers = 2, .queue_depth = 64};
     mg_engine *e;
     mg_cq *cq;
     struct pollfd pfd;
@@ -246,8 +246,9 @@ static void test_partial_drain_rearms_the_wakeup(void)
 static void test_bad_config_and_arguments(void)
 {
     mg_engine *e = NULL;
-    mg_engine_config zero = {0, 8}, deep = {1, 0};
-    mg_engine_config ok = {1, 1};
+    mg_engine_config zero = {.workers = 0, .queue_depth = 8},
+                     deep = {.workers = 1, .queue_depth = 0};
+    mg_engine_config ok = {.workers = 1, .queue_depth = 1};
     CU_ASSERT_EQUAL(mg_engine_new(&e, &zero), MG_ERR_INVALID);
     CU_ASSERT_EQUAL(mg_engine_new(&e, &deep), MG_ERR_INVALID);
     CU_ASSERT_EQUAL_FATAL(mg_engine_new(&e, &ok), 0);

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "moongate/mg_error.h"
+#include "moongate/segment.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +32,8 @@ typedef struct mg_job mg_job;
 typedef struct mg_engine_config {
     unsigned workers;     /* worker threads, 1..256 */
     unsigned queue_depth; /* jobs queued or running at most, 1..1048576 */
+    /* The segment registry; when registry.shm_dir is NULL the engine has none. */
+    mg_registry_config registry;
 } mg_engine_config;
 
 /* Runs on a worker thread; returns 0 or a negative MG_ERR_*. */
@@ -39,7 +42,8 @@ typedef int (*mg_work_fn)(void *arg);
  * the engine shut down before the job ran). */
 typedef void (*mg_done_fn)(void *arg, int result);
 
-/* Creates the engine and starts its workers. Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */
+/* Creates the engine (its segment registry, then its workers). Returns 0, MG_ERR_INVALID,
+ * MG_ERR_SYSTEM (the shm directory) or MG_ERR_NOMEM. */
 int mg_engine_new(mg_engine **out, const mg_engine_config *cfg);
 /* Stops the workers after the jobs already running; queued jobs complete with
  * MG_ERR_CANCELLED. Completion queues must be drained and freed by their loops afterwards.
@@ -60,6 +64,9 @@ unsigned mg_cq_drain(mg_cq *cq, unsigned max);
  * Returns 0, MG_ERR_FULL when queue_depth jobs are queued or running, MG_ERR_SHUTDOWN after
  * mg_engine_del began, or MG_ERR_NOMEM. On error nothing was queued and `done` never runs. */
 int mg_engine_submit(mg_engine *engine, mg_cq *cq, mg_work_fn work, mg_done_fn done, void *arg);
+
+/* The engine's segment registry (NULL when it has none). */
+mg_registry *mg_engine_registry(mg_engine *engine);
 
 typedef struct mg_engine_stats {
     unsigned workers;

@@ -111,11 +111,15 @@ void mg_registry_put(mg_registry *reg, mg_segment *seg);
  * going), MG_ERR_BUSY (references held; err names how many). */
 int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out,
                            char *err);
+/* Loop. Undoes mg_registry_unregister() when the unmapping cannot be started: READY again. */
+void mg_registry_restore(mg_registry *reg, mg_segment *seg);
 /* Worker. Unmaps and removes a file the daemon created. */
 void mg_segment_unmap(mg_segment *seg);
 /* Loop. Forgets an unmapped segment and frees it. */
 void mg_registry_release(mg_registry *reg, mg_segment *seg);
 
+/* Loop. A snapshot of the tenant's segment `id` in any state. Returns 0, MG_ERR_NOT_FOUND. */
+int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out);
 /* Snapshot of one segment. */
 void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out);
 /* The mapped bytes (NULL before mapping); stable while the caller holds a reference. */

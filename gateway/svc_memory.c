@@ -1,0 +1,341 @@
+/*
+ * svc_memory: moongate.v1.Memory — RegisterSegment, UnregisterSegment, GetSegment and
+ * ListSegments over the engine's segment registry (moongate/segment.h).
+ *
+ * The loop only does bookkeeping: Register reserves the segment on the loop, maps it in an
+ * engine job (create or open, size, mmap, mlock, prefault) and commits when the job comes back;
+ * Unregister marks the segment on the loop and unmaps it in a job. A registration whose caller is
+ * gone when its job returns is undone (unmapped in another job), so nothing is left that nobody
+ * asked for. Until authentication exists every caller is the tenant "default".
+ */
+#include "mg_gateway.h"
+
+#include "mg_log.h"
+
+#include "moongate/segment.h"
+#include "moongate/v1/memory.pb-c.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TENANT       "default"
+#define LIST_DEFAULT 100
+#define LIST_MAX     1000
+
+static const char *const source_names[] = {"anon", "shm"};
+/* One Segment message with its strings. */
+typedef struct {
+    Moongate__V1__Segment msg;
+    char name[MG_SEG_NAME_MAX + 1], tenant[MG_SEG_NAME_MAX + 1], location[16], path[4097];
+} seg_msg;
+
+static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
+{
+    moongate__v1__segment__init(&m->msg);
+    snprintf(m->name, sizeof(m->name), "%s", in->name);
+    snprintf(m->tenant, sizeof(m->tenant), "%s", in->tenant);
+    snprintf(m->location, sizeof(m->location), "%s", in->location);
+    snprintf(m->path, sizeof(m->path), "%s", in->path);
+    m->msg.id = in->id;
+    m->msg.name = m->name;
+    m->msg.tenant = m->tenant;
+    m->msg.size = in->size;
+    m->msg.location = m->location;
+    m->msg.path = m->path;
+    m->msg.source = in->source == MG_SEG_SHM ? MOONGATE__V1__SEGMENT_SOURCE__SHM
+                                             : MOONGATE__V1__SEGMENT_SOURCE__ANON;
+    m->msg.remote_accessible = in->remote_accessible;
+    m->msg.locked = in->locked;
+    m->msg.state = (Moongate__V1__SegmentState)in->state;
+    m->msg.holders = in->refs;
+}
+
+/* ---- jobs ---- */
+
+typedef struct {
+    mg_call *call; /* NULL for an undo job nobody waits for */
+    mg_gateway *gw;
+    mg_segment *seg;
+    uint64_t t0_ns;
+} seg_job;
+
+static int map_work(void *arg)
+{
+    seg_job *j = arg;
+    return mg_segment_map(j->seg);
+}
+
+static int unmap_work(void *arg)
+{
+    seg_job *j = arg;
+    mg_segment_unmap(j->seg);
+    return 0;
+}
+
+static void unmap_done(void *arg, int result)
+{
+    seg_job *j = arg;
+    mg_registry *reg = mg_engine_registry(j->gw->engine);
+    mg_segment_info info;
+    mg_segment_get_info(reg, j->seg, &info);
+    mg_registry_release(reg, j->seg);
+    if (j->call) {
+        if (!mg_call_done(j->call)) {
+            Moongate__V1__UnregisterResponse resp = MOONGATE__V1__UNREGISTER_RESPONSE__INIT;
+            mg_call_reply(j->call, &resp.base);
+        }
+        mg_call_unref(j->call);
+    }
+    mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info.id, info.name,
+            info.size);
+    free(j);
+}
+
+/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done. */
+static int start_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
+{
+    seg_job *j = calloc(1, sizeof(*j));
+    int rc;
+    if (j == NULL)
+        return MG_ERR_NOMEM;
+    j->gw = gw;
+    j->seg = seg;
+    j->call = call;
+    if (call)
+        mg_call_ref(call);
+    rc = mg_engine_submit(gw->engine, gw->cq, unmap_work, unmap_done, j);
+    if (rc != 0) {
+        if (call)
+            mg_call_unref(call);
+        free(j);
+    }
+    return rc;
+}
+
+static void map_done(void *arg, int result)
+{
+    seg_job *j = arg;
+    mg_gateway *gw = j->gw;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+
+    if (result != 0) {
+        snprintf(err, sizeof(err), "%s", mg_segment_error(j->seg));
+        mg_registry_commit(reg, j->seg, result);
+        if (!mg_call_done(j->call))
+            mg_call_fail(j->call, result, "%s", err[0] ? err : "registration cancelled");
+        goto out;
+    }
+    mg_registry_commit(reg, j->seg, 0);
+    mg_segment_get_info(reg, j->seg, &info);
+    if (mg_call_done(j->call)) {
+        /* The caller is gone: undo, so no segment is left that nobody asked for. */
+        mg_segment *gone;
+        if (mg_registry_unregister(reg, info.tenant, info.id, &gone, err) == 0 &&
+            start_unmap(gw, gone, NULL) != 0) {
+            /* No worker slot: the loop does not unmap. The segment stays, listed. */
+            mg_registry_restore(reg, gone);
+            mg_warn("segment_rollback_failed",
+                    "id=%" PRIu64 " name=%s reason=\"caller gone, engine queue full\"", info.id,
+                    info.name);
+            goto out;
+        }
+        mg_info("segment_rolled_back", "id=%" PRIu64 " name=%s reason=\"caller gone\"", info.id,
+                info.name);
+        goto out;
+    }
+    {
+        Moongate__V1__RegisterResponse resp = MOONGATE__V1__REGISTER_RESPONSE__INIT;
+        seg_msg m;
+        seg_msg_fill(&m, &info);
+        resp.segment = &m.msg;
+        mg_call_reply(j->call, &resp.base);
+        mg_info("segment_registered",
+                "id=%" PRIu64 " name=%s source=%s bytes=%" PRIu64 " locked=%d ms=%.3f", info.id,
+                info.name, source_names[info.source], info.size, info.locked,
+                (double)(mg_now_mono_ns() - j->t0_ns) / 1e6);
+    }
+out:
+    mg_call_unref(j->call);
+    free(j);
+}
+
+/* ---- handlers ---- */
+
+static void register_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__RegisterRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_spec spec;
+    mg_segment *seg;
+    seg_job *j;
+    char err[MG_SEG_ERROR_MAX];
+    int rc;
+
+    if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
+        req->source != MOONGATE__V1__SEGMENT_SOURCE__SHM) {
+        mg_call_fail(call, MG_ERR_INVALID, "source must be ANON or SHM");
+        return;
+    }
+    memset(&spec, 0, sizeof(spec));
+    spec.tenant = TENANT;
+    spec.name = req->name;
+    spec.source = req->source == MOONGATE__V1__SEGMENT_SOURCE__SHM ? MG_SEG_SHM : MG_SEG_ANON;
+    spec.size = req->size;
+    spec.shm_file = req->shm_file;
+    spec.location = req->location;
+    spec.remote_accessible = req->remote_accessible;
+    spec.memlock = (mg_memlock)req->memlock;
+    spec.prefault = req->prefault;
+    rc = mg_registry_reserve(reg, &spec, &seg, err);
+    if (rc != 0) {
+        mg_call_fail(call, rc, "%s", err);
+        return;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        mg_registry_commit(reg, seg, MG_ERR_NOMEM);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    j->call = call;
+    j->gw = gw;
+    j->seg = seg;
+    j->t0_ns = mg_now_mono_ns();
+    mg_call_ref(call);
+    rc = mg_engine_submit(gw->engine, gw->cq, map_work, map_done, j);
+    if (rc != 0) {
+        mg_registry_commit(reg, seg, rc);
+        mg_call_unref(call);
+        free(j);
+        mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
+                     (unsigned)gw->cfg->queue_depth);
+    }
+}
+
+static void unregister_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__UnregisterRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_segment *seg;
+    char err[MG_SEG_ERROR_MAX];
+    int rc = mg_registry_unregister(mg_engine_registry(gw->engine), TENANT, req->id, &seg, err);
+    if (rc != 0) {
+        mg_call_fail(call, rc, "%s", err);
+        return;
+    }
+    rc = start_unmap(gw, seg, call);
+    if (rc != 0) {
+        mg_registry_restore(mg_engine_registry(gw->engine), seg); /* still registered */
+        mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth); try again",
+                     (unsigned)gw->cfg->queue_depth);
+    }
+}
+
+static void get_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__GetSegmentRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_segment_info info;
+    seg_msg sm;
+    if (mg_registry_find(mg_engine_registry(gw->engine), TENANT, req->id, &info) != 0) {
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+        return;
+    }
+    seg_msg_fill(&sm, &info);
+    mg_call_reply(call, &sm.msg.base);
+}
+
+static void list_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ListSegmentsRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__ListSegmentsResponse resp = MOONGATE__V1__LIST_SEGMENTS_RESPONSE__INIT;
+    size_t want = req->page_size ? req->page_size : LIST_DEFAULT, n;
+    uint64_t after = 0;
+    mg_segment_info *infos;
+    seg_msg *msgs;
+    Moongate__V1__Segment **ptrs;
+    char token[24];
+
+    if (want > LIST_MAX) {
+        mg_call_fail(call, MG_ERR_INVALID, "page_size %u is above %d", req->page_size, LIST_MAX);
+        return;
+    }
+    if (req->page_token[0]) {
+        char *end;
+        after = strtoull(req->page_token, &end, 16);
+        if (*end != '\0' || strlen(req->page_token) != 16) {
+            mg_call_fail(call, MG_ERR_INVALID, "page_token \"%.32s\" is not one this daemon gave",
+                         req->page_token);
+            return;
+        }
+    }
+    infos = calloc(want + 1, sizeof(*infos));
+    msgs = calloc(want, sizeof(*msgs));
+    ptrs = calloc(want, sizeof(*ptrs));
+    if (infos == NULL || msgs == NULL || ptrs == NULL) {
+        free(infos);
+        free(msgs);
+        free(ptrs);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    /* One more than asked tells whether another page follows. */
+    n = mg_registry_list(mg_engine_registry(gw->engine), TENANT, after, infos, want + 1);
+    token[0] = '\0';
+    if (n > want) {
+        n = want;
+        snprintf(token, sizeof(token), "%016" PRIx64, infos[n - 1].id);
+    }
+    for (size_t i = 0; i < n; i++) {
+        seg_msg_fill(&msgs[i], &infos[i]);
+        ptrs[i] = &msgs[i].msg;
+    }
+    resp.segments = ptrs;
+    resp.n_segments = n;
+    resp.next_page_token = token;
+    mg_call_reply(call, &resp.base);
+    free(infos);
+    free(msgs);
+    free(ptrs);
+}
+
+static const mg_method memory_methods[] = {
+    {.path = "/moongate.v1.Memory/RegisterSegment",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__register_request__descriptor,
+     .out = &moongate__v1__register_response__descriptor,
+     .on_message = register_message},
+    {.path = "/moongate.v1.Memory/UnregisterSegment",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__unregister_request__descriptor,
+     .out = &moongate__v1__unregister_response__descriptor,
+     .on_message = unregister_message},
+    {.path = "/moongate.v1.Memory/GetSegment",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__get_segment_request__descriptor,
+     .out = &moongate__v1__segment__descriptor,
+     .on_message = get_message},
+    {.path = "/moongate.v1.Memory/ListSegments",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__list_segments_request__descriptor,
+     .out = &moongate__v1__list_segments_response__descriptor,
+     .on_message = list_message},
+};
+
+int mg_svc_memory_init(mg_gateway *gw)
+{
+    if (mg_engine_registry(gw->engine) == NULL)
+        return 0; /* an engine without a registry serves no memory calls */
+    for (size_t i = 0; i < sizeof(memory_methods) / sizeof(memory_methods[0]); i++) {
+        int rc = mg_gateway_add_method(gw, &memory_methods[i]);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,175 @@
+"""moongate.v1.Memory with real clients: register anon and shm segments, map the returned file
+from the test, list, get, unregister; every bad input answered with the right code and nothing
+left behind (segment count, registered bytes and files return to zero)."""
+import json
+import mmap
+import os
+import stat
+
+import grpc
+import pytest
+
+from conftest import curl, h2c_channel
+from moongate.v1 import memory_pb2, memory_pb2_grpc
+
+ANON = memory_pb2.ANON
+SHM = memory_pb2.SHM
+
+
+def stub(d):
+    ch = h2c_channel(d)
+    return ch, memory_pb2_grpc.MemoryStub(ch)
+
+
+def nothing_left(d):
+    assert d.metric("moongate_segments", state="ready") == 0
+    assert d.metric("moongate_segments", state="registering") == 0
+    assert d.metric("moongate_registered_bytes") == 0
+    assert [f for f in os.listdir(d.shm) if f.startswith("moongate-seg-")] == []
+
+
+def test_anon_segment_is_shared_memory(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="kv-blocks", size=3 * 4096 + 7, prefault=True), timeout=10).segment
+        assert seg.id != 0 and seg.state == memory_pb2.READY
+        assert (seg.name, seg.tenant, seg.size, seg.location) == ("kv-blocks", "default",
+                                                                   3 * 4096 + 7, "cpu:0")
+        assert os.path.dirname(seg.path) == d.shm
+        st = os.stat(seg.path)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == seg.size
+        # A local client maps the returned file: those are the segment's bytes.
+        with open(seg.path, "r+b") as f, mmap.mmap(f.fileno(), seg.size) as view:
+            view[4096:4101] = b"hello"
+            assert view[4096:4101] == b"hello"
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=seg.id)).name == "kv-blocks"
+        assert d.metric("moongate_registered_bytes") == seg.size
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id), timeout=10)
+        assert not os.path.exists(seg.path)
+        with pytest.raises(grpc.RpcError) as e:
+            m.GetSegment(memory_pb2.GetSegmentRequest(id=seg.id))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    nothing_left(d)
+
+
+def test_shm_segment_from_a_client_file(make_daemon):
+    d = make_daemon()
+    path = os.path.join(d.shm, "client.buf")
+    with open(path, "wb") as f:
+        f.write(b"x" * 8192)
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="client", source=SHM, shm_file="client.buf"), timeout=10).segment
+        assert seg.size == 8192 and seg.path == path and seg.source == SHM
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id), timeout=10)
+    assert os.path.exists(path)  # the client's file is the client's
+    nothing_left(d)
+
+
+def test_list_pages(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        ids = {m.RegisterSegment(memory_pb2.RegisterRequest(name="s%d" % i, size=4096)).segment.id
+               for i in range(5)}
+        seen, token = [], ""
+        while True:
+            page = m.ListSegments(memory_pb2.ListSegmentsRequest(page_size=2, page_token=token))
+            seen += [s.id for s in page.segments]
+            assert len(page.segments) <= 2
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == sorted(ids)
+        with pytest.raises(grpc.RpcError) as e:
+            m.ListSegments(memory_pb2.ListSegmentsRequest(page_token="bogus"))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for i in ids:
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=i))
+    nothing_left(d)
+
+
+@pytest.mark.parametrize("req,code,needle", [
+    (dict(name="z", size=0), "INVALID_ARGUMENT", "size must be greater than 0"),
+    (dict(name="bad name", size=4096), "INVALID_ARGUMENT", "name must be"),
+    (dict(name="loc", size=4096, location="gpu:0"), "INVALID_ARGUMENT", "cpu:N"),
+    (dict(name="m", source=SHM, shm_file="missing"), "INVALID_ARGUMENT", "cannot open missing"),
+    (dict(name="m", source=SHM, shm_file="../../etc/passwd"), "INVALID_ARGUMENT", "shm file"),
+    (dict(name="l", source=SHM, shm_file="link"), "PERMISSION_DENIED", "symbolic link"),
+    (dict(name="s", source=SHM, shm_file="short", size=1 << 20), "INVALID_ARGUMENT",
+     "fewer than"),
+    (dict(name="big", size=1 << 40), "RESOURCE_EXHAUSTED", "registered-bytes limit"),
+])
+def test_bad_registrations(make_daemon, req, code, needle):
+    d = make_daemon("--max-registered-bytes", "64M")
+    os.symlink("/etc/hostname", os.path.join(d.shm, "link"))
+    with open(os.path.join(d.shm, "short"), "wb") as f:
+        f.write(b"y" * 100)
+    ch, m = stub(d)
+    with ch:
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegment(memory_pb2.RegisterRequest(**req), timeout=10)
+        assert e.value.code().name == code
+        assert needle in e.value.details()
+    nothing_left(d)
+
+
+def test_duplicate_name_and_unknown_id(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="dup", size=4096)).segment
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegment(memory_pb2.RegisterRequest(name="dup", size=4096))
+        assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS and "dup" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id ^ 1))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+        with pytest.raises(grpc.RpcError) as e:
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    nothing_left(d)
+
+
+def test_json_with_curl(make_daemon):
+    d = make_daemon()
+
+    def call(method, body):
+        rc, out, err = curl("--http2-prior-knowledge", "-H", "content-type: application/json",
+                            "-d", body, "-w", "\n%{http_code}",
+                            "http://%s/moongate.v1.Memory/%s" % (d.h2c, method))
+        text, _, code = out.decode().rpartition("\n")
+        return int(code), json.loads(text)
+
+    code, body = call("RegisterSegment", '{"name": "from-curl", "size": "65536"}')
+    assert code == 200 and body["segment"]["size"] == "65536"
+    assert body["segment"]["source"] == "ANON" and body["segment"]["state"] == "READY"
+    sid = body["segment"]["id"]
+    code, body = call("ListSegments", "{}")
+    assert code == 200 and [s["id"] for s in body["segments"]] == [sid]
+    code, body = call("UnregisterSegment", '{"id": "%s"}' % sid)
+    assert code == 200
+    code, body = call("GetSegment", '{"id": "%s"}' % sid)
+    assert code == 404 and body["code"] == 5
+    nothing_left(d)
+
+
+def test_daemon_removes_its_files_on_exit_and_at_start(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="left", size=4096)).segment
+    assert os.path.exists(seg.path)
+    assert d.stop() == 0
+    assert not os.path.exists(seg.path)  # a clean exit removes what the daemon created
+    # A file an earlier daemon left (it crashed) is removed by the next one on the same dir.
+    stale = os.path.join(d.shm, "moongate-seg-00000000deadbeef")
+    with open(stale, "wb") as f:
+        f.write(b"z" * 4096)
+    d2 = make_daemon("--shm-dir", d.shm)
+    assert not os.path.exists(stale)
+    nothing_left(d2)
