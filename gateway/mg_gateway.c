@@ -183,6 +183,7 @@ void mg_gateway_del(mg_gateway *gw)
     mg_ops_stop(gw);
     mg_svc_health_free(gw);
     mg_svc_reflection_free(gw);
+    mg_svc_memory_free(gw);
     if (gw->drain_timer)
         event_free(gw->drain_timer);
     if (gw->grace_timer)

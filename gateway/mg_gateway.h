@@ -135,6 +135,7 @@ struct mg_gateway {
     struct mg_ops *ops;
     struct mg_health *health;
     struct mg_reflection *reflection;
+    struct mg_hold *hold; /* Debug/HoldRegistrations gate, with --debug-service */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -186,5 +187,9 @@ void mg_svc_reflection_free(mg_gateway *gw);
 int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
+void mg_svc_memory_free(mg_gateway *gw);
+/* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration
+ * jobs wait on their worker. Returns how many wait. Thread-safe. */
+unsigned mg_svc_memory_hold(mg_gateway *gw, int hold);
 
 #endif

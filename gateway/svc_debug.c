@@ -229,6 +229,16 @@ static void expand_message(mg_call *call, const ProtobufCMessage *m)
     event_active(st->timer, EV_TIMEOUT, 0);
 }
 
+/* ---- HoldRegistrations: the test hook of svc_memory.c ---- */
+
+static void hold_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__HoldRequest *req = (const void *)m;
+    Moongate__V1__HoldResponse resp = MOONGATE__V1__HOLD_RESPONSE__INIT;
+    resp.held = mg_svc_memory_hold(mg_call_gateway(call), req->hold);
+    mg_call_reply(call, &resp.base);
+}
+
 static const mg_method debug_methods[] = {
     {.path = "/moongate.v1.Debug/Sleep",
      .kind = MG_RPC_UNARY,
@@ -260,6 +270,11 @@ static const mg_method debug_methods[] = {
      .out = &moongate__v1__echo_message__descriptor,
      .on_message = chat_message,
      .on_half_close = chat_half_close},
+    {.path = "/moongate.v1.Debug/HoldRegistrations",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__hold_request__descriptor,
+     .out = &moongate__v1__hold_response__descriptor,
+     .on_message = hold_message},
 };
 
 int mg_svc_debug_init(mg_gateway *gw)

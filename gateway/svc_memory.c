@@ -16,6 +16,7 @@
 #include "moongate/v1/memory.pb-c.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,9 +62,44 @@ typedef struct {
     uint64_t t0_ns;
 } seg_job;
 
+/* Debug/HoldRegistrations: a gate the registration jobs pass before mapping. Workers wait on
+ * it; the loop only flips it (mutex held for O(1) work). */
+struct mg_hold {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int on;
+    unsigned waiting;
+};
+
+unsigned mg_svc_memory_hold(mg_gateway *gw, int hold)
+{
+    unsigned waiting;
+    if (gw->hold == NULL)
+        return 0;
+    pthread_mutex_lock(&gw->hold->lock);
+    gw->hold->on = hold;
+    waiting = gw->hold->waiting;
+    if (!hold)
+        pthread_cond_broadcast(&gw->hold->cond);
+    pthread_mutex_unlock(&gw->hold->lock);
+    return waiting;
+}
+
+static void hold_gate(struct mg_hold *h)
+{
+    pthread_mutex_lock(&h->lock);
+    h->waiting++;
+    while (h->on)
+        pthread_cond_wait(&h->cond, &h->lock);
+    h->waiting--;
+    pthread_mutex_unlock(&h->lock);
+}
+
 static int map_work(void *arg)
 {
     seg_job *j = arg;
+    if (j->gw->hold)
+        hold_gate(j->gw->hold);
     return mg_segment_map(j->seg);
 }
 
@@ -332,10 +368,27 @@ int mg_svc_memory_init(mg_gateway *gw)
 {
     if (mg_engine_registry(gw->engine) == NULL)
         return 0; /* an engine without a registry serves no memory calls */
+    if (gw->cfg->debug_service) {
+        gw->hold = calloc(1, sizeof(*gw->hold));
+        if (gw->hold == NULL)
+            return MG_ERR_NOMEM;
+        pthread_mutex_init(&gw->hold->lock, NULL);
+        pthread_cond_init(&gw->hold->cond, NULL);
+    }
     for (size_t i = 0; i < sizeof(memory_methods) / sizeof(memory_methods[0]); i++) {
         int rc = mg_gateway_add_method(gw, &memory_methods[i]);
         if (rc != 0)
             return rc;
     }
     return 0;
+}
+
+void mg_svc_memory_free(mg_gateway *gw)
+{
+    if (gw->hold == NULL)
+        return;
+    pthread_cond_destroy(&gw->hold->cond);
+    pthread_mutex_destroy(&gw->hold->lock);
+    free(gw->hold);
+    gw->hold = NULL;
 }

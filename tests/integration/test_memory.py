@@ -173,3 +173,67 @@ def test_daemon_removes_its_files_on_exit_and_at_start(make_daemon):
     d2 = make_daemon("--shm-dir", d.shm)
     assert not os.path.exists(stale)
     nothing_left(d2)
+
+
+def test_held_registration_does_not_block_the_daemon(make_daemon):
+    """The non-blocking guarantee, without timings: registrations are held on their workers
+    (Debug/HoldRegistrations) while the test checks that health, listing and another
+    registration are all answered; then they are released and complete."""
+    import time
+    from mgstd import health_pb2, health_pb2_grpc
+    from moongate.v1 import debug_pb2, debug_pb2_grpc
+    d = make_daemon("--workers", "2")
+    ch, m = stub(d)
+    with ch:
+        dbg = debug_pb2_grpc.DebugStub(ch)
+        health = health_pb2_grpc.HealthStub(ch)
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
+        first = m.RegisterSegment.future(memory_pb2.RegisterRequest(
+            name="big", size=64 << 20, prefault=True), timeout=60)
+        deadline = time.monotonic() + 10
+        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # The first registration is on a worker, held. The daemon answers everything else.
+        for _ in range(10):
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+                health_pb2.HealthCheckResponse.SERVING
+        listed = m.ListSegments(memory_pb2.ListSegmentsRequest(), timeout=5).segments
+        assert [(s.name, s.state) for s in listed] == [("big", memory_pb2.REGISTERING)]
+        second = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="small", size=4096),
+                                          timeout=60)
+        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not first.done() and not second.done()
+        assert dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False)).held == 2
+        assert first.result(timeout=60).segment.state == memory_pb2.READY
+        assert second.result(timeout=60).segment.size == 4096
+        for s in m.ListSegments(memory_pb2.ListSegmentsRequest()).segments:
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=s.id))
+    nothing_left(d)
+
+
+def test_registration_of_a_caller_gone_is_undone(make_daemon):
+    import time
+    from moongate.v1 import debug_pb2, debug_pb2_grpc
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        dbg = debug_pb2_grpc.DebugStub(ch)
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
+        fut = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="gone", size=1 << 20))
+        deadline = time.monotonic() + 10
+        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fut.cancel()
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
+        while "segment_rolled_back" not in d.read_log():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        while d.metric("moongate_registered_bytes") != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert list(m.ListSegments(memory_pb2.ListSegmentsRequest()).segments) == []
+    nothing_left(d)
