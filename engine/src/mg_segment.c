@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #define FILE_PREFIX "moongate-seg-"
+#define CHUNK       (8ULL << 20) /* bytes locked, prefaulted or unmapped at a time */
 
 struct mg_segment {
     mg_registry *reg;
@@ -481,11 +482,21 @@ static int lock_pages(mg_segment *seg)
     int e;
     if (seg->memlock == MG_MEMLOCK_OFF)
         return 0;
-    if (mlock(seg->addr, seg->size) == 0) {
+    /* In chunks: mlock holds the process's mmap lock while it faults pages in, and the loop
+     * thread's own page faults and mappings wait for that lock. */
+    e = 0;
+    for (uint64_t off = 0; off < seg->size; off += CHUNK) {
+        uint64_t n = seg->size - off < CHUNK ? seg->size - off : CHUNK;
+        if (mlock((char *)seg->addr + off, n) != 0) {
+            e = errno;
+            munlock(seg->addr, off);
+            break;
+        }
+    }
+    if (e == 0) {
         seg->locked = 1;
         return 0;
     }
-    e = errno;
     if (seg->memlock == MG_MEMLOCK_TRY) {
         mg_warn("segment_mlock", "id=%llu bytes=%llu error=\"%s\" policy=try",
                 (unsigned long long)seg->id, (unsigned long long)seg->size, strerror(e));
@@ -508,9 +519,20 @@ static void prefault(mg_segment *seg)
     long page = sysconf(_SC_PAGESIZE);
     if (!seg->prefault)
         return;
+    if (seg->locked)
+        return; /* mlock already faulted every page in */
 #ifdef MADV_POPULATE_WRITE
-    if (madvise(seg->addr, seg->size, MADV_POPULATE_WRITE) == 0)
-        return;
+    {
+        /* In chunks, for the same reason as lock_pages. */
+        uint64_t off = 0;
+        for (; off < seg->size; off += CHUNK) {
+            uint64_t n = seg->size - off < CHUNK ? seg->size - off : CHUNK;
+            if (madvise((char *)seg->addr + off, n, MADV_POPULATE_WRITE) != 0)
+                break;
+        }
+        if (off >= seg->size)
+            return;
+    }
 #endif
     /* Older kernels: read every page; writes would race with a client's own. */
     for (uint64_t off = 0; off < seg->size; off += (uint64_t)page)
@@ -550,7 +572,9 @@ void mg_segment_unmap(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
     if (seg->addr) {
-        munmap(seg->addr, seg->size);
+        /* In chunks, so the mmap lock is released between them (see lock_pages). */
+        for (uint64_t off = 0; off < seg->size; off += CHUNK)
+            munmap((char *)seg->addr + off, seg->size - off < CHUNK ? seg->size - off : CHUNK);
         seg->addr = NULL;
     }
     if (seg->fd >= 0) {

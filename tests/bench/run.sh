@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control] [-- bench_control.py options]
-# control: h2load against Health/Check on moongate and on a reference gRPC C++ server, same run.
+#   tests/bench/run.sh [control|register] [-- options of the benchmark]
+# control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
+# register: Health/Check latency idle and during a multi-GiB registration, same run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -20,5 +21,8 @@ control)
     /usr/bin/python3 tests/bench/bench_control.py --moongate "$build/moongate" --ref "$ref" \
         --certs "$certs" "$@"
     ;;
-*) echo "usage: $0 [control] [-- options]" >&2; exit 64 ;;
+register)
+    /usr/bin/python3 tests/bench/bench_register.py --moongate "$build/moongate" "$@"
+    ;;
+*) echo "usage: $0 [control|register] [-- options]" >&2; exit 64 ;;
 esac
