@@ -48,6 +48,8 @@ static const opt_def opts[] = {
     {"max-segments", T_UINT, O(max_segments), "65536", 1, 16777216, "registered segments at most"},
     {"max-registered-bytes", T_SIZE, O(max_registered_bytes), "16G", 4096, 1ULL << 50,
      "sum of registered segment sizes at most"},
+    {"max-batch", T_UINT, O(max_batch), "1024", 1, 65536,
+     "items in one batch call (RegisterSegments, UnregisterSegments) at most"},
     {"workers", T_UINT, O(workers), "4", 1, 256, "engine worker threads for blocking jobs"},
     {"queue-depth", T_UINT, O(queue_depth), "1024", 1, 1048576,
      "engine jobs queued or running at most; beyond it calls get RESOURCE_EXHAUSTED"},

@@ -24,6 +24,7 @@ typedef struct mg_config {
     uint64_t shm_mode;
     uint64_t max_segments;
     uint64_t max_registered_bytes;
+    uint64_t max_batch;
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

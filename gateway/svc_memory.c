@@ -201,21 +201,15 @@ out:
 
 /* ---- handlers ---- */
 
-static void register_message(mg_call *call, const ProtobufCMessage *m)
+/* Checks a request and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
+static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, mg_segment **seg,
+                   char *err)
 {
-    const Moongate__V1__RegisterRequest *req = (const void *)m;
-    mg_gateway *gw = mg_call_gateway(call);
-    mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_spec spec;
-    mg_segment *seg;
-    seg_job *j;
-    char err[MG_SEG_ERROR_MAX];
-    int rc;
-
     if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
         req->source != MOONGATE__V1__SEGMENT_SOURCE__SHM) {
-        mg_call_fail(call, MG_ERR_INVALID, "source must be ANON or SHM");
-        return;
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON or SHM");
+        return MG_ERR_INVALID;
     }
     memset(&spec, 0, sizeof(spec));
     spec.tenant = TENANT;
@@ -227,7 +221,19 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     spec.remote_accessible = req->remote_accessible;
     spec.memlock = (mg_memlock)req->memlock;
     spec.prefault = req->prefault;
-    rc = mg_registry_reserve(reg, &spec, &seg, err);
+    return mg_registry_reserve(reg, &spec, seg, err);
+}
+
+static void register_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__RegisterRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment *seg;
+    seg_job *j;
+    char err[MG_SEG_ERROR_MAX];
+    int rc = reserve(reg, req, &seg, err);
+
     if (rc != 0) {
         mg_call_fail(call, rc, "%s", err);
         return;
@@ -341,12 +347,263 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
     free(ptrs);
 }
 
+/* ---- batches: items spread over the workers, one result each ---- */
+
+typedef struct {
+    int code; /* gRPC code, 0 for OK */
+    char message[MG_SEG_ERROR_MAX + 64];
+    mg_segment *seg;
+    mg_segment_info info;
+} batch_item;
+
+typedef struct {
+    mg_call *call;
+    mg_gateway *gw;
+    int unregister; /* 0: RegisterSegments, 1: UnregisterSegments */
+    size_t n, pending;
+    batch_item *items;
+} batch;
+
+typedef struct {
+    batch *b;
+    size_t i;
+} batch_job;
+
+static void item_fail(batch_item *it, int err, const char *msg)
+{
+    it->code = mg_err_grpc(err);
+    snprintf(it->message, sizeof(it->message), "%s: %s", mg_strerror(err), msg);
+    it->seg = NULL;
+}
+
+static void batch_reply(batch *b)
+{
+    if (b->unregister) {
+        Moongate__V1__UnregisterSegmentsResponse resp =
+            MOONGATE__V1__UNREGISTER_SEGMENTS_RESPONSE__INIT;
+        Moongate__V1__ItemStatus *st = calloc(b->n, sizeof(*st));
+        Moongate__V1__ItemStatus **ps = calloc(b->n, sizeof(*ps));
+        if (st == NULL || ps == NULL) {
+            mg_call_fail(b->call, MG_ERR_NOMEM, NULL);
+        } else {
+            for (size_t i = 0; i < b->n; i++) {
+                moongate__v1__item_status__init(&st[i]);
+                st[i].code = b->items[i].code;
+                st[i].message = b->items[i].message;
+                ps[i] = &st[i];
+            }
+            resp.results = ps;
+            resp.n_results = b->n;
+            mg_call_reply(b->call, &resp.base);
+        }
+        free(st);
+        free(ps);
+        return;
+    }
+    {
+        Moongate__V1__RegisterSegmentsResponse resp =
+            MOONGATE__V1__REGISTER_SEGMENTS_RESPONSE__INIT;
+        Moongate__V1__RegisterResult *rs = calloc(b->n, sizeof(*rs));
+        Moongate__V1__RegisterResult **pr = calloc(b->n, sizeof(*pr));
+        Moongate__V1__ItemStatus *st = calloc(b->n, sizeof(*st));
+        seg_msg *sm = calloc(b->n, sizeof(*sm));
+        if (rs == NULL || pr == NULL || st == NULL || sm == NULL) {
+            mg_call_fail(b->call, MG_ERR_NOMEM, NULL);
+        } else {
+            for (size_t i = 0; i < b->n; i++) {
+                moongate__v1__register_result__init(&rs[i]);
+                moongate__v1__item_status__init(&st[i]);
+                st[i].code = b->items[i].code;
+                st[i].message = b->items[i].message;
+                rs[i].status = &st[i];
+                if (b->items[i].code == 0) {
+                    seg_msg_fill(&sm[i], &b->items[i].info);
+                    rs[i].segment = &sm[i].msg;
+                }
+                pr[i] = &rs[i];
+            }
+            resp.results = pr;
+            resp.n_results = b->n;
+            mg_call_reply(b->call, &resp.base);
+        }
+        free(rs);
+        free(pr);
+        free(st);
+        free(sm);
+    }
+}
+
+static void batch_finish(batch *b)
+{
+    mg_registry *reg = mg_engine_registry(b->gw->engine);
+    if (!mg_call_done(b->call)) {
+        batch_reply(b);
+    } else if (!b->unregister) {
+        /* The caller is gone: undo every registration of the batch. */
+        for (size_t i = 0; i < b->n; i++) {
+            mg_segment *gone;
+            char err[MG_SEG_ERROR_MAX];
+            if (b->items[i].code != 0 ||
+                mg_registry_unregister(reg, TENANT, b->items[i].info.id, &gone, err) != 0)
+                continue;
+            if (start_unmap(b->gw, gone, NULL) != 0)
+                mg_registry_restore(reg, gone);
+        }
+        mg_info("segments_rolled_back", "items=%zu reason=\"caller gone\"", b->n);
+    }
+    mg_call_unref(b->call);
+    free(b->items);
+    free(b);
+}
+
+static int batch_map_work(void *arg)
+{
+    batch_job *j = arg;
+    if (j->b->gw->hold)
+        hold_gate(j->b->gw->hold);
+    return mg_segment_map(j->b->items[j->i].seg);
+}
+
+static void batch_map_done(void *arg, int result)
+{
+    batch_job *j = arg;
+    batch *b = j->b;
+    batch_item *it = &b->items[j->i];
+    mg_registry *reg = mg_engine_registry(b->gw->engine);
+    if (result != 0) {
+        char err[MG_SEG_ERROR_MAX];
+        snprintf(err, sizeof(err), "%s", mg_segment_error(it->seg));
+        mg_registry_commit(reg, it->seg, result);
+        item_fail(it, result, err);
+    } else {
+        mg_registry_commit(reg, it->seg, 0);
+        mg_segment_get_info(reg, it->seg, &it->info);
+    }
+    free(j);
+    if (--b->pending == 0)
+        batch_finish(b);
+}
+
+static int batch_unmap_work(void *arg)
+{
+    batch_job *j = arg;
+    mg_segment_unmap(j->b->items[j->i].seg);
+    return 0;
+}
+
+static void batch_unmap_done(void *arg, int result)
+{
+    batch_job *j = arg;
+    batch *b = j->b;
+    mg_registry_release(mg_engine_registry(b->gw->engine), b->items[j->i].seg);
+    b->items[j->i].seg = NULL;
+    free(j);
+    if (--b->pending == 0)
+        batch_finish(b);
+}
+
+static batch *batch_new(mg_call *call, size_t n, int unregister)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    batch *b;
+    if (n > gw->cfg->max_batch) {
+        mg_call_fail(call, MG_ERR_FULL, "%zu items are more than --max-batch %llu", n,
+                     (unsigned long long)gw->cfg->max_batch);
+        return NULL;
+    }
+    b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->items = calloc(n ? n : 1, sizeof(*b->items))) == NULL) {
+        free(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return NULL;
+    }
+    b->call = call;
+    b->gw = gw;
+    b->n = n;
+    b->unregister = unregister;
+    b->pending = 1; /* released after every item was started, so the batch ends once */
+    mg_call_ref(call);
+    return b;
+}
+
+/* Starts item i's job; on failure the item fails and its reservation is undone by `undo`. */
+static void batch_start(batch *b, size_t i, mg_work_fn work, mg_done_fn done)
+{
+    batch_job *j = calloc(1, sizeof(*j));
+    int rc = MG_ERR_NOMEM;
+    if (j) {
+        j->b = b;
+        j->i = i;
+        b->pending++;
+        rc = mg_engine_submit(b->gw->engine, b->gw->cq, work, done, j);
+        if (rc == 0)
+            return;
+        b->pending--;
+        free(j);
+    }
+    if (b->unregister)
+        mg_registry_restore(mg_engine_registry(b->gw->engine), b->items[i].seg);
+    else
+        mg_registry_commit(mg_engine_registry(b->gw->engine), b->items[i].seg, rc);
+    item_fail(&b->items[i], rc, "engine queue full (--queue-depth); try this item again");
+}
+
+static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__RegisterSegmentsRequest *req = (const void *)m;
+    batch *b = batch_new(call, req->n_items, 0);
+    mg_registry *reg;
+    if (b == NULL)
+        return;
+    reg = mg_engine_registry(b->gw->engine);
+    for (size_t i = 0; i < b->n; i++) {
+        char err[MG_SEG_ERROR_MAX];
+        int rc = reserve(reg, req->items[i], &b->items[i].seg, err);
+        if (rc != 0)
+            item_fail(&b->items[i], rc, err);
+        else
+            batch_start(b, i, batch_map_work, batch_map_done);
+    }
+    if (--b->pending == 0)
+        batch_finish(b);
+}
+
+static void unregister_batch_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__UnregisterSegmentsRequest *req = (const void *)m;
+    batch *b = batch_new(call, req->n_ids, 1);
+    mg_registry *reg;
+    if (b == NULL)
+        return;
+    reg = mg_engine_registry(b->gw->engine);
+    for (size_t i = 0; i < b->n; i++) {
+        char err[MG_SEG_ERROR_MAX];
+        int rc = mg_registry_unregister(reg, TENANT, req->ids[i], &b->items[i].seg, err);
+        if (rc != 0)
+            item_fail(&b->items[i], rc, err);
+        else
+            batch_start(b, i, batch_unmap_work, batch_unmap_done);
+    }
+    if (--b->pending == 0)
+        batch_finish(b);
+}
+
 static const mg_method memory_methods[] = {
     {.path = "/moongate.v1.Memory/RegisterSegment",
      .kind = MG_RPC_UNARY,
      .in = &moongate__v1__register_request__descriptor,
      .out = &moongate__v1__register_response__descriptor,
      .on_message = register_message},
+    {.path = "/moongate.v1.Memory/RegisterSegments",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__register_segments_request__descriptor,
+     .out = &moongate__v1__register_segments_response__descriptor,
+     .on_message = register_batch_message},
+    {.path = "/moongate.v1.Memory/UnregisterSegments",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__unregister_segments_request__descriptor,
+     .out = &moongate__v1__unregister_segments_response__descriptor,
+     .on_message = unregister_batch_message},
     {.path = "/moongate.v1.Memory/UnregisterSegment",
      .kind = MG_RPC_UNARY,
      .in = &moongate__v1__unregister_request__descriptor,

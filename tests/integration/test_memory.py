@@ -237,3 +237,59 @@ def test_registration_of_a_caller_gone_is_undone(make_daemon):
             time.sleep(0.02)
         assert list(m.ListSegments(memory_pb2.ListSegmentsRequest()).segments) == []
     nothing_left(d)
+
+
+def test_batch_register_and_unregister(make_daemon):
+    d = make_daemon("--max-batch", "8")
+    ch, m = stub(d)
+    with ch:
+        items = [memory_pb2.RegisterRequest(name="b%d" % i, size=4096 * (i + 1), prefault=True)
+                 for i in range(5)]
+        items.insert(2, memory_pb2.RegisterRequest(name="bad", size=0))        # fails alone
+        items.insert(4, memory_pb2.RegisterRequest(name="b0", size=4096))      # name taken
+        r = m.RegisterSegments(memory_pb2.RegisterSegmentsRequest(items=items), timeout=30)
+        codes = [x.status.code for x in r.results]
+        assert codes == [0, 0, 3, 0, 6, 0, 0]
+        assert "size must be greater than 0" in r.results[2].status.message
+        assert not r.results[2].HasField("segment")
+        ok = [x.segment for x in r.results if x.status.code == 0]
+        assert [s.name for s in ok] == ["b0", "b1", "b2", "b3", "b4"]
+        assert all(os.path.exists(s.path) for s in ok)
+        assert d.metric("moongate_segments", state="ready") == 5
+        assert d.metric("moongate_registered_bytes") == sum(s.size for s in ok)
+        ids = [s.id for s in ok] + [12345]
+        u = m.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(ids=ids), timeout=30)
+        assert [x.code for x in u.results] == [0, 0, 0, 0, 0, 5]
+        assert not any(os.path.exists(s.path) for s in ok)
+        # Over --max-batch: refused whole, nothing registered.
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegments(memory_pb2.RegisterSegmentsRequest(
+                items=[memory_pb2.RegisterRequest(name="x%d" % i, size=4096)
+                       for i in range(9)]))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max-batch 8" in e.value.details()
+    nothing_left(d)
+
+
+def test_batch_items_run_in_parallel_on_the_workers(make_daemon):
+    """With two workers, two items of one batch are on workers at the same time."""
+    import time
+    from moongate.v1 import debug_pb2, debug_pb2_grpc
+    d = make_daemon("--workers", "2")
+    ch, m = stub(d)
+    with ch:
+        dbg = debug_pb2_grpc.DebugStub(ch)
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
+        fut = m.RegisterSegments.future(memory_pb2.RegisterSegmentsRequest(items=[
+            memory_pb2.RegisterRequest(name="p%d" % i, size=1 << 20) for i in range(4)]),
+            timeout=60)
+        deadline = time.monotonic() + 10
+        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False)).held == 2
+        r = fut.result(timeout=60)
+        assert [x.status.code for x in r.results] == [0, 0, 0, 0]
+        m.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(
+            ids=[x.segment.id for x in r.results]))
+    nothing_left(d)
