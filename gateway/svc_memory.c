@@ -221,6 +221,7 @@ static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, m
     spec.remote_accessible = req->remote_accessible;
     spec.memlock = (mg_memlock)req->memlock;
     spec.prefault = req->prefault;
+    spec.request_id = req->request_id;
     return mg_registry_reserve(reg, &spec, seg, err);
 }
 
@@ -234,6 +235,16 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     char err[MG_SEG_ERROR_MAX];
     int rc = reserve(reg, req, &seg, err);
 
+    if (rc == MG_SEG_RETRY) { /* a retry: the first request's segment */
+        Moongate__V1__RegisterResponse resp = MOONGATE__V1__REGISTER_RESPONSE__INIT;
+        mg_segment_info info;
+        seg_msg sm;
+        mg_segment_get_info(reg, seg, &info);
+        seg_msg_fill(&sm, &info);
+        resp.segment = &sm.msg;
+        mg_call_reply(call, &resp.base);
+        return;
+    }
     if (rc != 0) {
         mg_call_fail(call, rc, "%s", err);
         return;
@@ -559,7 +570,9 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
         int rc = reserve(reg, req->items[i], &b->items[i].seg, err);
-        if (rc != 0)
+        if (rc == MG_SEG_RETRY)
+            mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
+        else if (rc != 0)
             item_fail(&b->items[i], rc, err);
         else
             batch_start(b, i, batch_map_work, batch_map_done);

@@ -38,6 +38,7 @@ struct mg_segment {
     char tenant[MG_SEG_NAME_MAX + 1];
     char name[MG_SEG_NAME_MAX + 1];
     char file[MG_SEG_NAME_MAX + 1]; /* name inside shm_dir */
+    char request_id[MG_SEG_NAME_MAX + 1];
     char location[16];
     mg_seg_source source;
     uint64_t size; /* 0 for an shm segment of unknown size until mapped */
@@ -51,8 +52,8 @@ struct mg_segment {
     int locked;
     int created; /* the daemon created the file: it removes it */
     char error[MG_SEG_ERROR_MAX];
-    struct mg_segment *id_next, *name_next; /* hash chains */
-    struct mg_segment *prev, *next;         /* all segments */
+    struct mg_segment *id_next, *name_next, *req_next; /* hash chains */
+    struct mg_segment *prev, *next;                    /* all segments */
 };
 
 struct mg_registry {
@@ -62,7 +63,7 @@ struct mg_registry {
     unsigned file_mode;
     uint64_t max_segments, max_bytes, max_segment_bytes;
     size_t nbuckets;
-    mg_segment **by_id, **by_name;
+    mg_segment **by_id, **by_name, **by_req;
     mg_segment *all;
     uint64_t counter;
     uint64_t count, ready, registering, bytes, locked_bytes;
@@ -183,8 +184,9 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     reg->nbuckets = nb;
     reg->by_id = calloc(nb, sizeof(*reg->by_id));
     reg->by_name = calloc(nb, sizeof(*reg->by_name));
+    reg->by_req = calloc(nb, sizeof(*reg->by_req));
     reg->shm_dir = strdup(cfg->shm_dir);
-    if (reg->by_id == NULL || reg->by_name == NULL || reg->shm_dir == NULL)
+    if (reg->by_id == NULL || reg->by_name == NULL || reg->by_req == NULL || reg->shm_dir == NULL)
         goto fail_nomem;
     reg->dirfd = open(cfg->shm_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (reg->dirfd < 0 || fstat(reg->dirfd, &st) != 0) {
@@ -193,6 +195,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
             close(reg->dirfd);
         free(reg->by_id);
         free(reg->by_name);
+        free(reg->by_req);
         free(reg->shm_dir);
         free(reg);
         return MG_ERR_SYSTEM;
@@ -211,6 +214,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
 fail_nomem:
     free(reg->by_id);
     free(reg->by_name);
+    free(reg->by_req);
     free(reg->shm_dir);
     free(reg);
     return MG_ERR_NOMEM;
@@ -228,6 +232,13 @@ static void unlink_nolock(mg_registry *reg, mg_segment *seg)
         pp = &(*pp)->name_next;
     if (*pp)
         *pp = seg->name_next;
+    if (seg->request_id[0]) {
+        pp = &reg->by_req[hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1)];
+        while (*pp && *pp != seg)
+            pp = &(*pp)->req_next;
+        if (*pp)
+            *pp = seg->req_next;
+    }
     if (seg->prev)
         seg->prev->next = seg->next;
     else
@@ -258,6 +269,7 @@ void mg_registry_del(mg_registry *reg)
     pthread_mutex_destroy(&reg->lock);
     free(reg->by_id);
     free(reg->by_name);
+    free(reg->by_req);
     free(reg->shm_dir);
     free(reg);
 }
@@ -270,6 +282,26 @@ static mg_segment *find_name_nolock(mg_registry *reg, const char *tenant, const 
             return s;
     }
     return NULL;
+}
+
+static mg_segment *find_req_nolock(mg_registry *reg, const char *tenant, const char *req)
+{
+    mg_segment *s = reg->by_req[hash_str2(tenant, req) & (reg->nbuckets - 1)];
+    for (; s; s = s->req_next) {
+        if (strcmp(s->tenant, tenant) == 0 && strcmp(s->request_id, req) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+static int valid_request_id(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        if ((unsigned char)s[n] < 0x21 || (unsigned char)s[n] > 0x7e || n >= MG_SEG_NAME_MAX)
+            return 0;
+    }
+    return 1;
 }
 
 static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
@@ -302,6 +334,11 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     if (parse_location(spec->location, loc) != 0) {
         snprintf(err, MG_SEG_ERROR_MAX, "location \"%.64s\" is not cpu:N (N < 4096)",
                  spec->location);
+        return MG_ERR_INVALID;
+    }
+    if (spec->request_id && !valid_request_id(spec->request_id)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "request id must be at most %d printable characters",
+                 MG_SEG_NAME_MAX);
         return MG_ERR_INVALID;
     }
     if (spec->memlock > MG_MEMLOCK_REQUIRE) {
@@ -349,8 +386,38 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     seg->prefault = spec->prefault != 0;
     if (spec->source == MG_SEG_SHM)
         snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
+    if (spec->request_id)
+        snprintf(seg->request_id, sizeof(seg->request_id), "%s", spec->request_id);
 
     pthread_mutex_lock(&reg->lock);
+    if (seg->request_id[0]) {
+        mg_segment *first = find_req_nolock(reg, seg->tenant, seg->request_id);
+        int rc = 0;
+        if (first && strcmp(first->name, seg->name) != 0) {
+            snprintf(err, MG_SEG_ERROR_MAX, "request id \"%s\" was used for segment \"%s\"",
+                     seg->request_id, first->name);
+            rc = MG_ERR_INVALID;
+        } else if (first && first->state == MG_SEG_REGISTERING) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "the first request with id \"%s\" is still registering; retry",
+                     seg->request_id);
+            rc = MG_ERR_UNAVAILABLE;
+        } else if (first && first->state == MG_SEG_READY) {
+            *out = first;
+            rc = MG_SEG_RETRY;
+        } else if (first) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "segment \"%s\" of request id \"%s\" is being "
+                     "unregistered",
+                     first->name, seg->request_id);
+            rc = MG_ERR_UNAVAILABLE;
+        }
+        if (first) {
+            pthread_mutex_unlock(&reg->lock);
+            free(seg);
+            return rc;
+        }
+    }
     if (reg->count >= reg->max_segments) {
         snprintf(err, MG_SEG_ERROR_MAX, "%llu segments are registered, the limit",
                  (unsigned long long)reg->count);
@@ -381,6 +448,11 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     b = hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1);
     seg->name_next = reg->by_name[b];
     reg->by_name[b] = seg;
+    if (seg->request_id[0]) {
+        b = hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1);
+        seg->req_next = reg->by_req[b];
+        reg->by_req[b] = seg;
+    }
     seg->next = reg->all;
     if (reg->all)
         reg->all->prev = seg;

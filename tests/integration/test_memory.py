@@ -293,3 +293,20 @@ def test_batch_items_run_in_parallel_on_the_workers(make_daemon):
         m.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(
             ids=[x.segment.id for x in r.results]))
     nothing_left(d)
+
+
+def test_retry_with_the_same_request_id_returns_the_first_segment(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        req = memory_pb2.RegisterRequest(name="idem", size=8192, request_id="c1-0001")
+        first = m.RegisterSegment(req, timeout=10).segment
+        again = m.RegisterSegment(req, timeout=10).segment
+        assert again.id == first.id and again.path == first.path
+        assert d.metric("moongate_segments", state="ready") == 1
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegment(memory_pb2.RegisterRequest(name="other", size=8192,
+                                                         request_id="c1-0001"))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=first.id))
+    nothing_left(d)

@@ -69,7 +69,8 @@ static void unreg(mg_registry *reg, const char *tenant, uint64_t id)
 
 static mg_segment_spec anon(const char *tenant, const char *name, uint64_t size)
 {
-    mg_segment_spec s = {tenant, name, MG_SEG_ANON, size, NULL, "cpu:0", 0, MG_MEMLOCK_OFF, 0};
+    mg_segment_spec s = {tenant,  name, MG_SEG_ANON,    size, NULL,
+                         "cpu:0", 0,    MG_MEMLOCK_OFF, 0,    NULL};
     return s;
 }
 
@@ -174,6 +175,42 @@ static void test_limits_names_and_ids(void)
     unreg(reg, "t1", ia.id);
     s = anon("t1", "a", 4096); /* the name and the bytes are free again */
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_request_ids(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "once", 4096);
+    mg_segment *first, *again, *pending;
+    char err[MG_SEG_ERROR_MAX];
+    mg_registry_stats st;
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    s.request_id = "req-1";
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &first, err), 0);
+    /* A retry returns the first segment and enters nothing new. */
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &s, &again, err), MG_SEG_RETRY);
+    CU_ASSERT_PTR_EQUAL(again, first);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.segments, 1);
+    CU_ASSERT_EQUAL(st.bytes, 4096);
+    /* The same id for another name is a client bug. */
+    s.name = "other";
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &s, &again, err), MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "was used for segment \"once\""));
+    /* While the first request with an id still registers, a retry is told to come back. */
+    s.name = "slow";
+    s.request_id = "req-2";
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &s, &pending, err), 0);
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &s, &again, err), MG_ERR_UNAVAILABLE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "still registering"));
+    mg_registry_commit(reg, pending, MG_ERR_CANCELLED);
+    /* A failed first attempt frees its id: the retry registers. */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    s.request_id = "bad id";
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &s, &again, err), MG_ERR_INVALID);
     mg_registry_del(reg);
     remove_dir();
 }
@@ -487,6 +524,7 @@ int main(void)
         MG_TEST(test_bounds),
         MG_TEST(test_spec_checks),
         MG_TEST(test_limits_names_and_ids),
+        MG_TEST(test_request_ids),
         MG_TEST(test_anon_file_is_the_memory),
         MG_TEST(test_shm_file_checks),
         MG_TEST(test_shm_whole_file_and_client_bytes),

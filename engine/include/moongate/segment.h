@@ -42,7 +42,7 @@ typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } 
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
 #define MG_SEG_NAME_MAX  128 /* bytes of a segment name, tenant or shm file name */
-#define MG_SEG_ERROR_MAX 256
+#define MG_SEG_ERROR_MAX 512
 
 typedef struct mg_registry_config {
     const char *shm_dir;           /* where segment files live; must exist */
@@ -62,6 +62,7 @@ typedef struct mg_segment_spec {
     int remote_accessible;
     mg_memlock memlock;
     int prefault;
+    const char *request_id; /* optional client request id, unique per tenant; NULL or "" */
 } mg_segment_spec;
 
 typedef struct mg_segment_info {
@@ -86,10 +87,15 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg);
  * no worker runs registry work. */
 void mg_registry_del(mg_registry *reg);
 
+#define MG_SEG_RETRY 1 /* mg_registry_reserve: a retry of a registered request */
+
 /* Loop. Checks spec and limits and enters the segment as REGISTERING. Returns 0 and the
- * segment, or: MG_ERR_INVALID (bad name, tenant, size, location, shm file name), MG_ERR_EXISTS
- * (the tenant has a segment of that name), MG_ERR_FULL (max_segments, max_registered_bytes or
- * max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
+ * segment; MG_SEG_RETRY and the READY segment an earlier request with the same request id
+ * registered (nothing new is entered); or: MG_ERR_INVALID (bad name, tenant, size, location,
+ * shm file name, request id, or a request id used for another name), MG_ERR_UNAVAILABLE (the
+ * request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
+ * of that name), MG_ERR_FULL (max_segments, max_registered_bytes or max_segment_bytes; err says
+ * which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
 /* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it.
  * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
