@@ -101,6 +101,15 @@ typedef struct mg_method_stats {
 
 #define MG_MAX_METHODS 64
 
+typedef struct mg_segment_stats {
+    uint64_t registered_total;
+    uint64_t unregistered_total;
+    uint64_t failed_total[MG_GRPC_CODE_COUNT]; /* by the gRPC code the client got */
+    uint64_t in_flight;                        /* registrations on workers now */
+    uint64_t buckets[12];                      /* registration seconds, see mg_metrics.c */
+    double seconds_sum;
+} mg_segment_stats;
+
 typedef struct mg_gateway_stats {
     uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
     uint64_t conns_active;
@@ -129,6 +138,7 @@ struct mg_gateway {
     mg_method_stats method_stats[MG_MAX_METHODS];
     size_t n_methods;
     mg_gateway_stats stats;
+    mg_segment_stats seg_stats;
 
     struct mg_listener *listeners; /* control-port listeners */
     struct mg_conn *conns;         /* all open connections */
@@ -168,6 +178,9 @@ void mg_tls_ctx_free(void *ctx);
 /* mg_metrics.c: Prometheus text for everything the daemon counts. */
 void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
 void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double seconds);
+/* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
+ * spent `seconds` there), 0 when it was refused before. */
+void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker);
 
 /* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
 int mg_ops_start(mg_gateway *gw, const char *listen);

@@ -8,6 +8,9 @@
 #include <event2/buffer.h>
 #include <string.h>
 
+static const double reg_le[12] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                  0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
+
 static const double bucket_le[12] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                      0.01,   0.025,   0.05,   0.1,   0.5,    1.0};
 
@@ -23,6 +26,23 @@ void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
     s->seconds_sum += seconds;
     for (int b = 0; b < 12; b++) {
         if (seconds <= bucket_le[b])
+            s->buckets[b]++;
+    }
+}
+
+void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker)
+{
+    mg_segment_stats *s = &gw->seg_stats;
+    if (on_worker)
+        s->in_flight--;
+    if (err != 0) {
+        s->failed_total[mg_err_grpc(err)]++;
+        return;
+    }
+    s->registered_total++;
+    s->seconds_sum += seconds;
+    for (int b = 0; b < 12; b++) {
+        if (seconds <= reg_le[b])
             s->buckets[b]++;
     }
 }
@@ -150,6 +170,47 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
             "# TYPE moongate_locked_bytes gauge\nmoongate_locked_bytes %llu\n",
             (unsigned long long)rs.segments, (unsigned long long)rs.registering,
             (unsigned long long)rs.bytes, (unsigned long long)rs.locked_bytes);
+        {
+            const mg_segment_stats *ss = &gw->seg_stats;
+            evbuffer_add_printf(
+                out,
+                "# HELP moongate_segment_registrations_total Registrations that completed.\n"
+                "# TYPE moongate_segment_registrations_total counter\n"
+                "moongate_segment_registrations_total %llu\n"
+                "# HELP moongate_segment_unregistrations_total Unregistrations that completed.\n"
+                "# TYPE moongate_segment_unregistrations_total counter\n"
+                "moongate_segment_unregistrations_total %llu\n"
+                "# HELP moongate_segment_registrations_in_flight Registrations on workers.\n"
+                "# TYPE moongate_segment_registrations_in_flight gauge\n"
+                "moongate_segment_registrations_in_flight %llu\n"
+                "# HELP moongate_segment_registration_failures_total Failed registrations, by "
+                "the code returned.\n"
+                "# TYPE moongate_segment_registration_failures_total counter\n",
+                (unsigned long long)ss->registered_total,
+                (unsigned long long)ss->unregistered_total, (unsigned long long)ss->in_flight);
+            for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
+                if (ss->failed_total[c])
+                    evbuffer_add_printf(out,
+                                        "moongate_segment_registration_failures_total{grpc_code="
+                                        "\"%s\"} %llu\n",
+                                        mg_grpc_code_name(c),
+                                        (unsigned long long)ss->failed_total[c]);
+            }
+            evbuffer_add_printf(out, "# HELP moongate_segment_registration_seconds Time a "
+                                     "registration spent on its worker.\n"
+                                     "# TYPE moongate_segment_registration_seconds histogram\n");
+            for (int b = 0; b < 12; b++)
+                evbuffer_add_printf(out,
+                                    "moongate_segment_registration_seconds_bucket{le=\"%g\"} "
+                                    "%llu\n",
+                                    reg_le[b], (unsigned long long)ss->buckets[b]);
+            evbuffer_add_printf(out,
+                                "moongate_segment_registration_seconds_bucket{le=\"+Inf\"} %llu\n"
+                                "moongate_segment_registration_seconds_sum %.6f\n"
+                                "moongate_segment_registration_seconds_count %llu\n",
+                                (unsigned long long)ss->registered_total, ss->seconds_sum,
+                                (unsigned long long)ss->registered_total);
+        }
     }
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(

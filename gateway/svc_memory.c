@@ -117,6 +117,7 @@ static void unmap_done(void *arg, int result)
     mg_segment_info info;
     mg_segment_get_info(reg, j->seg, &info);
     mg_registry_release(reg, j->seg);
+    j->gw->seg_stats.unregistered_total++;
     if (j->call) {
         if (!mg_call_done(j->call)) {
             Moongate__V1__UnregisterResponse resp = MOONGATE__V1__UNREGISTER_RESPONSE__INIT;
@@ -158,6 +159,7 @@ static void map_done(void *arg, int result)
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
 
+    mg_metrics_registration(gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     if (result != 0) {
         snprintf(err, sizeof(err), "%s", mg_segment_error(j->seg));
         mg_registry_commit(reg, j->seg, result);
@@ -246,6 +248,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     if (rc != 0) {
+        mg_metrics_registration(gw, rc, 0, 0);
         mg_call_fail(call, rc, "%s", err);
         return;
     }
@@ -260,8 +263,10 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     j->seg = seg;
     j->t0_ns = mg_now_mono_ns();
     mg_call_ref(call);
+    gw->seg_stats.in_flight++;
     rc = mg_engine_submit(gw->engine, gw->cq, map_work, map_done, j);
     if (rc != 0) {
+        mg_metrics_registration(gw, rc, 0, 1);
         mg_registry_commit(reg, seg, rc);
         mg_call_unref(call);
         free(j);
@@ -378,6 +383,7 @@ typedef struct {
 typedef struct {
     batch *b;
     size_t i;
+    uint64_t t0_ns;
 } batch_job;
 
 static void item_fail(batch_item *it, int err, const char *msg)
@@ -481,6 +487,7 @@ static void batch_map_done(void *arg, int result)
     batch *b = j->b;
     batch_item *it = &b->items[j->i];
     mg_registry *reg = mg_engine_registry(b->gw->engine);
+    mg_metrics_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     if (result != 0) {
         char err[MG_SEG_ERROR_MAX];
         snprintf(err, sizeof(err), "%s", mg_segment_error(it->seg));
@@ -508,6 +515,7 @@ static void batch_unmap_done(void *arg, int result)
     batch *b = j->b;
     mg_registry_release(mg_engine_registry(b->gw->engine), b->items[j->i].seg);
     b->items[j->i].seg = NULL;
+    b->gw->seg_stats.unregistered_total++;
     free(j);
     if (--b->pending == 0)
         batch_finish(b);
@@ -541,17 +549,24 @@ static batch *batch_new(mg_call *call, size_t n, int unregister)
 static void batch_start(batch *b, size_t i, mg_work_fn work, mg_done_fn done)
 {
     batch_job *j = calloc(1, sizeof(*j));
-    int rc = MG_ERR_NOMEM;
+    int rc = MG_ERR_NOMEM, counted = 0;
     if (j) {
         j->b = b;
         j->i = i;
+        j->t0_ns = mg_now_mono_ns();
         b->pending++;
+        if (!b->unregister) {
+            b->gw->seg_stats.in_flight++;
+            counted = 1;
+        }
         rc = mg_engine_submit(b->gw->engine, b->gw->cq, work, done, j);
         if (rc == 0)
             return;
         b->pending--;
         free(j);
     }
+    if (!b->unregister)
+        mg_metrics_registration(b->gw, rc, 0, counted);
     if (b->unregister)
         mg_registry_restore(mg_engine_registry(b->gw->engine), b->items[i].seg);
     else
@@ -572,10 +587,12 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
         int rc = reserve(reg, req->items[i], &b->items[i].seg, err);
         if (rc == MG_SEG_RETRY)
             mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
-        else if (rc != 0)
+        else if (rc != 0) {
+            mg_metrics_registration(b->gw, rc, 0, 0);
             item_fail(&b->items[i], rc, err);
-        else
+        } else {
             batch_start(b, i, batch_map_work, batch_map_done);
+        }
     }
     if (--b->pending == 0)
         batch_finish(b);

@@ -310,3 +310,23 @@ def test_retry_with_the_same_request_id_returns_the_first_segment(make_daemon):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         m.UnregisterSegment(memory_pb2.UnregisterRequest(id=first.id))
     nothing_left(d)
+
+
+def test_registration_metrics(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="m1", size=4096)).segment
+        for bad in (dict(name="m2", size=0), dict(name="m1", size=4096)):
+            with pytest.raises(grpc.RpcError):
+                m.RegisterSegment(memory_pb2.RegisterRequest(**bad))
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    assert d.metric("moongate_segment_registrations_total") == 1
+    assert d.metric("moongate_segment_unregistrations_total") == 1
+    assert d.metric("moongate_segment_registrations_in_flight") == 0
+    assert d.metric("moongate_segment_registration_failures_total",
+                    grpc_code="INVALID_ARGUMENT") == 1
+    assert d.metric("moongate_segment_registration_failures_total",
+                    grpc_code="ALREADY_EXISTS") == 1
+    assert d.metric("moongate_segment_registration_seconds_count") == 1
+    nothing_left(d)
