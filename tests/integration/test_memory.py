@@ -28,6 +28,15 @@ def nothing_left(d):
     assert [f for f in os.listdir(d.shm) if f.startswith("moongate-seg-")] == []
 
 
+def wait_held(dbg, n, debug_pb2):
+    """Waits until n registrations are held on their workers (Debug/HoldRegistrations)."""
+    import time
+    deadline = time.monotonic() + 10
+    while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < n:
+        assert time.monotonic() < deadline, "registrations did not reach their workers"
+        time.sleep(0.01)
+
+
 def test_anon_segment_is_shared_memory(make_daemon):
     d = make_daemon()
     ch, m = stub(d)
@@ -190,10 +199,7 @@ def test_held_registration_does_not_block_the_daemon(make_daemon):
         dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
         first = m.RegisterSegment.future(memory_pb2.RegisterRequest(
             name="big", size=64 << 20, prefault=True), timeout=60)
-        deadline = time.monotonic() + 10
-        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_held(dbg, 1, debug_pb2)
         # The first registration is on a worker, held. The daemon answers everything else.
         for _ in range(10):
             assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
@@ -202,9 +208,7 @@ def test_held_registration_does_not_block_the_daemon(make_daemon):
         assert [(s.name, s.state) for s in listed] == [("big", memory_pb2.REGISTERING)]
         second = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="small", size=4096),
                                           timeout=60)
-        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_held(dbg, 2, debug_pb2)
         assert not first.done() and not second.done()
         assert dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False)).held == 2
         assert first.result(timeout=60).segment.state == memory_pb2.READY
@@ -223,12 +227,10 @@ def test_registration_of_a_caller_gone_is_undone(make_daemon):
         dbg = debug_pb2_grpc.DebugStub(ch)
         dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
         fut = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="gone", size=1 << 20))
-        deadline = time.monotonic() + 10
-        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_held(dbg, 1, debug_pb2)
         fut.cancel()
         dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
+        deadline = time.monotonic() + 10
         while "segment_rolled_back" not in d.read_log():
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -283,10 +285,7 @@ def test_batch_items_run_in_parallel_on_the_workers(make_daemon):
         fut = m.RegisterSegments.future(memory_pb2.RegisterSegmentsRequest(items=[
             memory_pb2.RegisterRequest(name="p%d" % i, size=1 << 20) for i in range(4)]),
             timeout=60)
-        deadline = time.monotonic() + 10
-        while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_held(dbg, 2, debug_pb2)
         assert dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False)).held == 2
         r = fut.result(timeout=60)
         assert [x.status.code for x in r.results] == [0, 0, 0, 0]
