@@ -12,7 +12,7 @@ import pytest
 
 from conftest import h2c_channel
 from mgstd import health_pb2, health_pb2_grpc
-from moongate.v1 import debug_pb2, debug_pb2_grpc
+from moongate.v1 import debug_pb2
 
 
 def _connect(port):

@@ -188,7 +188,6 @@ def test_held_registration_does_not_block_the_daemon(make_daemon):
     """The non-blocking guarantee, without timings: registrations are held on their workers
     (Debug/HoldRegistrations) while the test checks that health, listing and another
     registration are all answered; then they are released and complete."""
-    import time
     from mgstd import health_pb2, health_pb2_grpc
     from moongate.v1 import debug_pb2, debug_pb2_grpc
     d = make_daemon("--workers", "2")
@@ -275,7 +274,6 @@ def test_batch_register_and_unregister(make_daemon):
 
 def test_batch_items_run_in_parallel_on_the_workers(make_daemon):
     """With two workers, two items of one batch are on workers at the same time."""
-    import time
     from moongate.v1 import debug_pb2, debug_pb2_grpc
     d = make_daemon("--workers", "2")
     ch, m = stub(d)
