@@ -558,6 +558,92 @@ void mg_call_on_request_end(mg_call *call)
 }
 
 /* The request's headers are complete: route it. */
+/* Adds the query string's key=value pairs (percent-decoded) to obj as strings. Returns -1 on a
+ * malformed pair. */
+static int query_to_json(const char *q, json_t *obj)
+{
+    char buf[512], *save = NULL, *tok;
+    if (strlen(q) >= sizeof(buf))
+        return -1;
+    snprintf(buf, sizeof(buf), "%s", q);
+    for (tok = strtok_r(buf, "&", &save); tok; tok = strtok_r(NULL, "&", &save)) {
+        char *eq = strchr(tok, '='), key[128], val[512];
+        if (eq == NULL || eq == tok || (size_t)(eq - tok) >= sizeof(key))
+            return -1;
+        *eq = '\0';
+        mg_pct_decode(key, tok, strlen(tok));
+        mg_pct_decode(val, eq + 1, strlen(eq + 1));
+        if (json_object_set_new(obj, key, json_string(val)) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A readable route (GET /v1/segments/{id} ...): the call becomes a JSON call of the route's
+ * method, its request built from the id and query here and from the body for POST. Returns 1
+ * when the path is a readable route (the call is set up or answered), 0 otherwise. */
+static int readable_route(mg_call *call)
+{
+    mg_gateway *gw = call->conn->gw;
+    char path[256], *query, *s;
+    const mg_route *hit = NULL;
+    const char *id = NULL;
+    int path_known = 0, known;
+    json_t *obj;
+
+    snprintf(path, sizeof(path), "%s", call->path);
+    query = strchr(path, '?');
+    if (query)
+        *query++ = '\0';
+    for (size_t i = 0; i < gw->n_routes && hit == NULL; i++) {
+        const mg_route *r = gw->routes[i];
+        size_t n = strlen(r->prefix);
+        const char *rest = path + n;
+        if (strncmp(path, r->prefix, n) != 0)
+            continue;
+        if (r->with_id ? !(rest[0] == '/' && rest[1] && strchr(rest + 1, '/') == NULL)
+                       : rest[0] != '\0')
+            continue;
+        path_known = 1;
+        if (strcmp(call->verb, r->verb) == 0) {
+            hit = r;
+            id = r->with_id ? rest + 1 : NULL;
+        }
+    }
+    if (hit == NULL && !path_known)
+        return 0;
+    call->mode = MODE_JSON;
+    if (hit == NULL) {
+        call_finish(call, MG_GRPC_UNIMPLEMENTED, "this route does not take that verb", 0);
+        return 1;
+    }
+    call->method = mg_gateway_find_method(gw, hit->method, strlen(hit->method), &known);
+    call->body = evbuffer_new();
+    obj = json_object();
+    if (call->method == NULL || call->body == NULL || obj == NULL) {
+        json_decref(obj);
+        call_finish(call, MG_GRPC_INTERNAL, "route without its method", 0);
+        return 1;
+    }
+    call->method_index = mg_gateway_method_index(gw, call->method);
+    gw->method_stats[call->method_index].started++;
+    if (id && json_object_set_new(obj, "id", json_string(id)) != 0)
+        id = NULL;
+    if (query && query_to_json(query, obj) != 0) {
+        json_decref(obj);
+        call_finish(call, MG_GRPC_INVALID_ARGUMENT, "malformed query string", 0);
+        return 1;
+    }
+    if (json_object_size(obj) > 0 && strcmp(hit->verb, "POST") != 0) {
+        s = json_dumps(obj, JSON_COMPACT);
+        if (s)
+            evbuffer_add(call->body, s, strlen(s));
+        free(s);
+    }
+    json_decref(obj);
+    return 1;
+}
+
 void mg_call_on_headers_end(mg_call *call)
 {
     mg_conn *conn = call->conn;
@@ -575,6 +661,8 @@ void mg_call_on_headers_end(mg_call *call)
         call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 0);
         return;
     }
+    if (strncmp(call->path, "/v1/", 4) == 0 && readable_route(call))
+        return;
     if (!strcmp(call->verb, "GET") || !strcmp(call->verb, "HEAD")) {
         struct evbuffer *body = evbuffer_new();
         const char *ctype = "text/plain; charset=utf-8";

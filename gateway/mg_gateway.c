@@ -64,6 +64,14 @@ int mg_gateway_add_method(mg_gateway *gw, const mg_method *m)
     return 0;
 }
 
+int mg_gateway_add_route(mg_gateway *gw, const mg_route *r)
+{
+    if (gw->n_routes >= MG_MAX_ROUTES)
+        return MG_ERR_FULL;
+    gw->routes[gw->n_routes++] = r;
+    return 0;
+}
+
 int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m)
 {
     for (size_t i = 0; i < gw->n_methods; i++) {

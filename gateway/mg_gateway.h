@@ -59,6 +59,18 @@ typedef struct mg_method {
     void (*on_writable)(mg_call *call);
 } mg_method;
 
+/* A readable route for curl: VERB prefix[/{id}] onto a unary method, answered as JSON. The
+ * request message is built from the path's id (field `id`), the query string (?page_size=10)
+ * and, for POST, the JSON body. */
+typedef struct mg_route {
+    const char *verb;   /* "GET", "POST", "DELETE" */
+    const char *prefix; /* "/v1/segments" */
+    int with_id;        /* the path continues with "/{id}" */
+    const char *method; /* "/moongate.v1.Memory/GetSegment" */
+} mg_route;
+
+#define MG_MAX_ROUTES 32
+
 /* ---- calls: used by handlers ---- */
 
 /* Queues one response message. Returns 0, or -1 when the call is already done (the message is
@@ -134,6 +146,8 @@ struct mg_gateway {
     uint64_t start_unix_ms;
     uint64_t start_mono_ns;
 
+    const mg_route *routes[MG_MAX_ROUTES];
+    size_t n_routes;
     const mg_method *methods[MG_MAX_METHODS];
     mg_method_stats method_stats[MG_MAX_METHODS];
     size_t n_methods;
@@ -162,6 +176,8 @@ void mg_gateway_del(mg_gateway *gw);
 int mg_gateway_add_method(mg_gateway *gw, const mg_method *m);
 const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, size_t len,
                                         int *service_known);
+/* Registers a readable route (at start-up). Returns 0 or MG_ERR_FULL. */
+int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
 /* Moves to SERVING (readiness true) or starts the graceful drain. */
 void mg_gateway_set_serving(mg_gateway *gw);
 void mg_gateway_drain(mg_gateway *gw);

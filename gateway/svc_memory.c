@@ -651,6 +651,13 @@ static const mg_method memory_methods[] = {
      .on_message = list_message},
 };
 
+static const mg_route memory_routes[] = {
+    {"GET", "/v1/segments", 0, "/moongate.v1.Memory/ListSegments"},
+    {"POST", "/v1/segments", 0, "/moongate.v1.Memory/RegisterSegment"},
+    {"GET", "/v1/segments", 1, "/moongate.v1.Memory/GetSegment"},
+    {"DELETE", "/v1/segments", 1, "/moongate.v1.Memory/UnregisterSegment"},
+};
+
 int mg_svc_memory_init(mg_gateway *gw)
 {
     if (mg_engine_registry(gw->engine) == NULL)
@@ -664,6 +671,11 @@ int mg_svc_memory_init(mg_gateway *gw)
     }
     for (size_t i = 0; i < sizeof(memory_methods) / sizeof(memory_methods[0]); i++) {
         int rc = mg_gateway_add_method(gw, &memory_methods[i]);
+        if (rc != 0)
+            return rc;
+    }
+    for (size_t i = 0; i < sizeof(memory_routes) / sizeof(memory_routes[0]); i++) {
+        int rc = mg_gateway_add_route(gw, &memory_routes[i]);
         if (rc != 0)
             return rc;
     }

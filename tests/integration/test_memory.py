@@ -327,3 +327,40 @@ def test_registration_metrics(make_daemon):
                     grpc_code="ALREADY_EXISTS") == 1
     assert d.metric("moongate_segment_registration_seconds_count") == 1
     nothing_left(d)
+
+
+def test_readable_routes_with_curl(make_daemon):
+    d = make_daemon()
+    base = "http://%s/v1/segments" % d.h2c
+
+    def req(*args):
+        rc, out, err = curl("--http2-prior-knowledge", "-w", "\n%{http_code}", *args)
+        assert rc == 0, err
+        text, _, code = out.decode().rpartition("\n")
+        return int(code), json.loads(text) if text.strip().startswith("{") else text
+
+    code, body = req("-d", '{"name": "via-route", "size": "4096"}', base)
+    assert code == 200 and body["segment"]["name"] == "via-route"
+    sid = body["segment"]["id"]
+    req("-d", '{"name": "second", "size": "4096"}', base)
+    code, body = req(base + "?page_size=1")
+    assert code == 200 and len(body["segments"]) == 1 and body["nextPageToken"]
+    code, body = req(base + "?page_size=1&page_token=" + body["nextPageToken"])
+    assert code == 200 and len(body["segments"]) == 1 and body["nextPageToken"] == ""
+    code, body = req(base + "/" + sid)
+    assert code == 200 and body["name"] == "via-route"
+    code, body = req("-X", "DELETE", base + "/" + sid)
+    assert code == 200
+    code, body = req(base + "/" + sid)
+    assert code == 404 and body["code"] == 5
+    code, body = req("-X", "PUT", base)
+    assert code == 501 and body["code"] == 12
+    code, body = req(base + "?page_size=lots")
+    assert code == 400 and "page_size" in body["message"]
+    code, body = req(base + "/not-a-number")
+    assert code == 400 and body["code"] == 3
+    code, _ = req("-X", "DELETE", base)  # deleting the collection is not a route
+    assert code == 501
+    for s in req(base)[1]["segments"]:
+        req("-X", "DELETE", base + "/" + s["id"])
+    nothing_left(d)
