@@ -71,6 +71,13 @@ typedef struct mg_route {
 
 #define MG_MAX_ROUTES 32
 
+/* A unary method's table entry: path, request and response descriptors, handler. */
+#define MG_UNARY(path_, in_, out_, handler_)                               \
+    {                                                                      \
+        .path = (path_), .kind = MG_RPC_UNARY, .in = (in_), .out = (out_), \
+        .on_message = (handler_)                                           \
+    }
+
 /* ---- calls: used by handlers ---- */
 
 /* Queues one response message. Returns 0, or -1 when the call is already done (the message is

@@ -53,13 +53,9 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_reply(call, &resp.base);
 }
 
-static const mg_method info_method = {
-    .path = "/moongate.v1.Daemon/Info",
-    .kind = MG_RPC_UNARY,
-    .in = &moongate__v1__info_request__descriptor,
-    .out = &moongate__v1__info_response__descriptor,
-    .on_message = info_message,
-};
+static const mg_method info_method =
+    MG_UNARY("/moongate.v1.Daemon/Info", &moongate__v1__info_request__descriptor,
+             &moongate__v1__info_response__descriptor, info_message);
 
 int mg_svc_daemon_init(mg_gateway *gw)
 {

@@ -240,16 +240,10 @@ static void hold_message(mg_call *call, const ProtobufCMessage *m)
 }
 
 static const mg_method debug_methods[] = {
-    {.path = "/moongate.v1.Debug/Sleep",
-     .kind = MG_RPC_UNARY,
-     .in = &moongate__v1__sleep_request__descriptor,
-     .out = &moongate__v1__sleep_response__descriptor,
-     .on_message = sleep_message},
-    {.path = "/moongate.v1.Debug/Echo",
-     .kind = MG_RPC_UNARY,
-     .in = &moongate__v1__echo_message__descriptor,
-     .out = &moongate__v1__echo_message__descriptor,
-     .on_message = echo_message},
+    MG_UNARY("/moongate.v1.Debug/Sleep", &moongate__v1__sleep_request__descriptor,
+             &moongate__v1__sleep_response__descriptor, sleep_message),
+    MG_UNARY("/moongate.v1.Debug/Echo", &moongate__v1__echo_message__descriptor,
+             &moongate__v1__echo_message__descriptor, echo_message),
     {.path = "/moongate.v1.Debug/Collect",
      .kind = MG_RPC_CLIENT_STREAM,
      .in = &moongate__v1__echo_message__descriptor,
@@ -270,11 +264,8 @@ static const mg_method debug_methods[] = {
      .out = &moongate__v1__echo_message__descriptor,
      .on_message = chat_message,
      .on_half_close = chat_half_close},
-    {.path = "/moongate.v1.Debug/HoldRegistrations",
-     .kind = MG_RPC_UNARY,
-     .in = &moongate__v1__hold_request__descriptor,
-     .out = &moongate__v1__hold_response__descriptor,
-     .on_message = hold_message},
+    MG_UNARY("/moongate.v1.Debug/HoldRegistrations", &moongate__v1__hold_request__descriptor,
+             &moongate__v1__hold_response__descriptor, hold_message),
 };
 
 int mg_svc_debug_init(mg_gateway *gw)

@@ -107,13 +107,9 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_send(call, &resp.base);
 }
 
-static const mg_method check_method = {
-    .path = "/grpc.health.v1.Health/Check",
-    .kind = MG_RPC_UNARY,
-    .in = &grpc__health__v1__health_check_request__descriptor,
-    .out = &grpc__health__v1__health_check_response__descriptor,
-    .on_message = check_message,
-};
+static const mg_method check_method =
+    MG_UNARY("/grpc.health.v1.Health/Check", &grpc__health__v1__health_check_request__descriptor,
+             &grpc__health__v1__health_check_response__descriptor, check_message);
 
 static const mg_method watch_method = {
     .path = "/grpc.health.v1.Health/Watch",
