@@ -248,6 +248,34 @@ int mg_call_send(mg_call *call, const ProtobufCMessage *msg)
     return 0;
 }
 
+static void free_frame(const void *data, size_t len, void *arg)
+{
+    free(arg);
+}
+
+int mg_call_send_framed(mg_call *call, uint8_t *frame, size_t len)
+{
+    if (mg_call_done(call) || call->mode != MODE_GRPC || len < MG_GRPC_PREFIX_LEN) {
+        free(frame);
+        return -1;
+    }
+    if (len - MG_GRPC_PREFIX_LEN > call->conn->gw->cfg->max_message_bytes) {
+        free(frame);
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "response message over the limit", 1);
+        return -1;
+    }
+    if (evbuffer_add_reference(call->out, frame, len, free_frame, frame) != 0) {
+        free(frame);
+        call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 1);
+        return -1;
+    }
+    call->msgs_out++;
+    if (!call->headers_sent)
+        submit_with_body(call, "200", "application/grpc");
+    resume(call);
+    return 0;
+}
+
 static void access_log(mg_call *call)
 {
     mg_gateway *gw = call->conn ? call->conn->gw : NULL;

@@ -91,6 +91,11 @@ int mg_call_writable(mg_call *call);
 /* Ends the call with a status; the message is printf-formatted (may be NULL). No-op when done. */
 void mg_call_finish(mg_call *call, int grpc_code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Queues one response message already framed (5-byte prefix + message) in `frame`, a malloc'd
+ * buffer the call takes over and frees once sent: a handler can build large messages on a
+ * worker and hand them over without another copy. Returns 0, or -1 when the call is done or the
+ * frame is over --max-message-bytes (the buffer is freed either way). gRPC mode only. */
+int mg_call_send_framed(mg_call *call, uint8_t *frame, size_t len);
 /* mg_call_send + mg_call_finish(OK). */
 void mg_call_reply(mg_call *call, const ProtobufCMessage *msg);
 /* Ends the call with the status of an MG_ERR_* and a message. */

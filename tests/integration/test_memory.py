@@ -364,3 +364,62 @@ def test_readable_routes_with_curl(make_daemon):
     for s in req(base)[1]["segments"]:
         req("-X", "DELETE", base + "/" + s["id"])
     nothing_left(d)
+
+
+def test_read_segment_inline(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    size = 3 * (1 << 20) + 123
+    pattern = bytes((i * 7 + 3) & 0xff for i in range(size))
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="rd", size=size)).segment
+        with open(seg.path, "r+b") as f, mmap.mmap(f.fileno(), size) as view:
+            view[:] = pattern
+        chunks = list(m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id), timeout=30))
+        assert b"".join(c.data for c in chunks) == pattern
+        assert [c.offset for c in chunks] == [i << 20 for i in range(4)]  # 1 MiB chunks
+        part = list(m.ReadSegment(memory_pb2.ReadSegmentRequest(
+            id=seg.id, offset=1000, length=5000, chunk_bytes=2048), timeout=30))
+        assert [len(c.data) for c in part] == [2048, 2048, 904]
+        assert b"".join(c.data for c in part) == pattern[1000:6000]
+        # A read in progress holds the segment.
+        stream = m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id, chunk_bytes=4096),
+                               timeout=30)
+        next(stream)
+        with pytest.raises(grpc.RpcError) as e:
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "held by 1" in e.value.details()
+        stream.cancel()
+        import time
+        deadline = time.monotonic() + 10
+        while True:  # the cancelled read lets go of the segment
+            try:
+                m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    nothing_left(d)
+
+
+@pytest.mark.parametrize("req,code", [
+    (dict(offset=8193), "OUT_OF_RANGE"),
+    (dict(offset=1, length=2**64 - 1), "OUT_OF_RANGE"),   # offset + length would wrap
+    (dict(offset=8000, length=193), "OUT_OF_RANGE"),
+    (dict(chunk_bytes=2**31), "INVALID_ARGUMENT"),
+    (dict(id=1), "NOT_FOUND"),
+])
+def test_read_segment_bad_requests(make_daemon, req, code):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="rb", size=8192)).segment
+        args = dict(id=seg.id)
+        args.update(req)
+        with pytest.raises(grpc.RpcError) as e:
+            list(m.ReadSegment(memory_pb2.ReadSegmentRequest(**args), timeout=10))
+        assert e.value.code().name == code
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
