@@ -198,6 +198,15 @@ void mg_deframer_free(mg_deframer *d)
     d->msg = NULL;
 }
 
+uint8_t *mg_deframer_take(mg_deframer *d, const uint8_t *msg)
+{
+    uint8_t *own = d->msg;
+    if (own == NULL || own != msg)
+        return NULL;
+    d->msg = NULL;
+    return own;
+}
+
 int mg_deframer_partial(const mg_deframer *d)
 {
     return d->prefix_got > 0;

@@ -89,6 +89,9 @@ void mg_deframer_init(mg_deframer *d, uint32_t max_message);
 void mg_deframer_free(mg_deframer *d);
 /* Feeds bytes. Returns MG_DEFRAME_OK, a negative MG_DEFRAME_* error or the callback's value. */
 int mg_deframer_feed(mg_deframer *d, const uint8_t *data, size_t len, mg_deframer_cb cb, void *arg);
+/* Inside the callback: when `msg` is a buffer the deframer assembled, hands it over (the caller
+ * frees it) and returns it; NULL when the message lies in the fed bytes. */
+uint8_t *mg_deframer_take(mg_deframer *d, const uint8_t *msg);
 /* Non-zero when bytes of an unfinished message are buffered (a truncated stream at its end). */
 int mg_deframer_partial(const mg_deframer *d);
 

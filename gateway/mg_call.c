@@ -365,6 +365,12 @@ static void call_finish(mg_call *call, int code, const char *msg, int cancel_han
     call->message = msg ? strdup(msg) : NULL;
     if (call->deadline)
         event_del(call->deadline);
+    if (call->withheld > 0 && call->conn && !call->stream_closed) {
+        /* No message is waited for any more: let what the client still sends flow (and be
+         * discarded). */
+        nghttp2_session_consume_stream(call->conn->ng, call->stream_id, call->withheld);
+        call->withheld = 0;
+    }
 
     if (call->mode == MODE_GRPC) {
         call->http_status = 200;
@@ -472,6 +478,18 @@ static int on_grpc_message(void *arg, const uint8_t *data, size_t len)
     char m[256];
 
     call->msgs_in++;
+    if (call->method->on_raw) {
+        uint8_t *own = mg_deframer_take(&call->deframer, data);
+        if (own == NULL && (own = malloc(len ? len : 1)) != NULL)
+            memcpy(own, data, len);
+        if (own == NULL) {
+            call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory", 1);
+            return 1;
+        }
+        call->raw_held++;
+        call->method->on_raw(call, own, len);
+        return mg_call_done(call) ? 1 : 0;
+    }
     msg = protobuf_c_message_unpack(call->method->in, NULL, len, data);
     if (msg == NULL) {
         snprintf(m, sizeof(m), "could not decode request message %llu (%zu bytes) as %s",
@@ -815,7 +833,7 @@ static uint64_t discard_allowance(const mg_call *call)
     return call->mode == MODE_GRPC ? 65535 : call->conn->gw->cfg->max_message_bytes;
 }
 
-void mg_call_on_data(mg_call *call, const uint8_t *data, size_t len)
+static void call_data(mg_call *call, const uint8_t *data, size_t len)
 {
     if (call->finished) {
         call->discarded += len; /* judged when the frame is complete: mg_call_on_data_frame */
@@ -833,6 +851,31 @@ void mg_call_on_data(mg_call *call, const uint8_t *data, size_t len)
         }
         evbuffer_add(call->body, data, len);
     }
+}
+
+/* Flow control: the stream's window is given back as its bytes are used, except while the
+ * handler holds raw messages (on_raw): then the bytes wait in `withheld` until it released
+ * them all, so a client can have at most one window of bytes beyond those messages here. */
+void mg_call_on_data(mg_call *call, const uint8_t *data, size_t len)
+{
+    call_data(call, data, len);
+    if (call->raw_held > 0 && !mg_call_done(call))
+        call->withheld += len;
+    else if (call->conn)
+        nghttp2_session_consume_stream(call->conn->ng, call->stream_id, len);
+}
+
+void mg_call_release(mg_call *call)
+{
+    if (call->raw_held == 0)
+        return;
+    if (--call->raw_held > 0 || call->withheld == 0)
+        return;
+    if (call->conn && !call->stream_closed) {
+        nghttp2_session_consume_stream(call->conn->ng, call->stream_id, call->withheld);
+        mg_conn_schedule_flush(call->conn); /* the WINDOW_UPDATE */
+    }
+    call->withheld = 0;
 }
 
 void mg_call_on_data_frame(mg_call *call)

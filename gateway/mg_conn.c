@@ -121,8 +121,13 @@ static int on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t str
                                  const uint8_t *data, size_t len, void *user_data)
 {
     mg_call *call = nghttp2_session_get_stream_user_data(ng, stream_id);
+    /* Window updates are ours (no_auto_window_update): the connection's window is given back
+     * at once, a stream's as its call uses the bytes (mg_call_on_data). */
+    nghttp2_session_consume_connection(ng, len);
     if (call)
         mg_call_on_data(call, data, len);
+    else
+        nghttp2_session_consume_stream(ng, stream_id, len);
     return 0;
 }
 
@@ -191,6 +196,7 @@ static int conn_session_new(mg_conn *conn)
     nghttp2_option_set_max_settings(opt, 32);
     nghttp2_option_set_max_outbound_ack(opt, 1000);
     nghttp2_option_set_max_send_header_block_length(opt, 64 * 1024);
+    nghttp2_option_set_no_auto_window_update(opt, 1);
     rv = nghttp2_session_server_new2(&conn->ng, cbs, conn, opt);
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cbs);

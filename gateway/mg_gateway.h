@@ -49,6 +49,13 @@ typedef struct mg_method {
      * half-closed; streaming-request methods get each as it arrives. The message is freed when
      * the callback returns. */
     void (*on_message)(mg_call *call, const ProtobufCMessage *msg);
+    /* Optional, for client-streaming methods that pass their messages to workers: replaces
+     * on_message. Each request message arrives undecoded, as its serialized bytes in a malloc'd
+     * buffer the handler owns (and frees, on any thread). The handler calls mg_call_release()
+     * once per message when it is done with it; until then the stream's flow-control window
+     * is not given back, so what a fast client can have queued here is bounded by one window
+     * beyond the messages held. */
+    void (*on_raw)(mg_call *call, uint8_t *data, size_t len);
     /* Client-streaming and bidi methods: the client sent its last message. */
     void (*on_half_close)(mg_call *call);
     /* The call ended before the handler finished it (cancel, deadline, connection loss,
@@ -96,6 +103,9 @@ void mg_call_finish(mg_call *call, int grpc_code, const char *fmt, ...)
  * worker and hand them over without another copy. Returns 0, or -1 when the call is done or the
  * frame is over --max-message-bytes (the buffer is freed either way). gRPC mode only. */
 int mg_call_send_framed(mg_call *call, uint8_t *frame, size_t len);
+/* The handler is done with one message it got through on_raw (loop thread; also after the
+ * call ended). */
+void mg_call_release(mg_call *call);
 /* mg_call_send + mg_call_finish(OK). */
 void mg_call_reply(mg_call *call, const ProtobufCMessage *msg);
 /* Ends the call with the status of an MG_ERR_* and a message. */
@@ -132,6 +142,9 @@ typedef struct mg_segment_stats {
     uint64_t in_flight;                        /* registrations on workers now */
     uint64_t buckets[12];                      /* registration seconds, see mg_metrics.c */
     double seconds_sum;
+    uint64_t inline_read_bytes;    /* ReadSegment */
+    uint64_t inline_written_bytes; /* WriteSegment */
+    uint64_t write_queued_bytes;   /* WriteSegment messages received, not yet applied */
 } mg_segment_stats;
 
 typedef struct mg_gateway_stats {
@@ -229,8 +242,12 @@ int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
 void mg_svc_memory_free(mg_gateway *gw);
+/* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
+int mg_svc_memory_io_init(mg_gateway *gw);
 /* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration
  * jobs wait on their worker. Returns how many wait. Thread-safe. */
 unsigned mg_svc_memory_hold(mg_gateway *gw, int hold);
+/* Worker: waits while the hold is on (returns at once without --debug-service). */
+void mg_svc_memory_gate(mg_gateway *gw);
 
 #endif

@@ -210,6 +210,20 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                 "moongate_segment_registration_seconds_count %llu\n",
                                 (unsigned long long)ss->registered_total, ss->seconds_sum,
                                 (unsigned long long)ss->registered_total);
+            evbuffer_add_printf(out,
+                                "# HELP moongate_segment_inline_bytes_total Segment bytes moved "
+                                "inline over gRPC (ReadSegment, WriteSegment).\n"
+                                "# TYPE moongate_segment_inline_bytes_total counter\n"
+                                "moongate_segment_inline_bytes_total{op=\"read\"} %llu\n"
+                                "moongate_segment_inline_bytes_total{op=\"write\"} %llu\n",
+                                (unsigned long long)ss->inline_read_bytes,
+                                (unsigned long long)ss->inline_written_bytes);
+            evbuffer_add_printf(out,
+                                "# HELP moongate_segment_write_queued_bytes WriteSegment bytes "
+                                "received and not yet in their segment.\n"
+                                "# TYPE moongate_segment_write_queued_bytes gauge\n"
+                                "moongate_segment_write_queued_bytes %llu\n",
+                                (unsigned long long)ss->write_queued_bytes);
         }
     }
     mg_engine_get_stats(gw->engine, &es);

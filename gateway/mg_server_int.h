@@ -82,8 +82,10 @@ struct mg_call {
     const char *http_ctype; /* static string: content-type of a JSON or HTTP answer */
     int want_writable;      /* the handler waits for on_writable */
     struct event *writable_ev;
-    int final_sent; /* our END_STREAM frame went out */
-    int rst_wanted; /* reset the stream once final_sent (client kept sending) */
+    int final_sent;    /* our END_STREAM frame went out */
+    int rst_wanted;    /* reset the stream once final_sent (client kept sending) */
+    unsigned raw_held; /* on_raw messages the handler has not released */
+    size_t withheld;   /* stream window held back while raw_held > 0 */
     void *data;
     struct mg_call *next, *prev;
 };

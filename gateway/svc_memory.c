@@ -1,6 +1,7 @@
 /*
- * svc_memory: moongate.v1.Memory — RegisterSegment, UnregisterSegment, GetSegment and
- * ListSegments over the engine's segment registry (moongate/segment.h).
+ * svc_memory: moongate.v1.Memory — RegisterSegment(s), UnregisterSegment(s), GetSegment and
+ * ListSegments over the engine's segment registry (moongate/segment.h). The inline byte calls,
+ * ReadSegment and WriteSegment, are in svc_memory_io.c.
  *
  * The loop only does bookkeeping: Register reserves the segment on the loop, maps it in an
  * engine job (create or open, size, mmap, mlock, prefault) and commits when the job comes back;
@@ -85,8 +86,11 @@ unsigned mg_svc_memory_hold(mg_gateway *gw, int hold)
     return waiting;
 }
 
-static void hold_gate(struct mg_hold *h)
+void mg_svc_memory_gate(mg_gateway *gw)
 {
+    struct mg_hold *h = gw->hold;
+    if (h == NULL)
+        return;
     pthread_mutex_lock(&h->lock);
     h->waiting++;
     while (h->on)
@@ -98,8 +102,7 @@ static void hold_gate(struct mg_hold *h)
 static int map_work(void *arg)
 {
     seg_job *j = arg;
-    if (j->gw->hold)
-        hold_gate(j->gw->hold);
+    mg_svc_memory_gate(j->gw);
     return mg_segment_map(j->seg);
 }
 
@@ -476,8 +479,7 @@ static void batch_finish(batch *b)
 static int batch_map_work(void *arg)
 {
     batch_job *j = arg;
-    if (j->b->gw->hold)
-        hold_gate(j->b->gw->hold);
+    mg_svc_memory_gate(j->b->gw);
     return mg_segment_map(j->b->items[j->i].seg);
 }
 
@@ -618,192 +620,6 @@ static void unregister_batch_message(mg_call *call, const ProtobufCMessage *m)
         batch_finish(b);
 }
 
-/* ---- ReadSegment: chunks copied and framed on workers, handed to the call as they come ---- */
-
-#define READ_CHUNK_DEFAULT (1u << 20)
-
-typedef struct {
-    mg_call *call;
-    mg_gateway *gw;
-    mg_segment *seg; /* referenced until the read ends */
-    uint64_t next, end;
-    uint32_t chunk;
-    int in_flight; /* a copy job is out */
-    int ended;     /* the call ended for the handler (cancel, deadline, error) */
-} read_state;
-
-typedef struct {
-    read_state *st;
-    uint64_t offset;
-    uint32_t n;
-    uint8_t *frame;
-    size_t frame_len;
-} read_job;
-
-static void read_free(read_state *st)
-{
-    mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
-    mg_call_set_data(st->call, NULL);
-    mg_call_unref(st->call);
-    free(st);
-}
-
-/* Worker: one SegmentChunk, framed, with its bytes copied out of the segment. */
-static int read_work(void *arg)
-{
-    read_job *j = arg;
-    Moongate__V1__SegmentChunk c = MOONGATE__V1__SEGMENT_CHUNK__INIT;
-    size_t len;
-    c.offset = j->offset;
-    c.data.data = (uint8_t *)mg_segment_addr(j->st->seg) + j->offset;
-    c.data.len = j->n;
-    len = protobuf_c_message_get_packed_size(&c.base);
-    j->frame = malloc(MG_GRPC_PREFIX_LEN + len);
-    if (j->frame == NULL)
-        return MG_ERR_NOMEM;
-    mg_grpc_prefix(j->frame, (uint32_t)len);
-    protobuf_c_message_pack(&c.base, j->frame + MG_GRPC_PREFIX_LEN);
-    j->frame_len = MG_GRPC_PREFIX_LEN + len;
-    return 0;
-}
-
-static void read_pump(read_state *st);
-
-static void read_done(void *arg, int result)
-{
-    read_job *j = arg;
-    read_state *st = j->st;
-    int rc;
-    st->in_flight = 0;
-    if (st->ended || mg_call_done(st->call)) {
-        free(j->frame);
-        free(j);
-        read_free(st);
-        return;
-    }
-    if (result != 0) {
-        free(j->frame);
-        free(j);
-        st->ended = 1;
-        mg_call_fail(st->call, result, "copying the segment");
-        read_free(st);
-        return;
-    }
-    st->next = j->offset + j->n;
-    st->ended = 1; /* a failing send runs read_cancel from inside: it must not free st */
-    rc = mg_call_send_framed(st->call, j->frame, j->frame_len);
-    st->ended = 0;
-    free(j);
-    if (rc != 0) {
-        st->ended = 1;
-        read_free(st);
-        return;
-    }
-    read_pump(st);
-}
-
-/* Starts the next copy when none is out and the call's queue has room. */
-static void read_pump(read_state *st)
-{
-    read_job *j;
-    int rc;
-    if (st->in_flight || st->ended)
-        return;
-    if (st->next >= st->end) {
-        st->ended = 1;
-        mg_call_finish(st->call, MG_GRPC_OK, NULL);
-        read_free(st);
-        return;
-    }
-    if (!mg_call_writable(st->call))
-        return; /* a slow reader: read_writable resumes */
-    j = calloc(1, sizeof(*j));
-    if (j == NULL) {
-        st->ended = 1;
-        mg_call_fail(st->call, MG_ERR_NOMEM, NULL);
-        read_free(st);
-        return;
-    }
-    j->st = st;
-    j->offset = st->next;
-    j->n = (uint32_t)(st->end - st->next < st->chunk ? st->end - st->next : st->chunk);
-    rc = mg_engine_submit(st->gw->engine, st->gw->cq, read_work, read_done, j);
-    if (rc != 0) {
-        free(j);
-        st->ended = 1;
-        mg_call_fail(st->call, rc, "engine queue holds %u jobs (--queue-depth)",
-                     (unsigned)st->gw->cfg->queue_depth);
-        read_free(st);
-        return;
-    }
-    st->in_flight = 1;
-}
-
-static void read_writable(mg_call *call)
-{
-    read_state *st = mg_call_data(call);
-    if (st)
-        read_pump(st);
-}
-
-static void read_cancel(mg_call *call)
-{
-    read_state *st = mg_call_data(call);
-    if (st == NULL || st->ended)
-        return;
-    st->ended = 1;
-    if (!st->in_flight)
-        read_free(st); /* else the job's return frees it */
-}
-
-static void read_message(mg_call *call, const ProtobufCMessage *m)
-{
-    const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
-    mg_gateway *gw = mg_call_gateway(call);
-    mg_registry *reg = mg_engine_registry(gw->engine);
-    uint64_t max_chunk = gw->cfg->max_message_bytes - 64, length;
-    mg_segment *seg;
-    mg_segment_info info;
-    read_state *st;
-
-    if (req->chunk_bytes > max_chunk) {
-        mg_call_fail(call, MG_ERR_INVALID, "chunk_bytes %u is above %llu (--max-message-bytes)",
-                     req->chunk_bytes, (unsigned long long)max_chunk);
-        return;
-    }
-    if (mg_registry_acquire(reg, TENANT, req->id, &seg) != 0) {
-        mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
-        return;
-    }
-    mg_segment_get_info(reg, seg, &info);
-    length = req->length ? req->length : (req->offset <= info.size ? info.size - req->offset : 0);
-    if (mg_bounds_check(info.size, req->offset, length) != 0) {
-        mg_registry_put(reg, seg);
-        mg_call_fail(call, MG_ERR_RANGE,
-                     "offset %" PRIu64 " + length %" PRIu64 " is outside the segment's %" PRIu64
-                     " bytes",
-                     req->offset, req->length, info.size);
-        return;
-    }
-    st = calloc(1, sizeof(*st));
-    if (st == NULL) {
-        mg_registry_put(reg, seg);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
-    }
-    st->call = call;
-    st->gw = gw;
-    st->seg = seg;
-    st->next = req->offset;
-    st->end = req->offset + length;
-    st->chunk = req->chunk_bytes
-                    ? req->chunk_bytes
-                    : (uint32_t)(READ_CHUNK_DEFAULT < max_chunk ? READ_CHUNK_DEFAULT : max_chunk);
-    mg_call_ref(call);
-    mg_call_set_data(call, st);
-    read_pump(st);
-}
-
 static const mg_method memory_methods[] = {
     MG_UNARY("/moongate.v1.Memory/RegisterSegment", &moongate__v1__register_request__descriptor,
              &moongate__v1__register_response__descriptor, register_message),
@@ -819,13 +635,6 @@ static const mg_method memory_methods[] = {
              &moongate__v1__segment__descriptor, get_message),
     MG_UNARY("/moongate.v1.Memory/ListSegments", &moongate__v1__list_segments_request__descriptor,
              &moongate__v1__list_segments_response__descriptor, list_message),
-    {.path = "/moongate.v1.Memory/ReadSegment",
-     .kind = MG_RPC_SERVER_STREAM,
-     .in = &moongate__v1__read_segment_request__descriptor,
-     .out = &moongate__v1__segment_chunk__descriptor,
-     .on_message = read_message,
-     .on_cancel = read_cancel,
-     .on_writable = read_writable},
 };
 
 static const mg_route memory_routes[] = {
@@ -856,7 +665,7 @@ int mg_svc_memory_init(mg_gateway *gw)
         if (rc != 0)
             return rc;
     }
-    return 0;
+    return mg_svc_memory_io_init(gw);
 }
 
 void mg_svc_memory_free(mg_gateway *gw)

@@ -423,3 +423,169 @@ def test_read_segment_bad_requests(make_daemon, req, code):
         assert e.value.code().name == code
         m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
     nothing_left(d)
+
+
+def write_msgs(seg_id, offset, data, chunk=1 << 20):
+    """WriteSegmentRequests for `data` at `offset`, `chunk` bytes each; only the first names
+    the segment."""
+    for i in range(0, max(len(data), 1), chunk):
+        yield memory_pb2.WriteSegmentRequest(id=seg_id if i == 0 else 0, offset=offset + i,
+                                             data=data[i:i + chunk])
+
+
+def test_write_segment_inline(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    size = 5 * (1 << 20) + 4097
+    pattern = bytes((i * 13 + 5) & 0xff for i in range(size))
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="wr", size=size)).segment
+        resp = m.WriteSegment(write_msgs(seg.id, 0, pattern), timeout=30)
+        assert (resp.bytes_written, resp.chunks) == (size, 6)
+        # The bytes are in the segment's memory, as a local client mapping it sees them ...
+        with open(seg.path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as v:
+            assert v[:] == pattern
+        # ... and as ReadSegment returns them.
+        got = b"".join(c.data for c in m.ReadSegment(
+            memory_pb2.ReadSegmentRequest(id=seg.id), timeout=30))
+        assert got == pattern
+        # Chunks may go anywhere, in any order; each names its offset. Every message may
+        # repeat the id.
+        msgs = [memory_pb2.WriteSegmentRequest(id=seg.id, offset=size - 3, data=b"END"),
+                memory_pb2.WriteSegmentRequest(id=seg.id, offset=10, data=b"ten"),
+                memory_pb2.WriteSegmentRequest(offset=20, data=b"")]
+        resp = m.WriteSegment(iter(msgs), timeout=10)
+        assert (resp.bytes_written, resp.chunks) == (6, 3)
+        part = list(m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id, offset=10,
+                                                                length=3)))
+        assert part[0].data == b"ten"
+        tail = list(m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id, offset=size - 3)))
+        assert tail[0].data == b"END"
+        assert d.metric("moongate_segment_inline_bytes_total", op="write") == size + 6
+        assert d.metric("moongate_segment_write_queued_bytes") == 0
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+
+
+@pytest.mark.parametrize("msgs,code,needle,written", [
+    # the first message must name the segment
+    ([dict(offset=0, data=b"a")], "INVALID_ARGUMENT", "must name the segment", 0),
+    ([dict(id=999999, data=b"a")], "NOT_FOUND", "no segment 999999", 0),
+    # bounds, without overflow: offset + length past the end, or wrapping around 2^64
+    ([dict(id="S", offset=8190, data=b"abc")], "OUT_OF_RANGE", "outside the segment", 0),
+    ([dict(id="S", offset=2**64 - 2, data=b"abc")], "OUT_OF_RANGE", "outside the segment", 0),
+    ([dict(id="S", offset=8193, data=b"")], "OUT_OF_RANGE", "outside the segment", 0),
+    # a later message naming another segment; the chunk before it stays written
+    ([dict(id="S", offset=0, data=b"keep"), dict(id=12345, offset=4, data=b"x")],
+     "INVALID_ARGUMENT", "message 2 names segment 12345", 4),
+    ([dict(id="S", offset=0, data=b"keep"), dict(offset=9000, data=b"x")],
+     "OUT_OF_RANGE", "message 2", 4),
+    ([], "INVALID_ARGUMENT", "at least one message", 0),
+])
+def test_write_segment_bad_requests(make_daemon, msgs, code, needle, written):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="wb", size=8192)).segment
+        reqs = [memory_pb2.WriteSegmentRequest(**dict(x, id=seg.id) if x.get("id") == "S"
+                                               else x) for x in msgs]
+        with pytest.raises(grpc.RpcError) as e:
+            m.WriteSegment(iter(reqs), timeout=10)
+        assert e.value.code().name == code
+        assert needle in e.value.details()
+        with open(seg.path, "rb") as f:
+            assert f.read(4) == (b"keep" if written else b"\0" * 4)
+        # The daemon still serves, and the failed write let go of the segment.
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+    assert d.metric("moongate_segment_write_queued_bytes") == 0
+
+
+def test_write_segment_undecodable_message(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="wu", size=4096)).segment
+        raw = ch.stream_unary("/moongate.v1.Memory/WriteSegment",
+                              request_serializer=lambda b: b,
+                              response_deserializer=memory_pb2.WriteSegmentResponse.FromString)
+        with pytest.raises(grpc.RpcError) as e:
+            raw(iter([b"\x0a\xff\xff"]), timeout=10)  # field 1 as a truncated length
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a WriteSegmentRequest" in e.value.details()
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+
+
+def test_write_in_progress_holds_the_segment(make_daemon):
+    import threading
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="wh", size=4096)).segment
+        go_on = threading.Event()
+
+        def msgs():
+            yield memory_pb2.WriteSegmentRequest(id=seg.id, offset=0, data=b"first")
+            go_on.wait(10)
+            yield memory_pb2.WriteSegmentRequest(offset=5, data=b"second")
+
+        fut = m.WriteSegment.future(msgs(), timeout=30)
+        import time
+        deadline = time.monotonic() + 10
+        while True:  # once the first message is applied, the write holds the segment
+            with pytest.raises(grpc.RpcError) as e:
+                m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+            if e.value.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                break
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND or time.monotonic() < deadline
+            time.sleep(0.02)
+        assert "held by 1" in e.value.details()
+        go_on.set()
+        assert fut.result().bytes_written == 11
+        with open(seg.path, "rb") as f:
+            assert f.read(11) == b"firstsecond"
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+
+
+def test_a_fast_writer_waits_for_the_workers(make_daemon):
+    """Flow control: while the workers are held, the daemon takes in at most about one stream
+    window beyond the message on the worker, and the writer waits; released, all of it lands."""
+    import threading
+    import time
+    from moongate.v1 import debug_pb2, debug_pb2_grpc
+    d = make_daemon("--debug-service", "--stream-window-bytes", "1M")
+    ch, m = stub(d)
+    dbg = debug_pb2_grpc.DebugStub(ch)
+    chunk, total = 256 << 10, 32 << 20
+    data = bytes((i * 31) & 0xff for i in range(total))
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="wf", size=total)).segment
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
+        sent = [0]
+
+        def msgs():
+            for r in write_msgs(seg.id, 0, data, chunk):
+                yield r
+                sent[0] += 1
+
+        fut = m.WriteSegment.future(msgs(), timeout=60)
+        wait_held(dbg, 1, debug_pb2)
+        # Let the client push as much as the daemon takes, until the queue stops growing.
+        last, stable_since = -1, time.monotonic()
+        while time.monotonic() - stable_since < 0.5:
+            q = d.metric("moongate_segment_write_queued_bytes")
+            if q != last:
+                last, stable_since = q, time.monotonic()
+            time.sleep(0.05)
+        assert 0 < last <= chunk + (1 << 20) + chunk  # on the worker + one window (+ framing)
+        assert sent[0] < total // chunk  # the writer is waiting
+        assert not fut.done()
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
+        assert fut.result().bytes_written == total
+        with open(seg.path, "rb") as f:
+            assert f.read() == data
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+    assert d.metric("moongate_segment_write_queued_bytes") == 0

@@ -1,0 +1,521 @@
+/*
+ * svc_memory_io: the inline byte calls of moongate.v1.Memory, for clients that do not share
+ * memory with the daemon.
+ *
+ *   ReadSegment   server streaming: chunks are copied out of the segment and framed on
+ *                 workers, one at a time, paced by how fast the client reads (on_writable).
+ *   WriteSegment  client streaming: each request message goes to a worker undecoded (on_raw);
+ *                 the worker decodes it, checks its bounds and copies its bytes into the
+ *                 segment. Messages are applied one at a time, in order; the stream's
+ *                 flow-control window is only given back as they are done, so a fast writer
+ *                 waits instead of queueing memory here.
+ *
+ * Both hold a reference on the segment while they run: it cannot be unregistered under them.
+ * The loop only does bookkeeping; every byte is copied on a worker.
+ */
+#include "mg_gateway.h"
+
+#include "moongate/segment.h"
+#include "moongate/v1/memory.pb-c.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TENANT "default"
+
+/* ---- ReadSegment: chunks copied and framed on workers, handed to the call as they come ---- */
+
+#define READ_CHUNK_DEFAULT (1u << 20)
+
+typedef struct {
+    mg_call *call;
+    mg_gateway *gw;
+    mg_segment *seg; /* referenced until the read ends */
+    uint64_t next, end;
+    uint32_t chunk;
+    int in_flight; /* a copy job is out */
+    int ended;     /* the call ended for the handler (cancel, deadline, error) */
+} read_state;
+
+typedef struct {
+    read_state *st;
+    uint64_t offset;
+    uint32_t n;
+    uint8_t *frame;
+    size_t frame_len;
+} read_job;
+
+static void read_free(read_state *st)
+{
+    mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
+    mg_call_set_data(st->call, NULL);
+    mg_call_unref(st->call);
+    free(st);
+}
+
+/* Worker: one SegmentChunk, framed, with its bytes copied out of the segment. */
+static int read_work(void *arg)
+{
+    read_job *j = arg;
+    Moongate__V1__SegmentChunk c = MOONGATE__V1__SEGMENT_CHUNK__INIT;
+    size_t len;
+    c.offset = j->offset;
+    c.data.data = (uint8_t *)mg_segment_addr(j->st->seg) + j->offset;
+    c.data.len = j->n;
+    len = protobuf_c_message_get_packed_size(&c.base);
+    j->frame = malloc(MG_GRPC_PREFIX_LEN + len);
+    if (j->frame == NULL)
+        return MG_ERR_NOMEM;
+    mg_grpc_prefix(j->frame, (uint32_t)len);
+    protobuf_c_message_pack(&c.base, j->frame + MG_GRPC_PREFIX_LEN);
+    j->frame_len = MG_GRPC_PREFIX_LEN + len;
+    return 0;
+}
+
+static void read_pump(read_state *st);
+
+static void read_done(void *arg, int result)
+{
+    read_job *j = arg;
+    read_state *st = j->st;
+    int rc;
+    st->in_flight = 0;
+    if (st->ended || mg_call_done(st->call)) {
+        free(j->frame);
+        free(j);
+        read_free(st);
+        return;
+    }
+    if (result != 0) {
+        free(j->frame);
+        free(j);
+        st->ended = 1;
+        mg_call_fail(st->call, result, "copying the segment");
+        read_free(st);
+        return;
+    }
+    st->next = j->offset + j->n;
+    st->gw->seg_stats.inline_read_bytes += j->n;
+    st->ended = 1; /* a failing send runs read_cancel from inside: it must not free st */
+    rc = mg_call_send_framed(st->call, j->frame, j->frame_len);
+    st->ended = 0;
+    free(j);
+    if (rc != 0) {
+        st->ended = 1;
+        read_free(st);
+        return;
+    }
+    read_pump(st);
+}
+
+/* Starts the next copy when none is out and the call's queue has room. */
+static void read_pump(read_state *st)
+{
+    read_job *j;
+    int rc;
+    if (st->in_flight || st->ended)
+        return;
+    if (st->next >= st->end) {
+        st->ended = 1;
+        mg_call_finish(st->call, MG_GRPC_OK, NULL);
+        read_free(st);
+        return;
+    }
+    if (!mg_call_writable(st->call))
+        return; /* a slow reader: read_writable resumes */
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        st->ended = 1;
+        mg_call_fail(st->call, MG_ERR_NOMEM, NULL);
+        read_free(st);
+        return;
+    }
+    j->st = st;
+    j->offset = st->next;
+    j->n = (uint32_t)(st->end - st->next < st->chunk ? st->end - st->next : st->chunk);
+    rc = mg_engine_submit(st->gw->engine, st->gw->cq, read_work, read_done, j);
+    if (rc != 0) {
+        free(j);
+        st->ended = 1;
+        mg_call_fail(st->call, rc, "engine queue holds %u jobs (--queue-depth)",
+                     (unsigned)st->gw->cfg->queue_depth);
+        read_free(st);
+        return;
+    }
+    st->in_flight = 1;
+}
+
+static void read_writable(mg_call *call)
+{
+    read_state *st = mg_call_data(call);
+    if (st)
+        read_pump(st);
+}
+
+static void read_cancel(mg_call *call)
+{
+    read_state *st = mg_call_data(call);
+    if (st == NULL || st->ended)
+        return;
+    st->ended = 1;
+    if (!st->in_flight)
+        read_free(st); /* else the job's return frees it */
+}
+
+static void read_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    uint64_t max_chunk = gw->cfg->max_message_bytes - 64, length;
+    mg_segment *seg;
+    mg_segment_info info;
+    read_state *st;
+
+    if (req->chunk_bytes > max_chunk) {
+        mg_call_fail(call, MG_ERR_INVALID, "chunk_bytes %u is above %llu (--max-message-bytes)",
+                     req->chunk_bytes, (unsigned long long)max_chunk);
+        return;
+    }
+    if (mg_registry_acquire(reg, TENANT, req->id, &seg) != 0) {
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+        return;
+    }
+    mg_segment_get_info(reg, seg, &info);
+    length = req->length ? req->length : (req->offset <= info.size ? info.size - req->offset : 0);
+    if (mg_bounds_check(info.size, req->offset, length) != 0) {
+        mg_registry_put(reg, seg);
+        mg_call_fail(call, MG_ERR_RANGE,
+                     "offset %" PRIu64 " + length %" PRIu64 " is outside the segment's %" PRIu64
+                     " bytes",
+                     req->offset, req->length, info.size);
+        return;
+    }
+    st = calloc(1, sizeof(*st));
+    if (st == NULL) {
+        mg_registry_put(reg, seg);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    st->call = call;
+    st->gw = gw;
+    st->seg = seg;
+    st->next = req->offset;
+    st->end = req->offset + length;
+    st->chunk = req->chunk_bytes
+                    ? req->chunk_bytes
+                    : (uint32_t)(READ_CHUNK_DEFAULT < max_chunk ? READ_CHUNK_DEFAULT : max_chunk);
+    mg_call_ref(call);
+    mg_call_set_data(call, st);
+    read_pump(st);
+}
+
+/* ---- WriteSegment: messages decoded and copied on workers, one at a time, in order ---- */
+
+typedef struct write_msg {
+    uint8_t *raw; /* the serialized WriteSegmentRequest */
+    size_t len;
+    struct write_msg *next;
+} write_msg;
+
+typedef struct {
+    mg_call *call;
+    mg_gateway *gw;
+    mg_segment *seg; /* referenced once the first message named it */
+    uint64_t id;
+    write_msg *head, *tail; /* received, not yet applied */
+    int in_flight;          /* a job is out */
+    int ended;              /* the call ended for the handler */
+    int half_closed;
+    uint64_t messages; /* applied */
+    uint64_t written;
+} write_state;
+
+typedef struct {
+    write_state *st;
+    uint8_t *raw; /* freed by the worker once decoded */
+    size_t len;
+    uint64_t index; /* 1-based, for error messages */
+    Moongate__V1__WriteSegmentRequest *req;
+    uint64_t size; /* of the segment, when known */
+    int err;       /* MG_ERR_* of the job */
+    char why[256];
+} write_job;
+
+static void write_job_free(write_job *j)
+{
+    j->st->gw->seg_stats.write_queued_bytes -= j->len;
+    free(j->raw);
+    if (j->req)
+        protobuf_c_message_free_unpacked(&j->req->base, NULL);
+    free(j);
+}
+
+static void write_free(write_state *st)
+{
+    while (st->head) {
+        write_msg *m = st->head;
+        st->head = m->next;
+        st->gw->seg_stats.write_queued_bytes -= m->len;
+        free(m->raw);
+        free(m);
+        mg_call_release(st->call);
+    }
+    if (st->seg)
+        mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
+    mg_call_set_data(st->call, NULL);
+    mg_call_unref(st->call);
+    free(st);
+}
+
+/* Worker: decodes the message (once) and, when the segment is known, copies it in. Only reads
+ * st->seg and st->id, which the loop does not change while a job is out. */
+static int write_work(void *arg)
+{
+    write_job *j = arg;
+    const Moongate__V1__WriteSegmentRequest *r;
+    mg_svc_memory_gate(j->st->gw);
+    if (j->req == NULL) {
+        j->req = moongate__v1__write_segment_request__unpack(NULL, j->len, j->raw);
+        free(j->raw);
+        j->raw = NULL;
+        if (j->req == NULL) {
+            j->err = MG_ERR_INVALID;
+            snprintf(j->why, sizeof(j->why), "message %" PRIu64 " is not a WriteSegmentRequest",
+                     j->index);
+            return j->err;
+        }
+    }
+    if (j->st->seg == NULL)
+        return 0; /* the loop looks the segment up, then sends the job back */
+    r = j->req;
+    if (r->id != 0 && r->id != j->st->id) {
+        j->err = MG_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why),
+                 "message %" PRIu64 " names segment %" PRIu64 ", the stream writes to %" PRIu64,
+                 j->index, r->id, j->st->id);
+        return j->err;
+    }
+    if (mg_bounds_check(j->size, r->offset, r->data.len) != 0) {
+        j->err = MG_ERR_RANGE;
+        snprintf(j->why, sizeof(j->why),
+                 "message %" PRIu64 ": offset %" PRIu64 " + %zu bytes is outside the segment's "
+                 "%" PRIu64 " bytes",
+                 j->index, r->offset, r->data.len, j->size);
+        return j->err;
+    }
+    if (r->data.len > 0)
+        memcpy((uint8_t *)mg_segment_addr(j->st->seg) + r->offset, r->data.data, r->data.len);
+    return 0;
+}
+
+static void write_pump(write_state *st);
+
+static void write_end(write_state *st, int err, const char *why)
+{
+    st->ended = 1;
+    if (err)
+        mg_call_fail(st->call, err, "%s", why);
+    write_free(st);
+}
+
+static int write_submit(write_state *st, write_job *j);
+
+static void write_done(void *arg, int result)
+{
+    write_job *j = arg;
+    write_state *st = j->st;
+    mg_registry *reg = mg_engine_registry(st->gw->engine);
+
+    st->in_flight = 0;
+    if (st->ended || mg_call_done(st->call)) {
+        write_job_free(j);
+        mg_call_release(st->call);
+        write_free(st);
+        return;
+    }
+    if (result != 0) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", j->why);
+        write_job_free(j);
+        write_end(st, result, why);
+        return;
+    }
+    if (st->seg == NULL) { /* the first message: look its segment up, then copy */
+        mg_segment_info info;
+        uint64_t id = j->req->id;
+        if (id == 0 || mg_registry_acquire(reg, TENANT, id, &st->seg) != 0) {
+            char why[128];
+            if (id == 0)
+                snprintf(why, sizeof(why), "the first message must name the segment (id)");
+            else
+                snprintf(why, sizeof(why), "no segment %" PRIu64, id);
+            write_job_free(j);
+            write_end(st, id == 0 ? MG_ERR_INVALID : MG_ERR_NOT_FOUND, why);
+            return;
+        }
+        st->id = id;
+        mg_segment_get_info(reg, st->seg, &info);
+        j->size = info.size;
+        write_submit(st, j);
+        return;
+    }
+    st->messages++;
+    st->written += j->req->data.len;
+    st->gw->seg_stats.inline_written_bytes += j->req->data.len;
+    write_job_free(j);
+    mg_call_release(st->call);
+    write_pump(st);
+}
+
+/* Sends a job to a worker; on failure ends the call (and frees the job). */
+static int write_submit(write_state *st, write_job *j)
+{
+    int rc = mg_engine_submit(st->gw->engine, st->gw->cq, write_work, write_done, j);
+    if (rc != 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "engine queue holds %u jobs (--queue-depth)",
+                 (unsigned)st->gw->cfg->queue_depth);
+        write_job_free(j);
+        write_end(st, rc, why);
+        return -1;
+    }
+    st->in_flight = 1;
+    return 0;
+}
+
+/* Applies the next received message when no job is out; answers after the last one. */
+static void write_pump(write_state *st)
+{
+    write_msg *m;
+    write_job *j;
+    mg_segment_info info;
+
+    if (st->in_flight || st->ended)
+        return;
+    if (st->head == NULL) {
+        if (!st->half_closed)
+            return;
+        if (st->messages == 0) {
+            write_end(st, MG_ERR_INVALID, "WriteSegment needs at least one message");
+            return;
+        }
+        {
+            Moongate__V1__WriteSegmentResponse resp = MOONGATE__V1__WRITE_SEGMENT_RESPONSE__INIT;
+            resp.bytes_written = st->written;
+            resp.chunks = st->messages;
+            st->ended = 1;
+            mg_call_reply(st->call, &resp.base);
+            write_free(st);
+        }
+        return;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        write_end(st, MG_ERR_NOMEM, "out of memory");
+        return;
+    }
+    m = st->head;
+    st->head = m->next;
+    if (st->head == NULL)
+        st->tail = NULL;
+    j->st = st;
+    j->raw = m->raw;
+    j->len = m->len;
+    j->index = st->messages + 1;
+    free(m);
+    if (st->seg) {
+        mg_segment_get_info(mg_engine_registry(st->gw->engine), st->seg, &info);
+        j->size = info.size;
+    }
+    write_submit(st, j);
+}
+
+static write_state *write_state_get(mg_call *call)
+{
+    write_state *st = mg_call_data(call);
+    if (st != NULL)
+        return st;
+    st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return NULL;
+    st->call = call;
+    st->gw = mg_call_gateway(call);
+    mg_call_ref(call);
+    mg_call_set_data(call, st);
+    return st;
+}
+
+static void write_raw(mg_call *call, uint8_t *data, size_t len)
+{
+    write_state *st = write_state_get(call);
+    write_msg *m = st ? calloc(1, sizeof(*m)) : NULL;
+    if (m == NULL) {
+        free(data);
+        mg_call_release(call);
+        if (st)
+            write_end(st, MG_ERR_NOMEM, "out of memory");
+        else
+            mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    m->raw = data;
+    m->len = len;
+    st->gw->seg_stats.write_queued_bytes += len;
+    if (st->tail)
+        st->tail->next = m;
+    else
+        st->head = m;
+    st->tail = m;
+    write_pump(st);
+}
+
+static void write_half_close(mg_call *call)
+{
+    write_state *st = write_state_get(call);
+    if (st == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    st->half_closed = 1;
+    write_pump(st);
+}
+
+static void write_cancel(mg_call *call)
+{
+    write_state *st = mg_call_data(call);
+    if (st == NULL || st->ended)
+        return;
+    st->ended = 1;
+    if (!st->in_flight)
+        write_free(st); /* else the job's return frees it */
+}
+
+static const mg_method io_methods[] = {
+    {.path = "/moongate.v1.Memory/ReadSegment",
+     .kind = MG_RPC_SERVER_STREAM,
+     .in = &moongate__v1__read_segment_request__descriptor,
+     .out = &moongate__v1__segment_chunk__descriptor,
+     .on_message = read_message,
+     .on_cancel = read_cancel,
+     .on_writable = read_writable},
+    {.path = "/moongate.v1.Memory/WriteSegment",
+     .kind = MG_RPC_CLIENT_STREAM,
+     .in = &moongate__v1__write_segment_request__descriptor,
+     .out = &moongate__v1__write_segment_response__descriptor,
+     .on_raw = write_raw,
+     .on_half_close = write_half_close,
+     .on_cancel = write_cancel},
+};
+
+int mg_svc_memory_io_init(mg_gateway *gw)
+{
+    for (size_t i = 0; i < sizeof(io_methods) / sizeof(io_methods[0]); i++) {
+        int rc = mg_gateway_add_method(gw, &io_methods[i]);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
