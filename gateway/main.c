@@ -12,11 +12,45 @@
 #include <event2/thread.h>
 #include <openssl/ssl.h>
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* --shm-group: a group name or number. Returns 0 and the gid, or -1 after logging why. */
+static int resolve_group(const char *name, unsigned *gid)
+{
+    char buf[4096], *end;
+    struct group gr, *found = NULL;
+    unsigned long n = strtoul(name, &end, 10);
+    if (*name && *end == '\0' && n < 0xffffffffUL) {
+        *gid = (unsigned)n;
+        return 0;
+    }
+    if (getgrnam_r(name, &gr, buf, sizeof(buf), &found) != 0 || found == NULL) {
+        mg_error("start_failed", "shm_group=%s reason=\"no such group\"", name);
+        return -1;
+    }
+    *gid = (unsigned)gr.gr_gid;
+    return 0;
+}
+
+/* Creates the shm directory if missing; with a group, hands it to the group, setgid and
+ * group-writable, so members can make shm files there and they keep the group. */
+static int prepare_shm_dir(const char *dir, unsigned gid)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        mg_error("start_failed", "shm_dir=%s error=\"%s\"", dir, strerror(errno));
+        return -1;
+    }
+    if (gid && (chown(dir, (uid_t)-1, (gid_t)gid) != 0 || chmod(dir, 02770) != 0)) {
+        mg_error("start_failed", "shm_dir=%s shm_group=%u error=\"%s\"", dir, gid, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
 
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
@@ -35,6 +69,7 @@ int main(int argc, char **argv)
     mg_gateway *gw = NULL;
     mg_log_level level;
     int rc, exit_code = 1;
+    unsigned shm_gid = 0;
 
     evthread_use_pthreads();
     signal(SIGPIPE, SIG_IGN);
@@ -49,6 +84,11 @@ int main(int argc, char **argv)
         mg_config_free(&cfg);
         return 2;
     }
+    if (mg_config_memlock(cfg.memlock) < 0) {
+        fprintf(stderr, "moongate: --memlock takes off, try or require, not \"%s\"\n", cfg.memlock);
+        mg_config_free(&cfg);
+        return 2;
+    }
     if (mg_log_parse_level(cfg.log_level, &level) != 0) {
         fprintf(stderr, "moongate: --log-level takes debug, info, warn or error, not \"%s\"\n",
                 cfg.log_level);
@@ -60,15 +100,19 @@ int main(int argc, char **argv)
 
     mg_info("starting", "version=%s workers=%llu queue_depth=%llu", MG_VERSION,
             (unsigned long long)cfg.workers, (unsigned long long)cfg.queue_depth);
-    if (mkdir(cfg.shm_dir, 0755) != 0 && errno != EEXIST) {
-        mg_error("start_failed", "shm_dir=%s error=\"%s\"", cfg.shm_dir, strerror(errno));
+    if (cfg.shm_group[0] && resolve_group(cfg.shm_group, &shm_gid) != 0)
         goto out;
-    }
+    if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
+        goto out;
     {
-        mg_engine_config ec = {
-            (unsigned)cfg.workers,
-            (unsigned)cfg.queue_depth,
-            {cfg.shm_dir, (unsigned)cfg.shm_mode, cfg.max_segments, cfg.max_registered_bytes, 0}};
+        mg_engine_config ec = {(unsigned)cfg.workers,
+                               (unsigned)cfg.queue_depth,
+                               {.shm_dir = cfg.shm_dir,
+                                .file_mode = (unsigned)cfg.shm_mode,
+                                .max_segments = cfg.max_segments,
+                                .max_registered_bytes = cfg.max_registered_bytes,
+                                .max_tenant_segments = cfg.max_tenant_segments,
+                                .file_gid = shm_gid}};
         rc = mg_engine_new(&engine, &ec);
         if (rc != 0) {
             mg_error("engine_failed", "error=\"%s\"", mg_strerror(rc));

@@ -45,7 +45,15 @@ static const opt_def opts[] = {
      "directory of segment files (created if missing); local clients map files here"},
     {"shm-mode", T_MODE, O(shm_mode), "0600", 0, 0777,
      "permissions of the segment files the daemon creates (octal)"},
+    {"shm-group", T_STR, O(shm_group), "", 0, 0,
+     "group (name or number) given the shm directory (setgid, group-writable) and the segment "
+     "files, so that its members can map them and make shm files; empty keeps the daemon's"},
+    {"memlock", T_STR, O(memlock), "off", 0, 0,
+     "what a registration's MEMLOCK_DEFAULT means: off, try (lock if RLIMIT_MEMLOCK allows) or "
+     "require (fail otherwise)"},
     {"max-segments", T_UINT, O(max_segments), "65536", 1, 16777216, "registered segments at most"},
+    {"max-tenant-segments", T_UINT, O(max_tenant_segments), "4096", 1, 16777216,
+     "registered segments of one tenant at most"},
     {"max-registered-bytes", T_SIZE, O(max_registered_bytes), "16G", 4096, 1ULL << 50,
      "sum of registered segment sizes at most"},
     {"max-batch", T_UINT, O(max_batch), "1024", 1, 65536,
@@ -297,6 +305,16 @@ void mg_config_help(FILE *out)
     }
     fprintf(out, "  --help     print this help and exit\n  --version  print the version and "
                  "exit\n\nSignals: SIGTERM or SIGINT drain gracefully within --grace seconds.\n");
+}
+
+int mg_config_memlock(const char *s)
+{
+    static const char *const names[] = {"off", "try", "require"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    }
+    return -1;
 }
 
 void mg_config_free(mg_config *cfg)

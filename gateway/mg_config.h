@@ -22,7 +22,10 @@ typedef struct mg_config {
     char *tls_key;
     char *shm_dir;
     uint64_t shm_mode;
+    char *memlock;   /* off, try, require */
+    char *shm_group; /* group (name or number) of the shm directory and the daemon's files */
     uint64_t max_segments;
+    uint64_t max_tenant_segments;
     uint64_t max_registered_bytes;
     uint64_t max_batch;
     uint64_t workers;
@@ -54,6 +57,8 @@ int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, 
 void mg_config_free(mg_config *cfg);
 /* Prints the option table: flag, environment name, default, limits and help. */
 void mg_config_help(FILE *out);
+/* --memlock: 0 off, 1 try, 2 require (the values of mg_memlock), or -1. */
+int mg_config_memlock(const char *s);
 /* Parses "4M", "512k", "1G", "123" (binary units) into *out; returns 0 or -1. */
 int mg_config_parse_size(const char *s, uint64_t *out);
 

@@ -116,6 +116,9 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         return MG_ERR_NOMEM;
     gw->base = base;
     gw->cfg = cfg;
+    gw->memlock = mg_config_memlock(cfg->memlock);
+    if (gw->memlock < 0)
+        gw->memlock = 0;
     gw->engine = engine;
     gw->state = MG_STATE_STARTING;
     gw->start_unix_ms = mg_now_unix_ms();

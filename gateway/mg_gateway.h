@@ -167,6 +167,7 @@ struct mg_gateway {
     struct event *cq_event;
     void *ssl_ctx; /* SSL_CTX, NULL when TLS is off */
     mg_state state;
+    int memlock; /* --memlock as an mg_memlock: what MEMLOCK_DEFAULT means */
     uint64_t epoch;
     uint64_t start_unix_ms;
     uint64_t start_mono_ns;

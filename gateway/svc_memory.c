@@ -207,8 +207,8 @@ out:
 /* ---- handlers ---- */
 
 /* Checks a request and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
-static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, mg_segment **seg,
-                   char *err)
+static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, int memlock_policy,
+                   mg_segment **seg, char *err)
 {
     mg_segment_spec spec;
     if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
@@ -224,7 +224,23 @@ static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, m
     spec.shm_file = req->shm_file;
     spec.location = req->location;
     spec.remote_accessible = req->remote_accessible;
-    spec.memlock = (mg_memlock)req->memlock;
+    switch (req->memlock) {
+    case MOONGATE__V1__MEMLOCK__MEMLOCK_DEFAULT:
+        spec.memlock = (mg_memlock)memlock_policy;
+        break;
+    case MOONGATE__V1__MEMLOCK__MEMLOCK_OFF:
+        spec.memlock = MG_MEMLOCK_OFF;
+        break;
+    case MOONGATE__V1__MEMLOCK__MEMLOCK_TRY:
+        spec.memlock = MG_MEMLOCK_TRY;
+        break;
+    case MOONGATE__V1__MEMLOCK__MEMLOCK_REQUIRE:
+        spec.memlock = MG_MEMLOCK_REQUIRE;
+        break;
+    default:
+        snprintf(err, MG_SEG_ERROR_MAX, "memlock must be DEFAULT, OFF, TRY or REQUIRE");
+        return MG_ERR_INVALID;
+    }
     spec.prefault = req->prefault;
     spec.request_id = req->request_id;
     return mg_registry_reserve(reg, &spec, seg, err);
@@ -238,7 +254,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment *seg;
     seg_job *j;
     char err[MG_SEG_ERROR_MAX];
-    int rc = reserve(reg, req, &seg, err);
+    int rc = reserve(reg, req, gw->memlock, &seg, err);
 
     if (rc == MG_SEG_RETRY) { /* a retry: the first request's segment */
         Moongate__V1__RegisterResponse resp = MOONGATE__V1__REGISTER_RESPONSE__INIT;
@@ -586,7 +602,7 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
     reg = mg_engine_registry(b->gw->engine);
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
-        int rc = reserve(reg, req->items[i], &b->items[i].seg, err);
+        int rc = reserve(reg, req->items[i], b->gw->memlock, &b->items[i].seg, err);
         if (rc == MG_SEG_RETRY)
             mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
         else if (rc != 0) {

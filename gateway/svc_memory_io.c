@@ -179,7 +179,9 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
                      req->chunk_bytes, (unsigned long long)max_chunk);
         return;
     }
-    if (mg_registry_acquire(reg, TENANT, req->id, &seg) != 0) {
+    char holder[MG_SEG_HOLDER_MAX];
+    snprintf(holder, sizeof(holder), "ReadSegment by %s", mg_call_peer(call));
+    if (mg_registry_acquire(reg, TENANT, req->id, holder, &seg) != 0) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
         return;
     }
@@ -346,7 +348,9 @@ static void write_done(void *arg, int result)
     if (st->seg == NULL) { /* the first message: look its segment up, then copy */
         mg_segment_info info;
         uint64_t id = j->req->id;
-        if (id == 0 || mg_registry_acquire(reg, TENANT, id, &st->seg) != 0) {
+        char holder[MG_SEG_HOLDER_MAX];
+        snprintf(holder, sizeof(holder), "WriteSegment by %s", mg_call_peer(st->call));
+        if (id == 0 || mg_registry_acquire(reg, TENANT, id, holder, &st->seg) != 0) {
             char why[128];
             if (id == 0)
                 snprintf(why, sizeof(why), "the first message must name the segment (id)");

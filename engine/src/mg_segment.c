@@ -47,6 +47,7 @@ struct mg_segment {
     int prefault;
     mg_seg_state state;
     uint32_t refs;
+    char holder[MG_SEG_HOLDER_MAX]; /* who took the latest reference */
     int fd;
     void *addr;
     int locked;
@@ -56,12 +57,21 @@ struct mg_segment {
     struct mg_segment *prev, *next;                    /* all segments */
 };
 
+/* Segments entered per tenant, for max_tenant_segments. A list: tenants are few. */
+typedef struct tenant_count {
+    char tenant[MG_SEG_NAME_MAX + 1];
+    uint64_t segments;
+    struct tenant_count *next;
+} tenant_count;
+
 struct mg_registry {
     pthread_mutex_t lock;
     char *shm_dir;
     int dirfd;
     unsigned file_mode;
-    uint64_t max_segments, max_bytes, max_segment_bytes;
+    unsigned file_gid;
+    uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments;
+    tenant_count *tenants;
     size_t nbuckets;
     mg_segment **by_id, **by_name, **by_req;
     mg_segment *all;
@@ -201,6 +211,8 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
         return MG_ERR_SYSTEM;
     }
     reg->file_mode = cfg->file_mode;
+    reg->file_gid = cfg->file_gid;
+    reg->max_tenant_segments = cfg->max_tenant_segments;
     reg->max_segments = cfg->max_segments;
     reg->max_bytes = cfg->max_registered_bytes;
     reg->max_segment_bytes = cfg->max_segment_bytes;
@@ -218,6 +230,33 @@ fail_nomem:
     free(reg->shm_dir);
     free(reg);
     return MG_ERR_NOMEM;
+}
+
+static tenant_count *tenant_nolock(mg_registry *reg, const char *tenant, int create)
+{
+    tenant_count *t;
+    for (t = reg->tenants; t; t = t->next) {
+        if (strcmp(t->tenant, tenant) == 0)
+            return t;
+    }
+    if (!create || (t = calloc(1, sizeof(*t))) == NULL)
+        return NULL;
+    snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
+    t->next = reg->tenants;
+    reg->tenants = t;
+    return t;
+}
+
+static void tenant_drop_nolock(mg_registry *reg, const char *tenant)
+{
+    tenant_count **pp = &reg->tenants;
+    while (*pp && strcmp((*pp)->tenant, tenant) != 0)
+        pp = &(*pp)->next;
+    if (*pp && --(*pp)->segments == 0) {
+        tenant_count *t = *pp;
+        *pp = t->next;
+        free(t);
+    }
 }
 
 static void unlink_nolock(mg_registry *reg, mg_segment *seg)
@@ -246,6 +285,7 @@ static void unlink_nolock(mg_registry *reg, mg_segment *seg)
     if (seg->next)
         seg->next->prev = seg->prev;
     reg->count--;
+    tenant_drop_nolock(reg, seg->tenant);
     reg->bytes -= seg->size;
     if (seg->state == MG_SEG_READY)
         reg->ready--;
@@ -317,6 +357,7 @@ static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
 {
     mg_segment *seg;
+    tenant_count *tc;
     char loc[16];
     size_t b;
 
@@ -419,8 +460,15 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
         }
     }
     if (reg->count >= reg->max_segments) {
-        snprintf(err, MG_SEG_ERROR_MAX, "%llu segments are registered, the limit",
+        snprintf(err, MG_SEG_ERROR_MAX, "%llu segments are registered, the limit (--max-segments)",
                  (unsigned long long)reg->count);
+        goto fail_full;
+    }
+    tc = tenant_nolock(reg, seg->tenant, 0);
+    if (reg->max_tenant_segments && tc && tc->segments >= reg->max_tenant_segments) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "tenant \"%s\" has %llu segments, the limit per tenant (--max-tenant-segments)",
+                 seg->tenant, (unsigned long long)tc->segments);
         goto fail_full;
     }
     if (reg->max_bytes && spec->size > reg->max_bytes - reg->bytes) {
@@ -437,6 +485,13 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
         free(seg);
         return MG_ERR_EXISTS;
     }
+    if (tc == NULL && (tc = tenant_nolock(reg, seg->tenant, 1)) == NULL) {
+        pthread_mutex_unlock(&reg->lock);
+        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+        free(seg);
+        return MG_ERR_NOMEM;
+    }
+    tc->segments++;
     do {
         seg->id = mix64(++reg->counter);
     } while (seg->id == 0 || find_id_nolock(reg, seg->id));
@@ -507,6 +562,11 @@ static int open_file(mg_segment *seg)
             return MG_ERR_SYSTEM;
         }
         seg->created = 1;
+        if (reg->file_gid && fchown(seg->fd, (uid_t)-1, (gid_t)reg->file_gid) != 0) {
+            set_error(seg, "cannot give %s/%s to group %u: %s", reg->shm_dir, seg->file,
+                      reg->file_gid, strerror(errno));
+            return MG_ERR_SYSTEM;
+        }
         if (fchmod(seg->fd, reg->file_mode) != 0 || ftruncate(seg->fd, (off_t)seg->size) != 0) {
             set_error(seg, "cannot size %s/%s to %llu bytes: %s", reg->shm_dir, seg->file,
                       (unsigned long long)seg->size, strerror(errno));
@@ -676,7 +736,8 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result)
     free(seg);
 }
 
-int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out)
+int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
+                        mg_segment **out)
 {
     mg_segment *seg;
     pthread_mutex_lock(&reg->lock);
@@ -686,6 +747,7 @@ int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, mg_se
         return MG_ERR_NOT_FOUND;
     }
     seg->refs++;
+    snprintf(seg->holder, sizeof(seg->holder), "%s", holder ? holder : "");
     pthread_mutex_unlock(&reg->lock);
     *out = seg;
     return 0;
@@ -713,8 +775,9 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
     }
     if (seg->refs > 0) {
         snprintf(err, MG_SEG_ERROR_MAX,
-                 "segment %llu (\"%s\") is held by %u lease(s) or transfer(s)",
-                 (unsigned long long)id, seg->name, seg->refs);
+                 "segment %llu (\"%s\") is held by %u lease(s) or transfer(s), the latest: %s",
+                 (unsigned long long)id, seg->name, seg->refs,
+                 seg->holder[0] ? seg->holder : "unnamed");
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_BUSY;
     }

@@ -67,10 +67,11 @@ def certs(tmp_path_factory):
 class Daemon:
     """A moongate process with TLS, h2c, Unix-socket and ops listeners on free ports."""
 
-    def __init__(self, certs, workdir, extra=()):
+    def __init__(self, certs, workdir, extra=(), wrap=()):
         self.certs = certs
         self.workdir = workdir
         self.extra = list(extra)
+        self.wrap = list(wrap)  # a command the daemon runs under, e.g. setpriv
         self.proc = None
         self._pick_ports()
 
@@ -84,7 +85,7 @@ class Daemon:
         if "--shm-dir" in extra:  # the flag given last wins, in the daemon as here
             self.shm = extra[len(extra) - 1 - extra[::-1].index("--shm-dir") + 1]
         self.log_path = os.path.join(workdir, "moongate-%d.log" % self.tls_port)
-        self.args = [
+        self.args = self.wrap + [
             MOONGATE,
             "--listen", "127.0.0.1:%d" % self.tls_port,
             "--h2c-listen", "127.0.0.1:%d" % self.h2c_port,
@@ -190,8 +191,8 @@ class Daemon:
 def make_daemon(certs, tmp_path):
     made = []
 
-    def make(*extra):
-        d = Daemon(certs, str(tmp_path), extra).start()
+    def make(*extra, wrap=()):
+        d = Daemon(certs, str(tmp_path), extra, wrap).start()
         made.append(d)
         return d
 

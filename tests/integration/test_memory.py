@@ -390,6 +390,7 @@ def test_read_segment_inline(make_daemon):
             m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "held by 1" in e.value.details()
+        assert "the latest: ReadSegment by 127.0.0.1:" in e.value.details()
         stream.cancel()
         import time
         deadline = time.monotonic() + 10
@@ -541,6 +542,7 @@ def test_write_in_progress_holds_the_segment(make_daemon):
             assert e.value.code() == grpc.StatusCode.NOT_FOUND or time.monotonic() < deadline
             time.sleep(0.02)
         assert "held by 1" in e.value.details()
+        assert "the latest: WriteSegment by 127.0.0.1:" in e.value.details()
         go_on.set()
         assert fut.result().bytes_written == 11
         with open(seg.path, "rb") as f:
@@ -589,3 +591,84 @@ def test_a_fast_writer_waits_for_the_workers(make_daemon):
         m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
     nothing_left(d)
     assert d.metric("moongate_segment_write_queued_bytes") == 0
+
+
+def test_memlock_beyond_the_limit_is_a_clear_error(make_daemon):
+    """Root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK: the daemon runs without it, under a
+    1 MiB limit, and --memlock require as its default."""
+    d = make_daemon("--memlock", "require",
+                    wrap=["prlimit", "--memlock=1048576", "setpriv", "--bounding-set=-ipc_lock",
+                          "--inh-caps=-ipc_lock", "--"])
+    ch, m = stub(d)
+    with ch:
+        for how in (memory_pb2.MEMLOCK_REQUIRE, memory_pb2.MEMLOCK_DEFAULT):
+            with pytest.raises(grpc.RpcError) as e:
+                m.RegisterSegment(memory_pb2.RegisterRequest(name="big", size=4 << 20,
+                                                             memlock=how), timeout=10)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "RLIMIT_MEMLOCK is 1048576 bytes" in e.value.details()
+        nothing_left(d)
+        tried = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="try", size=4 << 20, memlock=memory_pb2.MEMLOCK_TRY), timeout=10).segment
+        assert not tried.locked  # registered, unlocked
+        small = m.RegisterSegment(memory_pb2.RegisterRequest(name="small", size=256 << 10),
+                                  timeout=10).segment
+        assert small.locked
+        assert d.metric("moongate_locked_bytes") == 256 << 10
+        off = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="off", size=4096, memlock=memory_pb2.MEMLOCK_OFF), timeout=10).segment
+        assert not off.locked
+        for s in (tried, small, off):
+            m.UnregisterSegment(memory_pb2.UnregisterRequest(id=s.id))
+        assert d.metric("moongate_locked_bytes") == 0
+    nothing_left(d)
+
+
+def test_bad_memlock_flag_is_a_configuration_error(tmp_path):
+    from conftest import MOONGATE
+    import subprocess
+    r = subprocess.run([MOONGATE, "--memlock", "always"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and "--memlock takes off, try or require" in r.stderr
+
+
+def test_tenant_segment_limit(make_daemon):
+    d = make_daemon("--max-tenant-segments", "2")
+    ch, m = stub(d)
+    with ch:
+        ids = [m.RegisterSegment(memory_pb2.RegisterRequest(name="s%d" % i, size=4096)).segment.id
+               for i in range(2)]
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegment(memory_pb2.RegisterRequest(name="s2", size=4096))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert 'tenant "default" has 2 segments, the limit per tenant' in e.value.details()
+        r = m.RegisterSegments(memory_pb2.RegisterSegmentsRequest(items=[
+            memory_pb2.RegisterRequest(name="b%d" % i, size=4096) for i in range(2)]))
+        assert [x.status.code for x in r.results] == [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]] * 2
+        m.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(ids=ids))
+    nothing_left(d)
+
+
+def test_shm_group_shares_the_directory_and_files(make_daemon, tmp_path):
+    import grp
+    gid = grp.getgrnam("nogroup").gr_gid
+    shm = str(tmp_path / "shm-grp")
+    d = make_daemon("--shm-dir", shm, "--shm-group", "nogroup", "--shm-mode", "0660")
+    st = os.stat(shm)
+    assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o2770
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="g", size=4096)).segment
+        st = os.stat(seg.path)
+        assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o660
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    nothing_left(d)
+
+
+def test_unknown_shm_group_fails_at_start(tmp_path):
+    from conftest import MOONGATE
+    import subprocess
+    r = subprocess.run([MOONGATE, "--shm-dir", str(tmp_path / "x"), "--shm-group",
+                        "no-such-group-here", "--ops-listen", "", "--unix-socket", "",
+                        "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1 and "no such group" in r.stdout + r.stderr

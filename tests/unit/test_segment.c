@@ -36,7 +36,11 @@ static void remove_dir(void)
 
 static mg_registry *open_reg(uint64_t max_segments, uint64_t max_bytes, uint64_t max_seg)
 {
-    mg_registry_config cfg = {dir, 0600, max_segments, max_bytes, max_seg};
+    mg_registry_config cfg = {.shm_dir = dir,
+                              .file_mode = 0600,
+                              .max_segments = max_segments,
+                              .max_registered_bytes = max_bytes,
+                              .max_segment_bytes = max_seg};
     mg_registry *reg = NULL;
     CU_ASSERT_EQUAL(mg_registry_new(&reg, &cfg), 0);
     return reg;
@@ -174,6 +178,43 @@ static void test_limits_names_and_ids(void)
 
     unreg(reg, "t1", ia.id);
     s = anon("t1", "a", 4096); /* the name and the bytes are free again */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_tenant_limit(void)
+{
+    mg_registry *reg;
+    mg_registry_config cfg = {
+        .shm_dir = dir, .file_mode = 0600, .max_segments = 8, .max_tenant_segments = 2};
+    mg_segment_spec s;
+    mg_segment *a;
+    mg_segment_info ia;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &cfg), 0);
+    s = anon("t1", "a", 4096);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &a, err), 0);
+    s = anon("t1", "b", 4096);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, NULL, err), 0);
+    s = anon("t1", "c", 4096);
+    expect_reserve(reg, &s, MG_ERR_FULL, "tenant \"t1\" has 2 segments, the limit per tenant");
+    s = anon("t2", "c", 4096); /* another tenant has its own count */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_segment_get_info(reg, a, &ia);
+    unreg(reg, "t1", ia.id);
+    s = anon("t1", "c", 4096); /* room again */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    /* A failed registration does not count. */
+    s = anon("t3", "x", 4096);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "missing";
+    s.size = 0;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_INVALID);
+    s = anon("t3", "x", 4096);
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    s = anon("t3", "y", 4096);
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
     mg_registry_del(reg);
     remove_dir();
@@ -351,16 +392,16 @@ static void test_references_block_unregister(void)
     reg = open_reg(8, 0, 0);
     CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
     mg_segment_get_info(reg, seg, &info);
-    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "other", info.id, &held), MG_ERR_NOT_FOUND);
-    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id + 1, &held), MG_ERR_NOT_FOUND);
-    CU_ASSERT_EQUAL_FATAL(mg_registry_acquire(reg, "t", info.id, &held), 0);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "other", info.id, "x", &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id + 1, "x", &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_acquire(reg, "t", info.id, "lease 7", &held), 0);
     CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", info.id, &gone, err), MG_ERR_BUSY);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "held by 1 lease(s) or transfer(s)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "held by 1 lease(s) or transfer(s), the latest: lease 7"));
     CU_ASSERT_EQUAL(mg_registry_unregister(reg, "other", info.id, &gone, err), MG_ERR_NOT_FOUND);
     mg_registry_put(reg, held);
     CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, "t", info.id, &gone, err), 0);
     /* While it is being unregistered it can be neither acquired nor unregistered again. */
-    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id, &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", info.id, "x", &held), MG_ERR_NOT_FOUND);
     CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", info.id, &held, err), MG_ERR_NOT_FOUND);
     mg_segment_unmap(gone);
     mg_registry_release(reg, gone);
@@ -438,7 +479,7 @@ static int memlock_child(void)
     mg_segment *seg;
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
-    mg_registry_config cfg = {dir, 0600, 8, 0, 0};
+    mg_registry_config cfg = {.shm_dir = dir, .file_mode = 0600, .max_segments = 8};
     if (drop_ipc_lock() != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0 ||
         mg_registry_new(&reg, &cfg) != 0)
         return 10;
@@ -509,9 +550,10 @@ static void test_memlock_policy_and_limit(void)
 static void test_bad_registry_config(void)
 {
     mg_registry *reg = NULL;
-    mg_registry_config rel = {"relative/dir", 0600, 8, 0, 0};
-    mg_registry_config none = {"/nonexistent/moongate", 0600, 8, 0, 0};
-    mg_registry_config zero = {"/tmp", 0600, 0, 0, 0};
+    mg_registry_config rel = {.shm_dir = "relative/dir", .file_mode = 0600, .max_segments = 8};
+    mg_registry_config none = {
+        .shm_dir = "/nonexistent/moongate", .file_mode = 0600, .max_segments = 8};
+    mg_registry_config zero = {.shm_dir = "/tmp", .file_mode = 0600, .max_segments = 0};
     CU_ASSERT_EQUAL(mg_registry_new(&reg, &rel), MG_ERR_INVALID);
     CU_ASSERT_EQUAL(mg_registry_new(&reg, &none), MG_ERR_SYSTEM);
     CU_ASSERT_EQUAL(mg_registry_new(&reg, &zero), MG_ERR_INVALID);
@@ -524,6 +566,7 @@ int main(void)
         MG_TEST(test_bounds),
         MG_TEST(test_spec_checks),
         MG_TEST(test_limits_names_and_ids),
+        MG_TEST(test_tenant_limit),
         MG_TEST(test_request_ids),
         MG_TEST(test_anon_file_is_the_memory),
         MG_TEST(test_shm_file_checks),

@@ -41,15 +41,18 @@ typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1 } mg_seg_source;
 typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
-#define MG_SEG_NAME_MAX  128 /* bytes of a segment name, tenant or shm file name */
-#define MG_SEG_ERROR_MAX 512
+#define MG_SEG_NAME_MAX   128 /* bytes of a segment name, tenant or shm file name */
+#define MG_SEG_ERROR_MAX  512
+#define MG_SEG_HOLDER_MAX 160 /* bytes of a holder's description */
 
 typedef struct mg_registry_config {
     const char *shm_dir;           /* where segment files live; must exist */
     unsigned file_mode;            /* mode of files the daemon creates, e.g. 0600 */
     uint64_t max_segments;         /* in the whole registry */
     uint64_t max_registered_bytes; /* sum of segment sizes */
-    uint64_t max_segment_bytes;    /* largest single segment */
+    uint64_t max_segment_bytes;    /* largest single segment; 0: no limit of its own */
+    uint64_t max_tenant_segments;  /* segments of one tenant; 0: only max_segments */
+    unsigned file_gid;             /* group of files the daemon creates; 0: the daemon's */
 } mg_registry_config;
 
 typedef struct mg_segment_spec {
@@ -94,8 +97,8 @@ void mg_registry_del(mg_registry *reg);
  * registered (nothing new is entered); or: MG_ERR_INVALID (bad name, tenant, size, location,
  * shm file name, request id, or a request id used for another name), MG_ERR_UNAVAILABLE (the
  * request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
- * of that name), MG_ERR_FULL (max_segments, max_registered_bytes or max_segment_bytes; err says
- * which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
+ * of that name), MG_ERR_FULL (max_segments, max_tenant_segments, max_registered_bytes or
+ * max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
 /* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it.
  * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
@@ -107,8 +110,10 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result);
 const char *mg_segment_error(const mg_segment *seg);
 
 /* Loop. Finds a READY segment of `tenant` by id (another tenant's id is NOT_FOUND) and takes a
- * reference. Returns 0, MG_ERR_NOT_FOUND. */
-int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out);
+ * reference for `holder`, a description an unregister refused meanwhile names ("ReadSegment
+ * by uid:1000 pid:42"). Returns 0, MG_ERR_NOT_FOUND. */
+int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
+                        mg_segment **out);
 /* Drops a reference taken by mg_registry_acquire(). */
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
 
