@@ -167,9 +167,16 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
             "# HELP moongate_registered_bytes Bytes of the segments entered in the registry.\n"
             "# TYPE moongate_registered_bytes gauge\nmoongate_registered_bytes %llu\n"
             "# HELP moongate_locked_bytes Bytes of segments locked in memory.\n"
-            "# TYPE moongate_locked_bytes gauge\nmoongate_locked_bytes %llu\n",
+            "# TYPE moongate_locked_bytes gauge\nmoongate_locked_bytes %llu\n"
+            "# HELP moongate_segment_jobs_total Segment map and unmap jobs, by the thread that "
+            "ran them (anything but worker is a bug).\n"
+            "# TYPE moongate_segment_jobs_total counter\n"
+            "moongate_segment_jobs_total{thread=\"worker\"} %llu\n"
+            "moongate_segment_jobs_total{thread=\"other\"} %llu\n",
             (unsigned long long)rs.segments, (unsigned long long)rs.registering,
-            (unsigned long long)rs.bytes, (unsigned long long)rs.locked_bytes);
+            (unsigned long long)rs.bytes, (unsigned long long)rs.locked_bytes,
+            (unsigned long long)(rs.jobs - rs.jobs_off_worker),
+            (unsigned long long)rs.jobs_off_worker);
         {
             const mg_segment_stats *ss = &gw->seg_stats;
             evbuffer_add_printf(

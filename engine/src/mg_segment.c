@@ -14,6 +14,7 @@
 #include "moongate/segment.h"
 
 #include "mg_log.h"
+#include "moongate/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -76,6 +77,7 @@ struct mg_registry {
     mg_segment **by_id, **by_name, **by_req;
     mg_segment *all;
     uint64_t counter;
+    uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
     uint64_t count, ready, registering, bytes, locked_bytes;
 };
 
@@ -151,6 +153,16 @@ static void set_error(mg_segment *seg, const char *fmt, ...)
 }
 
 /* ------------------------------------------------------------------ registry */
+
+static void unmap_files(mg_segment *seg);
+
+/* Counts a registration job and whether it runs where it must: on an engine worker. */
+static void count_job(mg_registry *reg)
+{
+    __atomic_add_fetch(&reg->jobs, 1, __ATOMIC_RELAXED);
+    if (!mg_engine_on_worker())
+        __atomic_add_fetch(&reg->jobs_off_worker, 1, __ATOMIC_RELAXED);
+}
 
 static void remove_stale_files(mg_registry *reg)
 {
@@ -302,7 +314,7 @@ void mg_registry_del(mg_registry *reg)
     while (reg->all) {
         mg_segment *seg = reg->all;
         unlink_nolock(reg, seg);
-        mg_segment_unmap(seg);
+        unmap_files(seg);
         free(seg);
     }
     close(reg->dirfd);
@@ -674,6 +686,7 @@ static void prefault(mg_segment *seg)
 int mg_segment_map(mg_segment *seg)
 {
     int rc;
+    count_job(seg->reg);
     seg->error[0] = '\0';
     rc = open_file(seg);
     if (rc != 0)
@@ -691,7 +704,7 @@ int mg_segment_map(mg_segment *seg)
     return 0;
 
 fail:
-    mg_segment_unmap(seg);
+    unmap_files(seg);
     return rc;
 }
 
@@ -701,6 +714,12 @@ const char *mg_segment_error(const mg_segment *seg)
 }
 
 void mg_segment_unmap(mg_segment *seg)
+{
+    count_job(seg->reg);
+    unmap_files(seg);
+}
+
+static void unmap_files(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
     if (seg->addr) {
@@ -884,4 +903,6 @@ void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out)
     out->bytes = reg->bytes;
     out->locked_bytes = reg->locked_bytes;
     pthread_mutex_unlock(&reg->lock);
+    out->jobs = __atomic_load_n(&reg->jobs, __ATOMIC_RELAXED);
+    out->jobs_off_worker = __atomic_load_n(&reg->jobs_off_worker, __ATOMIC_RELAXED);
 }

@@ -131,9 +131,17 @@ unsigned mg_cq_drain(mg_cq *cq, unsigned max)
     return n;
 }
 
+static __thread int on_worker;
+
+int mg_engine_on_worker(void)
+{
+    return on_worker;
+}
+
 static void *worker_main(void *p)
 {
     mg_workers *w = p;
+    on_worker = 1;
     pthread_mutex_lock(&w->lock);
     for (;;) {
         mg_job *job;

@@ -10,7 +10,9 @@
 #include "mg_test.h"
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "moongate/segment.h"
 #include "moongate/v1/debug.pb-c.h"
+#include "moongate/v1/memory.pb-c.h"
 
 #include <arpa/inet.h>
 #include <event2/event.h>
@@ -29,7 +31,7 @@ static mg_engine *engine;
 static mg_gateway *gw;
 static struct event_base *gw_base;
 static pthread_t gw_thread;
-static char sock_target[128], tcp_target[64];
+static char sock_target[128], tcp_target[64], shm_dir[64];
 
 static void *gw_main(void *arg)
 {
@@ -60,8 +62,16 @@ static int start_gateway(void)
                     "--workers=2",
                     sock,
                     h2c};
-    mg_engine_config ec = {.workers = 2, .queue_depth = 16};
+    mg_engine_config ec = {.workers = 2,
+                           .queue_depth = 16,
+                           .registry = {.shm_dir = shm_dir,
+                                        .file_mode = 0600,
+                                        .max_segments = 64,
+                                        .max_registered_bytes = 1 << 30}};
     int port = free_port();
+    snprintf(shm_dir, sizeof(shm_dir), "/tmp/mg-test-client-shm-XXXXXX");
+    if (mkdtemp(shm_dir) == NULL)
+        return -1;
     snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-client-%d.sock", (int)getpid());
     snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);
     snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-client-%d.sock", (int)getpid());
@@ -87,6 +97,7 @@ static void stop_gateway(void)
     event_base_loop(gw_base, EVLOOP_NONBLOCK); /* deferred frees of closed connections */
     event_base_free(gw_base);
     mg_config_free(&cfg);
+    rmdir(shm_dir);
 }
 
 /* ---- a tiny harness: one client on a private base, calls recorded ---- */
@@ -325,6 +336,84 @@ static void test_blocking_unary_and_unreachable(void)
     }
 }
 
+/* One unary call; returns the grpc status and the response (caller frees) in *resp. */
+static int unary(const char *path, const ProtobufCMessage *req, uint8_t **resp, size_t *len)
+{
+    mg_client_options o = {.target = sock_target};
+    static uint8_t buf[4096];
+    int status = -1;
+    char *msg = NULL, err[256];
+    CU_ASSERT_EQUAL(mg_client_unary(&o, path, buf, pack(req, buf), 10000, resp, len, &status, &msg,
+                                    err, sizeof(err)),
+                    0);
+    free(msg);
+    return status;
+}
+
+/* The hand-off rule for registration: every map and unmap the memory calls cause runs on an
+ * engine worker, never on the gateway's loop thread (nor any other). */
+static void test_registration_never_runs_on_the_loop(void)
+{
+    mg_registry *reg = mg_engine_registry(engine);
+    mg_registry_stats st;
+    uint64_t ids[4];
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    char name[16];
+    for (int i = 0; i < 3; i++) {
+        Moongate__V1__RegisterRequest r = MOONGATE__V1__REGISTER_REQUEST__INIT;
+        Moongate__V1__RegisterResponse *rr;
+        snprintf(name, sizeof(name), "s%d", i);
+        r.name = name;
+        r.size = (uint64_t)(i + 1) << 20;
+        r.prefault = 1;
+        r.memlock = MOONGATE__V1__MEMLOCK__MEMLOCK_TRY;
+        CU_ASSERT_EQUAL_FATAL(unary("/moongate.v1.Memory/RegisterSegment", &r.base, &resp, &len),
+                              MG_GRPC_OK);
+        rr = moongate__v1__register_response__unpack(NULL, len, resp);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(rr);
+        ids[i] = rr->segment->id;
+        moongate__v1__register_response__free_unpacked(rr, NULL);
+        free(resp);
+    }
+    {
+        Moongate__V1__RegisterSegmentsRequest b = MOONGATE__V1__REGISTER_SEGMENTS_REQUEST__INIT;
+        Moongate__V1__RegisterRequest item = MOONGATE__V1__REGISTER_REQUEST__INIT;
+        Moongate__V1__RegisterRequest *items[1] = {&item};
+        Moongate__V1__RegisterSegmentsResponse *br;
+        item.name = "batch";
+        item.size = 4096;
+        b.items = items;
+        b.n_items = 1;
+        CU_ASSERT_EQUAL_FATAL(unary("/moongate.v1.Memory/RegisterSegments", &b.base, &resp, &len),
+                              MG_GRPC_OK);
+        br = moongate__v1__register_segments_response__unpack(NULL, len, resp);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(br);
+        CU_ASSERT_EQUAL_FATAL(br->results[0]->status->code, 0);
+        ids[3] = br->results[0]->segment->id;
+        moongate__v1__register_segments_response__free_unpacked(br, NULL);
+        free(resp);
+    }
+    {
+        Moongate__V1__UnregisterRequest u = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+        Moongate__V1__UnregisterSegmentsRequest ub =
+            MOONGATE__V1__UNREGISTER_SEGMENTS_REQUEST__INIT;
+        u.id = ids[0];
+        CU_ASSERT_EQUAL(unary("/moongate.v1.Memory/UnregisterSegment", &u.base, &resp, &len),
+                        MG_GRPC_OK);
+        free(resp);
+        ub.ids = ids + 1;
+        ub.n_ids = 3;
+        CU_ASSERT_EQUAL(unary("/moongate.v1.Memory/UnregisterSegments", &ub.base, &resp, &len),
+                        MG_GRPC_OK);
+        free(resp);
+    }
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.segments, 0);
+    CU_ASSERT_EQUAL(st.jobs, 8); /* four maps, four unmaps */
+    CU_ASSERT_EQUAL(st.jobs_off_worker, 0);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -335,6 +424,7 @@ int main(void)
         MG_TEST(test_deadline_and_cancel),
         MG_TEST(test_unknown_method),
         MG_TEST(test_blocking_unary_and_unreachable),
+        MG_TEST(test_registration_never_runs_on_the_loop),
     };
     int rc;
     signal(SIGPIPE, SIG_IGN); /* as the daemon and mgctl do */

@@ -216,6 +216,13 @@ static void test_tenant_limit(void)
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
     s = anon("t3", "y", 4096);
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    {
+        /* This test maps on its own thread, not a worker: the registry sees it. */
+        mg_registry_stats st;
+        mg_registry_get_stats(reg, &st);
+        CU_ASSERT(st.jobs >= 6);
+        CU_ASSERT_EQUAL(st.jobs_off_worker, st.jobs);
+    }
     mg_registry_del(reg);
     remove_dir();
 }

@@ -18,6 +18,7 @@ typedef struct {
     int result;
     pthread_t done_thread;
     int done_calls;
+    int job_on_worker, done_on_worker; /* mg_engine_on_worker() in the job and in done */
 } probe;
 
 static pthread_t loop_thread;
@@ -27,6 +28,7 @@ static int wait_for_loop(void *arg)
 {
     probe *p = arg;
     struct timespec ts;
+    p->job_on_worker = mg_engine_on_worker();
     atomic_store(&p->started, 1);
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += 10;
@@ -39,6 +41,7 @@ static void record_done(void *arg, int result)
     probe *p = arg;
     p->result = result;
     p->done_thread = pthread_self();
+    p->done_on_worker = mg_engine_on_worker();
     p->done_calls++;
 }
 
@@ -83,6 +86,7 @@ static void test_loop_runs_while_workers_are_busy(void)
 
     CU_ASSERT_EQUAL_FATAL(mg_engine_new(&e, &cfg), 0);
     CU_ASSERT_EQUAL_FATAL(mg_cq_new(&cq), 0);
+    CU_ASSERT_EQUAL(mg_engine_on_worker(), 0);
     memset(p, 0, sizeof(p));
     loop_thread = pthread_self();
     loop_ticks = 0;
@@ -102,6 +106,8 @@ static void test_loop_runs_while_workers_are_busy(void)
         CU_ASSERT_EQUAL(p[i].result, 0); /* the loop released the job: it was not blocked */
         CU_ASSERT_EQUAL(p[i].done_calls, 1);
         CU_ASSERT_TRUE(pthread_equal(p[i].done_thread, loop_thread));
+        CU_ASSERT_EQUAL(p[i].job_on_worker, 1);
+        CU_ASSERT_EQUAL(p[i].done_on_worker, 0);
         sem_destroy(&p[i].go);
     }
     event_free(tick);

@@ -79,6 +79,9 @@ typedef struct mg_engine_stats {
 
 void mg_engine_get_stats(mg_engine *engine, mg_engine_stats *out);
 
+/* Non-zero when the calling thread is one of an engine's workers. */
+int mg_engine_on_worker(void);
+
 #ifdef __cplusplus
 }
 #endif

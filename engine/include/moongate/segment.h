@@ -146,6 +146,8 @@ typedef struct mg_registry_stats {
     uint64_t registering;
     uint64_t bytes; /* sum of sizes of segments entered (any state) */
     uint64_t locked_bytes;
+    uint64_t jobs;            /* mg_segment_map and mg_segment_unmap calls */
+    uint64_t jobs_off_worker; /* of those, calls not on an engine worker (the daemon: none) */
 } mg_registry_stats;
 void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out);
 
