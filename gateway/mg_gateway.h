@@ -247,8 +247,9 @@ void mg_svc_memory_free(mg_gateway *gw);
 int mg_svc_memory_io_init(mg_gateway *gw);
 /* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration
  * jobs wait on their worker. Returns how many wait. Thread-safe. */
-unsigned mg_svc_memory_hold(mg_gateway *gw, int hold);
-/* Worker: waits while the hold is on (returns at once without --debug-service). */
-void mg_svc_memory_gate(mg_gateway *gw);
+unsigned mg_svc_memory_hold(mg_gateway *gw, int hold, int after_map);
+/* Worker: waits while the hold is on for this point of a job (after_map 0: before mapping or
+ * copying, 1: after mapping). Returns at once without --debug-service. */
+void mg_svc_memory_gate(mg_gateway *gw, int after_map);
 
 #endif

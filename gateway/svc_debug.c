@@ -235,7 +235,7 @@ static void hold_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__HoldRequest *req = (const void *)m;
     Moongate__V1__HoldResponse resp = MOONGATE__V1__HOLD_RESPONSE__INIT;
-    resp.held = mg_svc_memory_hold(mg_call_gateway(call), req->hold);
+    resp.held = mg_svc_memory_hold(mg_call_gateway(call), req->hold, req->after_map);
     mg_call_reply(call, &resp.base);
 }
 

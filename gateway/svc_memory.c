@@ -63,22 +63,26 @@ typedef struct {
     uint64_t t0_ns;
 } seg_job;
 
-/* Debug/HoldRegistrations: a gate the registration jobs pass before mapping. Workers wait on
- * it; the loop only flips it (mutex held for O(1) work). */
+/* Debug/HoldRegistrations: a gate the registration jobs pass before mapping (or, with
+ * after_map, after it) and WriteSegment jobs before copying. Workers wait on it; the loop only
+ * flips it (mutex held for O(1) work). */
 struct mg_hold {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int on;
+    int after_map;
     unsigned waiting;
 };
 
-unsigned mg_svc_memory_hold(mg_gateway *gw, int hold)
+unsigned mg_svc_memory_hold(mg_gateway *gw, int hold, int after_map)
 {
     unsigned waiting;
     if (gw->hold == NULL)
         return 0;
     pthread_mutex_lock(&gw->hold->lock);
     gw->hold->on = hold;
+    if (hold)
+        gw->hold->after_map = after_map;
     waiting = gw->hold->waiting;
     if (!hold)
         pthread_cond_broadcast(&gw->hold->cond);
@@ -86,24 +90,29 @@ unsigned mg_svc_memory_hold(mg_gateway *gw, int hold)
     return waiting;
 }
 
-void mg_svc_memory_gate(mg_gateway *gw)
+void mg_svc_memory_gate(mg_gateway *gw, int after_map)
 {
     struct mg_hold *h = gw->hold;
     if (h == NULL)
         return;
     pthread_mutex_lock(&h->lock);
-    h->waiting++;
-    while (h->on)
-        pthread_cond_wait(&h->cond, &h->lock);
-    h->waiting--;
+    if (h->on && h->after_map == after_map) {
+        h->waiting++;
+        while (h->on)
+            pthread_cond_wait(&h->cond, &h->lock);
+        h->waiting--;
+    }
     pthread_mutex_unlock(&h->lock);
 }
 
 static int map_work(void *arg)
 {
     seg_job *j = arg;
-    mg_svc_memory_gate(j->gw);
-    return mg_segment_map(j->seg);
+    int rc;
+    mg_svc_memory_gate(j->gw, 0);
+    rc = mg_segment_map(j->seg);
+    mg_svc_memory_gate(j->gw, 1);
+    return rc;
 }
 
 static int unmap_work(void *arg)
@@ -163,6 +172,7 @@ static void map_done(void *arg, int result)
     char err[MG_SEG_ERROR_MAX];
 
     mg_metrics_registration(gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
+    mg_call_set_data(j->call, NULL);
     if (result != 0) {
         snprintf(err, sizeof(err), "%s", mg_segment_error(j->seg));
         mg_registry_commit(reg, j->seg, result);
@@ -291,7 +301,18 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
         free(j);
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
                      (unsigned)gw->cfg->queue_depth);
+        return;
     }
+    mg_call_set_data(call, j);
+}
+
+/* The caller left (cancel, deadline, disconnect): stop the mapping between chunks. map_done
+ * then finds the call done and the registration failed or, if it had finished, undoes it. */
+static void register_cancel(mg_call *call)
+{
+    seg_job *j = mg_call_data(call);
+    if (j)
+        mg_segment_cancel(j->seg);
 }
 
 static void unregister_message(mg_call *call, const ProtobufCMessage *m)
@@ -388,6 +409,7 @@ typedef struct {
     int code; /* gRPC code, 0 for OK */
     char message[MG_SEG_ERROR_MAX + 64];
     mg_segment *seg;
+    int mapping; /* a map job for seg is out */
     mg_segment_info info;
 } batch_item;
 
@@ -472,6 +494,7 @@ static void batch_reply(batch *b)
 static void batch_finish(batch *b)
 {
     mg_registry *reg = mg_engine_registry(b->gw->engine);
+    mg_call_set_data(b->call, NULL);
     if (!mg_call_done(b->call)) {
         batch_reply(b);
     } else if (!b->unregister) {
@@ -492,11 +515,26 @@ static void batch_finish(batch *b)
     free(b);
 }
 
+/* The caller of a RegisterSegments left: stop the mappings still running or queued. */
+static void register_batch_cancel(mg_call *call)
+{
+    batch *b = mg_call_data(call);
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->items[i].mapping)
+            mg_segment_cancel(b->items[i].seg);
+    }
+}
+
 static int batch_map_work(void *arg)
 {
     batch_job *j = arg;
-    mg_svc_memory_gate(j->b->gw);
-    return mg_segment_map(j->b->items[j->i].seg);
+    int rc;
+    mg_svc_memory_gate(j->b->gw, 0);
+    rc = mg_segment_map(j->b->items[j->i].seg);
+    mg_svc_memory_gate(j->b->gw, 1);
+    return rc;
 }
 
 static void batch_map_done(void *arg, int result)
@@ -505,6 +543,7 @@ static void batch_map_done(void *arg, int result)
     batch *b = j->b;
     batch_item *it = &b->items[j->i];
     mg_registry *reg = mg_engine_registry(b->gw->engine);
+    it->mapping = 0;
     mg_metrics_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     if (result != 0) {
         char err[MG_SEG_ERROR_MAX];
@@ -578,8 +617,10 @@ static void batch_start(batch *b, size_t i, mg_work_fn work, mg_done_fn done)
             counted = 1;
         }
         rc = mg_engine_submit(b->gw->engine, b->gw->cq, work, done, j);
-        if (rc == 0)
+        if (rc == 0) {
+            b->items[i].mapping = !b->unregister;
             return;
+        }
         b->pending--;
         free(j);
     }
@@ -599,6 +640,7 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
     mg_registry *reg;
     if (b == NULL)
         return;
+    mg_call_set_data(call, b); /* for register_batch_cancel, until batch_finish */
     reg = mg_engine_registry(b->gw->engine);
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
@@ -637,11 +679,18 @@ static void unregister_batch_message(mg_call *call, const ProtobufCMessage *m)
 }
 
 static const mg_method memory_methods[] = {
-    MG_UNARY("/moongate.v1.Memory/RegisterSegment", &moongate__v1__register_request__descriptor,
-             &moongate__v1__register_response__descriptor, register_message),
-    MG_UNARY("/moongate.v1.Memory/RegisterSegments",
-             &moongate__v1__register_segments_request__descriptor,
-             &moongate__v1__register_segments_response__descriptor, register_batch_message),
+    {.path = "/moongate.v1.Memory/RegisterSegment",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__register_request__descriptor,
+     .out = &moongate__v1__register_response__descriptor,
+     .on_message = register_message,
+     .on_cancel = register_cancel},
+    {.path = "/moongate.v1.Memory/RegisterSegments",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__register_segments_request__descriptor,
+     .out = &moongate__v1__register_segments_response__descriptor,
+     .on_message = register_batch_message,
+     .on_cancel = register_batch_cancel},
     MG_UNARY("/moongate.v1.Memory/UnregisterSegments",
              &moongate__v1__unregister_segments_request__descriptor,
              &moongate__v1__unregister_segments_response__descriptor, unregister_batch_message),

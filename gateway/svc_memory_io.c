@@ -278,7 +278,7 @@ static int write_work(void *arg)
 {
     write_job *j = arg;
     const Moongate__V1__WriteSegmentRequest *r;
-    mg_svc_memory_gate(j->st->gw);
+    mg_svc_memory_gate(j->st->gw, 0);
     if (j->req == NULL) {
         j->req = moongate__v1__write_segment_request__unpack(NULL, j->len, j->raw);
         free(j->raw);

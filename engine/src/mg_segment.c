@@ -48,6 +48,7 @@ struct mg_segment {
     int prefault;
     mg_seg_state state;
     uint32_t refs;
+    int cancel;                     /* set by mg_segment_cancel (any thread), read between chunks */
     char holder[MG_SEG_HOLDER_MAX]; /* who took the latest reference */
     int fd;
     void *addr;
@@ -620,6 +621,19 @@ static int open_file(mg_segment *seg)
     return 0;
 }
 
+static int cancelled(mg_segment *seg)
+{
+    if (!__atomic_load_n(&seg->cancel, __ATOMIC_RELAXED))
+        return 0;
+    set_error(seg, "registration cancelled: its caller is gone");
+    return 1;
+}
+
+void mg_segment_cancel(mg_segment *seg)
+{
+    __atomic_store_n(&seg->cancel, 1, __ATOMIC_RELAXED);
+}
+
 static int lock_pages(mg_segment *seg)
 {
     struct rlimit rl;
@@ -631,6 +645,10 @@ static int lock_pages(mg_segment *seg)
     e = 0;
     for (uint64_t off = 0; off < seg->size; off += CHUNK) {
         uint64_t n = seg->size - off < CHUNK ? seg->size - off : CHUNK;
+        if (cancelled(seg)) {
+            munlock(seg->addr, off);
+            return MG_ERR_CANCELLED;
+        }
         if (mlock((char *)seg->addr + off, n) != 0) {
             e = errno;
             munlock(seg->addr, off);
@@ -658,29 +676,36 @@ static int lock_pages(mg_segment *seg)
     return e == EPERM ? MG_ERR_PERMISSION : MG_ERR_NOMEM;
 }
 
-static void prefault(mg_segment *seg)
+/* Returns 0 or MG_ERR_CANCELLED. */
+static int prefault(mg_segment *seg)
 {
     long page = sysconf(_SC_PAGESIZE);
     if (!seg->prefault)
-        return;
+        return 0;
     if (seg->locked)
-        return; /* mlock already faulted every page in */
+        return 0; /* mlock already faulted every page in */
 #ifdef MADV_POPULATE_WRITE
     {
         /* In chunks, for the same reason as lock_pages. */
         uint64_t off = 0;
         for (; off < seg->size; off += CHUNK) {
             uint64_t n = seg->size - off < CHUNK ? seg->size - off : CHUNK;
+            if (cancelled(seg))
+                return MG_ERR_CANCELLED;
             if (madvise((char *)seg->addr + off, n, MADV_POPULATE_WRITE) != 0)
                 break;
         }
         if (off >= seg->size)
-            return;
+            return 0;
     }
 #endif
     /* Older kernels: read every page; writes would race with a client's own. */
-    for (uint64_t off = 0; off < seg->size; off += (uint64_t)page)
+    for (uint64_t off = 0; off < seg->size; off += (uint64_t)page) {
+        if (off % CHUNK == 0 && cancelled(seg))
+            return MG_ERR_CANCELLED;
         (void)*(volatile const char *)((const char *)seg->addr + off);
+    }
+    return 0;
 }
 
 int mg_segment_map(mg_segment *seg)
@@ -688,6 +713,8 @@ int mg_segment_map(mg_segment *seg)
     int rc;
     count_job(seg->reg);
     seg->error[0] = '\0';
+    if (cancelled(seg))
+        return MG_ERR_CANCELLED;
     rc = open_file(seg);
     if (rc != 0)
         goto fail;
@@ -698,9 +725,8 @@ int mg_segment_map(mg_segment *seg)
         rc = errno == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
         goto fail;
     }
-    if ((rc = lock_pages(seg)) != 0)
+    if ((rc = lock_pages(seg)) != 0 || (rc = prefault(seg)) != 0)
         goto fail;
-    prefault(seg);
     return 0;
 
 fail:
@@ -750,6 +776,7 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result)
         pthread_mutex_unlock(&reg->lock);
         return;
     }
+    seg->locked = 0; /* a REGISTERING segment's bytes are not in locked_bytes */
     unlink_nolock(reg, seg);
     pthread_mutex_unlock(&reg->lock);
     free(seg);

@@ -28,11 +28,11 @@ def nothing_left(d):
     assert [f for f in os.listdir(d.shm) if f.startswith("moongate-seg-")] == []
 
 
-def wait_held(dbg, n, debug_pb2):
-    """Waits until n registrations are held on their workers (Debug/HoldRegistrations)."""
+def wait_held(dbg, n, debug_pb2, after_map=False):
+    """Waits until n jobs are held on their workers (Debug/HoldRegistrations)."""
     import time
     deadline = time.monotonic() + 10
-    while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True)).held < n:
+    while dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True, after_map=after_map)).held < n:
         assert time.monotonic() < deadline, "registrations did not reach their workers"
         time.sleep(0.01)
 
@@ -217,8 +217,26 @@ def test_held_registration_does_not_block_the_daemon(make_daemon):
     nothing_left(d)
 
 
-def test_registration_of_a_caller_gone_is_undone(make_daemon):
+def wait_log(d, needle):
     import time
+    deadline = time.monotonic() + 10
+    while needle not in d.read_log():
+        assert time.monotonic() < deadline, "no %r in the log" % needle
+        time.sleep(0.02)
+
+
+def wait_metric(d, value, name, **labels):
+    import time
+    deadline = time.monotonic() + 10
+    while d.metric(name, **labels) != value:
+        assert time.monotonic() < deadline, "%s%r is %r, not %r" % (
+            name, labels, d.metric(name, **labels), value)
+        time.sleep(0.02)
+
+
+def test_registration_of_a_caller_gone_is_cancelled(make_daemon):
+    """A caller that leaves while its registration waits on a worker: the job stops before
+    mapping (CANCELLED), and nothing is left."""
     from moongate.v1 import debug_pb2, debug_pb2_grpc
     d = make_daemon()
     ch, m = stub(d)
@@ -228,14 +246,40 @@ def test_registration_of_a_caller_gone_is_undone(make_daemon):
         fut = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="gone", size=1 << 20))
         wait_held(dbg, 1, debug_pb2)
         fut.cancel()
+        wait_log(d, "path=/moongate.v1.Memory/RegisterSegment")  # the daemon saw it go
         dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
-        deadline = time.monotonic() + 10
-        while "segment_rolled_back" not in d.read_log():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        while d.metric("moongate_registered_bytes") != 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_metric(d, 1, "moongate_segment_registration_failures_total", grpc_code="CANCELLED")
+        wait_metric(d, 0, "moongate_registered_bytes")
+        assert list(m.ListSegments(memory_pb2.ListSegmentsRequest()).segments) == []
+        assert "segment_rolled_back" not in d.read_log()  # it never got mapped
+        # A batch whose caller leaves: every held item stops.
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True))
+        fut = m.RegisterSegments.future(memory_pb2.RegisterSegmentsRequest(items=[
+            memory_pb2.RegisterRequest(name="b%d" % i, size=1 << 20) for i in range(3)]))
+        wait_held(dbg, 3, debug_pb2)
+        fut.cancel()
+        wait_log(d, "path=/moongate.v1.Memory/RegisterSegments")
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
+        wait_metric(d, 4, "moongate_segment_registration_failures_total", grpc_code="CANCELLED")
+    nothing_left(d)
+
+
+def test_registration_that_finished_for_a_caller_gone_is_undone(make_daemon):
+    """The caller leaves after its segment was mapped, before the answer: the segment is
+    unregistered again, nothing is left."""
+    from moongate.v1 import debug_pb2, debug_pb2_grpc
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        dbg = debug_pb2_grpc.DebugStub(ch)
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=True, after_map=True))
+        fut = m.RegisterSegment.future(memory_pb2.RegisterRequest(name="late", size=1 << 20))
+        wait_held(dbg, 1, debug_pb2, after_map=True)
+        fut.cancel()
+        wait_log(d, "path=/moongate.v1.Memory/RegisterSegment")
+        dbg.HoldRegistrations(debug_pb2.HoldRequest(hold=False))
+        wait_log(d, "segment_rolled_back")
+        wait_metric(d, 0, "moongate_registered_bytes")
         assert list(m.ListSegments(memory_pb2.ListSegmentsRequest()).segments) == []
     nothing_left(d)
 

@@ -7,6 +7,7 @@
 #include "mg_test.h"
 #include "moongate/segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <stdio.h>
@@ -32,6 +33,20 @@ static void remove_dir(void)
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
+/* Files in the test's shm directory. */
+static int count_files(void)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
 }
 
 static mg_registry *open_reg(uint64_t max_segments, uint64_t max_bytes, uint64_t max_seg)
@@ -223,6 +238,32 @@ static void test_tenant_limit(void)
         CU_ASSERT(st.jobs >= 6);
         CU_ASSERT_EQUAL(st.jobs_off_worker, st.jobs);
     }
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_cancel_before_mapping(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "cancelled", 16 << 20);
+    mg_segment *seg;
+    mg_registry_stats st;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    s.prefault = 1;
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &s, &seg, err), 0);
+    mg_segment_cancel(seg);
+    CU_ASSERT_EQUAL(mg_segment_map(seg), MG_ERR_CANCELLED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mg_segment_error(seg), "cancelled"));
+    CU_ASSERT_PTR_NULL(mg_segment_addr(seg));
+    mg_registry_commit(reg, seg, MG_ERR_CANCELLED);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.bytes, 0);
+    CU_ASSERT_EQUAL(st.registering, 0);
+    CU_ASSERT_EQUAL(count_files(), 0);
+    /* The name is free again. */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
     mg_registry_del(reg);
     remove_dir();
 }
@@ -574,6 +615,7 @@ int main(void)
         MG_TEST(test_spec_checks),
         MG_TEST(test_limits_names_and_ids),
         MG_TEST(test_tenant_limit),
+        MG_TEST(test_cancel_before_mapping),
         MG_TEST(test_request_ids),
         MG_TEST(test_anon_file_is_the_memory),
         MG_TEST(test_shm_file_checks),

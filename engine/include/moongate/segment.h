@@ -104,6 +104,9 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
  * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
  * mapped or created. */
 int mg_segment_map(mg_segment *seg);
+/* Any thread. Asks mg_segment_map() of this segment to stop: before it starts or between two
+ * chunks of locking or prefaulting, it undoes its work and fails with MG_ERR_CANCELLED. */
+void mg_segment_cancel(mg_segment *seg);
 /* Loop. With result 0: READY. Otherwise the reservation is undone and the segment freed. */
 void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result);
 /* The text of the last mg_segment_map() failure ("" when none). */
