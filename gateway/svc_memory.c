@@ -31,6 +31,7 @@ static const char *const source_names[] = {"anon", "shm"};
 typedef struct {
     Moongate__V1__Segment msg;
     char name[MG_SEG_NAME_MAX + 1], tenant[MG_SEG_NAME_MAX + 1], location[16], path[4097];
+    char *transports[MG_TRANSPORT_COUNT];
 } seg_msg;
 
 static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
@@ -52,6 +53,11 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
     m->msg.locked = in->locked;
     m->msg.state = (Moongate__V1__SegmentState)in->state;
     m->msg.holders = in->refs;
+    m->msg.transports = m->transports;
+    for (int t = 0; t < MG_TRANSPORT_COUNT; t++) {
+        if (in->transports[t].registered)
+            m->transports[m->msg.n_transports++] = (char *)mg_transport_names[t];
+    }
 }
 
 /* ---- jobs ---- */

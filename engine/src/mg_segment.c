@@ -48,6 +48,7 @@ struct mg_segment {
     int prefault;
     mg_seg_state state;
     uint32_t refs;
+    mg_seg_transport transports[MG_TRANSPORT_COUNT];
     int cancel;                     /* set by mg_segment_cancel (any thread), read between chunks */
     char holder[MG_SEG_HOLDER_MAX]; /* who took the latest reference */
     int fd;
@@ -81,6 +82,8 @@ struct mg_registry {
     uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
     uint64_t count, ready, registering, bytes, locked_bytes;
 };
+
+const char *const mg_transport_names[MG_TRANSPORT_COUNT] = {"tcp", "rdma"};
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -727,6 +730,8 @@ int mg_segment_map(mg_segment *seg)
     }
     if ((rc = lock_pages(seg)) != 0 || (rc = prefault(seg)) != 0)
         goto fail;
+    /* The TCP data plane serves a remote-accessible segment from this mapping. */
+    seg->transports[MG_TRANSPORT_TCP].registered = seg->remote_accessible;
     return 0;
 
 fail:
@@ -864,6 +869,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     out->size = seg->size;
     out->remote_accessible = seg->remote_accessible;
     out->locked = seg->locked;
+    memcpy(out->transports, seg->transports, sizeof(out->transports));
     out->state = seg->state;
     out->refs = seg->refs;
 }

@@ -46,6 +46,7 @@ def test_anon_segment_is_shared_memory(make_daemon):
         assert seg.id != 0 and seg.state == memory_pb2.READY
         assert (seg.name, seg.tenant, seg.size, seg.location) == ("kv-blocks", "default",
                                                                    3 * 4096 + 7, "cpu:0")
+        assert list(seg.transports) == []  # not remote-accessible: no transport record
         assert os.path.dirname(seg.path) == d.shm
         st = os.stat(seg.path)
         assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == seg.size
@@ -60,6 +61,18 @@ def test_anon_segment_is_shared_memory(make_daemon):
         with pytest.raises(grpc.RpcError) as e:
             m.GetSegment(memory_pb2.GetSegmentRequest(id=seg.id))
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    nothing_left(d)
+
+
+def test_remote_accessible_segment_has_a_tcp_record(make_daemon):
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="shared", size=4096, remote_accessible=True), timeout=10).segment
+        assert seg.remote_accessible and list(seg.transports) == ["tcp"]
+        assert list(m.GetSegment(memory_pb2.GetSegmentRequest(id=seg.id)).transports) == ["tcp"]
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
     nothing_left(d)
 
 

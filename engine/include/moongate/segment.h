@@ -68,6 +68,16 @@ typedef struct mg_segment_spec {
     const char *request_id; /* optional client request id, unique per tenant; NULL or "" */
 } mg_segment_spec;
 
+/* The data paths peers can reach a segment over. Each has its own registration record: TCP
+ * needs none beyond the mapping; RDMA will hold the memory region's keys. */
+typedef enum { MG_TRANSPORT_TCP = 0, MG_TRANSPORT_RDMA = 1, MG_TRANSPORT_COUNT = 2 } mg_transport;
+extern const char *const mg_transport_names[MG_TRANSPORT_COUNT]; /* "tcp", "rdma" */
+
+typedef struct mg_seg_transport {
+    int registered;      /* peers can reach the segment over this transport */
+    uint32_t lkey, rkey; /* RDMA: the memory region's keys */
+} mg_seg_transport;
+
 typedef struct mg_segment_info {
     uint64_t id;
     char tenant[MG_SEG_NAME_MAX + 1];
@@ -80,6 +90,7 @@ typedef struct mg_segment_info {
     int locked; /* pages are locked in memory */
     mg_seg_state state;
     uint32_t refs; /* holders besides the registry (leases, transfers) */
+    mg_seg_transport transports[MG_TRANSPORT_COUNT];
 } mg_segment_info;
 
 /* Opens the registry on cfg->shm_dir and removes the segment files an earlier daemon created
@@ -100,7 +111,8 @@ void mg_registry_del(mg_registry *reg);
  * of that name), MG_ERR_FULL (max_segments, max_tenant_segments, max_registered_bytes or
  * max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
-/* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it.
+/* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it, then
+ * registers a remote-accessible segment with the transports (TCP: a record, nothing more).
  * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
  * mapped or created. */
 int mg_segment_map(mg_segment *seg);
