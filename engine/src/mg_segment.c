@@ -683,10 +683,6 @@ static int lock_pages(mg_segment *seg)
 static int prefault(mg_segment *seg)
 {
     long page = sysconf(_SC_PAGESIZE);
-    if (!seg->prefault)
-        return 0;
-    if (seg->locked)
-        return 0; /* mlock already faulted every page in */
 #ifdef MADV_POPULATE_WRITE
     {
         /* In chunks, for the same reason as lock_pages. */
@@ -728,7 +724,12 @@ int mg_segment_map(mg_segment *seg)
         rc = errno == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
         goto fail;
     }
-    if ((rc = lock_pages(seg)) != 0 || (rc = prefault(seg)) != 0)
+    /* Fault the pages in first, then lock them: populating takes the mmap lock for reading,
+     * so registrations on several workers proceed in parallel, while mlock takes it for
+     * writing and would fault every page in under it, one registration at a time. */
+    if ((seg->prefault || seg->memlock != MG_MEMLOCK_OFF) && (rc = prefault(seg)) != 0)
+        goto fail;
+    if ((rc = lock_pages(seg)) != 0)
         goto fail;
     /* The TCP data plane serves a remote-accessible segment from this mapping. */
     seg->transports[MG_TRANSPORT_TCP].registered = seg->remote_accessible;

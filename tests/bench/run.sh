@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register] [-- options of the benchmark]
+#   tests/bench/run.sh [control|register|batch] [-- options of the benchmark]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
+# batch:    a batch registration on 1 and N workers against registering one by one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -24,5 +25,8 @@ control)
 register)
     /usr/bin/python3 tests/bench/bench_register.py --moongate "$build/moongate" "$@"
     ;;
-*) echo "usage: $0 [control|register] [-- options]" >&2; exit 64 ;;
+batch)
+    /usr/bin/python3 tests/bench/bench_batch.py --moongate "$build/moongate" "$@"
+    ;;
+*) echo "usage: $0 [control|register|batch] [-- options]" >&2; exit 64 ;;
 esac
