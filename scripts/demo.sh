@@ -66,6 +66,17 @@ curl -sS --http2 --cacert "$certs/ca.pem" -H 'content-type: application/json' \
 say "curl http://127.0.0.1:$ops_port/readyz; curl -s http://127.0.0.1:$ops_port/metrics | grep grpc_handled"
 curl -sS "http://127.0.0.1:$ops_port/readyz"
 curl -sS "http://127.0.0.1:$ops_port/metrics" | grep '^moongate_grpc_handled_total'
+say "curl --http2 ... -d '{\"name\": \"kv0\", \"size\": \"1048576\"}' https://localhost:$port/v1/segments   # register a segment"
+seg=$(curl -sS --http2 --cacert "$certs/ca.pem" -H 'content-type: application/json' \
+    -d '{"name": "kv0", "size": "1048576", "prefault": true}' "https://localhost:$port/v1/segments")
+echo "$seg"
+seg_id=$(echo "$seg" | sed -n 's/.*"id":"\([0-9]*\)".*/\1/p')
+seg_path=$(echo "$seg" | sed -n 's/.*"path":"\([^"]*\)".*/\1/p')
+say "ls -l $seg_path                                # the file a local client maps"
+ls -l "$seg_path"
+say "curl --http2 ... https://localhost:$port/v1/segments; curl --http2 -X DELETE .../v1/segments/$seg_id"
+curl -sS --http2 --cacert "$certs/ca.pem" "https://localhost:$port/v1/segments"
+curl -sS --http2 --cacert "$certs/ca.pem" -X DELETE "https://localhost:$port/v1/segments/$seg_id"
 say "clients/python/health_check.py --target localhost:$port --ca certs/dev/ca.pem   # python3-grpcio"
 MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/health_check.py \
     --target "localhost:$port" --ca "$certs/ca.pem"
