@@ -84,6 +84,7 @@ check_format() {
 run_demo() { # the README's first command, end to end, on its default ports
     local out
     if out=$(timeout 300 scripts/demo.sh 2>&1) && echo "$out" | grep -q "^health: SERVING" &&
+        echo "$out" | grep -q '"name":"kv0"' &&
         echo "$out" | grep -q "moongate exited with status 0"; then
         passed=$((passed + 1))
     else
@@ -99,7 +100,7 @@ build() { # flavour -> sets $dir
 
 fuzz_run() {
     local rc=0 target corpus work
-    for target in deframer json; do
+    for target in deframer json alloc; do
         corpus=tests/fuzz/corpus/$target
         work=$(mktemp -d)
         echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"

@@ -1,0 +1,406 @@
+/*
+ * mg_pool: leases over a registered region (see moongate/pool.h).
+ *
+ * Storage: leases in two chained hash tables of fixed size (a power of two >= max_leases), by
+ * id and by (tenant, request id), and in one list. Ids are a bijective mix of a counter that
+ * starts at a random value, like segment ids. A released lease that operations still use stays
+ * in the tables, marked, until its last user ends; lookups do not see it.
+ */
+#include "moongate/pool.h"
+
+#include "moongate/alloc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+struct mg_lease {
+    uint64_t id;
+    char tenant[MG_SEG_NAME_MAX + 1];
+    char request_id[MG_SEG_NAME_MAX + 1];
+    uint64_t offset, requested, reserved;
+    uint64_t expires_ms;
+    uint32_t handle; /* in the allocator */
+    uint32_t users;
+    int released;
+    int remote_accessible;
+    struct mg_lease *id_next, *req_next, *prev, *next;
+};
+
+struct mg_pool {
+    char name[MG_POOL_NAME_MAX + 1];
+    mg_registry *reg;
+    mg_segment *seg;
+    uint8_t *base;
+    mg_alloc *alloc;
+    mg_pool_config cfg;
+    uint64_t counter;
+    size_t nbuckets;
+    mg_lease **by_id, **by_req;
+    mg_lease *all;
+    uint64_t live;
+    uint64_t acquired_total, released_total, expired_total, exhausted_total;
+};
+
+static uint64_t mix64(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash_str2(const char *a, const char *b)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *a; a++)
+        h = (h ^ (unsigned char)*a) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;
+    for (; *b; b++)
+        h = (h ^ (unsigned char)*b) * 1099511628211ULL;
+    return h;
+}
+
+int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_config *cfg)
+{
+    mg_pool *p;
+    mg_segment_info info;
+    size_t nb = 16;
+    int rc;
+    mg_segment_get_info(reg, seg, &info);
+    if (cfg->name == NULL || strlen(cfg->name) > MG_POOL_NAME_MAX || cfg->lease_bytes == 0 ||
+        cfg->lease_bytes % MG_POOL_GRANULE || cfg->max_leases == 0 ||
+        cfg->lease_bytes > info.size || cfg->reserve_bytes > info.size - cfg->lease_bytes ||
+        mg_segment_addr(seg) == NULL)
+        return MG_ERR_INVALID;
+    p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return MG_ERR_NOMEM;
+    while (nb < cfg->max_leases)
+        nb <<= 1;
+    p->nbuckets = nb;
+    p->by_id = calloc(nb, sizeof(*p->by_id));
+    p->by_req = calloc(nb, sizeof(*p->by_req));
+    rc = p->by_id && p->by_req
+             ? mg_alloc_new(&p->alloc, cfg->lease_bytes, MG_POOL_GRANULE, cfg->max_leases)
+             : MG_ERR_NOMEM;
+    if (rc != 0) {
+        free(p->by_id);
+        free(p->by_req);
+        free(p);
+        return rc;
+    }
+    snprintf(p->name, sizeof(p->name), "%s", cfg->name);
+    p->reg = reg;
+    p->seg = seg;
+    p->base = mg_segment_addr(seg);
+    p->cfg = *cfg;
+    p->cfg.name = p->name;
+    if (getrandom(&p->counter, sizeof(p->counter), 0) != sizeof(p->counter))
+        p->counter = (uint64_t)(uintptr_t)p;
+    *out = p;
+    return 0;
+}
+
+static void lease_free(mg_pool *p, mg_lease *l)
+{
+    mg_lease **pp = &p->by_id[mix64(l->id) & (p->nbuckets - 1)];
+    while (*pp && *pp != l)
+        pp = &(*pp)->id_next;
+    if (*pp)
+        *pp = l->id_next;
+    if (l->request_id[0]) {
+        pp = &p->by_req[hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1)];
+        while (*pp && *pp != l)
+            pp = &(*pp)->req_next;
+        if (*pp)
+            *pp = l->req_next;
+    }
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        p->all = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    mg_alloc_give(p->alloc, l->handle);
+    free(l);
+}
+
+void mg_pool_del(mg_pool *p)
+{
+    if (p == NULL)
+        return;
+    while (p->all)
+        lease_free(p, p->all);
+    mg_alloc_del(p->alloc);
+    mg_registry_put(p->reg, p->seg);
+    free(p->by_id);
+    free(p->by_req);
+    free(p);
+}
+
+const char *mg_pool_name(const mg_pool *p)
+{
+    return p->name;
+}
+
+static mg_lease *find_id(mg_pool *p, uint64_t id)
+{
+    mg_lease *l = p->by_id[mix64(id) & (p->nbuckets - 1)];
+    while (l && l->id != id)
+        l = l->id_next;
+    return l;
+}
+
+static mg_lease *find_req(mg_pool *p, const char *tenant, const char *req)
+{
+    mg_lease *l = p->by_req[hash_str2(tenant, req) & (p->nbuckets - 1)];
+    while (l && (strcmp(l->tenant, tenant) != 0 || strcmp(l->request_id, req) != 0))
+        l = l->req_next;
+    return l;
+}
+
+int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alignment,
+                    uint64_t ttl_ms, uint64_t now_ms, const char *request_id, mg_lease **out,
+                    char *err)
+{
+    mg_alloc_stats st;
+    mg_lease *l;
+    uint64_t offset, reserved;
+    uint32_t handle;
+    size_t b;
+    int rc;
+
+    err[0] = '\0';
+    if (size == 0 || size > p->cfg.lease_bytes) {
+        snprintf(err, MG_SEG_ERROR_MAX, "size %llu must be 1..%llu, the pool's lease area",
+                 (unsigned long long)size, (unsigned long long)p->cfg.lease_bytes);
+        return MG_ERR_INVALID;
+    }
+    if (alignment & (alignment - 1)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "alignment %llu is not a power of two",
+                 (unsigned long long)alignment);
+        return MG_ERR_INVALID;
+    }
+    if (ttl_ms == 0 || ttl_ms > p->cfg.max_ttl_ms) {
+        snprintf(err, MG_SEG_ERROR_MAX, "ttl must be 1..%llu ms",
+                 (unsigned long long)p->cfg.max_ttl_ms);
+        return MG_ERR_INVALID;
+    }
+    if (request_id && *request_id) {
+        if (strlen(request_id) > MG_SEG_NAME_MAX) {
+            snprintf(err, MG_SEG_ERROR_MAX, "request id must be at most %d characters",
+                     MG_SEG_NAME_MAX);
+            return MG_ERR_INVALID;
+        }
+        l = find_req(p, tenant, request_id);
+        if (l && !l->released) {
+            if (l->requested != size) {
+                snprintf(err, MG_SEG_ERROR_MAX,
+                         "request id \"%s\" was used for a lease of %llu bytes", request_id,
+                         (unsigned long long)l->requested);
+                return MG_ERR_INVALID;
+            }
+            *out = l;
+            return MG_LEASE_RETRY;
+        }
+    }
+    rc = mg_alloc_take(p->alloc, size, alignment, &offset, &reserved, &handle);
+    if (rc != 0) {
+        mg_alloc_get_stats(p->alloc, &st);
+        if (rc == MG_ERR_FULL)
+            p->exhausted_total++;
+        if (rc == MG_ERR_FULL && st.allocations >= p->cfg.max_leases)
+            snprintf(err, MG_SEG_ERROR_MAX, "pool %s holds %u leases, its limit", p->name,
+                     st.allocations);
+        else
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "pool %s cannot serve %llu bytes%s: %llu free, largest free %llu", p->name,
+                     (unsigned long long)size,
+                     alignment > MG_POOL_GRANULE ? " at that alignment" : "",
+                     (unsigned long long)st.free, (unsigned long long)st.largest_free);
+        return rc == MG_ERR_INVALID ? MG_ERR_INVALID : MG_ERR_FULL;
+    }
+    l = calloc(1, sizeof(*l));
+    if (l == NULL) {
+        mg_alloc_give(p->alloc, handle);
+        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+        return MG_ERR_NOMEM;
+    }
+    do {
+        l->id = mix64(++p->counter);
+    } while (l->id == 0 || find_id(p, l->id));
+    snprintf(l->tenant, sizeof(l->tenant), "%s", tenant);
+    if (request_id)
+        snprintf(l->request_id, sizeof(l->request_id), "%s", request_id);
+    l->offset = offset;
+    l->requested = size;
+    l->reserved = reserved;
+    l->handle = handle;
+    l->expires_ms = now_ms + ttl_ms;
+    b = mix64(l->id) & (p->nbuckets - 1);
+    l->id_next = p->by_id[b];
+    p->by_id[b] = l;
+    if (l->request_id[0]) {
+        b = hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1);
+        l->req_next = p->by_req[b];
+        p->by_req[b] = l;
+    }
+    l->next = p->all;
+    if (p->all)
+        p->all->prev = l;
+    p->all = l;
+    p->live++;
+    p->acquired_total++;
+    *out = l;
+    return 0;
+}
+
+int mg_pool_find(mg_pool *p, const char *tenant, uint64_t id, mg_lease **out)
+{
+    mg_lease *l = find_id(p, id);
+    if (l == NULL || l->released || strcmp(l->tenant, tenant) != 0)
+        return MG_ERR_NOT_FOUND;
+    *out = l;
+    return 0;
+}
+
+static void release(mg_pool *p, mg_lease *l, int expired)
+{
+    if (l->released)
+        return;
+    l->released = 1;
+    p->live--;
+    if (expired)
+        p->expired_total++;
+    else
+        p->released_total++;
+    if (l->users == 0)
+        lease_free(p, l);
+}
+
+void mg_pool_release(mg_pool *p, mg_lease *l)
+{
+    release(p, l, 0);
+}
+
+int mg_pool_renew(mg_pool *p, mg_lease *l, uint64_t ttl_ms, uint64_t now_ms)
+{
+    if (ttl_ms == 0 || ttl_ms > p->cfg.max_ttl_ms)
+        return MG_ERR_INVALID;
+    l->expires_ms = now_ms + ttl_ms;
+    return 0;
+}
+
+void mg_lease_set_remote(mg_lease *l, int remote_accessible)
+{
+    l->remote_accessible = remote_accessible != 0;
+}
+
+void mg_lease_use(mg_lease *l)
+{
+    l->users++;
+}
+
+void mg_lease_unuse(mg_pool *p, mg_lease *l)
+{
+    if (l->users > 0 && --l->users == 0 && l->released)
+        lease_free(p, l);
+}
+
+unsigned mg_pool_expire(mg_pool *p, uint64_t now_ms)
+{
+    unsigned n = 0;
+    mg_lease *l = p->all, *next;
+    for (; l; l = next) {
+        next = l->next;
+        if (!l->released && l->expires_ms <= now_ms) {
+            release(p, l, 1);
+            n++;
+        }
+    }
+    return n;
+}
+
+unsigned mg_pool_revoke_all(mg_pool *p)
+{
+    unsigned n = 0;
+    mg_lease *l = p->all, *next;
+    for (; l; l = next) {
+        next = l->next;
+        if (!l->released) {
+            mg_pool_release(p, l);
+            n++;
+        }
+    }
+    return n;
+}
+
+void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out)
+{
+    mg_segment_info si;
+    memset(out, 0, sizeof(*out));
+    mg_segment_get_info(p->reg, p->seg, &si);
+    out->id = l->id;
+    snprintf(out->tenant, sizeof(out->tenant), "%s", l->tenant);
+    out->segment_id = si.id;
+    snprintf(out->path, sizeof(out->path), "%s", si.path);
+    out->offset = l->offset;
+    out->requested = l->requested;
+    out->reserved = l->reserved;
+    out->expires_ms = l->expires_ms;
+    out->remote_accessible = l->remote_accessible;
+    out->users = l->users;
+    out->released = l->released;
+}
+
+static int by_id(const void *a, const void *b)
+{
+    uint64_t x = (*(const mg_lease *const *)a)->id, y = (*(const mg_lease *const *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+size_t mg_pool_list(mg_pool *p, const char *tenant, uint64_t after, mg_lease_info *out, size_t max)
+{
+    /* O(n log n) in the live leases (n <= max_leases): gather, sort, take a page. */
+    const mg_lease **all = malloc((p->live ? p->live : 1) * sizeof(*all));
+    size_t n = 0, k;
+    if (all == NULL)
+        return 0;
+    for (const mg_lease *l = p->all; l; l = l->next) {
+        if (!l->released && l->id > after && (tenant == NULL || strcmp(l->tenant, tenant) == 0))
+            all[n++] = l;
+    }
+    qsort(all, n, sizeof(*all), by_id);
+    for (k = 0; k < n && k < max; k++)
+        mg_lease_get_info(p, all[k], &out[k]);
+    free(all);
+    return k;
+}
+
+void mg_pool_get_stats(const mg_pool *p, mg_pool_stats *out)
+{
+    mg_alloc_stats st;
+    mg_alloc_get_stats(p->alloc, &st);
+    memset(out, 0, sizeof(*out));
+    out->capacity = st.capacity;
+    out->reserve = p->cfg.reserve_bytes;
+    out->in_use = st.capacity - st.free;
+    out->free = st.free;
+    out->largest_free = st.largest_free;
+    out->leases = p->live;
+    out->acquired_total = p->acquired_total;
+    out->released_total = p->released_total;
+    out->expired_total = p->expired_total;
+    out->exhausted_total = p->exhausted_total;
+}
+
+mg_segment *mg_pool_segment(const mg_pool *p)
+{
+    return p->seg;
+}
+
+uint8_t *mg_lease_addr(const mg_pool *p, const mg_lease *l)
+{
+    return p->base + l->offset;
+}
