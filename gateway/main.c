@@ -138,7 +138,7 @@ int main(int argc, char **argv)
     }
     mg_gateway_set_serving(gw);
     event_base_dispatch(base);
-    exit_code = 0;
+    exit_code = gw->exit_code; /* 1 when start-up work (the pool) failed */
 
 out:
     if (sigterm)
@@ -149,8 +149,9 @@ out:
      * gateway drains its completion queue as it is freed, so every job's caller is released. */
     if (gw)
         mg_svc_memory_hold(gw, 0, 0); /* a test hold must not keep workers from stopping */
+    mg_engine_stop(engine);
+    mg_gateway_del(gw); /* drains the completions of the jobs the workers gave up */
     mg_engine_del(engine);
-    mg_gateway_del(gw);
     if (base) {
         /* Connections closed last still have deferred bufferevent callbacks: let them run so
          * the bufferevents are freed, not abandoned with the base. */

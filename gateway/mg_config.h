@@ -28,6 +28,12 @@ typedef struct mg_config {
     uint64_t max_tenant_segments;
     uint64_t max_registered_bytes;
     uint64_t max_batch;
+    uint64_t pool_bytes;
+    uint64_t pool_reserve_bytes;
+    uint64_t max_leases;
+    uint64_t lease_ttl;     /* seconds */
+    uint64_t max_lease_ttl; /* seconds */
+    uint64_t max_wait;      /* seconds */
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

@@ -135,7 +135,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     }
     if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
-        (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_reflection_init(gw)) != 0)
+        (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_pool_init(gw)) != 0 ||
+        (rc = mg_svc_reflection_init(gw)) != 0)
         goto fail;
     if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
         goto fail;
@@ -194,6 +195,7 @@ void mg_gateway_del(mg_gateway *gw)
     mg_ops_stop(gw);
     mg_svc_health_free(gw);
     mg_svc_reflection_free(gw);
+    mg_svc_pool_free(gw);
     mg_svc_memory_free(gw);
     if (gw->drain_timer)
         event_free(gw->drain_timer);
@@ -211,7 +213,8 @@ void mg_gateway_del(mg_gateway *gw)
 
 void mg_gateway_set_serving(mg_gateway *gw)
 {
-    if (gw->state != MG_STATE_STARTING)
+    gw->serve_wanted = 1;
+    if (gw->state != MG_STATE_STARTING || gw->starting_jobs > 0)
         return;
     gw->state = MG_STATE_SERVING;
     mg_svc_health_notify(gw);
@@ -274,6 +277,7 @@ void mg_gateway_drain(mg_gateway *gw)
     gw->drain_phase = 1;
     mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
     mg_svc_health_notify(gw);
+    mg_svc_pool_drain(gw);
     mg_listeners_free(gw); /* stop accepting */
     for (mg_conn *c = gw->conns; c; c = c->next) {
         if (c->ng) {

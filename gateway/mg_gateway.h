@@ -147,6 +147,13 @@ typedef struct mg_segment_stats {
     uint64_t write_queued_bytes;   /* WriteSegment messages received, not yet applied */
 } mg_segment_stats;
 
+typedef struct mg_pool_wait_stats {
+    uint64_t waits_total;  /* blocking acquires that had to wait */
+    uint64_t buckets[12];  /* seconds waited, see mg_metrics.c */
+    uint64_t waited_total; /* waits that ended (served, failed or gone) */
+    double seconds_sum;
+} mg_pool_wait_stats;
+
 typedef struct mg_gateway_stats {
     uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
     uint64_t conns_active;
@@ -179,13 +186,17 @@ struct mg_gateway {
     size_t n_methods;
     mg_gateway_stats stats;
     mg_segment_stats seg_stats;
+    mg_pool_wait_stats pool_stats;
 
     struct mg_listener *listeners; /* control-port listeners */
     struct mg_conn *conns;         /* all open connections */
     struct mg_ops *ops;
     struct mg_health *health;
     struct mg_reflection *reflection;
-    struct mg_hold *hold; /* Debug/HoldRegistrations gate, with --debug-service */
+    struct mg_hold *hold;     /* Debug/HoldRegistrations gate, with --debug-service */
+    struct mg_pool_svc *pool; /* NULL without a pool */
+    unsigned starting_jobs;   /* start-up work (the pool) before the daemon may serve */
+    int serve_wanted;         /* mg_gateway_set_serving() was called */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -204,7 +215,8 @@ const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, 
                                         int *service_known);
 /* Registers a readable route (at start-up). Returns 0 or MG_ERR_FULL. */
 int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
-/* Moves to SERVING (readiness true) or starts the graceful drain. */
+/* Moves to SERVING (readiness true) once the start-up jobs are done, or starts the graceful
+ * drain. */
 void mg_gateway_set_serving(mg_gateway *gw);
 void mg_gateway_drain(mg_gateway *gw);
 const char *mg_state_name(mg_state s);
@@ -223,6 +235,8 @@ void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double secon
 /* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
  * spent `seconds` there), 0 when it was refused before. */
 void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker);
+/* A blocked acquire stopped waiting after `seconds`. */
+void mg_metrics_pool_wait(mg_gateway *gw, double seconds);
 
 /* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
 int mg_ops_start(mg_gateway *gw, const char *listen);
@@ -243,6 +257,22 @@ int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
 void mg_svc_memory_free(mg_gateway *gw);
+/* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
+int mg_svc_pool_init(mg_gateway *gw);
+void mg_svc_pool_free(mg_gateway *gw);
+/* An operation uses the caller's lease `lease_id`: takes a reference on the pool's segment for
+ * `holder` and marks the lease used (a release then waits for mg_svc_pool_unuse). Gives the
+ * segment, the lease's offset in it and its requested length, and a token for unuse. Returns
+ * 0 or MG_ERR_NOT_FOUND. The caller puts the segment reference itself. */
+struct mg_segment;
+int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder,
+                    struct mg_segment **seg, uint64_t *offset, uint64_t *length, void **token);
+void mg_svc_pool_unuse(mg_gateway *gw, void *token);
+/* Fails the blocked acquires (drain). */
+void mg_svc_pool_drain(mg_gateway *gw);
+struct mg_pool_stats;
+void mg_svc_pool_get_stats(mg_gateway *gw, struct mg_pool_stats *out, uint64_t *waiters,
+                           uint64_t *segment_id, char *path, size_t pathcap);
 /* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
 /* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration

@@ -5,6 +5,8 @@
  */
 #include "mg_gateway.h"
 
+#include "moongate/pool.h"
+
 #include <event2/buffer.h>
 #include <string.h>
 
@@ -28,6 +30,73 @@ void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
         if (seconds <= bucket_le[b])
             s->buckets[b]++;
     }
+}
+
+void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
+{
+    mg_pool_wait_stats *s = &gw->pool_stats;
+    s->waited_total++;
+    s->seconds_sum += seconds;
+    for (int b = 0; b < 12; b++) {
+        if (seconds <= reg_le[b])
+            s->buckets[b]++;
+    }
+}
+
+/* The buffer pool: capacity, use, leases, waits. */
+static void render_pool(mg_gateway *gw, struct evbuffer *out)
+{
+    mg_pool_stats ps;
+    uint64_t waiters, seg_id;
+    char path[8];
+    const mg_pool_wait_stats *w = &gw->pool_stats;
+    if (gw->pool == NULL)
+        return;
+    mg_svc_pool_get_stats(gw, &ps, &waiters, &seg_id, path, sizeof(path));
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_pool_bytes The buffer pool's bytes, by what they are.\n"
+        "# TYPE moongate_pool_bytes gauge\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"capacity\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"reserve\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"in_use\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"free\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"largest_free\"} %llu\n"
+        "# HELP moongate_pool_fragmentation 1 - largest free range / free bytes.\n"
+        "# TYPE moongate_pool_fragmentation gauge\n"
+        "moongate_pool_fragmentation{pool=\"default\"} %.6f\n"
+        "# HELP moongate_pool_leases Live leases.\n"
+        "# TYPE moongate_pool_leases gauge\n"
+        "moongate_pool_leases{pool=\"default\"} %llu\n"
+        "# HELP moongate_pool_waiters Blocking acquires waiting in line.\n"
+        "# TYPE moongate_pool_waiters gauge\n"
+        "moongate_pool_waiters{pool=\"default\"} %llu\n"
+        "# HELP moongate_pool_lease_events_total Lease events.\n"
+        "# TYPE moongate_pool_lease_events_total counter\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"acquired\"} %llu\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"released\"} %llu\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"expired\"} %llu\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"exhausted\"} %llu\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"waited\"} %llu\n"
+        "# HELP moongate_pool_wait_seconds Time blocking acquires waited in line.\n"
+        "# TYPE moongate_pool_wait_seconds histogram\n",
+        (unsigned long long)ps.capacity, (unsigned long long)ps.reserve,
+        (unsigned long long)ps.in_use, (unsigned long long)ps.free,
+        (unsigned long long)ps.largest_free,
+        ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0,
+        (unsigned long long)ps.leases, (unsigned long long)waiters,
+        (unsigned long long)ps.acquired_total, (unsigned long long)ps.released_total,
+        (unsigned long long)ps.expired_total, (unsigned long long)ps.exhausted_total,
+        (unsigned long long)w->waits_total);
+    for (int b = 0; b < 12; b++)
+        evbuffer_add_printf(out, "moongate_pool_wait_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
+                            (unsigned long long)w->buckets[b]);
+    evbuffer_add_printf(out,
+                        "moongate_pool_wait_seconds_bucket{le=\"+Inf\"} %llu\n"
+                        "moongate_pool_wait_seconds_sum %.6f\n"
+                        "moongate_pool_wait_seconds_count %llu\n",
+                        (unsigned long long)w->waited_total, w->seconds_sum,
+                        (unsigned long long)w->waited_total);
 }
 
 void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker)
@@ -233,6 +302,7 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                 (unsigned long long)ss->write_queued_bytes);
         }
     }
+    render_pool(gw, out);
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(
         out,

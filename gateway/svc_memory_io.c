@@ -37,6 +37,8 @@ typedef struct {
     uint32_t chunk;
     int in_flight; /* a copy job is out */
     int ended;     /* the call ended for the handler (cancel, deadline, error) */
+    uint64_t base; /* where offset 0 is in the segment: a lease's offset, else 0 */
+    void *lease;   /* the lease read from (mg_svc_pool_use), or NULL */
 } read_state;
 
 typedef struct {
@@ -50,6 +52,7 @@ typedef struct {
 static void read_free(read_state *st)
 {
     mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
+    mg_svc_pool_unuse(st->gw, st->lease);
     mg_call_set_data(st->call, NULL);
     mg_call_unref(st->call);
     free(st);
@@ -62,7 +65,7 @@ static int read_work(void *arg)
     Moongate__V1__SegmentChunk c = MOONGATE__V1__SEGMENT_CHUNK__INIT;
     size_t len;
     c.offset = j->offset;
-    c.data.data = (uint8_t *)mg_segment_addr(j->st->seg) + j->offset;
+    c.data.data = (uint8_t *)mg_segment_addr(j->st->seg) + j->st->base + j->offset;
     c.data.len = j->n;
     len = protobuf_c_message_get_packed_size(&c.base);
     j->frame = malloc(MG_GRPC_PREFIX_LEN + len);
@@ -173,34 +176,54 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment *seg;
     mg_segment_info info;
     read_state *st;
+    uint64_t base = 0, size;
+    void *lease = NULL;
+    char holder[MG_SEG_HOLDER_MAX];
 
     if (req->chunk_bytes > max_chunk) {
         mg_call_fail(call, MG_ERR_INVALID, "chunk_bytes %u is above %llu (--max-message-bytes)",
                      req->chunk_bytes, (unsigned long long)max_chunk);
         return;
     }
-    char holder[MG_SEG_HOLDER_MAX];
-    snprintf(holder, sizeof(holder), "ReadSegment by %s", mg_call_peer(call));
-    if (mg_registry_acquire(reg, TENANT, req->id, holder, &seg) != 0) {
-        mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+    if (req->lease_id && req->id) {
+        mg_call_fail(call, MG_ERR_INVALID, "give id or lease_id, not both");
         return;
     }
-    mg_segment_get_info(reg, seg, &info);
-    length = req->length ? req->length : (req->offset <= info.size ? info.size - req->offset : 0);
-    if (mg_bounds_check(info.size, req->offset, length) != 0) {
+    if (req->lease_id) {
+        snprintf(holder, sizeof(holder), "ReadSegment of lease %" PRIu64 " by %s", req->lease_id,
+                 mg_call_peer(call));
+        if (mg_svc_pool_use(gw, req->lease_id, holder, &seg, &base, &size, &lease) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->lease_id);
+            return;
+        }
+    } else {
+        snprintf(holder, sizeof(holder), "ReadSegment by %s", mg_call_peer(call));
+        if (mg_registry_acquire(reg, TENANT, req->id, holder, &seg) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+            return;
+        }
+        mg_segment_get_info(reg, seg, &info);
+        size = info.size;
+    }
+    length = req->length ? req->length : (req->offset <= size ? size - req->offset : 0);
+    if (mg_bounds_check(size, req->offset, length) != 0) {
         mg_registry_put(reg, seg);
+        mg_svc_pool_unuse(gw, lease);
         mg_call_fail(call, MG_ERR_RANGE,
-                     "offset %" PRIu64 " + length %" PRIu64 " is outside the segment's %" PRIu64
+                     "offset %" PRIu64 " + length %" PRIu64 " is outside the %s's %" PRIu64
                      " bytes",
-                     req->offset, req->length, info.size);
+                     req->offset, req->length, lease ? "lease" : "segment", size);
         return;
     }
     st = calloc(1, sizeof(*st));
     if (st == NULL) {
         mg_registry_put(reg, seg);
+        mg_svc_pool_unuse(gw, lease);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
+    st->base = base;
+    st->lease = lease;
     st->call = call;
     st->gw = gw;
     st->seg = seg;
@@ -225,8 +248,12 @@ typedef struct write_msg {
 typedef struct {
     mg_call *call;
     mg_gateway *gw;
-    mg_segment *seg; /* referenced once the first message named it */
-    uint64_t id;
+    mg_segment *seg;        /* referenced once the first message named it */
+    uint64_t id;            /* the segment's id, or 0 when writing to a lease */
+    uint64_t lease_id;      /* the lease's id, or 0 */
+    void *lease;            /* mg_svc_pool_use token */
+    uint64_t base;          /* where offset 0 is in the segment (a lease's offset) */
+    uint64_t limit;         /* bytes writable from base: the segment's size or the lease's */
     write_msg *head, *tail; /* received, not yet applied */
     int in_flight;          /* a job is out */
     int ended;              /* the call ended for the handler */
@@ -267,6 +294,7 @@ static void write_free(write_state *st)
     }
     if (st->seg)
         mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
+    mg_svc_pool_unuse(st->gw, st->lease);
     mg_call_set_data(st->call, NULL);
     mg_call_unref(st->call);
     free(st);
@@ -293,23 +321,26 @@ static int write_work(void *arg)
     if (j->st->seg == NULL)
         return 0; /* the loop looks the segment up, then sends the job back */
     r = j->req;
-    if (r->id != 0 && r->id != j->st->id) {
+    if ((r->id != 0 && r->id != j->st->id) ||
+        (r->lease_id != 0 && r->lease_id != j->st->lease_id)) {
         j->err = MG_ERR_INVALID;
         snprintf(j->why, sizeof(j->why),
-                 "message %" PRIu64 " names segment %" PRIu64 ", the stream writes to %" PRIu64,
-                 j->index, r->id, j->st->id);
+                 "message %" PRIu64 " names %s %" PRIu64 ", the stream writes to %s %" PRIu64,
+                 j->index, r->id ? "segment" : "lease", r->id ? r->id : r->lease_id,
+                 j->st->id ? "segment" : "lease", j->st->id ? j->st->id : j->st->lease_id);
         return j->err;
     }
     if (mg_bounds_check(j->size, r->offset, r->data.len) != 0) {
         j->err = MG_ERR_RANGE;
         snprintf(j->why, sizeof(j->why),
-                 "message %" PRIu64 ": offset %" PRIu64 " + %zu bytes is outside the segment's "
+                 "message %" PRIu64 ": offset %" PRIu64 " + %zu bytes is outside the %s's "
                  "%" PRIu64 " bytes",
-                 j->index, r->offset, r->data.len, j->size);
+                 j->index, r->offset, r->data.len, j->st->lease ? "lease" : "segment", j->size);
         return j->err;
     }
     if (r->data.len > 0)
-        memcpy((uint8_t *)mg_segment_addr(j->st->seg) + r->offset, r->data.data, r->data.len);
+        memcpy((uint8_t *)mg_segment_addr(j->st->seg) + j->st->base + r->offset, r->data.data,
+               r->data.len);
     return 0;
 }
 
@@ -345,24 +376,43 @@ static void write_done(void *arg, int result)
         write_end(st, result, why);
         return;
     }
-    if (st->seg == NULL) { /* the first message: look its segment up, then copy */
+    if (st->seg == NULL) { /* the first message: look its segment or lease up, then copy */
         mg_segment_info info;
-        uint64_t id = j->req->id;
-        char holder[MG_SEG_HOLDER_MAX];
-        snprintf(holder, sizeof(holder), "WriteSegment by %s", mg_call_peer(st->call));
-        if (id == 0 || mg_registry_acquire(reg, TENANT, id, holder, &st->seg) != 0) {
-            char why[128];
-            if (id == 0)
-                snprintf(why, sizeof(why), "the first message must name the segment (id)");
-            else
+        uint64_t id = j->req->id, lease_id = j->req->lease_id;
+        char holder[MG_SEG_HOLDER_MAX], why[128];
+        int rc = 0;
+        if ((id == 0) == (lease_id == 0)) {
+            rc = MG_ERR_INVALID;
+            snprintf(why, sizeof(why),
+                     "the first message must name the segment (id) or a lease "
+                     "(lease_id), one of them");
+        } else if (lease_id) {
+            snprintf(holder, sizeof(holder), "WriteSegment of lease %" PRIu64 " by %s", lease_id,
+                     mg_call_peer(st->call));
+            if (mg_svc_pool_use(st->gw, lease_id, holder, &st->seg, &st->base, &st->limit,
+                                &st->lease) != 0) {
+                rc = MG_ERR_NOT_FOUND;
+                snprintf(why, sizeof(why), "no lease %" PRIu64, lease_id);
+            }
+            st->lease_id = lease_id;
+        } else {
+            snprintf(holder, sizeof(holder), "WriteSegment by %s", mg_call_peer(st->call));
+            if (mg_registry_acquire(reg, TENANT, id, holder, &st->seg) != 0) {
+                rc = MG_ERR_NOT_FOUND;
                 snprintf(why, sizeof(why), "no segment %" PRIu64, id);
+            } else {
+                mg_segment_get_info(reg, st->seg, &info);
+                st->limit = info.size;
+            }
+            st->id = id;
+        }
+        if (rc != 0) {
+            st->seg = NULL;
             write_job_free(j);
-            write_end(st, id == 0 ? MG_ERR_INVALID : MG_ERR_NOT_FOUND, why);
+            write_end(st, rc, why);
             return;
         }
-        st->id = id;
-        mg_segment_get_info(reg, st->seg, &info);
-        j->size = info.size;
+        j->size = st->limit;
         write_submit(st, j);
         return;
     }
@@ -395,7 +445,6 @@ static void write_pump(write_state *st)
 {
     write_msg *m;
     write_job *j;
-    mg_segment_info info;
 
     if (st->in_flight || st->ended)
         return;
@@ -430,10 +479,7 @@ static void write_pump(write_state *st)
     j->len = m->len;
     j->index = st->messages + 1;
     free(m);
-    if (st->seg) {
-        mg_segment_get_info(mg_engine_registry(st->gw->engine), st->seg, &info);
-        j->size = info.size;
-    }
+    j->size = st->limit;
     write_submit(st, j);
 }
 

@@ -77,6 +77,14 @@ ls -l "$seg_path"
 say "curl --http2 ... https://localhost:$port/v1/segments; curl --http2 -X DELETE .../v1/segments/$seg_id"
 curl -sS --http2 --cacert "$certs/ca.pem" "https://localhost:$port/v1/segments"
 curl -sS --http2 --cacert "$certs/ca.pem" -X DELETE "https://localhost:$port/v1/segments/$seg_id"
+say "curl --http2 ... -d '{\"size\": \"1048576\"}' https://localhost:$port/v1/leases   # lease a slice of the buffer pool"
+lease=$(curl -sS --http2 --cacert "$certs/ca.pem" -H 'content-type: application/json' \
+    -d '{"size": "1048576", "ttl_ms": 30000}' "https://localhost:$port/v1/leases")
+echo "$lease"
+lease_id=$(echo "$lease" | sed -n 's/.*"id":"\([0-9]*\)".*/\1/p')
+say "curl --http2 ... https://localhost:$port/v1/pool; curl --http2 -X DELETE .../v1/leases/$lease_id"
+curl -sS --http2 --cacert "$certs/ca.pem" "https://localhost:$port/v1/pool"
+curl -sS --http2 --cacert "$certs/ca.pem" -X DELETE "https://localhost:$port/v1/leases/$lease_id"
 say "clients/python/health_check.py --target localhost:$port --ca certs/dev/ca.pem   # python3-grpcio"
 MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/health_check.py \
     --target "localhost:$port" --ca "$certs/ca.pem"

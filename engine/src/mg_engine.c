@@ -7,6 +7,7 @@
 #include "mg_workers.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct mg_engine {
     mg_workers *workers;
@@ -33,11 +34,19 @@ int mg_engine_new(mg_engine **out, const mg_engine_config *cfg)
     return 0;
 }
 
+void mg_engine_stop(mg_engine *e)
+{
+    if (e == NULL || e->workers == NULL)
+        return;
+    mg_workers_del(e->workers);
+    e->workers = NULL;
+}
+
 void mg_engine_del(mg_engine *e)
 {
     if (e == NULL)
         return;
-    mg_workers_del(e->workers);
+    mg_engine_stop(e);
     mg_registry_del(e->registry); /* after the workers: no registration runs any more */
     free(e);
 }
@@ -46,6 +55,8 @@ int mg_engine_submit(mg_engine *e, mg_cq *cq, mg_work_fn work, mg_done_fn done, 
 {
     if (e == NULL || cq == NULL || work == NULL || done == NULL)
         return MG_ERR_INVALID;
+    if (e->workers == NULL)
+        return MG_ERR_SHUTDOWN;
     return mg_workers_submit(e->workers, cq, work, done, arg);
 }
 
@@ -56,5 +67,9 @@ mg_registry *mg_engine_registry(mg_engine *e)
 
 void mg_engine_get_stats(mg_engine *e, mg_engine_stats *out)
 {
+    if (e->workers == NULL) {
+        memset(out, 0, sizeof(*out));
+        return;
+    }
     mg_workers_stats(e->workers, out);
 }

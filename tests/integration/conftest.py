@@ -96,6 +96,7 @@ class Daemon:
             "--debug-service",
             "--grace", "10",
             "--shm-dir", self.shm,
+            "--pool-bytes", "0",  # tests of the pool give it a size
         ] + list(extra)
 
     @property

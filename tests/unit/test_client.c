@@ -60,6 +60,7 @@ static int start_gateway(void)
                     "--debug-service",
                     "--access-log=false",
                     "--workers=2",
+                    "--pool-bytes=0",
                     sock,
                     h2c};
     mg_engine_config ec = {.workers = 2,
@@ -76,7 +77,7 @@ static int start_gateway(void)
     snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);
     snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-client-%d.sock", (int)getpid());
     snprintf(tcp_target, sizeof(tcp_target), "127.0.0.1:%d", port);
-    if (mg_config_load(&cfg, 8, argv, stdout, err, sizeof(err)) != MG_CONFIG_OK) {
+    if (mg_config_load(&cfg, 9, argv, stdout, err, sizeof(err)) != MG_CONFIG_OK) {
         fprintf(stderr, "config: %s\n", err);
         return -1;
     }
@@ -92,8 +93,9 @@ static void stop_gateway(void)
 {
     event_base_loopbreak(gw_base);
     pthread_join(gw_thread, NULL);
-    mg_engine_del(engine);
+    mg_engine_stop(engine);
     mg_gateway_del(gw);
+    mg_engine_del(engine);
     event_base_loop(gw_base, EVLOOP_NONBLOCK); /* deferred frees of closed connections */
     event_base_free(gw_base);
     mg_config_free(&cfg);

@@ -48,6 +48,10 @@ int mg_engine_new(mg_engine **out, const mg_engine_config *cfg);
 /* Stops the workers after the jobs already running; queued jobs complete with
  * MG_ERR_CANCELLED. Completion queues must be drained and freed by their loops afterwards.
  * Accepts NULL. */
+/* Stops the workers: each finishes its current job, queued jobs complete as cancelled
+ * (MG_ERR_SHUTDOWN) into their completion queues; later submits fail with MG_ERR_SHUTDOWN. The
+ * registry stays until mg_engine_del, so the owners of those queues can drain them first. */
+void mg_engine_stop(mg_engine *engine);
 void mg_engine_del(mg_engine *engine);
 
 /* A completion queue belongs to one loop thread. Returns 0 or MG_ERR_NOMEM / MG_ERR_SYSTEM. */
