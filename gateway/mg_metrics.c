@@ -62,6 +62,7 @@ static void render_pool(mg_gateway *gw, struct evbuffer *out)
         "moongate_pool_bytes{pool=\"default\",kind=\"in_use\"} %llu\n"
         "moongate_pool_bytes{pool=\"default\",kind=\"free\"} %llu\n"
         "moongate_pool_bytes{pool=\"default\",kind=\"largest_free\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"largest_lease\"} %llu\n"
         "# HELP moongate_pool_fragmentation 1 - largest free range / free bytes.\n"
         "# TYPE moongate_pool_fragmentation gauge\n"
         "moongate_pool_fragmentation{pool=\"default\"} %.6f\n"
@@ -82,7 +83,7 @@ static void render_pool(mg_gateway *gw, struct evbuffer *out)
         "# TYPE moongate_pool_wait_seconds histogram\n",
         (unsigned long long)ps.capacity, (unsigned long long)ps.reserve,
         (unsigned long long)ps.in_use, (unsigned long long)ps.free,
-        (unsigned long long)ps.largest_free,
+        (unsigned long long)ps.largest_free, (unsigned long long)ps.largest_lease,
         ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0,
         (unsigned long long)ps.leases, (unsigned long long)waiters,
         (unsigned long long)ps.acquired_total, (unsigned long long)ps.released_total,

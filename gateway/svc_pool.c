@@ -460,6 +460,7 @@ static void stats_message(mg_call *call, const ProtobufCMessage *m)
     st.in_use = ps.in_use;
     st.free = ps.free;
     st.largest_free = ps.largest_free;
+    st.largest_lease = ps.largest_lease;
     st.leases = ps.leases;
     st.acquired_total = ps.acquired_total;
     st.released_total = ps.released_total;

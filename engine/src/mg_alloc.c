@@ -327,9 +327,14 @@ void mg_alloc_get_stats(const mg_alloc *a, mg_alloc_stats *out)
     if (a->top_used) {
         uint32_t top = highest_bit(a->top_used);
         uint32_t leaf = highest_bit(a->leaf_used[top]);
-        uint64_t largest = bin_size((top << MANTISSA_BITS) | leaf);
+        uint32_t bin = (top << MANTISSA_BITS) | leaf;
         /* Every range in that bin holds at least its size; a request is served from a bin
          * at or above its own rounded-up class, which that size has exactly. */
-        out->largest_free = largest << a->shift;
+        out->largest_free = bin_size(bin) << a->shift;
+        /* The largest range is in that bin too: a walk of its (short) list. */
+        for (uint32_t i = a->bin_head[bin]; i != NONE; i = a->nodes[i].bin_next) {
+            if (((uint64_t)a->nodes[i].size << a->shift) > out->largest_range)
+                out->largest_range = (uint64_t)a->nodes[i].size << a->shift;
+        }
     }
 }

@@ -215,10 +215,12 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
                      st.allocations);
         else
             snprintf(err, MG_SEG_ERROR_MAX,
-                     "pool %s cannot serve %llu bytes%s: %llu free, largest free %llu", p->name,
-                     (unsigned long long)size,
+                     "pool %s cannot serve %llu bytes%s: %llu free, largest free range %llu, "
+                     "largest lease now %llu",
+                     p->name, (unsigned long long)size,
                      alignment > MG_POOL_GRANULE ? " at that alignment" : "",
-                     (unsigned long long)st.free, (unsigned long long)st.largest_free);
+                     (unsigned long long)st.free, (unsigned long long)st.largest_range,
+                     (unsigned long long)st.largest_free);
         return rc == MG_ERR_INVALID ? MG_ERR_INVALID : MG_ERR_FULL;
     }
     l = calloc(1, sizeof(*l));
@@ -387,7 +389,8 @@ void mg_pool_get_stats(const mg_pool *p, mg_pool_stats *out)
     out->reserve = p->cfg.reserve_bytes;
     out->in_use = st.capacity - st.free;
     out->free = st.free;
-    out->largest_free = st.largest_free;
+    out->largest_free = st.largest_range;
+    out->largest_lease = st.largest_free;
     out->leases = p->live;
     out->acquired_total = p->acquired_total;
     out->released_total = p->released_total;

@@ -52,12 +52,13 @@ static void model_check_stats(alloc_model *m)
     mg_alloc_stats st;
     mg_alloc_get_stats(m->a, &st);
     if (st.capacity != m->capacity || st.allocations != m->live ||
-        st.free != m->capacity - m->reserved_sum || st.largest_free > st.free)
-        MODEL_FAIL("stats: capacity %llu free %llu largest %llu allocations %u; model: %u live, "
-                   "%llu reserved",
+        st.free != m->capacity - m->reserved_sum || st.largest_free > st.largest_range ||
+        st.largest_range > st.free || st.largest_range * 8 > st.largest_free * 9)
+        MODEL_FAIL("stats: capacity %llu free %llu largest %llu (range %llu) allocations %u; "
+                   "model: %u live, %llu reserved",
                    (unsigned long long)st.capacity, (unsigned long long)st.free,
-                   (unsigned long long)st.largest_free, st.allocations, m->live,
-                   (unsigned long long)m->reserved_sum);
+                   (unsigned long long)st.largest_free, (unsigned long long)st.largest_range,
+                   st.allocations, m->live, (unsigned long long)m->reserved_sum);
 }
 
 /* One take; returns its result code. */

@@ -41,7 +41,12 @@ def test_lease_lifecycle_and_the_pool_file(make_daemon):
     with ch:
         st = stat(p)
         assert (st.capacity, st.reserve, st.free, st.leases) == (8 * MiB, 1 * MiB, 8 * MiB, 0)
-        assert st.largest_free == 8 * MiB
+        assert st.largest_free == st.largest_lease == 8 * MiB
+        a0 = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=4096))
+        st = stat(p)  # one range of 8 MiB - 4 KiB; sizes round up, so less can be leased
+        assert st.largest_free == 8 * MiB - 4096 and st.largest_lease == 7 * MiB
+        assert st.fragmentation == 0.0
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=a0.id))
         # The pool is a segment: listed, mapped once by the client, never unregistered by it.
         seg = m.GetSegment(memory_pb2.GetSegmentRequest(id=st.segment_id))
         assert seg.name == "pool.default" and seg.size == 9 * MiB and seg.path == st.path
@@ -85,7 +90,7 @@ def test_lease_lifecycle_and_the_pool_file(make_daemon):
             code, msg = code_of(lambda: p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=bad)))
             assert code == grpc.StatusCode.NOT_FOUND and "no lease" in msg
         st = stat(p)
-        assert (st.free, st.leases, st.acquired_total, st.released_total) == (8 * MiB, 0, 2, 2)
+        assert (st.free, st.leases, st.acquired_total, st.released_total) == (8 * MiB, 0, 3, 3)
 
 
 @pytest.mark.parametrize("req,code,needle", [
@@ -110,7 +115,8 @@ def test_exhaustion_names_the_numbers_and_batches_are_all_or_nothing(make_daemon
         big = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=6 * MiB))
         code, msg = code_of(lambda: p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=3 * MiB)))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "cannot serve 3145728 bytes: 2097152 free, largest free 2097152" in msg
+        assert ("cannot serve 3145728 bytes: 2097152 free, largest free range 2097152, "
+                "largest lease now 2097152") in msg
         assert stat(p).exhausted_total == 1
         # A batch that does not fit takes nothing.
         code, msg = code_of(lambda: p.AcquireLeases(pool_pb2.AcquireLeasesRequest(items=[

@@ -56,7 +56,8 @@ typedef struct mg_pool_stats {
     uint64_t reserve;
     uint64_t in_use; /* reserved bytes of live leases */
     uint64_t free;
-    uint64_t largest_free;
+    uint64_t largest_free;  /* the largest free range */
+    uint64_t largest_lease; /* the largest lease that can be served now (<= largest_free) */
     uint64_t leases;
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
 } mg_pool_stats;
