@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch] [-- options of the benchmark]
+#   tests/bench/run.sh [control|register|batch|lease] [-- options of the benchmark]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
+# lease:    destination memory per read: register + unregister against lease + release.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -28,5 +29,22 @@ register)
 batch)
     /usr/bin/python3 tests/bench/bench_batch.py --moongate "$build/moongate" "$@"
     ;;
-*) echo "usage: $0 [control|register|batch] [-- options]" >&2; exit 64 ;;
+lease)
+    shm=$(mktemp -d /dev/shm/mg-bench-XXXXXX)
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
+        --unix-socket "" --shm-dir "$shm" --access-log=false --memlock try --workers 2 \
+        >"$certs/moongate.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+        grep -q "event=ready" "$certs/moongate.log" && break
+        sleep 0.1
+    done
+    rc=0
+    "$build/bench/bench_lease" --target "127.0.0.1:$port" --prefault "$@" || rc=$?
+    kill -TERM $pid; wait $pid || true
+    rm -rf "$shm"
+    exit $rc
+    ;;
+*) echo "usage: $0 [control|register|batch|lease] [-- options]" >&2; exit 64 ;;
 esac

@@ -1,0 +1,242 @@
+/*
+ * bench_lease: what a read's destination memory costs — registering a fresh segment for it
+ * (register, use, unregister) against leasing a slice of the pre-registered pool (acquire,
+ * release) — through the real gRPC API with the C client library, one persistent h2c
+ * connection, one call at a time; plus the in-process cost of a pool acquire + release.
+ *
+ *   bench_lease --target ADDR [--prefault]   (a daemon with a pool runs there)
+ *
+ * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio.
+ */
+#include "mg_client.h"
+
+#include "moongate/pool.h"
+#include "moongate/segment.h"
+#include "moongate/v1/memory.pb-c.h"
+#include "moongate/v1/pool.pb-c.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    struct event_base *base;
+    int done, status;
+    uint8_t *resp;
+    size_t len;
+    char message[256];
+} call_rec;
+
+static void on_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    call_rec *r = arg;
+    free(r->resp);
+    r->resp = malloc(len ? len : 1);
+    memcpy(r->resp, m, len);
+    r->len = len;
+}
+
+static void on_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    call_rec *r = arg;
+    r->done = 1;
+    r->status = status;
+    snprintf(r->message, sizeof(r->message), "%s", message);
+    event_base_loopbreak(r->base);
+}
+
+static const mg_rpc_handlers handlers = {on_msg, on_close};
+
+/* One unary call on the persistent connection; exits on failure. */
+static void call(mg_client *c, struct event_base *base, const char *path,
+                 const ProtobufCMessage *req, call_rec *r)
+{
+    uint8_t buf[512];
+    size_t n = protobuf_c_message_pack(req, buf);
+    mg_rpc *rpc;
+    memset(r, 0, sizeof(*r));
+    r->base = base;
+    rpc = mg_rpc_start(c, path, NULL, 0, 60000, &handlers, r);
+    if (rpc == NULL || mg_rpc_send(rpc, buf, n) != 0 || mg_rpc_close_send(rpc) != 0) {
+        fprintf(stderr, "bench_lease: cannot start %s\n", path);
+        exit(1);
+    }
+    while (!r->done)
+        event_base_dispatch(base);
+    if (r->status != 0) {
+        fprintf(stderr, "bench_lease: %s: status %d: %s\n", path, r->status, r->message);
+        exit(1);
+    }
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    size_t i = (size_t)(p * (double)n);
+    return v[i < n ? i : n - 1];
+}
+
+/* (a) register a segment of `size`, unregister it: `count` times. Fills us[] per read. */
+static void register_per_read(mg_client *c, struct event_base *base, uint64_t size, size_t count,
+                              int prefault, double *us)
+{
+    for (size_t i = 0; i < count; i++) {
+        Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
+        Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+        Moongate__V1__RegisterResponse *resp;
+        call_rec r;
+        char name[32];
+        double t0 = now_us();
+        snprintf(name, sizeof(name), "read-%zu", i);
+        rr.name = name;
+        rr.size = size;
+        rr.prefault = prefault;
+        call(c, base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r);
+        resp = moongate__v1__register_response__unpack(NULL, r.len, r.resp);
+        ur.id = resp->segment->id;
+        moongate__v1__register_response__free_unpacked(resp, NULL);
+        free(r.resp);
+        call(c, base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r);
+        free(r.resp);
+        us[i] = now_us() - t0;
+    }
+}
+
+/* (b) acquire a lease of `size`, release it: `count` times. */
+static void lease_per_read(mg_client *c, struct event_base *base, uint64_t size, size_t count,
+                           double *us)
+{
+    for (size_t i = 0; i < count; i++) {
+        Moongate__V1__AcquireLeaseRequest ar = MOONGATE__V1__ACQUIRE_LEASE_REQUEST__INIT;
+        Moongate__V1__ReleaseLeaseRequest rl = MOONGATE__V1__RELEASE_LEASE_REQUEST__INIT;
+        Moongate__V1__Lease *lease;
+        call_rec r;
+        double t0 = now_us();
+        ar.size = size;
+        call(c, base, "/moongate.v1.Pool/AcquireLease", &ar.base, &r);
+        lease = moongate__v1__lease__unpack(NULL, r.len, r.resp);
+        rl.id = lease->id;
+        moongate__v1__lease__free_unpacked(lease, NULL);
+        free(r.resp);
+        call(c, base, "/moongate.v1.Pool/ReleaseLease", &rl.base, &r);
+        free(r.resp);
+        us[i] = now_us() - t0;
+    }
+}
+
+/* (c) the pool alone, in this process: acquire + release, ns per pair. */
+static double in_process_ns(const char *shm_dir, uint64_t size, size_t iterations)
+{
+    mg_registry_config rc = {.shm_dir = shm_dir, .file_mode = 0600, .max_segments = 4};
+    mg_segment_spec spec = {
+        .tenant = "bench", .name = "pool", .source = MG_SEG_ANON, .size = 64ULL << 20};
+    mg_pool_config pc = {"bench", 64ULL << 20, 0, 1024, 60000};
+    mg_registry *reg;
+    mg_segment *seg, *held;
+    mg_segment_info info;
+    mg_pool *pool;
+    mg_lease *l;
+    char err[MG_SEG_ERROR_MAX];
+    double t0, t1;
+    if (mg_registry_new(&reg, &rc) != 0 || mg_registry_reserve(reg, &spec, &seg, err) != 0) {
+        fprintf(stderr, "bench_lease: cannot open a registry in %s\n", shm_dir);
+        exit(1);
+    }
+    mg_registry_commit(reg, seg, mg_segment_map(seg));
+    mg_segment_get_info(reg, seg, &info);
+    if (mg_registry_acquire(reg, "bench", info.id, "bench", &held) != 0 ||
+        mg_pool_new(&pool, reg, held, &pc) != 0) {
+        fprintf(stderr, "bench_lease: cannot make a pool\n");
+        exit(1);
+    }
+    t0 = now_us();
+    for (size_t i = 0; i < iterations; i++) {
+        if (mg_pool_acquire(pool, "bench", size, 0, 1000, 0, NULL, &l, err) != 0)
+            exit(1);
+        mg_pool_release(pool, l);
+    }
+    t1 = now_us();
+    mg_pool_del(pool);
+    mg_registry_del(reg);
+    return (t1 - t0) * 1e3 / (double)iterations;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        size_t keys;
+        uint64_t bytes;
+    } shapes[] = {{1024, 1u << 20}, {64, 16u << 20}, {16384, 64u << 10}};
+    const char *target = "127.0.0.1:7444";
+    char shm_dir[64] = "/dev/shm/mg-bench-lease-XXXXXX";
+    int prefault = 0;
+    struct event_base *base = event_base_new();
+    mg_client_options o = {0};
+    mg_client *c;
+    char err[256];
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--target") && i + 1 < argc)
+            target = argv[++i];
+        else if (!strcmp(argv[i], "--prefault"))
+            prefault = 1;
+        else {
+            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault]\n");
+            return 64;
+        }
+    }
+    if (mkdtemp(shm_dir) == NULL) { /* a private directory for the in-process pool */
+        perror("bench_lease: mkdtemp");
+        return 1;
+    }
+    o.target = target;
+    if (mg_client_new(&c, base, &o, err, sizeof(err)) != 0) {
+        fprintf(stderr, "bench_lease: %s\n", err);
+        return 1;
+    }
+    printf("Destination memory for a read, through gRPC (C client, one h2c connection, one call "
+           "at a time)\n");
+    printf("register = RegisterSegment%s + UnregisterSegment; lease = AcquireLease + "
+           "ReleaseLease (microseconds per read)\n\n",
+           prefault ? " (prefault)" : "");
+    printf("%-18s %12s %12s %12s %12s %10s %14s\n", "read", "register p50", "register p99",
+           "lease p50", "lease p99", "p50 ratio", "in-process ns");
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        size_t n = shapes[s].keys;
+        double *reg_us = calloc(n, sizeof(double)), *lease_us = calloc(n, sizeof(double));
+        double ns;
+        char label[64];
+        register_per_read(c, base, shapes[s].bytes, n, prefault, reg_us);
+        lease_per_read(c, base, shapes[s].bytes, n, lease_us);
+        ns = in_process_ns(shm_dir, shapes[s].bytes, 1000000);
+        qsort(reg_us, n, sizeof(double), cmp_double);
+        qsort(lease_us, n, sizeof(double), cmp_double);
+        snprintf(label, sizeof(label), "%zu x %" PRIu64 " KiB", n, shapes[s].bytes >> 10);
+        printf("%-18s %12.1f %12.1f %12.1f %12.1f %9.1fx %14.1f\n", label, pct(reg_us, n, 0.5),
+               pct(reg_us, n, 0.99), pct(lease_us, n, 0.5), pct(lease_us, n, 0.99),
+               pct(reg_us, n, 0.5) / pct(lease_us, n, 0.5), ns);
+        fflush(stdout);
+        free(reg_us);
+        free(lease_us);
+    }
+    mg_client_del(c);
+    event_base_free(base);
+    rmdir(shm_dir);
+    return 0;
+}
