@@ -242,6 +242,7 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     if (req->block && gw->pool->head) { /* others wait already: join the line behind them */
+        mg_pool_count_exhausted(pool);
         rc = enqueue(call, req, ttl);
         if (rc != 0)
             mg_call_fail(call, rc, "out of memory");
@@ -255,6 +256,8 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
         reply_lease(call, pool, l);
         return;
     }
+    if (rc == MG_ERR_FULL)
+        mg_pool_count_exhausted(pool);
     if (rc == MG_ERR_FULL && req->block) {
         rc = enqueue(call, req, ttl);
         if (rc == 0)
@@ -298,6 +301,8 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
         else
             snprintf(err, sizeof(err), "ttl_ms %u is above --max-lease-ttl", it->ttl_ms);
         if (rc != 0) { /* all or nothing: give back what this batch took */
+            if (rc == MG_ERR_FULL)
+                mg_pool_count_exhausted(pool);
             for (size_t k = 0; k < n; k++)
                 mg_pool_release(pool, got[k]);
             mg_call_fail(call, rc, "item %zu: %s; no lease was taken", n, err);

@@ -208,8 +208,6 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
     rc = mg_alloc_take(p->alloc, size, alignment, &offset, &reserved, &handle);
     if (rc != 0) {
         mg_alloc_get_stats(p->alloc, &st);
-        if (rc == MG_ERR_FULL)
-            p->exhausted_total++;
         if (rc == MG_ERR_FULL && st.allocations >= p->cfg.max_leases)
             snprintf(err, MG_SEG_ERROR_MAX, "pool %s holds %u leases, its limit", p->name,
                      st.allocations);
@@ -396,6 +394,11 @@ void mg_pool_get_stats(const mg_pool *p, mg_pool_stats *out)
     out->released_total = p->released_total;
     out->expired_total = p->expired_total;
     out->exhausted_total = p->exhausted_total;
+}
+
+void mg_pool_count_exhausted(mg_pool *p)
+{
+    p->exhausted_total++;
 }
 
 mg_segment *mg_pool_segment(const mg_pool *p)

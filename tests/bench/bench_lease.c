@@ -5,8 +5,12 @@
  * connection, one call at a time; plus the in-process cost of a pool acquire + release.
  *
  *   bench_lease --target ADDR [--prefault]   (a daemon with a pool runs there)
+ *   bench_lease --target ADDR --contention [--clients N] [--seconds S]
  *
- * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio.
+ * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio. With
+ * --contention: N clients (connections) on one loop acquire (blocking) and release leases of
+ * random sizes as fast as they can against the daemon's pool — meant to be small — and it prints
+ * the pairs per second, how often the pool made an acquire wait, and the acquire latencies.
  */
 #include "mg_client.h"
 
@@ -177,6 +181,173 @@ static double in_process_ns(const char *shm_dir, uint64_t size, size_t iteration
     return (t1 - t0) * 1e3 / (double)iterations;
 }
 
+/* ---- contention: N clients, each acquire (blocking) -> release -> acquire ... ---- */
+
+typedef struct contender {
+    mg_client *c;
+    struct event_base *base;
+    uint64_t rng;
+    double t0;
+    double *lat_us;
+    size_t nlat, cap;
+    uint64_t pairs;
+    int *stop;
+    int failed;
+    uint8_t *resp;
+    size_t len;
+} contender;
+
+static void contender_next(contender *k);
+
+static void contender_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    contender *k = arg;
+    free(k->resp);
+    k->resp = malloc(len ? len : 1);
+    memcpy(k->resp, m, len);
+    k->len = len;
+}
+
+static void release_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    contender *k = arg;
+    if (status != 0) {
+        fprintf(stderr, "bench_lease: release: %s\n", message);
+        k->failed = 1;
+    }
+    k->pairs++;
+    contender_next(k);
+}
+
+static void acquire_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    static const mg_rpc_handlers rel = {contender_msg, release_closed};
+    contender *k = arg;
+    Moongate__V1__Lease *lease;
+    Moongate__V1__ReleaseLeaseRequest rl = MOONGATE__V1__RELEASE_LEASE_REQUEST__INIT;
+    uint8_t buf[64];
+    mg_rpc *r;
+    if (status != 0 || (lease = moongate__v1__lease__unpack(NULL, k->len, k->resp)) == NULL) {
+        fprintf(stderr, "bench_lease: acquire: %s\n", message);
+        k->failed = 1;
+        return;
+    }
+    if (k->nlat < k->cap)
+        k->lat_us[k->nlat++] = now_us() - k->t0;
+    rl.id = lease->id;
+    moongate__v1__lease__free_unpacked(lease, NULL);
+    r = mg_rpc_start(k->c, "/moongate.v1.Pool/ReleaseLease", NULL, 0, 60000, &rel, k);
+    if (r == NULL || mg_rpc_send(r, buf, protobuf_c_message_pack(&rl.base, buf)) != 0 ||
+        mg_rpc_close_send(r) != 0)
+        k->failed = 1;
+}
+
+static void contender_next(contender *k)
+{
+    static const mg_rpc_handlers acq = {contender_msg, acquire_closed};
+    Moongate__V1__AcquireLeaseRequest ar = MOONGATE__V1__ACQUIRE_LEASE_REQUEST__INIT;
+    uint8_t buf[64];
+    mg_rpc *r;
+    if (*k->stop || k->failed)
+        return;
+    k->rng ^= k->rng << 13;
+    k->rng ^= k->rng >> 7;
+    k->rng ^= k->rng << 17;
+    ar.size = (64u << 10) + k->rng % (4u << 20); /* 64 KiB .. 4 MiB + 64 KiB */
+    ar.block = 1;
+    k->t0 = now_us();
+    r = mg_rpc_start(k->c, "/moongate.v1.Pool/AcquireLease", NULL, 0, 60000, &acq, k);
+    if (r == NULL || mg_rpc_send(r, buf, protobuf_c_message_pack(&ar.base, buf)) != 0 ||
+        mg_rpc_close_send(r) != 0)
+        k->failed = 1;
+}
+
+static void stop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    *(int *)arg = 1;
+}
+
+static void finish_cb(evutil_socket_t fd, short what, void *arg)
+{
+    event_base_loopbreak(arg);
+}
+
+static int contention(const char *target, unsigned clients, unsigned seconds)
+{
+    struct event_base *base = event_base_new();
+    contender *ks = calloc(clients, sizeof(*ks));
+    mg_client_options o = {.target = target};
+    struct timeval run = {(time_t)seconds, 0}, settle = {(time_t)seconds + 5, 0};
+    int stop = 0, failed = 0;
+    uint64_t pairs = 0;
+    size_t total = 0;
+    double *all, t0;
+    char err[256];
+    call_rec r;
+    Moongate__V1__PoolStatsRequest sr = MOONGATE__V1__POOL_STATS_REQUEST__INIT;
+    Moongate__V1__PoolStatsResponse *before, *after;
+    mg_client *probe;
+
+    if (mg_client_new(&probe, base, &o, err, sizeof(err)) != 0) {
+        fprintf(stderr, "bench_lease: %s\n", err);
+        return 1;
+    }
+    call(probe, base, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
+    before = moongate__v1__pool_stats_response__unpack(NULL, r.len, r.resp);
+    free(r.resp);
+    for (unsigned i = 0; i < clients; i++) {
+        ks[i].base = base;
+        ks[i].rng = 0x9e3779b97f4a7c15ULL * (i + 1);
+        ks[i].cap = 1u << 22;
+        ks[i].lat_us = malloc(ks[i].cap * sizeof(double));
+        ks[i].stop = &stop;
+        if (mg_client_new(&ks[i].c, base, &o, err, sizeof(err)) != 0) {
+            fprintf(stderr, "bench_lease: %s\n", err);
+            return 1;
+        }
+    }
+    t0 = now_us();
+    for (unsigned i = 0; i < clients; i++)
+        contender_next(&ks[i]);
+    event_base_once(base, -1, EV_TIMEOUT, stop_cb, &stop, &run);
+    event_base_once(base, -1, EV_TIMEOUT, finish_cb, base, &settle);
+    event_base_dispatch(base); /* the calls in flight at the stop end within the settle time */
+    call(probe, base, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
+    after = moongate__v1__pool_stats_response__unpack(NULL, r.len, r.resp);
+    free(r.resp);
+    for (unsigned i = 0; i < clients; i++) {
+        pairs += ks[i].pairs;
+        total += ks[i].nlat;
+        failed |= ks[i].failed;
+    }
+    all = malloc((total ? total : 1) * sizeof(double));
+    total = 0;
+    for (unsigned i = 0; i < clients; i++) {
+        memcpy(all + total, ks[i].lat_us, ks[i].nlat * sizeof(double));
+        total += ks[i].nlat;
+        mg_client_del(ks[i].c);
+        free(ks[i].lat_us);
+        free(ks[i].resp);
+    }
+    qsort(all, total, sizeof(double), cmp_double);
+    printf("Contention: %u clients acquiring (block) and releasing 64 KiB..4 MiB leases for %u s "
+           "against a pool of %" PRIu64 " bytes\n",
+           clients, seconds, after->pools[0]->capacity);
+    printf("pairs/s %.0f   acquires that waited %" PRIu64 " of %zu   acquire latency us: p50 %.1f "
+           "p90 %.1f p99 %.1f max %.1f\n",
+           (double)pairs / ((now_us() - t0) / 1e6 < seconds ? (now_us() - t0) / 1e6 : seconds),
+           after->pools[0]->exhausted_total - before->pools[0]->exhausted_total, total,
+           pct(all, total, 0.5), pct(all, total, 0.9), pct(all, total, 0.99),
+           total ? all[total - 1] : 0.0);
+    moongate__v1__pool_stats_response__free_unpacked(before, NULL);
+    moongate__v1__pool_stats_response__free_unpacked(after, NULL);
+    mg_client_del(probe);
+    free(all);
+    free(ks);
+    event_base_free(base);
+    return failed;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -185,7 +356,8 @@ int main(int argc, char **argv)
     } shapes[] = {{1024, 1u << 20}, {64, 16u << 20}, {16384, 64u << 10}};
     const char *target = "127.0.0.1:7444";
     char shm_dir[64] = "/dev/shm/mg-bench-lease-XXXXXX";
-    int prefault = 0;
+    int prefault = 0, contend = 0;
+    unsigned clients = 4, seconds = 10;
     struct event_base *base = event_base_new();
     mg_client_options o = {0};
     mg_client *c;
@@ -196,11 +368,20 @@ int main(int argc, char **argv)
             target = argv[++i];
         else if (!strcmp(argv[i], "--prefault"))
             prefault = 1;
+        else if (!strcmp(argv[i], "--contention"))
+            contend = 1;
+        else if (!strcmp(argv[i], "--clients") && i + 1 < argc)
+            clients = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+            seconds = (unsigned)atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault]\n");
+            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault] | --contention "
+                            "[--clients N] [--seconds S]\n");
             return 64;
         }
     }
+    if (contend)
+        return contention(target, clients ? clients : 4, seconds ? seconds : 10);
     if (mkdtemp(shm_dir) == NULL) { /* a private directory for the in-process pool */
         perror("bench_lease: mkdtemp");
         return 1;

@@ -30,20 +30,29 @@ batch)
     /usr/bin/python3 tests/bench/bench_batch.py --moongate "$build/moongate" "$@"
     ;;
 lease)
-    shm=$(mktemp -d /dev/shm/mg-bench-XXXXXX)
-    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
-        --unix-socket "" --shm-dir "$shm" --access-log=false --memlock try --workers 2 \
-        >"$certs/moongate.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 100); do
-        grep -q "event=ready" "$certs/moongate.log" && break
-        sleep 0.1
-    done
+    # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.
+    start_daemon() {
+        shm=$(mktemp -d /dev/shm/mg-bench-XXXXXX)
+        port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        # shellcheck disable=SC2086
+        "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
+            --unix-socket "" --shm-dir "$shm" --access-log=false --memlock try --workers 2 $1 \
+            >"$certs/moongate.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1 100); do
+            grep -q "event=ready" "$certs/moongate.log" && break
+            sleep 0.1
+        done
+    }
+    stop_daemon() { kill -TERM "$pid"; wait "$pid" || true; rm -rf "$shm"; }
     rc=0
+    start_daemon ""
     "$build/bench/bench_lease" --target "127.0.0.1:$port" --prefault "$@" || rc=$?
-    kill -TERM $pid; wait $pid || true
-    rm -rf "$shm"
+    stop_daemon
+    echo
+    start_daemon "--pool-bytes 8M"
+    "$build/bench/bench_lease" --target "127.0.0.1:$port" --contention || rc=$?
+    stop_daemon
     exit $rc
     ;;
 *) echo "usage: $0 [control|register|batch|lease] [-- options]" >&2; exit 64 ;;

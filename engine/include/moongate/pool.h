@@ -99,6 +99,9 @@ void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out);
  * Returns how many were written. */
 size_t mg_pool_list(mg_pool *p, const char *tenant, uint64_t after, mg_lease_info *out, size_t max);
 void mg_pool_get_stats(const mg_pool *p, mg_pool_stats *out);
+/* Counts an acquire that could not be served at once for want of room (refused or made to
+ * wait): the caller decides, once per request. */
+void mg_pool_count_exhausted(mg_pool *p);
 /* The segment of the pool and the address of a lease's first byte. */
 mg_segment *mg_pool_segment(const mg_pool *p);
 uint8_t *mg_lease_addr(const mg_pool *p, const mg_lease *l);
