@@ -84,6 +84,12 @@ int main(int argc, char **argv)
         mg_config_free(&cfg);
         return 2;
     }
+    if (strcmp(cfg.pool_overflow, "refuse") != 0 && strcmp(cfg.pool_overflow, "register") != 0) {
+        fprintf(stderr, "moongate: --pool-overflow takes refuse or register, not \"%s\"\n",
+                cfg.pool_overflow);
+        mg_config_free(&cfg);
+        return 2;
+    }
     if (mg_config_memlock(cfg.memlock) < 0) {
         fprintf(stderr, "moongate: --memlock takes off, try or require, not \"%s\"\n", cfg.memlock);
         mg_config_free(&cfg);

@@ -62,6 +62,11 @@ static const opt_def opts[] = {
      "the default buffer pool's lease area, registered at start-up; 0 disables the pool"},
     {"pool-reserve-bytes", T_SIZE, O(pool_reserve_bytes), "16M", 0, 1ULL << 40,
      "pool headroom after the lease area that leases never take (staging, inline copies)"},
+    {"pool-overflow", T_STR, O(pool_overflow), "refuse", 0, 0,
+     "when the pool cannot serve a lease: refuse (RESOURCE_EXHAUSTED, or wait with block) or "
+     "register (the lease gets its own registered region, counted and logged)"},
+    {"pool-overflow-max-bytes", T_SIZE, O(pool_overflow_max_bytes), "1G", 0, 1ULL << 43,
+     "bytes of overflow leases alive at once at most"},
     {"max-leases", T_UINT, O(max_leases), "65536", 1, 1 << 24, "live leases at most"},
     {"lease-ttl", T_UINT, O(lease_ttl), "60", 1, 86400,
      "seconds a lease lives when its acquire gives no ttl"},

@@ -30,6 +30,8 @@ typedef struct mg_config {
     uint64_t max_batch;
     uint64_t pool_bytes;
     uint64_t pool_reserve_bytes;
+    char *pool_overflow; /* refuse, register */
+    uint64_t pool_overflow_max_bytes;
     uint64_t max_leases;
     uint64_t lease_ttl;     /* seconds */
     uint64_t max_lease_ttl; /* seconds */

@@ -257,6 +257,9 @@ int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
 void mg_svc_memory_free(mg_gateway *gw);
+/* Unregisters a segment on a worker for the daemon itself (nobody waits for it); logs a failure.
+ * Returns 0 or an MG_ERR_*. */
+int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why);
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);
@@ -265,8 +268,8 @@ void mg_svc_pool_free(mg_gateway *gw);
  * segment, the lease's offset in it and its requested length, and a token for unuse. Returns
  * 0 or MG_ERR_NOT_FOUND. The caller puts the segment reference itself. */
 struct mg_segment;
-int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder,
-                    struct mg_segment **seg, uint64_t *offset, uint64_t *length, void **token);
+int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, struct mg_segment **seg,
+                    uint64_t *offset, uint64_t *length, void **token);
 void mg_svc_pool_unuse(mg_gateway *gw, void *token);
 /* Fails the blocked acquires (drain). */
 void mg_svc_pool_drain(mg_gateway *gw);

@@ -63,6 +63,7 @@ static void render_pool(mg_gateway *gw, struct evbuffer *out)
         "moongate_pool_bytes{pool=\"default\",kind=\"free\"} %llu\n"
         "moongate_pool_bytes{pool=\"default\",kind=\"largest_free\"} %llu\n"
         "moongate_pool_bytes{pool=\"default\",kind=\"largest_lease\"} %llu\n"
+        "moongate_pool_bytes{pool=\"default\",kind=\"overflow\"} %llu\n"
         "# HELP moongate_pool_fragmentation 1 - largest free range / free bytes.\n"
         "# TYPE moongate_pool_fragmentation gauge\n"
         "moongate_pool_fragmentation{pool=\"default\"} %.6f\n"
@@ -79,16 +80,18 @@ static void render_pool(mg_gateway *gw, struct evbuffer *out)
         "moongate_pool_lease_events_total{pool=\"default\",event=\"expired\"} %llu\n"
         "moongate_pool_lease_events_total{pool=\"default\",event=\"exhausted\"} %llu\n"
         "moongate_pool_lease_events_total{pool=\"default\",event=\"waited\"} %llu\n"
+        "moongate_pool_lease_events_total{pool=\"default\",event=\"overflow\"} %llu\n"
         "# HELP moongate_pool_wait_seconds Time blocking acquires waited in line.\n"
         "# TYPE moongate_pool_wait_seconds histogram\n",
         (unsigned long long)ps.capacity, (unsigned long long)ps.reserve,
         (unsigned long long)ps.in_use, (unsigned long long)ps.free,
         (unsigned long long)ps.largest_free, (unsigned long long)ps.largest_lease,
+        (unsigned long long)ps.overflow_bytes,
         ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0,
         (unsigned long long)ps.leases, (unsigned long long)waiters,
         (unsigned long long)ps.acquired_total, (unsigned long long)ps.released_total,
         (unsigned long long)ps.expired_total, (unsigned long long)ps.exhausted_total,
-        (unsigned long long)w->waits_total);
+        (unsigned long long)w->waits_total, (unsigned long long)ps.overflow_total);
     for (int b = 0; b < 12; b++)
         evbuffer_add_printf(out, "moongate_pool_wait_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
                             (unsigned long long)w->buckets[b]);

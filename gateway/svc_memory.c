@@ -169,6 +169,20 @@ static int start_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
     return rc;
 }
 
+int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why)
+{
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment *seg;
+    char err[MG_SEG_ERROR_MAX];
+    int rc = mg_registry_unregister(reg, tenant, id, &seg, err);
+    if (rc == 0 && (rc = start_unmap(gw, seg, NULL)) != 0)
+        mg_registry_restore(reg, seg); /* no worker: it stays, listed, until the daemon stops */
+    if (rc != 0)
+        mg_warn("segment_unregister_failed", "id=%" PRIu64 " reason=\"%s\" error=\"%s\"", id, why,
+                rc == MG_ERR_BUSY ? err : mg_strerror(rc));
+    return rc;
+}
+
 static void map_done(void *arg, int result)
 {
     seg_job *j = arg;

@@ -40,6 +40,10 @@ typedef struct waiter {
 
 struct mg_pool_svc {
     mg_pool *pool;
+    int overflow;              /* --pool-overflow register */
+    uint64_t overflow_pending; /* bytes of overflow regions being registered */
+    uint64_t overflow_seq;     /* names of overflow segments */
+    uint64_t overflow_logged_ns, overflow_unlogged, overflow_unlogged_bytes;
     mg_segment *seg; /* while registering */
     uint64_t t0_ns;
     waiter *head, *tail;
@@ -202,6 +206,161 @@ static int enqueue(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req, 
     return 0;
 }
 
+/* ---- overflow: a lease the pool cannot serve gets its own region (--pool-overflow register) */
+
+#define OVERFLOW_LOG_NS (10ULL * 1000000000ULL) /* one log line per 10 s at most */
+
+typedef struct {
+    mg_gateway *gw;
+    mg_call *call;
+    mg_segment *seg;
+    uint64_t size, reserved, ttl_ms;
+    int remote;
+} overflow_job;
+
+/* The pool dropped an overflow lease: unregister its region (its lease's reference first). */
+static void drop_overflow(void *arg, mg_segment *seg)
+{
+    mg_gateway *gw = arg;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_info info;
+    mg_segment_get_info(reg, seg, &info);
+    mg_registry_put(reg, seg);
+    mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease ended");
+}
+
+static void overflow_log(mg_gateway *gw, uint64_t bytes)
+{
+    struct mg_pool_svc *ps = gw->pool;
+    uint64_t now = mg_now_mono_ns();
+    mg_pool_stats st;
+    ps->overflow_unlogged++;
+    ps->overflow_unlogged_bytes += bytes;
+    if (ps->overflow_logged_ns && now - ps->overflow_logged_ns < OVERFLOW_LOG_NS)
+        return;
+    mg_pool_get_stats(ps->pool, &st);
+    mg_warn("pool_overflow",
+            "pool=%s leases=%llu bytes=%llu since_last_log=%llu alive_bytes=%llu "
+            "reason=\"pool full; --pool-overflow register gave them their own regions\"",
+            POOL_NAME, (unsigned long long)ps->overflow_unlogged,
+            (unsigned long long)ps->overflow_unlogged_bytes,
+            (unsigned long long)(ps->overflow_logged_ns
+                                     ? (now - ps->overflow_logged_ns) / 1000000000ULL
+                                     : 0),
+            (unsigned long long)st.overflow_bytes);
+    ps->overflow_logged_ns = now;
+    ps->overflow_unlogged = ps->overflow_unlogged_bytes = 0;
+}
+
+static int overflow_work(void *arg)
+{
+    overflow_job *j = arg;
+    return mg_segment_map(j->seg);
+}
+
+static void overflow_done(void *arg, int result)
+{
+    overflow_job *j = arg;
+    mg_gateway *gw = j->gw;
+    struct mg_pool_svc *ps = gw->pool;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_info info;
+    mg_segment *held;
+    mg_lease *l;
+    char err[MG_SEG_ERROR_MAX];
+    int rc = result;
+
+    ps->overflow_pending -= j->reserved;
+    snprintf(err, sizeof(err), "%s", result ? mg_segment_error(j->seg) : "");
+    mg_registry_commit(reg, j->seg, result);
+    if (rc == 0) {
+        mg_segment_get_info(reg, j->seg, &info);
+        if (mg_call_done(j->call) || ps->pool == NULL) { /* the caller left: undo */
+            mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease's caller gone");
+        } else if (mg_registry_acquire(reg, TENANT, info.id, "an overflow lease", &held) != 0) {
+            rc = MG_ERR_NOT_FOUND;
+            snprintf(err, sizeof(err), "the overflow region vanished");
+        } else if ((rc = mg_pool_adopt(ps->pool, TENANT, held, j->size, j->ttl_ms, now_ms(), &l)) !=
+                   0) {
+            mg_registry_put(reg, held);
+            mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease refused");
+            snprintf(err, sizeof(err), "%s", mg_strerror(rc));
+        } else {
+            if (j->remote)
+                mg_lease_set_remote(l, 1);
+            overflow_log(gw, j->reserved);
+            reply_lease(j->call, ps->pool, l);
+        }
+    }
+    if (rc != 0 && !mg_call_done(j->call))
+        mg_call_fail(j->call, rc, "the pool is full and its overflow region failed: %s", err);
+    mg_call_unref(j->call);
+    free(j);
+}
+
+/* Starts an overflow lease for `call`. Returns 0 (answered later) or an MG_ERR_* with err
+ * saying why not (the overflow budget, or the registration refused). */
+static int start_overflow(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req,
+                          uint64_t ttl_ms, char *err)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_pool_svc *ps = gw->pool;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    uint64_t reserved = (req->size + MG_POOL_GRANULE - 1) / MG_POOL_GRANULE * MG_POOL_GRANULE;
+    mg_pool_stats st;
+    mg_segment_spec spec;
+    overflow_job *j;
+    char name[64], why[MG_SEG_ERROR_MAX];
+    int rc;
+
+    mg_pool_get_stats(ps->pool, &st);
+    if (req->size == 0 || req->alignment > MG_POOL_GRANULE ||
+        st.overflow_bytes + ps->overflow_pending + reserved > gw->cfg->pool_overflow_max_bytes) {
+        size_t n = strlen(err);
+        snprintf(err + n, MG_SEG_ERROR_MAX - n,
+                 "; overflow: %llu of --pool-overflow-max-bytes %llu in use",
+                 (unsigned long long)(st.overflow_bytes + ps->overflow_pending),
+                 (unsigned long long)gw->cfg->pool_overflow_max_bytes);
+        return MG_ERR_FULL;
+    }
+    snprintf(name, sizeof(name), "pool." POOL_NAME ".overflow.%llu",
+             (unsigned long long)++ps->overflow_seq);
+    memset(&spec, 0, sizeof(spec));
+    spec.tenant = TENANT;
+    spec.name = name;
+    spec.source = MG_SEG_ANON;
+    spec.size = reserved;
+    spec.remote_accessible = 1;
+    spec.memlock = (mg_memlock)gw->memlock;
+    spec.prefault = 1;
+    j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return MG_ERR_NOMEM;
+    rc = mg_registry_reserve(reg, &spec, &j->seg, why);
+    if (rc != 0) {
+        size_t n = strlen(err);
+        snprintf(err + n, MG_SEG_ERROR_MAX - n, "; overflow region refused: %.200s", why);
+        free(j);
+        return rc;
+    }
+    j->gw = gw;
+    j->call = call;
+    j->size = req->size;
+    j->reserved = reserved;
+    j->ttl_ms = ttl_ms;
+    j->remote = req->remote_accessible;
+    mg_call_ref(call);
+    rc = mg_engine_submit(gw->engine, gw->cq, overflow_work, overflow_done, j);
+    if (rc != 0) {
+        mg_registry_commit(reg, j->seg, rc);
+        mg_call_unref(call);
+        free(j);
+        return rc;
+    }
+    ps->overflow_pending += reserved;
+    return 0;
+}
+
 /* ---- handlers ---- */
 
 /* The pool, or NULL after failing the call (no pool, or the daemon is draining). */
@@ -250,6 +409,8 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
     }
     rc = mg_pool_acquire(pool, TENANT, req->size, req->alignment, ttl, now_ms(), req->request_id,
                          &l, err);
+    if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > gw->cfg->pool_bytes)
+        rc = MG_ERR_FULL; /* larger than the whole pool: only an overflow region can serve it */
     if (rc == 0 || rc == MG_LEASE_RETRY) {
         if (req->remote_accessible)
             mg_lease_set_remote(l, 1);
@@ -258,6 +419,15 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
     }
     if (rc == MG_ERR_FULL)
         mg_pool_count_exhausted(pool);
+    if (rc == MG_ERR_FULL && gw->pool->overflow) {
+        int orc = start_overflow(call, req, ttl, err);
+        if (orc == 0)
+            return;
+        if (orc != MG_ERR_FULL || !req->block || req->size > gw->cfg->pool_bytes) {
+            mg_call_fail(call, orc, "%s", err);
+            return;
+        }
+    }
     if (rc == MG_ERR_FULL && req->block) {
         rc = enqueue(call, req, ttl);
         if (rc == 0)
@@ -471,6 +641,8 @@ static void stats_message(mg_call *call, const ProtobufCMessage *m)
     st.released_total = ps.released_total;
     st.expired_total = ps.expired_total;
     st.exhausted_total = ps.exhausted_total;
+    st.overflow_total = ps.overflow_total;
+    st.overflow_bytes = ps.overflow_bytes;
     st.fragmentation = ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0;
     resp.pools = &one;
     resp.n_pools = 1;
@@ -512,8 +684,13 @@ static void pool_map_done(void *arg, int result)
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment *held;
     mg_segment_info info;
-    mg_pool_config pc = {POOL_NAME, gw->cfg->pool_bytes, gw->cfg->pool_reserve_bytes,
-                         (uint32_t)gw->cfg->max_leases, gw->cfg->max_lease_ttl * 1000};
+    mg_pool_config pc = {POOL_NAME,
+                         gw->cfg->pool_bytes,
+                         gw->cfg->pool_reserve_bytes,
+                         (uint32_t)gw->cfg->max_leases,
+                         gw->cfg->max_lease_ttl * 1000,
+                         drop_overflow,
+                         gw};
     int rc = result;
     char err[MG_SEG_ERROR_MAX];
 
@@ -593,16 +770,14 @@ int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_se
                     uint64_t *offset, uint64_t *length, void **token)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
-    mg_segment_info si;
     mg_lease *l;
     mg_lease_info li;
     if (gw->pool == NULL || gw->pool->pool == NULL ||
         mg_pool_find(gw->pool->pool, TENANT, lease_id, &l) != 0)
         return MG_ERR_NOT_FOUND;
-    mg_segment_get_info(reg, mg_pool_segment(gw->pool->pool), &si);
-    if (mg_registry_acquire(reg, TENANT, si.id, holder, seg) != 0)
-        return MG_ERR_NOT_FOUND;
     mg_lease_get_info(gw->pool->pool, l, &li);
+    if (mg_registry_acquire(reg, TENANT, li.segment_id, holder, seg) != 0)
+        return MG_ERR_NOT_FOUND;
     mg_lease_use(l);
     *offset = li.offset;
     *length = li.requested;
@@ -677,6 +852,7 @@ int mg_svc_pool_init(mg_gateway *gw)
     gw->pool = calloc(1, sizeof(*gw->pool));
     if (gw->pool == NULL)
         return MG_ERR_NOMEM;
+    gw->pool->overflow = strcmp(gw->cfg->pool_overflow, "register") == 0;
     gw->pool->tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
     if (gw->pool->tick == NULL || event_add(gw->pool->tick, &tv) != 0)
         return MG_ERR_NOMEM;

@@ -22,6 +22,7 @@ struct mg_lease {
     uint64_t offset, requested, reserved;
     uint64_t expires_ms;
     uint32_t handle; /* in the allocator */
+    mg_segment *own; /* an overflow lease's own segment (referenced), or NULL */
     uint32_t users;
     int released;
     int remote_accessible;
@@ -41,6 +42,7 @@ struct mg_pool {
     mg_lease *all;
     uint64_t live;
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
+    uint64_t overflow_total, overflow_bytes, overflow_leases;
 };
 
 static uint64_t mix64(uint64_t x)
@@ -122,7 +124,16 @@ static void lease_free(mg_pool *p, mg_lease *l)
         p->all = l->next;
     if (l->next)
         l->next->prev = l->prev;
-    mg_alloc_give(p->alloc, l->handle);
+    if (l->own) {
+        p->overflow_bytes -= l->reserved;
+        p->overflow_leases--;
+        if (p->cfg.drop_overflow)
+            p->cfg.drop_overflow(p->cfg.drop_arg, l->own);
+        else
+            mg_registry_put(p->reg, l->own);
+    } else {
+        mg_alloc_give(p->alloc, l->handle);
+    }
     free(l);
 }
 
@@ -143,6 +154,8 @@ const char *mg_pool_name(const mg_pool *p)
 {
     return p->name;
 }
+
+static void enter(mg_pool *p, mg_lease *l);
 
 static mg_lease *find_id(mg_pool *p, uint64_t id)
 {
@@ -168,7 +181,6 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
     mg_lease *l;
     uint64_t offset, reserved;
     uint32_t handle;
-    size_t b;
     int rc;
 
     err[0] = '\0';
@@ -227,9 +239,6 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
         snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
         return MG_ERR_NOMEM;
     }
-    do {
-        l->id = mix64(++p->counter);
-    } while (l->id == 0 || find_id(p, l->id));
     snprintf(l->tenant, sizeof(l->tenant), "%s", tenant);
     if (request_id)
         snprintf(l->request_id, sizeof(l->request_id), "%s", request_id);
@@ -238,6 +247,18 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
     l->reserved = reserved;
     l->handle = handle;
     l->expires_ms = now_ms + ttl_ms;
+    enter(p, l);
+    *out = l;
+    return 0;
+}
+
+/* Gives the lease an id and enters it in the tables. */
+static void enter(mg_pool *p, mg_lease *l)
+{
+    size_t b;
+    do {
+        l->id = mix64(++p->counter);
+    } while (l->id == 0 || find_id(p, l->id));
     b = mix64(l->id) & (p->nbuckets - 1);
     l->id_next = p->by_id[b];
     p->by_id[b] = l;
@@ -252,6 +273,28 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
     p->all = l;
     p->live++;
     p->acquired_total++;
+}
+
+int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size, uint64_t ttl_ms,
+                  uint64_t now_ms, mg_lease **out)
+{
+    mg_segment_info si;
+    mg_lease *l;
+    if (p->live >= p->cfg.max_leases)
+        return MG_ERR_FULL;
+    l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return MG_ERR_NOMEM;
+    mg_segment_get_info(p->reg, seg, &si);
+    snprintf(l->tenant, sizeof(l->tenant), "%s", tenant);
+    l->own = seg;
+    l->requested = size;
+    l->reserved = si.size;
+    l->expires_ms = now_ms + ttl_ms;
+    enter(p, l);
+    p->overflow_total++;
+    p->overflow_bytes += l->reserved;
+    p->overflow_leases++;
     *out = l;
     return 0;
 }
@@ -340,7 +383,7 @@ void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out)
 {
     mg_segment_info si;
     memset(out, 0, sizeof(*out));
-    mg_segment_get_info(p->reg, p->seg, &si);
+    mg_segment_get_info(p->reg, l->own ? l->own : p->seg, &si);
     out->id = l->id;
     snprintf(out->tenant, sizeof(out->tenant), "%s", l->tenant);
     out->segment_id = si.id;
@@ -394,6 +437,9 @@ void mg_pool_get_stats(const mg_pool *p, mg_pool_stats *out)
     out->released_total = p->released_total;
     out->expired_total = p->expired_total;
     out->exhausted_total = p->exhausted_total;
+    out->overflow_total = p->overflow_total;
+    out->overflow_bytes = p->overflow_bytes;
+    out->overflow_leases = p->overflow_leases;
 }
 
 void mg_pool_count_exhausted(mg_pool *p)
@@ -408,5 +454,5 @@ mg_segment *mg_pool_segment(const mg_pool *p)
 
 uint8_t *mg_lease_addr(const mg_pool *p, const mg_lease *l)
 {
-    return p->base + l->offset;
+    return l->own ? (uint8_t *)mg_segment_addr(l->own) : p->base + l->offset;
 }

@@ -150,7 +150,8 @@ static double in_process_ns(const char *shm_dir, uint64_t size, size_t iteration
     mg_registry_config rc = {.shm_dir = shm_dir, .file_mode = 0600, .max_segments = 4};
     mg_segment_spec spec = {
         .tenant = "bench", .name = "pool", .source = MG_SEG_ANON, .size = 64ULL << 20};
-    mg_pool_config pc = {"bench", 64ULL << 20, 0, 1024, 60000};
+    mg_pool_config pc = {
+        .name = "bench", .lease_bytes = 64ULL << 20, .max_leases = 1024, .max_ttl_ms = 60000};
     mg_registry *reg;
     mg_segment *seg, *held;
     mg_segment_info info;

@@ -271,3 +271,47 @@ def test_no_pool_and_a_pool_that_cannot_be_registered(make_daemon, tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert "start_failed pool=default" in r.stderr and "registered-bytes limit" in r.stderr
+
+
+def test_overflow_register_is_bounded_counted_and_logged(make_daemon):
+    """--pool-overflow register: a lease the pool cannot serve gets its own region — never
+    silently: counted, bounded by --pool-overflow-max-bytes, logged — and the region goes when
+    the lease does."""
+    d = make_daemon("--pool-bytes", "4M", "--pool-reserve-bytes", "0", "--pool-overflow",
+                    "register", "--pool-overflow-max-bytes", "8M")
+    ch, p, m = stubs(d)
+    with ch:
+        inside = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=3 * MiB))
+        over = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=3 * MiB + 1))
+        pool_seg = stat(p).segment_id
+        assert over.segment_id != pool_seg and over.offset == 0
+        assert over.requested == 3 * MiB + 1 and over.reserved == 3 * MiB + 4096
+        assert os.path.exists(over.path) and over.path != inside.path
+        st = stat(p)
+        assert (st.overflow_total, st.overflow_bytes, st.leases) == (1, 3 * MiB + 4096, 2)
+        assert st.exhausted_total == 1
+        # Usable like any lease.
+        m.WriteSegment(iter([memory_pb2.WriteSegmentRequest(lease_id=over.id, offset=3 * MiB,
+                                                            data=b"x")]))
+        with open(over.path, "rb") as f:
+            f.seek(3 * MiB)
+            assert f.read(1) == b"x"
+        # Beyond the overflow budget: refused, saying so.
+        code, msg = code_of(lambda: p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=5 * MiB)))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--pool-overflow-max-bytes 8388608" in msg
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=over.id))
+        wait_for(lambda: not os.path.exists(over.path), "the overflow region stayed")
+        assert stat(p).overflow_bytes == 0
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=inside.id))
+    assert d.metric("moongate_pool_lease_events_total", pool="default", event="overflow") == 1
+    assert d.read_log().count("event=pool_overflow") == 1
+    assert d.metric("moongate_segments", state="ready") == 1  # the pool alone
+
+
+def test_bad_overflow_flag_is_a_configuration_error():
+    import subprocess
+    from conftest import MOONGATE
+    r = subprocess.run([MOONGATE, "--pool-overflow", "sometimes"], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 2 and "--pool-overflow takes refuse or register" in r.stderr

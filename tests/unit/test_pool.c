@@ -22,7 +22,11 @@ static mg_pool *open_pool(uint64_t lease, uint64_t reserve, uint32_t max_leases)
     mg_registry_config rc = {.shm_dir = dir, .file_mode = 0600, .max_segments = 4};
     mg_segment_spec spec = {
         .tenant = "sys", .name = "pool", .source = MG_SEG_ANON, .size = lease + reserve};
-    mg_pool_config pc = {"default", lease, reserve, max_leases, 60000};
+    mg_pool_config pc = {.name = "default",
+                         .lease_bytes = lease,
+                         .reserve_bytes = reserve,
+                         .max_leases = max_leases,
+                         .max_ttl_ms = 60000};
     mg_segment *seg, *held;
     mg_segment_info info;
     mg_pool *p = NULL;

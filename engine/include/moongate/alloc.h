@@ -24,11 +24,11 @@ extern "C" {
 typedef struct mg_alloc mg_alloc;
 
 typedef struct mg_alloc_stats {
-    uint64_t capacity;     /* bytes under management */
-    uint64_t free;         /* bytes in free ranges */
-    uint64_t largest_free; /* the largest allocation that succeeds now (alignment: granule) */
+    uint64_t capacity;      /* bytes under management */
+    uint64_t free;          /* bytes in free ranges */
+    uint64_t largest_free;  /* the largest allocation that succeeds now (alignment: granule) */
     uint64_t largest_range; /* the largest free range (>= largest_free: sizes round up) */
-    uint32_t allocations;  /* ranges handed out */
+    uint32_t allocations;   /* ranges handed out */
     uint32_t free_ranges;
 } mg_alloc_stats;
 

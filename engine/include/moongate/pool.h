@@ -36,6 +36,10 @@ typedef struct mg_pool_config {
     uint64_t reserve_bytes; /* after it; leases never take it */
     uint32_t max_leases;
     uint64_t max_ttl_ms; /* longest TTL a lease may ask for */
+    /* Overflow leases (mg_pool_adopt) own a segment; when such a lease ends the pool hands its
+     * segment (and the reference the lease held) to this callback to unregister. */
+    void (*drop_overflow)(void *arg, mg_segment *seg);
+    void *drop_arg;
 } mg_pool_config;
 
 typedef struct mg_lease_info {
@@ -60,6 +64,9 @@ typedef struct mg_pool_stats {
     uint64_t largest_lease; /* the largest lease that can be served now (<= largest_free) */
     uint64_t leases;
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
+    uint64_t overflow_total;  /* leases given their own registered region */
+    uint64_t overflow_bytes;  /* bytes of those alive now */
+    uint64_t overflow_leases; /* of them alive now */
 } mg_pool_stats;
 
 /* A pool on `seg`, a READY segment of at least lease_bytes + reserve_bytes that the caller
@@ -79,6 +86,11 @@ const char *mg_pool_name(const mg_pool *p);
 int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alignment,
                     uint64_t ttl_ms, uint64_t now_ms, const char *request_id, mg_lease **out,
                     char *err);
+/* An overflow lease: `seg` (READY, referenced for the lease) is the lease's own region, of at
+ * least `size` bytes. Counted apart; when the lease ends, drop_overflow gets the segment.
+ * Returns 0, MG_ERR_FULL (max_leases) or MG_ERR_NOMEM. */
+int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size, uint64_t ttl_ms,
+                  uint64_t now_ms, mg_lease **out);
 /* Finds a live (not released) lease of `tenant`. Returns 0 or MG_ERR_NOT_FOUND. */
 int mg_pool_find(mg_pool *p, const char *tenant, uint64_t id, mg_lease **out);
 /* Ends a lease: its range returns to the pool now, or when its last user ends. */
