@@ -367,8 +367,12 @@ static int start_overflow(mg_call *call, const Moongate__V1__AcquireLeaseRequest
 static mg_pool *pool_for(mg_call *call, int acquiring)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    if (gw->pool == NULL || gw->pool->pool == NULL) {
+    if (gw->pool == NULL) {
         mg_call_fail(call, MG_ERR_BUSY, "this daemon has no buffer pool (--pool-bytes 0)");
+        return NULL;
+    }
+    if (gw->pool->pool == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "the buffer pool is still being registered");
         return NULL;
     }
     if (acquiring && gw->state == MG_STATE_DRAINING) {
