@@ -90,6 +90,14 @@ int main(int argc, char **argv)
         mg_config_free(&cfg);
         return 2;
     }
+    {
+        mg_tenant_pool tp[16];
+        if (mg_config_tenant_pools(cfg.tenant_pool, tp, 16, err, sizeof(err)) < 0) {
+            fprintf(stderr, "moongate: --tenant-pool: %s\n", err);
+            mg_config_free(&cfg);
+            return 2;
+        }
+    }
     if (mg_config_memlock(cfg.memlock) < 0) {
         fprintf(stderr, "moongate: --memlock takes off, try or require, not \"%s\"\n", cfg.memlock);
         mg_config_free(&cfg);

@@ -62,6 +62,9 @@ static const opt_def opts[] = {
      "the default buffer pool's lease area, registered at start-up; 0 disables the pool"},
     {"pool-reserve-bytes", T_SIZE, O(pool_reserve_bytes), "16M", 0, 1ULL << 40,
      "pool headroom after the lease area that leases never take (staging, inline copies)"},
+    {"tenant-pool", T_STR, O(tenant_pool), "", 0, 0,
+     "pools of their own for tenants, TENANT=BYTES[,TENANT=BYTES...] (at most 16); their leases "
+     "come from there instead of the default pool"},
     {"pool-overflow", T_STR, O(pool_overflow), "refuse", 0, 0,
      "when the pool cannot serve a lease: refuse (RESOURCE_EXHAUSTED, or wait with block) or "
      "register (the lease gets its own registered region, counted and logged)"},
@@ -321,6 +324,54 @@ void mg_config_help(FILE *out)
     }
     fprintf(out, "  --help     print this help and exit\n  --version  print the version and "
                  "exit\n\nSignals: SIGTERM or SIGINT drain gracefully within --grace seconds.\n");
+}
+
+int mg_config_tenant_pools(const char *s, mg_tenant_pool *out, int max, char *err, size_t errcap)
+{
+    char buf[4096], *save = NULL, *tok;
+    int n = 0;
+    if (s == NULL || *s == '\0')
+        return 0;
+    if (strlen(s) >= sizeof(buf)) {
+        snprintf(err, errcap, "too long");
+        return -1;
+    }
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        size_t tl = eq ? (size_t)(eq - tok) : 0;
+        if (eq == NULL || tl == 0 || tl >= sizeof(out[0].tenant)) {
+            snprintf(err, errcap, "\"%.64s\" is not TENANT=BYTES", tok);
+            return -1;
+        }
+        for (size_t i = 0; i < tl; i++) {
+            char c = tok[i];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-' || c == ':')) {
+                snprintf(err, errcap, "tenant \"%.*s\" is not [A-Za-z0-9._:-]", (int)tl, tok);
+                return -1;
+            }
+        }
+        if (n >= max) {
+            snprintf(err, errcap, "more than %d tenant pools", max);
+            return -1;
+        }
+        memcpy(out[n].tenant, tok, tl);
+        out[n].tenant[tl] = '\0';
+        for (int k = 0; k < n; k++) {
+            if (strcmp(out[k].tenant, out[n].tenant) == 0) {
+                snprintf(err, errcap, "tenant \"%s\" has two pools", out[n].tenant);
+                return -1;
+            }
+        }
+        if (mg_config_parse_size(eq + 1, &out[n].bytes) != 0 || out[n].bytes == 0 ||
+            out[n].bytes % 4096 || out[n].bytes > (1ULL << 43)) {
+            snprintf(err, errcap, "\"%.64s\": bytes must be a multiple of 4096, 4K..8T", eq + 1);
+            return -1;
+        }
+        n++;
+    }
+    return n;
 }
 
 int mg_config_memlock(const char *s)

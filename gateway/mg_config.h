@@ -30,6 +30,7 @@ typedef struct mg_config {
     uint64_t max_batch;
     uint64_t pool_bytes;
     uint64_t pool_reserve_bytes;
+    char *tenant_pool;   /* "TENANT=BYTES,..." */
     char *pool_overflow; /* refuse, register */
     uint64_t pool_overflow_max_bytes;
     uint64_t max_leases;
@@ -65,6 +66,14 @@ int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, 
 void mg_config_free(mg_config *cfg);
 /* Prints the option table: flag, environment name, default, limits and help. */
 void mg_config_help(FILE *out);
+/* One entry of --tenant-pool. */
+typedef struct mg_tenant_pool {
+    char tenant[129];
+    uint64_t bytes;
+} mg_tenant_pool;
+/* Parses --tenant-pool "TENANT=BYTES[,TENANT=BYTES...]" (empty: none) into at most max
+ * entries. Returns how many, or -1 with the reason in err. */
+int mg_config_tenant_pools(const char *s, mg_tenant_pool *out, int max, char *err, size_t errcap);
 /* --memlock: 0 off, 1 try, 2 require (the values of mg_memlock), or -1. */
 int mg_config_memlock(const char *s);
 /* Parses "4M", "512k", "1G", "123" (binary units) into *out; returns 0 or -1. */

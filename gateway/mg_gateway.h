@@ -274,8 +274,11 @@ void mg_svc_pool_unuse(mg_gateway *gw, void *token);
 /* Fails the blocked acquires (drain). */
 void mg_svc_pool_drain(mg_gateway *gw);
 struct mg_pool_stats;
-void mg_svc_pool_get_stats(mg_gateway *gw, struct mg_pool_stats *out, uint64_t *waiters,
-                           uint64_t *segment_id, char *path, size_t pathcap);
+/* How many pools (the default and the tenant pools), and the stats of pool i. Returns 0,
+ * MG_ERR_NOT_FOUND (no pool i) or MG_ERR_UNAVAILABLE (not registered yet; name is set). */
+size_t mg_svc_pool_count(mg_gateway *gw);
+int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, struct mg_pool_stats *out, uint64_t *waiters,
+                          uint64_t *segment_id, char *path, size_t pathcap, const char **name);
 /* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
 /* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration

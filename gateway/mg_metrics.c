@@ -43,55 +43,71 @@ void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
     }
 }
 
-/* The buffer pool: capacity, use, leases, waits. */
+/* The buffer pools: capacity, use, leases, waits. */
 static void render_pool(mg_gateway *gw, struct evbuffer *out)
 {
-    mg_pool_stats ps;
-    uint64_t waiters, seg_id;
-    char path[8];
+    static const char *const kinds[] = {"capacity",     "reserve",       "in_use",  "free",
+                                        "largest_free", "largest_lease", "overflow"};
+    static const char *const events[] = {"acquired", "released", "expired", "exhausted",
+                                         "overflow"};
+    size_t n = mg_svc_pool_count(gw);
     const mg_pool_wait_stats *w = &gw->pool_stats;
-    if (gw->pool == NULL)
+    mg_pool_stats ps[17];
+    uint64_t waiters[17], seg_id;
+    const char *names[17];
+    char path[8];
+    if (n == 0)
         return;
-    mg_svc_pool_get_stats(gw, &ps, &waiters, &seg_id, path, sizeof(path));
-    evbuffer_add_printf(
-        out,
-        "# HELP moongate_pool_bytes The buffer pool's bytes, by what they are.\n"
-        "# TYPE moongate_pool_bytes gauge\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"capacity\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"reserve\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"in_use\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"free\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"largest_free\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"largest_lease\"} %llu\n"
-        "moongate_pool_bytes{pool=\"default\",kind=\"overflow\"} %llu\n"
-        "# HELP moongate_pool_fragmentation 1 - largest free range / free bytes.\n"
-        "# TYPE moongate_pool_fragmentation gauge\n"
-        "moongate_pool_fragmentation{pool=\"default\"} %.6f\n"
-        "# HELP moongate_pool_leases Live leases.\n"
-        "# TYPE moongate_pool_leases gauge\n"
-        "moongate_pool_leases{pool=\"default\"} %llu\n"
-        "# HELP moongate_pool_waiters Blocking acquires waiting in line.\n"
-        "# TYPE moongate_pool_waiters gauge\n"
-        "moongate_pool_waiters{pool=\"default\"} %llu\n"
-        "# HELP moongate_pool_lease_events_total Lease events.\n"
-        "# TYPE moongate_pool_lease_events_total counter\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"acquired\"} %llu\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"released\"} %llu\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"expired\"} %llu\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"exhausted\"} %llu\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"waited\"} %llu\n"
-        "moongate_pool_lease_events_total{pool=\"default\",event=\"overflow\"} %llu\n"
-        "# HELP moongate_pool_wait_seconds Time blocking acquires waited in line.\n"
-        "# TYPE moongate_pool_wait_seconds histogram\n",
-        (unsigned long long)ps.capacity, (unsigned long long)ps.reserve,
-        (unsigned long long)ps.in_use, (unsigned long long)ps.free,
-        (unsigned long long)ps.largest_free, (unsigned long long)ps.largest_lease,
-        (unsigned long long)ps.overflow_bytes,
-        ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0,
-        (unsigned long long)ps.leases, (unsigned long long)waiters,
-        (unsigned long long)ps.acquired_total, (unsigned long long)ps.released_total,
-        (unsigned long long)ps.expired_total, (unsigned long long)ps.exhausted_total,
-        (unsigned long long)w->waits_total, (unsigned long long)ps.overflow_total);
+    if (n > 17)
+        n = 17;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = "";
+        mg_svc_pool_get_stats(gw, i, &ps[i], &waiters[i], &seg_id, path, sizeof(path), &names[i]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_pool_bytes The buffer pools' bytes, by what "
+                             "they are.\n# TYPE moongate_pool_bytes gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[] = {ps[i].capacity,      ps[i].reserve,      ps[i].in_use,
+                              ps[i].free,          ps[i].largest_free, ps[i].largest_lease,
+                              ps[i].overflow_bytes};
+        for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+            evbuffer_add_printf(out, "moongate_pool_bytes{pool=\"%s\",kind=\"%s\"} %llu\n",
+                                names[i], kinds[k], (unsigned long long)v[k]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_pool_fragmentation 1 - largest free range / free "
+                             "bytes.\n# TYPE moongate_pool_fragmentation gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_fragmentation{pool=\"%s\"} %.6f\n", names[i],
+                            ps[i].free ? 1.0 - (double)ps[i].largest_free / (double)ps[i].free
+                                       : 0.0);
+    evbuffer_add_printf(out, "# HELP moongate_pool_leases Live leases.\n"
+                             "# TYPE moongate_pool_leases gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_leases{pool=\"%s\"} %llu\n", names[i],
+                            (unsigned long long)ps[i].leases);
+    evbuffer_add_printf(out, "# HELP moongate_pool_waiters Blocking acquires waiting in line.\n"
+                             "# TYPE moongate_pool_waiters gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_waiters{pool=\"%s\"} %llu\n", names[i],
+                            (unsigned long long)waiters[i]);
+    evbuffer_add_printf(out, "# HELP moongate_pool_lease_events_total Lease events.\n"
+                             "# TYPE moongate_pool_lease_events_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[] = {ps[i].acquired_total, ps[i].released_total, ps[i].expired_total,
+                              ps[i].exhausted_total, ps[i].overflow_total};
+        for (size_t k = 0; k < sizeof(events) / sizeof(events[0]); k++)
+            evbuffer_add_printf(out,
+                                "moongate_pool_lease_events_total{pool=\"%s\",event=\"%s\"} "
+                                "%llu\n",
+                                names[i], events[k], (unsigned long long)v[k]);
+    }
+    evbuffer_add_printf(out,
+                        "# HELP moongate_pool_waits_total Blocking acquires that waited in "
+                        "line.\n# TYPE moongate_pool_waits_total counter\n"
+                        "moongate_pool_waits_total %llu\n"
+                        "# HELP moongate_pool_wait_seconds Time blocking acquires waited in "
+                        "line.\n# TYPE moongate_pool_wait_seconds histogram\n",
+                        (unsigned long long)w->waits_total);
     for (int b = 0; b < 12; b++)
         evbuffer_add_printf(out, "moongate_pool_wait_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
                             (unsigned long long)w->buckets[b]);

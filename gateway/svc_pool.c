@@ -1,11 +1,13 @@
 /*
- * svc_pool: moongate.v1.Pool — leases of the default buffer pool (moongate/pool.h).
+ * svc_pool: moongate.v1.Pool — leases of the buffer pools (moongate/pool.h).
  *
- * At start-up the pool's region is registered as a segment ("pool.default": the lease area
- * plus the reserve, prefaulted) on a worker; the daemon turns ready only once it is. From then
+ * Pools: the default pool (--pool-bytes, for every tenant without a pool of its own) and the
+ * tenant pools (--tenant-pool TENANT=BYTES,...). At start-up each pool's region is registered
+ * as a segment ("pool.default", "pool.tenant.NAME": the lease area, plus the reserve for the
+ * default pool, prefaulted) on a worker; the daemon turns ready only once all are. From then
  * on every lease operation is O(1) bookkeeping on the loop: acquire, renew, release, expiry
- * (a timer), and the line of blocked acquires, served first come, first served whenever room
- * appears, so a large request is never starved by small ones behind it.
+ * (a timer), and each pool's line of blocked acquires, served first come, first served
+ * whenever room appears, so a large request is never starved by small ones behind it.
  */
 #include "mg_gateway.h"
 
@@ -22,14 +24,17 @@
 #include <string.h>
 
 #define TENANT       "default"
-#define POOL_NAME    "default"
+#define MAX_POOLS    17 /* the default pool and up to 16 tenant pools */
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 #define TICK_MS      250
 
+struct pool_entry;
+
 typedef struct waiter {
     mg_call *call;
     mg_gateway *gw;
+    struct pool_entry *pe;
     uint64_t size, alignment, ttl_ms;
     int remote;
     char request_id[MG_SEG_NAME_MAX + 1];
@@ -38,18 +43,38 @@ typedef struct waiter {
     struct waiter *prev, *next;
 } waiter;
 
+/* One pool: its region, its leases and its line of blocked acquires. */
+typedef struct pool_entry {
+    char name[MG_POOL_NAME_MAX + 1];  /* "default", "tenant.NAME" */
+    char tenant[MG_SEG_NAME_MAX + 1]; /* whose pool ("" for the default pool) */
+    char owner[MG_SEG_NAME_MAX + 1];  /* tenant owning its segment */
+    uint64_t lease_bytes, reserve_bytes;
+    mg_pool *pool; /* NULL until registered */
+    uint64_t t0_ns;
+    waiter *head, *tail;
+    uint64_t nwaiters;
+} pool_entry;
+
 struct mg_pool_svc {
-    mg_pool *pool;
+    pool_entry pools[MAX_POOLS];
+    size_t npools;
+    pool_entry *fallback;      /* the default pool, or NULL without one */
     int overflow;              /* --pool-overflow register */
     uint64_t overflow_pending; /* bytes of overflow regions being registered */
     uint64_t overflow_seq;     /* names of overflow segments */
     uint64_t overflow_logged_ns, overflow_unlogged, overflow_unlogged_bytes;
-    mg_segment *seg; /* while registering */
-    uint64_t t0_ns;
-    waiter *head, *tail;
-    uint64_t nwaiters;
     struct event *tick;
 };
+
+/* The pool a tenant's leases come from: its own, else the default pool. NULL: none. */
+static pool_entry *entry_for(struct mg_pool_svc *ps, const char *tenant)
+{
+    for (size_t i = 0; i < ps->npools; i++) {
+        if (ps->pools[i].tenant[0] && strcmp(ps->pools[i].tenant, tenant) == 0)
+            return &ps->pools[i];
+    }
+    return ps->fallback;
+}
 
 static uint64_t now_ms(void)
 {
@@ -63,13 +88,13 @@ typedef struct {
     char path[4097];
 } lease_msg;
 
-static void lease_msg_fill(lease_msg *m, const mg_lease_info *in)
+static void lease_msg_fill(lease_msg *m, const pool_entry *pe, const mg_lease_info *in)
 {
     uint64_t now = now_ms();
     moongate__v1__lease__init(&m->msg);
     snprintf(m->path, sizeof(m->path), "%s", in->path);
     m->msg.id = in->id;
-    m->msg.pool = (char *)POOL_NAME;
+    m->msg.pool = (char *)pe->name;
     m->msg.segment_id = in->segment_id;
     m->msg.path = m->path;
     m->msg.offset = in->offset;
@@ -80,28 +105,29 @@ static void lease_msg_fill(lease_msg *m, const mg_lease_info *in)
     m->msg.users = in->users;
 }
 
-static void reply_lease(mg_call *call, mg_pool *pool, const mg_lease *l)
+static void reply_lease(mg_call *call, const pool_entry *pe, const mg_lease *l)
 {
     mg_lease_info info;
     lease_msg m;
-    mg_lease_get_info(pool, l, &info);
-    lease_msg_fill(&m, &info);
+    mg_lease_get_info(pe->pool, l, &info);
+    lease_msg_fill(&m, pe, &info);
     mg_call_reply(call, &m.msg.base);
 }
 
 /* ---- the line of blocked acquires ---- */
 
-static void waiter_unlink(struct mg_pool_svc *ps, waiter *w)
+static void waiter_unlink(waiter *w)
 {
+    pool_entry *pe = w->pe;
     if (w->prev)
         w->prev->next = w->next;
     else
-        ps->head = w->next;
+        pe->head = w->next;
     if (w->next)
         w->next->prev = w->prev;
     else
-        ps->tail = w->prev;
-    ps->nwaiters--;
+        pe->tail = w->prev;
+    pe->nwaiters--;
 }
 
 /* Every wait ends here, whether served, failed, timed out or abandoned. */
@@ -119,35 +145,33 @@ static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
 {
     waiter *w = arg;
     mg_gateway *gw = w->gw;
-    struct mg_pool_svc *ps = gw->pool;
-    waiter_unlink(ps, w);
+    waiter_unlink(w);
     mg_call_finish(w->call, MG_GRPC_DEADLINE_EXCEEDED,
                    "no room for %" PRIu64 " bytes within %llu s (--max-wait)", w->size,
                    (unsigned long long)gw->cfg->max_wait);
     waiter_free(w);
 }
 
-/* Serves the line from its head while there is room. */
-static void serve_waiters(mg_gateway *gw)
+/* Serves a pool's line from its head while there is room. */
+static void serve_waiters(pool_entry *pe)
 {
-    struct mg_pool_svc *ps = gw->pool;
-    while (ps->head) {
-        waiter *w = ps->head;
+    while (pe->head) {
+        waiter *w = pe->head;
         mg_lease *l;
         char err[MG_SEG_ERROR_MAX];
-        int rc = mg_pool_acquire(ps->pool, TENANT, w->size, w->alignment, w->ttl_ms, now_ms(),
+        int rc = mg_pool_acquire(pe->pool, TENANT, w->size, w->alignment, w->ttl_ms, now_ms(),
                                  w->request_id, &l, err);
         if (rc == MG_ERR_FULL)
             return; /* the head waits; nobody overtakes it */
-        waiter_unlink(ps, w);
+        waiter_unlink(w);
         if (rc == 0 || rc == MG_LEASE_RETRY) {
             if (mg_call_done(w->call)) {
                 if (rc == 0)
-                    mg_pool_release(ps->pool, l); /* nobody is left to use it */
+                    mg_pool_release(pe->pool, l); /* nobody is left to use it */
             } else {
                 if (w->remote)
                     mg_lease_set_remote(l, 1);
-                reply_lease(w->call, ps->pool, l);
+                reply_lease(w->call, pe, l);
             }
         } else {
             mg_call_fail(w->call, rc, "%s", err);
@@ -159,24 +183,25 @@ static void serve_waiters(mg_gateway *gw)
 static void acquire_cancel(mg_call *call)
 {
     waiter *w = mg_call_data(call);
-    mg_gateway *gw;
+    pool_entry *pe;
     if (w == NULL)
         return;
-    gw = w->gw;
-    waiter_unlink(gw->pool, w);
+    pe = w->pe;
+    waiter_unlink(w);
     waiter_free(w);
-    serve_waiters(gw); /* the next in line may fit where this one did not */
+    serve_waiters(pe); /* the next in line may fit where this one did not */
 }
 
-static int enqueue(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req, uint64_t ttl_ms)
+static int enqueue(mg_call *call, pool_entry *pe, const Moongate__V1__AcquireLeaseRequest *req,
+                   uint64_t ttl_ms)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_pool_svc *ps = gw->pool;
     waiter *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return MG_ERR_NOMEM;
     w->call = call;
     w->gw = gw;
+    w->pe = pe;
     w->size = req->size;
     w->alignment = req->alignment;
     w->ttl_ms = ttl_ms;
@@ -195,13 +220,13 @@ static int enqueue(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req, 
     }
     mg_call_ref(call);
     mg_call_set_data(call, w);
-    w->prev = ps->tail;
-    if (ps->tail)
-        ps->tail->next = w;
+    w->prev = pe->tail;
+    if (pe->tail)
+        pe->tail->next = w;
     else
-        ps->head = w;
-    ps->tail = w;
-    ps->nwaiters++;
+        pe->head = w;
+    pe->tail = w;
+    pe->nwaiters++;
     gw->pool_stats.waits_total++;
     return 0;
 }
@@ -212,11 +237,26 @@ static int enqueue(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req, 
 
 typedef struct {
     mg_gateway *gw;
+    pool_entry *pe;
     mg_call *call;
     mg_segment *seg;
     uint64_t size, reserved, ttl_ms;
     int remote;
 } overflow_job;
+
+/* Bytes of overflow leases alive, over all pools. */
+static uint64_t overflow_alive(struct mg_pool_svc *ps)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < ps->npools; i++) {
+        mg_pool_stats st;
+        if (ps->pools[i].pool) {
+            mg_pool_get_stats(ps->pools[i].pool, &st);
+            n += st.overflow_bytes;
+        }
+    }
+    return n;
+}
 
 /* The pool dropped an overflow lease: unregister its region (its lease's reference first). */
 static void drop_overflow(void *arg, mg_segment *seg)
@@ -229,25 +269,23 @@ static void drop_overflow(void *arg, mg_segment *seg)
     mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease ended");
 }
 
-static void overflow_log(mg_gateway *gw, uint64_t bytes)
+static void overflow_log(mg_gateway *gw, const pool_entry *pe, uint64_t bytes)
 {
     struct mg_pool_svc *ps = gw->pool;
     uint64_t now = mg_now_mono_ns();
-    mg_pool_stats st;
     ps->overflow_unlogged++;
     ps->overflow_unlogged_bytes += bytes;
     if (ps->overflow_logged_ns && now - ps->overflow_logged_ns < OVERFLOW_LOG_NS)
         return;
-    mg_pool_get_stats(ps->pool, &st);
     mg_warn("pool_overflow",
             "pool=%s leases=%llu bytes=%llu since_last_log=%llu alive_bytes=%llu "
             "reason=\"pool full; --pool-overflow register gave them their own regions\"",
-            POOL_NAME, (unsigned long long)ps->overflow_unlogged,
+            pe->name, (unsigned long long)ps->overflow_unlogged,
             (unsigned long long)ps->overflow_unlogged_bytes,
             (unsigned long long)(ps->overflow_logged_ns
                                      ? (now - ps->overflow_logged_ns) / 1000000000ULL
                                      : 0),
-            (unsigned long long)st.overflow_bytes);
+            (unsigned long long)overflow_alive(ps));
     ps->overflow_logged_ns = now;
     ps->overflow_unlogged = ps->overflow_unlogged_bytes = 0;
 }
@@ -263,6 +301,7 @@ static void overflow_done(void *arg, int result)
     overflow_job *j = arg;
     mg_gateway *gw = j->gw;
     struct mg_pool_svc *ps = gw->pool;
+    pool_entry *pe = j->pe;
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_info info;
     mg_segment *held;
@@ -275,12 +314,12 @@ static void overflow_done(void *arg, int result)
     mg_registry_commit(reg, j->seg, result);
     if (rc == 0) {
         mg_segment_get_info(reg, j->seg, &info);
-        if (mg_call_done(j->call) || ps->pool == NULL) { /* the caller left: undo */
+        if (mg_call_done(j->call) || pe->pool == NULL) { /* the caller left: undo */
             mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease's caller gone");
         } else if (mg_registry_acquire(reg, TENANT, info.id, "an overflow lease", &held) != 0) {
             rc = MG_ERR_NOT_FOUND;
             snprintf(err, sizeof(err), "the overflow region vanished");
-        } else if ((rc = mg_pool_adopt(ps->pool, TENANT, held, j->size, j->ttl_ms, now_ms(), &l)) !=
+        } else if ((rc = mg_pool_adopt(pe->pool, TENANT, held, j->size, j->ttl_ms, now_ms(), &l)) !=
                    0) {
             mg_registry_put(reg, held);
             mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease refused");
@@ -288,8 +327,8 @@ static void overflow_done(void *arg, int result)
         } else {
             if (j->remote)
                 mg_lease_set_remote(l, 1);
-            overflow_log(gw, j->reserved);
-            reply_lease(j->call, ps->pool, l);
+            overflow_log(gw, pe, j->reserved);
+            reply_lease(j->call, pe, l);
         }
     }
     if (rc != 0 && !mg_call_done(j->call))
@@ -300,30 +339,29 @@ static void overflow_done(void *arg, int result)
 
 /* Starts an overflow lease for `call`. Returns 0 (answered later) or an MG_ERR_* with err
  * saying why not (the overflow budget, or the registration refused). */
-static int start_overflow(mg_call *call, const Moongate__V1__AcquireLeaseRequest *req,
-                          uint64_t ttl_ms, char *err)
+static int start_overflow(mg_call *call, pool_entry *pe,
+                          const Moongate__V1__AcquireLeaseRequest *req, uint64_t ttl_ms, char *err)
 {
     mg_gateway *gw = mg_call_gateway(call);
     struct mg_pool_svc *ps = gw->pool;
     mg_registry *reg = mg_engine_registry(gw->engine);
     uint64_t reserved = (req->size + MG_POOL_GRANULE - 1) / MG_POOL_GRANULE * MG_POOL_GRANULE;
-    mg_pool_stats st;
+    uint64_t alive = overflow_alive(ps);
     mg_segment_spec spec;
     overflow_job *j;
-    char name[64], why[MG_SEG_ERROR_MAX];
+    char name[MG_SEG_NAME_MAX + 1], why[MG_SEG_ERROR_MAX];
     int rc;
 
-    mg_pool_get_stats(ps->pool, &st);
     if (req->size == 0 || req->alignment > MG_POOL_GRANULE ||
-        st.overflow_bytes + ps->overflow_pending + reserved > gw->cfg->pool_overflow_max_bytes) {
+        alive + ps->overflow_pending + reserved > gw->cfg->pool_overflow_max_bytes) {
         size_t n = strlen(err);
         snprintf(err + n, MG_SEG_ERROR_MAX - n,
                  "; overflow: %llu of --pool-overflow-max-bytes %llu in use",
-                 (unsigned long long)(st.overflow_bytes + ps->overflow_pending),
+                 (unsigned long long)(alive + ps->overflow_pending),
                  (unsigned long long)gw->cfg->pool_overflow_max_bytes);
         return MG_ERR_FULL;
     }
-    snprintf(name, sizeof(name), "pool." POOL_NAME ".overflow.%llu",
+    snprintf(name, sizeof(name), "pool.%.64s.overflow.%llu", pe->name,
              (unsigned long long)++ps->overflow_seq);
     memset(&spec, 0, sizeof(spec));
     spec.tenant = TENANT;
@@ -344,6 +382,7 @@ static int start_overflow(mg_call *call, const Moongate__V1__AcquireLeaseRequest
         return rc;
     }
     j->gw = gw;
+    j->pe = pe;
     j->call = call;
     j->size = req->size;
     j->reserved = reserved;
@@ -363,15 +402,19 @@ static int start_overflow(mg_call *call, const Moongate__V1__AcquireLeaseRequest
 
 /* ---- handlers ---- */
 
-/* The pool, or NULL after failing the call (no pool, or the daemon is draining). */
-static mg_pool *pool_for(mg_call *call, int acquiring)
+/* The caller's pool, or NULL after failing the call (no pool, or the daemon is draining). */
+static pool_entry *pool_for(mg_call *call, int acquiring)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    if (gw->pool == NULL) {
-        mg_call_fail(call, MG_ERR_BUSY, "this daemon has no buffer pool (--pool-bytes 0)");
+    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
+    if (pe == NULL) {
+        mg_call_fail(call, MG_ERR_BUSY,
+                     "this daemon has no buffer pool for tenant %s (--pool-bytes 0, no "
+                     "--tenant-pool)",
+                     TENANT);
         return NULL;
     }
-    if (gw->pool->pool == NULL) {
+    if (pe->pool == NULL) {
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "the buffer pool is still being registered");
         return NULL;
     }
@@ -379,7 +422,7 @@ static mg_pool *pool_for(mg_call *call, int acquiring)
         mg_call_fail(call, MG_ERR_SHUTDOWN, "the daemon is draining; no new leases");
         return NULL;
     }
-    return gw->pool->pool;
+    return pe;
 }
 
 static int ttl_of(mg_gateway *gw, uint32_t ttl_ms, uint64_t *out)
@@ -392,48 +435,50 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__AcquireLeaseRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    mg_pool *pool = pool_for(call, 1);
+    pool_entry *pe = pool_for(call, 1);
+    mg_pool *pool;
     mg_lease *l;
     char err[MG_SEG_ERROR_MAX];
     uint64_t ttl;
     int rc;
-    if (pool == NULL)
+    if (pe == NULL)
         return;
+    pool = pe->pool;
     if (ttl_of(gw, req->ttl_ms, &ttl) != 0) {
         mg_call_fail(call, MG_ERR_INVALID, "ttl_ms %u is above %llu s (--max-lease-ttl)",
                      req->ttl_ms, (unsigned long long)gw->cfg->max_lease_ttl);
         return;
     }
-    if (req->block && gw->pool->head) { /* others wait already: join the line behind them */
+    if (req->block && pe->head) { /* others wait already: join the line behind them */
         mg_pool_count_exhausted(pool);
-        rc = enqueue(call, req, ttl);
+        rc = enqueue(call, pe, req, ttl);
         if (rc != 0)
             mg_call_fail(call, rc, "out of memory");
         return;
     }
     rc = mg_pool_acquire(pool, TENANT, req->size, req->alignment, ttl, now_ms(), req->request_id,
                          &l, err);
-    if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > gw->cfg->pool_bytes)
+    if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > pe->lease_bytes)
         rc = MG_ERR_FULL; /* larger than the whole pool: only an overflow region can serve it */
     if (rc == 0 || rc == MG_LEASE_RETRY) {
         if (req->remote_accessible)
             mg_lease_set_remote(l, 1);
-        reply_lease(call, pool, l);
+        reply_lease(call, pe, l);
         return;
     }
     if (rc == MG_ERR_FULL)
         mg_pool_count_exhausted(pool);
     if (rc == MG_ERR_FULL && gw->pool->overflow) {
-        int orc = start_overflow(call, req, ttl, err);
+        int orc = start_overflow(call, pe, req, ttl, err);
         if (orc == 0)
             return;
-        if (orc != MG_ERR_FULL || !req->block || req->size > gw->cfg->pool_bytes) {
+        if (orc != MG_ERR_FULL || !req->block || req->size > pe->lease_bytes) {
             mg_call_fail(call, orc, "%s", err);
             return;
         }
     }
     if (rc == MG_ERR_FULL && req->block) {
-        rc = enqueue(call, req, ttl);
+        rc = enqueue(call, pe, req, ttl);
         if (rc == 0)
             return;
     }
@@ -444,7 +489,8 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__AcquireLeasesRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    mg_pool *pool = pool_for(call, 1);
+    pool_entry *pe = pool_for(call, 1);
+    mg_pool *pool = pe ? pe->pool : NULL;
     Moongate__V1__AcquireLeasesResponse resp = MOONGATE__V1__ACQUIRE_LEASES_RESPONSE__INIT;
     mg_lease **got;
     lease_msg *msgs;
@@ -480,7 +526,7 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
             for (size_t k = 0; k < n; k++)
                 mg_pool_release(pool, got[k]);
             mg_call_fail(call, rc, "item %zu: %s; no lease was taken", n, err);
-            serve_waiters(gw);
+            serve_waiters(pe);
             goto out;
         }
         if (it->remote_accessible)
@@ -489,7 +535,7 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
     for (size_t k = 0; k < n; k++) {
         mg_lease_info info;
         mg_lease_get_info(pool, got[k], &info);
-        lease_msg_fill(&msgs[k], &info);
+        lease_msg_fill(&msgs[k], pe, &info);
         ptrs[k] = &msgs[k].msg;
     }
     resp.leases = ptrs;
@@ -516,20 +562,22 @@ static void release_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__ReleaseLeaseRequest *req = (const void *)m;
     Moongate__V1__ReleaseLeaseResponse resp = MOONGATE__V1__RELEASE_LEASE_RESPONSE__INIT;
-    mg_pool *pool = pool_for(call, 0);
+    pool_entry *pe = pool_for(call, 0);
+    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
     if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
         return;
     mg_pool_release(pool, l);
     mg_call_reply(call, &resp.base);
-    serve_waiters(mg_call_gateway(call));
+    serve_waiters(pe);
 }
 
 static void renew_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__RenewLeaseRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    mg_pool *pool = pool_for(call, 0);
+    pool_entry *pe = pool_for(call, 0);
+    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
     uint64_t ttl;
     if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
@@ -539,24 +587,26 @@ static void renew_message(mg_call *call, const ProtobufCMessage *m)
                      req->ttl_ms, (unsigned long long)gw->cfg->max_lease_ttl);
         return;
     }
-    reply_lease(call, pool, l);
+    reply_lease(call, pe, l);
 }
 
 static void get_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__GetLeaseRequest *req = (const void *)m;
-    mg_pool *pool = pool_for(call, 0);
+    pool_entry *pe = pool_for(call, 0);
+    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
     if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
         return;
-    reply_lease(call, pool, l);
+    reply_lease(call, pe, l);
 }
 
 static void list_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__ListLeasesRequest *req = (const void *)m;
     Moongate__V1__ListLeasesResponse resp = MOONGATE__V1__LIST_LEASES_RESPONSE__INIT;
-    mg_pool *pool = pool_for(call, 0);
+    pool_entry *pe = pool_for(call, 0);
+    mg_pool *pool = pe ? pe->pool : NULL;
     size_t want = req->page_size ? req->page_size : LIST_DEFAULT, n;
     uint64_t after = 0;
     mg_lease_info *infos;
@@ -589,7 +639,7 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
             snprintf(token, sizeof(token), "%016" PRIx64, infos[n - 1].id);
         }
         for (size_t i = 0; i < n; i++) {
-            lease_msg_fill(&msgs[i], &infos[i]);
+            lease_msg_fill(&msgs[i], pe, &infos[i]);
             ptrs[i] = &msgs[i].msg;
         }
         resp.leases = ptrs;
@@ -604,52 +654,72 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
     free(ptrs);
 }
 
-void mg_svc_pool_get_stats(mg_gateway *gw, mg_pool_stats *out, uint64_t *waiters,
-                           uint64_t *segment_id, char *path, size_t pathcap)
+size_t mg_svc_pool_count(mg_gateway *gw)
+{
+    return gw->pool ? gw->pool->npools : 0;
+}
+
+int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, mg_pool_stats *out, uint64_t *waiters,
+                          uint64_t *segment_id, char *path, size_t pathcap, const char **name)
 {
     mg_segment_info si;
+    pool_entry *pe;
     memset(out, 0, sizeof(*out));
     *waiters = 0;
     *segment_id = 0;
     if (pathcap)
         path[0] = '\0';
-    if (gw->pool == NULL || gw->pool->pool == NULL)
-        return;
-    mg_pool_get_stats(gw->pool->pool, out);
-    *waiters = gw->pool->nwaiters;
-    mg_segment_get_info(mg_engine_registry(gw->engine), mg_pool_segment(gw->pool->pool), &si);
+    if (gw->pool == NULL || i >= gw->pool->npools)
+        return MG_ERR_NOT_FOUND;
+    pe = &gw->pool->pools[i];
+    *name = pe->name;
+    if (pe->pool == NULL)
+        return MG_ERR_UNAVAILABLE;
+    mg_pool_get_stats(pe->pool, out);
+    *waiters = pe->nwaiters;
+    mg_segment_get_info(mg_engine_registry(gw->engine), mg_pool_segment(pe->pool), &si);
     *segment_id = si.id;
     snprintf(path, pathcap, "%s", si.path);
+    return 0;
 }
 
 static void stats_message(mg_call *call, const ProtobufCMessage *m)
 {
     mg_gateway *gw = mg_call_gateway(call);
     Moongate__V1__PoolStatsResponse resp = MOONGATE__V1__POOL_STATS_RESPONSE__INIT;
-    Moongate__V1__PoolStat st = MOONGATE__V1__POOL_STAT__INIT, *one = &st;
-    mg_pool_stats ps;
-    char path[4097];
+    Moongate__V1__PoolStat st[MAX_POOLS], *ptrs[MAX_POOLS];
+    char paths[MAX_POOLS][4097];
+    size_t n = 0;
     if (pool_for(call, 0) == NULL)
         return;
-    mg_svc_pool_get_stats(gw, &ps, &st.waiters, &st.segment_id, path, sizeof(path));
-    st.name = (char *)POOL_NAME;
-    st.path = path;
-    st.capacity = ps.capacity;
-    st.reserve = ps.reserve;
-    st.in_use = ps.in_use;
-    st.free = ps.free;
-    st.largest_free = ps.largest_free;
-    st.largest_lease = ps.largest_lease;
-    st.leases = ps.leases;
-    st.acquired_total = ps.acquired_total;
-    st.released_total = ps.released_total;
-    st.expired_total = ps.expired_total;
-    st.exhausted_total = ps.exhausted_total;
-    st.overflow_total = ps.overflow_total;
-    st.overflow_bytes = ps.overflow_bytes;
-    st.fragmentation = ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0;
-    resp.pools = &one;
-    resp.n_pools = 1;
+    for (size_t i = 0; i < mg_svc_pool_count(gw); i++) {
+        mg_pool_stats ps;
+        const char *name = "";
+        moongate__v1__pool_stat__init(&st[n]);
+        if (mg_svc_pool_get_stats(gw, i, &ps, &st[n].waiters, &st[n].segment_id, paths[n],
+                                  sizeof(paths[n]), &name) != 0)
+            continue;
+        st[n].name = (char *)name;
+        st[n].path = paths[n];
+        st[n].capacity = ps.capacity;
+        st[n].reserve = ps.reserve;
+        st[n].in_use = ps.in_use;
+        st[n].free = ps.free;
+        st[n].largest_free = ps.largest_free;
+        st[n].largest_lease = ps.largest_lease;
+        st[n].leases = ps.leases;
+        st[n].acquired_total = ps.acquired_total;
+        st[n].released_total = ps.released_total;
+        st[n].expired_total = ps.expired_total;
+        st[n].exhausted_total = ps.exhausted_total;
+        st[n].overflow_total = ps.overflow_total;
+        st[n].overflow_bytes = ps.overflow_bytes;
+        st[n].fragmentation = ps.free ? 1.0 - (double)ps.largest_free / (double)ps.free : 0.0;
+        ptrs[n] = &st[n];
+        n++;
+    }
+    resp.pools = ptrs;
+    resp.n_pools = n;
     mg_call_reply(call, &resp.base);
 }
 
@@ -658,20 +728,21 @@ static void stats_message(mg_call *call, const ProtobufCMessage *m)
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
-    unsigned n;
-    if (gw->pool->pool == NULL)
-        return;
-    n = mg_pool_expire(gw->pool->pool, now_ms());
-    if (n > 0) {
-        mg_info("leases_expired", "pool=%s count=%u", POOL_NAME, n);
-        serve_waiters(gw);
+    for (size_t i = 0; i < gw->pool->npools; i++) {
+        pool_entry *pe = &gw->pool->pools[i];
+        unsigned n = pe->pool ? mg_pool_expire(pe->pool, now_ms()) : 0;
+        if (n > 0) {
+            mg_info("leases_expired", "pool=%s count=%u", pe->name, n);
+            serve_waiters(pe);
+        }
     }
 }
 
-/* ---- start-up: the pool's region, registered on a worker ---- */
+/* ---- start-up: each pool's region, registered on a worker ---- */
 
 typedef struct {
     mg_gateway *gw;
+    pool_entry *pe;
     mg_segment *seg;
 } pool_job;
 
@@ -685,16 +756,18 @@ static void pool_map_done(void *arg, int result)
 {
     pool_job *j = arg;
     mg_gateway *gw = j->gw;
+    pool_entry *pe = j->pe;
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment *held;
     mg_segment_info info;
-    mg_pool_config pc = {POOL_NAME,
-                         gw->cfg->pool_bytes,
-                         gw->cfg->pool_reserve_bytes,
+    mg_pool_config pc = {pe->name,
+                         pe->lease_bytes,
+                         pe->reserve_bytes,
                          (uint32_t)gw->cfg->max_leases,
                          gw->cfg->max_lease_ttl * 1000,
                          drop_overflow,
                          gw};
+    char holder[MG_SEG_HOLDER_MAX];
     int rc = result;
     char err[MG_SEG_ERROR_MAX];
 
@@ -702,8 +775,9 @@ static void pool_map_done(void *arg, int result)
     mg_registry_commit(reg, j->seg, result);
     if (rc == 0) {
         mg_segment_get_info(reg, j->seg, &info);
-        rc = mg_registry_acquire(reg, TENANT, info.id, "the default buffer pool", &held);
-        if (rc == 0 && (rc = mg_pool_new(&gw->pool->pool, reg, held, &pc)) != 0)
+        snprintf(holder, sizeof(holder), "the buffer pool %s", pe->name);
+        rc = mg_registry_acquire(reg, pe->owner, info.id, holder, &held);
+        if (rc == 0 && (rc = mg_pool_new(&pe->pool, reg, held, &pc)) != 0)
             mg_registry_put(reg, held);
         if (rc != 0)
             snprintf(err, sizeof(err), "%s", mg_strerror(rc));
@@ -711,58 +785,61 @@ static void pool_map_done(void *arg, int result)
     free(j);
     gw->starting_jobs--;
     if (rc != 0) {
-        mg_error("start_failed", "pool=%s bytes=%llu error=\"%s\"", POOL_NAME,
-                 (unsigned long long)(gw->cfg->pool_bytes + gw->cfg->pool_reserve_bytes), err);
+        mg_error("start_failed", "pool=%s bytes=%llu error=\"%s\"", pe->name,
+                 (unsigned long long)(pe->lease_bytes + pe->reserve_bytes), err);
         gw->exit_code = 1;
         event_base_loopbreak(gw->base);
         return;
     }
     mg_info("pool_ready",
-            "pool=%s lease_bytes=%llu reserve_bytes=%llu segment=%" PRIu64
+            "pool=%s tenant=%s lease_bytes=%llu reserve_bytes=%llu segment=%" PRIu64
             " locked=%d path=%s ms=%.1f",
-            POOL_NAME, (unsigned long long)gw->cfg->pool_bytes,
-            (unsigned long long)gw->cfg->pool_reserve_bytes, info.id, info.locked, info.path,
-            (double)(mg_now_mono_ns() - gw->pool->t0_ns) / 1e6);
+            pe->name, pe->tenant[0] ? pe->tenant : "(any)", (unsigned long long)pe->lease_bytes,
+            (unsigned long long)pe->reserve_bytes, info.id, info.locked, info.path,
+            (double)(mg_now_mono_ns() - pe->t0_ns) / 1e6);
     if (gw->serve_wanted)
         mg_gateway_set_serving(gw);
 }
 
-static int start_pool(mg_gateway *gw)
+static int start_pool(mg_gateway *gw, pool_entry *pe)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_spec spec;
+    mg_segment *seg;
     pool_job *j;
-    char err[MG_SEG_ERROR_MAX];
+    char err[MG_SEG_ERROR_MAX], name[MG_SEG_NAME_MAX + 1];
     int rc;
-    if (gw->cfg->pool_bytes % MG_POOL_GRANULE) {
-        mg_error("start_failed", "reason=\"--pool-bytes %llu is not a multiple of %u\"",
-                 (unsigned long long)gw->cfg->pool_bytes, MG_POOL_GRANULE);
+    if (pe->lease_bytes % MG_POOL_GRANULE) {
+        mg_error("start_failed", "pool=%s reason=\"%llu bytes is not a multiple of %u\"", pe->name,
+                 (unsigned long long)pe->lease_bytes, MG_POOL_GRANULE);
         return MG_ERR_INVALID;
     }
+    snprintf(name, sizeof(name), "pool.%s", pe->name);
     memset(&spec, 0, sizeof(spec));
-    spec.tenant = TENANT;
-    spec.name = "pool." POOL_NAME;
+    spec.tenant = pe->owner;
+    spec.name = name;
     spec.source = MG_SEG_ANON;
-    spec.size = gw->cfg->pool_bytes + gw->cfg->pool_reserve_bytes;
+    spec.size = pe->lease_bytes + pe->reserve_bytes;
     spec.remote_accessible = 1;
     spec.memlock = (mg_memlock)gw->memlock;
     spec.prefault = 1;
-    rc = mg_registry_reserve(reg, &spec, &gw->pool->seg, err);
+    rc = mg_registry_reserve(reg, &spec, &seg, err);
     if (rc != 0) {
-        mg_error("start_failed", "pool=%s error=\"%s\"", POOL_NAME, err);
+        mg_error("start_failed", "pool=%s error=\"%s\"", pe->name, err);
         return rc;
     }
     j = calloc(1, sizeof(*j));
     if (j == NULL) {
-        mg_registry_commit(reg, gw->pool->seg, MG_ERR_NOMEM);
+        mg_registry_commit(reg, seg, MG_ERR_NOMEM);
         return MG_ERR_NOMEM;
     }
     j->gw = gw;
-    j->seg = gw->pool->seg;
-    gw->pool->t0_ns = mg_now_mono_ns();
+    j->pe = pe;
+    j->seg = seg;
+    pe->t0_ns = mg_now_mono_ns();
     rc = mg_engine_submit(gw->engine, gw->cq, pool_map_work, pool_map_done, j);
     if (rc != 0) {
-        mg_registry_commit(reg, j->seg, rc);
+        mg_registry_commit(reg, seg, rc);
         free(j);
         return rc;
     }
@@ -774,13 +851,17 @@ int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_se
                     uint64_t *offset, uint64_t *length, void **token)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
+    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
     mg_lease *l;
     mg_lease_info li;
-    if (gw->pool == NULL || gw->pool->pool == NULL ||
-        mg_pool_find(gw->pool->pool, TENANT, lease_id, &l) != 0)
+    mg_segment_info si;
+    if (pe == NULL || pe->pool == NULL || mg_pool_find(pe->pool, TENANT, lease_id, &l) != 0)
         return MG_ERR_NOT_FOUND;
-    mg_lease_get_info(gw->pool->pool, l, &li);
-    if (mg_registry_acquire(reg, TENANT, li.segment_id, holder, seg) != 0)
+    mg_lease_get_info(pe->pool, l, &li);
+    /* The pool's segment belongs to the pool's owner; an overflow region to the caller. */
+    mg_segment_get_info(reg, mg_pool_segment(pe->pool), &si);
+    if (mg_registry_acquire(reg, si.id == li.segment_id ? pe->owner : TENANT, li.segment_id, holder,
+                            seg) != 0)
         return MG_ERR_NOT_FOUND;
     mg_lease_use(l);
     *offset = li.offset;
@@ -791,9 +872,10 @@ int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_se
 
 void mg_svc_pool_unuse(mg_gateway *gw, void *token)
 {
-    if (token && gw->pool && gw->pool->pool) {
-        mg_lease_unuse(gw->pool->pool, token);
-        serve_waiters(gw); /* a lease released while in use may just have been freed */
+    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
+    if (token && pe && pe->pool) {
+        mg_lease_unuse(pe->pool, token);
+        serve_waiters(pe); /* a lease released while in use may just have been freed */
     }
 }
 
@@ -802,11 +884,13 @@ void mg_svc_pool_drain(mg_gateway *gw)
     struct mg_pool_svc *ps = gw->pool;
     if (ps == NULL)
         return;
-    while (ps->head) {
-        waiter *w = ps->head;
-        waiter_unlink(ps, w);
-        mg_call_fail(w->call, MG_ERR_SHUTDOWN, "the daemon is draining; no new leases");
-        waiter_free(w);
+    for (size_t i = 0; i < ps->npools; i++) {
+        while (ps->pools[i].head) {
+            waiter *w = ps->pools[i].head;
+            waiter_unlink(w);
+            mg_call_fail(w->call, MG_ERR_SHUTDOWN, "the daemon is draining; no new leases");
+            waiter_free(w);
+        }
     }
 }
 
@@ -839,10 +923,25 @@ static const mg_route pool_routes[] = {
     {"DELETE", "/v1/leases", 1, "/moongate.v1.Pool/ReleaseLease"},
 };
 
+/* Adds a pool entry. */
+static pool_entry *add_entry(struct mg_pool_svc *ps, const char *name, const char *tenant,
+                             const char *owner, uint64_t lease_bytes, uint64_t reserve_bytes)
+{
+    pool_entry *pe = &ps->pools[ps->npools++];
+    snprintf(pe->name, sizeof(pe->name), "%s", name);
+    snprintf(pe->tenant, sizeof(pe->tenant), "%.128s", tenant);
+    snprintf(pe->owner, sizeof(pe->owner), "%.128s", owner);
+    pe->lease_bytes = lease_bytes;
+    pe->reserve_bytes = reserve_bytes;
+    return pe;
+}
+
 int mg_svc_pool_init(mg_gateway *gw)
 {
     struct timeval tv = {0, TICK_MS * 1000};
-    int rc;
+    mg_tenant_pool tp[MAX_POOLS - 1];
+    char err[256];
+    int ntp, rc;
     for (size_t i = 0; i < sizeof(pool_methods) / sizeof(pool_methods[0]); i++) {
         if ((rc = mg_gateway_add_method(gw, &pool_methods[i])) != 0)
             return rc;
@@ -851,7 +950,12 @@ int mg_svc_pool_init(mg_gateway *gw)
         if ((rc = mg_gateway_add_route(gw, &pool_routes[i])) != 0)
             return rc;
     }
-    if (gw->cfg->pool_bytes == 0 || mg_engine_registry(gw->engine) == NULL)
+    ntp = mg_config_tenant_pools(gw->cfg->tenant_pool, tp, MAX_POOLS - 1, err, sizeof(err));
+    if (ntp < 0) {
+        mg_error("start_failed", "reason=\"--tenant-pool: %s\"", err);
+        return MG_ERR_INVALID;
+    }
+    if ((gw->cfg->pool_bytes == 0 && ntp == 0) || mg_engine_registry(gw->engine) == NULL)
         return 0;
     gw->pool = calloc(1, sizeof(*gw->pool));
     if (gw->pool == NULL)
@@ -860,7 +964,19 @@ int mg_svc_pool_init(mg_gateway *gw)
     gw->pool->tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
     if (gw->pool->tick == NULL || event_add(gw->pool->tick, &tv) != 0)
         return MG_ERR_NOMEM;
-    return start_pool(gw);
+    if (gw->cfg->pool_bytes)
+        gw->pool->fallback = add_entry(gw->pool, "default", "", TENANT, gw->cfg->pool_bytes,
+                                       gw->cfg->pool_reserve_bytes);
+    for (int i = 0; i < ntp; i++) {
+        char name[MG_POOL_NAME_MAX + 1];
+        snprintf(name, sizeof(name), "tenant.%.56s", tp[i].tenant);
+        add_entry(gw->pool, name, tp[i].tenant, tp[i].tenant, tp[i].bytes, 0);
+    }
+    for (size_t i = 0; i < gw->pool->npools; i++) {
+        if ((rc = start_pool(gw, &gw->pool->pools[i])) != 0)
+            return rc;
+    }
+    return 0;
 }
 
 void mg_svc_pool_free(mg_gateway *gw)
@@ -871,11 +987,15 @@ void mg_svc_pool_free(mg_gateway *gw)
     mg_svc_pool_drain(gw);
     if (ps->tick)
         event_free(ps->tick);
-    if (ps->pool) {
-        unsigned n = mg_pool_revoke_all(ps->pool);
-        if (n)
-            mg_warn("leases_revoked", "pool=%s count=%u reason=\"daemon stopping\"", POOL_NAME, n);
-        mg_pool_del(ps->pool);
+    for (size_t i = 0; i < ps->npools; i++) {
+        pool_entry *pe = &ps->pools[i];
+        if (pe->pool) {
+            unsigned n = mg_pool_revoke_all(pe->pool);
+            if (n)
+                mg_warn("leases_revoked", "pool=%s count=%u reason=\"daemon stopping\"", pe->name,
+                        n);
+            mg_pool_del(pe->pool);
+        }
     }
     free(ps);
     gw->pool = NULL;

@@ -315,3 +315,44 @@ def test_bad_overflow_flag_is_a_configuration_error():
     r = subprocess.run([MOONGATE, "--pool-overflow", "sometimes"], capture_output=True,
                        text=True, timeout=10)
     assert r.returncode == 2 and "--pool-overflow takes refuse or register" in r.stderr
+
+
+def test_tenant_pools(make_daemon):
+    """--tenant-pool: a tenant's leases come from its own pool (every caller is tenant
+    "default" until authentication exists), listed beside the default pool."""
+    d = make_daemon("--pool-bytes", "8M", "--pool-reserve-bytes", "1M", "--tenant-pool",
+                    "default=4M,team-b=1M")
+    ch, p, m = stubs(d)
+    with ch:
+        pools = {x.name: x for x in p.PoolStats(pool_pb2.PoolStatsRequest()).pools}
+        assert set(pools) == {"default", "tenant.default", "tenant.team-b"}
+        assert (pools["tenant.default"].capacity, pools["tenant.default"].reserve) == (4 * MiB, 0)
+        own = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB))
+        assert own.pool == "tenant.default"
+        assert own.segment_id == pools["tenant.default"].segment_id
+        code, msg = code_of(lambda: p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=5 * MiB)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease area" in msg
+        m.WriteSegment(iter([memory_pb2.WriteSegmentRequest(lease_id=own.id, data=b"mine")]))
+        with open(own.path, "rb") as f:
+            f.seek(own.offset)
+            assert f.read(4) == b"mine"
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=own.id))
+        names = sorted(s.name for s in m.ListSegments(memory_pb2.ListSegmentsRequest()).segments)
+        assert names == ["pool.default", "pool.tenant.default"]  # team-b's is team-b's
+    assert d.metric("moongate_pool_leases", pool="tenant.default") == 0
+    assert d.metric("moongate_pool_lease_events_total", pool="tenant.default",
+                    event="acquired") == 1
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("nobytes", "is not TENANT=BYTES"),
+    ("a=1M,a=2M", "has two pools"),
+    ("a b=1M", "is not [A-Za-z0-9._:-]"),
+    ("a=1000", "multiple of 4096"),
+])
+def test_bad_tenant_pool_flags(value, needle):
+    import subprocess
+    from conftest import MOONGATE
+    r = subprocess.run([MOONGATE, "--tenant-pool", value], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and needle in r.stderr
