@@ -416,6 +416,69 @@ static void test_registration_never_runs_on_the_loop(void)
     CU_ASSERT_EQUAL(st.jobs_off_worker, 0);
 }
 
+/* A batch whose items partly fail: each item has its own result, and the failed ones leave
+ * nothing behind (no segment, no bytes, no file). */
+static void test_batch_partial_failure(void)
+{
+    mg_registry *reg = mg_engine_registry(engine);
+    Moongate__V1__RegisterSegmentsRequest b = MOONGATE__V1__REGISTER_SEGMENTS_REQUEST__INIT;
+    Moongate__V1__RegisterRequest it[4] = {
+        MOONGATE__V1__REGISTER_REQUEST__INIT, MOONGATE__V1__REGISTER_REQUEST__INIT,
+        MOONGATE__V1__REGISTER_REQUEST__INIT, MOONGATE__V1__REGISTER_REQUEST__INIT};
+    Moongate__V1__RegisterRequest *items[4] = {&it[0], &it[1], &it[2], &it[3]};
+    Moongate__V1__RegisterSegmentsResponse *br;
+    Moongate__V1__UnregisterSegmentsRequest ub = MOONGATE__V1__UNREGISTER_SEGMENTS_REQUEST__INIT;
+    mg_registry_stats st;
+    uint64_t ids[2];
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    it[0].name = "ok-1";
+    it[0].size = 8192;
+    it[1].name = "zero"; /* size 0: INVALID_ARGUMENT */
+    it[2].name = "ok-1"; /* the name of item 0: ALREADY_EXISTS */
+    it[2].size = 4096;
+    it[3].name = "shm-missing"; /* fails on its worker: no such file */
+    it[3].source = MOONGATE__V1__SEGMENT_SOURCE__SHM;
+    it[3].shm_file = "not-there";
+    b.items = items;
+    b.n_items = 4;
+    CU_ASSERT_EQUAL_FATAL(unary("/moongate.v1.Memory/RegisterSegments", &b.base, &resp, &len),
+                          MG_GRPC_OK);
+    br = moongate__v1__register_segments_response__unpack(NULL, len, resp);
+    free(resp);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(br);
+    CU_ASSERT_EQUAL_FATAL(br->n_results, 4);
+    CU_ASSERT_EQUAL(br->results[0]->status->code, MG_GRPC_OK);
+    CU_ASSERT_EQUAL(br->results[1]->status->code, MG_GRPC_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(br->results[2]->status->code, MG_GRPC_ALREADY_EXISTS);
+    CU_ASSERT_EQUAL(br->results[3]->status->code, MG_GRPC_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(br->results[3]->status->message, "not-there"));
+    CU_ASSERT_PTR_NULL(br->results[1]->segment);
+    ids[0] = br->results[0]->segment->id;
+    moongate__v1__register_segments_response__free_unpacked(br, NULL);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.segments, 1); /* only item 0 */
+    CU_ASSERT_EQUAL(st.registering, 0);
+    CU_ASSERT_EQUAL(st.bytes, 8192);
+    ids[1] = 12345; /* unknown: its own NOT_FOUND, the other still goes */
+    ub.ids = ids;
+    ub.n_ids = 2;
+    CU_ASSERT_EQUAL(unary("/moongate.v1.Memory/UnregisterSegments", &ub.base, &resp, &len),
+                    MG_GRPC_OK);
+    {
+        Moongate__V1__UnregisterSegmentsResponse *ur =
+            moongate__v1__unregister_segments_response__unpack(NULL, len, resp);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(ur);
+        CU_ASSERT_EQUAL(ur->results[0]->code, MG_GRPC_OK);
+        CU_ASSERT_EQUAL(ur->results[1]->code, MG_GRPC_NOT_FOUND);
+        moongate__v1__unregister_segments_response__free_unpacked(ur, NULL);
+    }
+    free(resp);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.segments, 0);
+    CU_ASSERT_EQUAL(st.bytes, 0);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -427,6 +490,7 @@ int main(void)
         MG_TEST(test_unknown_method),
         MG_TEST(test_blocking_unary_and_unreachable),
         MG_TEST(test_registration_never_runs_on_the_loop),
+        MG_TEST(test_batch_partial_failure),
     };
     int rc;
     signal(SIGPIPE, SIG_IGN); /* as the daemon and mgctl do */
