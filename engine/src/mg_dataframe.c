@@ -1,0 +1,246 @@
+/*
+ * mg_dataframe: the data-plane frame header, CRC32C and slice planning (moongate/dataframe.h).
+ * Pure functions: no I/O, no allocation; the decoder trusts nothing it is given.
+ */
+#include "moongate/dataframe.h"
+
+#include <string.h>
+
+#define MAX_ERROR_TEXT 1024u
+
+/* ------------------------------------------------------------------ CRC32C */
+
+static uint32_t crc_table[256];
+static int crc_table_ready;
+
+static void crc_table_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82f63b78U : c >> 1;
+        crc_table[i] = c;
+    }
+    __atomic_store_n(&crc_table_ready, 1, __ATOMIC_RELEASE);
+}
+
+static uint32_t crc32c_table(uint32_t crc, const uint8_t *p, size_t len)
+{
+    if (!__atomic_load_n(&crc_table_ready, __ATOMIC_ACQUIRE))
+        crc_table_init(); /* idempotent: racing threads write the same table */
+    while (len--)
+        crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p,
+                                                               size_t len)
+{
+    uint64_t c = crc;
+    while (len >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+        p += 8;
+        len -= 8;
+    }
+    while (len--)
+        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+    return (uint32_t)c;
+}
+#endif
+
+uint32_t mg_crc32c_portable(uint32_t crc, const void *data, size_t len)
+{
+    return ~crc32c_table(~crc, data, len);
+}
+
+uint32_t mg_crc32c(uint32_t crc, const void *data, size_t len)
+{
+    crc = ~crc;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2"))
+        return ~crc32c_sse42(crc, data, len);
+#endif
+    return ~crc32c_table(crc, data, len);
+}
+
+/* ------------------------------------------------------------------ header */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+void mg_df_encode(const mg_df_header *h, uint8_t out[MG_DF_HEADER_BYTES])
+{
+    put32(out, MG_DF_MAGIC);
+    out[4] = MG_DF_VERSION;
+    out[5] = h->type;
+    put16(out + 6, h->flags);
+    put64(out + 8, h->slice);
+    put64(out + 16, h->target);
+    put64(out + 24, h->offset);
+    put32(out + 32, h->length);
+    put32(out + 36, h->status);
+    put32(out + 40, h->payload_crc);
+    put32(out + 44, mg_crc32c(0, out, 44));
+}
+
+uint32_t mg_df_payload_bytes(const mg_df_header *h)
+{
+    switch (h->type) {
+    case MG_DF_HELLO:
+    case MG_DF_WRITE:
+    case MG_DF_READ_DATA:
+    case MG_DF_ERROR:
+        return h->length;
+    default:
+        return 0;
+    }
+}
+
+/* The flags each type may carry. */
+static uint16_t allowed_flags(uint8_t type)
+{
+    switch (type) {
+    case MG_DF_WRITE:
+    case MG_DF_READ:
+    case MG_DF_READ_DATA:
+        return MG_DF_CRC | MG_DF_LEASE;
+    case MG_DF_WRITE_ACK:
+        return MG_DF_LEASE;
+    default:
+        return 0;
+    }
+}
+
+int mg_df_decode(const uint8_t *in, size_t len, uint32_t max_payload, mg_df_header *h)
+{
+    memset(h, 0, sizeof(*h));
+    if (len >= 4 && get32(in) != MG_DF_MAGIC)
+        return MG_DF_BAD_MAGIC;
+    if (len >= 5)
+        h->version = in[4];
+    if (len >= 5 && h->version != MG_DF_VERSION)
+        return MG_DF_BAD_VERSION;
+    if (len < MG_DF_HEADER_BYTES)
+        return MG_DF_NEED_MORE;
+    if (get32(in + 44) != mg_crc32c(0, in, 44))
+        return MG_DF_BAD_CRC;
+    h->type = in[5];
+    h->flags = get16(in + 6);
+    h->slice = get64(in + 8);
+    h->target = get64(in + 16);
+    h->offset = get64(in + 24);
+    h->length = get32(in + 32);
+    h->status = get32(in + 36);
+    h->payload_crc = get32(in + 40);
+    if (h->type < MG_DF_HELLO || h->type > MG_DF_ERROR)
+        return MG_DF_BAD_TYPE;
+    if (h->flags & ~allowed_flags(h->type))
+        return MG_DF_BAD_FLAGS;
+    switch (h->type) {
+    case MG_DF_HELLO:
+        if (h->length != MG_DF_TOKEN_BYTES)
+            return MG_DF_BAD_LENGTH;
+        break;
+    case MG_DF_HELLO_OK:
+        if (h->length != 0)
+            return MG_DF_BAD_LENGTH;
+        break;
+    case MG_DF_ERROR:
+        if (h->length > MAX_ERROR_TEXT)
+            return MG_DF_BAD_LENGTH;
+        break;
+    case MG_DF_READ_DATA:
+        if (h->length > max_payload || (h->status != 0 && h->length != 0))
+            return MG_DF_BAD_LENGTH;
+        break;
+    default: /* WRITE, WRITE_ACK, READ: a slice of 1..max_payload bytes */
+        if (h->length == 0 || h->length > max_payload)
+            return MG_DF_BAD_LENGTH;
+        break;
+    }
+    if (h->offset > UINT64_MAX - h->length)
+        return MG_DF_BAD_RANGE;
+    return MG_DF_OK;
+}
+
+const char *mg_df_strerror(int rc)
+{
+    switch (rc) {
+    case MG_DF_OK:
+        return "ok";
+    case MG_DF_NEED_MORE:
+        return "incomplete header";
+    case MG_DF_BAD_MAGIC:
+        return "not a moongate data-plane stream";
+    case MG_DF_BAD_VERSION:
+        return "unsupported data-plane protocol version";
+    case MG_DF_BAD_CRC:
+        return "header checksum mismatch";
+    case MG_DF_BAD_TYPE:
+        return "unknown frame type";
+    case MG_DF_BAD_FLAGS:
+        return "flags not allowed for the frame type";
+    case MG_DF_BAD_LENGTH:
+        return "length not allowed for the frame type or over the slice limit";
+    case MG_DF_BAD_RANGE:
+        return "offset + length overflows";
+    default:
+        return "unknown frame error";
+    }
+}
+
+/* ------------------------------------------------------------------ slices */
+
+uint64_t mg_slice_count(uint64_t length, uint32_t slice_bytes)
+{
+    if (length == 0 || slice_bytes == 0)
+        return 0;
+    return length / slice_bytes + (length % slice_bytes != 0);
+}
+
+size_t mg_slice_plan(uint64_t local_offset, uint64_t remote_offset, uint64_t length,
+                     uint32_t slice_bytes, uint64_t first, mg_slice *out, size_t max)
+{
+    uint64_t total = mg_slice_count(length, slice_bytes);
+    size_t n = 0;
+    for (uint64_t i = first; i < total && n < max; i++, n++) {
+        uint64_t at = i * slice_bytes;
+        out[n].local_offset = local_offset + at;
+        out[n].remote_offset = remote_offset + at;
+        out[n].length = (uint32_t)(length - at < slice_bytes ? length - at : slice_bytes);
+    }
+    return n;
+}

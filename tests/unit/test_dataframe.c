@@ -1,0 +1,163 @@
+/*
+ * Unit tests for the data-plane frames (moongate/dataframe.h): CRC32C, header encode/decode
+ * and its validation (truncation, magic, version, checksum, type, flags, lengths, offset
+ * overflow), and slice planning.
+ */
+#include "mg_test.h"
+#include "moongate/dataframe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void test_crc32c(void)
+{
+    static const char digits[] = "123456789";
+    uint8_t buf[1000];
+    uint32_t whole, parts;
+    CU_ASSERT_EQUAL(mg_crc32c(0, digits, 9), 0xe3069283U); /* the standard check value */
+    CU_ASSERT_EQUAL(mg_crc32c(0, "", 0), 0);
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 131 + 7);
+    whole = mg_crc32c(0, buf, sizeof(buf));
+    parts = mg_crc32c(mg_crc32c(0, buf, 333), buf + 333, sizeof(buf) - 333);
+    CU_ASSERT_EQUAL(whole, parts); /* continues across pieces, odd lengths included */
+    CU_ASSERT_EQUAL(mg_crc32c_portable(0, digits, 9), 0xe3069283U);
+    for (size_t n = 0; n <= sizeof(buf); n += 37) /* both paths agree, every alignment */
+        CU_ASSERT_EQUAL(mg_crc32c(5, buf + (n % 8), n - (n % 8)),
+                        mg_crc32c_portable(5, buf + (n % 8), n - (n % 8)));
+    buf[500] ^= 1;
+    CU_ASSERT_NOT_EQUAL(mg_crc32c(0, buf, sizeof(buf)), whole);
+}
+
+static mg_df_header hdr(uint8_t type, uint16_t flags, uint64_t offset, uint32_t length)
+{
+    mg_df_header h = {MG_DF_VERSION, type,   flags, 77,         0x1234567890abcdefULL,
+                      offset,        length, 0,     0xabcdef01U};
+    return h;
+}
+
+static int decode_of(const mg_df_header *h, uint32_t max)
+{
+    uint8_t b[MG_DF_HEADER_BYTES];
+    mg_df_header out;
+    mg_df_encode(h, b);
+    return mg_df_decode(b, sizeof(b), max, &out);
+}
+
+static void test_round_trip(void)
+{
+    static const uint8_t types[] = {MG_DF_WRITE, MG_DF_WRITE_ACK, MG_DF_READ, MG_DF_READ_DATA};
+    uint8_t b[MG_DF_HEADER_BYTES];
+    mg_df_header h = hdr(MG_DF_HELLO, 0, 0, MG_DF_TOKEN_BYTES), out;
+    mg_df_encode(&h, b);
+    CU_ASSERT_EQUAL(mg_df_decode(b, sizeof(b), 1 << 20, &out), MG_DF_OK);
+    CU_ASSERT_EQUAL(mg_df_payload_bytes(&out), MG_DF_TOKEN_BYTES);
+    CU_ASSERT_EQUAL(memcmp(b, "MGDP", 4), 0);
+    for (size_t i = 0; i < sizeof(types); i++) {
+        h = hdr(types[i], types[i] == MG_DF_WRITE_ACK ? MG_DF_LEASE : MG_DF_CRC | MG_DF_LEASE, 4096,
+                65536);
+        mg_df_encode(&h, b);
+        CU_ASSERT_EQUAL_FATAL(mg_df_decode(b, sizeof(b), 1 << 20, &out), MG_DF_OK);
+        CU_ASSERT_EQUAL(out.type, h.type);
+        CU_ASSERT_EQUAL(out.flags, h.flags);
+        CU_ASSERT_EQUAL(out.slice, 77);
+        CU_ASSERT_EQUAL(out.target, 0x1234567890abcdefULL);
+        CU_ASSERT_EQUAL(out.offset, 4096);
+        CU_ASSERT_EQUAL(out.length, 65536);
+        CU_ASSERT_EQUAL(out.payload_crc, 0xabcdef01U);
+        CU_ASSERT_EQUAL(mg_df_payload_bytes(&out),
+                        types[i] == MG_DF_WRITE || types[i] == MG_DF_READ_DATA ? 65536 : 0);
+    }
+}
+
+static void test_truncation_magic_version_checksum(void)
+{
+    uint8_t b[MG_DF_HEADER_BYTES];
+    mg_df_header h = hdr(MG_DF_WRITE, 0, 0, 10), out;
+    mg_df_encode(&h, b);
+    for (size_t n = 0; n < MG_DF_HEADER_BYTES; n++)
+        CU_ASSERT_EQUAL(mg_df_decode(b, n, 1 << 20, &out), MG_DF_NEED_MORE);
+    b[0] = 'X';
+    CU_ASSERT_EQUAL(mg_df_decode(b, 4, 1 << 20, &out), MG_DF_BAD_MAGIC); /* known early */
+    mg_df_encode(&h, b);
+    b[4] = 2; /* a newer peer: refused as soon as the version byte is there */
+    CU_ASSERT_EQUAL(mg_df_decode(b, 5, 1 << 20, &out), MG_DF_BAD_VERSION);
+    CU_ASSERT_EQUAL(out.version, 2);
+    mg_df_encode(&h, b);
+    b[30] ^= 0x40; /* a flipped bit anywhere in the header */
+    CU_ASSERT_EQUAL(mg_df_decode(b, sizeof(b), 1 << 20, &out), MG_DF_BAD_CRC);
+}
+
+static void test_type_flags_lengths_range(void)
+{
+    mg_df_header h;
+    h = hdr(0, 0, 0, 1);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_TYPE);
+    h = hdr(MG_DF_ERROR + 1, 0, 0, 1);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_TYPE);
+    h = hdr(MG_DF_HELLO, MG_DF_CRC, 0, MG_DF_TOKEN_BYTES);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_FLAGS);
+    h = hdr(MG_DF_WRITE, 0x8, 0, 1);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_FLAGS);
+    h = hdr(MG_DF_HELLO, 0, 0, MG_DF_TOKEN_BYTES - 1);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_HELLO_OK, 0, 0, 1);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_WRITE, 0, 0, 0);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_WRITE, 0, 0, 101); /* over the slice limit */
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_READ, 0, 0, 100);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_OK);
+    h = hdr(MG_DF_READ_DATA, 0, 0, 0);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_OK); /* an empty answer */
+    h = hdr(MG_DF_READ_DATA, 0, 0, 5);
+    h.status = 11; /* a failed read carries no data */
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_ERROR, 0, 0, 1025);
+    CU_ASSERT_EQUAL(decode_of(&h, 1 << 20), MG_DF_BAD_LENGTH);
+    h = hdr(MG_DF_WRITE, 0, UINT64_MAX - 10, 11); /* offset + length wraps */
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_BAD_RANGE);
+    h = hdr(MG_DF_WRITE, 0, UINT64_MAX - 10, 10);
+    CU_ASSERT_EQUAL(decode_of(&h, 100), MG_DF_OK);
+    CU_ASSERT_STRING_EQUAL(mg_df_strerror(MG_DF_BAD_VERSION),
+                           "unsupported data-plane protocol version");
+}
+
+static void test_slices(void)
+{
+    mg_slice s[8];
+    uint64_t sum = 0;
+    CU_ASSERT_EQUAL(mg_slice_count(0, 4096), 0);
+    CU_ASSERT_EQUAL(mg_slice_count(1, 4096), 1);
+    CU_ASSERT_EQUAL(mg_slice_count(4096, 4096), 1);
+    CU_ASSERT_EQUAL(mg_slice_count(4097, 4096), 2);
+    CU_ASSERT_EQUAL(mg_slice_count(1ULL << 40, 4u << 20), 1ULL << 18);
+    CU_ASSERT_EQUAL(mg_slice_count(10, 0), 0);
+    CU_ASSERT_EQUAL(mg_slice_plan(100, 7, 10000, 4096, 0, s, 8), 3);
+    CU_ASSERT_EQUAL(s[0].local_offset, 100);
+    CU_ASSERT_EQUAL(s[0].remote_offset, 7);
+    CU_ASSERT_EQUAL(s[2].local_offset, 100 + 8192);
+    CU_ASSERT_EQUAL(s[2].remote_offset, 7 + 8192);
+    CU_ASSERT_EQUAL(s[2].length, 10000 - 8192);
+    for (int i = 0; i < 3; i++)
+        sum += s[i].length;
+    CU_ASSERT_EQUAL(sum, 10000);
+    /* A window in the middle of a long transfer. */
+    CU_ASSERT_EQUAL(mg_slice_plan(0, 0, 1ULL << 33, 1u << 20, 8190, s, 8), 2);
+    CU_ASSERT_EQUAL(s[1].local_offset, 8191ULL << 20);
+    CU_ASSERT_EQUAL(s[1].length, 1u << 20);
+    CU_ASSERT_EQUAL(mg_slice_plan(0, 0, 100, 64, 5, s, 8), 0); /* past the end */
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {
+        MG_TEST(test_crc32c),
+        MG_TEST(test_round_trip),
+        MG_TEST(test_truncation_magic_version_checksum),
+        MG_TEST(test_type_flags_lengths_range),
+        MG_TEST(test_slices),
+    };
+    return mg_test_run("dataframe", cases, sizeof(cases) / sizeof(cases[0]));
+}
