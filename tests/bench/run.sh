@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|lease] [-- options of the benchmark]
+#   tests/bench/run.sh [control|register|batch|lease|dataplane] [-- options of the benchmark]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
 # lease:    destination memory per read: register + unregister against lease + release.
+# dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux
+scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3
 build=$(scripts/build.sh release)
 certs=$(mktemp -d)
 trap 'rm -rf "$certs"' EXIT
@@ -55,5 +56,24 @@ lease)
     stop_daemon
     exit $rc
     ;;
-*) echo "usage: $0 [control|register|batch|lease] [-- options]" >&2; exit 64 ;;
+dataplane)
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    ref=$(iperf3 -c 127.0.0.1 -p "$port" -l 1M -t 5 -J |
+        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9)')
+    out=$("$build/bench/bench_dataplane" "$@")
+    echo "$out"
+    printf 'iperf3, 1 stream, 1 MiB writes: %.2f GB/s\n' "$ref"
+    echo "$out" | /usr/bin/python3 -c '
+import re, sys
+ref = float(sys.argv[1])
+for line in sys.stdin:
+    m = re.match(r"(.+?)\s+WRITE\s+([\d.]+) GB/s\s+READ\s+([\d.]+) GB/s", line)
+    if m:
+        print("%-16s WRITE %.2fx   READ %.2fx of iperf3" % (m.group(1), float(m.group(2)) / ref,
+                                                          float(m.group(3)) / ref))
+' "$ref"
+    ;;
+*) echo "usage: $0 [control|register|batch|lease|dataplane] [-- options]" >&2; exit 64 ;;
 esac

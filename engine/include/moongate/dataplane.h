@@ -1,0 +1,91 @@
+/*
+ * moongate TCP data plane: the transport that moves segment bytes between daemons.
+ *
+ * The receiving daemon runs a server: a listener and one thread per connection (bounded by
+ * max_conns), blocking I/O. A connection starts with HELLO carrying a session token, which the
+ * daemon's auth callback maps to the initiating tenant; then the peer sends WRITE slices (the
+ * payload is read straight into the destination range once the target, its remote
+ * accessibility, the tenant and the bounds are checked; WRITE_ACK only after the bytes are in
+ * place) and READ requests (answered READ_DATA with a status, then the bytes). A refused slice
+ * is answered with its status and the stream stays usable; a malformed frame ends the
+ * connection. See moongate/dataframe.h for the frames.
+ *
+ * The sending side is a connection object with blocking calls that keep up to `window` slices
+ * in flight. Leases as targets come later (MG_DF_LEASE is answered UNIMPLEMENTED).
+ */
+#ifndef MOONGATE_DATAPLANE_H
+#define MOONGATE_DATAPLANE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moongate/dataframe.h"
+#include "moongate/mg_error.h"
+#include "moongate/segment.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mg_dp_server mg_dp_server;
+typedef struct mg_dp_conn mg_dp_conn;
+
+/* Maps a session token to the tenant it was issued to (tenant: MG_SEG_NAME_MAX + 1 bytes).
+ * Returns 0, or MG_ERR_AUTH for an unknown or expired token. Runs on connection threads. */
+typedef int (*mg_dp_auth_fn)(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant);
+
+typedef struct mg_dp_server_config {
+    const char *host; /* address to listen on, e.g. "127.0.0.1" or "::" */
+    int port;         /* 0: any free port (mg_dp_server_port tells) */
+    mg_registry *registry;
+    uint32_t max_slice; /* largest payload accepted */
+    unsigned max_conns;
+    uint32_t io_timeout_ms; /* a slice's payload must keep arriving within it */
+    mg_dp_auth_fn auth;
+    void *auth_arg;
+} mg_dp_server_config;
+
+typedef struct mg_dp_server_stats {
+    uint64_t conns_total, conns_active, conns_refused;
+    uint64_t slices_in, slices_out, slices_refused;
+    uint64_t bytes_in, bytes_out;
+} mg_dp_server_stats;
+
+/* Starts listening. Returns 0, or an MG_ERR_* with the reason in err. */
+int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char *err,
+                       size_t errcap);
+int mg_dp_server_port(const mg_dp_server *s);
+void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out);
+/* Closes the listener and every connection and joins their threads. Accepts NULL. */
+void mg_dp_server_stop(mg_dp_server *s);
+
+/* Connects to a peer's data plane and presents the session token. Returns 0, or MG_ERR_UNAVAILABLE
+ * (cannot connect: err names the peer), MG_ERR_AUTH (token refused) or MG_ERR_PROTOCOL. */
+int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, char *err,
+                  size_t errcap);
+void mg_dp_close(mg_dp_conn *c);
+
+typedef struct mg_dp_options {
+    uint32_t slice_bytes; /* 0: 1 MiB */
+    unsigned window;      /* slices in flight; 0: 16 */
+    int crc;              /* CRC32C per slice */
+} mg_dp_options;
+
+/* Copies `len` bytes from `buf` to [offset, offset + len) of the peer's segment `target`.
+ * Returns 0 once every slice was acknowledged as in place, or the first failure's MG_ERR_* with
+ * err naming the slice and the peer's reason (slices before it may have landed). */
+int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf, uint64_t len,
+                const mg_dp_options *o, char *err, size_t errcap);
+/* Copies [offset, offset + len) of the peer's segment `target` into `buf`. */
+int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint64_t len,
+               const mg_dp_options *o, char *err, size_t errcap);
+
+/* The MG_ERR_* for a gRPC status code a peer answered with. */
+int mg_dp_status_err(uint32_t grpc_status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

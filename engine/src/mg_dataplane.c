@@ -1,0 +1,666 @@
+/*
+ * mg_dataplane: the TCP data plane (see moongate/dataplane.h).
+ *
+ * Server: an accept thread and one thread per connection, blocking I/O; stop() shuts every
+ * socket down so blocked reads return, then joins. A connection thread owns its socket and
+ * takes a registry reference on a target for exactly as long as a slice's bytes move.
+ * Client: blocking calls on the caller's thread (an engine worker), up to `window` slices in
+ * flight, answers read in order.
+ */
+#include "moongate/dataplane.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* gRPC status codes used on the wire (the values of grpc/status.h). */
+enum {
+    ST_OK = 0,
+    ST_INVALID_ARGUMENT = 3,
+    ST_NOT_FOUND = 5,
+    ST_PERMISSION_DENIED = 7,
+    ST_OUT_OF_RANGE = 11,
+    ST_UNIMPLEMENTED = 12,
+    ST_INTERNAL = 13,
+    ST_DATA_LOSS = 15,
+    ST_UNAUTHENTICATED = 16,
+};
+
+int mg_dp_status_err(uint32_t st)
+{
+    switch (st) {
+    case ST_OK:
+        return 0;
+    case ST_INVALID_ARGUMENT:
+        return MG_ERR_INVALID;
+    case ST_NOT_FOUND:
+        return MG_ERR_NOT_FOUND;
+    case ST_PERMISSION_DENIED:
+        return MG_ERR_PERMISSION;
+    case ST_OUT_OF_RANGE:
+        return MG_ERR_RANGE;
+    case ST_UNIMPLEMENTED:
+        return MG_ERR_UNSUPPORTED;
+    case ST_DATA_LOSS:
+        return MG_ERR_DATA_LOSS;
+    case ST_UNAUTHENTICATED:
+        return MG_ERR_AUTH;
+    default:
+        return MG_ERR_PROTOCOL;
+    }
+}
+
+/* ------------------------------------------------------------------ socket helpers */
+
+/* Reads exactly n bytes; waits at most timeout_ms for each piece (-1: forever). Returns 0, or
+ * -1 (closed, error or timeout; errno says which: 0 for an orderly close). */
+static int read_full(int fd, void *buf, size_t n, int timeout_ms)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        /* Take what is there first; wait (poll, bounded) only when nothing is. */
+        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd pfd = {fd, POLLIN, 0};
+            int pr = poll(&pfd, 1, timeout_ms);
+            if (pr == 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            if (pr < 0 && errno != EINTR)
+                return -1;
+            continue;
+        }
+        if (errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t len)
+{
+    uint8_t head[MG_DF_HEADER_BYTES];
+    mg_df_encode(h, head);
+    if (write_full(fd, head, sizeof(head)) != 0)
+        return -1;
+    return len ? write_full(fd, payload, len) : 0;
+}
+
+/* Reads and drops n bytes (the payload of a refused slice keeps the stream in step). */
+static int discard(int fd, uint64_t n, int timeout_ms)
+{
+    uint8_t sink[16384];
+    while (n > 0) {
+        size_t k = n < sizeof(sink) ? (size_t)n : sizeof(sink);
+        if (read_full(fd, sink, k, timeout_ms) != 0)
+            return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ server */
+
+typedef struct dp_conn {
+    mg_dp_server *srv;
+    int fd;
+    pthread_t thread;
+    int done; /* the thread ended: join it */
+    char peer[64];
+    struct dp_conn *next;
+} dp_conn;
+
+struct mg_dp_server {
+    mg_dp_server_config cfg;
+    int lfd;
+    int port;
+    pthread_t accept_thread;
+    pthread_mutex_t lock;
+    dp_conn *conns;
+    unsigned active;
+    int stopping;
+    mg_dp_server_stats stats; /* under lock */
+};
+
+static void count(mg_dp_server *s, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&s->lock);
+    *field += n;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Checks a slice against its target; on success holds a reference and gives the address. */
+static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *peer,
+                             const mg_df_header *h, mg_segment **seg, uint8_t **addr)
+{
+    mg_segment_info info;
+    char holder[MG_SEG_HOLDER_MAX];
+    if (h->flags & MG_DF_LEASE)
+        return ST_UNIMPLEMENTED;
+    snprintf(holder, sizeof(holder), "a data-plane slice from %s", peer);
+    if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
+        return ST_NOT_FOUND;
+    mg_segment_get_info(s->cfg.registry, *seg, &info);
+    if (!info.remote_accessible) {
+        mg_registry_put(s->cfg.registry, *seg);
+        return ST_PERMISSION_DENIED;
+    }
+    if (mg_bounds_check(info.size, h->offset, h->length) != 0) {
+        mg_registry_put(s->cfg.registry, *seg);
+        return ST_OUT_OF_RANGE;
+    }
+    *addr = (uint8_t *)mg_segment_addr(*seg) + h->offset;
+    return ST_OK;
+}
+
+/* HELLO: returns 0 with the tenant, or -1 after answering ERROR. */
+static int serve_hello(dp_conn *c, char *tenant)
+{
+    mg_dp_server *s = c->srv;
+    uint8_t head[MG_DF_HEADER_BYTES], token[MG_DF_TOKEN_BYTES];
+    mg_df_header h, reply = {0};
+    static const char refused[] = "session token refused";
+    int rc;
+    if (read_full(c->fd, head, sizeof(head), (int)s->cfg.io_timeout_ms) != 0)
+        return -1;
+    rc = mg_df_decode(head, sizeof(head), s->cfg.max_slice, &h);
+    if (rc != MG_DF_OK || h.type != MG_DF_HELLO ||
+        read_full(c->fd, token, sizeof(token), (int)s->cfg.io_timeout_ms) != 0) {
+        const char *why = rc != MG_DF_OK ? mg_df_strerror(rc) : "the first frame must be HELLO";
+        reply.type = MG_DF_ERROR;
+        reply.status = rc == MG_DF_BAD_VERSION ? ST_UNIMPLEMENTED : ST_INVALID_ARGUMENT;
+        reply.length = (uint32_t)strlen(why);
+        send_frame(c->fd, &reply, why, reply.length);
+        return -1;
+    }
+    if (s->cfg.auth(s->cfg.auth_arg, token, tenant) != 0) {
+        reply.type = MG_DF_ERROR;
+        reply.status = ST_UNAUTHENTICATED;
+        reply.length = sizeof(refused) - 1;
+        send_frame(c->fd, &reply, refused, reply.length);
+        return -1;
+    }
+    reply.type = MG_DF_HELLO_OK;
+    return send_frame(c->fd, &reply, NULL, 0);
+}
+
+static void *conn_main(void *arg)
+{
+    dp_conn *c = arg;
+    mg_dp_server *s = c->srv;
+    char tenant[MG_SEG_NAME_MAX + 1];
+    int timeout = (int)s->cfg.io_timeout_ms;
+
+    if (serve_hello(c, tenant) != 0)
+        goto out;
+    for (;;) {
+        uint8_t head[MG_DF_HEADER_BYTES];
+        mg_df_header h, reply = {0};
+        mg_segment *seg = NULL;
+        uint8_t *addr = NULL;
+        uint32_t st;
+        int rc;
+        if (read_full(c->fd, head, sizeof(head), -1) != 0) /* idle peers may wait */
+            break;
+        rc = mg_df_decode(head, sizeof(head), s->cfg.max_slice, &h);
+        if (rc != MG_DF_OK || (h.type != MG_DF_WRITE && h.type != MG_DF_READ)) {
+            const char *why = rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame type";
+            reply.type = MG_DF_ERROR;
+            reply.status = ST_INVALID_ARGUMENT;
+            reply.length = (uint32_t)strlen(why);
+            send_frame(c->fd, &reply, why, reply.length);
+            break; /* the stream cannot be trusted any more */
+        }
+        st = check_target(s, tenant, c->peer, &h, &seg, &addr);
+        reply.slice = h.slice;
+        reply.target = h.target;
+        reply.offset = h.offset;
+        reply.flags = h.flags & MG_DF_LEASE;
+        if (h.type == MG_DF_WRITE) {
+            /* The bytes go straight into place; the ack follows only once they are there. */
+            if (st == ST_OK ? read_full(c->fd, addr, h.length, timeout) != 0
+                            : discard(c->fd, h.length, timeout) != 0) {
+                if (seg)
+                    mg_registry_put(s->cfg.registry, seg);
+                break;
+            }
+            if (st == ST_OK && (h.flags & MG_DF_CRC) &&
+                mg_crc32c(0, addr, h.length) != h.payload_crc)
+                st = ST_DATA_LOSS;
+            reply.type = MG_DF_WRITE_ACK;
+            reply.length = h.length;
+            reply.status = st;
+            rc = send_frame(c->fd, &reply, NULL, 0);
+            count(s, st == ST_OK ? &s->stats.slices_in : &s->stats.slices_refused, 1);
+            if (st == ST_OK)
+                count(s, &s->stats.bytes_in, h.length);
+        } else {
+            reply.type = MG_DF_READ_DATA;
+            reply.status = st;
+            reply.length = st == ST_OK ? h.length : 0;
+            if (st == ST_OK && (h.flags & MG_DF_CRC)) {
+                reply.flags |= MG_DF_CRC;
+                reply.payload_crc = mg_crc32c(0, addr, h.length);
+            }
+            rc = send_frame(c->fd, &reply, addr, reply.length);
+            count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
+            if (st == ST_OK)
+                count(s, &s->stats.bytes_out, h.length);
+        }
+        if (seg)
+            mg_registry_put(s->cfg.registry, seg);
+        if (rc != 0)
+            break;
+    }
+out:
+    pthread_mutex_lock(&s->lock);
+    s->active--;
+    s->stats.conns_active--;
+    c->done = 1;
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Joins the threads of finished connections (lock held). */
+static void reap(mg_dp_server *s)
+{
+    dp_conn **pp = &s->conns;
+    while (*pp) {
+        dp_conn *c = *pp;
+        if (c->done) {
+            *pp = c->next;
+            pthread_join(c->thread, NULL);
+            close(c->fd);
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void *accept_main(void *arg)
+{
+    mg_dp_server *s = arg;
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept(s->lfd, (struct sockaddr *)&ss, &sl), one = 1;
+        dp_conn *c;
+        char host[48] = "?", serv[8] = "?";
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            break; /* the listener was shut down */
+        }
+        pthread_mutex_lock(&s->lock);
+        reap(s);
+        if (s->stopping || s->active >= s->cfg.max_conns) {
+            s->stats.conns_refused++;
+            pthread_mutex_unlock(&s->lock);
+            close(fd);
+            continue;
+        }
+        pthread_mutex_unlock(&s->lock);
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+        c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->srv = s;
+        c->fd = fd;
+        snprintf(c->peer, sizeof(c->peer), "%s:%s", host, serv);
+        pthread_mutex_lock(&s->lock);
+        if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+            pthread_mutex_unlock(&s->lock);
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = s->conns;
+        s->conns = c;
+        s->active++;
+        s->stats.conns_total++;
+        s->stats.conns_active++;
+        pthread_mutex_unlock(&s->lock);
+    }
+    return NULL;
+}
+
+int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char *err, size_t errcap)
+{
+    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM},
+                    *ai = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    mg_dp_server *s;
+    char port[8];
+    int one = 1, rc;
+
+    if (cfg->registry == NULL || cfg->auth == NULL || cfg->max_slice == 0 || cfg->max_conns == 0 ||
+        cfg->port < 0 || cfg->port > 65535) {
+        snprintf(err, errcap, "bad data-plane configuration");
+        return MG_ERR_INVALID;
+    }
+    snprintf(port, sizeof(port), "%d", cfg->port);
+    rc = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, errcap, "data-plane address %s: %s", cfg->host, gai_strerror(rc));
+        return MG_ERR_INVALID;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        freeaddrinfo(ai);
+        return MG_ERR_NOMEM;
+    }
+    s->cfg = *cfg;
+    s->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0 || setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(s->lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(s->lfd, 64) != 0 ||
+        getsockname(s->lfd, (struct sockaddr *)&ss, &sl) != 0) {
+        snprintf(err, errcap, "data-plane listener on %s:%d: %s", cfg->host, cfg->port,
+                 strerror(errno));
+        if (s->lfd >= 0)
+            close(s->lfd);
+        freeaddrinfo(ai);
+        free(s);
+        return MG_ERR_SYSTEM;
+    }
+    freeaddrinfo(ai);
+    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    pthread_mutex_init(&s->lock, NULL);
+    if (pthread_create(&s->accept_thread, NULL, accept_main, s) != 0) {
+        close(s->lfd);
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        snprintf(err, errcap, "cannot start the data-plane thread");
+        return MG_ERR_SYSTEM;
+    }
+    *out = s;
+    return 0;
+}
+
+int mg_dp_server_port(const mg_dp_server *s)
+{
+    return s->port;
+}
+
+void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out)
+{
+    pthread_mutex_lock(&s->lock);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void mg_dp_server_stop(mg_dp_server *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->stopping = 1;
+    for (dp_conn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR); /* blocked reads and writes return */
+    pthread_mutex_unlock(&s->lock);
+    shutdown(s->lfd, SHUT_RDWR);
+    pthread_join(s->accept_thread, NULL);
+    close(s->lfd);
+    pthread_mutex_lock(&s->lock);
+    for (dp_conn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR); /* any accepted meanwhile */
+    pthread_mutex_unlock(&s->lock);
+    while (s->conns) {
+        dp_conn *c = s->conns;
+        s->conns = c->next;
+        pthread_join(c->thread, NULL);
+        close(c->fd);
+        free(c);
+    }
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ client */
+
+struct mg_dp_conn {
+    int fd;
+    char peer[300];
+    uint32_t timeout_ms;
+    uint64_t next_slice;
+};
+
+/* Reads an answer's ERROR text into err. */
+static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, size_t errcap,
+                            const char *what)
+{
+    char text[1025] = "";
+    uint32_t n = h->length < sizeof(text) - 1 ? h->length : (uint32_t)sizeof(text) - 1;
+    if (read_full(c->fd, text, n, (int)c->timeout_ms) == 0)
+        text[n] = '\0';
+    snprintf(err, errcap, "%s: peer %s says: %s", what, c->peer, text);
+}
+
+int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, char *err,
+                  size_t errcap)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+    char serv[8];
+    mg_dp_conn *c;
+    mg_df_header hello = {0}, h;
+    uint8_t head[MG_DF_HEADER_BYTES];
+    int fd = -1, one = 1, rc;
+
+    snprintf(serv, sizeof(serv), "%d", port);
+    rc = getaddrinfo(host, serv, &hints, &ai);
+    if (rc != 0) {
+        snprintf(err, errcap, "peer %s:%d: %s", host, port, gai_strerror(rc));
+        return MG_ERR_UNAVAILABLE;
+    }
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        struct pollfd pfd;
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        pfd = (struct pollfd){fd, POLLOUT, 0};
+        if (poll(&pfd, 1, (int)timeout_ms) != 1 ||
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
+            errno = soerr ? soerr : ETIMEDOUT;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        snprintf(err, errcap, "cannot reach peer %s:%d: %s", host, port, strerror(errno));
+        return MG_ERR_UNAVAILABLE;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); /* blocking from here on */
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return MG_ERR_NOMEM;
+    }
+    c->fd = fd;
+    c->timeout_ms = timeout_ms ? timeout_ms : 10000;
+    snprintf(c->peer, sizeof(c->peer), "%s:%d", host, port);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    hello.type = MG_DF_HELLO;
+    hello.length = MG_DF_TOKEN_BYTES;
+    if (send_frame(fd, &hello, token, MG_DF_TOKEN_BYTES) != 0 ||
+        read_full(fd, head, sizeof(head), (int)c->timeout_ms) != 0) {
+        snprintf(err, errcap, "peer %s: no answer to HELLO: %s", c->peer,
+                 errno ? strerror(errno) : "connection closed");
+        mg_dp_close(c);
+        return MG_ERR_UNAVAILABLE;
+    }
+    rc = mg_df_decode(head, sizeof(head), 1 << 30, &h);
+    if (rc != MG_DF_OK || (h.type != MG_DF_HELLO_OK && h.type != MG_DF_ERROR)) {
+        snprintf(err, errcap, "peer %s: %s", c->peer,
+                 rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected answer to HELLO");
+        mg_dp_close(c);
+        return MG_ERR_PROTOCOL;
+    }
+    if (h.type == MG_DF_ERROR) {
+        read_error_text(c, &h, err, errcap, "HELLO");
+        rc = h.status == ST_UNAUTHENTICATED ? MG_ERR_AUTH : mg_dp_status_err(h.status);
+        mg_dp_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void mg_dp_close(mg_dp_conn *c)
+{
+    if (c == NULL)
+        return;
+    close(c->fd);
+    free(c);
+}
+
+/* Sends slice i of a transfer (a WRITE with its payload, or a READ). */
+static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
+                      const uint8_t *buf, const mg_dp_options *o, uint64_t id)
+{
+    mg_df_header h = {0};
+    h.type = write ? MG_DF_WRITE : MG_DF_READ;
+    h.flags = o->crc ? MG_DF_CRC : 0;
+    h.slice = id;
+    h.target = target;
+    h.offset = sl->remote_offset;
+    h.length = sl->length;
+    if (write && o->crc)
+        h.payload_crc = mg_crc32c(0, buf + sl->local_offset, sl->length);
+    return send_frame(c->fd, &h, write ? buf + sl->local_offset : NULL, write ? sl->length : 0);
+}
+
+static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, uint8_t *buf,
+                    uint64_t len, const mg_dp_options *opt, char *err, size_t errcap)
+{
+    mg_dp_options o = opt ? *opt : (mg_dp_options){0};
+    uint64_t total, sent = 0, done = 0, base;
+    int first_err = 0;
+    if (o.slice_bytes == 0)
+        o.slice_bytes = 1u << 20;
+    if (o.window == 0)
+        o.window = 16;
+    if (offset > UINT64_MAX - len) {
+        snprintf(err, errcap, "offset %llu + %llu bytes overflows", (unsigned long long)offset,
+                 (unsigned long long)len);
+        return MG_ERR_RANGE;
+    }
+    total = mg_slice_count(len, o.slice_bytes);
+    base = c->next_slice;
+    c->next_slice += total;
+    while (done < total) {
+        mg_df_header h;
+        mg_slice sl, expect;
+        uint8_t head[MG_DF_HEADER_BYTES];
+        int rc;
+        while (sent < total && sent - done < o.window && first_err == 0) {
+            mg_slice_plan(0, offset, len, o.slice_bytes, sent, &sl, 1);
+            if (send_slice(c, write, target, &sl, buf, &o, base + sent) != 0) {
+                snprintf(err, errcap, "peer %s: sending slice %llu: %s", c->peer,
+                         (unsigned long long)sent, strerror(errno));
+                return MG_ERR_UNAVAILABLE;
+            }
+            sent++;
+        }
+        if (done == sent)
+            break; /* an earlier failure stopped sending; every answer is in */
+        if (read_full(c->fd, head, sizeof(head), (int)c->timeout_ms) != 0) {
+            snprintf(err, errcap, "peer %s: waiting for slice %llu: %s", c->peer,
+                     (unsigned long long)done, errno ? strerror(errno) : "connection closed");
+            return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+        }
+        rc = mg_df_decode(head, sizeof(head), o.slice_bytes, &h);
+        if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
+            read_error_text(c, &h, err, errcap, "transfer");
+            return MG_ERR_PROTOCOL;
+        }
+        mg_slice_plan(0, offset, len, o.slice_bytes, done, &expect, 1);
+        if (rc != MG_DF_OK || h.slice != base + done ||
+            h.type != (write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
+            snprintf(err, errcap, "peer %s: bad answer to slice %llu: %s", c->peer,
+                     (unsigned long long)done,
+                     rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
+            return MG_ERR_PROTOCOL;
+        }
+        if (!write && h.status == ST_OK) {
+            if (h.length != expect.length ||
+                read_full(c->fd, buf + expect.local_offset, h.length, (int)c->timeout_ms) != 0) {
+                snprintf(err, errcap, "peer %s: reading slice %llu", c->peer,
+                         (unsigned long long)done);
+                return MG_ERR_UNAVAILABLE;
+            }
+            if ((h.flags & MG_DF_CRC) &&
+                mg_crc32c(0, buf + expect.local_offset, h.length) != h.payload_crc)
+                h.status = ST_DATA_LOSS;
+        }
+        if (h.status != ST_OK && first_err == 0) {
+            first_err = mg_dp_status_err(h.status);
+            snprintf(err, errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s", c->peer,
+                     (unsigned long long)done, (unsigned long long)expect.remote_offset,
+                     expect.length, mg_strerror(first_err));
+        }
+        done++;
+    }
+    return first_err;
+}
+
+int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf, uint64_t len,
+                const mg_dp_options *o, char *err, size_t errcap)
+{
+    return transfer(c, 1, target, offset, (uint8_t *)(uintptr_t)buf, len, o, err, errcap);
+}
+
+int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint64_t len,
+               const mg_dp_options *o, char *err, size_t errcap)
+{
+    return transfer(c, 0, target, offset, buf, len, o, err, errcap);
+}

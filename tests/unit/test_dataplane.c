@@ -1,0 +1,239 @@
+/*
+ * Unit tests for the TCP data plane (moongate/dataplane.h) over loopback in one process: a
+ * server on a real registry, real sockets, the client API. Bytes land and come back intact,
+ * every refusal (token, tenant, remote accessibility, bounds, unknown target) is answered and
+ * leaves the connection usable and the memory untouched, malformed streams are cut off, and
+ * stop() returns with peers still connected.
+ */
+#include "mg_test.h"
+#include "moongate/dataplane.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MiB (1024u * 1024u)
+
+static char dir[64];
+static mg_registry *reg;
+static mg_dp_server *srv;
+static uint64_t open_id, closed_id;
+static uint8_t *open_mem, *closed_mem;
+static const uint8_t token_t[MG_DF_TOKEN_BYTES] = "token-of-tenant-t..............";
+static const uint8_t token_o[MG_DF_TOKEN_BYTES] = "token-of-tenant-other..........";
+
+static int auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant)
+{
+    if (memcmp(token, token_t, MG_DF_TOKEN_BYTES) == 0)
+        snprintf(tenant, MG_SEG_NAME_MAX + 1, "t");
+    else if (memcmp(token, token_o, MG_DF_TOKEN_BYTES) == 0)
+        snprintf(tenant, MG_SEG_NAME_MAX + 1, "other");
+    else
+        return MG_ERR_AUTH;
+    return 0;
+}
+
+static uint64_t add_segment(const char *name, int remote, uint64_t size, uint8_t **mem)
+{
+    mg_segment_spec spec = {.tenant = "t",
+                            .name = name,
+                            .source = MG_SEG_ANON,
+                            .size = size,
+                            .remote_accessible = remote};
+    mg_segment *seg;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &spec, &seg, err), 0);
+    mg_registry_commit(reg, seg, mg_segment_map(seg));
+    mg_segment_get_info(reg, seg, &info);
+    *mem = mg_segment_addr(seg);
+    return info.id;
+}
+
+static void start(unsigned max_conns)
+{
+    mg_registry_config rc = {.shm_dir = dir, .file_mode = 0600, .max_segments = 8};
+    mg_dp_server_config sc = {"127.0.0.1", 0, NULL, 4 * MiB, max_conns, 2000, auth, NULL};
+    char err[256];
+    snprintf(dir, sizeof(dir), "/tmp/mgdp-XXXXXX");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &rc), 0);
+    open_id = add_segment("open", 1, 16 * MiB + 4096, &open_mem);
+    closed_id = add_segment("closed", 0, 1 * MiB, &closed_mem);
+    sc.registry = reg;
+    CU_ASSERT_EQUAL_FATAL(mg_dp_server_start(&srv, &sc, err, sizeof(err)), 0);
+}
+
+static void stop(void)
+{
+    mg_dp_server_stop(srv);
+    mg_registry_del(reg);
+    rmdir(dir);
+}
+
+static mg_dp_conn *dial(const uint8_t *token)
+{
+    mg_dp_conn *c = NULL;
+    char err[256];
+    CU_ASSERT_EQUAL(
+        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, err, sizeof(err)), 0);
+    return c;
+}
+
+static void test_bytes_land_and_come_back(void)
+{
+    uint64_t len = 10 * MiB + 123;
+    uint8_t *src = malloc(len), *back = calloc(1, len);
+    mg_dp_options big = {1 * MiB, 4, 1}, small = {4096, 64, 0};
+    mg_dp_server_stats st;
+    mg_dp_conn *c;
+    char err[256];
+    start(8);
+    for (uint64_t i = 0; i < len; i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 13);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 7, src, len, &big, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem + 7, src, len), 0); /* in the segment itself */
+    CU_ASSERT_EQUAL(mg_dp_read(c, open_id, 7, back, len, &big, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, len), 0);
+    memset(back, 0, len);
+    CU_ASSERT_EQUAL(mg_dp_read(c, open_id, 7, back, 1 * MiB + 5, &small, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, 1 * MiB + 5), 0); /* 257 slices, many in flight */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 16 * MiB + 4095, "z", 1, NULL, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(open_mem[16 * MiB + 4095], 'z'); /* the last byte */
+    mg_dp_server_get_stats(srv, &st);
+    CU_ASSERT_EQUAL(st.slices_in, 11 + 1);
+    CU_ASSERT_EQUAL(st.bytes_in, len + 1);
+    CU_ASSERT_EQUAL(st.slices_out, 11 + 257);
+    mg_dp_close(c);
+    free(src);
+    free(back);
+    stop();
+}
+
+static void test_refusals_keep_the_stream(void)
+{
+    uint8_t data[8192], before[8192];
+    mg_dp_conn *c, *o;
+    char err[256];
+    start(8);
+    memset(data, 'x', sizeof(data));
+    memcpy(before, closed_mem, sizeof(before));
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_EQUAL(mg_dp_write(c, closed_id, 0, data, sizeof(data), NULL, err, sizeof(err)),
+                    MG_ERR_PERMISSION);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "refused slice 0"));
+    CU_ASSERT_EQUAL(memcmp(closed_mem, before, sizeof(before)), 0); /* nothing written */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 16 * MiB, data, 4097, NULL, err, sizeof(err)),
+                    MG_ERR_RANGE); /* one byte past the end */
+    CU_ASSERT_EQUAL(open_mem[16 * MiB], 0);
+    CU_ASSERT_EQUAL(mg_dp_read(c, open_id, UINT64_MAX - 10, data, 100, NULL, err, sizeof(err)),
+                    MG_ERR_RANGE); /* wraps: refused before sending */
+    CU_ASSERT_EQUAL(mg_dp_write(c, 12345, 0, data, 10, NULL, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    /* A multi-slice write whose middle slices fall outside: the first lands, the answer names
+     * the first refused slice. */
+    {
+        mg_dp_options o4 = {4096, 8, 0};
+        CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 16 * MiB, data, 8192, &o4, err, sizeof(err)),
+                        MG_ERR_RANGE);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "refused slice 1"));
+        CU_ASSERT_EQUAL(open_mem[16 * MiB], 'x');
+    }
+    /* The same connection still works. */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "ok", 2, NULL, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem, "ok", 2), 0);
+    /* Another tenant's token does not reach t's segments. */
+    o = dial(token_o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    CU_ASSERT_EQUAL(mg_dp_write(o, open_id, 0, "no", 2, NULL, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(memcmp(open_mem, "ok", 2), 0);
+    mg_dp_close(o);
+    mg_dp_close(c);
+    stop();
+}
+
+/* A raw connection sending `bytes`; returns the frame type the server answered (0: none). */
+static int raw_exchange(const void *bytes, size_t len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(mg_dp_server_port(srv))};
+    uint8_t head[MG_DF_HEADER_BYTES];
+    int fd = socket(AF_INET, SOCK_STREAM, 0), type = 0;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        send(fd, bytes, len, MSG_NOSIGNAL) == (ssize_t)len &&
+        recv(fd, head, sizeof(head), MSG_WAITALL) == (ssize_t)sizeof(head))
+        type = head[5];
+    close(fd);
+    return type;
+}
+
+static void test_auth_and_malformed_streams(void)
+{
+    static const uint8_t bad[MG_DF_TOKEN_BYTES] = "not a token";
+    mg_dp_conn *c = NULL;
+    mg_df_header h = {0};
+    uint8_t frame[MG_DF_HEADER_BYTES + MG_DF_TOKEN_BYTES];
+    char err[256];
+    start(8);
+    CU_ASSERT_EQUAL(
+        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), bad, 5000, err, sizeof(err)),
+        MG_ERR_AUTH);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "session token refused"));
+    CU_ASSERT_EQUAL(
+        raw_exchange("GET / HTTP/1.1\r\n\r\n........................................", 56),
+        MG_DF_ERROR); /* not our protocol */
+    h.type = MG_DF_HELLO;
+    h.length = MG_DF_TOKEN_BYTES;
+    mg_df_encode(&h, frame);
+    memcpy(frame + MG_DF_HEADER_BYTES, token_t, MG_DF_TOKEN_BYTES);
+    frame[4] = 2; /* a peer of another version */
+    CU_ASSERT_EQUAL(raw_exchange(frame, sizeof(frame)), MG_DF_ERROR);
+    h.type = MG_DF_WRITE; /* data before HELLO */
+    h.length = 1;
+    h.target = open_id;
+    mg_df_encode(&h, frame);
+    CU_ASSERT_EQUAL(raw_exchange(frame, MG_DF_HEADER_BYTES + 1), MG_DF_ERROR);
+    /* The daemon serves on. */
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL(c);
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "fine", 4, NULL, err, sizeof(err)), 0);
+    mg_dp_close(c);
+    stop();
+}
+
+static void test_limits_unreachable_and_stop(void)
+{
+    mg_dp_conn *c, *d = NULL;
+    char err[256];
+    int port;
+    start(1);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    /* max_conns 1: a second connection is closed at once. */
+    CU_ASSERT_NOT_EQUAL(
+        mg_dp_connect(&d, "127.0.0.1", mg_dp_server_port(srv), token_t, 2000, err, sizeof(err)), 0);
+    port = mg_dp_server_port(srv);
+    stop(); /* returns although c is connected and idle */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "x", 1, NULL, err, sizeof(err)), MG_ERR_UNAVAILABLE);
+    mg_dp_close(c);
+    CU_ASSERT_EQUAL(mg_dp_connect(&d, "127.0.0.1", port, token_t, 2000, err, sizeof(err)),
+                    MG_ERR_UNAVAILABLE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "127.0.0.1"));
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {
+        MG_TEST(test_bytes_land_and_come_back),
+        MG_TEST(test_refusals_keep_the_stream),
+        MG_TEST(test_auth_and_malformed_streams),
+        MG_TEST(test_limits_unreachable_and_stop),
+    };
+    return mg_test_run("dataplane", cases, sizeof(cases) / sizeof(cases[0]));
+}
