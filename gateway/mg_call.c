@@ -433,6 +433,26 @@ void mg_call_fail(mg_call *call, int err, const char *fmt, ...)
         call_finish(call, mg_err_grpc(err), msg, 0);
 }
 
+int mg_call_page_args(mg_call *call, uint32_t page_size, const char *token, size_t max,
+                      uint64_t *after)
+{
+    char *end;
+    *after = 0;
+    if (page_size > max) {
+        mg_call_fail(call, MG_ERR_INVALID, "page_size %u is above %zu", page_size, max);
+        return -1;
+    }
+    if (token == NULL || token[0] == '\0')
+        return 0;
+    *after = strtoull(token, &end, 16);
+    if (*end != '\0' || strlen(token) != 16) {
+        mg_call_fail(call, MG_ERR_INVALID, "page_token \"%.32s\" is not one this daemon gave",
+                     token);
+        return -1;
+    }
+    return 0;
+}
+
 void mg_call_reply(mg_call *call, const ProtobufCMessage *msg)
 {
     if (mg_call_send(call, msg) == 0)

@@ -106,6 +106,11 @@ int mg_call_send_framed(mg_call *call, uint8_t *frame, size_t len);
 /* The handler is done with one message it got through on_raw (loop thread; also after the
  * call ended). */
 void mg_call_release(mg_call *call);
+/* The paging arguments of a List method: page_size at most `max`, page_token "" or the 16 hex
+ * digits of the last id of the previous page (*after). Returns 0, or -1 after failing the call
+ * with INVALID_ARGUMENT naming the bad argument. */
+int mg_call_page_args(mg_call *call, uint32_t page_size, const char *token, size_t max,
+                      uint64_t *after);
 /* mg_call_send + mg_call_finish(OK). */
 void mg_call_reply(mg_call *call, const ProtobufCMessage *msg);
 /* Ends the call with the status of an MG_ERR_* and a message. */

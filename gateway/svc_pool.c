@@ -615,19 +615,8 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
     char token[24];
     if (pool == NULL)
         return;
-    if (want > LIST_MAX) {
-        mg_call_fail(call, MG_ERR_INVALID, "page_size %u is above %d", req->page_size, LIST_MAX);
+    if (mg_call_page_args(call, req->page_size, req->page_token, LIST_MAX, &after) != 0)
         return;
-    }
-    if (req->page_token[0]) {
-        char *end;
-        after = strtoull(req->page_token, &end, 16);
-        if (*end != '\0' || strlen(req->page_token) != 16) {
-            mg_call_fail(call, MG_ERR_INVALID, "page_token \"%.32s\" is not one this daemon gave",
-                         req->page_token);
-            return;
-        }
-    }
     infos = calloc(want + 1, sizeof(*infos));
     msgs = calloc(want, sizeof(*msgs));
     ptrs = calloc(want, sizeof(*ptrs));

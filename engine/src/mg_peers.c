@@ -6,6 +6,8 @@
  */
 #include "moongate/peers.h"
 
+#include "mg_hash.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +36,7 @@ struct mg_peer_cache {
 
 static uint64_t key_hash(uint64_t id, int is_lease)
 {
-    uint64_t x = id ^ (is_lease ? 0x9e3779b97f4a7c15ULL : 0);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    return mg_mix64(id ^ (is_lease ? 0x9e3779b97f4a7c15ULL : 0));
 }
 
 static void peer_clear(mg_peer_cache *c, peer *p)

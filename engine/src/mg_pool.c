@@ -8,6 +8,7 @@
  */
 #include "moongate/pool.h"
 
+#include "mg_hash.h"
 #include "moongate/alloc.h"
 
 #include <stdio.h>
@@ -44,24 +45,6 @@ struct mg_pool {
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
     uint64_t overflow_total, overflow_bytes, overflow_leases;
 };
-
-static uint64_t mix64(uint64_t x)
-{
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-static uint64_t hash_str2(const char *a, const char *b)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (; *a; a++)
-        h = (h ^ (unsigned char)*a) * 1099511628211ULL;
-    h = (h ^ 0xff) * 1099511628211ULL;
-    for (; *b; b++)
-        h = (h ^ (unsigned char)*b) * 1099511628211ULL;
-    return h;
-}
 
 int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_config *cfg)
 {
@@ -106,13 +89,13 @@ int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_
 
 static void lease_free(mg_pool *p, mg_lease *l)
 {
-    mg_lease **pp = &p->by_id[mix64(l->id) & (p->nbuckets - 1)];
+    mg_lease **pp = &p->by_id[mg_mix64(l->id) & (p->nbuckets - 1)];
     while (*pp && *pp != l)
         pp = &(*pp)->id_next;
     if (*pp)
         *pp = l->id_next;
     if (l->request_id[0]) {
-        pp = &p->by_req[hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1)];
+        pp = &p->by_req[mg_hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1)];
         while (*pp && *pp != l)
             pp = &(*pp)->req_next;
         if (*pp)
@@ -159,7 +142,7 @@ static void enter(mg_pool *p, mg_lease *l);
 
 static mg_lease *find_id(mg_pool *p, uint64_t id)
 {
-    mg_lease *l = p->by_id[mix64(id) & (p->nbuckets - 1)];
+    mg_lease *l = p->by_id[mg_mix64(id) & (p->nbuckets - 1)];
     while (l && l->id != id)
         l = l->id_next;
     return l;
@@ -167,7 +150,7 @@ static mg_lease *find_id(mg_pool *p, uint64_t id)
 
 static mg_lease *find_req(mg_pool *p, const char *tenant, const char *req)
 {
-    mg_lease *l = p->by_req[hash_str2(tenant, req) & (p->nbuckets - 1)];
+    mg_lease *l = p->by_req[mg_hash_str2(tenant, req) & (p->nbuckets - 1)];
     while (l && (strcmp(l->tenant, tenant) != 0 || strcmp(l->request_id, req) != 0))
         l = l->req_next;
     return l;
@@ -257,13 +240,13 @@ static void enter(mg_pool *p, mg_lease *l)
 {
     size_t b;
     do {
-        l->id = mix64(++p->counter);
+        l->id = mg_mix64(++p->counter);
     } while (l->id == 0 || find_id(p, l->id));
-    b = mix64(l->id) & (p->nbuckets - 1);
+    b = mg_mix64(l->id) & (p->nbuckets - 1);
     l->id_next = p->by_id[b];
     p->by_id[b] = l;
     if (l->request_id[0]) {
-        b = hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1);
+        b = mg_hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1);
         l->req_next = p->by_req[b];
         p->by_req[b] = l;
     }

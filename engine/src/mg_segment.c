@@ -13,6 +13,7 @@
  */
 #include "moongate/segment.h"
 
+#include "mg_hash.h"
 #include "mg_log.h"
 #include "moongate/engine.h"
 
@@ -92,25 +93,6 @@ int mg_bounds_check(uint64_t size, uint64_t offset, uint64_t length)
     if (offset > size || length > size - offset)
         return MG_ERR_RANGE;
     return 0;
-}
-
-/* splitmix64's finalizer: a bijection on 64-bit values. */
-static uint64_t mix64(uint64_t x)
-{
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-static uint64_t hash_str2(const char *a, const char *b)
-{
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (; *a; a++)
-        h = (h ^ (unsigned char)*a) * 1099511628211ULL;
-    h = (h ^ 0xff) * 1099511628211ULL;
-    for (; *b; b++)
-        h = (h ^ (unsigned char)*b) * 1099511628211ULL;
-    return h;
 }
 
 static int valid_name(const char *s, int allow_colon)
@@ -277,18 +259,18 @@ static void tenant_drop_nolock(mg_registry *reg, const char *tenant)
 
 static void unlink_nolock(mg_registry *reg, mg_segment *seg)
 {
-    mg_segment **pp = &reg->by_id[mix64(seg->id) & (reg->nbuckets - 1)];
+    mg_segment **pp = &reg->by_id[mg_mix64(seg->id) & (reg->nbuckets - 1)];
     while (*pp && *pp != seg)
         pp = &(*pp)->id_next;
     if (*pp)
         *pp = seg->id_next;
-    pp = &reg->by_name[hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1)];
+    pp = &reg->by_name[mg_hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1)];
     while (*pp && *pp != seg)
         pp = &(*pp)->name_next;
     if (*pp)
         *pp = seg->name_next;
     if (seg->request_id[0]) {
-        pp = &reg->by_req[hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1)];
+        pp = &reg->by_req[mg_hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1)];
         while (*pp && *pp != seg)
             pp = &(*pp)->req_next;
         if (*pp)
@@ -332,7 +314,7 @@ void mg_registry_del(mg_registry *reg)
 
 static mg_segment *find_name_nolock(mg_registry *reg, const char *tenant, const char *name)
 {
-    mg_segment *s = reg->by_name[hash_str2(tenant, name) & (reg->nbuckets - 1)];
+    mg_segment *s = reg->by_name[mg_hash_str2(tenant, name) & (reg->nbuckets - 1)];
     for (; s; s = s->name_next) {
         if (strcmp(s->tenant, tenant) == 0 && strcmp(s->name, name) == 0)
             return s;
@@ -342,7 +324,7 @@ static mg_segment *find_name_nolock(mg_registry *reg, const char *tenant, const 
 
 static mg_segment *find_req_nolock(mg_registry *reg, const char *tenant, const char *req)
 {
-    mg_segment *s = reg->by_req[hash_str2(tenant, req) & (reg->nbuckets - 1)];
+    mg_segment *s = reg->by_req[mg_hash_str2(tenant, req) & (reg->nbuckets - 1)];
     for (; s; s = s->req_next) {
         if (strcmp(s->tenant, tenant) == 0 && strcmp(s->request_id, req) == 0)
             return s;
@@ -362,7 +344,7 @@ static int valid_request_id(const char *s)
 
 static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
 {
-    mg_segment *s = reg->by_id[mix64(id) & (reg->nbuckets - 1)];
+    mg_segment *s = reg->by_id[mg_mix64(id) & (reg->nbuckets - 1)];
     for (; s; s = s->id_next) {
         if (s->id == id)
             return s;
@@ -509,18 +491,18 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     }
     tc->segments++;
     do {
-        seg->id = mix64(++reg->counter);
+        seg->id = mg_mix64(++reg->counter);
     } while (seg->id == 0 || find_id_nolock(reg, seg->id));
     if (spec->source == MG_SEG_ANON)
         snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx", (unsigned long long)seg->id);
-    b = mix64(seg->id) & (reg->nbuckets - 1);
+    b = mg_mix64(seg->id) & (reg->nbuckets - 1);
     seg->id_next = reg->by_id[b];
     reg->by_id[b] = seg;
-    b = hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1);
+    b = mg_hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1);
     seg->name_next = reg->by_name[b];
     reg->by_name[b] = seg;
     if (seg->request_id[0]) {
-        b = hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1);
+        b = mg_hash_str2(seg->tenant, seg->request_id) & (reg->nbuckets - 1);
         seg->req_next = reg->by_req[b];
         reg->by_req[b] = seg;
     }
