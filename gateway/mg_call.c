@@ -813,11 +813,11 @@ static void copy_hdr(char *dst, size_t cap, const uint8_t *v, size_t len)
 void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const uint8_t *value,
                        size_t valuelen)
 {
+    /* Over the limit the call is refused, yet the fields that decide how to answer (mode,
+     * content-length: see answer_after_body) are still read; each is a bounded copy. */
     call->header_bytes += namelen + valuelen + 32;
-    if (call->header_bytes > call->conn->gw->cfg->max_header_list_bytes) {
+    if (call->header_bytes > call->conn->gw->cfg->max_header_list_bytes)
         call->headers_too_large = 1;
-        return;
-    }
 #define IS(s) (namelen == sizeof(s) - 1 && memcmp(name, s, sizeof(s) - 1) == 0)
     if (IS(":path")) {
         if (valuelen >= sizeof(call->path))

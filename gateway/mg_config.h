@@ -37,6 +37,11 @@ typedef struct mg_config {
     uint64_t lease_ttl;     /* seconds */
     uint64_t max_lease_ttl; /* seconds */
     uint64_t max_wait;      /* seconds */
+    char *data_listen;
+    uint64_t data_max_slice;
+    uint64_t data_max_conns;
+    uint64_t data_io_timeout; /* seconds */
+    uint64_t session_ttl;     /* seconds */
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

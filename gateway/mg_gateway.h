@@ -200,6 +200,7 @@ struct mg_gateway {
     struct mg_reflection *reflection;
     struct mg_hold *hold;     /* Debug/HoldRegistrations gate, with --debug-service */
     struct mg_pool_svc *pool; /* NULL without a pool */
+    struct mg_peer_svc *peer; /* the data plane and its sessions; NULL without */
     unsigned starting_jobs;   /* start-up work (the pool) before the daemon may serve */
     int serve_wanted;         /* mg_gateway_set_serving() was called */
 
@@ -265,6 +266,13 @@ void mg_svc_memory_free(mg_gateway *gw);
 /* Unregisters a segment on a worker for the daemon itself (nobody waits for it); logs a failure.
  * Returns 0 or an MG_ERR_*. */
 int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why);
+/* svc_peer.c: moongate.v1.Peer and the TCP data-plane server (--data-listen). */
+int mg_svc_peer_init(mg_gateway *gw);
+void mg_svc_peer_free(mg_gateway *gw);
+/* "host:port" of the data plane into out. Returns 0, or -1 without one. */
+int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap);
+struct mg_dp_server_stats;
+void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);

@@ -5,6 +5,7 @@
  */
 #include "mg_gateway.h"
 
+#include "moongate/dataplane.h"
 #include "moongate/pool.h"
 
 #include <event2/buffer.h>
@@ -323,6 +324,31 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         }
     }
     render_pool(gw, out);
+    if (gw->peer) {
+        mg_dp_server_stats ds;
+        mg_svc_peer_get_stats(gw, &ds);
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_data_conns Data-plane connections from peers.\n"
+            "# TYPE moongate_data_conns gauge\nmoongate_data_conns %llu\n"
+            "# HELP moongate_data_conns_total Data-plane connections accepted, and refused "
+            "(--data-max-conns).\n# TYPE moongate_data_conns_total counter\n"
+            "moongate_data_conns_total{result=\"accepted\"} %llu\n"
+            "moongate_data_conns_total{result=\"refused\"} %llu\n"
+            "# HELP moongate_data_slices_total Data-plane slices served, by op, and refused.\n"
+            "# TYPE moongate_data_slices_total counter\n"
+            "moongate_data_slices_total{op=\"write\"} %llu\n"
+            "moongate_data_slices_total{op=\"read\"} %llu\n"
+            "moongate_data_slices_total{op=\"refused\"} %llu\n"
+            "# HELP moongate_data_bytes_total Data-plane payload bytes, by direction.\n"
+            "# TYPE moongate_data_bytes_total counter\n"
+            "moongate_data_bytes_total{dir=\"in\"} %llu\n"
+            "moongate_data_bytes_total{dir=\"out\"} %llu\n",
+            (unsigned long long)ds.conns_active, (unsigned long long)ds.conns_total,
+            (unsigned long long)ds.conns_refused, (unsigned long long)ds.slices_in,
+            (unsigned long long)ds.slices_out, (unsigned long long)ds.slices_refused,
+            (unsigned long long)ds.bytes_in, (unsigned long long)ds.bytes_out);
+    }
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(
         out,

@@ -19,7 +19,7 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     char *features[10];
     size_t nf = 0;
     mg_engine_stats es;
-    char state[16];
+    char state[16], endpoint[160];
 
     features[nf++] = gw->ssl_ctx ? "tls" : "no-tls";
     features[nf++] = "h2c";
@@ -44,8 +44,13 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     resp.features = features;
     resp.n_features = nf;
     tcp.name = "tcp";
-    tcp.available = 0;
-    tcp.reason = "TCP data plane not in this build yet";
+    if (mg_svc_peer_endpoint(gw, endpoint, sizeof(endpoint)) == 0) {
+        tcp.available = 1;
+        tcp.endpoint = endpoint;
+    } else {
+        tcp.available = 0;
+        tcp.reason = "no data-plane listener (--data-listen \"\")";
+    }
     rdma.name = "rdma";
     rdma.available = 0;
     rdma.reason = "RDMA data plane not in this build yet";

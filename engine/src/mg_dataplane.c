@@ -287,6 +287,7 @@ static void *conn_main(void *arg)
             break;
     }
 out:
+    shutdown(c->fd, SHUT_RDWR); /* the peer sees the end now; the descriptor closes at reap */
     pthread_mutex_lock(&s->lock);
     s->active--;
     s->stats.conns_active--;

@@ -97,6 +97,7 @@ class Daemon:
             "--grace", "10",
             "--shm-dir", self.shm,
             "--pool-bytes", "0",  # tests of the pool give it a size
+            "--data-listen", "127.0.0.1:0",  # a free port; OpenSession tells which
         ] + list(extra)
 
     @property

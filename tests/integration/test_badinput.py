@@ -122,6 +122,39 @@ def _headers(path):
             (":path", path), ("content-type", "application/grpc"), ("te", "trailers")]
 
 
+def test_oversized_headers_answer_waits_for_the_declared_body(daemon):
+    """Refused for its headers, a request that declared a body (content-length after the big
+    header) is answered once the body is in, as curl needs; the answer then arrives."""
+    s, conn = _raw_h2(daemon)
+    conn.send_headers(1, _headers(CHECK) + [("x-big", "a" * 20000), ("content-length", "5")])
+    s.sendall(conn.data_to_send())
+    s.settimeout(0.5)
+    early = []
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            early += [e for e in conn.receive_data(data)
+                      if isinstance(e, h2.events.ResponseReceived)]
+            s.sendall(conn.data_to_send())
+    except socket.timeout:
+        pass
+    assert early == []  # no answer while the declared body is still to come
+    conn.send_data(1, b"\0\0\0\0\0", end_stream=True)
+    s.sendall(conn.data_to_send())
+    s.settimeout(5)
+    status = None
+    while status is None:
+        data = s.recv(65536)
+        assert data, "connection closed without an answer"
+        for e in conn.receive_data(data):
+            if isinstance(e, h2.events.ResponseReceived):
+                status = dict(e.headers).get(b"grpc-status")
+    s.close()
+    assert status == b"8"
+
+
 def test_client_disconnects_mid_call(daemon):
     before = daemon.metric("moongate_grpc_handled_total", grpc_service="moongate.v1.Debug",
                            grpc_method="Sleep", grpc_code="CANCELLED") or 0

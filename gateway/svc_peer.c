@@ -1,0 +1,259 @@
+/*
+ * svc_peer: moongate.v1.Peer and the daemon's TCP data plane.
+ *
+ * At start-up the gateway starts the data-plane server (moongate/dataplane.h) on --data-listen
+ * over the engine's registry. A peer daemon first asks OpenSession here (a random 32-byte token,
+ * valid --session-ttl, bound to the caller's tenant), then presents the token on the data plane,
+ * whose connection threads check it through session_auth() — the one piece of state they share
+ * with the loop, under its own mutex. DescribeTarget tells a peer a target's size and whether
+ * peers may reach it. Until authentication exists every caller is the tenant "default".
+ */
+#include "mg_gateway.h"
+
+#include "mg_log.h"
+
+#include "moongate/dataplane.h"
+#include "moongate/segment.h"
+#include "moongate/v1/peer.pb-c.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define TENANT       "default"
+#define MAX_SESSIONS 4096
+
+typedef struct session {
+    uint8_t token[MG_DF_TOKEN_BYTES];
+    char tenant[MG_SEG_NAME_MAX + 1];
+    uint64_t expires_ms;
+} session;
+
+struct mg_peer_svc {
+    mg_dp_server *server;
+    char host[128];
+    int port;
+    pthread_mutex_t lock; /* sessions: the loop adds, connection threads look up */
+    session sessions[MAX_SESSIONS];
+    size_t nsessions;
+};
+
+static uint64_t now_ms(void)
+{
+    return mg_now_mono_ns() / 1000000ULL;
+}
+
+/* Connection threads: the tenant of a live session token. */
+static int session_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant)
+{
+    struct mg_peer_svc *ps = arg;
+    uint64_t now = now_ms();
+    int rc = MG_ERR_AUTH;
+    pthread_mutex_lock(&ps->lock);
+    for (size_t i = 0; i < ps->nsessions; i++) {
+        if (ps->sessions[i].expires_ms > now &&
+            memcmp(ps->sessions[i].token, token, MG_DF_TOKEN_BYTES) == 0) {
+            snprintf(tenant, MG_SEG_NAME_MAX + 1, "%s", ps->sessions[i].tenant);
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ps->lock);
+    return rc;
+}
+
+/* Adds a session, dropping expired ones first. Returns 0 or MG_ERR_FULL. */
+static int session_add(struct mg_peer_svc *ps, const char *tenant, uint64_t ttl_ms,
+                       uint8_t token[MG_DF_TOKEN_BYTES])
+{
+    uint64_t now = now_ms();
+    int rc = 0;
+    if (getrandom(token, MG_DF_TOKEN_BYTES, 0) != MG_DF_TOKEN_BYTES)
+        return MG_ERR_SYSTEM;
+    pthread_mutex_lock(&ps->lock);
+    for (size_t i = 0; i < ps->nsessions;) {
+        if (ps->sessions[i].expires_ms <= now)
+            ps->sessions[i] = ps->sessions[--ps->nsessions];
+        else
+            i++;
+    }
+    if (ps->nsessions >= MAX_SESSIONS) {
+        rc = MG_ERR_FULL;
+    } else {
+        session *s = &ps->sessions[ps->nsessions++];
+        memcpy(s->token, token, MG_DF_TOKEN_BYTES);
+        snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
+        s->expires_ms = now + ttl_ms;
+    }
+    pthread_mutex_unlock(&ps->lock);
+    return rc;
+}
+
+static void open_session_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__OpenSessionRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_peer_svc *ps = gw->peer;
+    Moongate__V1__OpenSessionResponse resp = MOONGATE__V1__OPEN_SESSION_RESPONSE__INIT;
+    uint8_t token[MG_DF_TOKEN_BYTES];
+    int rc;
+    if (ps == NULL || ps->server == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE,
+                     "this daemon has no data plane (--data-listen \"\")");
+        return;
+    }
+    if (req->protocol_version != 0 && req->protocol_version != MG_DF_VERSION) {
+        mg_call_fail(call, MG_ERR_UNSUPPORTED,
+                     "data-plane protocol version %u is not %u, the one this daemon speaks",
+                     req->protocol_version, MG_DF_VERSION);
+        return;
+    }
+    rc = session_add(ps, TENANT, gw->cfg->session_ttl * 1000, token);
+    if (rc != 0) {
+        mg_call_fail(call, rc, "%d data-plane sessions are open", MAX_SESSIONS);
+        return;
+    }
+    resp.token.data = token;
+    resp.token.len = sizeof(token);
+    resp.data_host = ps->host;
+    resp.data_port = (uint32_t)ps->port;
+    resp.epoch = gw->epoch;
+    resp.protocol_version = MG_DF_VERSION;
+    resp.expires_in_ms = gw->cfg->session_ttl * 1000;
+    mg_call_reply(call, &resp.base);
+}
+
+static void describe_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__DescribeTargetRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__TargetDescriptor resp = MOONGATE__V1__TARGET_DESCRIPTOR__INIT;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_info info;
+    char *transports[MG_TRANSPORT_COUNT];
+    if (req->is_lease) {
+        mg_call_fail(call, MG_ERR_UNSUPPORTED, "leases as remote targets are not served yet");
+        return;
+    }
+    if (reg == NULL || mg_registry_find(reg, TENANT, req->id, &info) != 0 ||
+        info.state != MG_SEG_READY) {
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+        return;
+    }
+    resp.id = info.id;
+    resp.size = info.size;
+    resp.remote_accessible = info.remote_accessible;
+    resp.transports = transports;
+    for (int t = 0; t < MG_TRANSPORT_COUNT; t++) {
+        if (info.transports[t].registered)
+            transports[resp.n_transports++] = (char *)mg_transport_names[t];
+    }
+    resp.epoch = gw->epoch;
+    mg_call_reply(call, &resp.base);
+}
+
+int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap)
+{
+    if (gw->peer == NULL || gw->peer->server == NULL)
+        return -1;
+    snprintf(out, cap, "%s%s%s:%d", strchr(gw->peer->host, ':') ? "[" : "", gw->peer->host,
+             strchr(gw->peer->host, ':') ? "]" : "", gw->peer->port);
+    return 0;
+}
+
+void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (gw->peer && gw->peer->server)
+        mg_dp_server_get_stats(gw->peer->server, out);
+}
+
+/* "host:port" or "[v6]:port" into host and port. Returns 0 or -1. */
+static int split_host_port(const char *s, char *host, size_t cap, int *port)
+{
+    const char *colon = strrchr(s, ':');
+    char *end;
+    long p;
+    size_t n;
+    if (colon == NULL)
+        return -1;
+    p = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || colon[1] == '\0' || p < 0 || p > 65535)
+        return -1;
+    if (s[0] == '[') {
+        if (colon == s || colon[-1] != ']')
+            return -1;
+        n = (size_t)(colon - 1 - (s + 1));
+        s++;
+    } else {
+        n = (size_t)(colon - s);
+    }
+    if (n == 0 || n >= cap)
+        return -1;
+    memcpy(host, s, n);
+    host[n] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+static const mg_method peer_methods[] = {
+    MG_UNARY("/moongate.v1.Peer/OpenSession", &moongate__v1__open_session_request__descriptor,
+             &moongate__v1__open_session_response__descriptor, open_session_message),
+    MG_UNARY("/moongate.v1.Peer/DescribeTarget", &moongate__v1__describe_target_request__descriptor,
+             &moongate__v1__target_descriptor__descriptor, describe_message),
+};
+
+int mg_svc_peer_init(mg_gateway *gw)
+{
+    struct mg_peer_svc *ps;
+    mg_dp_server_config dc;
+    char err[256];
+    int rc;
+    for (size_t i = 0; i < sizeof(peer_methods) / sizeof(peer_methods[0]); i++) {
+        if ((rc = mg_gateway_add_method(gw, &peer_methods[i])) != 0)
+            return rc;
+    }
+    if (gw->cfg->data_listen[0] == '\0' || mg_engine_registry(gw->engine) == NULL)
+        return 0;
+    ps = calloc(1, sizeof(*ps));
+    if (ps == NULL)
+        return MG_ERR_NOMEM;
+    pthread_mutex_init(&ps->lock, NULL);
+    gw->peer = ps;
+    if (split_host_port(gw->cfg->data_listen, ps->host, sizeof(ps->host), &ps->port) != 0) {
+        mg_error("start_failed", "reason=\"--data-listen %s is not host:port\"",
+                 gw->cfg->data_listen);
+        return MG_ERR_INVALID;
+    }
+    memset(&dc, 0, sizeof(dc));
+    dc.host = ps->host;
+    dc.port = ps->port;
+    dc.registry = mg_engine_registry(gw->engine);
+    dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
+    dc.max_conns = (unsigned)gw->cfg->data_max_conns;
+    dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
+    dc.auth = session_auth;
+    dc.auth_arg = ps;
+    rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));
+    if (rc != 0) {
+        mg_error("listen_failed", "kind=data addr=%s error=\"%s\"", gw->cfg->data_listen, err);
+        return rc;
+    }
+    ps->port = mg_dp_server_port(ps->server);
+    mg_info("listen", "addr=%s kind=data port=%d", gw->cfg->data_listen, ps->port);
+    return 0;
+}
+
+void mg_svc_peer_free(mg_gateway *gw)
+{
+    struct mg_peer_svc *ps = gw->peer;
+    if (ps == NULL)
+        return;
+    mg_dp_server_stop(ps->server); /* joins its threads: no slice runs after this */
+    pthread_mutex_destroy(&ps->lock);
+    free(ps);
+    gw->peer = NULL;
+}
