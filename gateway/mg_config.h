@@ -42,6 +42,12 @@ typedef struct mg_config {
     uint64_t data_max_conns;
     uint64_t data_io_timeout; /* seconds */
     uint64_t session_ttl;     /* seconds */
+    int peer_tls;
+    char *peer_ca;
+    uint64_t max_transfer_requests;
+    uint64_t slice_bytes;
+    int data_crc;
+    uint64_t max_batches;
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

@@ -136,7 +136,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     }
     if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
         (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_pool_init(gw)) != 0 ||
-        (rc = mg_svc_peer_init(gw)) != 0 || (rc = mg_svc_reflection_init(gw)) != 0)
+        (rc = mg_svc_peer_init(gw)) != 0 || (rc = mg_svc_transfer_init(gw)) != 0 ||
+        (rc = mg_svc_reflection_init(gw)) != 0)
         goto fail;
     if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
         goto fail;
@@ -195,7 +196,8 @@ void mg_gateway_del(mg_gateway *gw)
     mg_ops_stop(gw);
     mg_svc_health_free(gw);
     mg_svc_reflection_free(gw);
-    mg_svc_peer_free(gw); /* joins the data-plane threads first */
+    mg_svc_transfer_free(gw);
+    mg_svc_peer_free(gw); /* joins the data-plane threads */
     mg_svc_pool_free(gw);
     mg_svc_memory_free(gw);
     if (gw->drain_timer)

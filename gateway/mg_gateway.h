@@ -198,11 +198,12 @@ struct mg_gateway {
     struct mg_ops *ops;
     struct mg_health *health;
     struct mg_reflection *reflection;
-    struct mg_hold *hold;     /* Debug/HoldRegistrations gate, with --debug-service */
-    struct mg_pool_svc *pool; /* NULL without a pool */
-    struct mg_peer_svc *peer; /* the data plane and its sessions; NULL without */
-    unsigned starting_jobs;   /* start-up work (the pool) before the daemon may serve */
-    int serve_wanted;         /* mg_gateway_set_serving() was called */
+    struct mg_hold *hold;             /* Debug/HoldRegistrations gate, with --debug-service */
+    struct mg_pool_svc *pool;         /* NULL without a pool */
+    struct mg_peer_svc *peer;         /* the data plane and its sessions; NULL without */
+    struct mg_transfer_svc *transfer; /* batches and the peer directory */
+    unsigned starting_jobs;           /* start-up work (the pool) before the daemon may serve */
+    int serve_wanted;                 /* mg_gateway_set_serving() was called */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -273,6 +274,10 @@ void mg_svc_peer_free(mg_gateway *gw);
 int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap);
 struct mg_dp_server_stats;
 void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
+/* svc_transfer.c: moongate.v1.Transfer. Free after the engine stopped: it first runs the
+ * completions of the jobs the workers gave up, while every service is still there. */
+int mg_svc_transfer_init(mg_gateway *gw);
+void mg_svc_transfer_free(mg_gateway *gw);
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);

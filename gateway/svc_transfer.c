@@ -1,0 +1,572 @@
+/*
+ * svc_transfer: moongate.v1.Transfer — batches of READ/WRITE requests between this daemon's
+ * segments and segments of peer daemons.
+ *
+ * Loop thread: Submit checks the whole batch (local segments, bounds, peer addresses) and takes
+ * a reference on every local segment, then answers the batch id. The peer directory keeps one
+ * entry per peer control endpoint: a data-plane session opened with Peer/OpenSession through
+ * the C client library on this loop (the requests for a peer wait until it is open), and a pool
+ * of idle data-plane connections. Workers: each request is one job that takes (or opens) a
+ * connection to the peer's data plane and moves the bytes in slices (moongate/dataplane.h);
+ * the connection goes back to the pool on success and is closed on failure.
+ */
+#include "mg_gateway.h"
+
+#include "mg_client.h"
+#include "mg_log.h"
+
+#include "moongate/dataplane.h"
+#include "moongate/segment.h"
+#include "moongate/v1/peer.pb-c.h"
+#include "moongate/v1/transfer.pb-c.h"
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define TENANT    "default"
+#define POOL_IDLE 8 /* idle data connections kept per peer */
+
+enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
+enum { ST_PENDING, ST_RUNNING, ST_DONE, ST_FAILED };
+
+struct xfer_req;
+
+typedef struct peer_ent {
+    char addr[80]; /* the control endpoint */
+    int state;
+    char err[256];
+    uint8_t token[MG_DF_TOKEN_BYTES];
+    char data_host[128];
+    int data_port;
+    uint64_t epoch, expires_ms;
+    mg_client *client;
+    struct xfer_req *waiting; /* requests waiting for the session */
+    pthread_mutex_t lock;     /* idle: workers take and give back */
+    mg_dp_conn *idle[POOL_IDLE];
+    int nidle;
+    struct peer_ent *next;
+} peer_ent;
+
+typedef struct xfer_batch {
+    uint64_t id;
+    char tenant[MG_SEG_NAME_MAX + 1];
+    size_t n, done, failed;
+    struct xfer_req *reqs;
+    struct xfer_batch *next; /* newest first */
+} xfer_batch;
+
+typedef struct xfer_req {
+    xfer_batch *b;
+    mg_gateway *gw;
+    int write;
+    mg_segment *local; /* referenced until the request ends */
+    uint8_t *local_addr;
+    uint64_t remote_segment, remote_offset, length;
+    peer_ent *peer;
+    int state;
+    int err; /* MG_ERR_* when failed */
+    char msg[400];
+    /* Copied for the job, so the worker reads nothing the loop may change. */
+    uint8_t token[MG_DF_TOKEN_BYTES];
+    char data_host[128];
+    int data_port;
+    struct xfer_req *next_wait;
+} xfer_req;
+
+struct mg_transfer_svc {
+    peer_ent *peers;
+    xfer_batch *batches;
+    size_t nbatches;
+    uint64_t counter;
+};
+
+static uint64_t now_ms(void)
+{
+    return mg_now_mono_ns() / 1000000ULL;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* ---- requests finishing ---- */
+
+static void req_end(xfer_req *r, int err, const char *msg)
+{
+    r->state = err ? ST_FAILED : ST_DONE;
+    r->err = err;
+    snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
+    if (r->local) {
+        mg_registry_put(mg_engine_registry(r->gw->engine), r->local);
+        r->local = NULL;
+    }
+    if (err)
+        r->b->failed++;
+    else
+        r->b->done++;
+}
+
+/* ---- workers: one request ---- */
+
+static mg_dp_conn *take_conn(peer_ent *p)
+{
+    mg_dp_conn *c = NULL;
+    pthread_mutex_lock(&p->lock);
+    if (p->nidle > 0)
+        c = p->idle[--p->nidle];
+    pthread_mutex_unlock(&p->lock);
+    return c;
+}
+
+static void give_conn(peer_ent *p, mg_dp_conn *c)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->nidle < POOL_IDLE) {
+        p->idle[p->nidle++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&p->lock);
+    mg_dp_close(c);
+}
+
+static int req_work(void *arg)
+{
+    xfer_req *r = arg;
+    const mg_config *cfg = r->gw->cfg;
+    mg_dp_options o = {(uint32_t)cfg->slice_bytes, 16, cfg->data_crc};
+    mg_dp_conn *c = take_conn(r->peer);
+    int rc;
+    if (c == NULL) {
+        rc = mg_dp_connect(&c, r->data_host, r->data_port, r->token,
+                           (uint32_t)cfg->data_io_timeout * 1000, r->msg, sizeof(r->msg));
+        if (rc != 0)
+            return rc;
+    }
+    rc = r->write ? mg_dp_write(c, r->remote_segment, r->remote_offset, r->local_addr, r->length,
+                                &o, r->msg, sizeof(r->msg))
+                  : mg_dp_read(c, r->remote_segment, r->remote_offset, r->local_addr, r->length, &o,
+                               r->msg, sizeof(r->msg));
+    if (rc == 0 || rc == MG_ERR_NOT_FOUND || rc == MG_ERR_PERMISSION || rc == MG_ERR_RANGE)
+        give_conn(r->peer, c); /* a refused slice leaves the stream in step */
+    else
+        mg_dp_close(c);
+    return rc;
+}
+
+static void req_done(void *arg, int result)
+{
+    xfer_req *r = arg;
+    char msg[sizeof(r->msg)];
+    snprintf(msg, sizeof(msg), "%s", r->msg);
+    req_end(r, result, result ? msg : NULL);
+}
+
+static void req_start(xfer_req *r)
+{
+    peer_ent *p = r->peer;
+    int rc;
+    memcpy(r->token, p->token, sizeof(r->token));
+    snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
+    r->data_port = p->data_port;
+    r->state = ST_RUNNING;
+    rc = mg_engine_submit(r->gw->engine, r->gw->cq, req_work, req_done, r);
+    if (rc != 0)
+        req_end(r, rc, "engine queue full (--queue-depth)");
+}
+
+/* ---- the peer directory: sessions ---- */
+
+typedef struct {
+    peer_ent *p;
+    mg_gateway *gw;
+    uint8_t *resp;
+    size_t len;
+} open_call;
+
+static void open_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    open_call *oc = arg;
+    free(oc->resp);
+    oc->resp = malloc(len ? len : 1);
+    if (oc->resp) {
+        memcpy(oc->resp, m, len);
+        oc->len = len;
+    }
+}
+
+static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    open_call *oc = arg;
+    peer_ent *p = oc->p;
+    Moongate__V1__OpenSessionResponse *resp = NULL;
+    xfer_req *r, *next;
+    if (status == 0 && oc->resp)
+        resp = moongate__v1__open_session_response__unpack(NULL, oc->len, oc->resp);
+    if (resp && resp->token.len == MG_DF_TOKEN_BYTES) {
+        memcpy(p->token, resp->token.data, MG_DF_TOKEN_BYTES);
+        /* The data plane's own address when it listens on a wildcard: the one we reached. */
+        if (resp->data_host[0] == '\0' || !strcmp(resp->data_host, "::") ||
+            !strcmp(resp->data_host, "0.0.0.0")) {
+            const char *colon = strrchr(p->addr, ':');
+            size_t n = colon ? (size_t)(colon - p->addr) : 0;
+            const char *h = p->addr;
+            if (n >= 2 && h[0] == '[') {
+                h++;
+                n -= 2;
+            }
+            snprintf(p->data_host, sizeof(p->data_host), "%.*s", (int)n, h);
+        } else {
+            snprintf(p->data_host, sizeof(p->data_host), "%s", resp->data_host);
+        }
+        p->data_port = (int)resp->data_port;
+        if (p->epoch && p->epoch != resp->epoch) { /* the peer restarted: old connections go */
+            mg_dp_conn *c;
+            while ((c = take_conn(p)) != NULL)
+                mg_dp_close(c);
+        }
+        p->epoch = resp->epoch;
+        p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
+                                                                : resp->expires_in_ms);
+        p->state = PEER_OPEN;
+        mg_info("peer_session", "peer=%s data=%s:%d epoch=%016" PRIx64, p->addr, p->data_host,
+                p->data_port, p->epoch);
+    } else {
+        p->state = PEER_FAILED;
+        snprintf(p->err, sizeof(p->err), "peer %s: %s", p->addr,
+                 status ? message : "a malformed OpenSession answer");
+        mg_warn("peer_session_failed", "peer=%s error=\"%s\"", p->addr, p->err);
+    }
+    if (resp)
+        moongate__v1__open_session_response__free_unpacked(resp, NULL);
+    for (r = p->waiting, p->waiting = NULL; r; r = next) {
+        next = r->next_wait;
+        if (p->state == PEER_OPEN)
+            req_start(r);
+        else
+            req_end(r, MG_ERR_UNAVAILABLE, p->err);
+    }
+    free(oc->resp);
+    free(oc);
+}
+
+static void open_session(mg_gateway *gw, peer_ent *p)
+{
+    static const mg_rpc_handlers h = {open_msg, open_closed};
+    Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
+    uint8_t buf[16];
+    open_call *oc = calloc(1, sizeof(*oc));
+    mg_rpc *rpc;
+    char err[256];
+    p->state = PEER_OPENING;
+    if (p->client == NULL) {
+        mg_client_options o = {.target = p->addr,
+                               .tls = gw->cfg->peer_tls,
+                               .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
+                               .connect_timeout_ms = 5000};
+        if (mg_client_new(&p->client, gw->base, &o, err, sizeof(err)) != 0) {
+            p->client = NULL;
+            snprintf(p->err, sizeof(p->err), "peer %s: %.160s", p->addr, err);
+            goto fail;
+        }
+    }
+    if (oc == NULL)
+        goto fail;
+    oc->p = p;
+    oc->gw = gw;
+    req.protocol_version = MG_DF_VERSION;
+    rpc = mg_rpc_start(p->client, "/moongate.v1.Peer/OpenSession", NULL, 0, 10000, &h, oc);
+    if (rpc == NULL) { /* the connection failed earlier: start over with a new one */
+        mg_client_del(p->client);
+        p->client = NULL;
+        snprintf(p->err, sizeof(p->err), "peer %s: not reachable", p->addr);
+        goto fail;
+    }
+    mg_rpc_send(rpc, buf, moongate__v1__open_session_request__pack(&req, buf));
+    mg_rpc_close_send(rpc);
+    return;
+fail:
+    free(oc);
+    {
+        open_call *dummy = calloc(1, sizeof(*dummy));
+        if (dummy) {
+            dummy->p = p;
+            dummy->gw = gw;
+            open_closed(NULL, MG_GRPC_UNAVAILABLE, p->err, dummy);
+        }
+    }
+}
+
+static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
+{
+    peer_ent *p;
+    for (p = ts->peers; p; p = p->next) {
+        if (!strcmp(p->addr, addr))
+            return p;
+    }
+    p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    snprintf(p->addr, sizeof(p->addr), "%s", addr);
+    pthread_mutex_init(&p->lock, NULL);
+    p->next = ts->peers;
+    ts->peers = p;
+    return p;
+}
+
+/* ---- handlers ---- */
+
+/* A numeric "ip:port" or "[v6]:port" (the loop must not resolve names). */
+static int numeric_endpoint(const char *s)
+{
+    char host[64];
+    const char *colon = strrchr(s, ':');
+    size_t n;
+    uint8_t addr[16];
+    if (colon == NULL || colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+        return 0;
+    n = (size_t)(colon - s);
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+        snprintf(host, sizeof(host), "%.*s", (int)(n - 2), s + 1);
+        return inet_pton(AF_INET6, host, addr) == 1;
+    }
+    snprintf(host, sizeof(host), "%.*s", (int)n, s);
+    return n < sizeof(host) && inet_pton(AF_INET, host, addr) == 1;
+}
+
+static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
+{
+    while (ts->nbatches > keep) {
+        xfer_batch **pp = &ts->batches, **victim = NULL;
+        for (; *pp; pp = &(*pp)->next) {
+            if ((*pp)->done + (*pp)->failed == (*pp)->n)
+                victim = pp; /* the last finished one in the list is the oldest */
+        }
+        if (victim == NULL)
+            return; /* every batch still runs: keep them */
+        {
+            xfer_batch *b = *victim;
+            *victim = b->next;
+            free(b->reqs);
+            free(b);
+            ts->nbatches--;
+        }
+    }
+}
+
+static void submit_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__SubmitRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_transfer_svc *ts = gw->transfer;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
+    xfer_batch *b;
+    size_t i;
+    char holder[MG_SEG_HOLDER_MAX];
+
+    if (ts == NULL || reg == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
+        return;
+    }
+    if (req->n_requests == 0 || req->n_requests > gw->cfg->max_transfer_requests) {
+        mg_call_fail(call, MG_ERR_INVALID, "a batch has 1..%llu requests (--max-transfer-requests)",
+                     (unsigned long long)gw->cfg->max_transfer_requests);
+        return;
+    }
+    b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->reqs = calloc(req->n_requests, sizeof(*b->reqs))) == NULL) {
+        free(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    do {
+        b->id = mix64(++ts->counter);
+    } while (b->id == 0);
+    snprintf(b->tenant, sizeof(b->tenant), "%s", TENANT);
+    b->n = req->n_requests;
+    snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
+    /* The whole batch is checked before anything moves. */
+    for (i = 0; i < b->n; i++) {
+        const Moongate__V1__TransferRequest *t = req->requests[i];
+        xfer_req *r = &b->reqs[i];
+        mg_segment_info info;
+        const char *bad = NULL;
+        r->b = b;
+        r->gw = gw;
+        r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
+        r->remote_segment = t->remote_segment;
+        r->remote_offset = t->remote_offset;
+        r->length = t->length;
+        if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
+            bad = "op must be READ or WRITE";
+        else if (t->length == 0)
+            bad = "length must be greater than 0";
+        else if (!numeric_endpoint(t->peer))
+            bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\")";
+        else if (t->remote_offset > UINT64_MAX - t->length)
+            bad = "remote offset + length overflows";
+        else if (mg_registry_acquire(reg, TENANT, t->local_segment, holder, &r->local) != 0)
+            bad = "no such local segment";
+        if (bad == NULL) {
+            mg_segment_get_info(reg, r->local, &info);
+            if (mg_bounds_check(info.size, t->local_offset, t->length) != 0)
+                bad = "local offset + length is outside the local segment";
+            else
+                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
+        }
+        if (bad) {
+            for (size_t k = 0; k <= i; k++) {
+                if (b->reqs[k].local)
+                    mg_registry_put(reg, b->reqs[k].local);
+            }
+            free(b->reqs);
+            free(b);
+            mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
+            return;
+        }
+    }
+    b->next = ts->batches;
+    ts->batches = b;
+    ts->nbatches++;
+    forget_oldest(ts, gw->cfg->max_batches);
+    resp.batch_id = b->id;
+    mg_call_reply(call, &resp.base);
+
+    for (i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i];
+        peer_ent *p = peer_get(ts, req->requests[i]->peer);
+        if (p == NULL) {
+            req_end(r, MG_ERR_NOMEM, "out of memory");
+            continue;
+        }
+        r->peer = p;
+        if (p->state == PEER_OPEN && now_ms() < p->expires_ms) {
+            req_start(r);
+            continue;
+        }
+        r->next_wait = p->waiting;
+        p->waiting = r;
+        if (p->state != PEER_OPENING)
+            open_session(gw, p);
+    }
+}
+
+static void get_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__GetBatchRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_transfer_svc *ts = gw->transfer;
+    Moongate__V1__Batch resp = MOONGATE__V1__BATCH__INIT;
+    Moongate__V1__RequestStatus *st, **ptrs;
+    xfer_batch *b = NULL;
+    if (ts)
+        for (b = ts->batches; b && b->id != req->id; b = b->next)
+            ;
+    if (b == NULL || strcmp(b->tenant, TENANT) != 0) {
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no batch %" PRIu64, req->id);
+        return;
+    }
+    st = calloc(b->n, sizeof(*st));
+    ptrs = calloc(b->n, sizeof(*ptrs));
+    if (st == NULL || ptrs == NULL) {
+        free(st);
+        free(ptrs);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        const xfer_req *r = &b->reqs[i];
+        moongate__v1__request_status__init(&st[i]);
+        st[i].state = (Moongate__V1__RequestState)r->state;
+        st[i].bytes_done = r->state == ST_DONE ? r->length : 0;
+        st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
+        st[i].message = (char *)r->msg;
+        ptrs[i] = &st[i];
+    }
+    resp.id = b->id;
+    resp.done = (uint32_t)b->done;
+    resp.failed = (uint32_t)b->failed;
+    resp.state = b->done + b->failed < b->n ? MOONGATE__V1__REQUEST_STATE__RUNNING
+                 : b->failed                ? MOONGATE__V1__REQUEST_STATE__FAILED
+                                            : MOONGATE__V1__REQUEST_STATE__DONE;
+    resp.requests = ptrs;
+    resp.n_requests = b->n;
+    mg_call_reply(call, &resp.base);
+    free(st);
+    free(ptrs);
+}
+
+static const mg_method transfer_methods[] = {
+    MG_UNARY("/moongate.v1.Transfer/Submit", &moongate__v1__submit_request__descriptor,
+             &moongate__v1__submit_response__descriptor, submit_message),
+    MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
+             &moongate__v1__batch__descriptor, get_message),
+};
+
+static const mg_route transfer_routes[] = {
+    {"POST", "/v1/transfers", 0, "/moongate.v1.Transfer/Submit"},
+    {"GET", "/v1/transfers", 1, "/moongate.v1.Transfer/GetBatch"},
+};
+
+int mg_svc_transfer_init(mg_gateway *gw)
+{
+    int rc;
+    for (size_t i = 0; i < sizeof(transfer_methods) / sizeof(transfer_methods[0]); i++) {
+        if ((rc = mg_gateway_add_method(gw, &transfer_methods[i])) != 0)
+            return rc;
+    }
+    for (size_t i = 0; i < sizeof(transfer_routes) / sizeof(transfer_routes[0]); i++) {
+        if ((rc = mg_gateway_add_route(gw, &transfer_routes[i])) != 0)
+            return rc;
+    }
+    if (mg_engine_registry(gw->engine) == NULL)
+        return 0;
+    gw->transfer = calloc(1, sizeof(*gw->transfer));
+    if (gw->transfer == NULL)
+        return MG_ERR_NOMEM;
+    if (getrandom(&gw->transfer->counter, sizeof(gw->transfer->counter), 0) !=
+        sizeof(gw->transfer->counter))
+        gw->transfer->counter = (uint64_t)(uintptr_t)gw;
+    return 0;
+}
+
+/* After the engine stopped (no job runs). */
+void mg_svc_transfer_free(mg_gateway *gw)
+{
+    struct mg_transfer_svc *ts = gw->transfer;
+    if (ts == NULL)
+        return;
+    if (gw->cq)
+        mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
+    while (ts->peers) {
+        peer_ent *p = ts->peers;
+        mg_dp_conn *c;
+        ts->peers = p->next;
+        while ((c = take_conn(p)) != NULL)
+            mg_dp_close(c);
+        mg_client_del(p->client);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+    }
+    while (ts->batches) {
+        xfer_batch *b = ts->batches;
+        ts->batches = b->next;
+        for (size_t i = 0; i < b->n; i++) {
+            if (b->reqs[i].local)
+                mg_registry_put(mg_engine_registry(gw->engine), b->reqs[i].local);
+        }
+        free(b->reqs);
+        free(b);
+    }
+    free(ts);
+    gw->transfer = NULL;
+}

@@ -1,0 +1,151 @@
+"""Transfers between two real daemons on loopback: a client asks daemon A to WRITE bytes of its
+segment into a segment of daemon B and to READ them back; A opens a session on B
+(Peer/OpenSession) and moves the bytes over B's TCP data plane. Checked in B's and A's mapped
+files; bad batches refused whole, remote refusals and unreachable peers reported per request."""
+import mmap
+import os
+import time
+
+import grpc
+import pytest
+
+from conftest import h2c_channel
+from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
+
+MiB = 1 << 20
+
+
+def two_daemons(make_daemon):
+    return make_daemon("--peer-tls=false"), make_daemon("--peer-tls=false")
+
+
+def register(d, name, size, remote=False):
+    with h2c_channel(d) as ch:
+        return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote), timeout=10).segment
+
+
+def wait_batch(t, batch_id, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        b = t.GetBatch(transfer_pb2.GetBatchRequest(id=batch_id))
+        if b.state != transfer_pb2.RUNNING:
+            return b
+        assert time.monotonic() < deadline, "batch still running"
+        time.sleep(0.02)
+
+
+def req(op, local, peer, remote, length, local_offset=0, remote_offset=0):
+    return transfer_pb2.TransferRequest(op=op, local_segment=local, local_offset=local_offset,
+                                        peer=peer, remote_segment=remote,
+                                        remote_offset=remote_offset, length=length)
+
+
+def test_write_and_read_between_two_daemons(make_daemon):
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 8 * MiB + 5)
+    dst = register(b, "dst", 8 * MiB + 5, remote=True)
+    data = os.urandom(8 * MiB + 5)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = data
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4 * MiB),
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4 * MiB + 5, 4 * MiB, 4 * MiB),
+        ])).batch_id
+        batch = wait_batch(t, bid)
+        assert batch.state == transfer_pb2.DONE, batch
+        assert (batch.done, batch.failed) == (2, 0)
+        assert [r.bytes_done for r in batch.requests] == [4 * MiB, 4 * MiB + 5]
+        with open(dst.path, "rb") as f:
+            assert f.read() == data  # in B's memory
+        # Read it back into another segment of A, unaligned, in one request.
+        back = register(a, "back", 8 * MiB + 5)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.READ, back.id, b.h2c, dst.id, 3 * MiB + 7, 11, 13)])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.DONE
+        with open(back.path, "rb") as f:
+            f.seek(11)
+            assert f.read(3 * MiB + 7) == data[13:13 + 3 * MiB + 7]
+    assert b.metric("moongate_data_bytes_total", dir="in") == len(data)
+    assert b.metric("moongate_data_bytes_total", dir="out") == 3 * MiB + 7
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (dict(length=0), "request 1: length must be greater than 0"),
+    (dict(peer="peer.example:7443"), "request 1: peer must be a numeric host:port"),
+    (dict(local_segment=12345), "request 1: no such local segment"),
+    (dict(local_offset=MiB), "request 1: local offset + length is outside"),
+    (dict(remote_offset=2**64 - 1), "request 1: remote offset + length overflows"),
+])
+def test_bad_batches_are_refused_whole(make_daemon, mutate, needle):
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    good = dict(op=transfer_pb2.WRITE, local_segment=src.id, peer=b.h2c, remote_segment=dst.id,
+                length=4096)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            t.Submit(transfer_pb2.SubmitRequest(requests=[
+                transfer_pb2.TransferRequest(**good),
+                transfer_pb2.TransferRequest(**dict(good, **mutate))]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in e.value.details() and "nothing was moved" in e.value.details()
+        # Nothing holds the local segment afterwards.
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+    assert (b.metric("moongate_data_slices_total", op="write") or 0) == 0
+
+
+def test_remote_refusals_and_unreachable_peers_per_request(make_daemon):
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    private = register(b, "private", MiB)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, private.id, 100),      # not remote-accessible
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 100, 0, MiB),  # past the end
+            req(transfer_pb2.WRITE, src.id, b.h2c, 424242, 100),          # unknown there
+            req(transfer_pb2.WRITE, src.id, "127.0.0.1:1", dst.id, 100),  # nobody there
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 100),          # fine
+        ])).batch_id
+        batch = wait_batch(t, bid)
+        codes = [r.code for r in batch.requests]
+        assert codes == [grpc.StatusCode.PERMISSION_DENIED.value[0],
+                         grpc.StatusCode.OUT_OF_RANGE.value[0],
+                         grpc.StatusCode.NOT_FOUND.value[0],
+                         grpc.StatusCode.UNAVAILABLE.value[0], 0]
+        assert "127.0.0.1:1" in batch.requests[3].message
+        assert batch.state == transfer_pb2.FAILED and (batch.done, batch.failed) == (1, 4)
+        with pytest.raises(grpc.RpcError) as e:
+            t.GetBatch(transfer_pb2.GetBatchRequest(id=99))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+
+
+def test_json_routes_with_curl(make_daemon):
+    import json
+    from conftest import curl
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 4096)
+    dst = register(b, "dst", 4096, remote=True)
+    body = json.dumps({"requests": [{"op": "WRITE", "localSegment": str(src.id), "peer": b.h2c,
+                                     "remoteSegment": str(dst.id), "length": "4096"}]})
+    rc, out, err = curl("--http2-prior-knowledge", "-H", "content-type: application/json",
+                        "-d", body, "http://%s/v1/transfers" % a.h2c)
+    assert rc == 0, err
+    bid = json.loads(out)["batchId"]
+    deadline = time.monotonic() + 10
+    while True:
+        rc, out, err = curl("--http2-prior-knowledge", "http://%s/v1/transfers/%s" % (a.h2c, bid))
+        got = json.loads(out)
+        if got["state"] != "RUNNING":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert got["state"] == "DONE" and got["done"] == 1
