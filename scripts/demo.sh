@@ -2,7 +2,9 @@
 # The main job: on a fresh Debian 12 machine, as root, installs what is missing, builds moongate,
 # makes development certificates, starts the daemon with its embedded defaults (TLS control port
 # 7443, ops port 7080, Unix socket /run/moongate/moongate.sock) and shows it working end to end
-# with mgctl, curl and a Python gRPC client. Then it drains the daemon with SIGTERM.
+# with mgctl, curl and a Python gRPC client; then starts a second daemon (B, ports 7543 and 7546)
+# and moves 1 GiB from A to B and back over B's TCP data plane, checked by SHA-256
+# (MOONGATE_DEMO_BYTES changes the size). Then it drains the daemons with SIGTERM.
 #
 #   scripts/demo.sh          run the demo and stop the daemon
 #   scripts/demo.sh --keep   leave the daemon running (stop it with: kill $(cat build/demo/pid))
@@ -37,8 +39,9 @@ if [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; then
     sleep 2
 fi
 
-say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key &"
+say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key --peer-ca certs/dev/ca.pem &"
 "$build/moongate" --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" \
+    --peer-ca "$certs/ca.pem" \
     >"$run/moongate.log" 2>&1 &
 pid=$!
 echo $pid >"$run/pid"
@@ -88,6 +91,29 @@ curl -sS --http2 --cacert "$certs/ca.pem" -X DELETE "https://localhost:$port/v1/
 say "clients/python/health_check.py --target localhost:$port --ca certs/dev/ca.pem   # python3-grpcio"
 MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/health_check.py \
     --target "localhost:$port" --ca "$certs/ca.pem"
+
+# The main job: a second daemon (B) on other ports, and 1 GiB moved A -> B and back over B's
+# TCP data plane, checked by digest.
+b_port=${MOONGATE_DEMO_B_PORT:-7543}
+b_data=${MOONGATE_DEMO_B_DATA_PORT:-7546}
+say "moongate --listen 127.0.0.1:$b_port --data-listen 127.0.0.1:$b_data --shm-dir /dev/shm/moongate-b ... &   # daemon B"
+"$build/moongate" --listen "127.0.0.1:$b_port" --tls-cert "$certs/server.pem" \
+    --tls-key "$certs/server.key" --ops-listen "" --unix-socket "" --pool-bytes 0 \
+    --data-listen "127.0.0.1:$b_data" --shm-dir /dev/shm/moongate-b >"$run/moongate-b.log" 2>&1 &
+pid_b=$!
+stop_b() { kill -TERM $pid_b 2>/dev/null && wait $pid_b || true; }
+trap 'stop_b; stop_on_error' ERR
+for _ in $(seq 1 100); do
+    grep -q "event=ready" "$run/moongate-b.log" 2>/dev/null && break
+    kill -0 $pid_b 2>/dev/null || { cat "$run/moongate-b.log"; exit 1; }
+    sleep 0.1
+done
+say "clients/python/transfer_demo.py --a localhost:$port --b localhost:$b_port --peer 127.0.0.1:$b_port --ca certs/dev/ca.pem"
+MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/transfer_demo.py \
+    --a "localhost:$port" --b "localhost:$b_port" --peer "127.0.0.1:$b_port" \
+    --ca "$certs/ca.pem" --bytes "${MOONGATE_DEMO_BYTES:-1073741824}"
+stop_b
+trap stop_on_error ERR
 
 if [ $keep -eq 1 ]; then
     echo
