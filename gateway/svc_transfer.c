@@ -53,13 +53,22 @@ typedef struct peer_ent {
     struct peer_ent *next;
 } peer_ent;
 
+struct bwatch;
+
 typedef struct xfer_batch {
     uint64_t id;
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
     struct xfer_req *reqs;
+    struct bwatch *watchers; /* Wait calls */
     struct xfer_batch *next; /* newest first */
 } xfer_batch;
+
+typedef struct bwatch {
+    mg_call *call;
+    xfer_batch *b;
+    struct bwatch *next;
+} bwatch;
 
 typedef struct xfer_req {
     xfer_batch *b;
@@ -98,6 +107,79 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* ---- batch status ---- */
+
+typedef struct {
+    Moongate__V1__Batch msg;
+    Moongate__V1__RequestStatus *st;
+    Moongate__V1__RequestStatus **ptrs;
+} batch_msg;
+
+static int batch_over(const xfer_batch *b)
+{
+    return b->done + b->failed == b->n;
+}
+
+/* Fills m from b; returns -1 when out of memory. Free with batch_msg_free. */
+static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
+{
+    moongate__v1__batch__init(&m->msg);
+    m->st = calloc(b->n, sizeof(*m->st));
+    m->ptrs = calloc(b->n, sizeof(*m->ptrs));
+    if (m->st == NULL || m->ptrs == NULL) {
+        free(m->st);
+        free(m->ptrs);
+        return -1;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        const xfer_req *r = &b->reqs[i];
+        moongate__v1__request_status__init(&m->st[i]);
+        m->st[i].state = (Moongate__V1__RequestState)r->state;
+        m->st[i].bytes_done = r->state == ST_DONE ? r->length : 0;
+        m->st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
+        m->st[i].message = (char *)r->msg;
+        m->ptrs[i] = &m->st[i];
+    }
+    m->msg.id = b->id;
+    m->msg.done = (uint32_t)b->done;
+    m->msg.failed = (uint32_t)b->failed;
+    m->msg.state = !batch_over(b) ? MOONGATE__V1__REQUEST_STATE__RUNNING
+                   : b->failed    ? MOONGATE__V1__REQUEST_STATE__FAILED
+                                  : MOONGATE__V1__REQUEST_STATE__DONE;
+    m->msg.requests = m->ptrs;
+    m->msg.n_requests = b->n;
+    return 0;
+}
+
+static void batch_msg_free(batch_msg *m)
+{
+    free(m->st);
+    free(m->ptrs);
+}
+
+/* Tells the Wait calls of b where it stands; ends them when it is over. */
+static void batch_notify(xfer_batch *b)
+{
+    batch_msg m;
+    int over = batch_over(b);
+    if (b->watchers == NULL || batch_msg_fill(&m, b) != 0)
+        return;
+    for (bwatch *w = b->watchers, *next; w; w = next) {
+        next = w->next;
+        if (over || mg_call_writable(w->call)) /* a slow reader gets the latest later */
+            mg_call_send(w->call, &m.msg.base);
+        if (over) {
+            mg_call_finish(w->call, MG_GRPC_OK, NULL);
+            mg_call_set_data(w->call, NULL);
+            mg_call_unref(w->call);
+            free(w);
+        }
+    }
+    if (over)
+        b->watchers = NULL;
+    batch_msg_free(&m);
+}
+
 /* ---- requests finishing ---- */
 
 static void req_end(xfer_req *r, int err, const char *msg)
@@ -113,6 +195,7 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->failed++;
     else
         r->b->done++;
+    batch_notify(r->b);
 }
 
 /* ---- workers: one request ---- */
@@ -460,49 +543,105 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     }
 }
 
-static void get_message(mg_call *call, const ProtobufCMessage *m)
+/* The caller's batch `id`, or NULL after failing the call with NOT_FOUND. */
+static xfer_batch *batch_for(mg_call *call, uint64_t id)
 {
-    const Moongate__V1__GetBatchRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_transfer_svc *ts = gw->transfer;
-    Moongate__V1__Batch resp = MOONGATE__V1__BATCH__INIT;
-    Moongate__V1__RequestStatus *st, **ptrs;
     xfer_batch *b = NULL;
-    if (ts)
-        for (b = ts->batches; b && b->id != req->id; b = b->next)
+    if (gw->transfer)
+        for (b = gw->transfer->batches; b && b->id != id; b = b->next)
             ;
     if (b == NULL || strcmp(b->tenant, TENANT) != 0) {
-        mg_call_fail(call, MG_ERR_NOT_FOUND, "no batch %" PRIu64, req->id);
-        return;
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no batch %" PRIu64, id);
+        return NULL;
     }
-    st = calloc(b->n, sizeof(*st));
-    ptrs = calloc(b->n, sizeof(*ptrs));
-    if (st == NULL || ptrs == NULL) {
-        free(st);
-        free(ptrs);
+    return b;
+}
+
+static void reply_batch(mg_call *call, const xfer_batch *b)
+{
+    batch_msg m;
+    if (batch_msg_fill(&m, b) != 0) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    for (size_t i = 0; i < b->n; i++) {
-        const xfer_req *r = &b->reqs[i];
-        moongate__v1__request_status__init(&st[i]);
-        st[i].state = (Moongate__V1__RequestState)r->state;
-        st[i].bytes_done = r->state == ST_DONE ? r->length : 0;
-        st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
-        st[i].message = (char *)r->msg;
-        ptrs[i] = &st[i];
+    mg_call_reply(call, &m.msg.base);
+    batch_msg_free(&m);
+}
+
+static void get_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__GetBatchRequest *req = (const void *)m;
+    xfer_batch *b = batch_for(call, req->id);
+    if (b)
+        reply_batch(call, b);
+}
+
+static void wait_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__GetBatchRequest *req = (const void *)m;
+    xfer_batch *b = batch_for(call, req->id);
+    bwatch *w;
+    batch_msg bm;
+    if (b == NULL)
+        return;
+    if (batch_msg_fill(&bm, b) != 0) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
     }
-    resp.id = b->id;
-    resp.done = (uint32_t)b->done;
-    resp.failed = (uint32_t)b->failed;
-    resp.state = b->done + b->failed < b->n ? MOONGATE__V1__REQUEST_STATE__RUNNING
-                 : b->failed                ? MOONGATE__V1__REQUEST_STATE__FAILED
-                                            : MOONGATE__V1__REQUEST_STATE__DONE;
-    resp.requests = ptrs;
-    resp.n_requests = b->n;
-    mg_call_reply(call, &resp.base);
-    free(st);
-    free(ptrs);
+    mg_call_send(call, &bm.msg.base);
+    batch_msg_free(&bm);
+    if (batch_over(b)) {
+        mg_call_finish(call, MG_GRPC_OK, NULL);
+        return;
+    }
+    w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    w->call = call;
+    w->b = b;
+    w->next = b->watchers;
+    b->watchers = w;
+    mg_call_ref(call);
+    mg_call_set_data(call, w);
+}
+
+static void wait_cancel(mg_call *call)
+{
+    bwatch *w = mg_call_data(call), **pp;
+    if (w == NULL)
+        return;
+    for (pp = &w->b->watchers; *pp && *pp != w; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = w->next;
+    mg_call_set_data(call, NULL);
+    mg_call_unref(call);
+    free(w);
+}
+
+static void cancel_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__GetBatchRequest *req = (const void *)m;
+    xfer_batch *b = batch_for(call, req->id);
+    if (b == NULL)
+        return;
+    /* Requests still waiting for their peer's session leave its line and fail; a request on
+     * a worker runs to its end. */
+    for (size_t i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i], **pp;
+        if (r->state != ST_PENDING || r->peer == NULL)
+            continue;
+        for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
+            ;
+        if (*pp == NULL)
+            continue;
+        *pp = r->next_wait;
+        req_end(r, MG_ERR_CANCELLED, "cancelled before it started");
+    }
+    reply_batch(call, b);
 }
 
 static const mg_method transfer_methods[] = {
@@ -510,6 +649,14 @@ static const mg_method transfer_methods[] = {
              &moongate__v1__submit_response__descriptor, submit_message),
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
              &moongate__v1__batch__descriptor, get_message),
+    MG_UNARY("/moongate.v1.Transfer/Cancel", &moongate__v1__get_batch_request__descriptor,
+             &moongate__v1__batch__descriptor, cancel_message),
+    {.path = "/moongate.v1.Transfer/Wait",
+     .kind = MG_RPC_SERVER_STREAM,
+     .in = &moongate__v1__get_batch_request__descriptor,
+     .out = &moongate__v1__batch__descriptor,
+     .on_message = wait_message,
+     .on_cancel = wait_cancel},
 };
 
 static const mg_route transfer_routes[] = {
@@ -560,6 +707,13 @@ void mg_svc_transfer_free(mg_gateway *gw)
     while (ts->batches) {
         xfer_batch *b = ts->batches;
         ts->batches = b->next;
+        while (b->watchers) {
+            bwatch *w = b->watchers;
+            b->watchers = w->next;
+            mg_call_set_data(w->call, NULL);
+            mg_call_unref(w->call);
+            free(w);
+        }
         for (size_t i = 0; i < b->n; i++) {
             if (b->reqs[i].local)
                 mg_registry_put(mg_engine_registry(gw->engine), b->reqs[i].local);

@@ -149,3 +149,51 @@ def test_json_routes_with_curl(make_daemon):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert got["state"] == "DONE" and got["done"] == 1
+
+
+def test_wait_streams_progress_until_the_batch_ends(make_daemon):
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 4 * MiB)
+    dst = register(b, "dst", 4 * MiB, remote=True)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, MiB, o, o)
+            for o in range(0, 4 * MiB, MiB)])).batch_id
+        seen = list(t.Wait(transfer_pb2.GetBatchRequest(id=bid), timeout=30))
+        assert seen, "Wait sent nothing"
+        assert seen[-1].state == transfer_pb2.DONE and seen[-1].done == 4
+        assert [s.done for s in seen] == sorted(s.done for s in seen)  # progress only grows
+        # Waiting on a finished batch answers at once.
+        again = list(t.Wait(transfer_pb2.GetBatchRequest(id=bid), timeout=5))
+        assert len(again) == 1 and again[0].state == transfer_pb2.DONE
+        with pytest.raises(grpc.RpcError) as e:
+            list(t.Wait(transfer_pb2.GetBatchRequest(id=7), timeout=5))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cancel_fails_the_requests_not_started(make_daemon):
+    """A peer that accepts connections but never answers keeps its requests waiting for a
+    session; Cancel fails them at once and frees their local segments."""
+    import socket
+    a = make_daemon("--peer-tls=false")
+    src = register(a, "src", MiB)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    peer = "127.0.0.1:%d" % silent.getsockname()[1]
+    try:
+        with h2c_channel(a) as ch:
+            t = transfer_pb2_grpc.TransferStub(ch)
+            bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+                req(transfer_pb2.WRITE, src.id, peer, 1, 100),
+                req(transfer_pb2.WRITE, src.id, peer, 1, 100)])).batch_id
+            assert t.GetBatch(transfer_pb2.GetBatchRequest(id=bid)).requests[0].state == \
+                transfer_pb2.PENDING
+            batch = t.Cancel(transfer_pb2.GetBatchRequest(id=bid))
+            assert batch.state == transfer_pb2.FAILED and batch.failed == 2
+            assert {r.code for r in batch.requests} == {grpc.StatusCode.CANCELLED.value[0]}
+            m = memory_pb2_grpc.MemoryStub(ch)
+            assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+    finally:
+        silent.close()
