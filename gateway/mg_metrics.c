@@ -33,6 +33,68 @@ void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
     }
 }
 
+void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, double seconds)
+{
+    mg_transfer_stats *s = &gw->xfer_stats;
+    s->requests[write != 0][err != 0]++;
+    if (err)
+        s->failed_by_code[mg_err_grpc(err)]++;
+    else
+        s->bytes[write != 0] += bytes;
+    if (s->in_flight)
+        s->in_flight--;
+    s->ended++;
+    s->seconds_sum += seconds;
+    for (int b = 0; b < 12; b++) {
+        if (seconds <= reg_le[b])
+            s->buckets[b]++;
+    }
+}
+
+static void render_transfers(mg_gateway *gw, struct evbuffer *out)
+{
+    const mg_transfer_stats *s = &gw->xfer_stats;
+    static const char *const ops[] = {"read", "write"};
+    evbuffer_add_printf(out, "# HELP moongate_transfer_requests_total Transfer requests that "
+                             "ended, by op and result.\n"
+                             "# TYPE moongate_transfer_requests_total counter\n");
+    for (int o = 0; o < 2; o++)
+        evbuffer_add_printf(out,
+                            "moongate_transfer_requests_total{op=\"%s\",result=\"done\"} %llu\n"
+                            "moongate_transfer_requests_total{op=\"%s\",result=\"failed\"} "
+                            "%llu\n",
+                            ops[o], (unsigned long long)s->requests[o][0], ops[o],
+                            (unsigned long long)s->requests[o][1]);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_transfer_bytes_total Bytes moved by transfer requests "
+                        "that completed.\n# TYPE moongate_transfer_bytes_total counter\n"
+                        "moongate_transfer_bytes_total{op=\"read\"} %llu\n"
+                        "moongate_transfer_bytes_total{op=\"write\"} %llu\n"
+                        "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
+                        "# TYPE moongate_transfer_requests_in_flight gauge\n"
+                        "moongate_transfer_requests_in_flight %llu\n"
+                        "# HELP moongate_transfer_failures_total Failed transfer requests, by "
+                        "code.\n# TYPE moongate_transfer_failures_total counter\n",
+                        (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
+                        (unsigned long long)s->in_flight);
+    for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
+        if (s->failed_by_code[c])
+            evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
+                                mg_grpc_code_name(c), (unsigned long long)s->failed_by_code[c]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_transfer_seconds Time from a batch's submit to "
+                             "the end of each of its requests.\n"
+                             "# TYPE moongate_transfer_seconds histogram\n");
+    for (int b = 0; b < 12; b++)
+        evbuffer_add_printf(out, "moongate_transfer_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
+                            (unsigned long long)s->buckets[b]);
+    evbuffer_add_printf(out,
+                        "moongate_transfer_seconds_bucket{le=\"+Inf\"} %llu\n"
+                        "moongate_transfer_seconds_sum %.6f\n"
+                        "moongate_transfer_seconds_count %llu\n",
+                        (unsigned long long)s->ended, s->seconds_sum, (unsigned long long)s->ended);
+}
+
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
 {
     mg_pool_wait_stats *s = &gw->pool_stats;
@@ -324,6 +386,8 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         }
     }
     render_pool(gw, out);
+    if (gw->transfer)
+        render_transfers(gw, out);
     if (gw->peer) {
         mg_dp_server_stats ds;
         mg_svc_peer_get_stats(gw, &ds);

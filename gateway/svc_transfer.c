@@ -57,6 +57,7 @@ struct bwatch;
 
 typedef struct xfer_batch {
     uint64_t id;
+    uint64_t t0_ns; /* submitted */
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
     struct xfer_req *reqs;
@@ -195,6 +196,8 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->failed++;
     else
         r->b->done++;
+    mg_metrics_transfer(r->gw, r->write, err, r->length,
+                        (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
     batch_notify(r->b);
 }
 
@@ -517,6 +520,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             return;
         }
     }
+    b->t0_ns = mg_now_mono_ns();
+    gw->xfer_stats.in_flight += b->n;
     b->next = ts->batches;
     ts->batches = b;
     ts->nbatches++;

@@ -70,6 +70,12 @@ def test_write_and_read_between_two_daemons(make_daemon):
             assert f.read(3 * MiB + 7) == data[13:13 + 3 * MiB + 7]
     assert b.metric("moongate_data_bytes_total", dir="in") == len(data)
     assert b.metric("moongate_data_bytes_total", dir="out") == 3 * MiB + 7
+    assert a.metric("moongate_transfer_requests_total", op="write", result="done") == 2
+    assert a.metric("moongate_transfer_requests_total", op="read", result="done") == 1
+    assert a.metric("moongate_transfer_bytes_total", op="write") == len(data)
+    assert a.metric("moongate_transfer_bytes_total", op="read") == 3 * MiB + 7
+    assert a.metric("moongate_transfer_requests_in_flight") == 0
+    assert a.metric("moongate_transfer_seconds_count") == 3
 
 
 @pytest.mark.parametrize("mutate,needle", [
@@ -121,6 +127,9 @@ def test_remote_refusals_and_unreachable_peers_per_request(make_daemon):
                          grpc.StatusCode.UNAVAILABLE.value[0], 0]
         assert "127.0.0.1:1" in batch.requests[3].message
         assert batch.state == transfer_pb2.FAILED and (batch.done, batch.failed) == (1, 4)
+        assert a.metric("moongate_transfer_failures_total", grpc_code="UNAVAILABLE") == 1
+        assert a.metric("moongate_transfer_failures_total", grpc_code="PERMISSION_DENIED") == 1
+        assert a.metric("moongate_transfer_requests_total", op="write", result="failed") == 4
         with pytest.raises(grpc.RpcError) as e:
             t.GetBatch(transfer_pb2.GetBatchRequest(id=99))
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
