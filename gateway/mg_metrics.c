@@ -17,6 +17,28 @@ static const double reg_le[12] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 static const double bucket_le[12] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                      0.01,   0.025,   0.05,   0.1,   0.5,    1.0};
 
+/* One observation into a histogram of 12 buckets with upper bounds `le`. */
+static void observe(const double le[12], uint64_t buckets[12], double *sum, double seconds)
+{
+    *sum += seconds;
+    for (int b = 0; b < 12; b++) {
+        if (seconds <= le[b])
+            buckets[b]++;
+    }
+}
+
+/* A histogram over reg_le, with its HELP and TYPE lines. */
+static void render_seconds(struct evbuffer *out, const char *name, const char *help,
+                           const uint64_t buckets[12], uint64_t count, double sum)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int b = 0; b < 12; b++)
+        evbuffer_add_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, reg_le[b],
+                            (unsigned long long)buckets[b]);
+    evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+                        (unsigned long long)count, name, sum, name, (unsigned long long)count);
+}
+
 void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
 {
     mg_method_stats *s;
@@ -26,11 +48,7 @@ void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
     if (code < 0 || code >= MG_GRPC_CODE_COUNT)
         code = MG_GRPC_UNKNOWN;
     s->handled[code]++;
-    s->seconds_sum += seconds;
-    for (int b = 0; b < 12; b++) {
-        if (seconds <= bucket_le[b])
-            s->buckets[b]++;
-    }
+    observe(bucket_le, s->buckets, &s->seconds_sum, seconds);
 }
 
 void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, double seconds)
@@ -44,11 +62,7 @@ void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, dou
     if (s->in_flight)
         s->in_flight--;
     s->ended++;
-    s->seconds_sum += seconds;
-    for (int b = 0; b < 12; b++) {
-        if (seconds <= reg_le[b])
-            s->buckets[b]++;
-    }
+    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
 }
 
 static void render_transfers(mg_gateway *gw, struct evbuffer *out)
@@ -82,28 +96,16 @@ static void render_transfers(mg_gateway *gw, struct evbuffer *out)
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
                                 mg_grpc_code_name(c), (unsigned long long)s->failed_by_code[c]);
     }
-    evbuffer_add_printf(out, "# HELP moongate_transfer_seconds Time from a batch's submit to "
-                             "the end of each of its requests.\n"
-                             "# TYPE moongate_transfer_seconds histogram\n");
-    for (int b = 0; b < 12; b++)
-        evbuffer_add_printf(out, "moongate_transfer_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
-                            (unsigned long long)s->buckets[b]);
-    evbuffer_add_printf(out,
-                        "moongate_transfer_seconds_bucket{le=\"+Inf\"} %llu\n"
-                        "moongate_transfer_seconds_sum %.6f\n"
-                        "moongate_transfer_seconds_count %llu\n",
-                        (unsigned long long)s->ended, s->seconds_sum, (unsigned long long)s->ended);
+    render_seconds(out, "moongate_transfer_seconds",
+                   "Time from a batch's submit to the end of each of its requests.", s->buckets,
+                   s->ended, s->seconds_sum);
 }
 
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
 {
     mg_pool_wait_stats *s = &gw->pool_stats;
     s->waited_total++;
-    s->seconds_sum += seconds;
-    for (int b = 0; b < 12; b++) {
-        if (seconds <= reg_le[b])
-            s->buckets[b]++;
-    }
+    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
 }
 
 /* The buffer pools: capacity, use, leases, waits. */
@@ -167,19 +169,10 @@ static void render_pool(mg_gateway *gw, struct evbuffer *out)
     evbuffer_add_printf(out,
                         "# HELP moongate_pool_waits_total Blocking acquires that waited in "
                         "line.\n# TYPE moongate_pool_waits_total counter\n"
-                        "moongate_pool_waits_total %llu\n"
-                        "# HELP moongate_pool_wait_seconds Time blocking acquires waited in "
-                        "line.\n# TYPE moongate_pool_wait_seconds histogram\n",
+                        "moongate_pool_waits_total %llu\n",
                         (unsigned long long)w->waits_total);
-    for (int b = 0; b < 12; b++)
-        evbuffer_add_printf(out, "moongate_pool_wait_seconds_bucket{le=\"%g\"} %llu\n", reg_le[b],
-                            (unsigned long long)w->buckets[b]);
-    evbuffer_add_printf(out,
-                        "moongate_pool_wait_seconds_bucket{le=\"+Inf\"} %llu\n"
-                        "moongate_pool_wait_seconds_sum %.6f\n"
-                        "moongate_pool_wait_seconds_count %llu\n",
-                        (unsigned long long)w->waited_total, w->seconds_sum,
-                        (unsigned long long)w->waited_total);
+    render_seconds(out, "moongate_pool_wait_seconds", "Time blocking acquires waited in line.",
+                   w->buckets, w->waited_total, w->seconds_sum);
 }
 
 void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker)
@@ -192,11 +185,7 @@ void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_wor
         return;
     }
     s->registered_total++;
-    s->seconds_sum += seconds;
-    for (int b = 0; b < 12; b++) {
-        if (seconds <= reg_le[b])
-            s->buckets[b]++;
-    }
+    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
 }
 
 /* "/pkg.Service/Method" -> service and method label values. */
@@ -355,20 +344,9 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                         mg_grpc_code_name(c),
                                         (unsigned long long)ss->failed_total[c]);
             }
-            evbuffer_add_printf(out, "# HELP moongate_segment_registration_seconds Time a "
-                                     "registration spent on its worker.\n"
-                                     "# TYPE moongate_segment_registration_seconds histogram\n");
-            for (int b = 0; b < 12; b++)
-                evbuffer_add_printf(out,
-                                    "moongate_segment_registration_seconds_bucket{le=\"%g\"} "
-                                    "%llu\n",
-                                    reg_le[b], (unsigned long long)ss->buckets[b]);
-            evbuffer_add_printf(out,
-                                "moongate_segment_registration_seconds_bucket{le=\"+Inf\"} %llu\n"
-                                "moongate_segment_registration_seconds_sum %.6f\n"
-                                "moongate_segment_registration_seconds_count %llu\n",
-                                (unsigned long long)ss->registered_total, ss->seconds_sum,
-                                (unsigned long long)ss->registered_total);
+            render_seconds(out, "moongate_segment_registration_seconds",
+                           "Time a registration spent on its worker.", ss->buckets,
+                           ss->registered_total, ss->seconds_sum);
             evbuffer_add_printf(out,
                                 "# HELP moongate_segment_inline_bytes_total Segment bytes moved "
                                 "inline over gRPC (ReadSegment, WriteSegment).\n"

@@ -5,6 +5,7 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_addr.h"
 #include "mg_log.h"
 
 #include <event2/buffer.h>
@@ -119,24 +120,13 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
     snprintf(buf, sizeof(buf), "%s", listen);
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char host[256];
-        const char *colon = strrchr(tok, ':');
-        size_t hl;
         int port;
         while (*tok == ' ')
             tok++;
-        if (colon == NULL || (port = (int)strtol(colon + 1, NULL, 10)) <= 0 || port > 65535) {
+        if (mg_split_host_port(tok, host, sizeof(host), &port) != 0 || port == 0) {
             mg_error("listen_failed", "ops=%s reason=\"not a host:port\"", tok);
             return MG_ERR_INVALID;
         }
-        hl = (size_t)(colon - tok);
-        if (hl >= 2 && tok[0] == '[' && tok[hl - 1] == ']') {
-            tok++;
-            hl -= 2;
-        }
-        if (hl >= sizeof(host))
-            return MG_ERR_INVALID;
-        memcpy(host, tok, hl);
-        host[hl] = '\0';
         if (evhttp_bind_socket(gw->ops->http, host, (ev_uint16_t)port) != 0) {
             mg_error("listen_failed", "ops=%s:%d reason=\"cannot bind\"", host, port);
             return MG_ERR_SYSTEM;

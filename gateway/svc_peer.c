@@ -10,6 +10,7 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_addr.h"
 #include "mg_log.h"
 
 #include "moongate/dataplane.h"
@@ -171,34 +172,6 @@ void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
         mg_dp_server_get_stats(gw->peer->server, out);
 }
 
-/* "host:port" or "[v6]:port" into host and port. Returns 0 or -1. */
-static int split_host_port(const char *s, char *host, size_t cap, int *port)
-{
-    const char *colon = strrchr(s, ':');
-    char *end;
-    long p;
-    size_t n;
-    if (colon == NULL)
-        return -1;
-    p = strtol(colon + 1, &end, 10);
-    if (*end != '\0' || colon[1] == '\0' || p < 0 || p > 65535)
-        return -1;
-    if (s[0] == '[') {
-        if (colon == s || colon[-1] != ']')
-            return -1;
-        n = (size_t)(colon - 1 - (s + 1));
-        s++;
-    } else {
-        n = (size_t)(colon - s);
-    }
-    if (n == 0 || n >= cap)
-        return -1;
-    memcpy(host, s, n);
-    host[n] = '\0';
-    *port = (int)p;
-    return 0;
-}
-
 static const mg_method peer_methods[] = {
     MG_UNARY("/moongate.v1.Peer/OpenSession", &moongate__v1__open_session_request__descriptor,
              &moongate__v1__open_session_response__descriptor, open_session_message),
@@ -223,7 +196,7 @@ int mg_svc_peer_init(mg_gateway *gw)
         return MG_ERR_NOMEM;
     pthread_mutex_init(&ps->lock, NULL);
     gw->peer = ps;
-    if (split_host_port(gw->cfg->data_listen, ps->host, sizeof(ps->host), &ps->port) != 0) {
+    if (mg_split_host_port(gw->cfg->data_listen, ps->host, sizeof(ps->host), &ps->port) != 0) {
         mg_error("start_failed", "reason=\"--data-listen %s is not host:port\"",
                  gw->cfg->data_listen);
         return MG_ERR_INVALID;

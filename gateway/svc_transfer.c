@@ -12,7 +12,9 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_addr.h"
 #include "mg_client.h"
+#include "mg_hash.h"
 #include "mg_log.h"
 
 #include "moongate/dataplane.h"
@@ -20,7 +22,6 @@
 #include "moongate/v1/peer.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
 
-#include <arpa/inet.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -99,13 +100,6 @@ struct mg_transfer_svc {
 static uint64_t now_ms(void)
 {
     return mg_now_mono_ns() / 1000000ULL;
-}
-
-static uint64_t mix64(uint64_t x)
-{
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
 }
 
 /* ---- batch status ---- */
@@ -273,10 +267,30 @@ static void req_start(xfer_req *r)
 
 typedef struct {
     peer_ent *p;
-    mg_gateway *gw;
     uint8_t *resp;
     size_t len;
 } open_call;
+
+/* The session opened or failed: start or fail the requests that waited for it. */
+static void release_waiting(peer_ent *p)
+{
+    xfer_req *r, *next;
+    for (r = p->waiting, p->waiting = NULL; r; r = next) {
+        next = r->next_wait;
+        if (p->state == PEER_OPEN)
+            req_start(r);
+        else
+            req_end(r, MG_ERR_UNAVAILABLE, p->err);
+    }
+}
+
+static void session_failed(peer_ent *p, const char *why)
+{
+    p->state = PEER_FAILED;
+    snprintf(p->err, sizeof(p->err), "peer %.80s: %.160s", p->addr, why);
+    mg_warn("peer_session_failed", "peer=%s error=\"%s\"", p->addr, p->err);
+    release_waiting(p);
+}
 
 static void open_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
 {
@@ -294,54 +308,40 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     open_call *oc = arg;
     peer_ent *p = oc->p;
     Moongate__V1__OpenSessionResponse *resp = NULL;
-    xfer_req *r, *next;
     if (status == 0 && oc->resp)
         resp = moongate__v1__open_session_response__unpack(NULL, oc->len, oc->resp);
-    if (resp && resp->token.len == MG_DF_TOKEN_BYTES) {
-        memcpy(p->token, resp->token.data, MG_DF_TOKEN_BYTES);
-        /* The data plane's own address when it listens on a wildcard: the one we reached. */
-        if (resp->data_host[0] == '\0' || !strcmp(resp->data_host, "::") ||
-            !strcmp(resp->data_host, "0.0.0.0")) {
-            const char *colon = strrchr(p->addr, ':');
-            size_t n = colon ? (size_t)(colon - p->addr) : 0;
-            const char *h = p->addr;
-            if (n >= 2 && h[0] == '[') {
-                h++;
-                n -= 2;
-            }
-            snprintf(p->data_host, sizeof(p->data_host), "%.*s", (int)n, h);
-        } else {
-            snprintf(p->data_host, sizeof(p->data_host), "%s", resp->data_host);
-        }
-        p->data_port = (int)resp->data_port;
-        if (p->epoch && p->epoch != resp->epoch) { /* the peer restarted: old connections go */
-            mg_dp_conn *c;
-            while ((c = take_conn(p)) != NULL)
-                mg_dp_close(c);
-        }
-        p->epoch = resp->epoch;
-        p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
-                                                                : resp->expires_in_ms);
-        p->state = PEER_OPEN;
-        mg_info("peer_session", "peer=%s data=%s:%d epoch=%016" PRIx64, p->addr, p->data_host,
-                p->data_port, p->epoch);
-    } else {
-        p->state = PEER_FAILED;
-        snprintf(p->err, sizeof(p->err), "peer %s: %s", p->addr,
-                 status ? message : "a malformed OpenSession answer");
-        mg_warn("peer_session_failed", "peer=%s error=\"%s\"", p->addr, p->err);
-    }
-    if (resp)
-        moongate__v1__open_session_response__free_unpacked(resp, NULL);
-    for (r = p->waiting, p->waiting = NULL; r; r = next) {
-        next = r->next_wait;
-        if (p->state == PEER_OPEN)
-            req_start(r);
-        else
-            req_end(r, MG_ERR_UNAVAILABLE, p->err);
-    }
     free(oc->resp);
     free(oc);
+    if (resp == NULL || resp->token.len != MG_DF_TOKEN_BYTES) {
+        if (resp)
+            moongate__v1__open_session_response__free_unpacked(resp, NULL);
+        session_failed(p, status ? message : "a malformed OpenSession answer");
+        return;
+    }
+    memcpy(p->token, resp->token.data, MG_DF_TOKEN_BYTES);
+    /* The data plane's own address when it listens on a wildcard: the one we reached. */
+    if (resp->data_host[0] == '\0' || !strcmp(resp->data_host, "::") ||
+        !strcmp(resp->data_host, "0.0.0.0")) {
+        int port;
+        if (mg_split_host_port(p->addr, p->data_host, sizeof(p->data_host), &port) != 0)
+            p->data_host[0] = '\0';
+    } else {
+        snprintf(p->data_host, sizeof(p->data_host), "%s", resp->data_host);
+    }
+    p->data_port = (int)resp->data_port;
+    if (p->epoch && p->epoch != resp->epoch) { /* the peer restarted: old connections go */
+        mg_dp_conn *c;
+        while ((c = take_conn(p)) != NULL)
+            mg_dp_close(c);
+    }
+    p->epoch = resp->epoch;
+    p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
+                                                            : resp->expires_in_ms);
+    moongate__v1__open_session_response__free_unpacked(resp, NULL);
+    p->state = PEER_OPEN;
+    mg_info("peer_session", "peer=%s data=%s:%d epoch=%016" PRIx64, p->addr, p->data_host,
+            p->data_port, p->epoch);
+    release_waiting(p);
 }
 
 static void open_session(mg_gateway *gw, peer_ent *p)
@@ -349,7 +349,7 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     static const mg_rpc_handlers h = {open_msg, open_closed};
     Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
     uint8_t buf[16];
-    open_call *oc = calloc(1, sizeof(*oc));
+    open_call *oc;
     mg_rpc *rpc;
     char err[256];
     p->state = PEER_OPENING;
@@ -360,35 +360,27 @@ static void open_session(mg_gateway *gw, peer_ent *p)
                                .connect_timeout_ms = 5000};
         if (mg_client_new(&p->client, gw->base, &o, err, sizeof(err)) != 0) {
             p->client = NULL;
-            snprintf(p->err, sizeof(p->err), "peer %s: %.160s", p->addr, err);
-            goto fail;
+            session_failed(p, err);
+            return;
         }
     }
-    if (oc == NULL)
-        goto fail;
+    oc = calloc(1, sizeof(*oc));
+    if (oc == NULL) {
+        session_failed(p, "out of memory");
+        return;
+    }
     oc->p = p;
-    oc->gw = gw;
     req.protocol_version = MG_DF_VERSION;
     rpc = mg_rpc_start(p->client, "/moongate.v1.Peer/OpenSession", NULL, 0, 10000, &h, oc);
-    if (rpc == NULL) { /* the connection failed earlier: start over with a new one */
+    if (rpc == NULL) { /* its connection failed earlier: the next try starts a new one */
+        free(oc);
         mg_client_del(p->client);
         p->client = NULL;
-        snprintf(p->err, sizeof(p->err), "peer %s: not reachable", p->addr);
-        goto fail;
+        session_failed(p, "its control connection failed");
+        return;
     }
     mg_rpc_send(rpc, buf, moongate__v1__open_session_request__pack(&req, buf));
     mg_rpc_close_send(rpc);
-    return;
-fail:
-    free(oc);
-    {
-        open_call *dummy = calloc(1, sizeof(*dummy));
-        if (dummy) {
-            dummy->p = p;
-            dummy->gw = gw;
-            open_closed(NULL, MG_GRPC_UNAVAILABLE, p->err, dummy);
-        }
-    }
 }
 
 static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
@@ -409,24 +401,6 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
 }
 
 /* ---- handlers ---- */
-
-/* A numeric "ip:port" or "[v6]:port" (the loop must not resolve names). */
-static int numeric_endpoint(const char *s)
-{
-    char host[64];
-    const char *colon = strrchr(s, ':');
-    size_t n;
-    uint8_t addr[16];
-    if (colon == NULL || colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1))
-        return 0;
-    n = (size_t)(colon - s);
-    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
-        snprintf(host, sizeof(host), "%.*s", (int)(n - 2), s + 1);
-        return inet_pton(AF_INET6, host, addr) == 1;
-    }
-    snprintf(host, sizeof(host), "%.*s", (int)n, s);
-    return n < sizeof(host) && inet_pton(AF_INET, host, addr) == 1;
-}
 
 static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
 {
@@ -475,7 +449,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     do {
-        b->id = mix64(++ts->counter);
+        b->id = mg_mix64(++ts->counter);
     } while (b->id == 0);
     snprintf(b->tenant, sizeof(b->tenant), "%s", TENANT);
     b->n = req->n_requests;
@@ -496,7 +470,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             bad = "op must be READ or WRITE";
         else if (t->length == 0)
             bad = "length must be greater than 0";
-        else if (!numeric_endpoint(t->peer))
+        else if (!mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
             bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\")";
         else if (t->remote_offset > UINT64_MAX - t->length)
             bad = "remote offset + length overflows";
