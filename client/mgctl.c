@@ -244,8 +244,9 @@ static int cmd_info(const ctl *c)
         printf(" %s", r->features[i]);
     printf("\n");
     for (size_t i = 0; i < r->n_transports; i++)
-        printf("transport   %-5s %s%s%s\n", r->transports[i]->name,
+        printf("transport   %-5s %s%s%s%s%s\n", r->transports[i]->name,
                r->transports[i]->available ? "available" : "unavailable",
+               r->transports[i]->endpoint[0] ? " at " : "", r->transports[i]->endpoint,
                r->transports[i]->reason[0] ? ": " : "", r->transports[i]->reason);
     protobuf_c_message_free_unpacked(reply, NULL);
     return 0;

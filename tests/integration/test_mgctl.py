@@ -34,6 +34,7 @@ def test_info_human_and_json(daemon):
     rc, out, err = mgctl("--target", daemon.tls, "--ca", daemon.ca, "info")
     assert rc == 0, err
     assert "state       serving" in out and "transport   rdma" in out
+    assert "transport   tcp   available at 127.0.0.1:" in out
     rc, out, err = mgctl("--target", daemon.tls, "--ca", daemon.ca, "--json", "info")
     assert rc == 0, err
     body = json.loads(out)
