@@ -1,4 +1,5 @@
 /* Unit tests for mg_grpc (status codes, percent-encoding, grpc-timeout, deframer) and mg_b64. */
+#include "mg_addr.h"
 #include "mg_b64.h"
 #include "mg_grpc.h"
 #include "mg_test.h"
@@ -228,6 +229,33 @@ static void test_base64(void)
     CU_ASSERT_EQUAL(mg_b64_decode(dec, "Z", 1), -1);
 }
 
+static void test_host_port(void)
+{
+    char host[16];
+    int port = -1;
+    CU_ASSERT_EQUAL(mg_split_host_port("10.0.0.2:7443", host, sizeof(host), &port), 0);
+    CU_ASSERT_STRING_EQUAL(host, "10.0.0.2");
+    CU_ASSERT_EQUAL(port, 7443);
+    CU_ASSERT_EQUAL(mg_split_host_port("[::1]:0", host, sizeof(host), &port), 0);
+    CU_ASSERT_STRING_EQUAL(host, "::1");
+    CU_ASSERT_EQUAL(port, 0);
+    CU_ASSERT_EQUAL(mg_split_host_port("[::]:7446", host, sizeof(host), &port), 0);
+    CU_ASSERT_STRING_EQUAL(host, "::");
+    CU_ASSERT_EQUAL(mg_split_host_port("host", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("host:", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port(":80", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("[]:80", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("a:65536", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("a:-1", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("a:8x", host, sizeof(host), &port), -1);
+    CU_ASSERT_EQUAL(mg_split_host_port("a-very-long-host-name:1", host, sizeof(host), &port), -1);
+    CU_ASSERT_TRUE(mg_is_numeric_host_port("127.0.0.1:1"));
+    CU_ASSERT_TRUE(mg_is_numeric_host_port("[fe80::1]:7443"));
+    CU_ASSERT_FALSE(mg_is_numeric_host_port("peer.example:7443"));
+    CU_ASSERT_FALSE(mg_is_numeric_host_port("127.0.0.1"));
+    CU_ASSERT_FALSE(mg_is_numeric_host_port("999.0.0.1:80"));
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -243,6 +271,7 @@ int main(void)
         MG_TEST(test_deframer_limits_and_flags),
         MG_TEST(test_deframer_callback_stops_feeding),
         MG_TEST(test_base64),
+        MG_TEST(test_host_port),
     };
     return mg_test_run("grpc codec", cases, sizeof(cases) / sizeof(cases[0]));
 }
