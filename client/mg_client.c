@@ -4,6 +4,7 @@
  * has a bounded deframer for responses and an evbuffer of request bytes read by the data source.
  */
 #include "mg_client.h"
+#include "mg_bev.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -51,6 +52,7 @@ struct mg_rpc {
 struct mg_client {
     struct event_base *base;
     struct bufferevent *bev;
+    struct evbuffer *stage; /* output written straight to the socket (h2c, unix); mg_bev.h */
     nghttp2_session *ng;
     SSL_CTX *ssl_ctx;
     char target[256];
@@ -260,9 +262,9 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, 
     mg_client *c = user_data;
     if (!c->connected)
         return NGHTTP2_ERR_WOULDBLOCK;
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 4 * 1024 * 1024)
+    if (mg_bev_pending(c->bev, c->stage) > 4 * 1024 * 1024)
         return NGHTTP2_ERR_WOULDBLOCK;
-    if (bufferevent_write(c->bev, data, length) != 0)
+    if (mg_bev_add(c->bev, c->stage, data, length) != 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     return (ssize_t)length;
 }
@@ -393,6 +395,7 @@ static void client_send(mg_client *c)
     if (c->ng == NULL || !c->connected || c->failed)
         return;
     rv = nghttp2_session_send(c->ng);
+    mg_bev_flush(c->bev, c->stage);
     if (rv != 0) {
         char why[128];
         snprintf(why, sizeof(why), "HTTP/2: %s", nghttp2_strerror(rv));
@@ -636,6 +639,8 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
         evutil_freeaddrinfo(ai);
     }
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    if (bufferevent_openssl_get_ssl(c->bev) == NULL && (c->stage = evbuffer_new()) == NULL)
+        goto fail_ng;
 
     if (nghttp2_session_callbacks_new(&cbs) != 0)
         goto fail_ng;
@@ -674,6 +679,8 @@ void mg_client_del(mg_client *c)
         nghttp2_session_del(c->ng);
     if (c->flush_ev)
         event_free(c->flush_ev);
+    if (c->stage)
+        evbuffer_free(c->stage);
     if (c->bev)
         bufferevent_free(c->bev);
     if (c->ssl_ctx)

@@ -11,6 +11,7 @@
  */
 #include "mg_server_int.h"
 
+#include "mg_bev.h"
 #include "mg_log.h"
 
 #include <arpa/inet.h>
@@ -39,10 +40,9 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, 
                        void *user_data)
 {
     mg_conn *conn = user_data;
-    struct evbuffer *out = bufferevent_get_output(conn->bev);
-    if (evbuffer_get_length(out) >= conn->gw->cfg->max_conn_output_bytes)
+    if (mg_bev_pending(conn->bev, conn->stage) >= conn->gw->cfg->max_conn_output_bytes)
         return NGHTTP2_ERR_WOULDBLOCK;
-    if (bufferevent_write(conn->bev, data, length) != 0)
+    if (mg_bev_add(conn->bev, conn->stage, data, length) != 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     return (ssize_t)length;
 }
@@ -232,6 +232,7 @@ int mg_conn_send(mg_conn *conn)
     conn->in_send = 1;
     rv = nghttp2_session_send(conn->ng);
     conn->in_send = 0;
+    mg_bev_flush(conn->bev, conn->stage);
     if (rv != 0) {
         mg_warn("conn_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
                 mg_conn_kind_names[conn->kind], nghttp2_strerror(rv));
@@ -371,6 +372,8 @@ void mg_conn_free(mg_conn *conn)
         event_free(conn->timer);
     if (conn->flush_ev)
         event_free(conn->flush_ev);
+    if (conn->stage)
+        evbuffer_free(conn->stage);
     if (conn->bev) {
         SSL *ssl = bufferevent_openssl_get_ssl(conn->bev);
         if (ssl)
@@ -457,6 +460,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     } else {
         conn->bev =
             bufferevent_socket_new(gw->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+        conn->stage = evbuffer_new();
     }
     conn->timer = evtimer_new(gw->base, conn_timer_cb, conn);
     conn->flush_ev = event_new(gw->base, -1, 0, flush_cb, conn);
@@ -466,7 +470,8 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     gw->conns = conn;
     gw->stats.conns_active++;
     gw->stats.conns_total[l->kind]++;
-    if (conn->bev == NULL || conn->timer == NULL || conn->flush_ev == NULL) {
+    if (conn->bev == NULL || conn->timer == NULL || conn->flush_ev == NULL ||
+        (l->kind != CONN_TLS && conn->stage == NULL)) {
         if (conn->bev == NULL)
             evutil_closesocket(fd);
         mg_conn_free(conn);

@@ -28,6 +28,7 @@ typedef struct mg_listener {
 typedef struct mg_conn {
     mg_gateway *gw;
     struct bufferevent *bev;
+    struct evbuffer *stage; /* output written straight to the socket (h2c, unix); mg_bev.h */
     nghttp2_session *ng;
     conn_kind kind;
     char peer[128];

@@ -7,7 +7,9 @@
  *   bench_lease --target ADDR [--prefault]   (a daemon with a pool runs there)
  *   bench_lease --target ADDR --contention [--clients N] [--seconds S]
  *
- * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio. With
+ * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio, and as
+ * the floor any acquire + release pair pays, the median of two plain round trips over the same
+ * kind of socket (an epoll echo child, 100-byte messages) measured in the same run. With
  * --contention: N clients (connections) on one loop acquire (blocking) and release leases of
  * random sizes as fast as they can against the daemon's pool — meant to be small — and it prints
  * the pairs per second, how often the pool made an acquire wait, and the acquire latencies.
@@ -21,9 +23,16 @@
 
 #include <event2/event.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,6 +106,76 @@ static double pct(double *v, size_t n, double p)
 }
 
 /* (a) register a segment of `size`, unregister it: `count` times. Fills us[] per read. */
+/* The floor: median round trip of 100 bytes to an echo child over the target's kind of socket
+ * (TCP loopback, or a Unix socket pair for "unix:" targets), both ends waiting in epoll_wait as
+ * the daemon and the client library do. */
+static double round_trip_us(int unix_socket)
+{
+    enum { N = 20000 };
+    int sv[2], one = 1, ep;
+    double *us = calloc(N, sizeof(double)), p50;
+    char buf[100] = {0};
+    pid_t child;
+    struct epoll_event ev = {.events = EPOLLIN};
+
+    if (unix_socket) {
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+            return -1;
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+        socklen_t al = sizeof(a);
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 1) != 0 ||
+            getsockname(l, (struct sockaddr *)&a, &al) != 0)
+            return -1;
+        sv[0] = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(sv[0], (struct sockaddr *)&a, sizeof(a)) != 0)
+            return -1;
+        sv[1] = accept(l, NULL, NULL);
+        close(l);
+        setsockopt(sv[0], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(sv[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    child = fork();
+    if (child == 0) { /* echo */
+        int cep = epoll_create1(0);
+        close(sv[0]);
+        epoll_ctl(cep, EPOLL_CTL_ADD, sv[1], &ev);
+        for (;;) {
+            ssize_t n;
+            epoll_wait(cep, &ev, 1, -1);
+            n = read(sv[1], buf, sizeof(buf));
+            if (n <= 0 || write(sv[1], buf, (size_t)n) != n)
+                _exit(0);
+        }
+    }
+    close(sv[1]);
+    ep = epoll_create1(0);
+    epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev);
+    for (int i = 0; i < N; i++) {
+        double t0 = now_us();
+        size_t got = 0;
+        if (write(sv[0], buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+            break;
+        while (got < sizeof(buf)) {
+            ssize_t n;
+            epoll_wait(ep, &ev, 1, -1);
+            n = read(sv[0], buf, sizeof(buf) - got);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        us[i] = now_us() - t0;
+    }
+    close(sv[0]);
+    close(ep);
+    waitpid(child, NULL, 0);
+    qsort(us, N, sizeof(double), cmp_double);
+    p50 = pct(us, N, 0.5);
+    free(us);
+    return p50;
+}
+
 static void register_per_read(mg_client *c, struct event_base *base, uint64_t size, size_t count,
                               int prefault, double *us)
 {
@@ -357,7 +436,8 @@ int main(int argc, char **argv)
     } shapes[] = {{1024, 1u << 20}, {64, 16u << 20}, {16384, 64u << 10}};
     const char *target = "127.0.0.1:7444";
     char shm_dir[64] = "/dev/shm/mg-bench-lease-XXXXXX";
-    int prefault = 0, contend = 0;
+    int prefault = 0, contend = 0, lease_only = 0;
+    double floor_us;
     unsigned clients = 4, seconds = 10;
     struct event_base *base = event_base_new();
     mg_client_options o = {0};
@@ -371,13 +451,15 @@ int main(int argc, char **argv)
             prefault = 1;
         else if (!strcmp(argv[i], "--contention"))
             contend = 1;
+        else if (!strcmp(argv[i], "--lease-only"))
+            lease_only = 1;
         else if (!strcmp(argv[i], "--clients") && i + 1 < argc)
             clients = (unsigned)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = (unsigned)atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault] | --contention "
-                            "[--clients N] [--seconds S]\n");
+            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault | --lease-only] | "
+                            "--contention [--clients N] [--seconds S]\n");
             return 64;
         }
     }
@@ -392,13 +474,35 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_lease: %s\n", err);
         return 1;
     }
-    printf("Destination memory for a read, through gRPC (C client, one h2c connection, one call "
-           "at a time)\n");
+    floor_us = 2 * round_trip_us(strncmp(target, "unix:", 5) == 0);
+    printf("Destination memory for a read, through gRPC (C client, one connection to %s, one call "
+           "at a time)\n",
+           target);
     printf("register = RegisterSegment%s + UnregisterSegment; lease = AcquireLease + "
-           "ReleaseLease (microseconds per read)\n\n",
+           "ReleaseLease (microseconds per read)\n",
            prefault ? " (prefault)" : "");
-    printf("%-18s %12s %12s %12s %12s %10s %14s\n", "read", "register p50", "register p99",
-           "lease p50", "lease p99", "p50 ratio", "in-process ns");
+    printf("floor = two plain 100-byte round trips over the same kind of socket, same run: "
+           "%.1f us\n\n",
+           floor_us);
+    if (lease_only) { /* the gRPC path alone: quick to re-run while tuning it */
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            size_t n = shapes[s].keys;
+            double *lease_us = calloc(n, sizeof(double));
+            lease_per_read(c, base, shapes[s].bytes, n, lease_us);
+            qsort(lease_us, n, sizeof(double), cmp_double);
+            printf("%zu x %" PRIu64 " KiB: lease p50 %.1f us (%.2fx floor), p99 %.1f us\n", n,
+                   shapes[s].bytes >> 10, pct(lease_us, n, 0.5), pct(lease_us, n, 0.5) / floor_us,
+                   pct(lease_us, n, 0.99));
+            free(lease_us);
+        }
+        mg_client_del(c);
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+        rmdir(shm_dir);
+        return 0;
+    }
+    printf("%-18s %12s %12s %12s %12s %10s %12s %14s\n", "read", "register p50", "register p99",
+           "lease p50", "lease p99", "p50 ratio", "lease/floor", "in-process ns");
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         size_t n = shapes[s].keys;
         double *reg_us = calloc(n, sizeof(double)), *lease_us = calloc(n, sizeof(double));
@@ -410,9 +514,10 @@ int main(int argc, char **argv)
         qsort(reg_us, n, sizeof(double), cmp_double);
         qsort(lease_us, n, sizeof(double), cmp_double);
         snprintf(label, sizeof(label), "%zu x %" PRIu64 " KiB", n, shapes[s].bytes >> 10);
-        printf("%-18s %12.1f %12.1f %12.1f %12.1f %9.1fx %14.1f\n", label, pct(reg_us, n, 0.5),
-               pct(reg_us, n, 0.99), pct(lease_us, n, 0.5), pct(lease_us, n, 0.99),
-               pct(reg_us, n, 0.5) / pct(lease_us, n, 0.5), ns);
+        printf("%-18s %12.1f %12.1f %12.1f %12.1f %9.1fx %11.2fx %14.1f\n", label,
+               pct(reg_us, n, 0.5), pct(reg_us, n, 0.99), pct(lease_us, n, 0.5),
+               pct(lease_us, n, 0.99), pct(reg_us, n, 0.5) / pct(lease_us, n, 0.5),
+               pct(lease_us, n, 0.5) / floor_us, ns);
         fflush(stdout);
         free(reg_us);
         free(lease_us);

@@ -37,7 +37,7 @@ lease)
         port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         # shellcheck disable=SC2086
         "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
-            --unix-socket "" --shm-dir "$shm" --access-log=false --memlock try --workers 2 $1 \
+            --data-listen "" --unix-socket "$shm/moongate.sock" --shm-dir "$shm" --access-log=false --memlock try --workers 2 $1 \
             >"$certs/moongate.log" 2>&1 &
         pid=$!
         for _ in $(seq 1 100); do
@@ -49,6 +49,9 @@ lease)
     rc=0
     start_daemon ""
     "$build/bench/bench_lease" --target "127.0.0.1:$port" --prefault "$@" || rc=$?
+    echo
+    # Local clients may use the daemon's Unix socket instead of TCP loopback.
+    "$build/bench/bench_lease" --target "unix:$shm/moongate.sock" --lease-only || rc=$?
     stop_daemon
     echo
     start_daemon "--pool-bytes 8M"
