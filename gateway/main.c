@@ -161,8 +161,10 @@ out:
         event_free(sigint);
     /* Workers stop after their current job; queued jobs complete as cancelled, and the
      * gateway drains its completion queue as it is freed, so every job's caller is released. */
-    if (gw)
+    if (gw) {
         mg_svc_memory_hold(gw, 0, 0); /* a test hold must not keep workers from stopping */
+        mg_svc_transfer_stop(gw);
+    }
     mg_engine_stop(engine);
     mg_gateway_del(gw); /* drains the completions of the jobs the workers gave up */
     mg_engine_del(engine);

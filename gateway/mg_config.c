@@ -96,6 +96,8 @@ static const opt_def opts[] = {
     {"slice-bytes", T_SIZE, O(slice_bytes), "1M", 4096, 1 * GiB,
      "bytes per data-plane slice this daemon sends"},
     {"data-crc", T_BOOL, O(data_crc), "false", 0, 1, "CRC32C on every data-plane slice"},
+    {"transfer-timeout", T_UINT, O(transfer_timeout), "300", 1, 86400,
+     "seconds a transfer batch may take unless it asks for its own timeout"},
     {"max-batches", T_UINT, O(max_batches), "1024", 1, 1 << 20,
      "transfer batches kept (finished ones go oldest first)"},
     {"workers", T_UINT, O(workers), "4", 1, 256, "engine worker threads for blocking jobs"},

@@ -48,6 +48,7 @@ typedef struct mg_config {
     uint64_t slice_bytes;
     int data_crc;
     uint64_t max_batches;
+    uint64_t transfer_timeout; /* seconds */
     uint64_t workers;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

@@ -292,6 +292,7 @@ void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
  * completions of the jobs the workers gave up, while every service is still there. */
 int mg_svc_transfer_init(mg_gateway *gw);
 void mg_svc_transfer_free(mg_gateway *gw);
+void mg_svc_transfer_stop(mg_gateway *gw);
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);

@@ -9,6 +9,13 @@
  * of idle data-plane connections. Workers: each request is one job that takes (or opens) a
  * connection to the peer's data plane and moves the bytes in slices (moongate/dataplane.h);
  * the connection goes back to the pool on success and is closed on failure.
+ *
+ * Failures and stops. A pooled connection that breaks is replaced by a fresh one and the
+ * request runs once more (moving the same bytes to the same place again is harmless). A token
+ * the peer no longer knows (it restarted: new epoch) sends the request back to its peer's line
+ * once while a new session is opened. Each request has a stop word the loop sets — Cancel, the
+ * batch's timeout, shutdown — and the worker sees within 100 ms; bytes confirmed so far are
+ * counted as slices complete.
  */
 #include "mg_gateway.h"
 
@@ -40,7 +47,9 @@ struct xfer_req;
 
 typedef struct peer_ent {
     char addr[80]; /* the control endpoint */
+    mg_gateway *gw;
     int state;
+    int client_used; /* the control connection opened a session before: it may be stale */
     char err[256];
     uint8_t token[MG_DF_TOKEN_BYTES];
     char data_host[128];
@@ -59,6 +68,8 @@ struct bwatch;
 typedef struct xfer_batch {
     uint64_t id;
     uint64_t t0_ns; /* submitted */
+    uint32_t timeout_ms;
+    struct event *timer; /* the batch's timeout */
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
     struct xfer_req *reqs;
@@ -76,6 +87,9 @@ typedef struct xfer_req {
     xfer_batch *b;
     mg_gateway *gw;
     int write;
+    int stop;          /* MG_ERR_* asking the worker to stop (atomic) */
+    uint64_t progress; /* bytes confirmed (atomic) */
+    int requeued;      /* sent back once for a new session */
     mg_segment *local; /* referenced until the request ends */
     uint8_t *local_addr;
     uint64_t remote_segment, remote_offset, length;
@@ -91,6 +105,7 @@ typedef struct xfer_req {
 } xfer_req;
 
 struct mg_transfer_svc {
+    mg_gateway *gw;
     peer_ent *peers;
     xfer_batch *batches;
     size_t nbatches;
@@ -130,7 +145,8 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
         const xfer_req *r = &b->reqs[i];
         moongate__v1__request_status__init(&m->st[i]);
         m->st[i].state = (Moongate__V1__RequestState)r->state;
-        m->st[i].bytes_done = r->state == ST_DONE ? r->length : 0;
+        m->st[i].bytes_done =
+            r->state == ST_DONE ? r->length : __atomic_load_n(&r->progress, __ATOMIC_RELAXED);
         m->st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
         m->st[i].message = (char *)r->msg;
         m->ptrs[i] = &m->st[i];
@@ -192,7 +208,54 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->done++;
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
+    if (batch_over(r->b) && r->b->timer)
+        event_del(r->b->timer);
     batch_notify(r->b);
+}
+
+/* Takes a request that waits for its peer's session out of that line. Returns 1 if it was there. */
+static int unqueue(xfer_req *r)
+{
+    xfer_req **pp;
+    if (r->peer == NULL)
+        return 0;
+    for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
+        ;
+    if (*pp == NULL)
+        return 0;
+    *pp = r->next_wait;
+    return 1;
+}
+
+/* Ends every request of b that has not ended: waiting ones now, running ones through their
+ * stop word (they end when their worker sees it). */
+static void batch_stop(xfer_batch *b, int err, const char *why)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i];
+        if (r->state == ST_PENDING && unqueue(r))
+            req_end(r, err, why);
+        else if (r->state == ST_RUNNING || r->state == ST_PENDING)
+            __atomic_store_n(&r->stop, err, __ATOMIC_RELEASE);
+    }
+}
+
+static void batch_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    xfer_batch *b = arg;
+    char why[96];
+    snprintf(why, sizeof(why), "the batch's timeout of %u ms passed before it started",
+             b->timeout_ms);
+    mg_info("transfer_timeout", "batch=%016" PRIx64 " timeout_ms=%u", b->id, b->timeout_ms);
+    batch_stop(b, MG_ERR_TIMEOUT, why);
+}
+
+static void batch_free(xfer_batch *b)
+{
+    if (b->timer)
+        event_free(b->timer);
+    free(b->reqs);
+    free(b);
 }
 
 /* ---- workers: one request ---- */
@@ -218,35 +281,77 @@ static void give_conn(peer_ent *p, mg_dp_conn *c)
     mg_dp_close(c);
 }
 
-static int req_work(void *arg)
+/* One attempt on connection c; gives c back or closes it. */
+static int req_attempt(xfer_req *r, mg_dp_conn *c)
 {
-    xfer_req *r = arg;
     const mg_config *cfg = r->gw->cfg;
-    mg_dp_options o = {(uint32_t)cfg->slice_bytes, 16, cfg->data_crc};
-    mg_dp_conn *c = take_conn(r->peer);
+    mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
+                       .window = 16,
+                       .crc = cfg->data_crc,
+                       .stop = &r->stop,
+                       .progress = &r->progress};
     int rc;
-    if (c == NULL) {
-        rc = mg_dp_connect(&c, r->data_host, r->data_port, r->token,
-                           (uint32_t)cfg->data_io_timeout * 1000, r->msg, sizeof(r->msg));
-        if (rc != 0)
-            return rc;
-    }
+    __atomic_store_n(&r->progress, 0, __ATOMIC_RELAXED);
     rc = r->write ? mg_dp_write(c, r->remote_segment, r->remote_offset, r->local_addr, r->length,
                                 &o, r->msg, sizeof(r->msg))
                   : mg_dp_read(c, r->remote_segment, r->remote_offset, r->local_addr, r->length, &o,
                                r->msg, sizeof(r->msg));
-    if (rc == 0 || rc == MG_ERR_NOT_FOUND || rc == MG_ERR_PERMISSION || rc == MG_ERR_RANGE)
+    if (rc == 0 || rc == MG_ERR_NOT_FOUND || rc == MG_ERR_PERMISSION || rc == MG_ERR_RANGE ||
+        rc == MG_ERR_DATA_LOSS)
         give_conn(r->peer, c); /* a refused slice leaves the stream in step */
     else
         mg_dp_close(c);
     return rc;
 }
 
+static int req_connect(xfer_req *r, mg_dp_conn **c)
+{
+    return mg_dp_connect(c, r->data_host, r->data_port, r->token,
+                         (uint32_t)r->gw->cfg->data_io_timeout * 1000, &r->stop, r->msg,
+                         sizeof(r->msg));
+}
+
+static int req_work(void *arg)
+{
+    xfer_req *r = arg;
+    mg_dp_conn *c = take_conn(r->peer);
+    int rc, stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
+    if (stop != 0) { /* stopped while it waited for a worker */
+        snprintf(r->msg, sizeof(r->msg), "stopped (%s) before it started", mg_strerror(stop));
+        if (c)
+            give_conn(r->peer, c);
+        return stop;
+    }
+    if (c != NULL) {
+        rc = req_attempt(r, c);
+        if (rc != MG_ERR_UNAVAILABLE)
+            return rc;
+        /* The idle connection broke (the peer closed it, or restarted): once more, fresh. */
+        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r->peer->addr, r->msg);
+    }
+    if ((rc = req_connect(r, &c)) != 0)
+        return rc;
+    return req_attempt(r, c);
+}
+
+static void session_retry(xfer_req *r);
+static void open_session(mg_gateway *gw, peer_ent *p);
+
 static void req_done(void *arg, int result)
 {
     xfer_req *r = arg;
-    char msg[sizeof(r->msg)];
-    snprintf(msg, sizeof(msg), "%s", r->msg);
+    char msg[sizeof(r->msg) + sizeof(r->peer->addr) + 8];
+    if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->requeued &&
+        __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
+        /* The peer no longer knows our token, or its data plane is not where the session
+         * said: it may have restarted. Ask it again (a dead peer fails there, by name). */
+        session_retry(r);
+        return;
+    }
+    if (result && strstr(r->msg, r->peer->addr) == NULL)
+        snprintf(msg, sizeof(msg), "peer %s: %s", r->peer->addr, r->msg);
+    else
+        snprintf(msg, sizeof(msg), "%s", r->msg);
     req_end(r, result, result ? msg : NULL);
 }
 
@@ -303,6 +408,15 @@ static void open_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
     }
 }
 
+/* A fresh control connection for a peer whose old one failed (outside the client's callbacks). */
+static void reopen_cb(evutil_socket_t fd, short what, void *arg)
+{
+    peer_ent *p = arg;
+    mg_client_del(p->client);
+    p->client = NULL;
+    open_session(p->gw, p);
+}
+
 static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     open_call *oc = arg;
@@ -312,6 +426,13 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
         resp = moongate__v1__open_session_response__unpack(NULL, oc->len, oc->resp);
     free(oc->resp);
     free(oc);
+    if (status == MG_GRPC_UNAVAILABLE && p->client_used) {
+        /* The connection served an earlier session; the peer may have restarted since. */
+        static const struct timeval now = {0, 0};
+        p->client_used = 0;
+        if (event_base_once(p->gw->base, -1, EV_TIMEOUT, reopen_cb, p, &now) == 0)
+            return;
+    }
     if (resp == NULL || resp->token.len != MG_DF_TOKEN_BYTES) {
         if (resp)
             moongate__v1__open_session_response__free_unpacked(resp, NULL);
@@ -339,9 +460,29 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
                                                             : resp->expires_in_ms);
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
     p->state = PEER_OPEN;
+    p->client_used = 1;
     mg_info("peer_session", "peer=%s data=%s:%d epoch=%016" PRIx64, p->addr, p->data_host,
             p->data_port, p->epoch);
     release_waiting(p);
+}
+
+/* Back to the peer's line while a new session is opened (once per request). */
+static void session_retry(xfer_req *r)
+{
+    peer_ent *p = r->peer;
+    r->requeued = 1;
+    r->state = ST_PENDING;
+    __atomic_store_n(&r->progress, 0, __ATOMIC_RELAXED);
+    if (p->state == PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
+        mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64, p->addr, p->epoch);
+        p->state = PEER_NONE; /* that token is dead: every request needs a new one */
+    }
+    r->next_wait = p->waiting;
+    p->waiting = r;
+    if (p->state == PEER_OPEN)
+        release_waiting(p); /* someone already opened a new session */
+    else if (p->state != PEER_OPENING)
+        open_session(r->gw, p);
 }
 
 static void open_session(mg_gateway *gw, peer_ent *p)
@@ -353,17 +494,6 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     mg_rpc *rpc;
     char err[256];
     p->state = PEER_OPENING;
-    if (p->client == NULL) {
-        mg_client_options o = {.target = p->addr,
-                               .tls = gw->cfg->peer_tls,
-                               .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
-                               .connect_timeout_ms = 5000};
-        if (mg_client_new(&p->client, gw->base, &o, err, sizeof(err)) != 0) {
-            p->client = NULL;
-            session_failed(p, err);
-            return;
-        }
-    }
     oc = calloc(1, sizeof(*oc));
     if (oc == NULL) {
         session_failed(p, "out of memory");
@@ -371,13 +501,31 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     }
     oc->p = p;
     req.protocol_version = MG_DF_VERSION;
-    rpc = mg_rpc_start(p->client, "/moongate.v1.Peer/OpenSession", NULL, 0, 10000, &h, oc);
-    if (rpc == NULL) { /* its connection failed earlier: the next try starts a new one */
-        free(oc);
+    for (int attempt = 0;; attempt++) {
+        if (p->client == NULL) {
+            mg_client_options o = {.target = p->addr,
+                                   .tls = gw->cfg->peer_tls,
+                                   .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
+                                   .connect_timeout_ms = 5000};
+            p->client_used = 0;
+            if (mg_client_new(&p->client, gw->base, &o, err, sizeof(err)) != 0) {
+                p->client = NULL;
+                free(oc);
+                session_failed(p, err);
+                return;
+            }
+        }
+        rpc = mg_rpc_start(p->client, "/moongate.v1.Peer/OpenSession", NULL, 0, 10000, &h, oc);
+        if (rpc != NULL)
+            break;
+        /* Its connection failed earlier: once more on a new one. */
         mg_client_del(p->client);
         p->client = NULL;
-        session_failed(p, "its control connection failed");
-        return;
+        if (attempt == 1) {
+            free(oc);
+            session_failed(p, "its control connection failed");
+            return;
+        }
     }
     mg_rpc_send(rpc, buf, moongate__v1__open_session_request__pack(&req, buf));
     mg_rpc_close_send(rpc);
@@ -394,6 +542,7 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
     if (p == NULL)
         return NULL;
     snprintf(p->addr, sizeof(p->addr), "%s", addr);
+    p->gw = ts->gw;
     pthread_mutex_init(&p->lock, NULL);
     p->next = ts->peers;
     ts->peers = p;
@@ -415,8 +564,7 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
         {
             xfer_batch *b = *victim;
             *victim = b->next;
-            free(b->reqs);
-            free(b);
+            batch_free(b);
             ts->nbatches--;
         }
     }
@@ -495,6 +643,19 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         }
     }
     b->t0_ns = mg_now_mono_ns();
+    b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
+    b->timer = evtimer_new(gw->base, batch_timeout, b);
+    if (b->timer == NULL) {
+        for (i = 0; i < b->n; i++)
+            mg_registry_put(reg, b->reqs[i].local);
+        batch_free(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    {
+        struct timeval tv = {b->timeout_ms / 1000, (suseconds_t)(b->timeout_ms % 1000) * 1000};
+        evtimer_add(b->timer, &tv);
+    }
     gw->xfer_stats.in_flight += b->n;
     b->next = ts->batches;
     ts->batches = b;
@@ -607,19 +768,7 @@ static void cancel_message(mg_call *call, const ProtobufCMessage *m)
     xfer_batch *b = batch_for(call, req->id);
     if (b == NULL)
         return;
-    /* Requests still waiting for their peer's session leave its line and fail; a request on
-     * a worker runs to its end. */
-    for (size_t i = 0; i < b->n; i++) {
-        xfer_req *r = &b->reqs[i], **pp;
-        if (r->state != ST_PENDING || r->peer == NULL)
-            continue;
-        for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
-            ;
-        if (*pp == NULL)
-            continue;
-        *pp = r->next_wait;
-        req_end(r, MG_ERR_CANCELLED, "cancelled before it started");
-    }
+    batch_stop(b, MG_ERR_CANCELLED, "cancelled before it started");
     reply_batch(call, b);
 }
 
@@ -659,6 +808,7 @@ int mg_svc_transfer_init(mg_gateway *gw)
     gw->transfer = calloc(1, sizeof(*gw->transfer));
     if (gw->transfer == NULL)
         return MG_ERR_NOMEM;
+    gw->transfer->gw = gw;
     if (getrandom(&gw->transfer->counter, sizeof(gw->transfer->counter), 0) !=
         sizeof(gw->transfer->counter))
         gw->transfer->counter = (uint64_t)(uintptr_t)gw;
@@ -697,9 +847,22 @@ void mg_svc_transfer_free(mg_gateway *gw)
             if (b->reqs[i].local)
                 mg_registry_put(mg_engine_registry(gw->engine), b->reqs[i].local);
         }
-        free(b->reqs);
-        free(b);
+        batch_free(b);
     }
     free(ts);
     gw->transfer = NULL;
+}
+
+/* Before the engine stops: running transfers end now (UNAVAILABLE: shutting down) instead of
+ * holding a worker until their peer answers. */
+void mg_svc_transfer_stop(mg_gateway *gw)
+{
+    if (gw->transfer == NULL)
+        return;
+    for (xfer_batch *b = gw->transfer->batches; b; b = b->next) {
+        for (size_t i = 0; i < b->n; i++) {
+            if (b->reqs[i].state == ST_RUNNING)
+                __atomic_store_n(&b->reqs[i].stop, MG_ERR_SHUTDOWN, __ATOMIC_RELEASE);
+        }
+    }
 }

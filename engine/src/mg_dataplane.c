@@ -61,9 +61,38 @@ int mg_dp_status_err(uint32_t st)
 
 /* ------------------------------------------------------------------ socket helpers */
 
+/* Waits until fd is ready for `events`, at most timeout_ms (-1: no limit). With a stop word
+ * (may be NULL) it looks at it every 100 ms. Returns 0, or -1 with errno ETIMEDOUT, ECANCELED
+ * (*stop was set) or poll's error. */
+static int wait_ready(int fd, short events, int timeout_ms, const int *stop)
+{
+    int waited = 0;
+    for (;;) {
+        struct pollfd pfd = {fd, events, 0};
+        int step = timeout_ms < 0 ? -1 : timeout_ms - waited, pr;
+        if (stop) {
+            if (__atomic_load_n(stop, __ATOMIC_ACQUIRE) != 0) {
+                errno = ECANCELED;
+                return -1;
+            }
+            if (step < 0 || step > 100)
+                step = 100;
+        }
+        pr = poll(&pfd, 1, step);
+        if (pr > 0)
+            return 0;
+        if (pr < 0 && errno != EINTR)
+            return -1;
+        if (pr == 0 && timeout_ms >= 0 && (waited += step) >= timeout_ms) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+    }
+}
+
 /* Reads exactly n bytes; waits at most timeout_ms for each piece (-1: forever). Returns 0, or
- * -1 (closed, error or timeout; errno says which: 0 for an orderly close). */
-static int read_full(int fd, void *buf, size_t n, int timeout_ms)
+ * -1 (closed, error, timeout or stop; errno says which: 0 for an orderly close). */
+static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *stop)
 {
     uint8_t *p = buf;
     while (n > 0) {
@@ -79,13 +108,7 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms)
             return -1;
         }
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            struct pollfd pfd = {fd, POLLIN, 0};
-            int pr = poll(&pfd, 1, timeout_ms);
-            if (pr == 0) {
-                errno = ETIMEDOUT;
-                return -1;
-            }
-            if (pr < 0 && errno != EINTR)
+            if (wait_ready(fd, POLLIN, timeout_ms, stop) != 0)
                 return -1;
             continue;
         }
@@ -95,12 +118,18 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms)
     return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t n)
+/* Writes all n bytes; a peer that takes none of them for timeout_ms is a timeout. */
+static int write_full(int fd, const void *buf, size_t n, int timeout_ms, const int *stop)
 {
     const uint8_t *p = buf;
     while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (wait_ready(fd, POLLOUT, timeout_ms, stop) != 0)
+                    return -1;
+                continue;
+            }
             if (errno == EINTR)
                 continue;
             return -1;
@@ -111,13 +140,14 @@ static int write_full(int fd, const void *buf, size_t n)
     return 0;
 }
 
-static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t len)
+static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t len,
+                      int timeout_ms, const int *stop)
 {
     uint8_t head[MG_DF_HEADER_BYTES];
     mg_df_encode(h, head);
-    if (write_full(fd, head, sizeof(head)) != 0)
+    if (write_full(fd, head, sizeof(head), timeout_ms, stop) != 0)
         return -1;
-    return len ? write_full(fd, payload, len) : 0;
+    return len ? write_full(fd, payload, len, timeout_ms, stop) : 0;
 }
 
 /* Reads and drops n bytes (the payload of a refused slice keeps the stream in step). */
@@ -126,7 +156,7 @@ static int discard(int fd, uint64_t n, int timeout_ms)
     uint8_t sink[16384];
     while (n > 0) {
         size_t k = n < sizeof(sink) ? (size_t)n : sizeof(sink);
-        if (read_full(fd, sink, k, timeout_ms) != 0)
+        if (read_full(fd, sink, k, timeout_ms, NULL) != 0)
             return -1;
         n -= k;
     }
@@ -195,27 +225,27 @@ static int serve_hello(dp_conn *c, char *tenant)
     mg_df_header h, reply = {0};
     static const char refused[] = "session token refused";
     int rc;
-    if (read_full(c->fd, head, sizeof(head), (int)s->cfg.io_timeout_ms) != 0)
+    if (read_full(c->fd, head, sizeof(head), (int)s->cfg.io_timeout_ms, NULL) != 0)
         return -1;
     rc = mg_df_decode(head, sizeof(head), s->cfg.max_slice, &h);
     if (rc != MG_DF_OK || h.type != MG_DF_HELLO ||
-        read_full(c->fd, token, sizeof(token), (int)s->cfg.io_timeout_ms) != 0) {
+        read_full(c->fd, token, sizeof(token), (int)s->cfg.io_timeout_ms, NULL) != 0) {
         const char *why = rc != MG_DF_OK ? mg_df_strerror(rc) : "the first frame must be HELLO";
         reply.type = MG_DF_ERROR;
         reply.status = rc == MG_DF_BAD_VERSION ? ST_UNIMPLEMENTED : ST_INVALID_ARGUMENT;
         reply.length = (uint32_t)strlen(why);
-        send_frame(c->fd, &reply, why, reply.length);
+        send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
         return -1;
     }
     if (s->cfg.auth(s->cfg.auth_arg, token, tenant) != 0) {
         reply.type = MG_DF_ERROR;
         reply.status = ST_UNAUTHENTICATED;
         reply.length = sizeof(refused) - 1;
-        send_frame(c->fd, &reply, refused, reply.length);
+        send_frame(c->fd, &reply, refused, reply.length, (int)s->cfg.io_timeout_ms, NULL);
         return -1;
     }
     reply.type = MG_DF_HELLO_OK;
-    return send_frame(c->fd, &reply, NULL, 0);
+    return send_frame(c->fd, &reply, NULL, 0, (int)s->cfg.io_timeout_ms, NULL);
 }
 
 static void *conn_main(void *arg)
@@ -234,7 +264,7 @@ static void *conn_main(void *arg)
         uint8_t *addr = NULL;
         uint32_t st;
         int rc;
-        if (read_full(c->fd, head, sizeof(head), -1) != 0) /* idle peers may wait */
+        if (read_full(c->fd, head, sizeof(head), -1, NULL) != 0) /* idle peers may wait */
             break;
         rc = mg_df_decode(head, sizeof(head), s->cfg.max_slice, &h);
         if (rc != MG_DF_OK || (h.type != MG_DF_WRITE && h.type != MG_DF_READ)) {
@@ -242,7 +272,7 @@ static void *conn_main(void *arg)
             reply.type = MG_DF_ERROR;
             reply.status = ST_INVALID_ARGUMENT;
             reply.length = (uint32_t)strlen(why);
-            send_frame(c->fd, &reply, why, reply.length);
+            send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
         st = check_target(s, tenant, c->peer, &h, &seg, &addr);
@@ -252,7 +282,7 @@ static void *conn_main(void *arg)
         reply.flags = h.flags & MG_DF_LEASE;
         if (h.type == MG_DF_WRITE) {
             /* The bytes go straight into place; the ack follows only once they are there. */
-            if (st == ST_OK ? read_full(c->fd, addr, h.length, timeout) != 0
+            if (st == ST_OK ? read_full(c->fd, addr, h.length, timeout, NULL) != 0
                             : discard(c->fd, h.length, timeout) != 0) {
                 if (seg)
                     mg_registry_put(s->cfg.registry, seg);
@@ -264,7 +294,7 @@ static void *conn_main(void *arg)
             reply.type = MG_DF_WRITE_ACK;
             reply.length = h.length;
             reply.status = st;
-            rc = send_frame(c->fd, &reply, NULL, 0);
+            rc = send_frame(c->fd, &reply, NULL, 0, timeout, NULL);
             count(s, st == ST_OK ? &s->stats.slices_in : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_in, h.length);
@@ -276,7 +306,7 @@ static void *conn_main(void *arg)
                 reply.flags |= MG_DF_CRC;
                 reply.payload_crc = mg_crc32c(0, addr, h.length);
             }
-            rc = send_frame(c->fd, &reply, addr, reply.length);
+            rc = send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
@@ -465,6 +495,7 @@ struct mg_dp_conn {
     char peer[300];
     uint32_t timeout_ms;
     uint64_t next_slice;
+    const int *stop; /* the running transfer's stop word, or NULL */
 };
 
 /* Reads an answer's ERROR text into err. */
@@ -473,14 +504,14 @@ static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, siz
 {
     char text[1025] = "";
     uint32_t n = h->length < sizeof(text) - 1 ? h->length : (uint32_t)sizeof(text) - 1;
-    if (read_full(c->fd, text, n, (int)c->timeout_ms) == 0)
+    if (read_full(c->fd, text, n, (int)c->timeout_ms, c->stop) == 0)
         text[n] = '\0';
     snprintf(err, errcap, "%s: peer %s says: %s", what, c->peer, text);
 }
 
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, char *err,
-                  size_t errcap)
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
+                  char *err, size_t errcap)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
     char serv[8];
@@ -496,7 +527,6 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
         return MG_ERR_UNAVAILABLE;
     }
     for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        struct pollfd pfd;
         int soerr = 0;
         socklen_t sl = sizeof(soerr);
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -507,18 +537,25 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
             fd = -1;
             continue;
         }
-        pfd = (struct pollfd){fd, POLLOUT, 0};
-        if (poll(&pfd, 1, (int)timeout_ms) != 1 ||
+        if (wait_ready(fd, POLLOUT, (int)timeout_ms, stop) != 0 ||
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
-            errno = soerr ? soerr : ETIMEDOUT;
+            if (soerr)
+                errno = soerr;
             close(fd);
             fd = -1;
+            if (errno == ECANCELED)
+                break;
         }
     }
     freeaddrinfo(ai);
+    if (fd < 0 && errno == ECANCELED) {
+        snprintf(err, errcap, "stopped (%s) while connecting to peer %s:%d", mg_strerror(*stop),
+                 host, port);
+        return *stop;
+    }
     if (fd < 0) {
         snprintf(err, errcap, "cannot reach peer %s:%d: %s", host, port, strerror(errno));
-        return MG_ERR_UNAVAILABLE;
+        return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); /* blocking from here on */
     c = calloc(1, sizeof(*c));
@@ -532,12 +569,20 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     hello.type = MG_DF_HELLO;
     hello.length = MG_DF_TOKEN_BYTES;
-    if (send_frame(fd, &hello, token, MG_DF_TOKEN_BYTES) != 0 ||
-        read_full(fd, head, sizeof(head), (int)c->timeout_ms) != 0) {
-        snprintf(err, errcap, "peer %s: no answer to HELLO: %s", c->peer,
-                 errno ? strerror(errno) : "connection closed");
+    if (send_frame(fd, &hello, token, MG_DF_TOKEN_BYTES, (int)c->timeout_ms, stop) != 0 ||
+        read_full(fd, head, sizeof(head), (int)c->timeout_ms, stop) != 0) {
+        int e = errno;
+        if (e == ECANCELED) {
+            snprintf(err, errcap, "stopped (%s) while greeting peer %s", mg_strerror(*stop),
+                     c->peer);
+            rc = *stop;
+        } else {
+            snprintf(err, errcap, "peer %s: no answer to HELLO: %s", c->peer,
+                     e ? strerror(e) : "connection closed");
+            rc = e == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+        }
         mg_dp_close(c);
-        return MG_ERR_UNAVAILABLE;
+        return rc;
     }
     rc = mg_df_decode(head, sizeof(head), 1 << 30, &h);
     if (rc != MG_DF_OK || (h.type != MG_DF_HELLO_OK && h.type != MG_DF_ERROR)) {
@@ -577,14 +622,24 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
     h.length = sl->length;
     if (write && o->crc)
         h.payload_crc = mg_crc32c(0, buf + sl->local_offset, sl->length);
-    return send_frame(c->fd, &h, write ? buf + sl->local_offset : NULL, write ? sl->length : 0);
+    return send_frame(c->fd, &h, write ? buf + sl->local_offset : NULL, write ? sl->length : 0,
+                      (int)c->timeout_ms, c->stop);
+}
+
+/* Why a transfer stopped part way, for err; returns the code to report. */
+static int stopped(mg_dp_conn *c, int code, uint64_t done_bytes, uint64_t len, char *err,
+                   size_t errcap)
+{
+    snprintf(err, errcap, "stopped (%s) with %llu of %llu bytes confirmed by peer %s",
+             mg_strerror(code), (unsigned long long)done_bytes, (unsigned long long)len, c->peer);
+    return code;
 }
 
 static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, uint8_t *buf,
                     uint64_t len, const mg_dp_options *opt, char *err, size_t errcap)
 {
     mg_dp_options o = opt ? *opt : (mg_dp_options){0};
-    uint64_t total, sent = 0, done = 0, base;
+    uint64_t total, sent = 0, done = 0, base, done_bytes = 0;
     int first_err = 0;
     if (o.slice_bytes == 0)
         o.slice_bytes = 1u << 20;
@@ -595,6 +650,7 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
                  (unsigned long long)len);
         return MG_ERR_RANGE;
     }
+    c->stop = o.stop;
     total = mg_slice_count(len, o.slice_bytes);
     base = c->next_slice;
     c->next_slice += total;
@@ -604,17 +660,23 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
         uint8_t head[MG_DF_HEADER_BYTES];
         int rc;
         while (sent < total && sent - done < o.window && first_err == 0) {
+            if (o.stop && (rc = __atomic_load_n(o.stop, __ATOMIC_ACQUIRE)) != 0)
+                return stopped(c, rc, done_bytes, len, err, errcap);
             mg_slice_plan(0, offset, len, o.slice_bytes, sent, &sl, 1);
             if (send_slice(c, write, target, &sl, buf, &o, base + sent) != 0) {
+                if (errno == ECANCELED)
+                    return stopped(c, *o.stop, done_bytes, len, err, errcap);
                 snprintf(err, errcap, "peer %s: sending slice %llu: %s", c->peer,
                          (unsigned long long)sent, strerror(errno));
-                return MG_ERR_UNAVAILABLE;
+                return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
             }
             sent++;
         }
         if (done == sent)
             break; /* an earlier failure stopped sending; every answer is in */
-        if (read_full(c->fd, head, sizeof(head), (int)c->timeout_ms) != 0) {
+        if (read_full(c->fd, head, sizeof(head), (int)c->timeout_ms, c->stop) != 0) {
+            if (errno == ECANCELED)
+                return stopped(c, *o.stop, done_bytes, len, err, errcap);
             snprintf(err, errcap, "peer %s: waiting for slice %llu: %s", c->peer,
                      (unsigned long long)done, errno ? strerror(errno) : "connection closed");
             return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
@@ -633,8 +695,10 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
             return MG_ERR_PROTOCOL;
         }
         if (!write && h.status == ST_OK) {
-            if (h.length != expect.length ||
-                read_full(c->fd, buf + expect.local_offset, h.length, (int)c->timeout_ms) != 0) {
+            if (h.length != expect.length || read_full(c->fd, buf + expect.local_offset, h.length,
+                                                       (int)c->timeout_ms, c->stop) != 0) {
+                if (errno == ECANCELED)
+                    return stopped(c, *o.stop, done_bytes, len, err, errcap);
                 snprintf(err, errcap, "peer %s: reading slice %llu", c->peer,
                          (unsigned long long)done);
                 return MG_ERR_UNAVAILABLE;
@@ -648,6 +712,10 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
             snprintf(err, errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s", c->peer,
                      (unsigned long long)done, (unsigned long long)expect.remote_offset,
                      expect.length, mg_strerror(first_err));
+        } else if (h.status == ST_OK) {
+            done_bytes += expect.length;
+            if (o.progress)
+                __atomic_fetch_add(o.progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
         }
         done++;
     }

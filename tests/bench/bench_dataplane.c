@@ -68,8 +68,8 @@ int main(int argc, char **argv)
     {
         mg_dp_server_config sc = {"127.0.0.1", 0, reg, slice, 4, 10000, auth, NULL};
         if (mg_dp_server_start(&srv, &sc, err, sizeof(err)) != 0 ||
-            mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, err, sizeof(err)) !=
-                0) {
+            mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, err,
+                          sizeof(err)) != 0) {
             fprintf(stderr, "bench_dataplane: %s\n", err);
             return 1;
         }
@@ -80,7 +80,7 @@ int main(int argc, char **argv)
            "flight\n",
            (double)bytes / (1 << 30), slice >> 10, window);
     for (int crc = 0; crc <= 1; crc++) {
-        mg_dp_options o = {slice, window, crc};
+        mg_dp_options o = {.slice_bytes = slice, .window = window, .crc = crc};
         double t0 = now_s(), tw, tr;
         if (mg_dp_write(c, info.id, 0, buf, bytes, &o, err, sizeof(err)) != 0)
             goto fail;

@@ -206,3 +206,171 @@ def test_cancel_fails_the_requests_not_started(make_daemon):
             assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
     finally:
         silent.close()
+
+
+def warm_up(t, a_seg, peer, b_seg):
+    """One small WRITE: the session is open and a data connection sits in A's pool."""
+    bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+        req(transfer_pb2.WRITE, a_seg, peer, b_seg, 4096)])).batch_id
+    assert wait_batch(t, bid).state == transfer_pb2.DONE
+
+
+def wait_state(t, bid, index, state, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        r = t.GetBatch(transfer_pb2.GetBatchRequest(id=bid)).requests[index]
+        if r.state == state:
+            return r
+        assert time.monotonic() < deadline, "request %d never reached %s: %s" % (index, state, r)
+        time.sleep(0.02)
+
+
+def test_cancel_stops_a_running_request(make_daemon):
+    """B is frozen (SIGSTOP) so A's WRITE stalls mid-flight; Cancel ends it CANCELLED well
+    before the data plane's 10 s I/O timeout, the segment is released, and both daemons serve
+    on once B runs again."""
+    import signal
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 256 * MiB)
+    dst = register(b, "dst", 256 * MiB, remote=True)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, dst.id)
+        b.signal(signal.SIGSTOP)
+        try:
+            bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+                req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 256 * MiB)])).batch_id
+            wait_state(t, bid, 0, transfer_pb2.RUNNING)
+            t0 = time.monotonic()
+            t.Cancel(transfer_pb2.GetBatchRequest(id=bid))
+            batch = wait_batch(t, bid, timeout=5)
+            took = time.monotonic() - t0
+        finally:
+            b.signal(signal.SIGCONT)
+        r = batch.requests[0]
+        assert r.state == transfer_pb2.FAILED and r.code == grpc.StatusCode.CANCELLED.value[0], r
+        assert "stopped (cancelled)" in r.message and r.bytes_done < 256 * MiB
+        assert took < 5
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+        warm_up(t, src.id, b.h2c, dst.id)  # a new connection; B dropped the broken one
+    assert a.metric("moongate_transfer_failures_total", grpc_code="CANCELLED") == 1
+
+
+def test_batch_timeout_ends_running_and_connecting_requests(make_daemon):
+    """With B frozen, one request runs on the pooled connection and one waits for B's answer
+    to a new connection's HELLO; the batch's timeout ends both with DEADLINE_EXCEEDED."""
+    import signal
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 64 * MiB)
+    dst = register(b, "dst", 64 * MiB, remote=True)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, dst.id)
+        b.signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            bid = t.Submit(transfer_pb2.SubmitRequest(timeout_ms=500, requests=[
+                req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 32 * MiB),
+                req(transfer_pb2.READ, src.id, b.h2c, dst.id, 32 * MiB, 32 * MiB)])).batch_id
+            batch = wait_batch(t, bid, timeout=8)
+            took = time.monotonic() - t0
+        finally:
+            b.signal(signal.SIGCONT)
+        assert [r.code for r in batch.requests] == [grpc.StatusCode.DEADLINE_EXCEEDED.value[0]] * 2
+        assert all("stopped (deadline exceeded)" in r.message for r in batch.requests), batch
+        assert 0.5 <= took < 5
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+
+
+def test_batch_timeout_ends_requests_waiting_for_a_session(make_daemon):
+    import socket
+    a = make_daemon("--peer-tls=false")
+    src = register(a, "src", MiB)
+    silent = socket.socket()  # accepts, never answers OpenSession
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    peer = "127.0.0.1:%d" % silent.getsockname()[1]
+    try:
+        with h2c_channel(a) as ch:
+            t = transfer_pb2_grpc.TransferStub(ch)
+            bid = t.Submit(transfer_pb2.SubmitRequest(timeout_ms=300, requests=[
+                req(transfer_pb2.WRITE, src.id, peer, 1, 100)])).batch_id
+            batch = wait_batch(t, bid, timeout=5)
+            r = batch.requests[0]
+            assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], r
+            assert "timeout of 300 ms passed before it started" in r.message
+    finally:
+        silent.close()
+
+
+def test_kill_9_of_a_peer_mid_batch(make_daemon):
+    """A batch spans peers B and C. B is frozen mid-WRITE, then killed with SIGKILL: its
+    request fails UNAVAILABLE naming B, C's requests complete, A keeps serving, and nothing
+    stays held."""
+    import signal
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    c = make_daemon("--peer-tls=false")
+    src = register(a, "src", 128 * MiB)
+    on_b = register(b, "on-b", 128 * MiB, remote=True)
+    on_c = register(c, "on-c", 8 * MiB, remote=True)
+    data, theirs = os.urandom(4 * MiB), os.urandom(4 * MiB)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[64 * MiB:68 * MiB] = data
+    with open(on_c.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[4 * MiB:] = theirs
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, on_b.id)
+        b.signal(signal.SIGSTOP)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, on_b.id, 64 * MiB),
+            req(transfer_pb2.WRITE, src.id, c.h2c, on_c.id, 4 * MiB, 64 * MiB, 0),
+            req(transfer_pb2.READ, src.id, c.h2c, on_c.id, 4 * MiB, 96 * MiB, 4 * MiB),
+        ])).batch_id
+        wait_state(t, bid, 1, transfer_pb2.DONE)
+        wait_state(t, bid, 2, transfer_pb2.DONE)
+        assert wait_state(t, bid, 0, transfer_pb2.RUNNING).state == transfer_pb2.RUNNING
+        b.kill()
+        batch = wait_batch(t, bid, timeout=10)
+        r = batch.requests[0]
+        assert r.code == grpc.StatusCode.UNAVAILABLE.value[0], r
+        assert b.h2c in r.message, r.message
+        assert (batch.done, batch.failed) == (2, 1)
+        with open(on_c.path, "rb") as f:
+            assert f.read(4 * MiB) == data
+        with open(src.path, "rb") as f:
+            f.seek(96 * MiB)
+            assert f.read(4 * MiB) == theirs  # READ from C
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=src.id))
+    assert a.alive()
+    assert a.metric("moongate_transfer_requests_in_flight") == 0
+
+
+def test_peer_restart_is_handled_without_restarting_this_daemon(make_daemon):
+    """B restarts (new epoch, new data port, new segment ids). A's pooled connection and its
+    session token are stale; the next transfer notices, opens a new session and succeeds."""
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", MiB)
+    data = os.urandom(MiB)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = data
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, register(b, "dst", MiB, remote=True).id)
+        b.stop()
+        b.start()
+        dst = register(b, "dst", MiB, remote=True)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, MiB)])).batch_id
+        batch = wait_batch(t, bid)
+        assert batch.state == transfer_pb2.DONE, batch
+        with open(dst.path, "rb") as f:
+            assert f.read() == data
+    epochs = {line.split("epoch=")[1].split()[0] for line in a.read_log().splitlines()
+              if "event=peer_session " in line}
+    assert len(epochs) == 2, epochs

@@ -80,7 +80,8 @@ static mg_dp_conn *dial(const uint8_t *token)
     mg_dp_conn *c = NULL;
     char err[256];
     CU_ASSERT_EQUAL(
-        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, err, sizeof(err)), 0);
+        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, err, sizeof(err)),
+        0);
     return c;
 }
 
@@ -88,7 +89,8 @@ static void test_bytes_land_and_come_back(void)
 {
     uint64_t len = 10 * MiB + 123;
     uint8_t *src = malloc(len), *back = calloc(1, len);
-    mg_dp_options big = {1 * MiB, 4, 1}, small = {4096, 64, 0};
+    mg_dp_options big = {.slice_bytes = 1 * MiB, .window = 4, .crc = 1};
+    mg_dp_options small = {.slice_bytes = 4096, .window = 64};
     mg_dp_server_stats st;
     mg_dp_conn *c;
     char err[256];
@@ -139,7 +141,7 @@ static void test_refusals_keep_the_stream(void)
     /* A multi-slice write whose middle slices fall outside: the first lands, the answer names
      * the first refused slice. */
     {
-        mg_dp_options o4 = {4096, 8, 0};
+        mg_dp_options o4 = {.slice_bytes = 4096, .window = 8};
         CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 16 * MiB, data, 8192, &o4, err, sizeof(err)),
                         MG_ERR_RANGE);
         CU_ASSERT_PTR_NOT_NULL(strstr(err, "refused slice 1"));
@@ -182,7 +184,7 @@ static void test_auth_and_malformed_streams(void)
     char err[256];
     start(8);
     CU_ASSERT_EQUAL(
-        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), bad, 5000, err, sizeof(err)),
+        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), bad, 5000, NULL, err, sizeof(err)),
         MG_ERR_AUTH);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "session token refused"));
     CU_ASSERT_EQUAL(
@@ -216,13 +218,14 @@ static void test_limits_unreachable_and_stop(void)
     c = dial(token_t);
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
     /* max_conns 1: a second connection is closed at once. */
-    CU_ASSERT_NOT_EQUAL(
-        mg_dp_connect(&d, "127.0.0.1", mg_dp_server_port(srv), token_t, 2000, err, sizeof(err)), 0);
+    CU_ASSERT_NOT_EQUAL(mg_dp_connect(&d, "127.0.0.1", mg_dp_server_port(srv), token_t, 2000, NULL,
+                                      err, sizeof(err)),
+                        0);
     port = mg_dp_server_port(srv);
     stop(); /* returns although c is connected and idle */
     CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "x", 1, NULL, err, sizeof(err)), MG_ERR_UNAVAILABLE);
     mg_dp_close(c);
-    CU_ASSERT_EQUAL(mg_dp_connect(&d, "127.0.0.1", port, token_t, 2000, err, sizeof(err)),
+    CU_ASSERT_EQUAL(mg_dp_connect(&d, "127.0.0.1", port, token_t, 2000, NULL, err, sizeof(err)),
                     MG_ERR_UNAVAILABLE);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "127.0.0.1"));
 }

@@ -60,21 +60,31 @@ void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out);
 void mg_dp_server_stop(mg_dp_server *s);
 
 /* Connects to a peer's data plane and presents the session token. Returns 0, or MG_ERR_UNAVAILABLE
- * (cannot connect: err names the peer), MG_ERR_AUTH (token refused) or MG_ERR_PROTOCOL. */
+ * (cannot connect: err names the peer), MG_ERR_TIMEOUT (no answer within timeout_ms),
+ * MG_ERR_AUTH (token refused) or MG_ERR_PROTOCOL. `stop` (may be NULL) as in mg_dp_options. */
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, char *err,
-                  size_t errcap);
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
+                  char *err, size_t errcap);
 void mg_dp_close(mg_dp_conn *c);
 
 typedef struct mg_dp_options {
     uint32_t slice_bytes; /* 0: 1 MiB */
     unsigned window;      /* slices in flight; 0: 16 */
     int crc;              /* CRC32C per slice */
+    /* Optional. Another thread sets *stop (atomically) to an MG_ERR_* to end the transfer: it
+     * is seen within 100 ms even while the peer is silent, and the call returns that code; the
+     * connection is then out of step and must be closed. */
+    const int *stop;
+    /* Optional: bytes confirmed so far are added here (atomically) as slices complete. */
+    uint64_t *progress;
 } mg_dp_options;
 
 /* Copies `len` bytes from `buf` to [offset, offset + len) of the peer's segment `target`.
  * Returns 0 once every slice was acknowledged as in place, or the first failure's MG_ERR_* with
- * err naming the slice and the peer's reason (slices before it may have landed). */
+ * err naming the slice and the peer's reason (slices before it may have landed). A peer that
+ * takes or answers nothing for the connection's timeout is MG_ERR_TIMEOUT. After a refused
+ * slice (NOT_FOUND, PERMISSION, RANGE, DATA_LOSS) the connection stays usable; after any other
+ * failure close it. */
 int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf, uint64_t len,
                 const mg_dp_options *o, char *err, size_t errcap);
 /* Copies [offset, offset + len) of the peer's segment `target` into `buf`. */
