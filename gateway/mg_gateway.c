@@ -10,6 +10,7 @@
 #include "mg_server_int.h"
 
 #include "mg_log.h"
+#include "moongate/lease_table.h"
 
 #include <arpa/inet.h>
 #include <event2/event.h>
@@ -134,6 +135,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         rc = MG_ERR_NOMEM;
         goto fail;
     }
+    if (mg_engine_registry(engine) != NULL && (rc = mg_lease_table_new(&gw->leases)) != 0)
+        goto fail;
     if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
         (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_pool_init(gw)) != 0 ||
         (rc = mg_svc_peer_init(gw)) != 0 || (rc = mg_svc_transfer_init(gw)) != 0 ||
@@ -200,6 +203,7 @@ void mg_gateway_del(mg_gateway *gw)
     mg_svc_peer_free(gw); /* joins the data-plane threads */
     mg_svc_pool_free(gw);
     mg_svc_memory_free(gw);
+    mg_lease_table_del(gw->leases);
     if (gw->drain_timer)
         event_free(gw->drain_timer);
     if (gw->grace_timer)

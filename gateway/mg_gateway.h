@@ -213,6 +213,7 @@ struct mg_gateway {
     struct mg_pool_svc *pool;         /* NULL without a pool */
     struct mg_peer_svc *peer;         /* the data plane and its sessions; NULL without */
     struct mg_transfer_svc *transfer; /* batches and the peer directory */
+    struct mg_lease_table *leases;    /* remote-accessible leases, for the data plane */
     unsigned starting_jobs;           /* start-up work (the pool) before the daemon may serve */
     int serve_wanted;                 /* mg_gateway_set_serving() was called */
 

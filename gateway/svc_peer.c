@@ -14,6 +14,7 @@
 #include "mg_log.h"
 
 #include "moongate/dataplane.h"
+#include "moongate/lease_table.h"
 #include "moongate/segment.h"
 #include "moongate/v1/peer.pb-c.h"
 
@@ -135,8 +136,20 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_info info;
     char *transports[MG_TRANSPORT_COUNT];
-    if (req->is_lease) {
-        mg_call_fail(call, MG_ERR_UNSUPPORTED, "leases as remote targets are not served yet");
+    if (req->is_lease) { /* only remote-accessible leases are published */
+        static char *tcp[] = {"tcp"};
+        if (gw->leases == NULL ||
+            mg_lease_table_describe(gw->leases, req->id, TENANT, &resp.size) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no remote-accessible lease %" PRIu64, req->id);
+            return;
+        }
+        resp.id = req->id;
+        resp.is_lease = 1;
+        resp.remote_accessible = 1;
+        resp.transports = tcp;
+        resp.n_transports = 1;
+        resp.epoch = gw->epoch;
+        mg_call_reply(call, &resp.base);
         return;
     }
     if (reg == NULL || mg_registry_find(reg, TENANT, req->id, &info) != 0 ||
@@ -205,6 +218,7 @@ int mg_svc_peer_init(mg_gateway *gw)
     dc.host = ps->host;
     dc.port = ps->port;
     dc.registry = mg_engine_registry(gw->engine);
+    dc.leases = gw->leases;
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;

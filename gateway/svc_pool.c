@@ -13,6 +13,7 @@
 
 #include "mg_log.h"
 
+#include "moongate/lease_table.h"
 #include "moongate/pool.h"
 #include "moongate/segment.h"
 #include "moongate/v1/pool.pb-c.h"
@@ -55,8 +56,17 @@ typedef struct pool_entry {
     uint64_t nwaiters;
 } pool_entry;
 
+/* A remote-accessible lease published in the gateway's lease table (held in use meanwhile). */
+typedef struct published {
+    pool_entry *pe;
+    mg_lease *l;
+    uint64_t id;
+    struct published *next;
+} published;
+
 struct mg_pool_svc {
     pool_entry pools[MAX_POOLS];
+    published *published;
     size_t npools;
     pool_entry *fallback;      /* the default pool, or NULL without one */
     int overflow;              /* --pool-overflow register */
@@ -153,6 +163,8 @@ static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Serves a pool's line from its head while there is room. */
+static void publish(mg_gateway *gw, pool_entry *pe, mg_lease *l);
+
 static void serve_waiters(pool_entry *pe)
 {
     while (pe->head) {
@@ -169,8 +181,8 @@ static void serve_waiters(pool_entry *pe)
                 if (rc == 0)
                     mg_pool_release(pe->pool, l); /* nobody is left to use it */
             } else {
-                if (w->remote)
-                    mg_lease_set_remote(l, 1);
+                if (w->remote && rc == 0)
+                    publish(mg_call_gateway(w->call), pe, l);
                 reply_lease(w->call, pe, l);
             }
         } else {
@@ -326,7 +338,7 @@ static void overflow_done(void *arg, int result)
             snprintf(err, sizeof(err), "%s", mg_strerror(rc));
         } else {
             if (j->remote)
-                mg_lease_set_remote(l, 1);
+                publish(gw, pe, l);
             overflow_log(gw, pe, j->reserved);
             reply_lease(j->call, pe, l);
         }
@@ -461,8 +473,8 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
     if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > pe->lease_bytes)
         rc = MG_ERR_FULL; /* larger than the whole pool: only an overflow region can serve it */
     if (rc == 0 || rc == MG_LEASE_RETRY) {
-        if (req->remote_accessible)
-            mg_lease_set_remote(l, 1);
+        if (req->remote_accessible && rc == 0)
+            publish(gw, pe, l);
         reply_lease(call, pe, l);
         return;
     }
@@ -529,8 +541,10 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
             serve_waiters(pe);
             goto out;
         }
-        if (it->remote_accessible)
-            mg_lease_set_remote(got[n], 1);
+    }
+    for (size_t k = 0; k < n; k++) { /* all taken: the remote-accessible ones go public */
+        if (req->items[k]->remote_accessible)
+            publish(gw, pe, got[k]);
     }
     for (size_t k = 0; k < n; k++) {
         mg_lease_info info;
@@ -548,6 +562,65 @@ out:
 }
 
 /* Finds the caller's lease named by `id`, or fails the call with NOT_FOUND. */
+/* ---- remote-accessible leases: published for the data plane (moongate/lease_table.h) ---- */
+
+static void publish(mg_gateway *gw, pool_entry *pe, mg_lease *l)
+{
+    published *p;
+    mg_lease_info li;
+    int rc;
+    mg_lease_set_remote(l, 1);
+    if (gw->leases == NULL)
+        return; /* no data plane: nobody could reach it */
+    mg_lease_get_info(pe->pool, l, &li);
+    p = calloc(1, sizeof(*p));
+    rc = p ? mg_lease_table_put(gw->leases, li.id, li.tenant, mg_lease_addr(pe->pool, l),
+                                li.requested, p)
+           : MG_ERR_NOMEM;
+    if (rc != 0) {
+        mg_warn("lease_publish_failed", "lease=%" PRIu64 " error=\"%s\"", li.id, mg_strerror(rc));
+        free(p);
+        return;
+    }
+    mg_lease_use(l); /* its range stays the lease's while a peer may reach it */
+    p->pe = pe;
+    p->l = l;
+    p->id = li.id;
+    p->next = gw->pool->published;
+    gw->pool->published = p;
+}
+
+static void unpublished(published *p)
+{
+    mg_lease_unuse(p->pe->pool, p->l);
+    serve_waiters(p->pe); /* the lease's range may just have come back */
+    free(p);
+}
+
+/* Withdraws the published leases that ended (released, expired), and lets go of those whose
+ * last data-plane slice has finished since. */
+static void sweep_published(mg_gateway *gw, int ended)
+{
+    void *done[64];
+    size_t n;
+    if (gw->leases == NULL)
+        return;
+    for (published **pp = &gw->pool->published; ended && *pp;) {
+        published *p = *pp;
+        if (!mg_lease_released(p->l)) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        if (mg_lease_table_withdraw(gw->leases, p->id) == p)
+            unpublished(p); /* else the table gives it back once its slices end */
+    }
+    while ((n = mg_lease_table_collect(gw->leases, done, 64)) > 0) {
+        for (size_t i = 0; i < n; i++)
+            unpublished(done[i]);
+    }
+}
+
 static mg_lease *lease_for(mg_call *call, mg_pool *pool, uint64_t id)
 {
     mg_lease *l;
@@ -569,6 +642,7 @@ static void release_message(mg_call *call, const ProtobufCMessage *m)
         return;
     mg_pool_release(pool, l);
     mg_call_reply(call, &resp.base);
+    sweep_published(mg_call_gateway(call), 1);
     serve_waiters(pe);
 }
 
@@ -717,14 +791,17 @@ static void stats_message(mg_call *call, const ProtobufCMessage *m)
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
+    unsigned expired = 0;
     for (size_t i = 0; i < gw->pool->npools; i++) {
         pool_entry *pe = &gw->pool->pools[i];
         unsigned n = pe->pool ? mg_pool_expire(pe->pool, now_ms()) : 0;
         if (n > 0) {
             mg_info("leases_expired", "pool=%s count=%u", pe->name, n);
             serve_waiters(pe);
+            expired += n;
         }
     }
+    sweep_published(gw, expired > 0);
 }
 
 /* ---- start-up: each pool's region, registered on a worker ---- */
@@ -976,6 +1053,20 @@ void mg_svc_pool_free(mg_gateway *gw)
     mg_svc_pool_drain(gw);
     if (ps->tick)
         event_free(ps->tick);
+    while (ps->published) { /* the data plane has stopped; the leases go with their pools */
+        published *p = ps->published;
+        ps->published = p->next;
+        if (mg_lease_table_withdraw(gw->leases, p->id) == p)
+            free(p);
+    }
+    if (gw->leases) {
+        void *done[64];
+        size_t n;
+        while ((n = mg_lease_table_collect(gw->leases, done, 64)) > 0) {
+            for (size_t i = 0; i < n; i++)
+                free(done[i]);
+        }
+    }
     for (size_t i = 0; i < ps->npools; i++) {
         pool_entry *pe = &ps->pools[i];
         if (pe->pool) {

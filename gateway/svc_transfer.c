@@ -91,8 +91,10 @@ typedef struct xfer_req {
     uint64_t progress; /* bytes confirmed (atomic) */
     int requeued;      /* sent back once for a new session */
     mg_segment *local; /* referenced until the request ends */
+    void *local_lease; /* mg_svc_pool_use token when the local side is a lease */
     uint8_t *local_addr;
-    uint64_t remote_segment, remote_offset, length;
+    uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
+    int remote_lease;
     peer_ent *peer;
     int state;
     int err; /* MG_ERR_* when failed */
@@ -193,15 +195,25 @@ static void batch_notify(xfer_batch *b)
 
 /* ---- requests finishing ---- */
 
+/* Lets go of the request's local memory: the segment reference, and the lease's use. */
+static void req_release_local(xfer_req *r)
+{
+    if (r->local) {
+        mg_registry_put(mg_engine_registry(r->gw->engine), r->local);
+        r->local = NULL;
+    }
+    if (r->local_lease) {
+        mg_svc_pool_unuse(r->gw, r->local_lease);
+        r->local_lease = NULL;
+    }
+}
+
 static void req_end(xfer_req *r, int err, const char *msg)
 {
     r->state = err ? ST_FAILED : ST_DONE;
     r->err = err;
     snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
-    if (r->local) {
-        mg_registry_put(mg_engine_registry(r->gw->engine), r->local);
-        r->local = NULL;
-    }
+    req_release_local(r);
     if (err)
         r->b->failed++;
     else
@@ -288,6 +300,7 @@ static int req_attempt(xfer_req *r, mg_dp_conn *c)
     mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
                        .window = 16,
                        .crc = cfg->data_crc,
+                       .lease = r->remote_lease,
                        .stop = &r->stop,
                        .progress = &r->progress};
     int rc;
@@ -611,7 +624,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         r->b = b;
         r->gw = gw;
         r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
-        r->remote_segment = t->remote_segment;
+        r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
+        r->remote_lease = t->remote_lease != 0;
         r->remote_offset = t->remote_offset;
         r->length = t->length;
         if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
@@ -622,9 +636,22 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\")";
         else if (t->remote_offset > UINT64_MAX - t->length)
             bad = "remote offset + length overflows";
-        else if (mg_registry_acquire(reg, TENANT, t->local_segment, holder, &r->local) != 0)
+        else if ((t->local_segment != 0) == (t->local_lease != 0))
+            bad = "name the local memory: local_segment or local_lease, one of them";
+        else if ((t->remote_segment != 0) == (t->remote_lease != 0))
+            bad = "name the remote target: remote_segment or remote_lease, one of them";
+        else if (t->local_lease) {
+            uint64_t base, size;
+            if (mg_svc_pool_use(gw, t->local_lease, holder, &r->local, &base, &size,
+                                &r->local_lease) != 0)
+                bad = "no such local lease";
+            else if (mg_bounds_check(size, t->local_offset, t->length) != 0)
+                bad = "local offset + length is outside the local lease";
+            else
+                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + base + t->local_offset;
+        } else if (mg_registry_acquire(reg, TENANT, t->local_segment, holder, &r->local) != 0) {
             bad = "no such local segment";
-        if (bad == NULL) {
+        } else {
             mg_segment_get_info(reg, r->local, &info);
             if (mg_bounds_check(info.size, t->local_offset, t->length) != 0)
                 bad = "local offset + length is outside the local segment";
@@ -632,10 +659,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                 r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
         }
         if (bad) {
-            for (size_t k = 0; k <= i; k++) {
-                if (b->reqs[k].local)
-                    mg_registry_put(reg, b->reqs[k].local);
-            }
+            for (size_t k = 0; k <= i; k++)
+                req_release_local(&b->reqs[k]);
             free(b->reqs);
             free(b);
             mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
@@ -647,7 +672,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     b->timer = evtimer_new(gw->base, batch_timeout, b);
     if (b->timer == NULL) {
         for (i = 0; i < b->n; i++)
-            mg_registry_put(reg, b->reqs[i].local);
+            req_release_local(&b->reqs[i]);
         batch_free(b);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
@@ -843,10 +868,8 @@ void mg_svc_transfer_free(mg_gateway *gw)
             mg_call_unref(w->call);
             free(w);
         }
-        for (size_t i = 0; i < b->n; i++) {
-            if (b->reqs[i].local)
-                mg_registry_put(mg_engine_registry(gw->engine), b->reqs[i].local);
-        }
+        for (size_t i = 0; i < b->n; i++)
+            req_release_local(&b->reqs[i]);
         batch_free(b);
     }
     free(ts);

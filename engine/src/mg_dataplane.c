@@ -194,13 +194,42 @@ static void count(mg_dp_server *s, uint64_t *field, uint64_t n)
 }
 
 /* Checks a slice against its target; on success holds a reference and gives the address. */
+/* The destination or source of a slice: a segment (a reference is taken) or a remote-accessible
+ * lease (a slot is taken); released with target_done. */
+typedef struct {
+    mg_segment *seg;
+    mg_lease_slot *slot;
+} dp_target;
+
+static void target_done(mg_dp_server *s, dp_target *t)
+{
+    if (t->seg)
+        mg_registry_put(s->cfg.registry, t->seg);
+    if (t->slot)
+        mg_lease_table_end(s->cfg.leases, t->slot);
+    t->seg = NULL;
+    t->slot = NULL;
+}
+
 static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *peer,
-                             const mg_df_header *h, mg_segment **seg, uint8_t **addr)
+                             const mg_df_header *h, dp_target *t, uint8_t **addr)
 {
     mg_segment_info info;
     char holder[MG_SEG_HOLDER_MAX];
-    if (h->flags & MG_DF_LEASE)
-        return ST_UNIMPLEMENTED;
+    mg_segment **seg = &t->seg;
+    if (h->flags & MG_DF_LEASE) {
+        if (s->cfg.leases == NULL)
+            return ST_UNIMPLEMENTED;
+        switch (mg_lease_table_begin(s->cfg.leases, h->target, tenant, h->offset, h->length, addr,
+                                     &t->slot)) {
+        case 0:
+            return ST_OK;
+        case MG_ERR_RANGE:
+            return ST_OUT_OF_RANGE;
+        default: /* unknown, another tenant's, or not remote-accessible */
+            return ST_NOT_FOUND;
+        }
+    }
     snprintf(holder, sizeof(holder), "a data-plane slice from %s", peer);
     if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
         return ST_NOT_FOUND;
@@ -260,7 +289,7 @@ static void *conn_main(void *arg)
     for (;;) {
         uint8_t head[MG_DF_HEADER_BYTES];
         mg_df_header h, reply = {0};
-        mg_segment *seg = NULL;
+        dp_target tgt = {NULL, NULL};
         uint8_t *addr = NULL;
         uint32_t st;
         int rc;
@@ -275,7 +304,7 @@ static void *conn_main(void *arg)
             send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
-        st = check_target(s, tenant, c->peer, &h, &seg, &addr);
+        st = check_target(s, tenant, c->peer, &h, &tgt, &addr);
         reply.slice = h.slice;
         reply.target = h.target;
         reply.offset = h.offset;
@@ -284,8 +313,7 @@ static void *conn_main(void *arg)
             /* The bytes go straight into place; the ack follows only once they are there. */
             if (st == ST_OK ? read_full(c->fd, addr, h.length, timeout, NULL) != 0
                             : discard(c->fd, h.length, timeout) != 0) {
-                if (seg)
-                    mg_registry_put(s->cfg.registry, seg);
+                target_done(s, &tgt);
                 break;
             }
             if (st == ST_OK && (h.flags & MG_DF_CRC) &&
@@ -311,8 +339,7 @@ static void *conn_main(void *arg)
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
         }
-        if (seg)
-            mg_registry_put(s->cfg.registry, seg);
+        target_done(s, &tgt);
         if (rc != 0)
             break;
     }
@@ -615,7 +642,7 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
 {
     mg_df_header h = {0};
     h.type = write ? MG_DF_WRITE : MG_DF_READ;
-    h.flags = o->crc ? MG_DF_CRC : 0;
+    h.flags = (o->crc ? MG_DF_CRC : 0) | (o->lease ? MG_DF_LEASE : 0);
     h.slice = id;
     h.target = target;
     h.offset = sl->remote_offset;

@@ -435,6 +435,11 @@ mg_segment *mg_pool_segment(const mg_pool *p)
     return p->seg;
 }
 
+int mg_lease_released(const mg_lease *l)
+{
+    return l->released;
+}
+
 uint8_t *mg_lease_addr(const mg_pool *p, const mg_lease *l)
 {
     return l->own ? (uint8_t *)mg_segment_addr(l->own) : p->base + l->offset;

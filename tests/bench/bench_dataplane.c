@@ -66,7 +66,12 @@ int main(int argc, char **argv)
         mg_segment_get_info(reg, seg, &info);
     }
     {
-        mg_dp_server_config sc = {"127.0.0.1", 0, reg, slice, 4, 10000, auth, NULL};
+        mg_dp_server_config sc = {.host = "127.0.0.1",
+                                  .registry = reg,
+                                  .max_slice = slice,
+                                  .max_conns = 4,
+                                  .io_timeout_ms = 10000,
+                                  .auth = auth};
         if (mg_dp_server_start(&srv, &sc, err, sizeof(err)) != 0 ||
             mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, err,
                           sizeof(err)) != 0) {

@@ -374,3 +374,83 @@ def test_peer_restart_is_handled_without_restarting_this_daemon(make_daemon):
     epochs = {line.split("epoch=")[1].split()[0] for line in a.read_log().splitlines()
               if "event=peer_session " in line}
     assert len(epochs) == 2, epochs
+
+
+def test_leases_on_either_side(make_daemon):
+    """A's lease WRITEs into a remote-accessible lease on B and READs it back into A's
+    segment; a lease's bounds are its requested length; a lease that is not
+    remote-accessible, or released, is not found by peers; nothing stays held."""
+    from moongate.v1 import pool_pb2, pool_pb2_grpc
+    a = make_daemon("--peer-tls=false", "--pool-bytes", "16M")
+    b = make_daemon("--peer-tls=false", "--pool-bytes", "16M")
+    n = 3 * MiB + 17
+    data = os.urandom(n)
+    with h2c_channel(a) as ca, h2c_channel(b) as cb:
+        pa, pb = pool_pb2_grpc.PoolStub(ca), pool_pb2_grpc.PoolStub(cb)
+        mine = pa.AcquireLease(pool_pb2.AcquireLeaseRequest(size=n))
+        theirs = pb.AcquireLease(pool_pb2.AcquireLeaseRequest(size=n, remote_accessible=True))
+        private = pb.AcquireLease(pool_pb2.AcquireLeaseRequest(size=4096))
+        with open(mine.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+            v[mine.offset:mine.offset + n] = data
+        back = register(a, "back", n)
+        t = transfer_pb2_grpc.TransferStub(ca)
+
+        def lreq(op, length, **kw):
+            return transfer_pb2.TransferRequest(op=op, peer=b.h2c, length=length, **kw)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            lreq(transfer_pb2.WRITE, n, local_lease=mine.id, remote_lease=theirs.id)])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.DONE
+        with open(theirs.path, "rb") as f:
+            f.seek(theirs.offset)
+            assert f.read(n) == data  # in B's pool, where the lease is
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            lreq(transfer_pb2.READ, n - 5, local_segment=back.id, remote_lease=theirs.id,
+                 local_offset=5, remote_offset=5),
+            lreq(transfer_pb2.WRITE, 2, local_lease=mine.id, remote_lease=theirs.id,
+                 remote_offset=n - 1),                                       # 1 byte past it
+            lreq(transfer_pb2.WRITE, 1, local_lease=mine.id, remote_lease=private.id),
+            lreq(transfer_pb2.WRITE, 1, local_lease=mine.id, remote_segment=theirs.id),
+        ])).batch_id
+        batch = wait_batch(t, bid)
+        assert [r.code for r in batch.requests] == [
+            0, grpc.StatusCode.OUT_OF_RANGE.value[0], grpc.StatusCode.NOT_FOUND.value[0],
+            grpc.StatusCode.NOT_FOUND.value[0]], batch
+        with open(back.path, "rb") as f:
+            f.seek(5)
+            assert f.read(n - 5) == data[5:]
+        # Bad local leases are refused with the whole batch.
+        for kw, needle in [(dict(local_lease=999, remote_lease=theirs.id), "no such local lease"),
+                           (dict(local_lease=mine.id, remote_lease=theirs.id, local_offset=1),
+                            "outside the local lease"),
+                           (dict(local_lease=mine.id, local_segment=back.id,
+                                 remote_lease=theirs.id), "local_segment or local_lease")]:
+            with pytest.raises(grpc.RpcError) as e:
+                t.Submit(transfer_pb2.SubmitRequest(requests=[lreq(transfer_pb2.WRITE, n, **kw)]))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert needle in e.value.details()
+        from moongate.v1 import peer_pb2, peer_pb2_grpc
+        peer = peer_pb2_grpc.PeerStub(cb)
+        d = peer.DescribeTarget(peer_pb2.DescribeTargetRequest(id=theirs.id, is_lease=True))
+        assert (d.size, d.is_lease, d.remote_accessible, list(d.transports)) == \
+            (n, True, True, ["tcp"])
+        with pytest.raises(grpc.RpcError) as e:
+            peer.DescribeTarget(peer_pb2.DescribeTargetRequest(id=private.id, is_lease=True))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        # Released on B: peers no longer find it, and its range is free again.
+        pb.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=theirs.id))
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            lreq(transfer_pb2.WRITE, 1, local_lease=mine.id, remote_lease=theirs.id)])).batch_id
+        assert wait_batch(t, bid).requests[0].code == grpc.StatusCode.NOT_FOUND.value[0]
+        stats = pb.PoolStats(pool_pb2.PoolStatsRequest()).pools[0]
+        assert (stats.leases, stats.in_use) == (1, 4096)  # `private` alone
+        # Expired on B: the same.
+        brief = pb.AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB, remote_accessible=True,
+                                                              ttl_ms=300))
+        time.sleep(1)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            lreq(transfer_pb2.WRITE, 1, local_lease=mine.id, remote_lease=brief.id)])).batch_id
+        assert wait_batch(t, bid).requests[0].code == grpc.StatusCode.NOT_FOUND.value[0]
+        stats = pb.PoolStats(pool_pb2.PoolStatsRequest()).pools[0]
+        assert (stats.leases, stats.in_use, stats.expired_total) == (1, 4096, 1)
+        assert pa.GetLease(pool_pb2.GetLeaseRequest(id=mine.id)).users == 0
+        pa.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=mine.id))

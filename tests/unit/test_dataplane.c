@@ -3,13 +3,15 @@
  * server on a real registry, real sockets, the client API. Bytes land and come back intact,
  * every refusal (token, tenant, remote accessibility, bounds, unknown target) is answered and
  * leaves the connection usable and the memory untouched, malformed streams are cut off, and
- * stop() returns with peers still connected.
+ * stop() returns with peers still connected. Remote-accessible leases are reached through the
+ * lease table; a stop word ends a transfer to a peer that takes nothing.
  */
 #include "mg_test.h"
 #include "moongate/dataplane.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@ static mg_registry *reg;
 static mg_dp_server *srv;
 static uint64_t open_id, closed_id;
 static uint8_t *open_mem, *closed_mem;
+static mg_lease_table *leases;
 static const uint8_t token_t[MG_DF_TOKEN_BYTES] = "token-of-tenant-t..............";
 static const uint8_t token_o[MG_DF_TOKEN_BYTES] = "token-of-tenant-other..........";
 
@@ -57,7 +60,12 @@ static uint64_t add_segment(const char *name, int remote, uint64_t size, uint8_t
 static void start(unsigned max_conns)
 {
     mg_registry_config rc = {.shm_dir = dir, .file_mode = 0600, .max_segments = 8};
-    mg_dp_server_config sc = {"127.0.0.1", 0, NULL, 4 * MiB, max_conns, 2000, auth, NULL};
+    mg_dp_server_config sc = {.host = "127.0.0.1",
+                              .leases = leases,
+                              .max_slice = 4 * MiB,
+                              .max_conns = max_conns,
+                              .io_timeout_ms = 2000,
+                              .auth = auth};
     char err[256];
     snprintf(dir, sizeof(dir), "/tmp/mgdp-XXXXXX");
     CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
@@ -230,13 +238,145 @@ static void test_limits_unreachable_and_stop(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "127.0.0.1"));
 }
 
+/* A remote-accessible lease: bounded by its length, only its tenant's, and withdrawn while a
+ * slice uses it, it is collectable once that slice ends. */
+static void test_leases_as_targets(void)
+{
+    static uint8_t area[64 * 1024];
+    uint8_t data[8192], back[8192];
+    mg_dp_options lo = {.lease = 1};
+    mg_lease_slot *slot;
+    uint8_t *addr;
+    void *handles[4];
+    mg_dp_conn *c, *o;
+    char err[256];
+    int h1, h2;
+    CU_ASSERT_EQUAL_FATAL(mg_lease_table_new(&leases), 0);
+    start(8);
+    memset(area, 0, sizeof(area));
+    memset(data, 'L', sizeof(data));
+    CU_ASSERT_EQUAL(mg_lease_table_put(leases, 77, "t", area + 4096, 10000, &h1), 0);
+    CU_ASSERT_EQUAL(mg_lease_table_put(leases, 77, "t", area, 1, &h2), MG_ERR_EXISTS);
+    c = dial(token_t);
+    o = dial(token_o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 77, 1808, data, 8192, &lo, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(area + 4096 + 1808, data, 8192), 0); /* its last byte: 9999 */
+    CU_ASSERT_EQUAL(mg_dp_read(c, 77, 1808, back, 8192, &lo, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, data, 8192), 0);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 77, 1809, data, 8192, &lo, err, sizeof(err)), MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(area[4096 + 10000], 0); /* nothing past the lease */
+    CU_ASSERT_EQUAL(mg_dp_write(o, 77, 0, data, 10, &lo, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 78, 0, data, 10, &lo, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    /* A lease id is not a segment id, nor the other way round. */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, data, 10, &lo, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 77, 0, data, 10, NULL, err, sizeof(err)), MG_ERR_NOT_FOUND);
+
+    /* Withdrawn while a slice uses it: the handle comes back only after the slice ends. */
+    CU_ASSERT_EQUAL(mg_lease_table_begin(leases, 77, "t", 0, 1, &addr, &slot), 0);
+    CU_ASSERT_PTR_NULL(mg_lease_table_withdraw(leases, 77));
+    CU_ASSERT_EQUAL(mg_lease_table_collect(leases, handles, 4), 0);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 77, 0, data, 10, &lo, err, sizeof(err)), MG_ERR_NOT_FOUND);
+    mg_lease_table_end(leases, slot);
+    CU_ASSERT_EQUAL(mg_lease_table_collect(leases, handles, 4), 1);
+    CU_ASSERT_PTR_EQUAL(handles[0], &h1);
+    CU_ASSERT_EQUAL(mg_lease_table_collect(leases, handles, 4), 0);
+    /* Withdrawn while unused: the handle comes back at once. */
+    CU_ASSERT_EQUAL(mg_lease_table_put(leases, 79, "t", area, 100, &h2), 0);
+    CU_ASSERT_PTR_EQUAL(mg_lease_table_withdraw(leases, 79), &h2);
+    CU_ASSERT_PTR_NULL(mg_lease_table_withdraw(leases, 79));
+    mg_dp_close(c);
+    mg_dp_close(o);
+    stop();
+    mg_lease_table_del(leases);
+    leases = NULL;
+}
+
+/* A peer that answers HELLO and then reads nothing, until `quit`. */
+typedef struct {
+    int lfd;
+    int quit;
+} silent_peer;
+
+static void *silent_main(void *arg)
+{
+    silent_peer *sp = arg;
+    uint8_t hello[MG_DF_HEADER_BYTES + MG_DF_TOKEN_BYTES], ok[MG_DF_HEADER_BYTES];
+    mg_df_header h = {.type = MG_DF_HELLO_OK};
+    int fd = accept(sp->lfd, NULL, NULL);
+    size_t got = 0;
+    while (fd >= 0 && got < sizeof(hello)) {
+        ssize_t n = read(fd, hello + got, sizeof(hello) - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    mg_df_encode(&h, ok);
+    if (fd >= 0 && write(fd, ok, sizeof(ok)) == (ssize_t)sizeof(ok))
+        while (!__atomic_load_n(&sp->quit, __ATOMIC_ACQUIRE))
+            usleep(10000);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+typedef struct {
+    int *word;
+    int value;
+    unsigned after_ms;
+} later;
+
+static void *set_later(void *arg)
+{
+    later *l = arg;
+    usleep(l->after_ms * 1000);
+    __atomic_store_n(l->word, l->value, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The stop word ends a transfer to a peer that takes nothing, well before the I/O timeout,
+ * and says how far it got. */
+static void test_stop_word(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    silent_peer sp = {socket(AF_INET, SOCK_STREAM, 0), 0};
+    int stop = 0;
+    uint64_t progress = 0, len = 64 * MiB;
+    uint8_t *buf = calloc(1, len);
+    mg_dp_options o = {.slice_bytes = MiB, .stop = &stop, .progress = &progress};
+    later l = {&stop, MG_ERR_CANCELLED, 300};
+    mg_dp_conn *c = NULL;
+    pthread_t peer, setter;
+    char err[256];
+    CU_ASSERT_EQUAL_FATAL(bind(sp.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    CU_ASSERT_EQUAL_FATAL(listen(sp.lfd, 1), 0);
+    CU_ASSERT_EQUAL_FATAL(getsockname(sp.lfd, (struct sockaddr *)&a, &al), 0);
+    pthread_create(&peer, NULL, silent_main, &sp);
+    CU_ASSERT_EQUAL_FATAL(
+        mg_dp_connect(&c, "127.0.0.1", ntohs(a.sin_port), token_t, 30000, NULL, err, sizeof(err)),
+        0);
+    pthread_create(&setter, NULL, set_later, &l);
+    CU_ASSERT_EQUAL(mg_dp_write(c, 1, 0, buf, len, &o, err, sizeof(err)), MG_ERR_CANCELLED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "stopped (cancelled) with 0 of 67108864 bytes"));
+    CU_ASSERT_EQUAL(progress, 0);
+    pthread_join(setter, NULL);
+    /* Set before the call: nothing is sent. */
+    CU_ASSERT_EQUAL(mg_dp_read(c, 1, 0, buf, 10, &o, err, sizeof(err)), MG_ERR_CANCELLED);
+    mg_dp_close(c);
+    __atomic_store_n(&sp.quit, 1, __ATOMIC_RELEASE);
+    pthread_join(peer, NULL);
+    close(sp.lfd);
+    free(buf);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_bytes_land_and_come_back),
-        MG_TEST(test_refusals_keep_the_stream),
-        MG_TEST(test_auth_and_malformed_streams),
-        MG_TEST(test_limits_unreachable_and_stop),
+        MG_TEST(test_bytes_land_and_come_back),   MG_TEST(test_refusals_keep_the_stream),
+        MG_TEST(test_auth_and_malformed_streams), MG_TEST(test_limits_unreachable_and_stop),
+        MG_TEST(test_leases_as_targets),          MG_TEST(test_stop_word),
     };
     return mg_test_run("dataplane", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -11,7 +11,8 @@
  * connection. See moongate/dataframe.h for the frames.
  *
  * The sending side is a connection object with blocking calls that keep up to `window` slices
- * in flight. Leases as targets come later (MG_DF_LEASE is answered UNIMPLEMENTED).
+ * in flight. A slice flagged MG_DF_LEASE is aimed at a lease the target daemon published as
+ * remote-accessible (moongate/lease_table.h); its bounds are the lease's requested length.
  */
 #ifndef MOONGATE_DATAPLANE_H
 #define MOONGATE_DATAPLANE_H
@@ -20,6 +21,7 @@
 #include <stdint.h>
 
 #include "moongate/dataframe.h"
+#include "moongate/lease_table.h"
 #include "moongate/mg_error.h"
 #include "moongate/segment.h"
 
@@ -38,7 +40,8 @@ typedef struct mg_dp_server_config {
     const char *host; /* address to listen on, e.g. "127.0.0.1" or "::" */
     int port;         /* 0: any free port (mg_dp_server_port tells) */
     mg_registry *registry;
-    uint32_t max_slice; /* largest payload accepted */
+    mg_lease_table *leases; /* remote-accessible leases; NULL: slices aimed at leases are refused */
+    uint32_t max_slice;     /* largest payload accepted */
     unsigned max_conns;
     uint32_t io_timeout_ms; /* a slice's payload must keep arriving within it */
     mg_dp_auth_fn auth;
@@ -71,6 +74,7 @@ typedef struct mg_dp_options {
     uint32_t slice_bytes; /* 0: 1 MiB */
     unsigned window;      /* slices in flight; 0: 16 */
     int crc;              /* CRC32C per slice */
+    int lease;            /* `target` is a remote-accessible lease's id, not a segment's */
     /* Optional. Another thread sets *stop (atomically) to an MG_ERR_* to end the transfer: it
      * is seen within 100 ms even while the peer is silent, and the call returns that code; the
      * connection is then out of step and must be closed. */

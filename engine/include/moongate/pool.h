@@ -98,6 +98,8 @@ void mg_pool_release(mg_pool *p, mg_lease *l);
 /* Extends a live lease to now_ms + ttl_ms. Returns 0 or MG_ERR_INVALID (TTL). */
 int mg_pool_renew(mg_pool *p, mg_lease *l, uint64_t ttl_ms, uint64_t now_ms);
 void mg_lease_set_remote(mg_lease *l, int remote_accessible);
+/* Whether the lease was released (or expired, or revoked) and waits for its last user. */
+int mg_lease_released(const mg_lease *l);
 /* An operation starts or stops using the lease (a released lease is freed on the last stop). */
 void mg_lease_use(mg_lease *l);
 void mg_lease_unuse(mg_pool *p, mg_lease *l);
