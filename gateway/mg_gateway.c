@@ -140,7 +140,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
         (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_pool_init(gw)) != 0 ||
         (rc = mg_svc_peer_init(gw)) != 0 || (rc = mg_svc_transfer_init(gw)) != 0 ||
-        (rc = mg_svc_reflection_init(gw)) != 0)
+        (rc = mg_svc_notify_init(gw)) != 0 || (rc = mg_svc_reflection_init(gw)) != 0)
         goto fail;
     if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
         goto fail;
@@ -200,6 +200,7 @@ void mg_gateway_del(mg_gateway *gw)
     mg_svc_health_free(gw);
     mg_svc_reflection_free(gw);
     mg_svc_transfer_free(gw);
+    mg_svc_notify_free(gw);
     mg_svc_peer_free(gw); /* joins the data-plane threads */
     mg_svc_pool_free(gw);
     mg_svc_memory_free(gw);
@@ -285,6 +286,7 @@ void mg_gateway_drain(mg_gateway *gw)
     mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
     mg_svc_health_notify(gw);
     mg_svc_pool_drain(gw);
+    mg_svc_notify_drain(gw);
     mg_listeners_free(gw); /* stop accepting */
     for (mg_conn *c = gw->conns; c; c = c->next) {
         if (c->ng) {

@@ -167,6 +167,7 @@ typedef struct mg_transfer_stats {
     uint64_t buckets[12]; /* seconds from submit to end, see mg_metrics.c */
     uint64_t ended;
     double seconds_sum;
+    uint64_t notes_sent, notes_failed; /* notifications to peers */
 } mg_transfer_stats;
 
 typedef struct mg_gateway_stats {
@@ -214,6 +215,7 @@ struct mg_gateway {
     struct mg_peer_svc *peer;         /* the data plane and its sessions; NULL without */
     struct mg_transfer_svc *transfer; /* batches and the peer directory */
     struct mg_lease_table *leases;    /* remote-accessible leases, for the data plane */
+    struct mg_notify_svc *notify;     /* notification topics */
     unsigned starting_jobs;           /* start-up work (the pool) before the daemon may serve */
     int serve_wanted;                 /* mg_gateway_set_serving() was called */
 
@@ -294,6 +296,12 @@ void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
 int mg_svc_transfer_init(mg_gateway *gw);
 void mg_svc_transfer_free(mg_gateway *gw);
 void mg_svc_transfer_stop(mg_gateway *gw);
+/* svc_notify.c: notifications delivered by peers, watched and polled by local clients. */
+int mg_svc_notify_init(mg_gateway *gw);
+void mg_svc_notify_free(mg_gateway *gw);
+void mg_svc_notify_drain(mg_gateway *gw);
+void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
+                             uint64_t *delivered, uint64_t *refused);
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);

@@ -99,6 +99,29 @@ static void render_transfers(mg_gateway *gw, struct evbuffer *out)
     render_seconds(out, "moongate_transfer_seconds",
                    "Time from a batch's submit to the end of each of its requests.", s->buckets,
                    s->ended, s->seconds_sum);
+    {
+        uint64_t queued, queued_bytes, received, refused;
+        mg_svc_notify_get_stats(gw, &queued, &queued_bytes, &received, &refused);
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_transfer_notifications_total Notifications this daemon's batches "
+            "sent to peers, by result.\n# TYPE moongate_transfer_notifications_total counter\n"
+            "moongate_transfer_notifications_total{result=\"sent\"} %llu\n"
+            "moongate_transfer_notifications_total{result=\"failed\"} %llu\n"
+            "# HELP moongate_notifications_received_total Notifications peers delivered here, "
+            "by result (refused: the topic or all topics were full).\n"
+            "# TYPE moongate_notifications_received_total counter\n"
+            "moongate_notifications_received_total{result=\"queued\"} %llu\n"
+            "moongate_notifications_received_total{result=\"refused\"} %llu\n"
+            "# HELP moongate_notifications_queued Notifications waiting for a reader.\n"
+            "# TYPE moongate_notifications_queued gauge\nmoongate_notifications_queued %llu\n"
+            "# HELP moongate_notifications_queued_bytes Their payload bytes.\n"
+            "# TYPE moongate_notifications_queued_bytes gauge\n"
+            "moongate_notifications_queued_bytes %llu\n",
+            (unsigned long long)s->notes_sent, (unsigned long long)s->notes_failed,
+            (unsigned long long)received, (unsigned long long)refused, (unsigned long long)queued,
+            (unsigned long long)queued_bytes);
+    }
 }
 
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds)

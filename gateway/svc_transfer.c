@@ -26,6 +26,7 @@
 
 #include "moongate/dataplane.h"
 #include "moongate/segment.h"
+#include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/peer.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
 
@@ -37,11 +38,15 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define TENANT    "default"
-#define POOL_IDLE 8 /* idle data connections kept per peer */
+#define TENANT      "default"
+#define POOL_IDLE   8 /* idle data connections kept per peer */
+#define NOTIFY_MAX  16
+#define TOPIC_MAX   128
+#define PAYLOAD_MAX 65536
 
 enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
 enum { ST_PENDING, ST_RUNNING, ST_DONE, ST_FAILED };
+enum { NOTE_WAITING, NOTE_SENDING, NOTE_SENT, NOTE_FAILED };
 
 struct xfer_req;
 
@@ -64,6 +69,21 @@ typedef struct peer_ent {
 } peer_ent;
 
 struct bwatch;
+struct xfer_batch;
+
+/* A notification the batch sends its peer once its WRITEs there are in place. */
+typedef struct xfer_note {
+    struct xfer_batch *b;
+    peer_ent *peer;
+    char topic[TOPIC_MAX + 1];
+    uint8_t *payload;
+    size_t len;
+    size_t writes_left;  /* WRITEs of the batch to this peer not ended */
+    size_t failed_write; /* 1 + the index of the first that failed, or 0 */
+    int state;
+    int code; /* gRPC status when FAILED */
+    char msg[300];
+} xfer_note;
 
 typedef struct xfer_batch {
     uint64_t id;
@@ -73,6 +93,8 @@ typedef struct xfer_batch {
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
     struct xfer_req *reqs;
+    xfer_note *notes;
+    size_t nnotes, notes_over;
     struct bwatch *watchers; /* Wait calls */
     struct xfer_batch *next; /* newest first */
 } xfer_batch;
@@ -108,6 +130,7 @@ typedef struct xfer_req {
 
 struct mg_transfer_svc {
     mg_gateway *gw;
+    int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
     xfer_batch *batches;
     size_t nbatches;
@@ -125,11 +148,26 @@ typedef struct {
     Moongate__V1__Batch msg;
     Moongate__V1__RequestStatus *st;
     Moongate__V1__RequestStatus **ptrs;
+    Moongate__V1__NotifyStatus *ns;
+    Moongate__V1__NotifyStatus **nptrs;
 } batch_msg;
+
+static void batch_msg_free(batch_msg *m);
 
 static int batch_over(const xfer_batch *b)
 {
-    return b->done + b->failed == b->n;
+    return b->done + b->failed == b->n && b->notes_over == b->nnotes;
+}
+
+static int batch_failed(const xfer_batch *b)
+{
+    if (b->failed)
+        return 1;
+    for (size_t i = 0; i < b->nnotes; i++) {
+        if (b->notes[i].state == NOTE_FAILED)
+            return 1;
+    }
+    return 0;
 }
 
 /* Fills m from b; returns -1 when out of memory. Free with batch_msg_free. */
@@ -138,11 +176,24 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
     moongate__v1__batch__init(&m->msg);
     m->st = calloc(b->n, sizeof(*m->st));
     m->ptrs = calloc(b->n, sizeof(*m->ptrs));
-    if (m->st == NULL || m->ptrs == NULL) {
-        free(m->st);
-        free(m->ptrs);
+    m->ns = calloc(b->nnotes + 1, sizeof(*m->ns));
+    m->nptrs = calloc(b->nnotes + 1, sizeof(*m->nptrs));
+    if (m->st == NULL || m->ptrs == NULL || m->ns == NULL || m->nptrs == NULL) {
+        batch_msg_free(m);
         return -1;
     }
+    for (size_t i = 0; i < b->nnotes; i++) {
+        const xfer_note *n = &b->notes[i];
+        moongate__v1__notify_status__init(&m->ns[i]);
+        m->ns[i].peer = (char *)n->peer->addr;
+        m->ns[i].topic = (char *)n->topic;
+        m->ns[i].state = (Moongate__V1__NotifyState)n->state;
+        m->ns[i].code = n->state == NOTE_FAILED ? n->code : 0;
+        m->ns[i].message = (char *)n->msg;
+        m->nptrs[i] = &m->ns[i];
+    }
+    m->msg.notify = m->nptrs;
+    m->msg.n_notify = b->nnotes;
     for (size_t i = 0; i < b->n; i++) {
         const xfer_req *r = &b->reqs[i];
         moongate__v1__request_status__init(&m->st[i]);
@@ -156,9 +207,9 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
     m->msg.id = b->id;
     m->msg.done = (uint32_t)b->done;
     m->msg.failed = (uint32_t)b->failed;
-    m->msg.state = !batch_over(b) ? MOONGATE__V1__REQUEST_STATE__RUNNING
-                   : b->failed    ? MOONGATE__V1__REQUEST_STATE__FAILED
-                                  : MOONGATE__V1__REQUEST_STATE__DONE;
+    m->msg.state = !batch_over(b)    ? MOONGATE__V1__REQUEST_STATE__RUNNING
+                   : batch_failed(b) ? MOONGATE__V1__REQUEST_STATE__FAILED
+                                     : MOONGATE__V1__REQUEST_STATE__DONE;
     m->msg.requests = m->ptrs;
     m->msg.n_requests = b->n;
     return 0;
@@ -168,6 +219,8 @@ static void batch_msg_free(batch_msg *m)
 {
     free(m->st);
     free(m->ptrs);
+    free(m->ns);
+    free(m->nptrs);
 }
 
 /* Tells the Wait calls of b where it stands; ends them when it is over. */
@@ -196,6 +249,9 @@ static void batch_notify(xfer_batch *b)
 /* ---- requests finishing ---- */
 
 /* Lets go of the request's local memory: the segment reference, and the lease's use. */
+static void batch_changed(xfer_batch *b);
+static void notes_write_ended(xfer_req *r, int err);
+
 static void req_release_local(xfer_req *r)
 {
     if (r->local) {
@@ -220,9 +276,17 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->done++;
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
-    if (batch_over(r->b) && r->b->timer)
-        event_del(r->b->timer);
-    batch_notify(r->b);
+    if (r->write)
+        notes_write_ended(r, err);
+    batch_changed(r->b);
+}
+
+/* The batch moved: its Wait calls hear of it, and its timer goes once it is over. */
+static void batch_changed(xfer_batch *b)
+{
+    if (batch_over(b) && b->timer)
+        event_del(b->timer);
+    batch_notify(b);
 }
 
 /* Takes a request that waits for its peer's session out of that line. Returns 1 if it was there. */
@@ -266,6 +330,9 @@ static void batch_free(xfer_batch *b)
 {
     if (b->timer)
         event_free(b->timer);
+    for (size_t i = 0; i < b->nnotes; i++)
+        free(b->notes[i].payload);
+    free(b->notes);
     free(b->reqs);
     free(b);
 }
@@ -498,13 +565,54 @@ static void session_retry(xfer_req *r)
         open_session(r->gw, p);
 }
 
+/* Starts a unary call on the peer's control channel (a new connection when the old one is
+ * known to have failed) and sends `req`. Returns 0, or -1 with err set. */
+static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const ProtobufCMessage *req,
+                     const mg_rpc_handlers *h, void *arg, char *err, size_t errcap)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    mg_rpc *rpc = NULL;
+    if (buf == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    protobuf_c_message_pack(req, buf);
+    for (int attempt = 0; attempt < 2 && rpc == NULL; attempt++) {
+        if (p->client == NULL) {
+            mg_client_options o = {.target = p->addr,
+                                   .tls = gw->cfg->peer_tls,
+                                   .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
+                                   .connect_timeout_ms = 5000};
+            p->client_used = 0;
+            if (mg_client_new(&p->client, gw->base, &o, err, errcap) != 0) {
+                p->client = NULL;
+                free(buf);
+                return -1;
+            }
+        }
+        rpc = mg_rpc_start(p->client, path, NULL, 0, 10000, h, arg);
+        if (rpc == NULL) { /* its connection failed earlier: once more on a new one */
+            mg_client_del(p->client);
+            p->client = NULL;
+        }
+    }
+    if (rpc == NULL) {
+        snprintf(err, errcap, "its control connection failed");
+        free(buf);
+        return -1;
+    }
+    mg_rpc_send(rpc, buf, len);
+    mg_rpc_close_send(rpc);
+    free(buf);
+    return 0;
+}
+
 static void open_session(mg_gateway *gw, peer_ent *p)
 {
     static const mg_rpc_handlers h = {open_msg, open_closed};
     Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
-    uint8_t buf[16];
     open_call *oc;
-    mg_rpc *rpc;
     char err[256];
     p->state = PEER_OPENING;
     oc = calloc(1, sizeof(*oc));
@@ -514,34 +622,100 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     }
     oc->p = p;
     req.protocol_version = MG_DF_VERSION;
-    for (int attempt = 0;; attempt++) {
-        if (p->client == NULL) {
-            mg_client_options o = {.target = p->addr,
-                                   .tls = gw->cfg->peer_tls,
-                                   .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
-                                   .connect_timeout_ms = 5000};
-            p->client_used = 0;
-            if (mg_client_new(&p->client, gw->base, &o, err, sizeof(err)) != 0) {
-                p->client = NULL;
-                free(oc);
-                session_failed(p, err);
-                return;
-            }
-        }
-        rpc = mg_rpc_start(p->client, "/moongate.v1.Peer/OpenSession", NULL, 0, 10000, &h, oc);
-        if (rpc != NULL)
-            break;
-        /* Its connection failed earlier: once more on a new one. */
-        mg_client_del(p->client);
-        p->client = NULL;
-        if (attempt == 1) {
-            free(oc);
-            session_failed(p, "its control connection failed");
-            return;
-        }
+    if (peer_call(gw, p, "/moongate.v1.Peer/OpenSession", &req.base, &h, oc, err, sizeof(err)) !=
+        0) {
+        free(oc);
+        session_failed(p, err);
     }
-    mg_rpc_send(rpc, buf, moongate__v1__open_session_request__pack(&req, buf));
-    mg_rpc_close_send(rpc);
+}
+
+/* ---- notifications: sent to a peer once the batch's WRITEs there are in place ---- */
+
+static void note_end(xfer_note *n, int state, int code, const char *msg)
+{
+    n->state = state;
+    n->code = code;
+    snprintf(n->msg, sizeof(n->msg), "%s", msg ? msg : "");
+    n->b->notes_over++;
+    if (state == NOTE_SENT)
+        n->peer->gw->xfer_stats.notes_sent++;
+    else
+        n->peer->gw->xfer_stats.notes_failed++;
+    batch_changed(n->b);
+}
+
+typedef struct {
+    xfer_note *n;
+    struct mg_transfer_svc *ts;
+} note_call;
+
+static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    note_call *nc = arg;
+    xfer_note *n = nc->n;
+    int closing = nc->ts->closing;
+    free(nc);
+    if (closing)
+        return;
+    if (status == 0) {
+        note_end(n, NOTE_SENT, 0, NULL);
+    } else {
+        char why[300];
+        snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", n->peer->addr, message);
+        note_end(n, NOTE_FAILED, status, why);
+    }
+}
+
+static void note_fire(xfer_note *n)
+{
+    static const mg_rpc_handlers h = {NULL, deliver_closed};
+    Moongate__V1__Notification req = MOONGATE__V1__NOTIFICATION__INIT;
+    mg_gateway *gw = n->peer->gw;
+    note_call *nc;
+    char err[256], why[300];
+    if (gw->transfer->closing) {
+        note_end(n, NOTE_FAILED, MG_GRPC_UNAVAILABLE, "not sent: the daemon is stopping");
+        return;
+    }
+    if (n->failed_write) {
+        snprintf(why, sizeof(why), "not sent: request %zu to this peer failed",
+                 n->failed_write - 1);
+        note_end(n, NOTE_FAILED, MG_GRPC_FAILED_PRECONDITION, why);
+        return;
+    }
+    nc = calloc(1, sizeof(*nc));
+    if (nc == NULL) {
+        note_end(n, NOTE_FAILED, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    nc->n = n;
+    nc->ts = gw->transfer;
+    req.topic = n->topic;
+    req.payload.data = n->payload;
+    req.payload.len = n->len;
+    req.batch_id = n->b->id;
+    n->state = NOTE_SENDING;
+    if (peer_call(gw, n->peer, "/moongate.v1.Notify/Deliver", &req.base, &h, nc, err,
+                  sizeof(err)) != 0) {
+        free(nc);
+        snprintf(why, sizeof(why), "peer %.80s: %.200s", n->peer->addr, err);
+        note_end(n, NOTE_FAILED, MG_GRPC_UNAVAILABLE, why);
+    }
+}
+
+/* A WRITE of the batch ended: the notifications for its peer may go now. */
+static void notes_write_ended(xfer_req *r, int err)
+{
+    xfer_batch *b = r->b;
+    for (size_t i = 0; i < b->nnotes; i++) {
+        xfer_note *n = &b->notes[i];
+        if (n->peer != r->peer || n->state != NOTE_WAITING)
+            continue;
+        if (err && n->failed_write == 0)
+            n->failed_write = (size_t)(r - b->reqs) + 1;
+        if (--n->writes_left == 0)
+            note_fire(n);
+    }
 }
 
 static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
@@ -569,7 +743,7 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
     while (ts->nbatches > keep) {
         xfer_batch **pp = &ts->batches, **victim = NULL;
         for (; *pp; pp = &(*pp)->next) {
-            if ((*pp)->done + (*pp)->failed == (*pp)->n)
+            if (batch_over(*pp))
                 victim = pp; /* the last finished one in the list is the oldest */
         }
         if (victim == NULL)
@@ -603,8 +777,34 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                      (unsigned long long)gw->cfg->max_transfer_requests);
         return;
     }
+    if (req->n_notify > NOTIFY_MAX) {
+        mg_call_fail(call, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
+        return;
+    }
+    for (i = 0; i < req->n_notify; i++) {
+        const Moongate__V1__NotifyPeer *np = req->notify[i];
+        const char *bad = NULL;
+        size_t tl = strlen(np->topic);
+        if (!mg_is_numeric_host_port(np->peer))
+            bad = "peer must be a numeric host:port";
+        else if (tl == 0 || tl > TOPIC_MAX)
+            bad = "topic must be 1..128 printable characters";
+        else if (np->payload.len > PAYLOAD_MAX)
+            bad = "payload is over 65536 bytes";
+        for (size_t k = 0; k < tl && bad == NULL; k++) {
+            if ((unsigned char)np->topic[k] < 0x20 || (unsigned char)np->topic[k] > 0x7e)
+                bad = "topic must be 1..128 printable characters";
+        }
+        if (bad) {
+            mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
+            return;
+        }
+    }
     b = calloc(1, sizeof(*b));
-    if (b == NULL || (b->reqs = calloc(req->n_requests, sizeof(*b->reqs))) == NULL) {
+    if (b == NULL || (b->reqs = calloc(req->n_requests, sizeof(*b->reqs))) == NULL ||
+        (b->notes = calloc(req->n_notify + 1, sizeof(*b->notes))) == NULL) {
+        if (b)
+            free(b->reqs);
         free(b);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
@@ -661,8 +861,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         if (bad) {
             for (size_t k = 0; k <= i; k++)
                 req_release_local(&b->reqs[k]);
-            free(b->reqs);
-            free(b);
+            batch_free(b);
             mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
             return;
         }
@@ -681,6 +880,29 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         struct timeval tv = {b->timeout_ms / 1000, (suseconds_t)(b->timeout_ms % 1000) * 1000};
         evtimer_add(b->timer, &tv);
     }
+    for (i = 0; i < req->n_notify; i++) {
+        const Moongate__V1__NotifyPeer *np = req->notify[i];
+        xfer_note *n = &b->notes[i];
+        n->b = b;
+        n->peer = peer_get(ts, np->peer);
+        n->payload = malloc(np->payload.len ? np->payload.len : 1);
+        if (n->peer == NULL || n->payload == NULL) {
+            for (size_t k = 0; k < b->n; k++)
+                req_release_local(&b->reqs[k]);
+            b->nnotes = i + 1;
+            batch_free(b);
+            mg_call_fail(call, MG_ERR_NOMEM, NULL);
+            return;
+        }
+        memcpy(n->payload, np->payload.data, np->payload.len);
+        n->len = np->payload.len;
+        snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
+        for (size_t k = 0; k < b->n; k++) {
+            if (b->reqs[k].write && !strcmp(req->requests[k]->peer, np->peer))
+                n->writes_left++;
+        }
+    }
+    b->nnotes = req->n_notify;
     gw->xfer_stats.in_flight += b->n;
     b->next = ts->batches;
     ts->batches = b;
@@ -705,6 +927,10 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         p->waiting = r;
         if (p->state != PEER_OPENING)
             open_session(gw, p);
+    }
+    for (i = 0; i < b->nnotes; i++) { /* no WRITE to wait for */
+        if (b->notes[i].state == NOTE_WAITING && b->notes[i].writes_left == 0)
+            note_fire(&b->notes[i]);
     }
 }
 
@@ -846,6 +1072,7 @@ void mg_svc_transfer_free(mg_gateway *gw)
     struct mg_transfer_svc *ts = gw->transfer;
     if (ts == NULL)
         return;
+    ts->closing = 1; /* no new peer calls; answers to open ones are dropped */
     if (gw->cq)
         mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
     while (ts->peers) {

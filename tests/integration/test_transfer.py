@@ -454,3 +454,103 @@ def test_leases_on_either_side(make_daemon):
         assert (stats.leases, stats.in_use, stats.expired_total) == (1, 4096, 1)
         assert pa.GetLease(pool_pb2.GetLeaseRequest(id=mine.id)).users == 0
         pa.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=mine.id))
+
+
+def test_notification_arrives_only_after_the_data(make_daemon):
+    """A reader on B watches a topic; A's batch WRITEs 64 MiB to B and carries a notification.
+    When the notification reaches the reader, every byte is already in B's segment."""
+    import threading
+    from moongate.v1 import notify_pb2, notify_pb2_grpc
+    a, b = two_daemons(make_daemon)
+    n = 64 * MiB
+    src = register(a, "src", n)
+    dst = register(b, "dst", n, remote=True)
+    data = os.urandom(n)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = data
+    seen = {}
+
+    def reader():
+        with h2c_channel(b) as ch:
+            for note in notify_pb2_grpc.NotifyStub(ch).Watch(
+                    notify_pb2.WatchRequest(topic="kv/layer0"), timeout=30):
+                with open(dst.path, "rb") as f:
+                    seen["in_place"] = f.read() == data
+                seen["note"] = note
+                return
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.3)  # the Watch is open
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(
+            requests=[req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, n // 2, o, o)
+                      for o in (0, n // 2)],
+            notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic="kv/layer0",
+                                            payload=b"blocks 0-63 ready")])).batch_id
+        final = list(t.Wait(transfer_pb2.GetBatchRequest(id=bid), timeout=30))[-1]
+    th.join(30)
+    assert final.state == transfer_pb2.DONE, final
+    assert [(s.state, s.topic) for s in final.notify] == [(transfer_pb2.NOTIFY_SENT, "kv/layer0")]
+    assert seen["in_place"], "the notification came before the data"
+    note = seen["note"]
+    assert (note.payload, note.batch_id, note.topic) == (b"blocks 0-63 ready", bid, "kv/layer0")
+    assert getattr(note, "from").startswith("127.0.0.1:")
+    assert a.metric("moongate_transfer_notifications_total", result="sent") == 1
+    assert b.metric("moongate_notifications_received_total", result="queued") == 1
+
+
+def test_notification_not_sent_when_a_write_fails_and_bounded_queues(make_daemon):
+    import json
+    from conftest import curl
+    from moongate.v1 import notify_pb2, notify_pb2_grpc
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false", "--notify-queue", "2")
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    private = register(b, "private", MiB)
+    with h2c_channel(a) as ch, h2c_channel(b) as chb:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        nb = notify_pb2_grpc.NotifyStub(chb)
+
+        def submit(remote, payload):
+            return t.Submit(transfer_pb2.SubmitRequest(
+                requests=[req(transfer_pb2.WRITE, src.id, b.h2c, remote, 4096)],
+                notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic="t", payload=payload)]
+            )).batch_id
+        batch = wait_batch(t, submit(private.id, b"never"))
+        assert batch.state == transfer_pb2.FAILED
+        st = batch.notify[0]
+        assert st.state == transfer_pb2.NOTIFY_FAILED
+        assert st.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        assert "not sent: request 0 to this peer failed" in st.message
+        assert len(nb.Poll(notify_pb2.PollRequest(topic="t")).notifications) == 0
+        # Nobody reads topic t: it holds 2 (--notify-queue), the third is refused, by name.
+        for p in (b"one", b"two"):
+            assert wait_batch(t, submit(dst.id, p)).state == transfer_pb2.DONE
+        batch = wait_batch(t, submit(dst.id, b"three"))
+        st = batch.notify[0]
+        assert batch.state == transfer_pb2.FAILED and batch.done == 1
+        assert st.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], st
+        assert 'topic "t"' in st.message and "--notify-queue" in st.message
+        assert b.metric("moongate_notifications_refused_total") is None
+        assert b.metric("moongate_notifications_received_total", result="refused") == 1
+        assert b.metric("moongate_notifications_queued") == 2
+        # curl takes them, oldest first; then the topic is empty.
+        rc, out, err = curl("--http2-prior-knowledge",
+                            "http://%s/v1/notifications?topic=t&max=1" % b.h2c)
+        got = json.loads(out)["notifications"]
+        assert rc == 0 and len(got) == 1 and got[0]["topic"] == "t"
+        rest = nb.Poll(notify_pb2.PollRequest(topic="t")).notifications
+        assert [x.payload for x in rest] == [b"two"]
+        assert b.metric("moongate_notifications_queued") == 0
+        # Bad notifications are refused with the batch.
+        for np, needle in [(dict(peer="b.example:1", topic="t"), "numeric"),
+                           (dict(peer=b.h2c, topic=""), "topic"),
+                           (dict(peer=b.h2c, topic="t", payload=b"x" * 65537), "65536")]:
+            with pytest.raises(grpc.RpcError) as e:
+                t.Submit(transfer_pb2.SubmitRequest(
+                    requests=[req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 1)],
+                    notify=[transfer_pb2.NotifyPeer(**np)]))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "notification 0" in e.value.details() and needle in e.value.details()

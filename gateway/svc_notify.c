@@ -1,0 +1,384 @@
+/*
+ * svc_notify: moongate.v1.Notify — the receiving end of transfer notifications.
+ *
+ * A peer daemon delivers a notification once every WRITE of its batch to this daemon is in
+ * place. Notifications go to topics: a topic is a queue of what nobody has taken yet plus the
+ * Watch calls reading it. A delivery goes straight to a watcher that can take it (the one
+ * waiting longest first), else into the queue; Watch starts by taking the queue, Poll takes
+ * from it. Bounded: --notify-queue notifications per topic and --notify-max-bytes queued in all;
+ * past either, Deliver answers RESOURCE_EXHAUSTED and the sender's batch says so — nothing is
+ * dropped silently. A topic with nothing queued and nobody watching is forgotten.
+ *
+ * Loop thread only.
+ */
+#include "mg_gateway.h"
+
+#include "mg_log.h"
+
+#include "moongate/v1/notify.pb-c.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOPIC_MAX   128
+#define PAYLOAD_MAX 65536
+#define POLL_MAX    1000
+
+typedef struct note {
+    Moongate__V1__Notification msg; /* topic, payload and from point into the note's own copy */
+    char topic[TOPIC_MAX + 1];
+    char from[128];
+    uint8_t *payload;
+    struct note *next;
+} note;
+
+struct topic;
+
+typedef struct watcher {
+    mg_call *call;
+    struct topic *t;
+    struct watcher *next;
+} watcher;
+
+typedef struct topic {
+    char name[TOPIC_MAX + 1];
+    note *head, *tail;
+    size_t queued;
+    watcher *watchers; /* oldest first */
+    struct topic *next;
+} topic;
+
+struct mg_notify_svc {
+    topic *topics;
+    uint64_t queued_bytes;
+    uint64_t delivered_total, refused_total;
+};
+
+static int topic_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > TOPIC_MAX)
+        return 0;
+    for (; *s; s++) {
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+            return 0;
+    }
+    return 1;
+}
+
+static topic *topic_find(struct mg_notify_svc *ns, const char *name, int create)
+{
+    topic *t;
+    for (t = ns->topics; t; t = t->next) {
+        if (!strcmp(t->name, name))
+            return t;
+    }
+    if (!create || (t = calloc(1, sizeof(*t))) == NULL)
+        return NULL;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->next = ns->topics;
+    ns->topics = t;
+    return t;
+}
+
+/* Forgets t when nothing is queued there and nobody watches it. */
+static void topic_gc(struct mg_notify_svc *ns, topic *t)
+{
+    topic **pp;
+    if (t->head || t->watchers)
+        return;
+    for (pp = &ns->topics; *pp && *pp != t; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = t->next;
+    free(t);
+}
+
+static void note_free(note *n)
+{
+    if (n) {
+        free(n->payload);
+        free(n);
+    }
+}
+
+/* Takes the oldest queued note of t. */
+static note *take(struct mg_notify_svc *ns, topic *t)
+{
+    note *n = t->head;
+    if (n == NULL)
+        return NULL;
+    t->head = n->next;
+    if (t->head == NULL)
+        t->tail = NULL;
+    t->queued--;
+    ns->queued_bytes -= n->msg.payload.len;
+    return n;
+}
+
+/* Hands queued notes to t's watchers while they can take them. */
+static void feed(struct mg_notify_svc *ns, topic *t)
+{
+    for (watcher *w = t->watchers; w && t->head; w = w->next) {
+        while (t->head && mg_call_writable(w->call)) {
+            note *n = take(ns, t);
+            mg_call_send(w->call, &n->msg.base);
+            note_free(n);
+        }
+    }
+}
+
+static void deliver_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__Notification *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_notify_svc *ns = gw->notify;
+    Moongate__V1__DeliverResponse resp = MOONGATE__V1__DELIVER_RESPONSE__INIT;
+    note *n;
+    topic *t;
+    if (!topic_ok(req->topic)) {
+        mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
+        return;
+    }
+    if (req->payload.len > PAYLOAD_MAX) {
+        mg_call_fail(call, MG_ERR_INVALID, "a payload is at most %d bytes, not %zu", PAYLOAD_MAX,
+                     req->payload.len);
+        return;
+    }
+    t = topic_find(ns, req->topic, 1);
+    if (t == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    if (t->queued >= gw->cfg->notify_queue ||
+        ns->queued_bytes + req->payload.len > gw->cfg->notify_max_bytes) {
+        ns->refused_total++;
+        mg_call_fail(call, MG_ERR_FULL,
+                     "topic \"%s\" on this daemon holds %zu notifications nobody took "
+                     "(%" PRIu64 " bytes queued in all; --notify-queue %llu, --notify-max-bytes "
+                     "%llu)",
+                     t->name, t->queued, ns->queued_bytes,
+                     (unsigned long long)gw->cfg->notify_queue,
+                     (unsigned long long)gw->cfg->notify_max_bytes);
+        topic_gc(ns, t);
+        return;
+    }
+    n = calloc(1, sizeof(*n));
+    if (n == NULL || (req->payload.len && (n->payload = malloc(req->payload.len)) == NULL)) {
+        free(n);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        topic_gc(ns, t);
+        return;
+    }
+    moongate__v1__notification__init(&n->msg);
+    snprintf(n->topic, sizeof(n->topic), "%s", req->topic);
+    snprintf(n->from, sizeof(n->from), "%s", mg_call_peer(call));
+    if (req->payload.len)
+        memcpy(n->payload, req->payload.data, req->payload.len);
+    n->msg.topic = n->topic;
+    n->msg.from = n->from;
+    n->msg.payload.data = n->payload;
+    n->msg.payload.len = req->payload.len;
+    n->msg.batch_id = req->batch_id;
+    if (t->tail)
+        t->tail->next = n;
+    else
+        t->head = n;
+    t->tail = n;
+    t->queued++;
+    ns->queued_bytes += req->payload.len;
+    ns->delivered_total++;
+    feed(ns, t);
+    mg_call_reply(call, &resp.base);
+}
+
+static void watch_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__WatchRequest *req = (const void *)m;
+    struct mg_notify_svc *ns = mg_call_gateway(call)->notify;
+    watcher *w, **pp;
+    topic *t;
+    if (!topic_ok(req->topic)) {
+        mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
+        return;
+    }
+    w = calloc(1, sizeof(*w));
+    t = w ? topic_find(ns, req->topic, 1) : NULL;
+    if (t == NULL) {
+        free(w);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    w->call = call;
+    w->t = t;
+    for (pp = &t->watchers; *pp; pp = &(*pp)->next)
+        ;
+    *pp = w; /* newest last: the longest waiting is fed first */
+    mg_call_ref(call);
+    mg_call_set_data(call, w);
+    feed(ns, t);
+}
+
+static void watcher_drop(struct mg_notify_svc *ns, watcher *w)
+{
+    watcher **pp;
+    for (pp = &w->t->watchers; *pp && *pp != w; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = w->next;
+    mg_call_set_data(w->call, NULL);
+    mg_call_unref(w->call);
+    topic_gc(ns, w->t);
+    free(w);
+}
+
+static void watch_cancel(mg_call *call)
+{
+    watcher *w = mg_call_data(call);
+    if (w)
+        watcher_drop(mg_call_gateway(call)->notify, w);
+}
+
+static void watch_writable(mg_call *call)
+{
+    watcher *w = mg_call_data(call);
+    if (w)
+        feed(mg_call_gateway(call)->notify, w->t);
+}
+
+static void poll_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__PollRequest *req = (const void *)m;
+    struct mg_notify_svc *ns = mg_call_gateway(call)->notify;
+    Moongate__V1__PollResponse resp = MOONGATE__V1__POLL_RESPONSE__INIT;
+    size_t max = req->max ? req->max : 100, n = 0;
+    uint64_t bytes = 0, cap = mg_call_gateway(call)->cfg->max_message_bytes / 2;
+    Moongate__V1__Notification **msgs;
+    note **got;
+    topic *t;
+    if (!topic_ok(req->topic)) {
+        mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
+        return;
+    }
+    if (max > POLL_MAX)
+        max = POLL_MAX;
+    t = topic_find(ns, req->topic, 0);
+    got = calloc(max, sizeof(*got));
+    msgs = calloc(max, sizeof(*msgs));
+    if (got == NULL || msgs == NULL) {
+        free(got);
+        free(msgs);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    /* The answer stays well inside --max-message-bytes: the rest waits for the next Poll. */
+    while (t && n < max && t->head && (n == 0 || bytes + t->head->msg.payload.len < cap)) {
+        bytes += t->head->msg.payload.len + TOPIC_MAX + 64;
+        got[n] = take(ns, t);
+        msgs[n] = &got[n]->msg;
+        n++;
+    }
+    resp.notifications = msgs;
+    resp.n_notifications = n;
+    mg_call_reply(call, &resp.base);
+    for (size_t i = 0; i < n; i++)
+        note_free(got[i]);
+    free(got);
+    free(msgs);
+    if (t)
+        topic_gc(ns, t);
+}
+
+/* Queued notifications and watchers, for /metrics. */
+void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
+                             uint64_t *delivered, uint64_t *refused)
+{
+    struct mg_notify_svc *ns = gw->notify;
+    *queued = *queued_bytes = *delivered = *refused = 0;
+    if (ns == NULL)
+        return;
+    for (topic *t = ns->topics; t; t = t->next)
+        *queued += t->queued;
+    *queued_bytes = ns->queued_bytes;
+    *delivered = ns->delivered_total;
+    *refused = ns->refused_total;
+}
+
+static const mg_method notify_methods[] = {
+    MG_UNARY("/moongate.v1.Notify/Deliver", &moongate__v1__notification__descriptor,
+             &moongate__v1__deliver_response__descriptor, deliver_message),
+    MG_UNARY("/moongate.v1.Notify/Poll", &moongate__v1__poll_request__descriptor,
+             &moongate__v1__poll_response__descriptor, poll_message),
+    {.path = "/moongate.v1.Notify/Watch",
+     .kind = MG_RPC_SERVER_STREAM,
+     .in = &moongate__v1__watch_request__descriptor,
+     .out = &moongate__v1__notification__descriptor,
+     .on_message = watch_message,
+     .on_cancel = watch_cancel,
+     .on_writable = watch_writable},
+};
+
+/* Drain: Watch calls end (UNAVAILABLE) so their connections can close; queued notes stay
+ * for Poll until the daemon exits. */
+void mg_svc_notify_drain(mg_gateway *gw)
+{
+    struct mg_notify_svc *ns = gw->notify;
+    for (topic *t = ns ? ns->topics : NULL, *next; t; t = next) {
+        watcher *w = t->watchers;
+        next = t->next;
+        t->watchers = NULL;
+        while (w) {
+            watcher *wn = w->next;
+            mg_call_set_data(w->call, NULL);
+            mg_call_finish(w->call, MG_GRPC_UNAVAILABLE, "the daemon is draining");
+            mg_call_unref(w->call);
+            free(w);
+            w = wn;
+        }
+        topic_gc(ns, t);
+    }
+}
+
+static const mg_route notify_routes[] = {
+    {"GET", "/v1/notifications", 0, "/moongate.v1.Notify/Poll"},
+};
+
+int mg_svc_notify_init(mg_gateway *gw)
+{
+    int rc;
+    for (size_t i = 0; i < sizeof(notify_methods) / sizeof(notify_methods[0]); i++) {
+        if ((rc = mg_gateway_add_method(gw, &notify_methods[i])) != 0)
+            return rc;
+    }
+    for (size_t i = 0; i < sizeof(notify_routes) / sizeof(notify_routes[0]); i++) {
+        if ((rc = mg_gateway_add_route(gw, &notify_routes[i])) != 0)
+            return rc;
+    }
+    gw->notify = calloc(1, sizeof(*gw->notify));
+    return gw->notify ? 0 : MG_ERR_NOMEM;
+}
+
+void mg_svc_notify_free(mg_gateway *gw)
+{
+    struct mg_notify_svc *ns = gw->notify;
+    if (ns == NULL)
+        return;
+    while (ns->topics) {
+        topic *t = ns->topics;
+        ns->topics = t->next;
+        while (t->head)
+            note_free(take(ns, t));
+        while (t->watchers) {
+            watcher *w = t->watchers;
+            t->watchers = w->next;
+            mg_call_set_data(w->call, NULL);
+            mg_call_unref(w->call);
+            free(w);
+        }
+        free(t);
+    }
+    free(ns);
+    gw->notify = NULL;
+}
