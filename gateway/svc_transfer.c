@@ -462,10 +462,15 @@ static void release_waiting(peer_ent *p)
     xfer_req *r, *next;
     for (r = p->waiting, p->waiting = NULL; r; r = next) {
         next = r->next_wait;
-        if (p->state == PEER_OPEN)
+        if (p->state == PEER_OPEN) {
             req_start(r);
-        else
+        } else if (r->requeued && r->msg[0]) { /* both: why it asked again, and what then */
+            char both[sizeof(r->msg) + 16];
+            snprintf(both, sizeof(both), "%.180s; then a new session: %.200s", r->msg, p->err);
+            req_end(r, MG_ERR_UNAVAILABLE, both);
+        } else {
             req_end(r, MG_ERR_UNAVAILABLE, p->err);
+        }
     }
 }
 
@@ -572,6 +577,7 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
 {
     size_t len = protobuf_c_message_get_packed_size(req);
     uint8_t *buf = malloc(len ? len : 1);
+    uint32_t timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000; /* as for the data plane */
     mg_rpc *rpc = NULL;
     if (buf == NULL) {
         snprintf(err, errcap, "out of memory");
@@ -583,7 +589,7 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
             mg_client_options o = {.target = p->addr,
                                    .tls = gw->cfg->peer_tls,
                                    .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
-                                   .connect_timeout_ms = 5000};
+                                   .connect_timeout_ms = timeout_ms};
             p->client_used = 0;
             if (mg_client_new(&p->client, gw->base, &o, err, errcap) != 0) {
                 p->client = NULL;
@@ -591,7 +597,7 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
                 return -1;
             }
         }
-        rpc = mg_rpc_start(p->client, path, NULL, 0, 10000, h, arg);
+        rpc = mg_rpc_start(p->client, path, NULL, 0, timeout_ms, h, arg);
         if (rpc == NULL) { /* its connection failed earlier: once more on a new one */
             mg_client_del(p->client);
             p->client = NULL;

@@ -582,7 +582,7 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
     }
     if (fd < 0) {
         snprintf(err, errcap, "cannot reach peer %s:%d: %s", host, port, strerror(errno));
-        return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+        return MG_ERR_UNAVAILABLE; /* silent for the I/O timeout: unreachable */
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); /* blocking from here on */
     c = calloc(1, sizeof(*c));
@@ -606,7 +606,7 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
         } else {
             snprintf(err, errcap, "peer %s: no answer to HELLO: %s", c->peer,
                      e ? strerror(e) : "connection closed");
-            rc = e == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+            rc = MG_ERR_UNAVAILABLE;
         }
         mg_dp_close(c);
         return rc;
@@ -695,7 +695,7 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
                     return stopped(c, *o.stop, done_bytes, len, err, errcap);
                 snprintf(err, errcap, "peer %s: sending slice %llu: %s", c->peer,
                          (unsigned long long)sent, strerror(errno));
-                return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+                return MG_ERR_UNAVAILABLE; /* silent for the I/O timeout: unreachable */
             }
             sent++;
         }
@@ -706,7 +706,7 @@ static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, 
                 return stopped(c, *o.stop, done_bytes, len, err, errcap);
             snprintf(err, errcap, "peer %s: waiting for slice %llu: %s", c->peer,
                      (unsigned long long)done, errno ? strerror(errno) : "connection closed");
-            return errno == ETIMEDOUT ? MG_ERR_TIMEOUT : MG_ERR_UNAVAILABLE;
+            return MG_ERR_UNAVAILABLE; /* silent for the I/O timeout: unreachable */
         }
         rc = mg_df_decode(head, sizeof(head), o.slice_bytes, &h);
         if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {

@@ -67,7 +67,8 @@ def certs(tmp_path_factory):
 class Daemon:
     """A moongate process with TLS, h2c, Unix-socket and ops listeners on free ports."""
 
-    def __init__(self, certs, workdir, extra=(), wrap=()):
+    def __init__(self, certs, workdir, extra=(), wrap=(), host="127.0.0.1"):
+        self.host = host  # where its TCP listeners are (another network namespace's address)
         self.certs = certs
         self.workdir = workdir
         self.extra = list(extra)
@@ -81,24 +82,24 @@ class Daemon:
         self.tls_port = free_port()
         self.h2c_port = free_port()
         self.ops_port = free_port()
-        self.sock = os.path.join(workdir, "moongate.sock")
+        self.sock = os.path.join(workdir, "moongate-%d.sock" % self.tls_port)
         self.shm = os.path.join(workdir, "shm-%d" % self.tls_port)  # one per daemon
         if "--shm-dir" in extra:  # the flag given last wins, in the daemon as here
             self.shm = extra[len(extra) - 1 - extra[::-1].index("--shm-dir") + 1]
         self.log_path = os.path.join(workdir, "moongate-%d.log" % self.tls_port)
         self.args = self.wrap + [
             MOONGATE,
-            "--listen", "127.0.0.1:%d" % self.tls_port,
-            "--h2c-listen", "127.0.0.1:%d" % self.h2c_port,
+            "--listen", "%s:%d" % (self.host, self.tls_port),
+            "--h2c-listen", "%s:%d" % (self.host, self.h2c_port),
             "--unix-socket", self.sock,
-            "--ops-listen", "127.0.0.1:%d" % self.ops_port,
+            "--ops-listen", "%s:%d" % (self.host, self.ops_port),
             "--tls-cert", os.path.join(certs, "server.pem"),
             "--tls-key", os.path.join(certs, "server.key"),
             "--debug-service",
             "--grace", "10",
             "--shm-dir", self.shm,
             "--pool-bytes", "0",  # tests of the pool give it a size
-            "--data-listen", "127.0.0.1:0",  # a free port; OpenSession tells which
+            "--data-listen", "%s:0" % self.host,  # a free port; OpenSession tells which
         ] + list(extra)
 
     @property
@@ -107,7 +108,7 @@ class Daemon:
 
     @property
     def h2c(self):
-        return "127.0.0.1:%d" % self.h2c_port
+        return "%s:%d" % (self.host, self.h2c_port)
 
     @property
     def tls(self):
@@ -146,7 +147,7 @@ class Daemon:
 
     def ops_get(self, path):
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.ops_port, path),
+            with urllib.request.urlopen("http://%s:%d%s" % (self.host, self.ops_port, path),
                                         timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
@@ -200,8 +201,8 @@ class Daemon:
 def make_daemon(certs, tmp_path):
     made = []
 
-    def make(*extra, wrap=()):
-        d = Daemon(certs, str(tmp_path), extra, wrap).start()
+    def make(*extra, wrap=(), host="127.0.0.1"):
+        d = Daemon(certs, str(tmp_path), extra, wrap, host).start()
         made.append(d)
         return d
 

@@ -63,7 +63,7 @@ void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out);
 void mg_dp_server_stop(mg_dp_server *s);
 
 /* Connects to a peer's data plane and presents the session token. Returns 0, or MG_ERR_UNAVAILABLE
- * (cannot connect: err names the peer), MG_ERR_TIMEOUT (no answer within timeout_ms),
+ * (cannot connect, or no answer within timeout_ms: err names the peer and why),
  * MG_ERR_AUTH (token refused) or MG_ERR_PROTOCOL. `stop` (may be NULL) as in mg_dp_options. */
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
                   const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
@@ -86,9 +86,9 @@ typedef struct mg_dp_options {
 /* Copies `len` bytes from `buf` to [offset, offset + len) of the peer's segment `target`.
  * Returns 0 once every slice was acknowledged as in place, or the first failure's MG_ERR_* with
  * err naming the slice and the peer's reason (slices before it may have landed). A peer that
- * takes or answers nothing for the connection's timeout is MG_ERR_TIMEOUT. After a refused
- * slice (NOT_FOUND, PERMISSION, RANGE, DATA_LOSS) the connection stays usable; after any other
- * failure close it. */
+ * takes or answers nothing for the connection's timeout is MG_ERR_UNAVAILABLE ("timed out").
+ * After a refused slice (NOT_FOUND, PERMISSION, RANGE, DATA_LOSS) the connection stays usable;
+ * after any other failure close it. */
 int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf, uint64_t len,
                 const mg_dp_options *o, char *err, size_t errcap);
 /* Copies [offset, offset + len) of the peer's segment `target` into `buf`. */
