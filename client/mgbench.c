@@ -6,10 +6,13 @@
  *
  *   mgbench [--target ADDR] [--tls|--plaintext] [--ca FILE] [--conns C] [--streams M]
  *           [--requests N] [--method /pkg.Service/Method] [--json]
+ *   mgbench transfer ...   (transfers between two daemons: mgbench_transfer.c)
  *
  * The request is an empty message (Health/Check asks for the daemon's own status). Exit status
  * 0 when every call ended OK, 1 otherwise, 64 for usage errors.
  */
+#include "mgbench.h"
+
 #include "mg_client.h"
 
 #include <event2/event.h>
@@ -122,7 +125,8 @@ static void usage(FILE *f)
     fprintf(f, "Usage: mgbench [--target ADDR] [--tls|--plaintext] [--ca FILE] [--conns C]\n"
                "               [--streams M] [--requests N] [--method PATH] [--json]\n"
                "Defaults: unix:/run/moongate/moongate.sock, 4 connections, 32 streams each,\n"
-               "100000 requests, /grpc.health.v1.Health/Check.\n");
+               "100000 requests, /grpc.health.v1.Health/Check.\n"
+               "       mgbench transfer --help   (transfers between two daemons)\n");
 }
 
 int main(int argc, char **argv)
@@ -134,6 +138,8 @@ int main(int argc, char **argv)
     char err[256];
 
     signal(SIGPIPE, SIG_IGN);
+    if (argc > 1 && !strcmp(argv[1], "transfer"))
+        return mgbench_transfer_main(argc - 1, argv + 1);
     memset(&b, 0, sizeof(b));
     memset(&o, 0, sizeof(o));
     o.target =

@@ -49,6 +49,7 @@ typedef struct mg_config {
     int data_crc;
     uint64_t max_batches;
     uint64_t transfer_timeout; /* seconds */
+    uint64_t tcp_conns_per_peer;
     uint64_t notify_queue;
     uint64_t notify_max_bytes;
     uint64_t workers;

@@ -38,11 +38,14 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define TENANT      "default"
-#define POOL_IDLE   8 /* idle data connections kept per peer */
-#define NOTIFY_MAX  16
-#define TOPIC_MAX   128
-#define PAYLOAD_MAX 65536
+#define TENANT       "default"
+#define POOL_IDLE    8 /* idle data connections kept per peer */
+#define MAX_PARTS    8 /* a large request runs as up to this many parts, one connection each */
+#define PART_MIN     (16ull << 20)
+#define NOTIFY_MAX   16
+#define TOPIC_MAX    128
+#define PAYLOAD_MAX  65536
+#define WAIT_TICK_MS 20 /* progress reports to Wait calls at most this often */
 
 enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
 enum { ST_PENDING, ST_RUNNING, ST_DONE, ST_FAILED };
@@ -65,6 +68,7 @@ typedef struct peer_ent {
     pthread_mutex_t lock;     /* idle: workers take and give back */
     mg_dp_conn *idle[POOL_IDLE];
     int nidle;
+    unsigned jobs; /* parts of its requests on workers now */
     struct peer_ent *next;
 } peer_ent;
 
@@ -89,7 +93,9 @@ typedef struct xfer_batch {
     uint64_t id;
     uint64_t t0_ns; /* submitted */
     uint32_t timeout_ms;
-    struct event *timer; /* the batch's timeout */
+    struct event *timer;   /* the batch's timeout */
+    struct event *wait_ev; /* the next progress report to Wait calls */
+    mg_gateway *gw;
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
     struct xfer_req *reqs;
@@ -109,9 +115,17 @@ typedef struct xfer_req {
     xfer_batch *b;
     mg_gateway *gw;
     int write;
-    int stop;          /* MG_ERR_* asking the worker to stop (atomic) */
-    uint64_t progress; /* bytes confirmed (atomic) */
-    int requeued;      /* sent back once for a new session */
+    int stop;     /* MG_ERR_* asking the worker to stop (atomic) */
+    int requeued; /* sent back once for a new session */
+    /* A large request runs as parts in parallel, each a job on its own connection. */
+    struct xfer_part {
+        struct xfer_req *r;
+        uint64_t offset, length; /* within the request */
+        uint64_t progress;       /* bytes confirmed (atomic) */
+        int rc;
+        char msg[400];
+    } parts[MAX_PARTS];
+    unsigned nparts, parts_left;
     mg_segment *local; /* referenced until the request ends */
     void *local_lease; /* mg_svc_pool_use token when the local side is a lease */
     uint8_t *local_addr;
@@ -126,10 +140,16 @@ typedef struct xfer_req {
     char data_host[128];
     int data_port;
     struct xfer_req *next_wait;
+    struct xfer_req *next_ready; /* in the line for a worker */
+    const char *peer_name;       /* during Submit only: the request's `peer` */
 } xfer_req;
 
 struct mg_transfer_svc {
     mg_gateway *gw;
+    /* Requests ready to run wait here for one of the `workers` job slots, so a large batch
+     * neither overflows the engine's queue nor crowds out other work. */
+    xfer_req *ready, *ready_tail;
+    unsigned jobs;
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
     xfer_batch *batches;
@@ -157,6 +177,15 @@ static void batch_msg_free(batch_msg *m);
 static int batch_over(const xfer_batch *b)
 {
     return b->done + b->failed == b->n && b->notes_over == b->nnotes;
+}
+
+/* Bytes of r confirmed so far, all parts together. */
+static uint64_t req_progress(const xfer_req *r)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < r->nparts; i++)
+        n += __atomic_load_n(&r->parts[i].progress, __ATOMIC_RELAXED);
+    return n;
 }
 
 static int batch_failed(const xfer_batch *b)
@@ -198,8 +227,7 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
         const xfer_req *r = &b->reqs[i];
         moongate__v1__request_status__init(&m->st[i]);
         m->st[i].state = (Moongate__V1__RequestState)r->state;
-        m->st[i].bytes_done =
-            r->state == ST_DONE ? r->length : __atomic_load_n(&r->progress, __ATOMIC_RELAXED);
+        m->st[i].bytes_done = r->state == ST_DONE ? r->length : req_progress(r);
         m->st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
         m->st[i].message = (char *)r->msg;
         m->ptrs[i] = &m->st[i];
@@ -224,7 +252,7 @@ static void batch_msg_free(batch_msg *m)
 }
 
 /* Tells the Wait calls of b where it stands; ends them when it is over. */
-static void batch_notify(xfer_batch *b)
+static void batch_tell(xfer_batch *b)
 {
     batch_msg m;
     int over = batch_over(b);
@@ -244,6 +272,32 @@ static void batch_notify(xfer_batch *b)
     if (over)
         b->watchers = NULL;
     batch_msg_free(&m);
+}
+
+static void wait_tick(evutil_socket_t fd, short what, void *arg)
+{
+    batch_tell(arg);
+}
+
+/* The batch changed. Wait calls hear of the end at once; of progress at most every
+ * WAIT_TICK_MS, so a batch of thousands of requests is not re-sent whole for each one. */
+static void batch_notify(xfer_batch *b)
+{
+    static const struct timeval tick = {0, WAIT_TICK_MS * 1000};
+    if (b->watchers == NULL)
+        return;
+    if (batch_over(b)) {
+        if (b->wait_ev)
+            event_del(b->wait_ev);
+        batch_tell(b);
+        return;
+    }
+    if (b->wait_ev == NULL)
+        b->wait_ev = evtimer_new(b->gw->base, wait_tick, b);
+    if (b->wait_ev == NULL)
+        batch_tell(b);
+    else if (!evtimer_pending(b->wait_ev, NULL))
+        evtimer_add(b->wait_ev, &tick);
 }
 
 /* ---- requests finishing ---- */
@@ -289,10 +343,21 @@ static void batch_changed(xfer_batch *b)
     batch_notify(b);
 }
 
-/* Takes a request that waits for its peer's session out of that line. Returns 1 if it was there. */
+/* Takes a pending request out of the line it waits in (its peer's session, or a worker).
+ * Returns 1 if it was in one. */
 static int unqueue(xfer_req *r)
 {
-    xfer_req **pp;
+    struct mg_transfer_svc *ts = r->gw->transfer;
+    xfer_req **pp, *prev = NULL;
+    for (pp = &ts->ready; *pp && *pp != r; pp = &(*pp)->next_ready)
+        prev = *pp;
+    if (*pp) {
+        *pp = r->next_ready;
+        if (ts->ready_tail == r)
+            ts->ready_tail = prev;
+        r->next_ready = NULL;
+        return 1;
+    }
     if (r->peer == NULL)
         return 0;
     for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
@@ -330,6 +395,8 @@ static void batch_free(xfer_batch *b)
 {
     if (b->timer)
         event_free(b->timer);
+    if (b->wait_ev)
+        event_free(b->wait_ev);
     for (size_t i = 0; i < b->nnotes; i++)
         free(b->notes[i].payload);
     free(b->notes);
@@ -360,22 +427,25 @@ static void give_conn(peer_ent *p, mg_dp_conn *c)
     mg_dp_close(c);
 }
 
-/* One attempt on connection c; gives c back or closes it. */
-static int req_attempt(xfer_req *r, mg_dp_conn *c)
+/* One attempt at part pt on connection c; gives c back or closes it. */
+static int part_attempt(struct xfer_part *pt, mg_dp_conn *c)
 {
+    xfer_req *r = pt->r;
     const mg_config *cfg = r->gw->cfg;
     mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
                        .window = 16,
                        .crc = cfg->data_crc,
                        .lease = r->remote_lease,
                        .stop = &r->stop,
-                       .progress = &r->progress};
+                       .progress = &pt->progress};
+    uint8_t *local = r->local_addr + pt->offset;
+    uint64_t remote = r->remote_offset + pt->offset;
     int rc;
-    __atomic_store_n(&r->progress, 0, __ATOMIC_RELAXED);
-    rc = r->write ? mg_dp_write(c, r->remote_segment, r->remote_offset, r->local_addr, r->length,
-                                &o, r->msg, sizeof(r->msg))
-                  : mg_dp_read(c, r->remote_segment, r->remote_offset, r->local_addr, r->length, &o,
-                               r->msg, sizeof(r->msg));
+    __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
+    rc = r->write ? mg_dp_write(c, r->remote_segment, remote, local, pt->length, &o, pt->msg,
+                                sizeof(pt->msg))
+                  : mg_dp_read(c, r->remote_segment, remote, local, pt->length, &o, pt->msg,
+                               sizeof(pt->msg));
     if (rc == 0 || rc == MG_ERR_NOT_FOUND || rc == MG_ERR_PERMISSION || rc == MG_ERR_RANGE ||
         rc == MG_ERR_DATA_LOSS)
         give_conn(r->peer, c); /* a refused slice leaves the stream in step */
@@ -384,43 +454,56 @@ static int req_attempt(xfer_req *r, mg_dp_conn *c)
     return rc;
 }
 
-static int req_connect(xfer_req *r, mg_dp_conn **c)
+static int part_work(void *arg)
 {
-    return mg_dp_connect(c, r->data_host, r->data_port, r->token,
-                         (uint32_t)r->gw->cfg->data_io_timeout * 1000, &r->stop, r->msg,
-                         sizeof(r->msg));
-}
-
-static int req_work(void *arg)
-{
-    xfer_req *r = arg;
+    struct xfer_part *pt = arg;
+    xfer_req *r = pt->r;
     mg_dp_conn *c = take_conn(r->peer);
     int rc, stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
     if (stop != 0) { /* stopped while it waited for a worker */
-        snprintf(r->msg, sizeof(r->msg), "stopped (%s) before it started", mg_strerror(stop));
+        snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) before it started", mg_strerror(stop));
         if (c)
             give_conn(r->peer, c);
         return stop;
     }
     if (c != NULL) {
-        rc = req_attempt(r, c);
+        rc = part_attempt(pt, c);
         if (rc != MG_ERR_UNAVAILABLE)
             return rc;
         /* The idle connection broke (the peer closed it, or restarted): once more, fresh. */
-        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r->peer->addr, r->msg);
+        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r->peer->addr, pt->msg);
     }
-    if ((rc = req_connect(r, &c)) != 0)
-        return rc;
-    return req_attempt(r, c);
+    rc = mg_dp_connect(&c, r->data_host, r->data_port, r->token,
+                       (uint32_t)r->gw->cfg->data_io_timeout * 1000, &r->stop, pt->msg,
+                       sizeof(pt->msg));
+    return rc != 0 ? rc : part_attempt(pt, c);
 }
 
 static void session_retry(xfer_req *r);
+static void pump(struct mg_transfer_svc *ts);
 static void open_session(mg_gateway *gw, peer_ent *p);
 
-static void req_done(void *arg, int result)
+static void part_done(void *arg, int result)
 {
-    xfer_req *r = arg;
+    struct xfer_part *pt = arg;
+    xfer_req *r = pt->r;
+    struct mg_transfer_svc *ts = r->gw->transfer;
     char msg[sizeof(r->msg) + sizeof(r->peer->addr) + 8];
+    ts->jobs--;
+    r->peer->jobs--;
+    pt->rc = result;
+    if (--r->parts_left > 0) { /* the request ends with its last part */
+        if (!ts->closing)
+            pump(ts);
+        return;
+    }
+    result = 0;
+    for (unsigned i = 0; i < r->nparts && result == 0; i++) { /* the first failure speaks */
+        if ((result = r->parts[i].rc) != 0)
+            snprintf(r->msg, sizeof(r->msg), "%s", r->parts[i].msg);
+    }
+    if (!ts->closing)
+        pump(ts);
     if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->requeued &&
         __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
         /* The peer no longer knows our token, or its data plane is not where the session
@@ -435,17 +518,98 @@ static void req_done(void *arg, int result)
     req_end(r, result, result ? msg : NULL);
 }
 
+/* Cuts r into parts: one, or for a large request up to --tcp-conns-per-peer of at least
+ * PART_MIN bytes each, on slice boundaries. */
+static void req_plan(xfer_req *r, unsigned room)
+{
+    const mg_config *cfg = r->gw->cfg;
+    uint64_t n = r->length / PART_MIN, each, slice = cfg->slice_bytes;
+    if (n > cfg->tcp_conns_per_peer)
+        n = cfg->tcp_conns_per_peer;
+    if (n > room)
+        n = room;
+    if (n > MAX_PARTS)
+        n = MAX_PARTS;
+    if (n < 1)
+        n = 1;
+    each = (r->length / n + slice - 1) / slice * slice;
+    r->nparts = 0;
+    for (uint64_t off = 0; off < r->length; off += each) {
+        struct xfer_part *pt = &r->parts[r->nparts++];
+        memset(pt, 0, sizeof(*pt));
+        pt->r = r;
+        pt->offset = off;
+        pt->length = r->length - off < each ? r->length - off : each;
+    }
+    r->parts_left = r->nparts;
+}
+
+/* Job slots one peer may hold: half the workers, so a peer that stalls (until the I/O timeout)
+ * cannot hold up the others. */
+static unsigned peer_cap(const struct mg_transfer_svc *ts)
+{
+    unsigned cap = (unsigned)ts->gw->cfg->workers / 2;
+    return cap ? cap : 1;
+}
+
+/* Starts ready requests, in order, while job slots are free (all of a request's parts at once);
+ * a request whose peer has its share of the slots waits for one of them to end. */
+static void pump(struct mg_transfer_svc *ts)
+{
+    xfer_req **pp = &ts->ready, *prev = NULL;
+    while (*pp && ts->jobs < ts->gw->cfg->workers) {
+        xfer_req *r = *pp;
+        unsigned started = 0;
+        if (r->peer->jobs >= peer_cap(ts)) {
+            prev = r;
+            pp = &r->next_ready;
+            continue;
+        }
+        *pp = r->next_ready;
+        if (ts->ready_tail == r)
+            ts->ready_tail = prev;
+        r->next_ready = NULL;
+        r->state = ST_RUNNING;
+        req_plan(r, peer_cap(ts) - r->peer->jobs);
+        for (unsigned i = 0; i < r->nparts; i++) {
+            int rc = mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[i]);
+            if (rc == 0) {
+                ts->jobs++;
+                r->peer->jobs++;
+                started++;
+                continue;
+            }
+            /* The engine's queue is full: the parts not started fail now. */
+            for (unsigned k = i; k < r->nparts; k++) {
+                r->parts[k].rc = rc;
+                snprintf(r->parts[k].msg, sizeof(r->parts[k].msg),
+                         "the engine's queue is full (--queue-depth)");
+            }
+            r->parts_left = started;
+            break;
+        }
+        if (started == 0) {
+            req_end(r, r->parts[0].rc, r->parts[0].msg);
+        }
+    }
+}
+
+/* The session is open: the request takes its details and joins the line for a worker. */
 static void req_start(xfer_req *r)
 {
+    struct mg_transfer_svc *ts = r->gw->transfer;
     peer_ent *p = r->peer;
-    int rc;
     memcpy(r->token, p->token, sizeof(r->token));
     snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
     r->data_port = p->data_port;
-    r->state = ST_RUNNING;
-    rc = mg_engine_submit(r->gw->engine, r->gw->cq, req_work, req_done, r);
-    if (rc != 0)
-        req_end(r, rc, "engine queue full (--queue-depth)");
+    r->state = ST_PENDING;
+    r->next_ready = NULL;
+    if (ts->ready_tail)
+        ts->ready_tail->next_ready = r;
+    else
+        ts->ready = r;
+    ts->ready_tail = r;
+    pump(ts);
 }
 
 /* ---- the peer directory: sessions ---- */
@@ -557,7 +721,8 @@ static void session_retry(xfer_req *r)
     peer_ent *p = r->peer;
     r->requeued = 1;
     r->state = ST_PENDING;
-    __atomic_store_n(&r->progress, 0, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < r->nparts; i++)
+        __atomic_store_n(&r->parts[i].progress, 0, __ATOMIC_RELAXED);
     if (p->state == PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
         mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64, p->addr, p->epoch);
         p->state = PEER_NONE; /* that token is dead: every request needs a new one */
@@ -763,6 +928,70 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
     }
 }
 
+/* The requests of a Submit one after another: `requests`, then each block of `blocks` spelled
+ * out as a request (in `tmp`; the peer string stays the message's). */
+typedef struct {
+    const Moongate__V1__SubmitRequest *req;
+    size_t i, g, k;
+    Moongate__V1__TransferRequest tmp;
+} item_iter;
+
+static const Moongate__V1__TransferRequest *item_next(item_iter *it)
+{
+    const Moongate__V1__Blocks *bl;
+    if (it->i < it->req->n_requests)
+        return it->req->requests[it->i++];
+    while (it->g < it->req->n_blocks && it->k >= it->req->blocks[it->g]->n_lengths) {
+        it->g++;
+        it->k = 0;
+    }
+    if (it->g == it->req->n_blocks)
+        return NULL;
+    bl = it->req->blocks[it->g];
+    moongate__v1__transfer_request__init(&it->tmp);
+    it->tmp.op = bl->op;
+    it->tmp.local_segment = bl->local_segment;
+    it->tmp.local_lease = bl->local_lease;
+    it->tmp.peer = bl->peer;
+    it->tmp.remote_segment = bl->remote_segment;
+    it->tmp.remote_lease = bl->remote_lease;
+    it->tmp.local_offset = bl->n_local_offsets ? bl->local_offsets[it->k] : 0;
+    it->tmp.remote_offset = bl->n_remote_offsets ? bl->remote_offsets[it->k] : 0;
+    it->tmp.length = bl->lengths[it->k];
+    it->k++;
+    it->i++;
+    return &it->tmp;
+}
+
+/* How many requests a Submit names, or -1 after failing the call. */
+static long submit_count(mg_call *call, const Moongate__V1__SubmitRequest *req, uint64_t max)
+{
+    uint64_t n = req->n_requests;
+    if (req->n_blocks > 64) {
+        mg_call_fail(call, MG_ERR_INVALID, "at most 64 groups of blocks");
+        return -1;
+    }
+    for (size_t g = 0; g < req->n_blocks; g++) {
+        const Moongate__V1__Blocks *bl = req->blocks[g];
+        if ((bl->n_local_offsets && bl->n_local_offsets != bl->n_lengths) ||
+            (bl->n_remote_offsets && bl->n_remote_offsets != bl->n_lengths)) {
+            mg_call_fail(call, MG_ERR_INVALID,
+                         "blocks %zu: local_offsets, remote_offsets and lengths differ in count "
+                         "(%zu, %zu, %zu)",
+                         g, bl->n_local_offsets, bl->n_remote_offsets, bl->n_lengths);
+            return -1;
+        }
+        n += bl->n_lengths;
+    }
+    if (n == 0 || n > max) {
+        mg_call_fail(call, MG_ERR_INVALID,
+                     "a batch has 1..%llu requests (--max-transfer-requests), not %llu",
+                     (unsigned long long)max, (unsigned long long)n);
+        return -1;
+    }
+    return (long)n;
+}
+
 static void submit_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__SubmitRequest *req = (const void *)m;
@@ -771,6 +1000,9 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     mg_registry *reg = mg_engine_registry(gw->engine);
     Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
     xfer_batch *b;
+    item_iter it = {.req = req};
+    uint64_t last_segment = 0;
+    long count;
     size_t i;
     char holder[MG_SEG_HOLDER_MAX];
 
@@ -778,11 +1010,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
         return;
     }
-    if (req->n_requests == 0 || req->n_requests > gw->cfg->max_transfer_requests) {
-        mg_call_fail(call, MG_ERR_INVALID, "a batch has 1..%llu requests (--max-transfer-requests)",
-                     (unsigned long long)gw->cfg->max_transfer_requests);
+    if ((count = submit_count(call, req, gw->cfg->max_transfer_requests)) < 0)
         return;
-    }
     if (req->n_notify > NOTIFY_MAX) {
         mg_call_fail(call, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
         return;
@@ -807,7 +1036,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         }
     }
     b = calloc(1, sizeof(*b));
-    if (b == NULL || (b->reqs = calloc(req->n_requests, sizeof(*b->reqs))) == NULL ||
+    if (b == NULL || (b->reqs = calloc((size_t)count, sizeof(*b->reqs))) == NULL ||
         (b->notes = calloc(req->n_notify + 1, sizeof(*b->notes))) == NULL) {
         if (b)
             free(b->reqs);
@@ -819,26 +1048,28 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         b->id = mg_mix64(++ts->counter);
     } while (b->id == 0);
     snprintf(b->tenant, sizeof(b->tenant), "%s", TENANT);
-    b->n = req->n_requests;
+    b->n = (size_t)count;
+    b->gw = gw;
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
     /* The whole batch is checked before anything moves. */
     for (i = 0; i < b->n; i++) {
-        const Moongate__V1__TransferRequest *t = req->requests[i];
+        const Moongate__V1__TransferRequest *t = item_next(&it);
         xfer_req *r = &b->reqs[i];
-        mg_segment_info info;
         const char *bad = NULL;
         r->b = b;
         r->gw = gw;
         r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
         r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
         r->remote_lease = t->remote_lease != 0;
+        r->peer_name = t->peer;
         r->remote_offset = t->remote_offset;
         r->length = t->length;
         if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
             bad = "op must be READ or WRITE";
         else if (t->length == 0)
             bad = "length must be greater than 0";
-        else if (!mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
+        else if ((i == 0 || strcmp(t->peer, b->reqs[i - 1].peer_name) != 0) &&
+                 !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
             bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\")";
         else if (t->remote_offset > UINT64_MAX - t->length)
             bad = "remote offset + length overflows";
@@ -855,15 +1086,23 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                 bad = "local offset + length is outside the local lease";
             else
                 r->local_addr = (uint8_t *)mg_segment_addr(r->local) + base + t->local_offset;
+        } else if (i > 0 && b->reqs[i - 1].local && !b->reqs[i - 1].local_lease &&
+                   t->local_segment == last_segment) { /* the same segment as the last one */
+            r->local = b->reqs[i - 1].local;
+            mg_registry_hold(reg, r->local);
+            if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
+                bad = "local offset + length is outside the local segment";
+            else
+                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
         } else if (mg_registry_acquire(reg, TENANT, t->local_segment, holder, &r->local) != 0) {
             bad = "no such local segment";
         } else {
-            mg_segment_get_info(reg, r->local, &info);
-            if (mg_bounds_check(info.size, t->local_offset, t->length) != 0)
+            if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
                 bad = "local offset + length is outside the local segment";
             else
                 r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
         }
+        last_segment = t->local_lease ? 0 : t->local_segment;
         if (bad) {
             for (size_t k = 0; k <= i; k++)
                 req_release_local(&b->reqs[k]);
@@ -904,7 +1143,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         n->len = np->payload.len;
         snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
         for (size_t k = 0; k < b->n; k++) {
-            if (b->reqs[k].write && !strcmp(req->requests[k]->peer, np->peer))
+            if (b->reqs[k].write && !strcmp(b->reqs[k].peer_name, np->peer))
                 n->writes_left++;
         }
     }
@@ -919,7 +1158,9 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
 
     for (i = 0; i < b->n; i++) {
         xfer_req *r = &b->reqs[i];
-        peer_ent *p = peer_get(ts, req->requests[i]->peer);
+        peer_ent *p = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
+                          ? b->reqs[i - 1].peer
+                          : peer_get(ts, r->peer_name);
         if (p == NULL) {
             req_end(r, MG_ERR_NOMEM, "out of memory");
             continue;

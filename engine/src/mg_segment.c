@@ -787,6 +787,13 @@ int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const
     return 0;
 }
 
+void mg_registry_hold(mg_registry *reg, mg_segment *seg)
+{
+    pthread_mutex_lock(&reg->lock);
+    seg->refs++;
+    pthread_mutex_unlock(&reg->lock);
+}
+
 void mg_registry_put(mg_registry *reg, mg_segment *seg)
 {
     pthread_mutex_lock(&reg->lock);
@@ -881,6 +888,11 @@ int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segme
 void *mg_segment_addr(const mg_segment *seg)
 {
     return seg->addr;
+}
+
+uint64_t mg_segment_size(const mg_segment *seg)
+{
+    return seg->size;
 }
 
 size_t mg_registry_list(mg_registry *reg, const char *tenant, uint64_t after, mg_segment_info *out,

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|lease|dataplane] [-- options of the benchmark]
+#   tests/bench/run.sh [control|register|batch|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
 # lease:    destination memory per read: register + unregister against lease + release.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
+# transfer: two daemons, mgbench transfer (block and batch sizes, 1 GiB each way, 4 threads)
+#           against iperf3 and UCX's ucx_perftest over TCP (tag_bw, ucp_put_bw at 1 MiB).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3
+scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3 ucx-utils
 build=$(scripts/build.sh release)
 certs=$(mktemp -d)
 trap 'rm -rf "$certs"' EXIT
@@ -78,5 +80,55 @@ for line in sys.stdin:
                                                           float(m.group(3)) / ref))
 ' "$ref"
     ;;
-*) echo "usage: $0 [control|register|batch|lease|dataplane] [-- options]" >&2; exit 64 ;;
+transfer)
+    free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+    # References first, each alone on the machine.
+    port=$(free_port)
+    iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    iperf=$(iperf3 -c 127.0.0.1 -p "$port" -l 1M -t 5 -J |
+        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9)')
+    ucx() { # test -> GB/s (overall bandwidth of the final line)
+        local p; p=$(free_port)
+        UCX_TLS=tcp ucx_perftest -t "$1" -s 1048576 -n 4000 -p "$p" >/dev/null 2>&1 &
+        sleep 1
+        UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -t "$1" -s 1048576 -n 4000 -p "$p" 2>/dev/null |
+            awk '/^Final:/ {printf "%.3f\n", $7 * 1048576 / 1e9}'
+        wait || true
+    }
+    tag=$(ucx tag_bw)
+    put=$(ucx ucp_put_bw)
+    printf 'iperf3, 1 stream, 1 MiB writes:     %6.2f GB/s\n' "$iperf"
+    printf 'ucx_perftest tag_bw, TCP, 1 MiB:    %6.2f GB/s\n' "$tag"
+    printf 'ucx_perftest ucp_put_bw, TCP, 1 MiB:%6.2f GB/s\n\n' "$put"
+    shm=$(mktemp -d /dev/shm/mg-bench-XXXXXX)
+    pids=()
+    for d in a b; do
+        h2c=$(free_port)
+        "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$h2c" --ops-listen "" --unix-socket "" \
+            --data-listen 127.0.0.1:0 --shm-dir "$shm/$d" --access-log=false --peer-tls=false \
+            --pool-bytes 0 --memlock try >"$certs/moongate-$d.log" 2>&1 &
+        pids+=($!)
+        eval "port_$d=$h2c"
+    done
+    for _ in $(seq 1 100); do
+        grep -q "event=ready" "$certs/moongate-a.log" && grep -q "event=ready" "$certs/moongate-b.log" && break
+        sleep 0.1
+    done
+    rc=0
+    out=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
+        --big 1G --json "$@" | tee /dev/stderr) || rc=$?
+    out4=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
+        --blocks 64M --batches 4 --threads 4 --bytes 4G --json | tee /dev/stderr) || rc=$?
+    out1=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
+        --blocks 64M --batches 4 --threads 1 --bytes 4G --json | tee /dev/stderr) || rc=$?
+    out5=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
+        --blocks 4K --batches 4096 --ops write --bytes 64M --json | tee /dev/stderr) || rc=$?
+    kill -TERM "${pids[@]}"; wait "${pids[@]}" || true
+    rm -rf "$shm"
+    printf '%s\n%s\n%s\n%s\n' "$out" "$out4" "$out1" "$out5" | /usr/bin/python3 tests/bench/transfer_report.py \
+        --iperf "$iperf" --tag "$tag" --put "$put"
+    exit $rc
+    ;;
+*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer] [-- options]" >&2; exit 64 ;;
 esac

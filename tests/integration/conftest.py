@@ -183,6 +183,7 @@ class Daemon:
 
     def stop(self, timeout=20):
         if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a test may have left it frozen
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -207,8 +208,8 @@ def make_daemon(certs, tmp_path):
         return d
 
     yield make
-    for d in made:
-        rc = d.stop()
+    codes = [(d, d.stop()) for d in made]  # every daemon stops, even when one failed
+    for d, rc in codes:
         assert rc == 0 or d.killed, "moongate exited with %s\n%s" % (rc, d.read_log())
 
 

@@ -129,7 +129,9 @@ const char *mg_segment_error(const mg_segment *seg);
  * by uid:1000 pid:42"). Returns 0, MG_ERR_NOT_FOUND. */
 int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
                         mg_segment **out);
-/* Drops a reference taken by mg_registry_acquire(). */
+/* One more reference on a segment the caller already holds one on (same holder). */
+void mg_registry_hold(mg_registry *reg, mg_segment *seg);
+/* Drops a reference taken by mg_registry_acquire() or mg_registry_hold(). */
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
 
 /* Loop. Starts unregistering a READY segment of `tenant`. Returns 0 (now UNREGISTERING: unmap
@@ -150,6 +152,8 @@ int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segme
 void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out);
 /* The mapped bytes (NULL before mapping); stable while the caller holds a reference. */
 void *mg_segment_addr(const mg_segment *seg);
+/* Its size in bytes (fixed once registered; no lock needed while referenced). */
+uint64_t mg_segment_size(const mg_segment *seg);
 
 /* Lists the tenant's segments (all tenants when tenant is NULL) whose id is greater than
  * `after`, in id order, at most `max`. Returns how many were written. */

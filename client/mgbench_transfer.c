@@ -1,0 +1,504 @@
+/*
+ * mgbench transfer: throughput and latency of moongate transfers between two daemons, driven
+ * through the C client library the way an application would: Submit a batch to the local
+ * daemon, Wait for it to end.
+ *
+ *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
+ *                    [--ops write,read] [--bytes 256M] [--threads N] [--big 1G]
+ *                    [--per-request] [--json]
+ *
+ * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
+ * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
+ * the largest configuration), then for each op, block size and batch size submits batches of
+ * that many blocks — spread over the segments, each thread its own slice of them — until
+ * --bytes moved (at least 20 batches, at most 2000), and prints one line: GB/s over the whole
+ * run, the average and p99 time from Submit to the batch's end, and the average time Submit
+ * itself took. Batches go in SubmitRequest's compact `blocks` form; --per-request sends a
+ * TransferRequest message per block instead. --big adds one request of that size each way (the
+ * 1 GiB case). --json prints
+ * the same as one JSON object per line. Exit status 0 when every batch ended DONE.
+ */
+#include "mgbench.h"
+
+#include "mg_client.h"
+
+#include "moongate/v1/memory.pb-c.h"
+#include "moongate/v1/transfer.pb-c.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_LIST 16
+
+typedef struct {
+    struct event_base *base;
+    int done, status;
+    uint8_t *resp;
+    size_t len;
+    char message[512];
+} call_rec;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void on_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    call_rec *r = arg;
+    uint8_t *copy = malloc(len ? len : 1);
+    if (copy == NULL)
+        return;
+    memcpy(copy, m, len);
+    free(r->resp);
+    r->resp = copy; /* the last message: for Wait, the batch at its end */
+    r->len = len;
+}
+
+static void on_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    call_rec *r = arg;
+    r->done = 1;
+    r->status = status;
+    snprintf(r->message, sizeof(r->message), "%s", message);
+    event_base_loopbreak(r->base);
+}
+
+/* One call on c, run to its end on base. Returns the gRPC status (r holds the last message). */
+static int call(mg_client *c, struct event_base *base, const char *path,
+                const ProtobufCMessage *req, call_rec *r)
+{
+    static const mg_rpc_handlers h = {on_msg, on_close};
+    size_t n = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(n ? n : 1);
+    mg_rpc *rpc;
+    memset(r, 0, sizeof(*r));
+    r->base = base;
+    if (buf == NULL)
+        return MG_GRPC_RESOURCE_EXHAUSTED;
+    protobuf_c_message_pack(req, buf);
+    rpc = mg_rpc_start(c, path, NULL, 0, 600000, &h, r);
+    if (rpc == NULL || mg_rpc_send(rpc, buf, n) != 0 || mg_rpc_close_send(rpc) != 0) {
+        free(buf);
+        snprintf(r->message, sizeof(r->message), "cannot start %s", path);
+        return MG_GRPC_UNAVAILABLE;
+    }
+    free(buf);
+    while (!r->done)
+        event_base_dispatch(base);
+    return r->status;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    const char *target, *peer;
+    uint64_t local_id, remote_id;
+    uint64_t seg_bytes;
+    int write;
+    uint64_t block;
+    unsigned batch, batches;
+    unsigned index, threads; /* this thread's slice of the segments */
+    int per_request;         /* a TransferRequest per block instead of the Blocks form */
+    /* results */
+    double *latency; /* seconds, one per batch */
+    double submit_sum;
+    int failed;
+    char error[512];
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    struct event_base *base = event_base_new();
+    mg_client_options o = {.target = w->target};
+    Moongate__V1__TransferRequest *reqs = calloc(w->batch, sizeof(*reqs));
+    Moongate__V1__TransferRequest **ptrs = calloc(w->batch, sizeof(*ptrs));
+    Moongate__V1__Blocks blocks = MOONGATE__V1__BLOCKS__INIT, *bptr = &blocks;
+    uint64_t *offsets = calloc(w->batch, sizeof(*offsets));
+    uint64_t *lengths = calloc(w->batch, sizeof(*lengths));
+    uint64_t span = w->seg_bytes / w->threads, base_off = span * w->index;
+    uint64_t per = span / w->block ? span / w->block : 1; /* blocks that fit in the slice */
+    mg_client *c = NULL;
+    char err[256];
+    if (base == NULL || reqs == NULL || ptrs == NULL || offsets == NULL || lengths == NULL ||
+        mg_client_new(&c, base, &o, err, sizeof(err)) != 0) {
+        snprintf(w->error, sizeof(w->error), "cannot connect to %s", w->target);
+        w->failed = 1;
+        goto out;
+    }
+    for (unsigned i = 0; i < w->batch; i++) {
+        moongate__v1__transfer_request__init(&reqs[i]);
+        reqs[i].op = w->write ? MOONGATE__V1__TRANSFER_OP__WRITE : MOONGATE__V1__TRANSFER_OP__READ;
+        reqs[i].local_segment = w->local_id;
+        reqs[i].remote_segment = w->remote_id;
+        reqs[i].peer = (char *)w->peer;
+        reqs[i].length = w->block;
+        ptrs[i] = &reqs[i];
+        lengths[i] = w->block;
+    }
+    /* The compact form: one group, offsets and lengths as packed arrays. */
+    blocks.op = reqs[0].op;
+    blocks.local_segment = w->local_id;
+    blocks.remote_segment = w->remote_id;
+    blocks.peer = (char *)w->peer;
+    blocks.n_local_offsets = blocks.n_remote_offsets = blocks.n_lengths = w->batch;
+    blocks.local_offsets = blocks.remote_offsets = offsets;
+    blocks.lengths = lengths;
+    for (unsigned k = 0; k < w->batches && !w->failed; k++) {
+        Moongate__V1__SubmitRequest sr = MOONGATE__V1__SUBMIT_REQUEST__INIT;
+        Moongate__V1__GetBatchRequest gr = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
+        Moongate__V1__SubmitResponse *resp;
+        Moongate__V1__Batch *b;
+        call_rec r;
+        double t0, t1;
+        for (unsigned i = 0; i < w->batch; i++) {
+            uint64_t off = base_off + ((uint64_t)k * w->batch + i) % per * w->block;
+            reqs[i].local_offset = reqs[i].remote_offset = offsets[i] = off;
+        }
+        if (w->per_request) {
+            sr.requests = ptrs;
+            sr.n_requests = w->batch;
+        } else {
+            sr.blocks = &bptr;
+            sr.n_blocks = 1;
+        }
+        t0 = now_s();
+        if (call(c, base, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
+            (resp = moongate__v1__submit_response__unpack(NULL, r.len, r.resp)) == NULL) {
+            snprintf(w->error, sizeof(w->error), "Submit: %.400s", r.message);
+            w->failed = 1;
+            free(r.resp);
+            break;
+        }
+        t1 = now_s();
+        gr.id = resp->batch_id;
+        moongate__v1__submit_response__free_unpacked(resp, NULL);
+        free(r.resp);
+        if (call(c, base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
+            (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
+            snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
+            w->failed = 1;
+            free(r.resp);
+            break;
+        }
+        w->latency[k] = now_s() - t0;
+        w->submit_sum += t1 - t0;
+        if (b->state != MOONGATE__V1__REQUEST_STATE__DONE) {
+            for (size_t i = 0; i < b->n_requests; i++) {
+                if (b->requests[i]->state == MOONGATE__V1__REQUEST_STATE__FAILED) {
+                    snprintf(w->error, sizeof(w->error), "request %zu: %s", i,
+                             b->requests[i]->message);
+                    break;
+                }
+            }
+            w->failed = 1;
+        }
+        moongate__v1__batch__free_unpacked(b, NULL);
+        free(r.resp);
+    }
+out:
+    mg_client_del(c);
+    if (base) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+    }
+    free(reqs);
+    free(ptrs);
+    free(offsets);
+    free(lengths);
+    return NULL;
+}
+
+typedef struct {
+    const char *target, *peer;
+    uint64_t local_id, remote_id, seg_bytes, bytes;
+    unsigned threads;
+    int json, per_request;
+} setup;
+
+/* One configuration; prints its line. Returns 0 when every batch ended DONE. */
+static int run(const setup *s, int write, uint64_t block, unsigned batch, unsigned min_batches)
+{
+    worker *w = calloc(s->threads, sizeof(*w));
+    pthread_t *th = calloc(s->threads, sizeof(*th));
+    uint64_t per_batch = block * batch;
+    unsigned batches = (unsigned)(s->bytes / per_batch / s->threads);
+    double t0, secs, *all, submit = 0;
+    size_t n = 0;
+    int failed = 0;
+    char label[64];
+    if (batches < min_batches)
+        batches = min_batches;
+    if (batches > 2000)
+        batches = 2000;
+    all = calloc((size_t)batches * s->threads, sizeof(double));
+    if (w == NULL || th == NULL || all == NULL) {
+        fprintf(stderr, "mgbench: out of memory\n");
+        return 1;
+    }
+    t0 = now_s();
+    for (unsigned i = 0; i < s->threads; i++) {
+        w[i] = (worker){.target = s->target,
+                        .peer = s->peer,
+                        .local_id = s->local_id,
+                        .remote_id = s->remote_id,
+                        .seg_bytes = s->seg_bytes,
+                        .write = write,
+                        .block = block,
+                        .batch = batch,
+                        .batches = batches,
+                        .index = i,
+                        .threads = s->threads,
+                        .per_request = s->per_request,
+                        .latency = calloc(batches, sizeof(double))};
+        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    }
+    for (unsigned i = 0; i < s->threads; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].failed) {
+            failed = 1;
+            fprintf(stderr, "mgbench: %s %" PRIu64 " x %u: %s\n", write ? "WRITE" : "READ", block,
+                    batch, w[i].error);
+        }
+        for (unsigned k = 0; k < batches; k++) {
+            if (w[i].latency[k] > 0)
+                all[n++] = w[i].latency[k];
+        }
+        submit += w[i].submit_sum;
+        free(w[i].latency);
+    }
+    secs = now_s() - t0;
+    qsort(all, n, sizeof(double), cmp_double);
+    {
+        double bytes = (double)per_batch * (double)n, avg = 0;
+        double p99 = n ? all[n * 99 / 100 < n ? n * 99 / 100 : n - 1] : 0;
+        double p50 = n ? all[n / 2] : 0;
+        for (size_t i = 0; i < n; i++)
+            avg += all[i];
+        avg = n ? avg / (double)n : 0;
+        if (block >= (1u << 20))
+            snprintf(label, sizeof(label), "%" PRIu64 " MiB", block >> 20);
+        else
+            snprintf(label, sizeof(label), "%" PRIu64 " KiB", block >> 10);
+        if (s->json)
+            printf("{\"op\":\"%s\",\"block_bytes\":%" PRIu64 ",\"batch\":%u,\"threads\":%u,"
+                   "\"batches\":%zu,\"gbytes_per_s\":%.3f,\"latency_avg_us\":%.1f,"
+                   "\"latency_p50_us\":%.1f,\"latency_p99_us\":%.1f,\"submit_avg_us\":%.1f,"
+                   "\"ok\":%s}\n",
+                   write ? "write" : "read", block, batch, s->threads, n, bytes / secs / 1e9,
+                   avg * 1e6, p50 * 1e6, p99 * 1e6, n ? submit / (double)n * 1e6 : 0,
+                   failed ? "false" : "true");
+        else
+            printf("%-5s %9s x %-5u %2u thr %6zu batches %8.3f GB/s  latency avg %10.1f p50 "
+                   "%10.1f p99 %10.1f us  submit %8.1f us%s\n",
+                   write ? "WRITE" : "READ", label, batch, s->threads, n, bytes / secs / 1e9,
+                   avg * 1e6, p50 * 1e6, p99 * 1e6, n ? submit / (double)n * 1e6 : 0,
+                   failed ? "  FAILED" : "");
+        fflush(stdout);
+    }
+    free(all);
+    free(w);
+    free(th);
+    return failed;
+}
+
+/* Registers a segment of `bytes` on target; returns its id or 0. */
+static uint64_t register_segment(const char *target, const char *name, uint64_t bytes, int remote)
+{
+    struct event_base *base = event_base_new();
+    mg_client_options o = {.target = target};
+    Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    Moongate__V1__RegisterResponse *resp;
+    mg_client *c = NULL;
+    uint64_t id = 0;
+    call_rec r;
+    char err[256];
+    if (base == NULL || mg_client_new(&c, base, &o, err, sizeof(err)) != 0) {
+        fprintf(stderr, "mgbench: %s: %s\n", target, base ? err : "out of memory");
+        goto out;
+    }
+    rr.name = (char *)name;
+    rr.size = bytes;
+    rr.remote_accessible = remote;
+    rr.prefault = 1;
+    if (call(c, base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r) != MG_GRPC_OK ||
+        (resp = moongate__v1__register_response__unpack(NULL, r.len, r.resp)) == NULL) {
+        fprintf(stderr, "mgbench: RegisterSegment on %s: %s\n", target, r.message);
+        free(r.resp);
+        goto out;
+    }
+    id = resp->segment->id;
+    moongate__v1__register_response__free_unpacked(resp, NULL);
+    free(r.resp);
+out:
+    mg_client_del(c);
+    if (base) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+    }
+    return id;
+}
+
+static void unregister_segment(const char *target, uint64_t id)
+{
+    struct event_base *base = event_base_new();
+    mg_client_options o = {.target = target};
+    Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+    mg_client *c = NULL;
+    call_rec r;
+    char err[256];
+    if (base && mg_client_new(&c, base, &o, err, sizeof(err)) == 0) {
+        ur.id = id;
+        if (call(c, base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r) != MG_GRPC_OK)
+            fprintf(stderr, "mgbench: UnregisterSegment on %s: %s\n", target, r.message);
+        free(r.resp);
+    }
+    mg_client_del(c);
+    if (base) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+    }
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+    if (end == s)
+        return -1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024 * 1024 * 1024, end++;
+    if (*end != '\0' || v == 0 || v > UINT64_MAX / mul)
+        return -1;
+    *out = v * mul;
+    return 0;
+}
+
+/* "a,b,c" of sizes (or plain numbers); returns how many, -1 on a bad item. */
+static int parse_list(const char *s, uint64_t *out, int max)
+{
+    char buf[256], *save = NULL, *tok;
+    int n = 0;
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == max || parse_size(tok, &out[n]) != 0)
+            return -1;
+        n++;
+    }
+    return n;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
+               "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
+               "           [--big 1G] [--per-request] [--json]\n"
+               "A, B: h2c control endpoints of two daemons (B as A reaches it).\n");
+}
+
+int mgbench_transfer_main(int argc, char **argv)
+{
+    setup s = {.bytes = 256u << 20, .threads = 1};
+    uint64_t blocks[MAX_LIST] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
+    uint64_t batches[MAX_LIST] = {1, 16}, big = 0;
+    int nblocks = 5, nbatches = 2, do_write = 1, do_read = 1, rc = 0;
+    char local_name[64], remote_name[64];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            s.json = 1;
+        } else if (!strcmp(a, "--per-request")) {
+            s.per_request = 1;
+        } else if (v && !strcmp(a, "--target")) {
+            s.target = v, i++;
+        } else if (v && !strcmp(a, "--peer")) {
+            s.peer = v, i++;
+        } else if (v && !strcmp(a, "--blocks") && (nblocks = parse_list(v, blocks, MAX_LIST)) > 0) {
+            i++;
+        } else if (v && !strcmp(a, "--batches") &&
+                   (nbatches = parse_list(v, batches, MAX_LIST)) > 0) {
+            i++;
+        } else if (v && !strcmp(a, "--ops")) {
+            do_write = strstr(v, "write") != NULL;
+            do_read = strstr(v, "read") != NULL;
+            i++;
+        } else if (v && !strcmp(a, "--bytes") && parse_size(v, &s.bytes) == 0) {
+            i++;
+        } else if (v && !strcmp(a, "--big") && parse_size(v, &big) == 0) {
+            i++;
+        } else if (v && !strcmp(a, "--threads")) {
+            s.threads = (unsigned)strtoul(v, NULL, 10), i++;
+        } else {
+            usage(stderr);
+            return 64;
+        }
+    }
+    if (s.target == NULL || s.peer == NULL || s.threads < 1 || s.threads > 64 ||
+        (!do_write && !do_read)) {
+        usage(stderr);
+        return 64;
+    }
+    /* Segments large enough for every configuration, each thread its own slice. */
+    s.seg_bytes = big;
+    for (int i = 0; i < nblocks; i++) {
+        for (int j = 0; j < nbatches; j++) {
+            uint64_t need = blocks[i] * batches[j] * s.threads;
+            if (need > s.seg_bytes)
+                s.seg_bytes = need;
+        }
+    }
+    if (s.seg_bytes > (4ull << 30)) {
+        fprintf(stderr,
+                "mgbench: the largest configuration needs %" PRIu64
+                " bytes of segment; at most 4 GiB\n",
+                s.seg_bytes);
+        return 64;
+    }
+    snprintf(local_name, sizeof(local_name), "mgbench-local-%d", (int)getpid());
+    snprintf(remote_name, sizeof(remote_name), "mgbench-remote-%d", (int)getpid());
+    s.local_id = register_segment(s.target, local_name, s.seg_bytes, 0);
+    s.remote_id = s.local_id ? register_segment(s.peer, remote_name, s.seg_bytes, 1) : 0;
+    if (s.remote_id == 0) {
+        if (s.local_id)
+            unregister_segment(s.target, s.local_id);
+        return 1;
+    }
+    for (int op = 0; op < 2; op++) {
+        int write = op == 0;
+        if ((write && !do_write) || (!write && !do_read))
+            continue;
+        for (int i = 0; i < nblocks; i++) {
+            for (int j = 0; j < nbatches; j++)
+                rc |= run(&s, write, blocks[i], (unsigned)batches[j], 20);
+        }
+        if (big) { /* one request of that size: one thread */
+            setup one = s;
+            one.threads = 1;
+            rc |= run(&one, write, big, 1, 3);
+        }
+    }
+    unregister_segment(s.target, s.local_id);
+    unregister_segment(s.peer, s.remote_id);
+    return rc ? 1 : 0;
+}
