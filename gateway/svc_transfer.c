@@ -68,7 +68,8 @@ typedef struct peer_ent {
     pthread_mutex_t lock;     /* idle: workers take and give back */
     mg_dp_conn *idle[POOL_IDLE];
     int nidle;
-    unsigned jobs; /* parts of its requests on workers now */
+    unsigned jobs;                       /* parts of its requests on workers now */
+    struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
     struct peer_ent *next;
 } peer_ent;
 
@@ -124,7 +125,7 @@ typedef struct xfer_req {
         uint64_t progress;       /* bytes confirmed (atomic) */
         int rc;
         char msg[400];
-    } parts[MAX_PARTS];
+    } one, *parts; /* parts: &one, or an array for a request in several */
     unsigned nparts, parts_left;
     mg_segment *local; /* referenced until the request ends */
     void *local_lease; /* mg_svc_pool_use token when the local side is a lease */
@@ -133,8 +134,8 @@ typedef struct xfer_req {
     int remote_lease;
     peer_ent *peer;
     int state;
-    int err; /* MG_ERR_* when failed */
-    char msg[400];
+    int err;   /* MG_ERR_* when failed */
+    char *msg; /* why it failed (malloc'd), or NULL */
     /* Copied for the job, so the worker reads nothing the loop may change. */
     uint8_t token[MG_DF_TOKEN_BYTES];
     char data_host[128];
@@ -146,9 +147,8 @@ typedef struct xfer_req {
 
 struct mg_transfer_svc {
     mg_gateway *gw;
-    /* Requests ready to run wait here for one of the `workers` job slots, so a large batch
-     * neither overflows the engine's queue nor crowds out other work. */
-    xfer_req *ready, *ready_tail;
+    /* Requests ready to run wait in their peer's line for one of the `workers` job slots, so a
+     * large batch neither overflows the engine's queue nor crowds out other work. */
     unsigned jobs;
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
@@ -229,7 +229,7 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
         m->st[i].state = (Moongate__V1__RequestState)r->state;
         m->st[i].bytes_done = r->state == ST_DONE ? r->length : req_progress(r);
         m->st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
-        m->st[i].message = (char *)r->msg;
+        m->st[i].message = r->msg ? r->msg : "";
         m->ptrs[i] = &m->st[i];
     }
     m->msg.id = b->id;
@@ -318,11 +318,19 @@ static void req_release_local(xfer_req *r)
     }
 }
 
+/* Keeps `text` as the request's message ("" or NULL: none). */
+static void req_say(xfer_req *r, const char *text)
+{
+    char *copy = text && *text ? strdup(text) : NULL; /* text may be the old message */
+    free(r->msg);
+    r->msg = copy;
+}
+
 static void req_end(xfer_req *r, int err, const char *msg)
 {
     r->state = err ? ST_FAILED : ST_DONE;
     r->err = err;
-    snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
+    req_say(r, msg);
     req_release_local(r);
     if (err)
         r->b->failed++;
@@ -347,19 +355,18 @@ static void batch_changed(xfer_batch *b)
  * Returns 1 if it was in one. */
 static int unqueue(xfer_req *r)
 {
-    struct mg_transfer_svc *ts = r->gw->transfer;
     xfer_req **pp, *prev = NULL;
-    for (pp = &ts->ready; *pp && *pp != r; pp = &(*pp)->next_ready)
+    if (r->peer == NULL)
+        return 0;
+    for (pp = &r->peer->ready; *pp && *pp != r; pp = &(*pp)->next_ready)
         prev = *pp;
     if (*pp) {
         *pp = r->next_ready;
-        if (ts->ready_tail == r)
-            ts->ready_tail = prev;
+        if (r->peer->ready_tail == r)
+            r->peer->ready_tail = prev;
         r->next_ready = NULL;
         return 1;
     }
-    if (r->peer == NULL)
-        return 0;
     for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
         ;
     if (*pp == NULL)
@@ -399,6 +406,11 @@ static void batch_free(xfer_batch *b)
         event_free(b->wait_ev);
     for (size_t i = 0; i < b->nnotes; i++)
         free(b->notes[i].payload);
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->reqs[i].parts != &b->reqs[i].one)
+            free(b->reqs[i].parts);
+        free(b->reqs[i].msg);
+    }
     free(b->notes);
     free(b->reqs);
     free(b);
@@ -481,6 +493,7 @@ static int part_work(void *arg)
 
 static void session_retry(xfer_req *r);
 static void pump(struct mg_transfer_svc *ts);
+static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap);
 static void open_session(mg_gateway *gw, peer_ent *p);
 
 static void part_done(void *arg, int result)
@@ -488,7 +501,7 @@ static void part_done(void *arg, int result)
     struct xfer_part *pt = arg;
     xfer_req *r = pt->r;
     struct mg_transfer_svc *ts = r->gw->transfer;
-    char msg[sizeof(r->msg) + sizeof(r->peer->addr) + 8];
+    char msg[600];
     ts->jobs--;
     r->peer->jobs--;
     pt->rc = result;
@@ -500,7 +513,7 @@ static void part_done(void *arg, int result)
     result = 0;
     for (unsigned i = 0; i < r->nparts && result == 0; i++) { /* the first failure speaks */
         if ((result = r->parts[i].rc) != 0)
-            snprintf(r->msg, sizeof(r->msg), "%s", r->parts[i].msg);
+            req_say(r, r->parts[i].msg);
     }
     if (!ts->closing)
         pump(ts);
@@ -511,10 +524,10 @@ static void part_done(void *arg, int result)
         session_retry(r);
         return;
     }
-    if (result && strstr(r->msg, r->peer->addr) == NULL)
-        snprintf(msg, sizeof(msg), "peer %s: %s", r->peer->addr, r->msg);
+    if (result && r->msg && strstr(r->msg, r->peer->addr) == NULL)
+        snprintf(msg, sizeof(msg), "peer %s: %.500s", r->peer->addr, r->msg);
     else
-        snprintf(msg, sizeof(msg), "%s", r->msg);
+        snprintf(msg, sizeof(msg), "%.500s", r->msg ? r->msg : "");
     req_end(r, result, result ? msg : NULL);
 }
 
@@ -532,6 +545,13 @@ static void req_plan(xfer_req *r, unsigned room)
         n = MAX_PARTS;
     if (n < 1)
         n = 1;
+    if (r->parts != &r->one)
+        free(r->parts);
+    r->parts = n > 1 ? calloc(n, sizeof(*r->parts)) : NULL;
+    if (r->parts == NULL) {
+        r->parts = &r->one;
+        n = 1;
+    }
     each = (r->length / n + slice - 1) / slice * slice;
     r->nparts = 0;
     for (uint64_t off = 0; off < r->length; off += each) {
@@ -544,54 +564,55 @@ static void req_plan(xfer_req *r, unsigned room)
     r->parts_left = r->nparts;
 }
 
-/* Job slots one peer may hold: half the workers, so a peer that stalls (until the I/O timeout)
- * cannot hold up the others. */
+/* Job slots one peer may hold: all workers but one, so a peer that stalls (until the I/O
+ * timeout) cannot hold up the others. */
 static unsigned peer_cap(const struct mg_transfer_svc *ts)
 {
-    unsigned cap = (unsigned)ts->gw->cfg->workers / 2;
-    return cap ? cap : 1;
+    unsigned workers = (unsigned)ts->gw->cfg->workers;
+    return workers > 1 ? workers - 1 : 1;
 }
 
-/* Starts ready requests, in order, while job slots are free (all of a request's parts at once);
- * a request whose peer has its share of the slots waits for one of them to end. */
+/* Starts ready requests while job slots are free (all of a request's parts at once), each peer's
+ * in order and up to its share of the slots. */
 static void pump(struct mg_transfer_svc *ts)
 {
-    xfer_req **pp = &ts->ready, *prev = NULL;
-    while (*pp && ts->jobs < ts->gw->cfg->workers) {
-        xfer_req *r = *pp;
-        unsigned started = 0;
-        if (r->peer->jobs >= peer_cap(ts)) {
-            prev = r;
-            pp = &r->next_ready;
+    unsigned cap = peer_cap(ts);
+    for (peer_ent *p = ts->peers; p && ts->jobs < ts->gw->cfg->workers; p = p->next) {
+        while (p->ready && p->jobs < cap && ts->jobs < ts->gw->cfg->workers)
+            req_run(ts, p, cap);
+    }
+}
+
+/* Takes the first request of p's line to the workers. */
+static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
+{
+    xfer_req *r = p->ready;
+    unsigned started = 0;
+    p->ready = r->next_ready;
+    if (p->ready == NULL)
+        p->ready_tail = NULL;
+    r->next_ready = NULL;
+    r->state = ST_RUNNING;
+    req_plan(r, cap - p->jobs);
+    for (unsigned i = 0; i < r->nparts; i++) {
+        int rc = mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[i]);
+        if (rc == 0) {
+            ts->jobs++;
+            p->jobs++;
+            started++;
             continue;
         }
-        *pp = r->next_ready;
-        if (ts->ready_tail == r)
-            ts->ready_tail = prev;
-        r->next_ready = NULL;
-        r->state = ST_RUNNING;
-        req_plan(r, peer_cap(ts) - r->peer->jobs);
-        for (unsigned i = 0; i < r->nparts; i++) {
-            int rc = mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[i]);
-            if (rc == 0) {
-                ts->jobs++;
-                r->peer->jobs++;
-                started++;
-                continue;
-            }
-            /* The engine's queue is full: the parts not started fail now. */
-            for (unsigned k = i; k < r->nparts; k++) {
-                r->parts[k].rc = rc;
-                snprintf(r->parts[k].msg, sizeof(r->parts[k].msg),
-                         "the engine's queue is full (--queue-depth)");
-            }
-            r->parts_left = started;
-            break;
+        /* The engine's queue is full: the parts not started fail now. */
+        for (unsigned k = i; k < r->nparts; k++) {
+            r->parts[k].rc = rc;
+            snprintf(r->parts[k].msg, sizeof(r->parts[k].msg),
+                     "the engine's queue is full (--queue-depth)");
         }
-        if (started == 0) {
-            req_end(r, r->parts[0].rc, r->parts[0].msg);
-        }
+        r->parts_left = started;
+        break;
     }
+    if (started == 0)
+        req_end(r, r->parts[0].rc, r->parts[0].msg);
 }
 
 /* The session is open: the request takes its details and joins the line for a worker. */
@@ -604,11 +625,11 @@ static void req_start(xfer_req *r)
     r->data_port = p->data_port;
     r->state = ST_PENDING;
     r->next_ready = NULL;
-    if (ts->ready_tail)
-        ts->ready_tail->next_ready = r;
+    if (p->ready_tail)
+        p->ready_tail->next_ready = r;
     else
-        ts->ready = r;
-    ts->ready_tail = r;
+        p->ready = r;
+    p->ready_tail = r;
     pump(ts);
 }
 
@@ -628,8 +649,8 @@ static void release_waiting(peer_ent *p)
         next = r->next_wait;
         if (p->state == PEER_OPEN) {
             req_start(r);
-        } else if (r->requeued && r->msg[0]) { /* both: why it asked again, and what then */
-            char both[sizeof(r->msg) + 16];
+        } else if (r->requeued && r->msg) { /* both: why it asked again, and what then */
+            char both[600];
             snprintf(both, sizeof(both), "%.180s; then a new session: %.200s", r->msg, p->err);
             req_end(r, MG_ERR_UNAVAILABLE, both);
         } else {
