@@ -93,7 +93,7 @@ static const opt_def opts[] = {
      "CA that peer daemons' certificates must chain to (empty: the system store)"},
     {"max-transfer-requests", T_UINT, O(max_transfer_requests), "4096", 1, 1 << 20,
      "requests in one transfer batch at most"},
-    {"tcp-conns-per-peer", T_UINT, O(tcp_conns_per_peer), "4", 1, 8,
+    {"tcp-conns-per-peer", T_UINT, O(tcp_conns_per_peer), "2", 1, 8,
      "data-plane connections one large request is spread over (parts of 16 MiB at least)"},
     {"slice-bytes", T_SIZE, O(slice_bytes), "1M", 4096, 1 * GiB,
      "bytes per data-plane slice this daemon sends"},

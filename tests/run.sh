@@ -86,6 +86,8 @@ run_demo() { # the README's first command, end to end, on its default ports
     if out=$(timeout 300 scripts/demo.sh 2>&1) && echo "$out" | grep -q "^health: SERVING" &&
         echo "$out" | grep -q '"name":"kv0"' && echo "$out" | grep -q '"reserved":"1048576"' &&
         echo "$out" | grep -q "B .* ok" && echo "$out" | grep -q "A back .* ok" &&
+        echo "$out" | grep -q "notification on B, topic demo: A wrote" &&
+        echo "$out" | grep -q "^lease .* into it: ok" &&
         echo "$out" | grep -q "moongate exited with status 0"; then
         passed=$((passed + 1))
     else

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Moves bytes between two moongate daemons and checks them: registers a segment on each
 (remote-accessible on the second), fills the first with random bytes, asks the first daemon to
-WRITE them into the second and to READ them back into a third segment, waits for both batches
-with a progress line, compares SHA-256 digests of the mapped files and prints the throughput.
+WRITE them into the second — with a notification that B's readers get once the bytes are in
+place — and to READ them back into a third segment, waits for both batches with a progress
+line, compares SHA-256 digests of the mapped files and prints the throughput. Then it leases a
+1 MiB buffer from A's pool, READs a block of B into it and checks it too.
 
 Usage: transfer_demo.py --a HOST:PORT --b HOST:PORT [--ca CA.pem] [--bytes N]
 (--a/--b: the daemons' control endpoints; with --ca over TLS, else h2c)
@@ -31,6 +33,28 @@ def digest(path, length):
         return hashlib.sha256(v[:length]).hexdigest()
 
 
+def read_into_lease(pool_pb2, pool, transfer_pb2, t, peer, dst, src, n):
+    """READs 1 MiB from the middle of B's segment into a lease of A's buffer pool."""
+    blk = min(1 << 20, n)
+    off = (n // 2) // 4096 * 4096 if n > blk else 0
+    lease = pool.AcquireLease(pool_pb2.AcquireLeaseRequest(size=blk, ttl_ms=30000))
+    try:
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[transfer_pb2.TransferRequest(
+            op=transfer_pb2.READ, local_lease=lease.id, peer=peer, remote_segment=dst.id,
+            remote_offset=off, length=blk)])).batch_id
+        while t.GetBatch(transfer_pb2.GetBatchRequest(id=bid)).state == transfer_pb2.RUNNING:
+            time.sleep(0.01)
+        with open(lease.path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as v:
+            got = hashlib.sha256(v[lease.offset:lease.offset + blk]).hexdigest()
+        with open(src.path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as v:
+            want = hashlib.sha256(v[off:off + blk]).hexdigest()
+        print("lease %d (pool %s, offset %d): READ %d bytes of B at %d into it: %s" % (
+            lease.id, lease.pool, lease.offset, blk, off, "ok" if got == want else "MISMATCH"))
+        return got == want
+    finally:
+        pool.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=lease.id))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True)
@@ -42,15 +66,18 @@ def main():
     sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN",
                                                os.path.join(tempfile.gettempdir(), "mg-pygen"))))
     import grpc
-    from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
+    from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc, pool_pb2,
+                             pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
     n = a.bytes
     with channel(grpc, a.a, a.ca) as ca_ch, channel(grpc, a.b, a.ca) as cb_ch:
         ma, mb = memory_pb2_grpc.MemoryStub(ca_ch), memory_pb2_grpc.MemoryStub(cb_ch)
         t = transfer_pb2_grpc.TransferStub(ca_ch)
-        src = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-src", size=n)).segment
-        back = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-back", size=n)).segment
-        dst = mb.RegisterSegment(memory_pb2.RegisterRequest(name="demo-dst", size=n,
+        src = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-src", size=n,
+                                                            prefault=True)).segment
+        back = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-back", size=n,
+                                                             prefault=True)).segment
+        dst = mb.RegisterSegment(memory_pb2.RegisterRequest(name="demo-dst", size=n, prefault=True,
                                                             remote_accessible=True)).segment
         try:
             with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
@@ -67,8 +94,11 @@ def main():
                     op=op, local_segment=local.id, local_offset=o, peer=a.peer or a.b,
                     remote_segment=dst.id, remote_offset=o, length=min(slice_, n - o))
                     for o in range(0, n, slice_)]
+                notify = [transfer_pb2.NotifyPeer(peer=a.peer or a.b, topic="demo",
+                                                  payload=b"A wrote %d bytes" % n)]
                 t0 = time.monotonic()
-                bid = t.Submit(transfer_pb2.SubmitRequest(requests=reqs)).batch_id
+                bid = t.Submit(transfer_pb2.SubmitRequest(
+                    requests=reqs, notify=notify if op == transfer_pb2.WRITE else [])).batch_id
                 while True:
                     b = t.GetBatch(transfer_pb2.GetBatchRequest(id=bid))
                     done = sum(r.bytes_done for r in b.requests)
@@ -84,11 +114,18 @@ def main():
                     print("\n%s failed: %s" % (label, bad.message))
                     return 1
                 print("  %.2f GB/s" % (n / secs / 1e9))
+                if op == transfer_pb2.WRITE:  # what a reader on B sees, after the data
+                    got = notify_pb2_grpc.NotifyStub(cb_ch).Poll(
+                        notify_pb2.PollRequest(topic="demo")).notifications
+                    print("notification on B, topic demo: %s" % (
+                        got[0].payload.decode() if got else "none"))
             got_b, got_back = digest(dst.path, n), digest(back.path, n)
             print("sha256 A %s\n       B %s %s\n  A back %s %s" % (
                 want[:16], got_b[:16], "ok" if got_b == want else "MISMATCH",
                 got_back[:16], "ok" if got_back == want else "MISMATCH"))
-            return 0 if got_b == want and got_back == want else 1
+            leased = read_into_lease(pool_pb2, pool_pb2_grpc.PoolStub(ca_ch), transfer_pb2, t,
+                                     a.peer or a.b, dst, src, n)
+            return 0 if got_b == want and got_back == want and leased else 1
         finally:
             ma.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(ids=[src.id, back.id]))
             mb.UnregisterSegment(memory_pb2.UnregisterRequest(id=dst.id))
