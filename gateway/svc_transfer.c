@@ -69,6 +69,7 @@ typedef struct peer_ent {
     mg_dp_conn *idle[POOL_IDLE];
     int nidle;
     unsigned jobs;                       /* parts of its requests on workers now */
+    unsigned restarts_seen;              /* epoch changes */
     struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
     struct peer_ent *next;
 } peer_ent;
@@ -130,6 +131,10 @@ typedef struct xfer_req {
     mg_segment *local; /* referenced until the request ends */
     void *local_lease; /* mg_svc_pool_use token when the local side is a lease */
     uint8_t *local_addr;
+    int local_copy;    /* peer "": the other side is on this daemon too */
+    mg_segment *other; /* then: its segment (referenced) */
+    void *other_lease; /* and its lease's mg_svc_pool_use token */
+    uint8_t *other_addr;
     uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
     int remote_lease;
     peer_ent *peer;
@@ -316,6 +321,14 @@ static void req_release_local(xfer_req *r)
         mg_svc_pool_unuse(r->gw, r->local_lease);
         r->local_lease = NULL;
     }
+    if (r->other) {
+        mg_registry_put(mg_engine_registry(r->gw->engine), r->other);
+        r->other = NULL;
+    }
+    if (r->other_lease) {
+        mg_svc_pool_unuse(r->gw, r->other_lease);
+        r->other_lease = NULL;
+    }
 }
 
 /* Keeps `text` as the request's message ("" or NULL: none). */
@@ -466,12 +479,37 @@ static int part_attempt(struct xfer_part *pt, mg_dp_conn *c)
     return rc;
 }
 
+/* A part of a copy between two ranges of this daemon, in 8 MiB steps (a stop is seen between
+ * them). */
+static int part_copy(struct xfer_part *pt)
+{
+    xfer_req *r = pt->r;
+    uint8_t *from = (r->write ? r->local_addr : r->other_addr) + pt->offset;
+    uint8_t *to = (r->write ? r->other_addr : r->local_addr) + pt->offset;
+    for (uint64_t done = 0, step; done < pt->length; done += step) {
+        int stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
+        if (stop) {
+            snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) with %llu of %llu bytes copied",
+                     mg_strerror(stop), (unsigned long long)done, (unsigned long long)pt->length);
+            return stop;
+        }
+        step = pt->length - done < (8u << 20) ? pt->length - done : (8u << 20);
+        memmove(to + done, from + done, step);
+        __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
+    }
+    return 0;
+}
+
 static int part_work(void *arg)
 {
     struct xfer_part *pt = arg;
     xfer_req *r = pt->r;
-    mg_dp_conn *c = take_conn(r->peer);
-    int rc, stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
+    mg_dp_conn *c;
+    int rc, stop;
+    if (r->local_copy)
+        return part_copy(pt);
+    c = take_conn(r->peer);
+    stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
     if (stop != 0) { /* stopped while it waited for a worker */
         snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) before it started", mg_strerror(stop));
         if (c)
@@ -721,6 +759,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     }
     p->data_port = (int)resp->data_port;
     if (p->epoch && p->epoch != resp->epoch) { /* the peer restarted: old connections go */
+        p->restarts_seen++;
         mg_dp_conn *c;
         while ((c = take_conn(p)) != NULL)
             mg_dp_close(c);
@@ -922,6 +961,10 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
         return NULL;
     snprintf(p->addr, sizeof(p->addr), "%s", addr);
     p->gw = ts->gw;
+    if (addr[0] == '\0') { /* this daemon: copies on the workers, no session */
+        p->state = PEER_OPEN;
+        p->expires_ms = UINT64_MAX;
+    }
     pthread_mutex_init(&p->lock, NULL);
     p->next = ts->peers;
     ts->peers = p;
@@ -947,6 +990,29 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
             ts->nbatches--;
         }
     }
+}
+
+/* A request with peer "": its "remote" side is this daemon's own segment or lease, any of the
+ * caller's (remote accessibility is for peers). Returns NULL, or what is wrong. */
+static const char *resolve_other(mg_gateway *gw, xfer_req *r,
+                                 const Moongate__V1__TransferRequest *t, const char *holder)
+{
+    uint64_t base = 0, size;
+    r->local_copy = 1;
+    if (t->remote_lease) {
+        if (mg_svc_pool_use(gw, t->remote_lease, holder, &r->other, &base, &size,
+                            &r->other_lease) != 0)
+            return "no such lease on this daemon (peer \"\")";
+    } else if (mg_registry_acquire(mg_engine_registry(gw->engine), TENANT, t->remote_segment,
+                                   holder, &r->other) != 0) {
+        return "no such segment on this daemon (peer \"\")";
+    } else {
+        size = mg_segment_size(r->other);
+    }
+    if (mg_bounds_check(size, t->remote_offset, t->length) != 0)
+        return "remote offset + length is outside the target on this daemon";
+    r->other_addr = (uint8_t *)mg_segment_addr(r->other) + base + t->remote_offset;
+    return NULL;
 }
 
 /* The requests of a Submit one after another: `requests`, then each block of `blocks` spelled
@@ -1089,9 +1155,10 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             bad = "op must be READ or WRITE";
         else if (t->length == 0)
             bad = "length must be greater than 0";
-        else if ((i == 0 || strcmp(t->peer, b->reqs[i - 1].peer_name) != 0) &&
+        else if (t->peer[0] && (i == 0 || strcmp(t->peer, b->reqs[i - 1].peer_name) != 0) &&
                  !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
-            bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\")";
+            bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or "
+                  "\"\" for this daemon";
         else if (t->remote_offset > UINT64_MAX - t->length)
             bad = "remote offset + length overflows";
         else if ((t->local_segment != 0) == (t->local_lease != 0))
@@ -1124,6 +1191,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                 r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
         }
         last_segment = t->local_lease ? 0 : t->local_segment;
+        if (bad == NULL && t->peer[0] == '\0') /* a copy on this daemon */
+            bad = resolve_other(gw, r, t, holder);
         if (bad) {
             for (size_t k = 0; k <= i; k++)
                 req_release_local(&b->reqs[k]);
@@ -1291,7 +1360,68 @@ static void cancel_message(mg_call *call, const ProtobufCMessage *m)
     reply_batch(call, b);
 }
 
+static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__ListPeersResponse resp = MOONGATE__V1__LIST_PEERS_RESPONSE__INIT;
+    static char *tcp[] = {"tcp"};
+    size_t n = 0, i = 0;
+    Moongate__V1__PeerStatus *st, **ptrs;
+    char(*data)[160];
+    uint64_t now = now_ms();
+    for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next)
+        n += p->addr[0] != '\0';
+    st = calloc(n + 1, sizeof(*st));
+    ptrs = calloc(n + 1, sizeof(*ptrs));
+    data = calloc(n + 1, sizeof(*data));
+    if (st == NULL || ptrs == NULL || data == NULL) {
+        free(st);
+        free(ptrs);
+        free(data);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next) {
+        unsigned queued = 0;
+        if (p->addr[0] == '\0')
+            continue; /* this daemon's own copies */
+        for (xfer_req *r = p->waiting; r; r = r->next_wait)
+            queued++;
+        for (xfer_req *r = p->ready; r; r = r->next_ready)
+            queued++;
+        moongate__v1__peer_status__init(&st[i]);
+        st[i].address = p->addr;
+        st[i].state = (Moongate__V1__PeerState)p->state;
+        st[i].epoch = p->epoch;
+        st[i].restarts_seen = p->restarts_seen;
+        if (p->data_port)
+            snprintf(data[i], sizeof(data[i]), "%s%s%s:%d", strchr(p->data_host, ':') ? "[" : "",
+                     p->data_host, strchr(p->data_host, ':') ? "]" : "", p->data_port);
+        st[i].data_endpoint = data[i];
+        st[i].transports = tcp;
+        st[i].n_transports = 1;
+        st[i].last_error = p->state == PEER_FAILED ? p->err : "";
+        pthread_mutex_lock(&p->lock);
+        st[i].idle_connections = (uint32_t)p->nidle;
+        pthread_mutex_unlock(&p->lock);
+        st[i].jobs = p->jobs;
+        st[i].queued = queued;
+        st[i].session_expires_in_ms =
+            p->state == PEER_OPEN && p->expires_ms > now ? p->expires_ms - now : 0;
+        ptrs[i] = &st[i];
+        i++;
+    }
+    resp.peers = ptrs;
+    resp.n_peers = n;
+    mg_call_reply(call, &resp.base);
+    free(st);
+    free(ptrs);
+    free(data);
+}
+
 static const mg_method transfer_methods[] = {
+    MG_UNARY("/moongate.v1.Transfer/ListPeers", &moongate__v1__list_peers_request__descriptor,
+             &moongate__v1__list_peers_response__descriptor, list_peers_message),
     MG_UNARY("/moongate.v1.Transfer/Submit", &moongate__v1__submit_request__descriptor,
              &moongate__v1__submit_response__descriptor, submit_message),
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
@@ -1309,6 +1439,7 @@ static const mg_method transfer_methods[] = {
 static const mg_route transfer_routes[] = {
     {"POST", "/v1/transfers", 0, "/moongate.v1.Transfer/Submit"},
     {"GET", "/v1/transfers", 1, "/moongate.v1.Transfer/GetBatch"},
+    {"GET", "/v1/peers", 0, "/moongate.v1.Transfer/ListPeers"},
 };
 
 int mg_svc_transfer_init(mg_gateway *gw)

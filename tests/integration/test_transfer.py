@@ -344,6 +344,9 @@ def test_kill_9_of_a_peer_mid_batch(make_daemon):
         assert r.code == grpc.StatusCode.UNAVAILABLE.value[0], r
         assert b.h2c in r.message, r.message
         assert (batch.done, batch.failed) == (2, 1)
+        peers = {p.address: p for p in t.ListPeers(transfer_pb2.ListPeersRequest()).peers}
+        assert peers[b.h2c].state == transfer_pb2.PEER_FAILED and peers[b.h2c].last_error
+        assert peers[c.h2c].state == transfer_pb2.PEER_OPEN and peers[c.h2c].jobs == 0
         with open(on_c.path, "rb") as f:
             assert f.read(4 * MiB) == data
         with open(src.path, "rb") as f:
@@ -379,6 +382,17 @@ def test_peer_restart_is_handled_without_restarting_this_daemon(make_daemon):
     epochs = {line.split("epoch=")[1].split()[0] for line in a.read_log().splitlines()
               if "event=peer_session " in line}
     assert len(epochs) == 2, epochs
+    # The peers list shows it: open, one restart seen, its data plane, and curl sees the same.
+    with h2c_channel(a) as ch:
+        peers = transfer_pb2_grpc.TransferStub(ch).ListPeers(transfer_pb2.ListPeersRequest()).peers
+    assert [(p.address, p.state, p.restarts_seen) for p in peers] == \
+        [(b.h2c, transfer_pb2.PEER_OPEN, 1)]
+    assert peers[0].data_endpoint.startswith("127.0.0.1:") and list(peers[0].transports) == ["tcp"]
+    assert "%016x" % peers[0].epoch in epochs and peers[0].session_expires_in_ms > 0
+    import json
+    from conftest import curl
+    rc, out, err = curl("--http2-prior-knowledge", "http://%s/v1/peers" % a.h2c)
+    assert rc == 0 and json.loads(out)["peers"][0]["state"] == "PEER_OPEN", out
 
 
 def test_leases_on_either_side(make_daemon):
@@ -602,3 +616,47 @@ def test_blocks_the_compact_form(make_daemon):
             assert needle in e.value.details(), e.value.details()
         m = memory_pb2_grpc.MemoryStub(ch)
         assert m.GetSegment(memory_pb2.GetSegmentRequest(id=src.id)).holders == 0
+
+
+def test_local_copies_on_this_daemon(make_daemon):
+    """peer "": the other side is a segment or lease of the same daemon; the bytes are copied
+    on the workers, overlapping ranges included, with the usual checks."""
+    from moongate.v1 import pool_pb2, pool_pb2_grpc
+    a = make_daemon("--pool-bytes", "16M")
+    one, two = register(a, "one", 4 * MiB), register(a, "two", 4 * MiB)
+    data = os.urandom(4 * MiB)
+    with open(one.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = data
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        lease = pool_pb2_grpc.PoolStub(ch).AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB))
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, one.id, "", two.id, 4 * MiB),                 # one -> two
+            transfer_pb2.TransferRequest(op=transfer_pb2.READ, local_lease=lease.id, peer="",
+                                         remote_segment=one.id, remote_offset=MiB,
+                                         length=MiB),                            # one -> lease
+        ])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.DONE
+        with open(two.path, "rb") as f:
+            assert f.read() == data
+        with open(lease.path, "rb") as f:
+            f.seek(lease.offset)
+            assert f.read(MiB) == data[MiB:2 * MiB]
+        # Overlapping ranges of one segment: a move, as memmove does it.
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, two.id, "", two.id, 3 * MiB, 0, 4096)])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.DONE
+        with open(two.path, "rb") as f:
+            f.seek(4096)
+            assert f.read(3 * MiB) == data[:3 * MiB]
+        for r, needle in [(req(transfer_pb2.WRITE, one.id, "", 999, 1), "no such segment on this"),
+                          (req(transfer_pb2.WRITE, one.id, "", two.id, 2, 0, 4 * MiB - 1),
+                           "outside the target on this daemon")]:
+            with pytest.raises(grpc.RpcError) as e:
+                t.Submit(transfer_pb2.SubmitRequest(requests=[r]))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert needle in e.value.details(), e.value.details()
+        m = memory_pb2_grpc.MemoryStub(ch)
+        assert [m.GetSegment(memory_pb2.GetSegmentRequest(id=s.id)).holders
+                for s in (one, two)] == [0, 0]
+        assert len(t.ListPeers(transfer_pb2.ListPeersRequest()).peers) == 0
