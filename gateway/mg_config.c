@@ -104,6 +104,8 @@ static const opt_def opts[] = {
      "notifications a topic holds for its readers at most"},
     {"notify-max-bytes", T_SIZE, O(notify_max_bytes), "64M", 65536, 64 * GiB,
      "payload bytes of notifications held for readers, all topics together"},
+    {"batch-retention", T_UINT, O(batch_retention), "600", 1, 7 * 86400,
+     "seconds a finished transfer batch stays readable"},
     {"max-batches", T_UINT, O(max_batches), "1024", 1, 1 << 20,
      "transfer batches kept (finished ones go oldest first)"},
     {"workers", T_UINT, O(workers), "4", 1, 256, "engine worker threads for blocking jobs"},

@@ -50,6 +50,7 @@ typedef struct mg_config {
     uint64_t max_batches;
     uint64_t transfer_timeout; /* seconds */
     uint64_t tcp_conns_per_peer;
+    uint64_t batch_retention; /* seconds */
     uint64_t notify_queue;
     uint64_t notify_max_bytes;
     uint64_t workers;

@@ -387,8 +387,10 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         }
     }
     render_pool(gw, out);
-    if (gw->transfer)
+    if (gw->transfer) {
         render_transfers(gw, out);
+        mg_svc_transfer_render_peers(gw, out);
+    }
     if (gw->peer) {
         mg_dp_server_stats ds;
         mg_svc_peer_get_stats(gw, &ds);

@@ -30,6 +30,7 @@
 #include "moongate/v1/peer.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -39,8 +40,9 @@
 #include <sys/random.h>
 
 #define TENANT       "default"
-#define POOL_IDLE    8 /* idle data connections kept per peer */
-#define MAX_PARTS    8 /* a large request runs as up to this many parts, one connection each */
+#define POOL_IDLE    8    /* idle data connections kept per peer */
+#define MAX_PEERS    1024 /* peer directory entries (each a line in /metrics) */
+#define MAX_PARTS    8    /* a large request runs as up to this many parts, one connection each */
 #define PART_MIN     (16ull << 20)
 #define NOTIFY_MAX   16
 #define TOPIC_MAX    128
@@ -70,6 +72,8 @@ typedef struct peer_ent {
     int nidle;
     unsigned jobs;                       /* parts of its requests on workers now */
     unsigned restarts_seen;              /* epoch changes */
+    uint64_t bytes[2];                   /* moved by requests that completed, by op (1: write) */
+    uint64_t ended[2][2];                /* requests by op and result (1: failed) */
     struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
     struct peer_ent *next;
 } peer_ent;
@@ -95,6 +99,7 @@ typedef struct xfer_batch {
     uint64_t id;
     uint64_t t0_ns; /* submitted */
     uint32_t timeout_ms;
+    uint64_t end_ms;       /* when it was over (0: not yet) */
     struct event *timer;   /* the batch's timeout */
     struct event *wait_ev; /* the next progress report to Wait calls */
     mg_gateway *gw;
@@ -157,6 +162,8 @@ struct mg_transfer_svc {
     unsigned jobs;
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
+    size_t npeers;
+    struct event *sweep; /* forgets batches past --batch-retention */
     xfer_batch *batches;
     size_t nbatches;
     uint64_t counter;
@@ -351,6 +358,11 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->done++;
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
+    if (r->peer) {
+        r->peer->ended[r->write != 0][err != 0]++;
+        if (!err)
+            r->peer->bytes[r->write != 0] += r->length;
+    }
     if (r->write)
         notes_write_ended(r, err);
     batch_changed(r->b);
@@ -359,6 +371,8 @@ static void req_end(xfer_req *r, int err, const char *msg)
 /* The batch moved: its Wait calls hear of it, and its timer goes once it is over. */
 static void batch_changed(xfer_batch *b)
 {
+    if (batch_over(b) && b->end_ms == 0)
+        b->end_ms = now_ms();
     if (batch_over(b) && b->timer)
         event_del(b->timer);
     batch_notify(b);
@@ -956,6 +970,8 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
         if (!strcmp(p->addr, addr))
             return p;
     }
+    if (ts->npeers >= MAX_PEERS)
+        return NULL;
     p = calloc(1, sizeof(*p));
     if (p == NULL)
         return NULL;
@@ -968,6 +984,7 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
     pthread_mutex_init(&p->lock, NULL);
     p->next = ts->peers;
     ts->peers = p;
+    ts->npeers++;
     return p;
 }
 
@@ -988,6 +1005,23 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
             *victim = b->next;
             batch_free(b);
             ts->nbatches--;
+        }
+    }
+}
+
+/* Forgets finished batches that ended more than --batch-retention seconds ago. */
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mg_transfer_svc *ts = arg;
+    uint64_t now = now_ms(), keep_ms = ts->gw->cfg->batch_retention * 1000;
+    for (xfer_batch **pp = &ts->batches; *pp;) {
+        xfer_batch *b = *pp;
+        if (b->end_ms && b->end_ms + keep_ms <= now) {
+            *pp = b->next;
+            batch_free(b);
+            ts->nbatches--;
+        } else {
+            pp = &b->next;
         }
     }
 }
@@ -1252,7 +1286,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                           ? b->reqs[i - 1].peer
                           : peer_get(ts, r->peer_name);
         if (p == NULL) {
-            req_end(r, MG_ERR_NOMEM, "out of memory");
+            req_end(r, MG_ERR_FULL, "this daemon already knows its limit of 1024 peers");
             continue;
         }
         r->peer = p;
@@ -1459,6 +1493,12 @@ int mg_svc_transfer_init(mg_gateway *gw)
     if (gw->transfer == NULL)
         return MG_ERR_NOMEM;
     gw->transfer->gw = gw;
+    {
+        struct timeval every = {1, 0};
+        gw->transfer->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw->transfer);
+        if (gw->transfer->sweep == NULL || event_add(gw->transfer->sweep, &every) != 0)
+            return MG_ERR_NOMEM;
+    }
     if (getrandom(&gw->transfer->counter, sizeof(gw->transfer->counter), 0) !=
         sizeof(gw->transfer->counter))
         gw->transfer->counter = (uint64_t)(uintptr_t)gw;
@@ -1472,6 +1512,8 @@ void mg_svc_transfer_free(mg_gateway *gw)
     if (ts == NULL)
         return;
     ts->closing = 1; /* no new peer calls; answers to open ones are dropped */
+    if (ts->sweep)
+        event_free(ts->sweep);
     if (gw->cq)
         mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
     while (ts->peers) {
@@ -1500,6 +1542,52 @@ void mg_svc_transfer_free(mg_gateway *gw)
     }
     free(ts);
     gw->transfer = NULL;
+}
+
+/* Per-peer lines for /metrics. */
+void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
+{
+    static const char *const ops[] = {"read", "write"};
+    if (gw->transfer == NULL)
+        return;
+    evbuffer_add_printf(out, "# HELP moongate_peer_bytes_total Bytes moved with a peer by "
+                             "requests that completed, by op and transport.\n"
+                             "# TYPE moongate_peer_bytes_total counter\n");
+    for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
+        for (int o = 0; o < 2; o++)
+            evbuffer_add_printf(out,
+                                "moongate_peer_bytes_total{peer=\"%s\",op=\"%s\","
+                                "transport=\"%s\"} %llu\n",
+                                p->addr[0] ? p->addr : "local", ops[o], p->addr[0] ? "tcp" : "copy",
+                                (unsigned long long)p->bytes[o]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_peer_requests_total Requests with a peer that "
+                             "ended, by op and result.\n"
+                             "# TYPE moongate_peer_requests_total counter\n");
+    for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
+        for (int o = 0; o < 2; o++)
+            evbuffer_add_printf(
+                out,
+                "moongate_peer_requests_total{peer=\"%s\",op=\"%s\",result=\"done\"} %llu\n"
+                "moongate_peer_requests_total{peer=\"%s\",op=\"%s\",result=\"failed\"} %llu\n",
+                p->addr[0] ? p->addr : "local", ops[o], (unsigned long long)p->ended[o][0],
+                p->addr[0] ? p->addr : "local", ops[o], (unsigned long long)p->ended[o][1]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_peer_connections Data-plane connections to a peer, "
+                             "by state (busy: carrying a part of a request now).\n"
+                             "# TYPE moongate_peer_connections gauge\n");
+    for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
+        int idle;
+        if (p->addr[0] == '\0')
+            continue;
+        pthread_mutex_lock(&p->lock);
+        idle = p->nidle;
+        pthread_mutex_unlock(&p->lock);
+        evbuffer_add_printf(out,
+                            "moongate_peer_connections{peer=\"%s\",state=\"idle\"} %d\n"
+                            "moongate_peer_connections{peer=\"%s\",state=\"busy\"} %u\n",
+                            p->addr, idle, p->addr, p->jobs);
+    }
 }
 
 /* Before the engine stops: running transfers end now (UNAVAILABLE: shutting down) instead of

@@ -76,6 +76,11 @@ def test_write_and_read_between_two_daemons(make_daemon):
     assert a.metric("moongate_transfer_bytes_total", op="read") == 3 * MiB + 7
     assert a.metric("moongate_transfer_requests_in_flight") == 0
     assert a.metric("moongate_transfer_seconds_count") == 3
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write",
+                    transport="tcp") == len(data)
+    assert a.metric("moongate_peer_requests_total", peer=b.h2c, op="read", result="done") == 1
+    assert a.metric("moongate_peer_connections", peer=b.h2c, state="busy") == 0
+    assert a.metric("moongate_peer_connections", peer=b.h2c, state="idle") >= 1
 
 
 @pytest.mark.parametrize("mutate,needle", [
@@ -660,3 +665,22 @@ def test_local_copies_on_this_daemon(make_daemon):
         assert [m.GetSegment(memory_pb2.GetSegmentRequest(id=s.id)).holders
                 for s in (one, two)] == [0, 0]
         assert len(t.ListPeers(transfer_pb2.ListPeersRequest()).peers) == 0
+
+
+def test_finished_batches_are_forgotten_after_the_retention(make_daemon):
+    a = make_daemon("--batch-retention", "1")
+    one, two = register(a, "one", MiB), register(a, "two", MiB)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, one.id, "", two.id, MiB)])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.DONE
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                t.GetBatch(transfer_pb2.GetBatchRequest(id=bid))
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND
+                break
+            assert time.monotonic() < deadline, "the batch outlived --batch-retention 1"
+            time.sleep(0.2)
