@@ -653,100 +653,167 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
                       (int)c->timeout_ms, c->stop);
 }
 
-/* Why a transfer stopped part way, for err; returns the code to report. */
-static int stopped(mg_dp_conn *c, int code, uint64_t done_bytes, uint64_t len, char *err,
-                   size_t errcap)
+/* A slice on its way: which op, which of its slices, under which id. */
+typedef struct {
+    size_t op;
+    uint64_t slice, id;
+} in_flight;
+
+/* The connection failed (or was stopped): every op not finished gets `code` and a message. */
+static int run_failed(mg_dp_conn *c, mg_dp_op *ops, size_t n, int code, int stopped,
+                      const char *why)
 {
-    snprintf(err, errcap, "stopped (%s) with %llu of %llu bytes confirmed by peer %s",
-             mg_strerror(code), (unsigned long long)done_bytes, (unsigned long long)len, c->peer);
+    for (size_t i = 0; i < n; i++) {
+        mg_dp_op *op = &ops[i];
+        if (op->rc != 0 || op->answered == op->slices)
+            continue;
+        op->rc = code;
+        if (stopped)
+            snprintf(op->err, op->errcap,
+                     "stopped (%s) with %llu of %llu bytes confirmed by peer %s", mg_strerror(code),
+                     (unsigned long long)op->done, (unsigned long long)op->len, c->peer);
+        else
+            snprintf(op->err, op->errcap, "%s", why);
+    }
     return code;
+}
+
+int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
+{
+    mg_dp_options o = opt ? *opt : (mg_dp_options){0};
+    in_flight *ring;
+    size_t head = 0, count = 0, sop = 0;
+    uint64_t sslice = 0;
+    char why[512];
+    int rc;
+    if (o.slice_bytes == 0)
+        o.slice_bytes = 1u << 20;
+    if (o.window == 0)
+        o.window = 16;
+    ring = calloc(o.window, sizeof(*ring));
+    if (ring == NULL)
+        return run_failed(c, ops, n, MG_ERR_NOMEM, 0, "out of memory");
+    c->stop = o.stop;
+    for (size_t i = 0; i < n; i++) {
+        mg_dp_op *op = &ops[i];
+        op->rc = 0;
+        op->done = op->answered = 0;
+        op->slices = mg_slice_count(op->len, o.slice_bytes);
+        if (op->offset > UINT64_MAX - op->len) {
+            op->rc = MG_ERR_RANGE;
+            snprintf(op->err, op->errcap, "offset %llu + %llu bytes overflows",
+                     (unsigned long long)op->offset, (unsigned long long)op->len);
+        }
+    }
+    for (;;) {
+        mg_df_header h;
+        mg_slice sl, expect;
+        uint8_t head_buf[MG_DF_HEADER_BYTES];
+        in_flight e;
+        mg_dp_op *op;
+        /* Send while the window has room: each op's slices in order, ops one after another;
+         * an op the peer refused a slice of sends no more. */
+        while (count < o.window && sop < n) {
+            mg_dp_options so = o;
+            op = &ops[sop];
+            if (op->rc != 0 || sslice >= op->slices) {
+                sop++;
+                sslice = 0;
+                continue;
+            }
+            if (o.stop && (rc = __atomic_load_n(o.stop, __ATOMIC_ACQUIRE)) != 0) {
+                free(ring);
+                return run_failed(c, ops, n, rc, 1, NULL);
+            }
+            mg_slice_plan(0, op->offset, op->len, o.slice_bytes, sslice, &sl, 1);
+            so.lease = op->lease;
+            e = (in_flight){sop, sslice, c->next_slice++};
+            if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id) != 0) {
+                free(ring);
+                if (errno == ECANCELED)
+                    return run_failed(c, ops, n, *o.stop, 1, NULL);
+                snprintf(why, sizeof(why), "peer %s: sending slice %llu: %s", c->peer,
+                         (unsigned long long)sslice, strerror(errno));
+                return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
+            }
+            ring[(head + count) % o.window] = e;
+            count++;
+            sslice++;
+        }
+        if (count == 0)
+            break; /* everything sent was answered */
+        e = ring[head];
+        head = (head + 1) % o.window;
+        count--;
+        op = &ops[e.op];
+        if (read_full(c->fd, head_buf, sizeof(head_buf), (int)c->timeout_ms, c->stop) != 0) {
+            free(ring);
+            if (errno == ECANCELED)
+                return run_failed(c, ops, n, *o.stop, 1, NULL);
+            snprintf(why, sizeof(why), "peer %s: waiting for slice %llu: %s", c->peer,
+                     (unsigned long long)e.slice, errno ? strerror(errno) : "connection closed");
+            return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
+        }
+        rc = mg_df_decode(head_buf, sizeof(head_buf), o.slice_bytes, &h);
+        if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
+            read_error_text(c, &h, why, sizeof(why), "transfer");
+            free(ring);
+            return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
+        }
+        mg_slice_plan(0, op->offset, op->len, o.slice_bytes, e.slice, &expect, 1);
+        if (rc != MG_DF_OK || h.slice != e.id ||
+            h.type != (op->write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
+            snprintf(why, sizeof(why), "peer %s: bad answer to slice %llu: %s", c->peer,
+                     (unsigned long long)e.slice,
+                     rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
+            free(ring);
+            return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
+        }
+        if (!op->write && h.status == ST_OK) {
+            if (h.length != expect.length ||
+                read_full(c->fd, op->buf + expect.local_offset, h.length, (int)c->timeout_ms,
+                          c->stop) != 0) {
+                free(ring);
+                if (errno == ECANCELED)
+                    return run_failed(c, ops, n, *o.stop, 1, NULL);
+                snprintf(why, sizeof(why), "peer %s: reading slice %llu", c->peer,
+                         (unsigned long long)e.slice);
+                return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
+            }
+            if ((h.flags & MG_DF_CRC) &&
+                mg_crc32c(0, op->buf + expect.local_offset, h.length) != h.payload_crc)
+                h.status = ST_DATA_LOSS;
+        }
+        op->answered++;
+        if (h.status != ST_OK && op->rc == 0) {
+            op->rc = mg_dp_status_err(h.status);
+            snprintf(op->err, op->errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s",
+                     c->peer, (unsigned long long)e.slice, (unsigned long long)expect.remote_offset,
+                     expect.length, mg_strerror(op->rc));
+        } else if (h.status == ST_OK) {
+            op->done += expect.length;
+            if (op->progress)
+                __atomic_fetch_add(op->progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
+        }
+    }
+    free(ring);
+    return 0;
 }
 
 static int transfer(mg_dp_conn *c, int write, uint64_t target, uint64_t offset, uint8_t *buf,
                     uint64_t len, const mg_dp_options *opt, char *err, size_t errcap)
 {
-    mg_dp_options o = opt ? *opt : (mg_dp_options){0};
-    uint64_t total, sent = 0, done = 0, base, done_bytes = 0;
-    int first_err = 0;
-    if (o.slice_bytes == 0)
-        o.slice_bytes = 1u << 20;
-    if (o.window == 0)
-        o.window = 16;
-    if (offset > UINT64_MAX - len) {
-        snprintf(err, errcap, "offset %llu + %llu bytes overflows", (unsigned long long)offset,
-                 (unsigned long long)len);
-        return MG_ERR_RANGE;
-    }
-    c->stop = o.stop;
-    total = mg_slice_count(len, o.slice_bytes);
-    base = c->next_slice;
-    c->next_slice += total;
-    while (done < total) {
-        mg_df_header h;
-        mg_slice sl, expect;
-        uint8_t head[MG_DF_HEADER_BYTES];
-        int rc;
-        while (sent < total && sent - done < o.window && first_err == 0) {
-            if (o.stop && (rc = __atomic_load_n(o.stop, __ATOMIC_ACQUIRE)) != 0)
-                return stopped(c, rc, done_bytes, len, err, errcap);
-            mg_slice_plan(0, offset, len, o.slice_bytes, sent, &sl, 1);
-            if (send_slice(c, write, target, &sl, buf, &o, base + sent) != 0) {
-                if (errno == ECANCELED)
-                    return stopped(c, *o.stop, done_bytes, len, err, errcap);
-                snprintf(err, errcap, "peer %s: sending slice %llu: %s", c->peer,
-                         (unsigned long long)sent, strerror(errno));
-                return MG_ERR_UNAVAILABLE; /* silent for the I/O timeout: unreachable */
-            }
-            sent++;
-        }
-        if (done == sent)
-            break; /* an earlier failure stopped sending; every answer is in */
-        if (read_full(c->fd, head, sizeof(head), (int)c->timeout_ms, c->stop) != 0) {
-            if (errno == ECANCELED)
-                return stopped(c, *o.stop, done_bytes, len, err, errcap);
-            snprintf(err, errcap, "peer %s: waiting for slice %llu: %s", c->peer,
-                     (unsigned long long)done, errno ? strerror(errno) : "connection closed");
-            return MG_ERR_UNAVAILABLE; /* silent for the I/O timeout: unreachable */
-        }
-        rc = mg_df_decode(head, sizeof(head), o.slice_bytes, &h);
-        if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
-            read_error_text(c, &h, err, errcap, "transfer");
-            return MG_ERR_PROTOCOL;
-        }
-        mg_slice_plan(0, offset, len, o.slice_bytes, done, &expect, 1);
-        if (rc != MG_DF_OK || h.slice != base + done ||
-            h.type != (write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
-            snprintf(err, errcap, "peer %s: bad answer to slice %llu: %s", c->peer,
-                     (unsigned long long)done,
-                     rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
-            return MG_ERR_PROTOCOL;
-        }
-        if (!write && h.status == ST_OK) {
-            if (h.length != expect.length || read_full(c->fd, buf + expect.local_offset, h.length,
-                                                       (int)c->timeout_ms, c->stop) != 0) {
-                if (errno == ECANCELED)
-                    return stopped(c, *o.stop, done_bytes, len, err, errcap);
-                snprintf(err, errcap, "peer %s: reading slice %llu", c->peer,
-                         (unsigned long long)done);
-                return MG_ERR_UNAVAILABLE;
-            }
-            if ((h.flags & MG_DF_CRC) &&
-                mg_crc32c(0, buf + expect.local_offset, h.length) != h.payload_crc)
-                h.status = ST_DATA_LOSS;
-        }
-        if (h.status != ST_OK && first_err == 0) {
-            first_err = mg_dp_status_err(h.status);
-            snprintf(err, errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s", c->peer,
-                     (unsigned long long)done, (unsigned long long)expect.remote_offset,
-                     expect.length, mg_strerror(first_err));
-        } else if (h.status == ST_OK) {
-            done_bytes += expect.length;
-            if (o.progress)
-                __atomic_fetch_add(o.progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
-        }
-        done++;
-    }
-    return first_err;
+    mg_dp_op op = {.write = write,
+                   .lease = opt ? opt->lease : 0,
+                   .target = target,
+                   .offset = offset,
+                   .buf = buf,
+                   .len = len,
+                   .progress = opt ? opt->progress : NULL,
+                   .err = err,
+                   .errcap = errcap};
+    mg_dp_run(c, &op, 1, opt);
+    return op.rc;
 }
 
 int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf, uint64_t len,

@@ -293,6 +293,59 @@ static void test_leases_as_targets(void)
     leases = NULL;
 }
 
+/* Several transfers as one stream: mixed WRITEs and READs, one refused in the middle; the others
+ * land, the refused one fails alone, and the connection stays in step. */
+static void test_run_many_on_one_stream(void)
+{
+    enum { N = 40 };
+    static uint8_t src[N][8192], back[N][8192];
+    mg_dp_op ops[N];
+    char errs[N][256];
+    mg_dp_options o = {.slice_bytes = 4096, .window = 8};
+    mg_dp_conn *c;
+    char err[256];
+    start(8);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (int i = 0; i < N; i++) {
+        memset(src[i], 'a' + i % 26, sizeof(src[i]));
+        ops[i] = (mg_dp_op){.write = 1,
+                            .target = open_id,
+                            .offset = (uint64_t)i * 8192,
+                            .buf = src[i],
+                            .len = 8192 - (uint64_t)i, /* unaligned tails */
+                            .err = errs[i],
+                            .errcap = sizeof(errs[i])};
+    }
+    ops[17].target = closed_id; /* not remote-accessible: this one alone fails */
+    CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+    for (int i = 0; i < N; i++) {
+        if (i == 17) {
+            CU_ASSERT_EQUAL(ops[i].rc, MG_ERR_PERMISSION);
+            CU_ASSERT_EQUAL(ops[i].done, 0);
+            continue;
+        }
+        CU_ASSERT_EQUAL(ops[i].rc, 0);
+        CU_ASSERT_EQUAL(ops[i].done, ops[i].len);
+        CU_ASSERT_EQUAL(memcmp(open_mem + i * 8192, src[i], ops[i].len), 0);
+    }
+    for (int i = 0; i < N; i++) { /* and back, as READs */
+        ops[i].write = 0;
+        ops[i].target = open_id;
+        ops[i].buf = back[i];
+    }
+    CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(ops[i].rc, 0);
+        if (i != 17)
+            CU_ASSERT_EQUAL(memcmp(back[i], src[i], ops[i].len), 0);
+    }
+    /* The stream is in step: a plain call after it works. */
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "ok", 2, NULL, err, sizeof(err)), 0);
+    mg_dp_close(c);
+    stop();
+}
+
 /* A peer that answers HELLO and then reads nothing, until `quit`. */
 typedef struct {
     int lfd;
@@ -377,6 +430,7 @@ int main(void)
         MG_TEST(test_bytes_land_and_come_back),   MG_TEST(test_refusals_keep_the_stream),
         MG_TEST(test_auth_and_malformed_streams), MG_TEST(test_limits_unreachable_and_stop),
         MG_TEST(test_leases_as_targets),          MG_TEST(test_stop_word),
+        MG_TEST(test_run_many_on_one_stream),
     };
     return mg_test_run("dataplane", cases, sizeof(cases) / sizeof(cases[0]));
 }

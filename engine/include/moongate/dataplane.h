@@ -95,6 +95,32 @@ int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf
 int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint64_t len,
                const mg_dp_options *o, char *err, size_t errcap);
 
+/* One transfer of several run together on a connection (mg_dp_run). */
+typedef struct mg_dp_op {
+    int write;       /* 1: buf -> the peer; 0: the peer -> buf */
+    int lease;       /* target is a remote-accessible lease's id */
+    uint64_t target; /* segment or lease id on the peer */
+    uint64_t offset; /* in the target */
+    uint8_t *buf;
+    uint64_t len;
+    uint64_t *progress; /* optional: bytes confirmed are added here (atomically) */
+    char *err;          /* why it failed, errcap bytes */
+    size_t errcap;
+    /* results */
+    int rc;            /* 0, or the MG_ERR_* it failed with */
+    uint64_t done;     /* bytes confirmed */
+    uint64_t slices;   /* how many it was cut into */
+    uint64_t answered; /* how many the peer answered */
+} mg_dp_op;
+
+/* Runs `n` transfers on c as one stream of slices: up to o->window in flight across all of
+ * them, each op's slices in order, answers matched in order. A refused slice fails its op
+ * alone (rc, err; it sends no more), the others go on. Returns 0 when the stream stayed in
+ * step (c can be reused; each op has its own rc), or the MG_ERR_* of a failure of the
+ * connection itself — or of o->stop — which every op not finished takes too (then close c).
+ * o->lease and o->progress are taken from each op. */
+int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *o);
+
 /* The MG_ERR_* for a gRPC status code a peer answered with. */
 int mg_dp_status_err(uint32_t grpc_status);
 
