@@ -39,10 +39,14 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define TENANT       "default"
-#define POOL_IDLE    8    /* idle data connections kept per peer */
-#define MAX_PEERS    1024 /* peer directory entries (each a line in /metrics) */
-#define MAX_PARTS    8    /* a large request runs as up to this many parts, one connection each */
+#define TENANT    "default"
+#define POOL_IDLE 8    /* idle data connections kept per peer */
+#define MAX_PEERS 1024 /* peer directory entries (each a line in /metrics) */
+#define MAX_PARTS 8
+#define GROUP_MAX 64 /* small requests of a batch moved by one job */
+#define GROUP_BYTES                                                                          \
+    (4ull << 20) /* "small": at most this long */ /* a large request runs as up to this many \
+                                                     parts, one connection each */
 #define PART_MIN     (16ull << 20)
 #define NOTIFY_MAX   16
 #define TOPIC_MAX    128
@@ -127,8 +131,10 @@ typedef struct xfer_req {
     /* A large request runs as parts in parallel, each a job on its own connection. */
     struct xfer_part {
         struct xfer_req *r;
-        uint64_t offset, length; /* within the request */
-        uint64_t progress;       /* bytes confirmed (atomic) */
+        uint64_t offset, length;      /* within the request */
+        uint64_t progress;            /* bytes confirmed (atomic) */
+        struct xfer_part *group_next; /* small requests run as one job: the next one */
+        int grouped;                  /* run in such a job (rc is set by it) */
         int rc;
         char msg[400];
     } one, *parts; /* parts: &one, or an array for a request in several */
@@ -514,6 +520,89 @@ static int part_copy(struct xfer_part *pt)
     return 0;
 }
 
+/* Small requests of one batch and peer, chained from `head`, moved by one job as one stream of
+ * slices on one connection (mg_dp_run): a batch of thousands of small blocks is not a round
+ * trip per block. Each part gets its own rc and message. */
+static int group_work(struct xfer_part *head)
+{
+    xfer_req *r0 = head->r;
+    const mg_config *cfg = r0->gw->cfg;
+    mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
+                       .window = 32,
+                       .crc = cfg->data_crc,
+                       .stop = &r0->stop}; /* a batch's requests stop together */
+    size_t n = 0, i = 0;
+    mg_dp_op *ops;
+    mg_dp_conn *c;
+    int rc, fresh = 0;
+    for (struct xfer_part *pt = head; pt; pt = pt->group_next)
+        n++;
+    ops = calloc(n, sizeof(*ops));
+    for (struct xfer_part *pt = head; pt; pt = pt->group_next, i++) {
+        xfer_req *r = pt->r;
+        pt->rc = ops ? 0 : MG_ERR_NOMEM;
+        snprintf(pt->msg, sizeof(pt->msg), "%s", ops ? "" : "out of memory");
+        if (ops)
+            ops[i] = (mg_dp_op){.write = r->write,
+                                .lease = r->remote_lease,
+                                .target = r->remote_segment,
+                                .offset = r->remote_offset + pt->offset,
+                                .buf = r->local_addr + pt->offset,
+                                .len = pt->length,
+                                .progress = &pt->progress,
+                                .err = pt->msg,
+                                .errcap = sizeof(pt->msg)};
+    }
+    if (ops == NULL)
+        return MG_ERR_NOMEM;
+    c = take_conn(r0->peer);
+    for (;;) {
+        int stop = __atomic_load_n(&r0->stop, __ATOMIC_ACQUIRE);
+        if (stop == 0 && c == NULL) {
+            fresh = 1;
+            rc = mg_dp_connect(&c, r0->data_host, r0->data_port, r0->token,
+                               (uint32_t)cfg->data_io_timeout * 1000, &r0->stop, head->msg,
+                               sizeof(head->msg));
+            if (rc != 0) {
+                for (i = 0; i < n; i++) {
+                    ops[i].rc = rc;
+                    if (i > 0)
+                        snprintf(ops[i].err, ops[i].errcap, "%s", head->msg);
+                }
+                break;
+            }
+        }
+        if (stop != 0) {
+            for (i = 0; i < n; i++) {
+                ops[i].rc = stop;
+                snprintf(ops[i].err, ops[i].errcap, "stopped (%s) before it started",
+                         mg_strerror(stop));
+            }
+            if (c)
+                give_conn(r0->peer, c);
+            break;
+        }
+        for (struct xfer_part *pt = head; pt; pt = pt->group_next)
+            __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
+        rc = mg_dp_run(c, ops, n, &o);
+        if (rc == 0) {
+            give_conn(r0->peer, c);
+            break;
+        }
+        mg_dp_close(c);
+        c = NULL;
+        if (rc != MG_ERR_UNAVAILABLE || fresh)
+            break;
+        /* The idle connection broke (the peer closed it, or restarted): once more, fresh. */
+        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r0->peer->addr, head->msg);
+    }
+    i = 0;
+    for (struct xfer_part *pt = head; pt; pt = pt->group_next, i++)
+        pt->rc = ops[i].rc;
+    free(ops);
+    return head->rc;
+}
+
 static int part_work(void *arg)
 {
     struct xfer_part *pt = arg;
@@ -522,6 +611,8 @@ static int part_work(void *arg)
     int rc, stop;
     if (r->local_copy)
         return part_copy(pt);
+    if (pt->grouped)
+        return group_work(pt);
     c = take_conn(r->peer);
     stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
     if (stop != 0) { /* stopped while it waited for a worker */
@@ -548,27 +639,19 @@ static void pump(struct mg_transfer_svc *ts);
 static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap);
 static void open_session(mg_gateway *gw, peer_ent *p);
 
-static void part_done(void *arg, int result)
+/* A part ended with `result`: its request ends with its last part. */
+static void part_finish(struct xfer_part *pt, int result)
 {
-    struct xfer_part *pt = arg;
     xfer_req *r = pt->r;
-    struct mg_transfer_svc *ts = r->gw->transfer;
     char msg[600];
-    ts->jobs--;
-    r->peer->jobs--;
     pt->rc = result;
-    if (--r->parts_left > 0) { /* the request ends with its last part */
-        if (!ts->closing)
-            pump(ts);
+    if (--r->parts_left > 0)
         return;
-    }
     result = 0;
     for (unsigned i = 0; i < r->nparts && result == 0; i++) { /* the first failure speaks */
         if ((result = r->parts[i].rc) != 0)
             req_say(r, r->parts[i].msg);
     }
-    if (!ts->closing)
-        pump(ts);
     if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->requeued &&
         __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
         /* The peer no longer knows our token, or its data plane is not where the session
@@ -581,6 +664,27 @@ static void part_done(void *arg, int result)
     else
         snprintf(msg, sizeof(msg), "%.500s", r->msg ? r->msg : "");
     req_end(r, result, result ? msg : NULL);
+}
+
+static void part_done(void *arg, int result)
+{
+    struct xfer_part *pt = arg;
+    peer_ent *p = pt->r->peer;
+    struct mg_transfer_svc *ts = pt->r->gw->transfer;
+    ts->jobs--;
+    p->jobs--;
+    if (pt->grouped) { /* each request of the group ends on its own */
+        for (struct xfer_part *q = pt, *next; q; q = next) {
+            next = q->group_next;
+            q->group_next = NULL;
+            q->grouped = 0;
+            part_finish(q, q->rc);
+        }
+    } else {
+        part_finish(pt, result);
+    }
+    if (!ts->closing)
+        pump(ts);
 }
 
 /* Cuts r into parts: one, or for a large request up to --tcp-conns-per-peer of at least
@@ -646,6 +750,39 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
     r->next_ready = NULL;
     r->state = ST_RUNNING;
     req_plan(r, cap - p->jobs);
+    if (r->nparts == 1 && !r->local_copy && r->length <= GROUP_BYTES && p->ready &&
+        p->ready->b == r->b && p->ready->length <= GROUP_BYTES) {
+        /* Small requests of the same batch follow: one job takes them all. */
+        struct xfer_part **tail = &r->parts[0].group_next;
+        unsigned n = 1;
+        r->parts[0].grouped = 1;
+        while (n < GROUP_MAX && p->ready && p->ready->b == r->b &&
+               p->ready->length <= GROUP_BYTES) {
+            xfer_req *q = p->ready;
+            p->ready = q->next_ready;
+            if (p->ready == NULL)
+                p->ready_tail = NULL;
+            q->next_ready = NULL;
+            q->state = ST_RUNNING;
+            req_plan(q, 1);
+            q->parts[0].grouped = 1;
+            *tail = &q->parts[0];
+            tail = &q->parts[0].group_next;
+            n++;
+        }
+        if (mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
+            ts->jobs++;
+            p->jobs++;
+            return;
+        }
+        for (struct xfer_part *q = &r->parts[0], *next; q; q = next) {
+            next = q->group_next;
+            q->group_next = NULL;
+            q->grouped = 0;
+            req_end(q->r, MG_ERR_FULL, "the engine's queue is full (--queue-depth)");
+        }
+        return;
+    }
     for (unsigned i = 0; i < r->nparts; i++) {
         int rc = mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[i]);
         if (rc == 0) {
