@@ -287,6 +287,7 @@ void mg_gateway_drain(mg_gateway *gw)
     mg_svc_health_notify(gw);
     mg_svc_pool_drain(gw);
     mg_svc_notify_drain(gw);
+    mg_svc_transfer_drain(gw);
     mg_listeners_free(gw); /* stop accepting */
     for (mg_conn *c = gw->conns; c; c = c->next) {
         if (c->ng) {

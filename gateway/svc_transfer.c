@@ -1727,6 +1727,29 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
     }
 }
 
+/* Drain: Wait calls get the batch as it stands and end (UNAVAILABLE) so their connections can
+ * close; the batches themselves go on until the daemon stops. */
+void mg_svc_transfer_drain(mg_gateway *gw)
+{
+    for (xfer_batch *b = gw->transfer ? gw->transfer->batches : NULL; b; b = b->next) {
+        batch_msg m;
+        int have = b->watchers && batch_msg_fill(&m, b) == 0;
+        while (b->watchers) {
+            bwatch *w = b->watchers;
+            b->watchers = w->next;
+            if (have)
+                mg_call_send(w->call, &m.msg.base);
+            mg_call_set_data(w->call, NULL);
+            mg_call_finish(w->call, MG_GRPC_UNAVAILABLE,
+                           "the daemon is draining; the batch goes on until it stops");
+            mg_call_unref(w->call);
+            free(w);
+        }
+        if (have)
+            batch_msg_free(&m);
+    }
+}
+
 /* Before the engine stops: running transfers end now (UNAVAILABLE: shutting down) instead of
  * holding a worker until their peer answers. */
 void mg_svc_transfer_stop(mg_gateway *gw)

@@ -684,3 +684,45 @@ def test_finished_batches_are_forgotten_after_the_retention(make_daemon):
                 break
             assert time.monotonic() < deadline, "the batch outlived --batch-retention 1"
             time.sleep(0.2)
+
+
+def test_drain_ends_wait_calls_and_stops_running_transfers(make_daemon):
+    """SIGTERM while a transfer to a frozen peer runs and a client waits on it: the Wait call
+    ends UNAVAILABLE (draining), and the daemon still exits 0 well within --grace: the stalled
+    transfer is stopped at shutdown instead of holding a worker until the I/O timeout."""
+    import signal
+    import threading
+    a = make_daemon("--peer-tls=false", "--grace", "5", "--data-io-timeout", "60")
+    b = make_daemon("--peer-tls=false")
+    src = register(a, "src", 64 * MiB)
+    dst = register(b, "dst", 64 * MiB, remote=True)
+    got = {}
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, dst.id)
+        b.signal(signal.SIGSTOP)
+        try:
+            bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+                req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 64 * MiB)])).batch_id
+            wait_state(t, bid, 0, transfer_pb2.RUNNING)
+
+            def waiter():
+                try:
+                    for batch in t.Wait(transfer_pb2.GetBatchRequest(id=bid), timeout=30):
+                        got["last"] = batch
+                except grpc.RpcError as e:
+                    got["code"], got["details"] = e.code(), e.details()
+            th = threading.Thread(target=waiter)
+            th.start()
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            a.signal(signal.SIGTERM)
+            th.join(10)
+            rc = a.proc.wait(20)
+            took = time.monotonic() - t0
+        finally:
+            b.signal(signal.SIGCONT)
+    assert got.get("code") == grpc.StatusCode.UNAVAILABLE, got
+    assert "draining" in got["details"]
+    assert got["last"].requests[0].state == transfer_pb2.RUNNING
+    assert rc == 0 and took < 15, (rc, took)
