@@ -25,6 +25,7 @@
 #include "mg_log.h"
 
 #include "moongate/dataplane.h"
+#include "moongate/peers.h"
 #include "moongate/segment.h"
 #include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/peer.pb-c.h"
@@ -169,7 +170,8 @@ struct mg_transfer_svc {
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
     size_t npeers;
-    struct event *sweep; /* forgets batches past --batch-retention */
+    struct event *sweep;  /* forgets batches past --batch-retention */
+    mg_peer_cache *descs; /* what peers said of their targets, per epoch */
     xfer_batch *batches;
     size_t nbatches;
     uint64_t counter;
@@ -364,6 +366,9 @@ static void req_end(xfer_req *r, int err, const char *msg)
         r->b->done++;
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
+    if (r->peer && err == MG_ERR_NOT_FOUND && r->peer->gw->transfer)
+        mg_peer_cache_forget(r->peer->gw->transfer->descs, r->peer->addr, r->remote_segment,
+                             r->remote_lease); /* asked again next time */
     if (r->peer) {
         r->peer->ended[r->write != 0][err != 0]++;
         if (!err)
@@ -635,6 +640,8 @@ static int part_work(void *arg)
 }
 
 static void session_retry(xfer_req *r);
+static void submit_go(mg_call *call, xfer_batch *b);
+static int remote_check(mg_call *call, xfer_batch *b);
 static void pump(struct mg_transfer_svc *ts);
 static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap);
 static void open_session(mg_gateway *gw, peer_ent *p);
@@ -916,6 +923,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
             mg_dp_close(c);
     }
     p->epoch = resp->epoch;
+    mg_peer_cache_epoch(p->gw->transfer->descs, p->addr, resp->epoch, now_ms());
     p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
                                                             : resp->expires_in_ms);
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
@@ -1250,13 +1258,254 @@ static long submit_count(mg_call *call, const Moongate__V1__SubmitRequest *req, 
     return (long)n;
 }
 
+/* ---- remote targets: checked against the peers' descriptors before a batch starts ---- */
+
+enum { V_CACHED, V_MISSING, V_UNKNOWN }; /* in the cache; the peer says no such target; unasked */
+
+typedef struct desc_key {
+    peer_ent *p;
+    uint64_t id;
+    int is_lease;
+    int verdict;
+} desc_key;
+
+typedef struct submit_wait {
+    mg_call *call;
+    xfer_batch *b;
+    desc_key *keys;
+    size_t nkeys, pending;
+} submit_wait;
+
+typedef struct {
+    submit_wait *sw;
+    desc_key *k;
+    uint8_t *resp;
+    size_t len;
+} describe_call;
+
+static desc_key *key_find(desc_key *keys, size_t n, const xfer_req *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].p == r->peer && keys[i].id == r->remote_segment &&
+            keys[i].is_lease == r->remote_lease)
+            return &keys[i];
+    }
+    return NULL;
+}
+
+/* Checks request r against what is known of its target. Returns NULL when it may run (also
+ * when nothing could be learnt: the data plane checks every slice anyway), else why not. */
+static const char *remote_verdict(struct mg_transfer_svc *ts, const xfer_req *r, const desc_key *k,
+                                  char *why, size_t cap, uint64_t *size)
+{
+    const char *kind = r->remote_lease ? "lease" : "segment";
+    mg_remote_desc d;
+    uint64_t epoch;
+    if (k && k->verdict == V_UNKNOWN)
+        return NULL;
+    if (k && k->verdict == V_MISSING) {
+        snprintf(why, cap, "peer %s has no %s%s %llu", r->peer->addr,
+                 r->remote_lease ? "remote-accessible " : "", kind,
+                 (unsigned long long)r->remote_segment);
+        return why;
+    }
+    if (mg_peer_cache_get(ts->descs, r->peer->addr, r->remote_segment, r->remote_lease, &d,
+                          &epoch) != 0)
+        return k ? NULL : "unknown"; /* first pass: ask the peer */
+    if (!d.remote_accessible) {
+        snprintf(why, cap, "%s %llu on peer %s is not remote-accessible", kind,
+                 (unsigned long long)r->remote_segment, r->peer->addr);
+        return why;
+    }
+    *size = d.size;
+    if (mg_bounds_check(d.size, r->remote_offset, r->length) != 0) {
+        snprintf(why, cap, "remote offset + length is outside %s %llu on peer %s (%llu bytes)",
+                 kind, (unsigned long long)r->remote_segment, r->peer->addr,
+                 (unsigned long long)d.size);
+        return why;
+    }
+    return NULL;
+}
+
+/* Every remote request of b against the descriptors; fails the call on the first that cannot
+ * run (nothing moved) and returns -1. `keys` (or NULL on the first pass) holds what the peers
+ * answered. On the first pass, targets not known (or known to be wrong: they are asked again
+ * once before the batch fails) are collected into *fetch instead. */
+static int remote_pass(mg_call *call, xfer_batch *b, desc_key *keys, size_t nkeys, desc_key **fetch,
+                       size_t *nfetch)
+{
+    struct mg_transfer_svc *ts = b->gw->transfer;
+    const xfer_req *last = NULL;
+    uint64_t last_size = 0; /* the size of last's target when it checked out, else 0 */
+    char why[400];
+    for (size_t i = 0; i < b->n; i++) {
+        const xfer_req *r = &b->reqs[i];
+        const char *bad;
+        if (r->local_copy || r->peer == NULL)
+            continue;
+        if (last && last_size && last->peer == r->peer &&
+            last->remote_segment == r->remote_segment && last->remote_lease == r->remote_lease &&
+            mg_bounds_check(last_size, r->remote_offset, r->length) == 0)
+            continue; /* the same target as the request before, and inside it */
+        if (last && !last_size && keys == NULL && last->peer == r->peer &&
+            last->remote_segment == r->remote_segment && last->remote_lease == r->remote_lease)
+            continue; /* that target is being asked for already */
+        last = r;
+        last_size = 0;
+        bad = remote_verdict(ts, r, keys ? key_find(keys, nkeys, r) : NULL, why, sizeof(why),
+                             &last_size);
+        if (bad == NULL)
+            continue;
+        last_size = 0;
+        if (keys == NULL) { /* first pass: ask the peer, once per target */
+            desc_key *k = key_find(*fetch, *nfetch, r), *grown;
+            if (k)
+                continue;
+            grown = realloc(*fetch, (*nfetch + 1) * sizeof(**fetch));
+            if (grown == NULL) {
+                mg_call_fail(call, MG_ERR_NOMEM, NULL);
+                return -1;
+            }
+            *fetch = grown;
+            (*fetch)[(*nfetch)++] =
+                (desc_key){r->peer, r->remote_segment, r->remote_lease, V_UNKNOWN};
+            continue;
+        }
+        mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
+        return -1;
+    }
+    return 0;
+}
+
+static void batch_abandon(xfer_batch *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        req_release_local(&b->reqs[i]);
+    batch_free(b);
+}
+
+static void submit_wait_end(submit_wait *sw)
+{
+    mg_call *call = sw->call;
+    if (mg_call_done(call) || remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) != 0)
+        batch_abandon(sw->b); /* the caller left, or the batch cannot run */
+    else
+        submit_go(call, sw->b);
+    mg_call_set_data(call, NULL);
+    mg_call_unref(call);
+    free(sw->keys);
+    free(sw);
+}
+
+static void describe_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    describe_call *dc = arg;
+    free(dc->resp);
+    dc->resp = malloc(len ? len : 1);
+    if (dc->resp) {
+        memcpy(dc->resp, m, len);
+        dc->len = len;
+    }
+}
+
+static void describe_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    describe_call *dc = arg;
+    submit_wait *sw = dc->sw;
+    struct mg_transfer_svc *ts = sw->b->gw->transfer;
+    Moongate__V1__TargetDescriptor *d = NULL;
+    if (ts->closing) { /* the daemon stops: the Submit waiting for this goes with it */
+        free(dc->resp);
+        free(dc);
+        if (--sw->pending == 0) {
+            batch_abandon(sw->b);
+            mg_call_unref(sw->call);
+            free(sw->keys);
+            free(sw);
+        }
+        return;
+    }
+    if (status == 0 && dc->resp)
+        d = moongate__v1__target_descriptor__unpack(NULL, dc->len, dc->resp);
+    if (d) {
+        mg_remote_desc rd = {.id = d->id,
+                             .is_lease = d->is_lease,
+                             .size = d->size,
+                             .remote_accessible = d->remote_accessible,
+                             .transports = 1u << MG_TRANSPORT_TCP};
+        /* A new epoch forgets what the peer's previous life said. */
+        if (mg_peer_cache_epoch(ts->descs, dc->k->p->addr, d->epoch, now_ms()) >= 0 &&
+            mg_peer_cache_put(ts->descs, dc->k->p->addr, d->epoch, &rd) == 0)
+            dc->k->verdict = V_CACHED;
+        moongate__v1__target_descriptor__free_unpacked(d, NULL);
+    } else if (status == MG_GRPC_NOT_FOUND) {
+        dc->k->verdict = V_MISSING;
+        mg_peer_cache_forget(ts->descs, dc->k->p->addr, dc->k->id, dc->k->is_lease);
+    } /* else unreachable or refused: left to the data plane, which fails it by name */
+    free(dc->resp);
+    free(dc);
+    if (--sw->pending == 0)
+        submit_wait_end(sw);
+}
+
+/* Before a batch starts: 0 when every remote target checks out against the descriptors known,
+ * -1 when one cannot (the call failed, b is gone), 1 when peers are being asked first (the
+ * batch starts, or fails, when they have answered). */
+static int remote_check(mg_call *call, xfer_batch *b)
+{
+    static const mg_rpc_handlers h = {describe_msg, describe_closed};
+    desc_key *fetch = NULL;
+    size_t nfetch = 0;
+    submit_wait *sw;
+    if (remote_pass(call, b, NULL, 0, &fetch, &nfetch) != 0) {
+        free(fetch);
+        batch_abandon(b);
+        return -1;
+    }
+    if (nfetch == 0)
+        return 0;
+    sw = calloc(1, sizeof(*sw));
+    if (sw == NULL) {
+        free(fetch);
+        batch_abandon(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return -1;
+    }
+    sw->call = call;
+    sw->b = b;
+    sw->keys = fetch;
+    sw->nkeys = sw->pending = nfetch;
+    mg_call_ref(call);
+    sw->pending++; /* held until every call is started */
+    for (size_t i = 0; i < nfetch; i++) {
+        Moongate__V1__DescribeTargetRequest dr = MOONGATE__V1__DESCRIBE_TARGET_REQUEST__INIT;
+        describe_call *dc = calloc(1, sizeof(*dc));
+        char err[256];
+        dr.id = fetch[i].id;
+        dr.is_lease = fetch[i].is_lease;
+        if (dc == NULL) {
+            sw->pending--;
+            continue;
+        }
+        dc->sw = sw;
+        dc->k = &fetch[i];
+        if (peer_call(b->gw, fetch[i].p, "/moongate.v1.Peer/DescribeTarget", &dr.base, &h, dc, err,
+                      sizeof(err)) != 0) {
+            free(dc);
+            sw->pending--; /* unreachable: left to the data plane */
+        }
+    }
+    if (--sw->pending == 0)
+        submit_wait_end(sw);
+    return 1;
+}
+
 static void submit_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__SubmitRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
     struct mg_transfer_svc *ts = gw->transfer;
     mg_registry *reg = mg_engine_registry(gw->engine);
-    Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
     xfer_batch *b;
     item_iter it = {.req = req};
     uint64_t last_segment = 0;
@@ -1372,20 +1621,15 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             return;
         }
     }
-    b->t0_ns = mg_now_mono_ns();
-    b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
-    b->timer = evtimer_new(gw->base, batch_timeout, b);
-    if (b->timer == NULL) {
-        for (i = 0; i < b->n; i++)
-            req_release_local(&b->reqs[i]);
-        batch_free(b);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
+    /* Peers and notifications, while the request message is still here. */
+    for (i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i];
+        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
+                      ? b->reqs[i - 1].peer
+                      : peer_get(ts, r->peer_name);
     }
-    {
-        struct timeval tv = {b->timeout_ms / 1000, (suseconds_t)(b->timeout_ms % 1000) * 1000};
-        evtimer_add(b->timer, &tv);
-    }
+    for (i = 0; i < b->n; i++)
+        b->reqs[i].peer_name = NULL; /* it points into the request message */
     for (i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
         xfer_note *n = &b->notes[i];
@@ -1404,11 +1648,36 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         n->len = np->payload.len;
         snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
         for (size_t k = 0; k < b->n; k++) {
-            if (b->reqs[k].write && !strcmp(b->reqs[k].peer_name, np->peer))
+            if (b->reqs[k].write && b->reqs[k].peer == n->peer)
                 n->writes_left++;
         }
     }
     b->nnotes = req->n_notify;
+    b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
+    if (remote_check(call, b) == 0)
+        submit_go(call, b);
+}
+
+/* The batch passed every check: it gets its id and its requests start. */
+static void submit_go(mg_call *call, xfer_batch *b)
+{
+    mg_gateway *gw = b->gw;
+    struct mg_transfer_svc *ts = gw->transfer;
+    Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
+    size_t i;
+    b->t0_ns = mg_now_mono_ns();
+    b->timer = evtimer_new(gw->base, batch_timeout, b);
+    if (b->timer == NULL) {
+        for (i = 0; i < b->n; i++)
+            req_release_local(&b->reqs[i]);
+        batch_free(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    {
+        struct timeval tv = {b->timeout_ms / 1000, (suseconds_t)(b->timeout_ms % 1000) * 1000};
+        evtimer_add(b->timer, &tv);
+    }
     gw->xfer_stats.in_flight += b->n;
     b->next = ts->batches;
     ts->batches = b;
@@ -1419,14 +1688,11 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
 
     for (i = 0; i < b->n; i++) {
         xfer_req *r = &b->reqs[i];
-        peer_ent *p = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
-                          ? b->reqs[i - 1].peer
-                          : peer_get(ts, r->peer_name);
+        peer_ent *p = r->peer;
         if (p == NULL) {
             req_end(r, MG_ERR_FULL, "this daemon already knows its limit of 1024 peers");
             continue;
         }
-        r->peer = p;
         if (p->state == PEER_OPEN && now_ms() < p->expires_ms) {
             req_start(r);
             continue;
@@ -1630,6 +1896,8 @@ int mg_svc_transfer_init(mg_gateway *gw)
     if (gw->transfer == NULL)
         return MG_ERR_NOMEM;
     gw->transfer->gw = gw;
+    if (mg_peer_cache_new(&gw->transfer->descs, MAX_PEERS, 4096) != 0)
+        return MG_ERR_NOMEM;
     {
         struct timeval every = {1, 0};
         gw->transfer->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw->transfer);
@@ -1677,6 +1945,7 @@ void mg_svc_transfer_free(mg_gateway *gw)
             req_release_local(&b->reqs[i]);
         batch_free(b);
     }
+    mg_peer_cache_del(ts->descs);
     free(ts);
     gw->transfer = NULL;
 }
