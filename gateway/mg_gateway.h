@@ -168,6 +168,7 @@ typedef struct mg_transfer_stats {
     uint64_t ended;
     double seconds_sum;
     uint64_t notes_sent, notes_failed; /* notifications to peers */
+    int64_t slices_in_flight;          /* data-plane slices sent, not answered (atomic) */
 } mg_transfer_stats;
 
 typedef struct mg_gateway_stats {

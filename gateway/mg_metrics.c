@@ -87,10 +87,15 @@ static void render_transfers(mg_gateway *gw, struct evbuffer *out)
                         "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
                         "# TYPE moongate_transfer_requests_in_flight gauge\n"
                         "moongate_transfer_requests_in_flight %llu\n"
+                        "# HELP moongate_transfer_slices_in_flight Data-plane slices sent to "
+                        "peers and not yet answered.\n"
+                        "# TYPE moongate_transfer_slices_in_flight gauge\n"
+                        "moongate_transfer_slices_in_flight %lld\n"
                         "# HELP moongate_transfer_failures_total Failed transfer requests, by "
                         "code.\n# TYPE moongate_transfer_failures_total counter\n",
                         (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
-                        (unsigned long long)s->in_flight);
+                        (unsigned long long)s->in_flight,
+                        (long long)__atomic_load_n(&s->slices_in_flight, __ATOMIC_RELAXED));
     for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
         if (s->failed_by_code[c])
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",

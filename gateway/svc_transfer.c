@@ -40,19 +40,20 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define TENANT    "default"
-#define POOL_IDLE 8    /* idle data connections kept per peer */
-#define MAX_PEERS 1024 /* peer directory entries (each a line in /metrics) */
-#define MAX_PARTS 8
-#define GROUP_MAX 64 /* small requests of a batch moved by one job */
-#define GROUP_BYTES                                                                          \
-    (4ull << 20) /* "small": at most this long */ /* a large request runs as up to this many \
-                                                     parts, one connection each */
-#define PART_MIN     (16ull << 20)
-#define NOTIFY_MAX   16
-#define TOPIC_MAX    128
-#define PAYLOAD_MAX  65536
-#define WAIT_TICK_MS 20 /* progress reports to Wait calls at most this often */
+/* clang-format off */
+#define TENANT         "default"
+#define POOL_IDLE      8              /* idle data connections kept per peer */
+#define MAX_PEERS      1024           /* peer directory entries (each a line in /metrics) */
+#define REQUEST_ID_MAX 128
+#define MAX_PARTS      8              /* a large request runs as up to this many parts */
+#define PART_MIN       (16ull << 20)  /* each of them at least this long */
+#define GROUP_MAX      64             /* small requests of a batch moved by one job */
+#define GROUP_BYTES    (4ull << 20)   /* "small": at most this long */
+#define NOTIFY_MAX     16
+#define TOPIC_MAX      128
+#define PAYLOAD_MAX    65536
+#define WAIT_TICK_MS   20             /* progress reports to Wait calls at most this often */
+/* clang-format on */
 
 enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
 enum { ST_PENDING, ST_RUNNING, ST_DONE, ST_FAILED };
@@ -104,9 +105,10 @@ typedef struct xfer_batch {
     uint64_t id;
     uint64_t t0_ns; /* submitted */
     uint32_t timeout_ms;
-    uint64_t end_ms;       /* when it was over (0: not yet) */
-    struct event *timer;   /* the batch's timeout */
-    struct event *wait_ev; /* the next progress report to Wait calls */
+    uint64_t end_ms;                     /* when it was over (0: not yet) */
+    char request_id[REQUEST_ID_MAX + 1]; /* the client's, or "" */
+    struct event *timer;                 /* the batch's timeout */
+    struct event *wait_ev;               /* the next progress report to Wait calls */
     mg_gateway *gw;
     char tenant[MG_SEG_NAME_MAX + 1];
     size_t n, done, failed;
@@ -172,6 +174,7 @@ struct mg_transfer_svc {
     size_t npeers;
     struct event *sweep;  /* forgets batches past --batch-retention */
     mg_peer_cache *descs; /* what peers said of their targets, per epoch */
+    struct submit_wait *waits;
     xfer_batch *batches;
     size_t nbatches;
     uint64_t counter;
@@ -487,7 +490,8 @@ static int part_attempt(struct xfer_part *pt, mg_dp_conn *c)
                        .crc = cfg->data_crc,
                        .lease = r->remote_lease,
                        .stop = &r->stop,
-                       .progress = &pt->progress};
+                       .progress = &pt->progress,
+                       .in_flight = &r->gw->xfer_stats.slices_in_flight};
     uint8_t *local = r->local_addr + pt->offset;
     uint64_t remote = r->remote_offset + pt->offset;
     int rc;
@@ -535,7 +539,8 @@ static int group_work(struct xfer_part *head)
     mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
                        .window = 32,
                        .crc = cfg->data_crc,
-                       .stop = &r0->stop}; /* a batch's requests stop together */
+                       .stop = &r0->stop, /* a batch's requests stop together */
+                       .in_flight = &r0->gw->xfer_stats.slices_in_flight};
     size_t n = 0, i = 0;
     mg_dp_op *ops;
     mg_dp_conn *c;
@@ -1270,6 +1275,7 @@ typedef struct desc_key {
 } desc_key;
 
 typedef struct submit_wait {
+    struct submit_wait *next; /* the service's Submits waiting for descriptors */
     mg_call *call;
     xfer_batch *b;
     desc_key *keys;
@@ -1384,9 +1390,19 @@ static void batch_abandon(xfer_batch *b)
     batch_free(b);
 }
 
+static void submit_wait_unlink(submit_wait *sw)
+{
+    submit_wait **pp;
+    for (pp = &sw->b->gw->transfer->waits; *pp && *pp != sw; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = sw->next;
+}
+
 static void submit_wait_end(submit_wait *sw)
 {
     mg_call *call = sw->call;
+    submit_wait_unlink(sw);
     if (mg_call_done(call) || remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) != 0)
         batch_abandon(sw->b); /* the caller left, or the batch cannot run */
     else
@@ -1418,6 +1434,7 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
         free(dc->resp);
         free(dc);
         if (--sw->pending == 0) {
+            submit_wait_unlink(sw);
             batch_abandon(sw->b);
             mg_call_unref(sw->call);
             free(sw->keys);
@@ -1473,6 +1490,8 @@ static int remote_check(mg_call *call, xfer_batch *b)
     }
     sw->call = call;
     sw->b = b;
+    sw->next = b->gw->transfer->waits;
+    b->gw->transfer->waits = sw;
     sw->keys = fetch;
     sw->nkeys = sw->pending = nfetch;
     mg_call_ref(call);
@@ -1519,6 +1538,28 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     }
     if ((count = submit_count(call, req, gw->cfg->max_transfer_requests)) < 0)
         return;
+    if (strlen(req->request_id) > REQUEST_ID_MAX) {
+        mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes", REQUEST_ID_MAX);
+        return;
+    }
+    if (req->request_id[0]) { /* a retry gets the batch the first Submit made */
+        Moongate__V1__SubmitResponse again = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
+        for (xfer_batch *o = ts->batches; o; o = o->next) {
+            if (!strcmp(o->request_id, req->request_id) && !strcmp(o->tenant, TENANT)) {
+                again.batch_id = o->id;
+                mg_call_reply(call, &again.base);
+                return;
+            }
+        }
+        for (submit_wait *w = ts->waits; w; w = w->next) {
+            if (!strcmp(w->b->request_id, req->request_id)) {
+                mg_call_fail(call, MG_ERR_BUSY,
+                             "a Submit with request_id \"%s\" is still being checked; ask again",
+                             req->request_id);
+                return;
+            }
+        }
+    }
     if (req->n_notify > NOTIFY_MAX) {
         mg_call_fail(call, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
         return;
@@ -1653,6 +1694,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         }
     }
     b->nnotes = req->n_notify;
+    snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (remote_check(call, b) == 0)
         submit_go(call, b);

@@ -678,6 +678,14 @@ static int run_failed(mg_dp_conn *c, mg_dp_op *ops, size_t n, int code, int stop
     return code;
 }
 
+/* Ends a run: its ring goes, and the slices still counted in flight stop counting. */
+static void run_release(in_flight *ring, const mg_dp_options *o, size_t count)
+{
+    free(ring);
+    if (o->in_flight && count)
+        __atomic_fetch_sub(o->in_flight, (int64_t)count, __ATOMIC_RELAXED);
+}
+
 int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
 {
     mg_dp_options o = opt ? *opt : (mg_dp_options){0};
@@ -722,14 +730,14 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
                 continue;
             }
             if (o.stop && (rc = __atomic_load_n(o.stop, __ATOMIC_ACQUIRE)) != 0) {
-                free(ring);
+                run_release(ring, &o, count);
                 return run_failed(c, ops, n, rc, 1, NULL);
             }
             mg_slice_plan(0, op->offset, op->len, o.slice_bytes, sslice, &sl, 1);
             so.lease = op->lease;
             e = (in_flight){sop, sslice, c->next_slice++};
             if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id) != 0) {
-                free(ring);
+                run_release(ring, &o, count);
                 if (errno == ECANCELED)
                     return run_failed(c, ops, n, *o.stop, 1, NULL);
                 snprintf(why, sizeof(why), "peer %s: sending slice %llu: %s", c->peer,
@@ -738,6 +746,8 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
             }
             ring[(head + count) % o.window] = e;
             count++;
+            if (o.in_flight)
+                __atomic_fetch_add(o.in_flight, 1, __ATOMIC_RELAXED);
             sslice++;
         }
         if (count == 0)
@@ -745,9 +755,11 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
         e = ring[head];
         head = (head + 1) % o.window;
         count--;
+        if (o.in_flight)
+            __atomic_fetch_sub(o.in_flight, 1, __ATOMIC_RELAXED);
         op = &ops[e.op];
         if (read_full(c->fd, head_buf, sizeof(head_buf), (int)c->timeout_ms, c->stop) != 0) {
-            free(ring);
+            run_release(ring, &o, count);
             if (errno == ECANCELED)
                 return run_failed(c, ops, n, *o.stop, 1, NULL);
             snprintf(why, sizeof(why), "peer %s: waiting for slice %llu: %s", c->peer,
@@ -757,7 +769,7 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
         rc = mg_df_decode(head_buf, sizeof(head_buf), o.slice_bytes, &h);
         if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
             read_error_text(c, &h, why, sizeof(why), "transfer");
-            free(ring);
+            run_release(ring, &o, count);
             return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
         }
         mg_slice_plan(0, op->offset, op->len, o.slice_bytes, e.slice, &expect, 1);
@@ -766,14 +778,14 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
             snprintf(why, sizeof(why), "peer %s: bad answer to slice %llu: %s", c->peer,
                      (unsigned long long)e.slice,
                      rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
-            free(ring);
+            run_release(ring, &o, count);
             return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
         }
         if (!op->write && h.status == ST_OK) {
             if (h.length != expect.length ||
                 read_full(c->fd, op->buf + expect.local_offset, h.length, (int)c->timeout_ms,
                           c->stop) != 0) {
-                free(ring);
+                run_release(ring, &o, count);
                 if (errno == ECANCELED)
                     return run_failed(c, ops, n, *o.stop, 1, NULL);
                 snprintf(why, sizeof(why), "peer %s: reading slice %llu", c->peer,
@@ -796,7 +808,7 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
                 __atomic_fetch_add(op->progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
         }
     }
-    free(ring);
+    run_release(ring, &o, count);
     return 0;
 }
 

@@ -761,3 +761,25 @@ def test_drain_ends_wait_calls_and_stops_running_transfers(make_daemon):
     assert "draining" in got["details"]
     assert got["last"].requests[0].state == transfer_pb2.RUNNING
     assert rc == 0 and took < 15, (rc, took)
+
+
+def test_a_retried_submit_moves_nothing_twice(make_daemon):
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        sub = transfer_pb2.SubmitRequest(request_id="kv-layer-7",
+                                         requests=[req(transfer_pb2.WRITE, src.id, b.h2c,
+                                                       dst.id, MiB)])
+        first = t.Submit(sub).batch_id
+        assert wait_batch(t, first).state == transfer_pb2.DONE
+        assert t.Submit(sub).batch_id == first  # the same batch, not a second one
+        other = t.Submit(transfer_pb2.SubmitRequest(request_id="kv-layer-8",
+                                                    requests=sub.requests)).batch_id
+        assert other != first and wait_batch(t, other).state == transfer_pb2.DONE
+        with pytest.raises(grpc.RpcError) as e:
+            t.Submit(transfer_pb2.SubmitRequest(request_id="x" * 129, requests=sub.requests))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert b.metric("moongate_data_bytes_total", dir="in") == 2 * MiB
+    assert a.metric("moongate_transfer_slices_in_flight") == 0

@@ -81,6 +81,8 @@ typedef struct mg_dp_options {
     const int *stop;
     /* Optional: bytes confirmed so far are added here (atomically) as slices complete. */
     uint64_t *progress;
+    /* Optional: slices sent and not yet answered, counted here (atomically; shared). */
+    int64_t *in_flight;
 } mg_dp_options;
 
 /* Copies `len` bytes from `buf` to [offset, offset + len) of the peer's segment `target`.
