@@ -193,6 +193,10 @@ void mg_gateway_del(mg_gateway *gw)
 {
     if (gw == NULL)
         return;
+    /* Jobs still on the workers (a failed start leaves the pool's mapping running) push to
+     * this gateway's queue: let them all come back before anything they use is freed. */
+    if (gw->cq)
+        mg_cq_settle(gw->cq);
     mg_listeners_free(gw);
     while (gw->conns)
         mg_conn_free(gw->conns);

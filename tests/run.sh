@@ -135,8 +135,9 @@ if stage "build (release)" build release; then
 fi
 if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
     if stage "build (asan+ubsan)" build asan; then
-        export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
-        export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+        # exitcode: a sanitizer report never passes for an expected exit status (1, 2)
+        export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:exitcode=86}
+        export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:exitcode=86}
         stage "unit tests (asan+ubsan)" count_ctest "$dir"
         stage "integration tests (asan+ubsan)" count_pytest "$dir"
     fi

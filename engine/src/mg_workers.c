@@ -4,6 +4,7 @@
 #include "mg_log.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ struct mg_cq {
     pthread_mutex_t lock;
     mg_job *head, *tail;
     int efd;
+    unsigned outstanding; /* jobs submitted for this queue whose done has not run (atomic) */
 };
 
 struct mg_workers {
@@ -126,9 +128,21 @@ unsigned mg_cq_drain(mg_cq *cq, unsigned max)
         list = j->next;
         j->done(j->arg, j->result);
         free(j);
+        __atomic_fetch_sub(&cq->outstanding, 1, __ATOMIC_ACQ_REL);
         n++;
     }
     return n;
+}
+
+void mg_cq_settle(mg_cq *cq)
+{
+    for (;;) {
+        struct pollfd pfd = {cq->efd, POLLIN, 0};
+        mg_cq_drain(cq, 0);
+        if (__atomic_load_n(&cq->outstanding, __ATOMIC_ACQUIRE) == 0)
+            return;
+        poll(&pfd, 1, 100);
+    }
 }
 
 static __thread int on_worker;
@@ -250,6 +264,7 @@ int mg_workers_submit(mg_workers *w, mg_cq *cq, mg_work_fn work, mg_done_fn done
     }
     w->in_flight++;
     w->submitted++;
+    __atomic_fetch_add(&cq->outstanding, 1, __ATOMIC_ACQ_REL);
     if (w->tail)
         w->tail->next = job;
     else

@@ -63,6 +63,9 @@ int mg_cq_fd(const mg_cq *cq);
 /* Runs the done callbacks of up to `max` completed jobs on the calling thread (0 = all).
  * Returns how many ran. */
 unsigned mg_cq_drain(mg_cq *cq, unsigned max);
+/* Blocks until every job submitted for cq has completed and its done callback has run (draining
+ * as they come). For teardown: a queue must not be freed while a worker may still push to it. */
+void mg_cq_settle(mg_cq *cq);
 
 /* Queues `work` on the pool; `done` later runs on the thread that drains `cq`.
  * Returns 0, MG_ERR_FULL when queue_depth jobs are queued or running, MG_ERR_SHUTDOWN after
