@@ -97,6 +97,34 @@ static int call(mg_client *c, struct event_base *base, const char *path,
     return r->status;
 }
 
+/* A client with its own event loop (one per thread). */
+typedef struct {
+    struct event_base *base;
+    mg_client *c;
+} conn;
+
+/* Returns 0, or -1 with err set. */
+static int conn_open(conn *k, const char *target, char *err, size_t errcap)
+{
+    mg_client_options o = {.target = target};
+    k->c = NULL;
+    k->base = event_base_new();
+    if (k->base == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    return mg_client_new(&k->c, k->base, &o, err, errcap) == 0 ? 0 : -1;
+}
+
+static void conn_close(conn *k)
+{
+    mg_client_del(k->c);
+    if (k->base) {
+        event_base_loop(k->base, EVLOOP_NONBLOCK); /* the connection's last callbacks */
+        event_base_free(k->base);
+    }
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -122,8 +150,7 @@ typedef struct {
 static void *worker_main(void *arg)
 {
     worker *w = arg;
-    struct event_base *base = event_base_new();
-    mg_client_options o = {.target = w->target};
+    conn cn;
     Moongate__V1__TransferRequest *reqs = calloc(w->batch, sizeof(*reqs));
     Moongate__V1__TransferRequest **ptrs = calloc(w->batch, sizeof(*ptrs));
     Moongate__V1__Blocks blocks = MOONGATE__V1__BLOCKS__INIT, *bptr = &blocks;
@@ -131,10 +158,9 @@ static void *worker_main(void *arg)
     uint64_t *lengths = calloc(w->batch, sizeof(*lengths));
     uint64_t span = w->seg_bytes / w->threads, base_off = span * w->index;
     uint64_t per = span / w->block ? span / w->block : 1; /* blocks that fit in the slice */
-    mg_client *c = NULL;
     char err[256];
-    if (base == NULL || reqs == NULL || ptrs == NULL || offsets == NULL || lengths == NULL ||
-        mg_client_new(&c, base, &o, err, sizeof(err)) != 0) {
+    if (conn_open(&cn, w->target, err, sizeof(err)) != 0 || reqs == NULL || ptrs == NULL ||
+        offsets == NULL || lengths == NULL) {
         snprintf(w->error, sizeof(w->error), "cannot connect to %s", w->target);
         w->failed = 1;
         goto out;
@@ -176,7 +202,7 @@ static void *worker_main(void *arg)
             sr.n_blocks = 1;
         }
         t0 = now_s();
-        if (call(c, base, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
+        if (call(cn.c, cn.base, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
             (resp = moongate__v1__submit_response__unpack(NULL, r.len, r.resp)) == NULL) {
             snprintf(w->error, sizeof(w->error), "Submit: %.400s", r.message);
             w->failed = 1;
@@ -187,7 +213,7 @@ static void *worker_main(void *arg)
         gr.id = resp->batch_id;
         moongate__v1__submit_response__free_unpacked(resp, NULL);
         free(r.resp);
-        if (call(c, base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
+        if (call(cn.c, cn.base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
             (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
             snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
             w->failed = 1;
@@ -210,11 +236,7 @@ static void *worker_main(void *arg)
         free(r.resp);
     }
 out:
-    mg_client_del(c);
-    if (base) {
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        event_base_free(base);
-    }
+    conn_close(&cn);
     free(reqs);
     free(ptrs);
     free(offsets);
@@ -318,23 +340,21 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
 /* Registers a segment of `bytes` on target; returns its id or 0. */
 static uint64_t register_segment(const char *target, const char *name, uint64_t bytes, int remote)
 {
-    struct event_base *base = event_base_new();
-    mg_client_options o = {.target = target};
     Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
     Moongate__V1__RegisterResponse *resp;
-    mg_client *c = NULL;
     uint64_t id = 0;
     call_rec r;
     char err[256];
-    if (base == NULL || mg_client_new(&c, base, &o, err, sizeof(err)) != 0) {
-        fprintf(stderr, "mgbench: %s: %s\n", target, base ? err : "out of memory");
+    conn k;
+    if (conn_open(&k, target, err, sizeof(err)) != 0) {
+        fprintf(stderr, "mgbench: %s: %s\n", target, err);
         goto out;
     }
     rr.name = (char *)name;
     rr.size = bytes;
     rr.remote_accessible = remote;
     rr.prefault = 1;
-    if (call(c, base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r) != MG_GRPC_OK ||
+    if (call(k.c, k.base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r) != MG_GRPC_OK ||
         (resp = moongate__v1__register_response__unpack(NULL, r.len, r.resp)) == NULL) {
         fprintf(stderr, "mgbench: RegisterSegment on %s: %s\n", target, r.message);
         free(r.resp);
@@ -344,33 +364,23 @@ static uint64_t register_segment(const char *target, const char *name, uint64_t 
     moongate__v1__register_response__free_unpacked(resp, NULL);
     free(r.resp);
 out:
-    mg_client_del(c);
-    if (base) {
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        event_base_free(base);
-    }
+    conn_close(&k);
     return id;
 }
 
 static void unregister_segment(const char *target, uint64_t id)
 {
-    struct event_base *base = event_base_new();
-    mg_client_options o = {.target = target};
     Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
-    mg_client *c = NULL;
     call_rec r;
     char err[256];
-    if (base && mg_client_new(&c, base, &o, err, sizeof(err)) == 0) {
+    conn k;
+    if (conn_open(&k, target, err, sizeof(err)) == 0) {
         ur.id = id;
-        if (call(c, base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r) != MG_GRPC_OK)
+        if (call(k.c, k.base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r) != MG_GRPC_OK)
             fprintf(stderr, "mgbench: UnregisterSegment on %s: %s\n", target, r.message);
         free(r.resp);
     }
-    mg_client_del(c);
-    if (base) {
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        event_base_free(base);
-    }
+    conn_close(&k);
 }
 
 static int parse_size(const char *s, uint64_t *out)

@@ -480,34 +480,6 @@ static void give_conn(peer_ent *p, mg_dp_conn *c)
     mg_dp_close(c);
 }
 
-/* One attempt at part pt on connection c; gives c back or closes it. */
-static int part_attempt(struct xfer_part *pt, mg_dp_conn *c)
-{
-    xfer_req *r = pt->r;
-    const mg_config *cfg = r->gw->cfg;
-    mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
-                       .window = 16,
-                       .crc = cfg->data_crc,
-                       .lease = r->remote_lease,
-                       .stop = &r->stop,
-                       .progress = &pt->progress,
-                       .in_flight = &r->gw->xfer_stats.slices_in_flight};
-    uint8_t *local = r->local_addr + pt->offset;
-    uint64_t remote = r->remote_offset + pt->offset;
-    int rc;
-    __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
-    rc = r->write ? mg_dp_write(c, r->remote_segment, remote, local, pt->length, &o, pt->msg,
-                                sizeof(pt->msg))
-                  : mg_dp_read(c, r->remote_segment, remote, local, pt->length, &o, pt->msg,
-                               sizeof(pt->msg));
-    if (rc == 0 || rc == MG_ERR_NOT_FOUND || rc == MG_ERR_PERMISSION || rc == MG_ERR_RANGE ||
-        rc == MG_ERR_DATA_LOSS)
-        give_conn(r->peer, c); /* a refused slice leaves the stream in step */
-    else
-        mg_dp_close(c);
-    return rc;
-}
-
 /* A part of a copy between two ranges of this daemon, in 8 MiB steps (a stop is seen between
  * them). */
 static int part_copy(struct xfer_part *pt)
@@ -529,15 +501,17 @@ static int part_copy(struct xfer_part *pt)
     return 0;
 }
 
-/* Small requests of one batch and peer, chained from `head`, moved by one job as one stream of
- * slices on one connection (mg_dp_run): a batch of thousands of small blocks is not a round
- * trip per block. Each part gets its own rc and message. */
-static int group_work(struct xfer_part *head)
+/* Moves the parts chained from `head` — one part, or small requests of one batch and peer
+ * grouped into one job — as one stream of slices on one connection (mg_dp_run): a batch of
+ * thousands of small blocks is not a round trip per block. A pooled connection that broke is
+ * replaced once by a fresh one (the same bytes to the same place again). Each part gets its own
+ * rc and message; returns head's rc. */
+static int parts_move(struct xfer_part *head)
 {
     xfer_req *r0 = head->r;
     const mg_config *cfg = r0->gw->cfg;
     mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
-                       .window = 32,
+                       .window = 16,
                        .crc = cfg->data_crc,
                        .stop = &r0->stop, /* a batch's requests stop together */
                        .in_flight = &r0->gw->xfer_stats.slices_in_flight};
@@ -547,6 +521,8 @@ static int group_work(struct xfer_part *head)
     int rc, fresh = 0;
     for (struct xfer_part *pt = head; pt; pt = pt->group_next)
         n++;
+    if (n > 1)
+        o.window = 32; /* small slices: more of them in flight */
     ops = calloc(n, sizeof(*ops));
     for (struct xfer_part *pt = head; pt; pt = pt->group_next, i++) {
         xfer_req *r = pt->r;
@@ -616,32 +592,7 @@ static int group_work(struct xfer_part *head)
 static int part_work(void *arg)
 {
     struct xfer_part *pt = arg;
-    xfer_req *r = pt->r;
-    mg_dp_conn *c;
-    int rc, stop;
-    if (r->local_copy)
-        return part_copy(pt);
-    if (pt->grouped)
-        return group_work(pt);
-    c = take_conn(r->peer);
-    stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
-    if (stop != 0) { /* stopped while it waited for a worker */
-        snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) before it started", mg_strerror(stop));
-        if (c)
-            give_conn(r->peer, c);
-        return stop;
-    }
-    if (c != NULL) {
-        rc = part_attempt(pt, c);
-        if (rc != MG_ERR_UNAVAILABLE)
-            return rc;
-        /* The idle connection broke (the peer closed it, or restarted): once more, fresh. */
-        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r->peer->addr, pt->msg);
-    }
-    rc = mg_dp_connect(&c, r->data_host, r->data_port, r->token,
-                       (uint32_t)r->gw->cfg->data_io_timeout * 1000, &r->stop, pt->msg,
-                       sizeof(pt->msg));
-    return rc != 0 ? rc : part_attempt(pt, c);
+    return pt->r->local_copy ? part_copy(pt) : parts_move(pt);
 }
 
 static void session_retry(xfer_req *r);
