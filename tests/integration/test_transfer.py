@@ -783,3 +783,25 @@ def test_a_retried_submit_moves_nothing_twice(make_daemon):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert b.metric("moongate_data_bytes_total", dir="in") == 2 * MiB
     assert a.metric("moongate_transfer_slices_in_flight") == 0
+
+
+def test_notify_refuses_bad_topics_and_payloads(daemon):
+    """Every Notify call checks its topic, and Deliver its payload size; the daemon serves on."""
+    from moongate.v1 import notify_pb2, notify_pb2_grpc
+    with h2c_channel(daemon) as ch:
+        nb = notify_pb2_grpc.NotifyStub(ch)
+        for topic in ("", "x" * 129, "tab\there"):
+            for call in (lambda: nb.Poll(notify_pb2.PollRequest(topic=topic), timeout=5),
+                         lambda: nb.Deliver(notify_pb2.Notification(topic=topic), timeout=5),
+                         lambda: list(nb.Watch(notify_pb2.WatchRequest(topic=topic), timeout=5))):
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "1..128 printable characters" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            nb.Deliver(notify_pb2.Notification(topic="t", payload=b"x" * 65537), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 65536 bytes, not 65537" in e.value.details()
+        nb.Deliver(notify_pb2.Notification(topic="t", payload=b"ok"), timeout=5)
+        got = nb.Poll(notify_pb2.PollRequest(topic="t"), timeout=5).notifications
+        assert [n.payload for n in got] == [b"ok"]
