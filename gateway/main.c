@@ -65,7 +65,7 @@ int main(int argc, char **argv)
     char err[512];
     struct event_base *base = NULL;
     struct event *sigterm = NULL, *sigint = NULL;
-    mg_engine *engine = NULL;
+    mg_engine *engine = NULL, *io = NULL;
     mg_gateway *gw = NULL;
     mg_log_level level;
     int rc, exit_code = 1;
@@ -112,8 +112,9 @@ int main(int argc, char **argv)
     mg_log_set_level(level);
     OPENSSL_init_ssl(0, NULL);
 
-    mg_info("starting", "version=%s workers=%llu queue_depth=%llu", MG_VERSION,
-            (unsigned long long)cfg.workers, (unsigned long long)cfg.queue_depth);
+    mg_info("starting", "version=%s workers=%llu io_threads=%llu queue_depth=%llu", MG_VERSION,
+            (unsigned long long)cfg.workers, (unsigned long long)cfg.io_threads,
+            (unsigned long long)cfg.queue_depth);
     if (cfg.shm_group[0] && resolve_group(cfg.shm_group, &shm_gid) != 0)
         goto out;
     if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
@@ -127,7 +128,10 @@ int main(int argc, char **argv)
                                 .max_registered_bytes = cfg.max_registered_bytes,
                                 .max_tenant_segments = cfg.max_tenant_segments,
                                 .file_gid = shm_gid}};
+        mg_engine_config ic = {(unsigned)cfg.io_threads, (unsigned)cfg.queue_depth, {0}};
         rc = mg_engine_new(&engine, &ec);
+        if (rc == 0)
+            rc = mg_engine_new(&io, &ic);
         if (rc != 0) {
             mg_error("engine_failed", "error=\"%s\"", mg_strerror(rc));
             goto out;
@@ -143,6 +147,7 @@ int main(int argc, char **argv)
         mg_error("start_failed", "error=\"%s\"", mg_strerror(rc));
         goto out;
     }
+    gw->io = io;
     sigterm = evsignal_new(base, SIGTERM, signal_cb, gw);
     sigint = evsignal_new(base, SIGINT, signal_cb, gw);
     if (sigterm == NULL || sigint == NULL || evsignal_add(sigterm, NULL) != 0 ||
@@ -165,8 +170,10 @@ out:
         mg_svc_memory_hold(gw, 0, 0); /* a test hold must not keep workers from stopping */
         mg_svc_transfer_stop(gw);
     }
+    mg_engine_stop(io);
     mg_engine_stop(engine);
     mg_gateway_del(gw); /* drains the completions of the jobs the workers gave up */
+    mg_engine_del(io);
     mg_engine_del(engine);
     if (base) {
         /* Connections closed last still have deferred bufferevent callbacks: let them run so

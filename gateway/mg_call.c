@@ -104,6 +104,13 @@ const char *mg_call_peer(const mg_call *call)
     return call->conn ? call->conn->peer : "gone";
 }
 
+const char *mg_call_identity(const mg_call *call)
+{
+    if (call->conn == NULL || call->conn->id.state != MG_TLS_ID_VERIFIED)
+        return "";
+    return call->conn->id.name;
+}
+
 int64_t mg_call_remaining_ms(const mg_call *call)
 {
     uint64_t now, end;
@@ -645,6 +652,43 @@ static int query_to_json(const char *q, json_t *obj)
     return 0;
 }
 
+/* Peer-only methods: finishes the call (returns 1) unless its caller is a peer daemon — a
+ * client certificate that chains to --peer-ca and, with --peer-allow, names an allowed peer. */
+static int peer_gate(mg_call *call)
+{
+    const mg_conn *conn = call->conn;
+    const mg_config *cfg = conn->gw->cfg;
+    char m[512];
+    if (!call->method->peer_only || cfg->peer_anonymous)
+        return 0;
+    if (conn->kind != CONN_TLS || cfg->peer_ca[0] == '\0') {
+        snprintf(m, sizeof(m), "%.200s is for peer daemons: %s", call->path,
+                 conn->kind != CONN_TLS
+                     ? "call it over TLS with a certificate from --peer-ca (this daemon does not "
+                       "run with --peer-anonymous)"
+                     : "this daemon has no --peer-ca to check their certificates against");
+        call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
+        return 1;
+    }
+    if (conn->id.state != MG_TLS_ID_VERIFIED) {
+        if (conn->id.state == MG_TLS_ID_NONE)
+            snprintf(m, sizeof(m), "%.200s is for peer daemons: no client certificate", call->path);
+        else
+            snprintf(m, sizeof(m),
+                     "%.200s is for peer daemons: the client certificate does not chain to "
+                     "--peer-ca (%.127s)",
+                     call->path, conn->id.reason);
+        call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
+        return 1;
+    }
+    if (cfg->peer_allow[0] && !mg_tls_id_in(&conn->id, cfg->peer_allow)) {
+        snprintf(m, sizeof(m), "peer \"%s\" is not in --peer-allow", conn->id.name);
+        call_finish(call, MG_GRPC_PERMISSION_DENIED, m, 0);
+        return 1;
+    }
+    return 0;
+}
+
 /* A readable route (GET /v1/segments/{id} ...): the call becomes a JSON call of the route's
  * method, its request built from the id and query here and from the body for POST. Returns 1
  * when the path is a readable route (the call is set up or answered), 0 otherwise. */
@@ -693,6 +737,10 @@ static int readable_route(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
+    if (peer_gate(call)) {
+        json_decref(obj);
+        return 1;
+    }
     if (id && json_object_set_new(obj, "id", json_string(id)) != 0)
         id = NULL;
     if (query && query_to_json(query, obj) != 0) {
@@ -770,6 +818,8 @@ void mg_call_on_headers_end(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
+    if (peer_gate(call))
+        return;
     if (is_grpc && !call->te_trailers) {
         call_finish(call, MG_GRPC_INTERNAL, "missing \"te: trailers\" request header", 0);
         return;

@@ -90,7 +90,17 @@ static const opt_def opts[] = {
     {"peer-tls", T_BOOL, O(peer_tls), "true", 0, 1,
      "call peer daemons' control endpoints over TLS (false: h2c, for loopback and tests)"},
     {"peer-ca", T_STR, O(peer_ca), "", 0, 0,
-     "CA that peer daemons' certificates must chain to (empty: the system store)"},
+     "CA of peer daemons: their server certificates when this daemon calls them (empty: the "
+     "system store) and their client certificates when they call the peer API"},
+    {"peer-cert", T_STR, O(peer_cert), "", 0, 0,
+     "client certificate (PEM) this daemon presents to peers; empty: --tls-cert"},
+    {"peer-key", T_STR, O(peer_key), "", 0, 0, "its private key; empty: --tls-key"},
+    {"peer-allow", T_STR, O(peer_allow), "", 0, 0,
+     "peer identities (certificate CN, DNS or URI names, comma-separated) that may call the "
+     "peer API; empty: any certificate from --peer-ca"},
+    {"peer-anonymous", T_BOOL, O(peer_anonymous), "false", 0, 1,
+     "let callers without a peer certificate (h2c, Unix socket, any TLS client) use the peer "
+     "API: for development and tests on loopback only"},
     {"max-transfer-requests", T_UINT, O(max_transfer_requests), "4096", 1, 1 << 20,
      "requests in one transfer batch at most"},
     {"tcp-conns-per-peer", T_UINT, O(tcp_conns_per_peer), "2", 1, 8,
@@ -109,6 +119,9 @@ static const opt_def opts[] = {
     {"max-batches", T_UINT, O(max_batches), "1024", 1, 1 << 20,
      "transfer batches kept (finished ones go oldest first)"},
     {"workers", T_UINT, O(workers), "4", 1, 256, "engine worker threads for blocking jobs"},
+    {"io-threads", T_UINT, O(io_threads), "4", 1, 256,
+     "transport threads: they move the slices of transfers to and from peers, apart from the "
+     "workers (a large transfer does not hold up registrations and copies)"},
     {"queue-depth", T_UINT, O(queue_depth), "1024", 1, 1048576,
      "engine jobs queued or running at most; beyond it calls get RESOURCE_EXHAUSTED"},
     {"max-message-bytes", T_SIZE, O(max_message_bytes), "4M", 1024, 1 * GiB,
@@ -496,6 +509,10 @@ int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, 
     }
     if ((*cfg->tls_cert == '\0') != (*cfg->tls_key == '\0')) {
         snprintf(err, errcap, "--tls-cert and --tls-key go together");
+        return MG_CONFIG_ERROR;
+    }
+    if ((*cfg->peer_cert == '\0') != (*cfg->peer_key == '\0')) {
+        snprintf(err, errcap, "--peer-cert and --peer-key go together");
         return MG_CONFIG_ERROR;
     }
     return MG_CONFIG_OK;

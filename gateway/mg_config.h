@@ -44,6 +44,10 @@ typedef struct mg_config {
     uint64_t session_ttl;     /* seconds */
     int peer_tls;
     char *peer_ca;
+    char *peer_cert; /* presented to peers ("": --tls-cert) */
+    char *peer_key;
+    char *peer_allow; /* peer identities allowed to call the peer API ("": any from peer_ca) */
+    int peer_anonymous;
     uint64_t max_transfer_requests;
     uint64_t slice_bytes;
     int data_crc;
@@ -54,6 +58,7 @@ typedef struct mg_config {
     uint64_t notify_queue;
     uint64_t notify_max_bytes;
     uint64_t workers;
+    uint64_t io_threads;
     uint64_t queue_depth;
     uint64_t max_message_bytes;
     uint64_t max_concurrent_streams;

@@ -312,8 +312,10 @@ static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
         const unsigned char *alpn = NULL;
         unsigned alpnlen = 0;
         SSL *ssl = bufferevent_openssl_get_ssl(bev);
-        if (ssl)
+        if (ssl) {
             SSL_get0_alpn_selected(ssl, &alpn, &alpnlen);
+            mg_tls_identity(ssl, &conn->id);
+        }
         if (alpn == NULL || alpnlen != 2 || memcmp(alpn, "h2", 2) != 0) {
             mg_info("conn_rejected", "peer=%s reason=\"ALPN h2 not negotiated\"", conn->peer);
             mg_conn_free(conn);

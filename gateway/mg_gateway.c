@@ -146,7 +146,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
 
     if (*cfg->tls_cert) {
-        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key);
+        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->peer_ca);
         if (gw->ssl_ctx == NULL) {
             rc = MG_ERR_INVALID;
             goto fail;

@@ -64,6 +64,9 @@ typedef struct mg_method {
     /* Streaming responses: the call's queue drained below half its bound after
      * mg_call_writable() returned 0. Optional; runs from the loop, never inside nghttp2. */
     void (*on_writable)(mg_call *call);
+    /* Only peer daemons may call it: a client certificate from --peer-ca (and in --peer-allow),
+     * unless the daemon runs with --peer-anonymous. */
+    int peer_only;
 } mg_method;
 
 /* A readable route for curl: VERB prefix[/{id}] onto a unary method, answered as JSON. The
@@ -83,6 +86,12 @@ typedef struct mg_route {
     {                                                                      \
         .path = (path_), .kind = MG_RPC_UNARY, .in = (in_), .out = (out_), \
         .on_message = (handler_)                                           \
+    }
+/* A unary method only peer daemons may call. */
+#define MG_PEER_UNARY(path_, in_, out_, handler_)                          \
+    {                                                                      \
+        .path = (path_), .kind = MG_RPC_UNARY, .in = (in_), .out = (out_), \
+        .on_message = (handler_), .peer_only = 1                           \
     }
 
 /* ---- calls: used by handlers ---- */
@@ -126,6 +135,8 @@ void *mg_call_data(const mg_call *call);
 mg_gateway *mg_call_gateway(const mg_call *call);
 /* Who called: "uid:0 pid:123" on the Unix socket, the address on TCP. */
 const char *mg_call_peer(const mg_call *call);
+/* The caller's verified TLS client certificate identity, or "" without one. */
+const char *mg_call_identity(const mg_call *call);
 /* Milliseconds left before the call's deadline, or -1 without one. */
 int64_t mg_call_remaining_ms(const mg_call *call);
 
@@ -187,6 +198,7 @@ struct mg_gateway {
     struct event_base *base;
     const mg_config *cfg;
     mg_engine *engine;
+    mg_engine *io; /* the transport threads (--io-threads): data-plane jobs of transfers */
     mg_cq *cq;
     struct event *cq_event;
     void *ssl_ctx; /* SSL_CTX, NULL when TLS is off */
@@ -247,8 +259,21 @@ uint64_t mg_now_unix_ms(void);
 
 /* ---- pieces implemented in their own files ---- */
 
-/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). Returns NULL after logging why. */
-void *mg_tls_server_ctx(const char *cert, const char *key);
+/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). With peer_ca (not "") it asks callers for a
+ * certificate and checks it against that CA; the handshake goes on either way and the result
+ * is read with mg_tls_identity(). Returns NULL after logging why. */
+void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca);
+/* What a TLS connection's client certificate says, once the handshake is done. */
+typedef struct mg_tls_id {
+    int state;        /* MG_TLS_ID_NONE, _VERIFIED or _REFUSED */
+    char name[128];   /* the identity: CN, else the first DNS or URI SAN */
+    char names[512];  /* every CN, DNS and URI name, each followed by '\n' */
+    char reason[128]; /* _REFUSED: OpenSSL's verification error */
+} mg_tls_id;
+enum { MG_TLS_ID_NONE = 0, MG_TLS_ID_VERIFIED = 1, MG_TLS_ID_REFUSED = 2 };
+void mg_tls_identity(void *ssl, mg_tls_id *out);
+/* Non-zero when one of id's names is in the comma-separated list. */
+int mg_tls_id_in(const mg_tls_id *id, const char *list);
 void mg_tls_ctx_free(void *ctx);
 
 /* mg_metrics.c: Prometheus text for everything the daemon counts. */

@@ -441,4 +441,18 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         "moongate_engine_jobs_completed_total %llu\n",
         es.workers, es.queue_depth, es.in_flight, (unsigned long long)es.submitted,
         (unsigned long long)es.rejected, (unsigned long long)es.completed);
+    if (gw->io) {
+        mg_engine_get_stats(gw->io, &es);
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_transport_threads Transport threads (--io-threads).\n"
+            "# TYPE moongate_transport_threads gauge\nmoongate_transport_threads %u\n"
+            "# HELP moongate_transport_jobs_in_flight Transfer jobs queued or running on them.\n"
+            "# TYPE moongate_transport_jobs_in_flight gauge\n"
+            "moongate_transport_jobs_in_flight %u\n"
+            "# HELP moongate_transport_jobs_completed_total Transfer jobs they ran.\n"
+            "# TYPE moongate_transport_jobs_completed_total counter\n"
+            "moongate_transport_jobs_completed_total %llu\n",
+            es.workers, es.in_flight, (unsigned long long)es.completed);
+    }
 }

@@ -32,6 +32,7 @@ typedef struct mg_conn {
     nghttp2_session *ng;
     conn_kind kind;
     char peer[128];
+    mg_tls_id id;        /* TLS: the client certificate, once the handshake is done */
     struct event *timer; /* handshake, then idle */
     struct event *flush_ev;
     unsigned nstreams;

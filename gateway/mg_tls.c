@@ -11,7 +11,9 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <stdio.h>
+#include <string.h>
 
 static int alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                           const unsigned char *in, unsigned int inlen, void *arg)
@@ -41,7 +43,98 @@ static void log_ssl_error(const char *what, const char *path)
     ERR_clear_error();
 }
 
-void *mg_tls_server_ctx(const char *cert, const char *key)
+/* The handshake goes on whatever the client certificate is: the peer API refuses a caller
+ * without a good one, naming why; the rest of the API does not look at it. */
+static int verify_continue(int ok, X509_STORE_CTX *store)
+{
+    (void)ok;
+    (void)store;
+    return 1;
+}
+
+static int peer_ca_load(SSL_CTX *ctx, const char *peer_ca)
+{
+    STACK_OF(X509_NAME) * names;
+    if (SSL_CTX_load_verify_locations(ctx, peer_ca, NULL) != 1) {
+        log_ssl_error("cannot load --peer-ca", peer_ca);
+        return -1;
+    }
+    names = SSL_load_client_CA_file(peer_ca);
+    if (names == NULL) {
+        log_ssl_error("no CA names in --peer-ca", peer_ca);
+        return -1;
+    }
+    SSL_CTX_set_client_CA_list(ctx, names);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_continue);
+    return 0;
+}
+
+static void add_name(mg_tls_id *id, const char *s, size_t len)
+{
+    size_t used = strlen(id->names);
+    if (len == 0 || memchr(s, '\n', len) || memchr(s, '\0', len) ||
+        used + len + 2 > sizeof(id->names))
+        return;
+    memcpy(id->names + used, s, len);
+    id->names[used + len] = '\n';
+    id->names[used + len + 1] = '\0';
+    if (id->name[0] == '\0' && len < sizeof(id->name)) {
+        memcpy(id->name, s, len);
+        id->name[len] = '\0';
+    }
+}
+
+void mg_tls_identity(void *ssl_, mg_tls_id *id)
+{
+    SSL *ssl = ssl_;
+    X509 *x = ssl ? SSL_get0_peer_certificate(ssl) : NULL;
+    GENERAL_NAMES *sans;
+    char cn[128];
+    long rc;
+    memset(id, 0, sizeof(*id));
+    if (x == NULL)
+        return;
+    rc = SSL_get_verify_result(ssl);
+    if (rc != X509_V_OK) {
+        id->state = MG_TLS_ID_REFUSED;
+        snprintf(id->reason, sizeof(id->reason), "%s", X509_verify_cert_error_string(rc));
+        return;
+    }
+    id->state = MG_TLS_ID_VERIFIED;
+    int n = X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof(cn));
+    if (n > 0)
+        add_name(id, cn, (size_t)n);
+    sans = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+    for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans); i++) {
+        const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
+        if (g->type == GEN_DNS || g->type == GEN_URI) {
+            const ASN1_IA5STRING *s =
+                g->type == GEN_DNS ? g->d.dNSName : g->d.uniformResourceIdentifier;
+            add_name(id, (const char *)ASN1_STRING_get0_data(s), (size_t)ASN1_STRING_length(s));
+        }
+    }
+    GENERAL_NAMES_free(sans);
+}
+
+int mg_tls_id_in(const mg_tls_id *id, const char *list)
+{
+    for (const char *p = id->names; *p;) {
+        const char *end = strchr(p, '\n');
+        size_t len = (size_t)(end - p);
+        for (const char *q = list; *q;) {
+            size_t ql = strcspn(q, ",");
+            if (ql == len && memcmp(p, q, len) == 0)
+                return 1;
+            q += ql;
+            if (*q == ',')
+                q++;
+        }
+        p = end + 1;
+    }
+    return 0;
+}
+
+void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca)
 {
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == NULL) {
@@ -75,8 +168,10 @@ void *mg_tls_server_ctx(const char *cert, const char *key)
         log_ssl_error("--tls-key does not match --tls-cert", key);
         goto fail;
     }
+    if (peer_ca[0] && peer_ca_load(ctx, peer_ca) != 0)
+        goto fail;
     SSL_CTX_set_alpn_select_cb(ctx, alpn_select_cb, NULL);
-    mg_info("tls_ready", "cert=%s", cert);
+    mg_info("tls_ready", "cert=%s peer_ca=%s", cert, peer_ca[0] ? peer_ca : "-");
     return ctx;
 fail:
     SSL_CTX_free(ctx);

@@ -307,8 +307,8 @@ void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_
 }
 
 static const mg_method notify_methods[] = {
-    MG_UNARY("/moongate.v1.Notify/Deliver", &moongate__v1__notification__descriptor,
-             &moongate__v1__deliver_response__descriptor, deliver_message),
+    MG_PEER_UNARY("/moongate.v1.Notify/Deliver", &moongate__v1__notification__descriptor,
+                  &moongate__v1__deliver_response__descriptor, deliver_message),
     MG_UNARY("/moongate.v1.Notify/Poll", &moongate__v1__poll_request__descriptor,
              &moongate__v1__poll_response__descriptor, poll_message),
     {.path = "/moongate.v1.Notify/Watch",

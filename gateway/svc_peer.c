@@ -94,6 +94,20 @@ static int session_add(struct mg_peer_svc *ps, const char *tenant, uint64_t ttl_
     return rc;
 }
 
+/* The session's data-plane version: the newest both sides speak. A caller that names none speaks
+ * version 1 only. Returns 0, or -1 when the ranges do not overlap (*out: the caller's newest). */
+static int version_pick(const Moongate__V1__OpenSessionRequest *req, uint32_t *out)
+{
+    uint32_t hi = req->protocol_version ? req->protocol_version : 1;
+    uint32_t lo = req->min_protocol_version ? req->min_protocol_version : hi;
+    *out = hi < MG_DF_VERSION ? hi : MG_DF_VERSION;
+    if (lo > hi || *out < lo || *out < MG_DF_VERSION_MIN) {
+        *out = hi;
+        return -1;
+    }
+    return 0;
+}
+
 static void open_session_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__OpenSessionRequest *req = (const void *)m;
@@ -101,16 +115,19 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     struct mg_peer_svc *ps = gw->peer;
     Moongate__V1__OpenSessionResponse resp = MOONGATE__V1__OPEN_SESSION_RESPONSE__INIT;
     uint8_t token[MG_DF_TOKEN_BYTES];
+    uint32_t version;
     int rc;
     if (ps == NULL || ps->server == NULL) {
         mg_call_fail(call, MG_ERR_UNAVAILABLE,
                      "this daemon has no data plane (--data-listen \"\")");
         return;
     }
-    if (req->protocol_version != 0 && req->protocol_version != MG_DF_VERSION) {
+    if (version_pick(req, &version) != 0) {
         mg_call_fail(call, MG_ERR_UNSUPPORTED,
-                     "data-plane protocol version %u is not %u, the one this daemon speaks",
-                     req->protocol_version, MG_DF_VERSION);
+                     "data-plane protocol versions %u..%u (the caller's) and %u..%u (this "
+                     "daemon's) do not overlap",
+                     req->min_protocol_version ? req->min_protocol_version : version, version,
+                     MG_DF_VERSION_MIN, MG_DF_VERSION);
         return;
     }
     rc = session_add(ps, TENANT, gw->cfg->session_ttl * 1000, token);
@@ -123,7 +140,9 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     resp.data_host = ps->host;
     resp.data_port = (uint32_t)ps->port;
     resp.epoch = gw->epoch;
-    resp.protocol_version = MG_DF_VERSION;
+    resp.protocol_version = version;
+    mg_info("peer_session_opened", "peer=%s identity=\"%s\" version=%u", mg_call_peer(call),
+            mg_call_identity(call)[0] ? mg_call_identity(call) : "-", version);
     resp.expires_in_ms = gw->cfg->session_ttl * 1000;
     mg_call_reply(call, &resp.base);
 }
@@ -186,10 +205,11 @@ void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
 }
 
 static const mg_method peer_methods[] = {
-    MG_UNARY("/moongate.v1.Peer/OpenSession", &moongate__v1__open_session_request__descriptor,
-             &moongate__v1__open_session_response__descriptor, open_session_message),
-    MG_UNARY("/moongate.v1.Peer/DescribeTarget", &moongate__v1__describe_target_request__descriptor,
-             &moongate__v1__target_descriptor__descriptor, describe_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/OpenSession", &moongate__v1__open_session_request__descriptor,
+                  &moongate__v1__open_session_response__descriptor, open_session_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/DescribeTarget",
+                  &moongate__v1__describe_target_request__descriptor,
+                  &moongate__v1__target_descriptor__descriptor, describe_message),
 };
 
 int mg_svc_peer_init(mg_gateway *gw)

@@ -66,6 +66,7 @@ typedef struct peer_ent {
     mg_gateway *gw;
     int state;
     int client_used; /* the control connection opened a session before: it may be stale */
+    int err_code;    /* MG_ERR_* of the failed session */
     char err[256];
     uint8_t token[MG_DF_TOKEN_BYTES];
     char data_host[128];
@@ -166,9 +167,10 @@ typedef struct xfer_req {
 
 struct mg_transfer_svc {
     mg_gateway *gw;
-    /* Requests ready to run wait in their peer's line for one of the `workers` job slots, so a
-     * large batch neither overflows the engine's queue nor crowds out other work. */
-    unsigned jobs;
+    /* Requests ready to run wait in their peer's line for a job slot — of the transport threads
+     * (--io-threads) for peers, of the workers for copies on this daemon — so a large batch
+     * neither overflows a queue nor crowds out other work. jobs[1]: on the transport threads. */
+    unsigned jobs[2];
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
     size_t npeers;
@@ -634,7 +636,7 @@ static void part_done(void *arg, int result)
     struct xfer_part *pt = arg;
     peer_ent *p = pt->r->peer;
     struct mg_transfer_svc *ts = pt->r->gw->transfer;
-    ts->jobs--;
+    ts->jobs[!pt->r->local_copy]--;
     p->jobs--;
     if (pt->grouped) { /* each request of the group ends on its own */
         for (struct xfer_part *q = pt, *next; q; q = next) {
@@ -683,21 +685,26 @@ static void req_plan(xfer_req *r, unsigned room)
     r->parts_left = r->nparts;
 }
 
-/* Job slots one peer may hold: all workers but one, so a peer that stalls (until the I/O
- * timeout) cannot hold up the others. */
-static unsigned peer_cap(const struct mg_transfer_svc *ts)
+/* Peers' jobs run on the transport threads, copies on this daemon ("" peer) on the workers. */
+static int on_io(const peer_ent *p)
 {
-    unsigned workers = (unsigned)ts->gw->cfg->workers;
-    return workers > 1 ? workers - 1 : 1;
+    return p->addr[0] != '\0';
+}
+
+static unsigned slots(const struct mg_transfer_svc *ts, int io)
+{
+    return (unsigned)(io ? ts->gw->cfg->io_threads : ts->gw->cfg->workers);
 }
 
 /* Starts ready requests while job slots are free (all of a request's parts at once), each peer's
- * in order and up to its share of the slots. */
+ * in order and up to its share: all slots of its kind but one, so a peer that stalls (until the
+ * I/O timeout) cannot hold up the others, and copies leave a worker to registrations. */
 static void pump(struct mg_transfer_svc *ts)
 {
-    unsigned cap = peer_cap(ts);
-    for (peer_ent *p = ts->peers; p && ts->jobs < ts->gw->cfg->workers; p = p->next) {
-        while (p->ready && p->jobs < cap && ts->jobs < ts->gw->cfg->workers)
+    for (peer_ent *p = ts->peers; p; p = p->next) {
+        int io = on_io(p);
+        unsigned all = slots(ts, io), cap = all > 1 ? all - 1 : 1;
+        while (p->ready && p->jobs < cap && ts->jobs[io] < all)
             req_run(ts, p, cap);
     }
 }
@@ -707,6 +714,7 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
 {
     xfer_req *r = p->ready;
     unsigned started = 0;
+    mg_engine *pool = on_io(p) && r->gw->io ? r->gw->io : r->gw->engine;
     p->ready = r->next_ready;
     if (p->ready == NULL)
         p->ready_tail = NULL;
@@ -733,8 +741,8 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
             tail = &q->parts[0].group_next;
             n++;
         }
-        if (mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
-            ts->jobs++;
+        if (mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
+            ts->jobs[1]++;
             p->jobs++;
             return;
         }
@@ -747,9 +755,9 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
         return;
     }
     for (unsigned i = 0; i < r->nparts; i++) {
-        int rc = mg_engine_submit(r->gw->engine, r->gw->cq, part_work, part_done, &r->parts[i]);
+        int rc = mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[i]);
         if (rc == 0) {
-            ts->jobs++;
+            ts->jobs[on_io(p)]++;
             p->jobs++;
             started++;
             continue;
@@ -804,19 +812,41 @@ static void release_waiting(peer_ent *p)
         } else if (r->requeued && r->msg) { /* both: why it asked again, and what then */
             char both[600];
             snprintf(both, sizeof(both), "%.180s; then a new session: %.200s", r->msg, p->err);
-            req_end(r, MG_ERR_UNAVAILABLE, both);
+            req_end(r, p->err_code, both);
         } else {
-            req_end(r, MG_ERR_UNAVAILABLE, p->err);
+            req_end(r, p->err_code, p->err);
         }
     }
 }
 
-static void session_failed(peer_ent *p, const char *why)
+static void session_failed_code(peer_ent *p, int code, const char *why)
 {
     p->state = PEER_FAILED;
+    p->err_code = code;
     snprintf(p->err, sizeof(p->err), "peer %.80s: %.160s", p->addr, why);
     mg_warn("peer_session_failed", "peer=%s error=\"%s\"", p->addr, p->err);
     release_waiting(p);
+}
+
+static void session_failed(peer_ent *p, const char *why)
+{
+    session_failed_code(p, MG_ERR_UNAVAILABLE, why);
+}
+
+/* What a peer's refusal of OpenSession means for the requests: it does not trust this daemon
+ * (PERMISSION_DENIED, whichever of the two it said), speaks no version we do (UNIMPLEMENTED),
+ * or cannot be used now (UNAVAILABLE). */
+static int session_refusal(int status)
+{
+    switch (status) {
+    case MG_GRPC_UNAUTHENTICATED:
+    case MG_GRPC_PERMISSION_DENIED:
+        return MG_ERR_PERMISSION;
+    case MG_GRPC_UNIMPLEMENTED:
+        return MG_ERR_UNSUPPORTED;
+    default:
+        return MG_ERR_UNAVAILABLE;
+    }
 }
 
 static void open_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
@@ -858,7 +888,17 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     if (resp == NULL || resp->token.len != MG_DF_TOKEN_BYTES) {
         if (resp)
             moongate__v1__open_session_response__free_unpacked(resp, NULL);
-        session_failed(p, status ? message : "a malformed OpenSession answer");
+        session_failed_code(p, status ? session_refusal(status) : MG_ERR_UNAVAILABLE,
+                            status ? message : "a malformed OpenSession answer");
+        return;
+    }
+    if (resp->protocol_version < MG_DF_VERSION_MIN || resp->protocol_version > MG_DF_VERSION) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "it answered data-plane protocol version %u; this daemon speaks %u..%u",
+                 resp->protocol_version, MG_DF_VERSION_MIN, MG_DF_VERSION);
+        moongate__v1__open_session_response__free_unpacked(resp, NULL);
+        session_failed_code(p, MG_ERR_UNSUPPORTED, why);
         return;
     }
     memcpy(p->token, resp->token.data, MG_DF_TOKEN_BYTES);
@@ -918,6 +958,9 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
     size_t len = protobuf_c_message_get_packed_size(req);
     uint8_t *buf = malloc(len ? len : 1);
     uint32_t timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000; /* as for the data plane */
+    /* This daemon's identity towards peers: --peer-cert, else its server certificate. */
+    const char *peer_cert = gw->cfg->peer_cert[0] ? gw->cfg->peer_cert : gw->cfg->tls_cert;
+    const char *peer_key = gw->cfg->peer_cert[0] ? gw->cfg->peer_key : gw->cfg->tls_key;
     mg_rpc *rpc = NULL;
     if (buf == NULL) {
         snprintf(err, errcap, "out of memory");
@@ -929,6 +972,8 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
             mg_client_options o = {.target = p->addr,
                                    .tls = gw->cfg->peer_tls,
                                    .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
+                                   .cert_file = peer_cert[0] ? peer_cert : NULL,
+                                   .key_file = peer_cert[0] ? peer_key : NULL,
                                    .connect_timeout_ms = timeout_ms};
             p->client_used = 0;
             if (mg_client_new(&p->client, gw->base, &o, err, errcap) != 0) {
@@ -968,6 +1013,7 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     }
     oc->p = p;
     req.protocol_version = MG_DF_VERSION;
+    req.min_protocol_version = MG_DF_VERSION_MIN;
     if (peer_call(gw, p, "/moongate.v1.Peer/OpenSession", &req.base, &h, oc, err, sizeof(err)) !=
         0) {
         free(oc);

@@ -39,9 +39,9 @@ if [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; then
     sleep 2
 fi
 
-say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key --peer-ca certs/dev/ca.pem &"
+say "moongate --tls-cert certs/dev/server.pem --tls-key certs/dev/server.key --peer-ca certs/dev/peer-ca.pem --peer-cert certs/dev/peer-a.pem --peer-key certs/dev/peer-a.key &"
 "$build/moongate" --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" \
-    --peer-ca "$certs/ca.pem" \
+    --peer-ca "$certs/peer-ca.pem" --peer-cert "$certs/peer-a.pem" --peer-key "$certs/peer-a.key" \
     >"$run/moongate.log" 2>&1 &
 pid=$!
 echo $pid >"$run/pid"
@@ -96,9 +96,13 @@ MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/health_check.py \
 # TCP data plane, checked by digest.
 b_port=${MOONGATE_DEMO_B_PORT:-7543}
 b_data=${MOONGATE_DEMO_B_DATA_PORT:-7546}
-say "moongate --listen 127.0.0.1:$b_port --data-listen 127.0.0.1:$b_data --shm-dir /dev/shm/moongate-b ... &   # daemon B"
-"$build/moongate" --listen "127.0.0.1:$b_port" --tls-cert "$certs/server.pem" \
-    --tls-key "$certs/server.key" --ops-listen "" --unix-socket "" --pool-bytes 0 \
+# The daemons authenticate each other with certificates of their own CA (mutual TLS): A serves
+# its clients with the development CA's server.pem and presents peer-a.pem to peers; B serves
+# peer-b.pem and lets only holders of a peer-CA certificate call its peer API.
+say "moongate --listen 127.0.0.1:$b_port --tls-cert certs/dev/peer-b.pem --peer-ca certs/dev/peer-ca.pem --data-listen 127.0.0.1:$b_data ... &   # daemon B"
+"$build/moongate" --listen "127.0.0.1:$b_port" --tls-cert "$certs/peer-b.pem" \
+    --tls-key "$certs/peer-b.key" --peer-ca "$certs/peer-ca.pem" \
+    --ops-listen "" --unix-socket "" --pool-bytes 0 \
     --data-listen "127.0.0.1:$b_data" --shm-dir /dev/shm/moongate-b >"$run/moongate-b.log" 2>&1 &
 pid_b=$!
 stop_b() { kill -TERM $pid_b 2>/dev/null && wait $pid_b || true; }
@@ -108,10 +112,10 @@ for _ in $(seq 1 100); do
     kill -0 $pid_b 2>/dev/null || { cat "$run/moongate-b.log"; exit 1; }
     sleep 0.1
 done
-say "clients/python/transfer_demo.py --a localhost:$port --b localhost:$b_port --peer 127.0.0.1:$b_port --ca certs/dev/ca.pem"
+say "clients/python/transfer_demo.py --a localhost:$port --b localhost:$b_port --peer 127.0.0.1:$b_port --ca certs/dev/ca.pem --ca-b certs/dev/peer-ca.pem"
 MOONGATE_PYGEN=$build/pygen /usr/bin/python3 clients/python/transfer_demo.py \
     --a "localhost:$port" --b "localhost:$b_port" --peer "127.0.0.1:$b_port" \
-    --ca "$certs/ca.pem" --bytes "${MOONGATE_DEMO_BYTES:-1073741824}"
+    --ca "$certs/ca.pem" --ca-b "$certs/peer-ca.pem" --bytes "${MOONGATE_DEMO_BYTES:-1073741824}"
 stop_b
 trap stop_on_error ERR
 

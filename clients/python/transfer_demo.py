@@ -6,8 +6,10 @@ place — and to READ them back into a third segment, waits for both batches wit
 line, compares SHA-256 digests of the mapped files and prints the throughput. Then it leases a
 1 MiB buffer from A's pool, READs a block of B into it and checks it too.
 
-Usage: transfer_demo.py --a HOST:PORT --b HOST:PORT [--ca CA.pem] [--bytes N]
-(--a/--b: the daemons' control endpoints; with --ca over TLS, else h2c)
+Usage: transfer_demo.py --a HOST:PORT --b HOST:PORT [--peer HOST:PORT] [--ca CA.pem]
+                        [--ca-b CA.pem] [--bytes N]
+(--a/--b: the daemons' control endpoints; with --ca over TLS, else h2c; --ca-b: the CA of B's
+certificate when it is not --ca's)
 """
 import argparse
 import hashlib
@@ -61,6 +63,7 @@ def main():
     ap.add_argument("--b", required=True)
     ap.add_argument("--peer", help="B's control endpoint as A reaches it (default: --b)")
     ap.add_argument("--ca")
+    ap.add_argument("--ca-b", help="CA of B's certificate (default: --ca)")
     ap.add_argument("--bytes", type=int, default=1 << 30)
     a = ap.parse_args()
     sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN",
@@ -70,7 +73,7 @@ def main():
                              pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
     n = a.bytes
-    with channel(grpc, a.a, a.ca) as ca_ch, channel(grpc, a.b, a.ca) as cb_ch:
+    with channel(grpc, a.a, a.ca) as ca_ch, channel(grpc, a.b, a.ca_b or a.ca) as cb_ch:
         ma, mb = memory_pb2_grpc.MemoryStub(ca_ch), memory_pb2_grpc.MemoryStub(cb_ch)
         t = transfer_pb2_grpc.TransferStub(ca_ch)
         src = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-src", size=n,

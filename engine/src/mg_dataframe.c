@@ -151,7 +151,7 @@ int mg_df_decode(const uint8_t *in, size_t len, uint32_t max_payload, mg_df_head
         return MG_DF_BAD_MAGIC;
     if (len >= 5)
         h->version = in[4];
-    if (len >= 5 && h->version != MG_DF_VERSION)
+    if (len >= 5 && (h->version < MG_DF_VERSION_MIN || h->version > MG_DF_VERSION))
         return MG_DF_BAD_VERSION;
     if (len < MG_DF_HEADER_BYTES)
         return MG_DF_NEED_MORE;

@@ -106,7 +106,7 @@ transfer)
     for d in a b; do
         h2c=$(free_port)
         "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$h2c" --ops-listen "" --unix-socket "" \
-            --data-listen 127.0.0.1:0 --shm-dir "$shm/$d" --access-log=false --peer-tls=false \
+            --data-listen 127.0.0.1:0 --shm-dir "$shm/$d" --access-log=false --peer-tls=false --peer-anonymous \
             --pool-bytes 0 --memlock try >"$certs/moongate-$d.log" 2>&1 &
         pids+=($!)
         eval "port_$d=$h2c"

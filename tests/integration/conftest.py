@@ -100,6 +100,7 @@ class Daemon:
             "--shm-dir", self.shm,
             "--pool-bytes", "0",  # tests of the pool give it a size
             "--data-listen", "%s:0" % self.host,  # a free port; OpenSession tells which
+            "--peer-anonymous",  # peers call over h2c here; test_peer_auth.py turns it off
         ] + list(extra)
 
     @property
@@ -232,10 +233,18 @@ def unix_channel(d):
     return grpc.insecure_channel("unix:" + d.sock)
 
 
-def tls_channel(d):
+def tls_channel(d, ca=None, cert=None):
+    """TLS to d's control port, trusting `ca` (default: the development CA), presenting the
+    certificate `cert` (a name in the certs directory: "peer-a" uses peer-a.pem/.key)."""
     import grpc
-    with open(d.ca, "rb") as f:
-        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+
+    def read(name):
+        with open(os.path.join(d.certs, name), "rb") as f:
+            return f.read()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(ca or "ca.pem"),
+        private_key=read(cert + ".key") if cert else None,
+        certificate_chain=read(cert + ".pem") if cert else None)
     return grpc.secure_channel(d.tls, creds)
 
 

@@ -80,10 +80,18 @@ def test_sessions_descriptors_and_info(make_daemon):
         assert s.data_port > 0 and s.expires_in_ms == 3600 * 1000
         assert session(d).token != s.token  # a new random token every time
         peer = peer_pb2_grpc.PeerStub(ch)
-        with pytest.raises(grpc.RpcError) as e:
-            peer.OpenSession(peer_pb2.OpenSessionRequest(protocol_version=2))
-        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "version 2" in \
-            e.value.details()
+        # Versions: the newest both speak; a caller that names none speaks 1; no overlap is
+        # refused naming both ranges.
+        for newest, oldest in ((2, 1), (9, 1), (0, 0), (1, 0)):
+            assert peer.OpenSession(peer_pb2.OpenSessionRequest(
+                protocol_version=newest, min_protocol_version=oldest)).protocol_version == 1
+        for newest, oldest in ((2, 0), (3, 2), (1, 2)):
+            with pytest.raises(grpc.RpcError) as e:
+                peer.OpenSession(peer_pb2.OpenSessionRequest(
+                    protocol_version=newest, min_protocol_version=oldest))
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "versions %d..%d (the caller's) and 1..1 (this daemon's) do not overlap" % (
+                oldest or newest, newest) in e.value.details()
         m = memory_pb2_grpc.MemoryStub(ch)
         seg = m.RegisterSegment(memory_pb2.RegisterRequest(
             name="shared", size=1 << 20, remote_accessible=True)).segment

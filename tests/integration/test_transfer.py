@@ -286,6 +286,35 @@ def test_cancel_stops_a_running_request(make_daemon):
     assert a.metric("moongate_transfer_failures_total", grpc_code="CANCELLED") == 1
 
 
+def test_transfers_run_on_the_transport_threads(make_daemon):
+    """A transfer stalled on a frozen peer holds a transport thread (--io-threads), not the
+    engine's only worker: a registration on A goes through meanwhile."""
+    import signal
+    a = make_daemon("--peer-tls=false", "--workers", "1", "--io-threads", "2")
+    b = make_daemon("--peer-tls=false")
+    src = register(a, "src", 64 * MiB)
+    dst = register(b, "dst", 64 * MiB, remote=True)
+    assert a.metric("moongate_transport_threads") == 2
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        warm_up(t, src.id, b.h2c, dst.id)
+        b.signal(signal.SIGSTOP)
+        try:
+            bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+                req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 64 * MiB)])).batch_id
+            wait_state(t, bid, 0, transfer_pb2.RUNNING)
+            assert a.metric("moongate_transport_jobs_in_flight") == 1
+            m = memory_pb2_grpc.MemoryStub(ch)
+            m.RegisterSegment(memory_pb2.RegisterRequest(name="meanwhile", size=MiB),
+                              timeout=5)  # the data-io-timeout is 10 s
+            t.Cancel(transfer_pb2.GetBatchRequest(id=bid))
+            batch = wait_batch(t, bid, timeout=5)
+        finally:
+            b.signal(signal.SIGCONT)
+        assert batch.requests[0].code == grpc.StatusCode.CANCELLED.value[0], batch
+    assert a.metric("moongate_transport_jobs_completed_total") >= 2
+
+
 def test_batch_timeout_ends_running_and_connecting_requests(make_daemon):
     """With B frozen, requests stall mid-slice, in a new connection's HELLO or in line; the
     batch's timeout ends them all with DEADLINE_EXCEEDED."""

@@ -30,8 +30,12 @@
 extern "C" {
 #endif
 
-#define MG_DF_MAGIC        0x5044474dU /* "MGDP" little-endian */
+#define MG_DF_MAGIC 0x5044474dU /* "MGDP" little-endian */
+/* The data-plane protocol versions this build speaks, oldest to newest. Two daemons agree on one
+ * when the session opens (Peer/OpenSession: the highest both speak), so a rolling upgrade works
+ * while neighbouring releases overlap; ranges that do not overlap are refused, naming both. */
 #define MG_DF_VERSION      1
+#define MG_DF_VERSION_MIN  1
 #define MG_DF_HEADER_BYTES 48
 #define MG_DF_TOKEN_BYTES  32
 
