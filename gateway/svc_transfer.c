@@ -24,6 +24,7 @@
 #include "mg_hash.h"
 #include "mg_log.h"
 
+#include "moongate/batch.h"
 #include "moongate/dataplane.h"
 #include "moongate/peers.h"
 #include "moongate/segment.h"
@@ -56,7 +57,6 @@
 /* clang-format on */
 
 enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
-enum { ST_PENDING, ST_RUNNING, ST_DONE, ST_FAILED };
 enum { NOTE_WAITING, NOTE_SENDING, NOTE_SENT, NOTE_FAILED };
 
 struct xfer_req;
@@ -115,7 +115,8 @@ typedef struct xfer_batch {
     size_t n, done, failed;
     struct xfer_req *reqs;
     xfer_note *notes;
-    size_t nnotes, notes_over;
+    size_t nnotes;
+    mg_batch_counts counts;  /* requests and notifications ended (moongate/batch.h) */
     struct bwatch *watchers; /* Wait calls */
     struct xfer_batch *next; /* newest first */
 } xfer_batch;
@@ -130,8 +131,7 @@ typedef struct xfer_req {
     xfer_batch *b;
     mg_gateway *gw;
     int write;
-    int stop;     /* MG_ERR_* asking the worker to stop (atomic) */
-    int requeued; /* sent back once for a new session */
+    int stop; /* MG_ERR_* asking the worker to stop (atomic) */
     /* A large request runs as parts in parallel, each a job on its own connection. */
     struct xfer_part {
         struct xfer_req *r;
@@ -153,9 +153,9 @@ typedef struct xfer_req {
     uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
     int remote_lease;
     peer_ent *peer;
-    int state;
-    int err;   /* MG_ERR_* when failed */
-    char *msg; /* why it failed (malloc'd), or NULL */
+    mg_req_life life; /* PENDING, RUNNING, DONE or FAILED; requeued once at most */
+    int err;          /* MG_ERR_* when failed */
+    char *msg;        /* why it failed (malloc'd), or NULL */
     /* Copied for the job, so the worker reads nothing the loop may change. */
     uint8_t token[MG_DF_TOKEN_BYTES];
     char data_host[128];
@@ -201,7 +201,7 @@ static void batch_msg_free(batch_msg *m);
 
 static int batch_over(const xfer_batch *b)
 {
-    return b->done + b->failed == b->n && b->notes_over == b->nnotes;
+    return mg_batch_over(&b->counts);
 }
 
 /* Bytes of r confirmed so far, all parts together. */
@@ -211,17 +211,6 @@ static uint64_t req_progress(const xfer_req *r)
     for (unsigned i = 0; i < r->nparts; i++)
         n += __atomic_load_n(&r->parts[i].progress, __ATOMIC_RELAXED);
     return n;
-}
-
-static int batch_failed(const xfer_batch *b)
-{
-    if (b->failed)
-        return 1;
-    for (size_t i = 0; i < b->nnotes; i++) {
-        if (b->notes[i].state == NOTE_FAILED)
-            return 1;
-    }
-    return 0;
 }
 
 /* Fills m from b; returns -1 when out of memory. Free with batch_msg_free. */
@@ -251,18 +240,16 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
     for (size_t i = 0; i < b->n; i++) {
         const xfer_req *r = &b->reqs[i];
         moongate__v1__request_status__init(&m->st[i]);
-        m->st[i].state = (Moongate__V1__RequestState)r->state;
-        m->st[i].bytes_done = r->state == ST_DONE ? r->length : req_progress(r);
-        m->st[i].code = r->state == ST_FAILED ? mg_err_grpc(r->err) : 0;
+        m->st[i].state = (Moongate__V1__RequestState)r->life.state;
+        m->st[i].bytes_done = r->life.state == MG_REQ_DONE ? r->length : req_progress(r);
+        m->st[i].code = r->life.state == MG_REQ_FAILED ? mg_err_grpc(r->err) : 0;
         m->st[i].message = r->msg ? r->msg : "";
         m->ptrs[i] = &m->st[i];
     }
     m->msg.id = b->id;
-    m->msg.done = (uint32_t)b->done;
-    m->msg.failed = (uint32_t)b->failed;
-    m->msg.state = !batch_over(b)    ? MOONGATE__V1__REQUEST_STATE__RUNNING
-                   : batch_failed(b) ? MOONGATE__V1__REQUEST_STATE__FAILED
-                                     : MOONGATE__V1__REQUEST_STATE__DONE;
+    m->msg.done = (uint32_t)b->counts.done;
+    m->msg.failed = (uint32_t)b->counts.failed;
+    m->msg.state = (Moongate__V1__RequestState)mg_batch_state(&b->counts);
     m->msg.requests = m->ptrs;
     m->msg.n_requests = b->n;
     return 0;
@@ -361,14 +348,17 @@ static void req_say(xfer_req *r, const char *text)
 
 static void req_end(xfer_req *r, int err, const char *msg)
 {
-    r->state = err ? ST_FAILED : ST_DONE;
+    if (mg_req_end(&r->life, &r->b->counts, err != 0) != 0) {
+        /* Never expected: counting it would end the batch before its requests. */
+        mg_error("transfer_state",
+                 "batch=%016" PRIx64 " request=%zu state=%d error=\"%s\" "
+                 "reason=\"ended twice, or succeeded without running\"",
+                 r->b->id, (size_t)(r - r->b->reqs), (int)r->life.state, mg_strerror(err));
+        return;
+    }
     r->err = err;
     req_say(r, msg);
     req_release_local(r);
-    if (err)
-        r->b->failed++;
-    else
-        r->b->done++;
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
     if (r->peer && err == MG_ERR_NOT_FOUND && r->peer->gw->transfer)
@@ -424,9 +414,9 @@ static void batch_stop(xfer_batch *b, int err, const char *why)
 {
     for (size_t i = 0; i < b->n; i++) {
         xfer_req *r = &b->reqs[i];
-        if (r->state == ST_PENDING && unqueue(r))
+        if (r->life.state == MG_REQ_PENDING && unqueue(r))
             req_end(r, err, why);
-        else if (r->state == ST_RUNNING || r->state == ST_PENDING)
+        else if (r->life.state == MG_REQ_RUNNING || r->life.state == MG_REQ_PENDING)
             __atomic_store_n(&r->stop, err, __ATOMIC_RELEASE);
     }
 }
@@ -617,7 +607,7 @@ static void part_finish(struct xfer_part *pt, int result)
         if ((result = r->parts[i].rc) != 0)
             req_say(r, r->parts[i].msg);
     }
-    if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->requeued &&
+    if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->life.requeued &&
         __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
         /* The peer no longer knows our token, or its data plane is not where the session
          * said: it may have restarted. Ask it again (a dead peer fails there, by name). */
@@ -719,7 +709,7 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
     if (p->ready == NULL)
         p->ready_tail = NULL;
     r->next_ready = NULL;
-    r->state = ST_RUNNING;
+    mg_req_start(&r->life);
     req_plan(r, cap - p->jobs);
     if (r->nparts == 1 && !r->local_copy && r->length <= GROUP_BYTES && p->ready &&
         p->ready->b == r->b && p->ready->length <= GROUP_BYTES) {
@@ -734,7 +724,7 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
             if (p->ready == NULL)
                 p->ready_tail = NULL;
             q->next_ready = NULL;
-            q->state = ST_RUNNING;
+            mg_req_start(&q->life);
             req_plan(q, 1);
             q->parts[0].grouped = 1;
             *tail = &q->parts[0];
@@ -783,7 +773,6 @@ static void req_start(xfer_req *r)
     memcpy(r->token, p->token, sizeof(r->token));
     snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
     r->data_port = p->data_port;
-    r->state = ST_PENDING;
     r->next_ready = NULL;
     if (p->ready_tail)
         p->ready_tail->next_ready = r;
@@ -809,7 +798,7 @@ static void release_waiting(peer_ent *p)
         next = r->next_wait;
         if (p->state == PEER_OPEN) {
             req_start(r);
-        } else if (r->requeued && r->msg) { /* both: why it asked again, and what then */
+        } else if (r->life.requeued && r->msg) { /* both: why it asked again, and what then */
             char both[600];
             snprintf(both, sizeof(both), "%.180s; then a new session: %.200s", r->msg, p->err);
             req_end(r, p->err_code, both);
@@ -934,8 +923,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
 static void session_retry(xfer_req *r)
 {
     peer_ent *p = r->peer;
-    r->requeued = 1;
-    r->state = ST_PENDING;
+    mg_req_requeue(&r->life);
     for (unsigned i = 0; i < r->nparts; i++)
         __atomic_store_n(&r->parts[i].progress, 0, __ATOMIC_RELAXED);
     if (p->state == PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
@@ -1028,7 +1016,7 @@ static void note_end(xfer_note *n, int state, int code, const char *msg)
     n->state = state;
     n->code = code;
     snprintf(n->msg, sizeof(n->msg), "%s", msg ? msg : "");
-    n->b->notes_over++;
+    mg_batch_note_over(&n->b->counts, state == NOTE_FAILED);
     if (state == NOTE_SENT)
         n->peer->gw->xfer_stats.notes_sent++;
     else
@@ -1593,7 +1581,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         b->id = mg_mix64(++ts->counter);
     } while (b->id == 0);
     snprintf(b->tenant, sizeof(b->tenant), "%s", TENANT);
-    b->n = (size_t)count;
+    b->n = b->counts.n = (size_t)count;
     b->gw = gw;
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
     /* The whole batch is checked before anything moves. */
@@ -1690,7 +1678,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                 n->writes_left++;
         }
     }
-    b->nnotes = req->n_notify;
+    b->nnotes = b->counts.notes = req->n_notify;
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (remote_check(call, b) == 0)
@@ -2066,7 +2054,7 @@ void mg_svc_transfer_stop(mg_gateway *gw)
         return;
     for (xfer_batch *b = gw->transfer->batches; b; b = b->next) {
         for (size_t i = 0; i < b->n; i++) {
-            if (b->reqs[i].state == ST_RUNNING)
+            if (b->reqs[i].life.state == MG_REQ_RUNNING)
                 __atomic_store_n(&b->reqs[i].stop, MG_ERR_SHUTDOWN, __ATOMIC_RELEASE);
         }
     }

@@ -80,9 +80,15 @@ static void test_truncation_magic_version_checksum(void)
     b[0] = 'X';
     CU_ASSERT_EQUAL(mg_df_decode(b, 4, 1 << 20, &out), MG_DF_BAD_MAGIC); /* known early */
     mg_df_encode(&h, b);
-    b[4] = 2; /* a newer peer: refused as soon as the version byte is there */
+    b[4] = MG_DF_VERSION + 1; /* a newer peer: refused as soon as the version byte is there */
     CU_ASSERT_EQUAL(mg_df_decode(b, 5, 1 << 20, &out), MG_DF_BAD_VERSION);
-    CU_ASSERT_EQUAL(out.version, 2);
+    CU_ASSERT_EQUAL(out.version, MG_DF_VERSION + 1);
+    b[4] = MG_DF_VERSION_MIN - 1; /* older than any this build speaks */
+    CU_ASSERT_EQUAL(mg_df_decode(b, 5, 1 << 20, &out), MG_DF_BAD_VERSION);
+    for (unsigned v = MG_DF_VERSION_MIN; v <= MG_DF_VERSION; v++) { /* each spoken one */
+        b[4] = (uint8_t)v;
+        CU_ASSERT_EQUAL(mg_df_decode(b, 5, 1 << 20, &out), MG_DF_NEED_MORE);
+    }
     mg_df_encode(&h, b);
     b[30] ^= 0x40; /* a flipped bit anywhere in the header */
     CU_ASSERT_EQUAL(mg_df_decode(b, sizeof(b), 1 << 20, &out), MG_DF_BAD_CRC);

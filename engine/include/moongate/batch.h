@@ -1,0 +1,61 @@
+/*
+ * moongate transfer batch state: the life of each request of a batch and what the batch as a
+ * whole says, kept apart from the gRPC service so that every transition can be tested.
+ *
+ *   PENDING --start--> RUNNING --end(ok)--> DONE
+ *      ^                  |  \
+ *      +-----requeue------+   `--end(err)--> FAILED
+ *   PENDING --end(err)--> FAILED          (cancelled or timed out before it ran)
+ *
+ * A request goes back from RUNNING to PENDING at most once (its peer restarted: a new session
+ * is asked for). An ended request never changes again: a second end is refused, so the batch's
+ * counts cannot run ahead of its requests. The batch is over when every request has ended and
+ * every notification it carries was sent or failed; it then says FAILED if any of them failed,
+ * DONE otherwise, and RUNNING until then.
+ */
+#ifndef MOONGATE_BATCH_H
+#define MOONGATE_BATCH_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The values are those of moongate.v1.RequestState. */
+typedef enum {
+    MG_REQ_PENDING = 0,
+    MG_REQ_RUNNING = 1,
+    MG_REQ_DONE = 2,
+    MG_REQ_FAILED = 3,
+} mg_req_state;
+
+typedef struct mg_req_life {
+    mg_req_state state;
+    int requeued; /* went back to PENDING once */
+} mg_req_life;
+
+typedef struct mg_batch_counts {
+    size_t n;            /* requests */
+    size_t done, failed; /* requests ended */
+    size_t notes;        /* notifications */
+    size_t notes_over, notes_failed;
+} mg_batch_counts;
+
+/* Each returns 0, or -1 (nothing changed) when the request is not in a state that allows it. */
+int mg_req_start(mg_req_life *r);
+int mg_req_requeue(mg_req_life *r);
+/* Ends r: DONE when failed is 0, else FAILED; counts it in c. */
+int mg_req_end(mg_req_life *r, mg_batch_counts *c, int failed);
+/* A notification of the batch was sent (failed 0) or failed. -1 when all are already over. */
+int mg_batch_note_over(mg_batch_counts *c, int failed);
+
+int mg_batch_over(const mg_batch_counts *c);
+/* RUNNING until over, then FAILED or DONE (as mg_req_state values). */
+mg_req_state mg_batch_state(const mg_batch_counts *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
