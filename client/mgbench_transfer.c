@@ -5,7 +5,7 @@
  *
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
  *                    [--ops write,read] [--bytes 256M] [--threads N] [--big 1G]
- *                    [--per-request] [--json]
+ *                    [--per-request] [--submit-wait] [--json]
  *
  * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
  * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
@@ -15,7 +15,8 @@
  * run, the average and p99 time from Submit to the batch's end, and the average time Submit
  * itself took. Batches go in SubmitRequest's compact `blocks` form; --per-request sends a
  * TransferRequest message per block instead. --big adds one request of that size each way (the
- * 1 GiB case). --json prints
+ * 1 GiB case). --submit-wait asks Submit to answer at the batch's end (SubmitRequest.wait: one
+ * call instead of Submit then Wait). --json prints
  * the same as one JSON object per line. Exit status 0 when every batch ended DONE.
  */
 #include "mgbench.h"
@@ -140,6 +141,7 @@ typedef struct {
     unsigned batch, batches;
     unsigned index, threads; /* this thread's slice of the segments */
     int per_request;         /* a TransferRequest per block instead of the Blocks form */
+    int submit_wait;         /* Submit answers at the end: no Wait */
     /* results */
     double *latency; /* seconds, one per batch */
     double submit_sum;
@@ -194,6 +196,7 @@ static void *worker_main(void *arg)
             uint64_t off = base_off + ((uint64_t)k * w->batch + i) % per * w->block;
             reqs[i].local_offset = reqs[i].remote_offset = offsets[i] = off;
         }
+        sr.wait = w->submit_wait;
         if (w->per_request) {
             sr.requests = ptrs;
             sr.n_requests = w->batch;
@@ -211,14 +214,27 @@ static void *worker_main(void *arg)
         }
         t1 = now_s();
         gr.id = resp->batch_id;
-        moongate__v1__submit_response__free_unpacked(resp, NULL);
-        free(r.resp);
-        if (call(cn.c, cn.base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
-            (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
-            snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
-            w->failed = 1;
+        if (w->submit_wait) { /* the batch at its end came with the answer */
+            b = resp->batch;
+            resp->batch = NULL;
+            moongate__v1__submit_response__free_unpacked(resp, NULL);
             free(r.resp);
-            break;
+            r.resp = NULL;
+            if (b == NULL) {
+                snprintf(w->error, sizeof(w->error), "Submit(wait) answered no batch");
+                w->failed = 1;
+                break;
+            }
+        } else {
+            moongate__v1__submit_response__free_unpacked(resp, NULL);
+            free(r.resp);
+            if (call(cn.c, cn.base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
+                (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
+                snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
+                w->failed = 1;
+                free(r.resp);
+                break;
+            }
         }
         w->latency[k] = now_s() - t0;
         w->submit_sum += t1 - t0;
@@ -248,7 +264,7 @@ typedef struct {
     const char *target, *peer;
     uint64_t local_id, remote_id, seg_bytes, bytes;
     unsigned threads;
-    int json, per_request;
+    int json, per_request, submit_wait;
 } setup;
 
 /* One configuration; prints its line. Returns 0 when every batch ended DONE. */
@@ -285,6 +301,7 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
                         .index = i,
                         .threads = s->threads,
                         .per_request = s->per_request,
+                        .submit_wait = s->submit_wait,
                         .latency = calloc(batches, sizeof(double))};
         pthread_create(&th[i], NULL, worker_main, &w[i]);
     }
@@ -319,10 +336,10 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
             printf("{\"op\":\"%s\",\"block_bytes\":%" PRIu64 ",\"batch\":%u,\"threads\":%u,"
                    "\"batches\":%zu,\"gbytes_per_s\":%.3f,\"latency_avg_us\":%.1f,"
                    "\"latency_p50_us\":%.1f,\"latency_p99_us\":%.1f,\"submit_avg_us\":%.1f,"
-                   "\"ok\":%s}\n",
+                   "\"submit_wait\":%s,\"ok\":%s}\n",
                    write ? "write" : "read", block, batch, s->threads, n, bytes / secs / 1e9,
                    avg * 1e6, p50 * 1e6, p99 * 1e6, n ? submit / (double)n * 1e6 : 0,
-                   failed ? "false" : "true");
+                   s->submit_wait ? "true" : "false", failed ? "false" : "true");
         else
             printf("%-5s %9s x %-5u %2u thr %6zu batches %8.3f GB/s  latency avg %10.1f p50 "
                    "%10.1f p99 %10.1f us  submit %8.1f us%s\n",
@@ -420,7 +437,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
-               "           [--big 1G] [--per-request] [--json]\n"
+               "           [--big 1G] [--per-request] [--submit-wait] [--json]\n"
                "A, B: h2c control endpoints of two daemons (B as A reaches it).\n");
 }
 
@@ -440,6 +457,8 @@ int mgbench_transfer_main(int argc, char **argv)
             s.json = 1;
         } else if (!strcmp(a, "--per-request")) {
             s.per_request = 1;
+        } else if (!strcmp(a, "--submit-wait")) {
+            s.submit_wait = 1;
         } else if (v && !strcmp(a, "--target")) {
             s.target = v, i++;
         } else if (v && !strcmp(a, "--peer")) {

@@ -108,6 +108,7 @@ typedef struct xfer_batch {
     uint32_t timeout_ms;
     uint64_t end_ms;                     /* when it was over (0: not yet) */
     char request_id[REQUEST_ID_MAX + 1]; /* the client's, or "" */
+    int wait;                            /* its Submit answers at the end */
     struct event *timer;                 /* the batch's timeout */
     struct event *wait_ev;               /* the next progress report to Wait calls */
     mg_gateway *gw;
@@ -124,6 +125,7 @@ typedef struct xfer_batch {
 typedef struct bwatch {
     mg_call *call;
     xfer_batch *b;
+    int submit; /* a Submit with `wait`: no progress, one SubmitResponse at the end */
     struct bwatch *next;
 } bwatch;
 
@@ -263,7 +265,28 @@ static void batch_msg_free(batch_msg *m)
     free(m->nptrs);
 }
 
-/* Tells the Wait calls of b where it stands; ends them when it is over. */
+/* The answer of a Submit with `wait`: the batch id and the batch as m says. */
+static void submit_answer(mg_call *call, const xfer_batch *b, batch_msg *m)
+{
+    Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
+    resp.batch_id = b->id;
+    resp.batch = &m->msg;
+    mg_call_reply(call, &resp.base);
+}
+
+static void submit_answer_now(mg_call *call, const xfer_batch *b)
+{
+    batch_msg m;
+    if (batch_msg_fill(&m, b) != 0) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    submit_answer(call, b, &m);
+    batch_msg_free(&m);
+}
+
+/* Tells the Wait calls of b where it stands; ends them, and answers the Submits that wait,
+ * when it is over. */
 static void batch_tell(xfer_batch *b)
 {
     batch_msg m;
@@ -272,10 +295,15 @@ static void batch_tell(xfer_batch *b)
         return;
     for (bwatch *w = b->watchers, *next; w; w = next) {
         next = w->next;
-        if (over || mg_call_writable(w->call)) /* a slow reader gets the latest later */
+        if (w->submit) {
+            if (over)
+                submit_answer(w->call, b, &m);
+        } else if (over || mg_call_writable(w->call)) { /* a slow reader gets the latest later */
             mg_call_send(w->call, &m.msg.base);
+        }
         if (over) {
-            mg_call_finish(w->call, MG_GRPC_OK, NULL);
+            if (!w->submit)
+                mg_call_finish(w->call, MG_GRPC_OK, NULL);
             mg_call_set_data(w->call, NULL);
             mg_call_unref(w->call);
             free(w);
@@ -588,6 +616,7 @@ static int part_work(void *arg)
 }
 
 static void session_retry(xfer_req *r);
+static int watch_add(mg_call *call, xfer_batch *b, int submit);
 static void submit_go(mg_call *call, xfer_batch *b);
 static int remote_check(mg_call *call, xfer_batch *b);
 static void pump(struct mg_transfer_svc *ts);
@@ -1388,11 +1417,11 @@ static void submit_wait_end(submit_wait *sw)
 {
     mg_call *call = sw->call;
     submit_wait_unlink(sw);
+    mg_call_set_data(call, NULL); /* submit_go may set its own (a Submit with `wait`) */
     if (mg_call_done(call) || remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) != 0)
         batch_abandon(sw->b); /* the caller left, or the batch cannot run */
     else
         submit_go(call, sw->b);
-    mg_call_set_data(call, NULL);
     mg_call_unref(call);
     free(sw->keys);
     free(sw);
@@ -1532,7 +1561,10 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         for (xfer_batch *o = ts->batches; o; o = o->next) {
             if (!strcmp(o->request_id, req->request_id) && !strcmp(o->tenant, TENANT)) {
                 again.batch_id = o->id;
-                mg_call_reply(call, &again.base);
+                if (req->wait && batch_over(o))
+                    submit_answer_now(call, o);
+                else if (!req->wait || watch_add(call, o, 1) != 0)
+                    mg_call_reply(call, &again.base);
                 return;
             }
         }
@@ -1680,6 +1712,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     }
     b->nnotes = b->counts.notes = req->n_notify;
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
+    b->wait = req->wait;
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (remote_check(call, b) == 0)
         submit_go(call, b);
@@ -1711,7 +1744,8 @@ static void submit_go(mg_call *call, xfer_batch *b)
     ts->nbatches++;
     forget_oldest(ts, gw->cfg->max_batches);
     resp.batch_id = b->id;
-    mg_call_reply(call, &resp.base);
+    if (!b->wait || watch_add(call, b, 1) != 0) /* out of memory: the id now, at least */
+        mg_call_reply(call, &resp.base);
 
     for (i = 0; i < b->n; i++) {
         xfer_req *r = &b->reqs[i];
@@ -1769,11 +1803,26 @@ static void get_message(mg_call *call, const ProtobufCMessage *m)
         reply_batch(call, b);
 }
 
+/* call hears of b until it ends (Wait), or is answered then (Submit with `wait`). */
+static int watch_add(mg_call *call, xfer_batch *b, int submit)
+{
+    bwatch *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return -1;
+    w->call = call;
+    w->b = b;
+    w->submit = submit;
+    w->next = b->watchers;
+    b->watchers = w;
+    mg_call_ref(call);
+    mg_call_set_data(call, w);
+    return 0;
+}
+
 static void wait_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__GetBatchRequest *req = (const void *)m;
     xfer_batch *b = batch_for(call, req->id);
-    bwatch *w;
     batch_msg bm;
     if (b == NULL)
         return;
@@ -1787,17 +1836,8 @@ static void wait_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_finish(call, MG_GRPC_OK, NULL);
         return;
     }
-    w = calloc(1, sizeof(*w));
-    if (w == NULL) {
+    if (watch_add(call, b, 0) != 0)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
-    }
-    w->call = call;
-    w->b = b;
-    w->next = b->watchers;
-    b->watchers = w;
-    mg_call_ref(call);
-    mg_call_set_data(call, w);
 }
 
 static void wait_cancel(mg_call *call)
@@ -1886,8 +1926,12 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
 static const mg_method transfer_methods[] = {
     MG_UNARY("/moongate.v1.Transfer/ListPeers", &moongate__v1__list_peers_request__descriptor,
              &moongate__v1__list_peers_response__descriptor, list_peers_message),
-    MG_UNARY("/moongate.v1.Transfer/Submit", &moongate__v1__submit_request__descriptor,
-             &moongate__v1__submit_response__descriptor, submit_message),
+    {.path = "/moongate.v1.Transfer/Submit",
+     .kind = MG_RPC_UNARY,
+     .in = &moongate__v1__submit_request__descriptor,
+     .out = &moongate__v1__submit_response__descriptor,
+     .on_message = submit_message,
+     .on_cancel = wait_cancel}, /* with `wait` */
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
              &moongate__v1__batch__descriptor, get_message),
     MG_UNARY("/moongate.v1.Transfer/Cancel", &moongate__v1__get_batch_request__descriptor,
@@ -2033,11 +2077,15 @@ void mg_svc_transfer_drain(mg_gateway *gw)
         while (b->watchers) {
             bwatch *w = b->watchers;
             b->watchers = w->next;
-            if (have)
-                mg_call_send(w->call, &m.msg.base);
             mg_call_set_data(w->call, NULL);
-            mg_call_finish(w->call, MG_GRPC_UNAVAILABLE,
-                           "the daemon is draining; the batch goes on until it stops");
+            if (w->submit && have) { /* the batch id, and where it stands */
+                submit_answer(w->call, b, &m);
+            } else {
+                if (have && !w->submit)
+                    mg_call_send(w->call, &m.msg.base);
+                mg_call_finish(w->call, MG_GRPC_UNAVAILABLE,
+                               "the daemon is draining; the batch goes on until it stops");
+            }
             mg_call_unref(w->call);
             free(w);
         }

@@ -124,9 +124,11 @@ transfer)
         --blocks 64M --batches 4 --threads 1 --bytes 4G --json | tee /dev/stderr) || rc=$?
     out5=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
         --blocks 4K --batches 4096 --ops write --bytes 64M --json | tee /dev/stderr) || rc=$?
+    out6=$("$build/mgbench" transfer --target "127.0.0.1:$port_a" --peer "127.0.0.1:$port_b" \
+        --blocks 4K --batches 1 --ops write --bytes 8M --submit-wait --json | tee /dev/stderr) || rc=$?
     kill -TERM "${pids[@]}"; wait "${pids[@]}" || true
     rm -rf "$shm"
-    printf '%s\n%s\n%s\n%s\n' "$out" "$out4" "$out1" "$out5" | /usr/bin/python3 tests/bench/transfer_report.py \
+    printf '%s\n%s\n%s\n%s\n%s\n' "$out" "$out4" "$out1" "$out5" "$out6" | /usr/bin/python3 tests/bench/transfer_report.py \
         --iperf "$iperf" --tag "$tag" --put "$put"
     exit $rc
     ;;

@@ -189,6 +189,57 @@ def test_json_routes_with_curl(make_daemon):
     assert got["state"] == "DONE" and got["done"] == 1
 
 
+def test_submit_with_wait_answers_at_the_end(make_daemon):
+    """Submit(wait) answers once the batch has ended, with its status; its call's deadline
+    ends only the call (the batch goes on, found again by request_id); JSON too."""
+    import json
+    import signal
+    from conftest import curl
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 64 * MiB)
+    dst = register(b, "dst", 64 * MiB, remote=True)
+    data = os.urandom(MiB)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:MiB] = data
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        resp = t.Submit(transfer_pb2.SubmitRequest(wait=True, requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, MiB)]), timeout=30)
+        assert resp.batch_id and resp.batch.id == resp.batch_id
+        assert resp.batch.state == transfer_pb2.DONE and resp.batch.requests[0].bytes_done == MiB
+        with open(dst.path, "rb") as f:
+            assert f.read(MiB) == data  # in place when the answer came
+        resp = t.Submit(transfer_pb2.SubmitRequest(wait=True, requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, MiB),
+            req(transfer_pb2.WRITE, src.id, "127.0.0.1:1", dst.id, MiB)]), timeout=30)
+        assert resp.batch.state == transfer_pb2.FAILED and (resp.batch.done, resp.batch.failed) \
+            == (1, 1)
+        assert resp.batch.requests[1].code == grpc.StatusCode.UNAVAILABLE.value[0]
+        without = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, MiB)]), timeout=30)
+        assert without.batch_id and not without.HasField("batch")  # at once, as before
+        b.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(grpc.RpcError) as e:
+                t.Submit(transfer_pb2.SubmitRequest(wait=True, request_id="big", requests=[
+                    req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 64 * MiB)]), timeout=1)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            b.signal(signal.SIGCONT)
+        again = t.Submit(transfer_pb2.SubmitRequest(wait=True, request_id="big", requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 64 * MiB)]), timeout=30)
+        assert again.batch.state == transfer_pb2.DONE and len(again.batch.requests) == 1
+        assert again.batch.requests[0].bytes_done == 64 * MiB
+    assert a.metric("moongate_transfer_requests_total", op="write", result="done") == 4
+    body = json.dumps({"wait": True, "requests": [{
+        "op": "WRITE", "localSegment": str(src.id), "peer": b.h2c,
+        "remoteSegment": str(dst.id), "length": "4096"}]})
+    rc, out, err = curl("--http2-prior-knowledge", "-H", "content-type: application/json",
+                        "-d", body, "http://%s/v1/transfers" % a.h2c)
+    got = json.loads(out)
+    assert rc == 0 and got["batch"]["state"] == "DONE" and got["batch"]["id"] == got["batchId"]
+
+
 def test_wait_streams_progress_until_the_batch_ends(make_daemon):
     a, b = two_daemons(make_daemon)
     src = register(a, "src", 4 * MiB)
