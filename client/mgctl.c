@@ -243,11 +243,14 @@ static int cmd_info(const ctl *c)
     for (size_t i = 0; i < r->n_features; i++)
         printf(" %s", r->features[i]);
     printf("\n");
-    for (size_t i = 0; i < r->n_transports; i++)
+    for (size_t i = 0; i < r->n_transports; i++) {
         printf("transport   %-5s %s%s%s%s%s\n", r->transports[i]->name,
                r->transports[i]->available ? "available" : "unavailable",
                r->transports[i]->endpoint[0] ? " at " : "", r->transports[i]->endpoint,
                r->transports[i]->reason[0] ? ": " : "", r->transports[i]->reason);
+        for (size_t k = 0; k < r->transports[i]->n_devices; k++)
+            printf("            device %s\n", r->transports[i]->devices[k]);
+    }
     protobuf_c_message_free_unpacked(reply, NULL);
     return 0;
 }

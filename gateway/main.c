@@ -7,6 +7,7 @@
 #include "mg_gateway.h"
 #include "mg_log.h"
 #include "moongate/engine.h"
+#include "moongate/rdma.h"
 
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -59,6 +60,30 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     mg_gateway_drain(gw);
 }
 
+/* Opens the RDMA devices, or says why TCP carries the bytes. Returns -1 only when RDMA is
+ * required and unavailable. */
+static int open_rdma(const mg_config *cfg, mg_rdma **out, char *why, size_t cap)
+{
+    mg_rdma_config rc = {cfg->ibverbs_lib, cfg->rdma_devices, (int)cfg->rdma_gid_index};
+    if (cfg->ibverbs_lib[0] == '\0')
+        snprintf(why, cap, "RDMA is off (--ibverbs-lib \"\")");
+    else if (mg_rdma_open(out, &rc, why, cap) == 0) {
+        for (int i = 0; i < mg_rdma_device_count(*out); i++) {
+            mg_rdma_device_info d;
+            mg_rdma_device(*out, i, &d);
+            mg_info("rdma_device", "lib=%s device=%s port=%u mtu=%u link=%s gid=%s lid=%u",
+                    mg_rdma_lib(*out), d.name, d.port, d.mtu, d.roce ? "roce" : "ib", d.gid, d.lid);
+        }
+        return 0;
+    }
+    if (cfg->require_rdma) {
+        mg_error("rdma_required", "reason=\"%s\" hint=\"--require-rdma is set\"", why);
+        return -1;
+    }
+    mg_info("rdma_unavailable", "reason=\"%s\" transport=tcp", why);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     mg_config cfg;
@@ -66,6 +91,8 @@ int main(int argc, char **argv)
     struct event_base *base = NULL;
     struct event *sigterm = NULL, *sigint = NULL;
     mg_engine *engine = NULL, *io = NULL;
+    mg_rdma *rdma = NULL;
+    char rdma_why[300] = "";
     mg_gateway *gw = NULL;
     mg_log_level level;
     int rc, exit_code = 1;
@@ -119,6 +146,8 @@ int main(int argc, char **argv)
         goto out;
     if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
         goto out;
+    if (open_rdma(&cfg, &rdma, rdma_why, sizeof(rdma_why)) != 0)
+        goto out;
     {
         mg_engine_config ec = {(unsigned)cfg.workers,
                                (unsigned)cfg.queue_depth,
@@ -127,7 +156,8 @@ int main(int argc, char **argv)
                                 .max_segments = cfg.max_segments,
                                 .max_registered_bytes = cfg.max_registered_bytes,
                                 .max_tenant_segments = cfg.max_tenant_segments,
-                                .file_gid = shm_gid}};
+                                .file_gid = shm_gid,
+                                .rdma = rdma}};
         mg_engine_config ic = {(unsigned)cfg.io_threads, (unsigned)cfg.queue_depth, {0}};
         rc = mg_engine_new(&engine, &ec);
         if (rc == 0)
@@ -148,6 +178,8 @@ int main(int argc, char **argv)
         goto out;
     }
     gw->io = io;
+    gw->rdma = rdma;
+    snprintf(gw->rdma_why, sizeof(gw->rdma_why), "%s", rdma_why);
     sigterm = evsignal_new(base, SIGTERM, signal_cb, gw);
     sigint = evsignal_new(base, SIGINT, signal_cb, gw);
     if (sigterm == NULL || sigint == NULL || evsignal_add(sigterm, NULL) != 0 ||
@@ -174,7 +206,8 @@ out:
     mg_engine_stop(engine);
     mg_gateway_del(gw); /* drains the completions of the jobs the workers gave up */
     mg_engine_del(io);
-    mg_engine_del(engine);
+    mg_engine_del(engine); /* its segments are deregistered from the devices as they go */
+    mg_rdma_close(rdma);
     if (base) {
         /* Connections closed last still have deferred bufferevent callbacks: let them run so
          * the bufferevents are freed, not abandoned with the base. */

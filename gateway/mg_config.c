@@ -122,6 +122,15 @@ static const opt_def opts[] = {
     {"io-threads", T_UINT, O(io_threads), "4", 1, 256,
      "transport threads: they move the slices of transfers to and from peers, apart from the "
      "workers (a large transfer does not hold up registrations and copies)"},
+    {"ibverbs-lib", T_STR, O(ibverbs_lib), "libibverbs.so.1", 0, 0,
+     "the verbs library loaded at start for RDMA (the daemon does not link it); empty: RDMA off"},
+    {"rdma-devices", T_STR, O(rdma_devices), "", 0, 0,
+     "RDMA devices to use, comma-separated (each must be present and have an active port); "
+     "empty: every usable one"},
+    {"rdma-gid-index", T_UINT, O(rdma_gid_index), "0", 0, 255,
+     "GID table index for RoCE (the RoCE v2 entry of the node's address)"},
+    {"require-rdma", T_BOOL, O(require_rdma), "false", 0, 1,
+     "refuse to start without a usable RDMA device (otherwise TCP carries the bytes)"},
     {"queue-depth", T_UINT, O(queue_depth), "1024", 1, 1048576,
      "engine jobs queued or running at most; beyond it calls get RESOURCE_EXHAUSTED"},
     {"max-message-bytes", T_SIZE, O(max_message_bytes), "4M", 1024, 1 * GiB,

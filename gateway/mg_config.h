@@ -59,6 +59,10 @@ typedef struct mg_config {
     uint64_t notify_max_bytes;
     uint64_t workers;
     uint64_t io_threads;
+    char *ibverbs_lib;  /* "": RDMA off */
+    char *rdma_devices; /* "": every usable one */
+    uint64_t rdma_gid_index;
+    int require_rdma;
     uint64_t queue_depth;
     uint64_t max_message_bytes;
     uint64_t max_concurrent_streams;

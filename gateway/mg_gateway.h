@@ -199,6 +199,8 @@ struct mg_gateway {
     const mg_config *cfg;
     mg_engine *engine;
     mg_engine *io; /* the transport threads (--io-threads): data-plane jobs of transfers */
+    struct mg_rdma *rdma; /* the RDMA devices, or NULL (rdma_why says why) */
+    char rdma_why[300];
     mg_cq *cq;
     struct event *cq_event;
     void *ssl_ctx; /* SSL_CTX, NULL when TLS is off */

@@ -7,6 +7,7 @@
 
 #include "moongate/dataplane.h"
 #include "moongate/pool.h"
+#include "moongate/rdma.h"
 
 #include <event2/buffer.h>
 #include <string.h>
@@ -441,6 +442,36 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         "moongate_engine_jobs_completed_total %llu\n",
         es.workers, es.queue_depth, es.in_flight, (unsigned long long)es.submitted,
         (unsigned long long)es.rejected, (unsigned long long)es.completed);
+    {
+        int n = mg_rdma_device_count(gw->rdma);
+        mg_rdma_stats rs = {0};
+        if (gw->rdma)
+            mg_rdma_get_stats(gw->rdma, &rs);
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_rdma_devices RDMA devices in use (0: TCP carries every byte).\n"
+            "# TYPE moongate_rdma_devices gauge\nmoongate_rdma_devices %d\n"
+            "# HELP moongate_rdma_memory_regions Registrations with the RDMA devices.\n"
+            "# TYPE moongate_rdma_memory_regions gauge\nmoongate_rdma_memory_regions %llu\n"
+            "# HELP moongate_rdma_registered_bytes Bytes registered with the RDMA devices.\n"
+            "# TYPE moongate_rdma_registered_bytes gauge\nmoongate_rdma_registered_bytes %llu\n"
+            "# HELP moongate_rdma_registrations_failed_total RDMA registrations that failed.\n"
+            "# TYPE moongate_rdma_registrations_failed_total counter\n"
+            "moongate_rdma_registrations_failed_total %llu\n",
+            n, (unsigned long long)rs.mrs, (unsigned long long)rs.mr_bytes,
+            (unsigned long long)rs.reg_failed);
+        if (n > 0)
+            evbuffer_add_printf(out, "# HELP moongate_rdma_device RDMA devices and their ports.\n"
+                                     "# TYPE moongate_rdma_device gauge\n");
+        for (int i = 0; i < n; i++) {
+            mg_rdma_device_info d;
+            mg_rdma_device(gw->rdma, i, &d);
+            evbuffer_add_printf(out,
+                                "moongate_rdma_device{device=\"%s\",port=\"%u\",link=\"%s\","
+                                "mtu=\"%u\"} 1\n",
+                                d.name, d.port, d.roce ? "roce" : "ib", d.mtu);
+        }
+    }
     if (gw->io) {
         mg_engine_get_stats(gw->io, &es);
         evbuffer_add_printf(

@@ -4,6 +4,7 @@
  */
 #include "mg_gateway.h"
 
+#include "moongate/rdma.h"
 #include "moongate/v1/daemon.pb-c.h"
 
 #include <stdio.h>
@@ -15,6 +16,8 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__InfoResponse resp = MOONGATE__V1__INFO_RESPONSE__INIT;
     Moongate__V1__TransportInfo tcp = MOONGATE__V1__TRANSPORT_INFO__INIT;
     Moongate__V1__TransportInfo rdma = MOONGATE__V1__TRANSPORT_INFO__INIT;
+    char devs[MG_RDMA_MAX_DEVICES][160], *devp[MG_RDMA_MAX_DEVICES];
+    int ndev;
     Moongate__V1__TransportInfo *transports[2] = {&tcp, &rdma};
     char *features[10];
     size_t nf = 0;
@@ -53,7 +56,19 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     }
     rdma.name = "rdma";
     rdma.available = 0;
-    rdma.reason = "RDMA data plane not in this build yet";
+    ndev = mg_rdma_device_count(gw->rdma);
+    for (int i = 0; i < ndev && i < MG_RDMA_MAX_DEVICES; i++) {
+        mg_rdma_device_info d;
+        mg_rdma_device(gw->rdma, i, &d);
+        snprintf(devs[i], sizeof(devs[i]), "%s port %u mtu %u %s gid %s", d.name, d.port, d.mtu,
+                 d.roce ? "roce" : "ib", d.gid);
+        devp[i] = devs[i];
+    }
+    rdma.devices = devp;
+    rdma.n_devices = (size_t)ndev;
+    rdma.reason = ndev ? "memory is registered with the devices, but RDMA transfers are not "
+                         "implemented yet: TCP carries the bytes"
+                       : gw->rdma_why;
     resp.transports = transports;
     resp.n_transports = 2;
     resp.workers = es.workers;

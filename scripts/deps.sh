@@ -7,6 +7,7 @@ pkgs=(
     build-essential cmake pkg-config clang clang-format
     libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev
     libevent-dev libssl-dev libcunit1-dev libjansson-dev
+    libibverbs-dev  # verbs headers: the daemon opens libibverbs at run time, never links it
     python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-h2
     curl nghttp2-client openssl ca-certificates procps iproute2
     "$@"

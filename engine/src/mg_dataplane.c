@@ -322,10 +322,11 @@ static void *conn_main(void *arg)
             reply.type = MG_DF_WRITE_ACK;
             reply.length = h.length;
             reply.status = st;
-            rc = send_frame(c->fd, &reply, NULL, 0, timeout, NULL);
+            /* Counted before the ack: whoever the ack reaches sees the counters include it. */
             count(s, st == ST_OK ? &s->stats.slices_in : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_in, h.length);
+            rc = send_frame(c->fd, &reply, NULL, 0, timeout, NULL);
         } else {
             reply.type = MG_DF_READ_DATA;
             reply.status = st;
@@ -334,10 +335,10 @@ static void *conn_main(void *arg)
                 reply.flags |= MG_DF_CRC;
                 reply.payload_crc = mg_crc32c(0, addr, h.length);
             }
-            rc = send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
+            rc = send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
         }
         target_done(s, &tgt);
         if (rc != 0)

@@ -12,6 +12,7 @@
  * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED.
  */
 #include "moongate/segment.h"
+#include "moongate/rdma.h"
 
 #include "mg_hash.h"
 #include "mg_log.h"
@@ -50,6 +51,7 @@ struct mg_segment {
     mg_seg_state state;
     uint32_t refs;
     mg_seg_transport transports[MG_TRANSPORT_COUNT];
+    mg_rdma_mr *mr;                 /* its registration with the RDMA devices */
     int cancel;                     /* set by mg_segment_cancel (any thread), read between chunks */
     char holder[MG_SEG_HOLDER_MAX]; /* who took the latest reference */
     int fd;
@@ -75,6 +77,7 @@ struct mg_registry {
     unsigned file_mode;
     unsigned file_gid;
     uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments;
+    mg_rdma *rdma;
     tenant_count *tenants;
     size_t nbuckets;
     mg_segment **by_id, **by_name, **by_req;
@@ -190,6 +193,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     while (nb < cfg->max_segments)
         nb <<= 1;
     reg->nbuckets = nb;
+    reg->rdma = cfg->rdma;
     reg->by_id = calloc(nb, sizeof(*reg->by_id));
     reg->by_name = calloc(nb, sizeof(*reg->by_name));
     reg->by_req = calloc(nb, sizeof(*reg->by_req));
@@ -715,6 +719,18 @@ int mg_segment_map(mg_segment *seg)
         goto fail;
     /* The TCP data plane serves a remote-accessible segment from this mapping. */
     seg->transports[MG_TRANSPORT_TCP].registered = seg->remote_accessible;
+    if (seg->reg->rdma) { /* pins the pages on every device; remote access only if asked */
+        char why[256];
+        rc = mg_rdma_reg(seg->reg->rdma, seg->addr, seg->size, seg->remote_accessible, &seg->mr,
+                         why, sizeof(why));
+        if (rc != 0) {
+            set_error(seg, "RDMA registration: %s", why);
+            goto fail;
+        }
+        seg->transports[MG_TRANSPORT_RDMA].registered = seg->remote_accessible;
+        seg->transports[MG_TRANSPORT_RDMA].lkey = mg_rdma_mr_lkey(seg->mr, 0);
+        seg->transports[MG_TRANSPORT_RDMA].rkey = mg_rdma_mr_rkey(seg->mr, 0);
+    }
     return 0;
 
 fail:
@@ -736,6 +752,11 @@ void mg_segment_unmap(mg_segment *seg)
 static void unmap_files(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
+    if (seg->mr) { /* the devices let go of the pages before they are unmapped */
+        mg_rdma_dereg(seg->mr);
+        seg->mr = NULL;
+        memset(&seg->transports[MG_TRANSPORT_RDMA], 0, sizeof(seg->transports[0]));
+    }
     if (seg->addr) {
         /* In chunks, so the mmap lock is released between them (see lock_pages). */
         for (uint64_t off = 0; off < seg->size; off += CHUNK)

@@ -53,6 +53,9 @@ typedef struct mg_registry_config {
     uint64_t max_segment_bytes;    /* largest single segment; 0: no limit of its own */
     uint64_t max_tenant_segments;  /* segments of one tenant; 0: only max_segments */
     unsigned file_gid;             /* group of files the daemon creates; 0: the daemon's */
+    /* RDMA devices (moongate/rdma.h) every segment is registered with once mapped, on the
+     * worker that maps it; NULL: none. Segments are deregistered before they are unmapped. */
+    struct mg_rdma *rdma;
 } mg_registry_config;
 
 typedef struct mg_segment_spec {

@@ -1,0 +1,85 @@
+/*
+ * moongate RDMA: libibverbs opened at run time, its devices and their registrations.
+ *
+ * The daemon is built against the verbs headers only and never linked with libibverbs: at start
+ * mg_rdma_open() loads the library with dlopen (`lib`, default "libibverbs.so.1"), resolves the
+ * entry points it uses into a table (ibv_post_send, ibv_poll_cq and friends are inline calls
+ * through the device context's ops and need none; ibv_reg_mr and ibv_query_port are macros over
+ * exported functions, which are what is resolved), lists the devices and their first active
+ * port, and opens a protection domain on each usable one. When anything is missing — the
+ * library, a symbol, kernel support, a device, an active port — it says why and the daemon
+ * moves bytes over TCP. The tests load a software verbs emulator through the same seam.
+ *
+ * Registrations cover every usable device: mg_rdma_reg() registers one range with each device's
+ * protection domain (remote read and write only when asked) on the calling thread (a worker:
+ * registration pins pages) and undoes the ones done if a later device fails.
+ */
+#ifndef MOONGATE_RDMA_H
+#define MOONGATE_RDMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_RDMA_MAX_DEVICES 8
+
+typedef struct mg_rdma mg_rdma;
+typedef struct mg_rdma_mr mg_rdma_mr;
+
+typedef struct mg_rdma_config {
+    const char *lib;     /* the library to dlopen; NULL or "": "libibverbs.so.1" */
+    const char *devices; /* comma-separated device names to use; NULL or "": every usable one */
+    int gid_index;       /* GID table entry for RoCE (0 by default) */
+} mg_rdma_config;
+
+typedef struct mg_rdma_device_info {
+    char name[64];
+    uint8_t port; /* the port used (the first active one) */
+    unsigned mtu; /* active MTU in bytes */
+    uint16_t lid; /* InfiniBand: the port's LID; RoCE: 0 */
+    int roce;     /* link layer Ethernet */
+    char gid[48]; /* the GID at gid_index, as an IPv6 address */
+    uint64_t max_mr_size;
+    uint32_t max_msg_size;
+    int max_qp_wr;
+} mg_rdma_device_info;
+
+/* Loads the library and opens the usable devices. Returns 0 when at least one device is usable;
+ * otherwise MG_ERR_UNAVAILABLE with the reason in why ("cannot load libibverbs.so.1: ...",
+ * "no RDMA devices", "device mlx5_3 (--rdma-devices) not found", ...) and *out NULL. */
+int mg_rdma_open(mg_rdma **out, const mg_rdma_config *cfg, char *why, size_t whycap);
+/* Closes the devices and the library. The registrations must be gone. Accepts NULL. */
+void mg_rdma_close(mg_rdma *r);
+
+int mg_rdma_device_count(const mg_rdma *r);
+void mg_rdma_device(const mg_rdma *r, int i, mg_rdma_device_info *out);
+/* The library's name as loaded. */
+const char *mg_rdma_lib(const mg_rdma *r);
+
+/* Registers [addr, addr + len) with every device: local write always, remote read and write
+ * when `remote`. Returns 0, or MG_ERR_SYSTEM / MG_ERR_PERMISSION (memlock) / MG_ERR_NOMEM with
+ * the device and reason in why; nothing stays registered on error. Thread-safe. */
+int mg_rdma_reg(mg_rdma *r, void *addr, size_t len, int remote, mg_rdma_mr **out, char *why,
+                size_t whycap);
+/* Deregisters on every device. Accepts NULL. Thread-safe. */
+void mg_rdma_dereg(mg_rdma_mr *mr);
+/* Device i's keys of a registration. */
+uint32_t mg_rdma_mr_lkey(const mg_rdma_mr *mr, int i);
+uint32_t mg_rdma_mr_rkey(const mg_rdma_mr *mr, int i);
+
+typedef struct mg_rdma_stats {
+    uint64_t mrs;        /* registrations alive */
+    uint64_t mr_bytes;   /* bytes they cover (each counted once, whatever the devices) */
+    uint64_t reg_total;  /* mg_rdma_reg calls that worked */
+    uint64_t reg_failed; /* and that failed */
+} mg_rdma_stats;
+void mg_rdma_get_stats(mg_rdma *r, mg_rdma_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * Unit tests for the RDMA loader (moongate/rdma.h) against the software verbs emulator, loaded
+ * through the same dlopen seam as libibverbs: reasons when the library or a device is missing,
+ * devices and their attributes, registration on every device with rollback when one refuses
+ * (the emulator's memlock cap is per process, so a registration left behind on the first device
+ * would make the next one fail), unmapped memory refused.
+ */
+#include "mg_test.h"
+#include "moongate/mg_error.h"
+#include "moongate/rdma.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#ifndef MG_VERBS_EMU
+#error "MG_VERBS_EMU: the emulator library's path"
+#endif
+
+static void test_reasons(void)
+{
+    mg_rdma *r;
+    char why[300];
+    mg_rdma_config c = {"/nonexistent/libibverbs.so.1", NULL, 0};
+    CU_ASSERT_EQUAL(mg_rdma_open(&r, &c, why, sizeof(why)), MG_ERR_UNAVAILABLE);
+    CU_ASSERT_PTR_NULL(r);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "cannot load /nonexistent/libibverbs.so.1"));
+    c.lib = "libc.so.6"; /* a library, but not verbs */
+    CU_ASSERT_EQUAL(mg_rdma_open(&r, &c, why, sizeof(why)), MG_ERR_UNAVAILABLE);
+    CU_ASSERT_STRING_EQUAL(why, "libc.so.6 has no ibv_get_device_list");
+    setenv("MG_VERBS_EMU_DEVICES", "", 1);
+    c.lib = MG_VERBS_EMU;
+    CU_ASSERT_EQUAL(mg_rdma_open(&r, &c, why, sizeof(why)), MG_ERR_UNAVAILABLE);
+    CU_ASSERT_STRING_EQUAL(why, "no RDMA devices");
+}
+
+static void test_devices_and_registration(void)
+{
+    mg_rdma *r;
+    mg_rdma_mr *mr, *half;
+    mg_rdma_device_info d;
+    mg_rdma_stats st;
+    char why[300];
+    size_t len = 1 << 20;
+    mg_rdma_config c = {MG_VERBS_EMU, NULL, 0};
+    uint8_t *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CU_ASSERT_FATAL(buf != MAP_FAILED);
+    setenv("MG_VERBS_EMU_DEVICES", "emu0,emu1", 1);
+    setenv("MG_VERBS_EMU_MEMLOCK", "1572864", 1); /* 1.5 MiB: one device's worth of len */
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &c, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(mg_rdma_device_count(r), 2);
+    mg_rdma_device(r, 1, &d);
+    CU_ASSERT_STRING_EQUAL(d.name, "emu1");
+    CU_ASSERT_EQUAL(d.port, 1);
+    CU_ASSERT_EQUAL(d.mtu, 4096);
+    CU_ASSERT_TRUE(d.roce);
+    CU_ASSERT_STRING_EQUAL(d.gid, "::ffff:127.0.0.1");
+    CU_ASSERT_EQUAL(d.max_msg_size, 1u << 30);
+
+    /* emu0 takes it, emu1 is past the cap: nothing stays registered. */
+    CU_ASSERT_EQUAL(mg_rdma_reg(r, buf, len, 1, &mr, why, sizeof(why)), MG_ERR_NOMEM);
+    CU_ASSERT_PTR_NULL(mr);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "device emu1: ibv_reg_mr of 1048576 bytes"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "memlock"));
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.mrs, 0);
+    CU_ASSERT_EQUAL(st.reg_failed, 1);
+    /* Half of it fits on both devices only if emu0 let go of the first attempt. */
+    CU_ASSERT_EQUAL(mg_rdma_reg(r, buf, len / 2, 1, &half, why, sizeof(why)), 0);
+    CU_ASSERT_NOT_EQUAL(mg_rdma_mr_rkey(half, 0), 0);
+    CU_ASSERT_NOT_EQUAL(mg_rdma_mr_rkey(half, 1), mg_rdma_mr_rkey(half, 0));
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.mrs, 1);
+    CU_ASSERT_EQUAL(st.mr_bytes, len / 2);
+    mg_rdma_dereg(half);
+    /* Local only: no remote key. */
+    CU_ASSERT_EQUAL(mg_rdma_reg(r, buf, 4096, 0, &mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(mg_rdma_mr_rkey(mr, 0), 0);
+    CU_ASSERT_NOT_EQUAL(mg_rdma_mr_lkey(mr, 0), 0);
+    mg_rdma_dereg(mr);
+    /* Memory that is not mapped cannot be pinned. */
+    munmap(buf, len);
+    CU_ASSERT_EQUAL(mg_rdma_reg(r, buf, len / 2, 0, &mr, why, sizeof(why)), MG_ERR_SYSTEM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "Bad address"));
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.mrs, 0);
+    CU_ASSERT_EQUAL(st.mr_bytes, 0);
+    mg_rdma_close(r);
+    unsetenv("MG_VERBS_EMU_MEMLOCK");
+}
+
+static void test_pinned_devices(void)
+{
+    mg_rdma *r;
+    mg_rdma_device_info d;
+    char why[300];
+    mg_rdma_config c = {MG_VERBS_EMU, "emu2", 0};
+    setenv("MG_VERBS_EMU_DEVICES", "emu0,emu1,emu2", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &c, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(mg_rdma_device_count(r), 1);
+    mg_rdma_device(r, 0, &d);
+    CU_ASSERT_STRING_EQUAL(d.name, "emu2");
+    mg_rdma_close(r);
+    c.devices = "emu2,emu9";
+    CU_ASSERT_EQUAL(mg_rdma_open(&r, &c, why, sizeof(why)), MG_ERR_UNAVAILABLE);
+    CU_ASSERT_STRING_EQUAL(why, "device emu9 (--rdma-devices) not found");
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {
+        MG_TEST(test_reasons),
+        MG_TEST(test_devices_and_registration),
+        MG_TEST(test_pinned_devices),
+    };
+    return mg_test_run("rdma", cases, sizeof(cases) / sizeof(cases[0]));
+}
