@@ -64,11 +64,26 @@ struct mg_client {
     uint32_t max_message;
     mg_rpc *rpcs;
     struct event *flush_ev;
+    /* Depth of the library's event callbacks running now. A user callback inside one may call
+     * mg_client_del(): the client is then only marked and freed as the outermost returns. */
     int in_cb;
+    int doomed;
 };
 
 static void client_fail(mg_client *c, const char *why);
 static void client_flush(mg_client *c);
+static void client_free(mg_client *c);
+
+static void enter(mg_client *c)
+{
+    c->in_cb++;
+}
+
+static void leave(mg_client *c)
+{
+    if (--c->in_cb == 0 && c->doomed)
+        client_free(c);
+}
 
 /* ------------------------------------------------------------------ calls */
 
@@ -132,11 +147,14 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     mg_rpc *rpc = arg;
     mg_client *c = rpc->c;
     char msg[96];
+    enter(c);
     if (rpc->stream_id > 0 && c->ng)
         nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, rpc->stream_id, NGHTTP2_CANCEL);
     snprintf(msg, sizeof(msg), "deadline of %llu ms exceeded", (unsigned long long)rpc->timeout_ms);
     rpc_close(rpc, MG_GRPC_DEADLINE_EXCEEDED, msg);
-    client_flush(c);
+    if (!c->doomed)
+        client_flush(c);
+    leave(c);
 }
 
 mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size_t n_md,
@@ -405,7 +423,10 @@ static void client_send(mg_client *c)
 
 static void flush_cb(evutil_socket_t fd, short what, void *arg)
 {
-    client_send(arg);
+    mg_client *c = arg;
+    enter(c);
+    client_send(c);
+    leave(c);
 }
 
 static void client_flush(mg_client *c)
@@ -425,9 +446,8 @@ static void client_fail(mg_client *c, const char *why)
         rpc_close(c->rpcs, MG_GRPC_UNAVAILABLE, c->fail_msg);
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_body(struct bufferevent *bev, mg_client *c)
 {
-    mg_client *c = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
     while (evbuffer_get_length(in) > 0 && !c->failed) {
         size_t len = evbuffer_get_contiguous_space(in);
@@ -444,14 +464,24 @@ static void read_cb(struct bufferevent *bev, void *arg)
     client_send(c);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
-{
-    client_send(arg);
-}
-
-static void event_cb(struct bufferevent *bev, short events, void *arg)
+static void read_cb(struct bufferevent *bev, void *arg)
 {
     mg_client *c = arg;
+    enter(c);
+    read_body(bev, c);
+    leave(c);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+    mg_client *c = arg;
+    enter(c);
+    client_send(c);
+    leave(c);
+}
+
+static void event_body(struct bufferevent *bev, short events, mg_client *c)
+{
     if (events & BEV_EVENT_CONNECTED) {
         if (c->tls) {
             const unsigned char *alpn = NULL;
@@ -491,6 +521,14 @@ static void event_cb(struct bufferevent *bev, short events, void *arg)
         }
         client_fail(c, why);
     }
+}
+
+static void event_cb(struct bufferevent *bev, short events, void *arg)
+{
+    mg_client *c = arg;
+    enter(c);
+    event_body(bev, events, c);
+    leave(c);
 }
 
 static SSL_CTX *client_ssl_ctx(const mg_client_options *o, char *err, size_t errcap)
@@ -671,8 +709,20 @@ fail:
 
 void mg_client_del(mg_client *c)
 {
-    if (c == NULL)
+    if (c == NULL || c->doomed)
         return;
+    if (c->in_cb > 0) { /* inside one of its callbacks: freed as that returns */
+        c->doomed = 1;
+        c->failed = 1; /* nothing more is sent or started on it */
+        while (c->rpcs)
+            rpc_close(c->rpcs, MG_GRPC_CANCELLED, "client closed");
+        return;
+    }
+    client_free(c);
+}
+
+static void client_free(mg_client *c)
+{
     while (c->rpcs)
         rpc_close(c->rpcs, MG_GRPC_CANCELLED, "client closed");
     if (c->ng)

@@ -339,6 +339,49 @@ static void test_blocking_unary_and_unreachable(void)
     }
 }
 
+/* A user callback may delete its client while the library is failing the client's calls:
+ * the gateway's peer directory does (a Submit's check ends, it opens a session, the old
+ * connection is found dead and replaced). Two calls, the first one's close deletes the client,
+ * the second still gets its close; under ASan a use after free would abort here. */
+typedef struct {
+    mg_client *c;
+    int closed, deleted_in_cb;
+    struct event_base *base;
+} del_rec;
+
+static void del_on_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    del_rec *r = arg;
+    (void)rpc;
+    (void)message;
+    CU_ASSERT_TRUE(status == MG_GRPC_UNAVAILABLE || status == MG_GRPC_CANCELLED);
+    if (r->closed++ == 0 && r->c) {
+        mg_client_del(r->c);
+        r->c = NULL;
+        r->deleted_in_cb = 1;
+    }
+    if (r->closed == 2)
+        event_base_loopbreak(r->base);
+}
+
+static void test_client_deleted_from_its_own_callback(void)
+{
+    static const mg_rpc_handlers h = {NULL, del_on_close};
+    del_rec r = {0};
+    r.base = event_base_new();
+    r.c = client("127.0.0.1:1", r.base); /* refused: every call fails */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r.c);
+    CU_ASSERT_PTR_NOT_NULL(
+        mg_rpc_start(r.c, "/grpc.health.v1.Health/Check", NULL, 0, 5000, &h, &r));
+    CU_ASSERT_PTR_NOT_NULL(
+        mg_rpc_start(r.c, "/grpc.health.v1.Health/Check", NULL, 0, 5000, &h, &r));
+    while (r.closed < 2 && event_base_dispatch(r.base) == 0)
+        ;
+    CU_ASSERT_EQUAL(r.closed, 2);
+    CU_ASSERT_TRUE(r.deleted_in_cb);
+    event_base_free(r.base);
+}
+
 /* One unary call; returns the grpc status and the response (caller frees) in *resp. */
 static int unary(const char *path, const ProtobufCMessage *req, uint8_t **resp, size_t *len)
 {
@@ -490,6 +533,7 @@ int main(void)
         MG_TEST(test_deadline_and_cancel),
         MG_TEST(test_unknown_method),
         MG_TEST(test_blocking_unary_and_unreachable),
+        MG_TEST(test_client_deleted_from_its_own_callback),
         MG_TEST(test_registration_never_runs_on_the_loop),
         MG_TEST(test_batch_partial_failure),
     };
