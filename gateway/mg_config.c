@@ -129,6 +129,8 @@ static const opt_def opts[] = {
      "empty: every usable one"},
     {"rdma-gid-index", T_UINT, O(rdma_gid_index), "0", 0, 255,
      "GID table index for RoCE (the RoCE v2 entry of the node's address)"},
+    {"rdma-qps-per-peer", T_UINT, O(rdma_qps_per_peer), "2", 1, 8,
+     "RC queue pairs to each peer; a transfer's slices are spread over them"},
     {"require-rdma", T_BOOL, O(require_rdma), "false", 0, 1,
      "refuse to start without a usable RDMA device (otherwise TCP carries the bytes)"},
     {"queue-depth", T_UINT, O(queue_depth), "1024", 1, 1048576,

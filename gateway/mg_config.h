@@ -62,6 +62,7 @@ typedef struct mg_config {
     char *ibverbs_lib;  /* "": RDMA off */
     char *rdma_devices; /* "": every usable one */
     uint64_t rdma_gid_index;
+    uint64_t rdma_qps_per_peer;
     int require_rdma;
     uint64_t queue_depth;
     uint64_t max_message_bytes;

@@ -55,8 +55,8 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
         tcp.reason = "no data-plane listener (--data-listen \"\")";
     }
     rdma.name = "rdma";
-    rdma.available = 0;
     ndev = mg_rdma_device_count(gw->rdma);
+    rdma.available = ndev > 0; /* peers with devices too are reached over it */
     for (int i = 0; i < ndev && i < MG_RDMA_MAX_DEVICES; i++) {
         mg_rdma_device_info d;
         mg_rdma_device(gw->rdma, i, &d);
@@ -66,9 +66,7 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     }
     rdma.devices = devp;
     rdma.n_devices = (size_t)ndev;
-    rdma.reason = ndev ? "memory is registered with the devices, but RDMA transfers are not "
-                         "implemented yet: TCP carries the bytes"
-                       : gw->rdma_why;
+    rdma.reason = ndev ? "" : gw->rdma_why;
     resp.transports = transports;
     resp.n_transports = 2;
     resp.workers = es.workers;

@@ -13,8 +13,11 @@
 #include "mg_addr.h"
 #include "mg_log.h"
 
+#include "mg_rdma_wire.h"
+
 #include "moongate/dataplane.h"
 #include "moongate/lease_table.h"
+#include "moongate/rdma.h"
 #include "moongate/segment.h"
 #include "moongate/v1/peer.pb-c.h"
 
@@ -27,6 +30,7 @@
 
 #define TENANT       "default"
 #define MAX_SESSIONS 4096
+#define MAX_RCONNS   64 /* RDMA connections peers made here, all sessions together */
 
 typedef struct session {
     uint8_t token[MG_DF_TOKEN_BYTES];
@@ -41,6 +45,14 @@ struct mg_peer_svc {
     pthread_mutex_t lock; /* sessions: the loop adds, connection threads look up */
     session sessions[MAX_SESSIONS];
     size_t nsessions;
+    /* RDMA connections peers asked for (ConnectRdma), alive with their session. Loop only. */
+    struct rconn {
+        uint8_t token[MG_DF_TOKEN_BYTES];
+        uint64_t expires_ms;
+        mg_rdma_conn *c;
+    } rconns[MAX_RCONNS];
+    size_t nrconns;
+    unsigned rdma_jobs; /* ConnectRdma jobs on workers */
 };
 
 static uint64_t now_ms(void)
@@ -144,6 +156,7 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     mg_info("peer_session_opened", "peer=%s identity=\"%s\" version=%u", mg_call_peer(call),
             mg_call_identity(call)[0] ? mg_call_identity(call) : "-", version);
     resp.expires_in_ms = gw->cfg->session_ttl * 1000;
+    resp.rdma = gw->rdma != NULL;
     mg_call_reply(call, &resp.base);
 }
 
@@ -184,8 +197,152 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         if (info.transports[t].registered)
             transports[resp.n_transports++] = (char *)mg_transport_names[t];
     }
+    if (info.transports[MG_TRANSPORT_RDMA].registered) { /* for this authenticated peer only */
+        resp.rdma_addr = info.transports[MG_TRANSPORT_RDMA].addr;
+        resp.rdma_rkey = info.transports[MG_TRANSPORT_RDMA].rkey;
+    }
     resp.epoch = gw->epoch;
     mg_call_reply(call, &resp.base);
+}
+
+/* ---- ConnectRdma: queue pairs for a peer's session, made and connected on a worker ---- */
+
+typedef struct rdma_job {
+    mg_call *call;
+    mg_gateway *gw;
+    uint8_t token[MG_DF_TOKEN_BYTES];
+    uint64_t expires_ms;
+    mg_rdma_ep remote, local;
+    mg_rdma_conn *c;
+    mg_rdma_conn *old[MAX_RCONNS]; /* expired or replaced: deleted on the worker first */
+    size_t nold;
+    int ran; /* the work ran (else the engine stopped first) */
+    int rc;
+    char why[256];
+} rdma_job;
+
+static int rdma_work(void *arg)
+{
+    rdma_job *j = arg;
+    j->ran = 1;
+    for (size_t i = 0; i < j->nold; i++)
+        mg_rdma_conn_del(j->old[i]);
+    j->rc =
+        mg_rdma_conn_new(j->gw->rdma, 0, j->remote.nqps, &j->c, &j->local, j->why, sizeof(j->why));
+    if (j->rc == 0 &&
+        (j->rc = mg_rdma_conn_connect(j->c, &j->remote, j->why, sizeof(j->why))) != 0) {
+        mg_rdma_conn_del(j->c);
+        j->c = NULL;
+    }
+    return j->rc;
+}
+
+static void rdma_done(void *arg, int result)
+{
+    rdma_job *j = arg;
+    struct mg_peer_svc *ps = j->gw->peer;
+    ps->rdma_jobs--;
+    for (size_t i = 0; !j->ran && i < j->nold; i++) /* shutting down: teardown here */
+        mg_rdma_conn_del(j->old[i]);
+    if (!j->ran)
+        snprintf(j->why, sizeof(j->why), "the daemon is stopping");
+    if (result == 0 && j->c) {
+        if (ps->nrconns < MAX_RCONNS) {
+            struct rconn *rc = &ps->rconns[ps->nrconns++];
+            memcpy(rc->token, j->token, sizeof(rc->token));
+            rc->expires_ms = j->expires_ms;
+            rc->c = j->c;
+        } else { /* no room was made for it: never expected, but never leaked */
+            mg_rdma_conn_del(j->c);
+            result = MG_ERR_FULL;
+            snprintf(j->why, sizeof(j->why), "%d RDMA connections are open", MAX_RCONNS);
+        }
+    }
+    if (result == 0) {
+        Moongate__V1__ConnectRdmaResponse resp = MOONGATE__V1__CONNECT_RDMA_RESPONSE__INIT;
+        mg_rdma_wire w;
+        mg_rdma_wire_encode(&j->local, &w);
+        resp.endpoint = &w.msg;
+        mg_info("rdma_connected", "peer=%s identity=\"%s\" qps=%u", mg_call_peer(j->call),
+                mg_call_identity(j->call)[0] ? mg_call_identity(j->call) : "-", j->local.nqps);
+        mg_call_reply(j->call, &resp.base);
+    } else {
+        mg_call_fail(j->call, result, "RDMA connection: %s", j->why);
+    }
+    mg_call_unref(j->call);
+    free(j);
+}
+
+static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ConnectRdmaRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_peer_svc *ps = gw->peer;
+    uint64_t now = now_ms(), expires = 0;
+    rdma_job *j;
+    int rc;
+    if (ps == NULL || gw->rdma == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon has no RDMA device: %s",
+                     gw->rdma_why[0] ? gw->rdma_why : "no data plane");
+        return;
+    }
+    if (req->token.len != MG_DF_TOKEN_BYTES) {
+        mg_call_fail(call, MG_ERR_INVALID, "the session token has %d bytes", MG_DF_TOKEN_BYTES);
+        return;
+    }
+    pthread_mutex_lock(&ps->lock);
+    for (size_t i = 0; i < ps->nsessions; i++) {
+        if (ps->sessions[i].expires_ms > now &&
+            memcmp(ps->sessions[i].token, req->token.data, MG_DF_TOKEN_BYTES) == 0)
+            expires = ps->sessions[i].expires_ms;
+    }
+    pthread_mutex_unlock(&ps->lock);
+    if (expires == 0) {
+        mg_call_fail(call, MG_ERR_AUTH, "no such session (it expired, or this daemon restarted)");
+        return;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    if (mg_rdma_wire_decode(req->endpoint, &j->remote, j->why, sizeof(j->why)) != 0) {
+        mg_call_fail(call, MG_ERR_INVALID, "%s", j->why);
+        free(j);
+        return;
+    }
+    /* Room: expired sessions' connections go, then, the table being full, one of the others. */
+    for (size_t i = 0; i < ps->nrconns;) {
+        if (ps->rconns[i].expires_ms <= now ||
+            (ps->nrconns + ps->rdma_jobs >= MAX_RCONNS && i == 0)) {
+            j->old[j->nold++] = ps->rconns[i].c;
+            ps->rconns[i] = ps->rconns[--ps->nrconns];
+        } else {
+            i++;
+        }
+    }
+    if (ps->nrconns + ps->rdma_jobs >= MAX_RCONNS) {
+        mg_call_fail(call, MG_ERR_FULL, "%d RDMA connections are being made", MAX_RCONNS);
+        for (size_t i = 0; i < j->nold; i++) /* teardown without a job: rare, and small */
+            mg_rdma_conn_del(j->old[i]);
+        free(j);
+        return;
+    }
+    memcpy(j->token, req->token.data, MG_DF_TOKEN_BYTES);
+    j->expires_ms = expires;
+    j->gw = gw;
+    j->call = call;
+    mg_call_ref(call);
+    rc = mg_engine_submit(gw->engine, gw->cq, rdma_work, rdma_done, j);
+    if (rc != 0) {
+        mg_call_unref(call);
+        mg_call_fail(call, rc, "the engine's queue is full (--queue-depth)");
+        for (size_t i = 0; i < j->nold; i++)
+            mg_rdma_conn_del(j->old[i]);
+        free(j);
+        return;
+    }
+    ps->rdma_jobs++;
 }
 
 int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap)
@@ -210,6 +367,8 @@ static const mg_method peer_methods[] = {
     MG_PEER_UNARY("/moongate.v1.Peer/DescribeTarget",
                   &moongate__v1__describe_target_request__descriptor,
                   &moongate__v1__target_descriptor__descriptor, describe_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/ConnectRdma", &moongate__v1__connect_rdma_request__descriptor,
+                  &moongate__v1__connect_rdma_response__descriptor, connect_rdma_message),
 };
 
 int mg_svc_peer_init(mg_gateway *gw)
@@ -259,7 +418,9 @@ void mg_svc_peer_free(mg_gateway *gw)
     struct mg_peer_svc *ps = gw->peer;
     if (ps == NULL)
         return;
-    mg_dp_server_stop(ps->server); /* joins its threads: no slice runs after this */
+    mg_dp_server_stop(ps->server);           /* joins its threads: no slice runs after this */
+    for (size_t i = 0; i < ps->nrconns; i++) /* the workers have stopped: teardown here */
+        mg_rdma_conn_del(ps->rconns[i].c);
     pthread_mutex_destroy(&ps->lock);
     free(ps);
     gw->peer = NULL;

@@ -24,9 +24,12 @@
 #include "mg_hash.h"
 #include "mg_log.h"
 
+#include "mg_rdma_wire.h"
+
 #include "moongate/batch.h"
 #include "moongate/dataplane.h"
 #include "moongate/peers.h"
+#include "moongate/rdma.h"
 #include "moongate/segment.h"
 #include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/peer.pb-c.h"
@@ -57,9 +60,20 @@
 /* clang-format on */
 
 enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
+/* RDMA to a peer: not tried yet (or torn down: set up on next use), being set up, connected,
+ * or not used (rdma_why says why; tried again with the next session). */
+enum { RDMA_NONE, RDMA_SETUP, RDMA_READY, RDMA_OFF };
 enum { NOTE_WAITING, NOTE_SENDING, NOTE_SENT, NOTE_FAILED };
 
 struct xfer_req;
+
+/* An RDMA connection and the jobs using it: deleted (on a worker) once it is retired — broken,
+ * or its peer restarted — and its last job ended. */
+typedef struct rconn_ref {
+    mg_rdma_conn *c;
+    unsigned users;
+    int retired;
+} rconn_ref;
 
 typedef struct peer_ent {
     char addr[80]; /* the control endpoint */
@@ -82,6 +96,14 @@ typedef struct peer_ent {
     uint64_t bytes[2];                   /* moved by requests that completed, by op (1: write) */
     uint64_t ended[2][2];                /* requests by op and result (1: failed) */
     struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
+    /* RDMA: queue pairs to the peer (one connection, used by one job at a time). */
+    int peer_rdma; /* the peer said it has RDMA devices */
+    int rdma_state;
+    char rdma_why[240];
+    rconn_ref *rref; /* READY: the connection */
+    unsigned rdma_qps;
+    pthread_mutex_t rlock;  /* jobs: one mg_rdma_move at a time */
+    uint64_t rdma_bytes[2]; /* moved over RDMA by requests that completed, by op */
     struct peer_ent *next;
 } peer_ent;
 
@@ -152,6 +174,12 @@ typedef struct xfer_req {
     mg_segment *other; /* then: its segment (referenced) */
     void *other_lease; /* and its lease's mg_svc_pool_use token */
     uint8_t *other_addr;
+    /* RDMA: chosen when the session's queue pairs are ready and both sides are registered. */
+    int rdma;
+    mg_rdma_conn *rconn;
+    rconn_ref *rref;
+    uint32_t lkey, rkey;
+    uint64_t raddr;                                 /* the remote range's first byte */
     uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
     int remote_lease;
     peer_ent *peer;
@@ -245,6 +273,10 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
         m->st[i].state = (Moongate__V1__RequestState)r->life.state;
         m->st[i].bytes_done = r->life.state == MG_REQ_DONE ? r->length : req_progress(r);
         m->st[i].code = r->life.state == MG_REQ_FAILED ? mg_err_grpc(r->err) : 0;
+        m->st[i].transport = r->local_copy                     ? "copy"
+                             : r->rdma                         ? "rdma"
+                             : r->life.state != MG_REQ_PENDING ? "tcp"
+                                                               : "";
         m->st[i].message = r->msg ? r->msg : "";
         m->ptrs[i] = &m->st[i];
     }
@@ -394,7 +426,9 @@ static void req_end(xfer_req *r, int err, const char *msg)
                              r->remote_lease); /* asked again next time */
     if (r->peer) {
         r->peer->ended[r->write != 0][err != 0]++;
-        if (!err)
+        if (!err && r->rdma)
+            r->peer->rdma_bytes[r->write != 0] += r->length;
+        else if (!err)
             r->peer->bytes[r->write != 0] += r->length;
     }
     if (r->write)
@@ -609,10 +643,30 @@ static int parts_move(struct xfer_part *head)
     return head->rc;
 }
 
+/* The parts of a job over the peer's RDMA queue pairs, one after another. */
+static int parts_rdma(struct xfer_part *head)
+{
+    xfer_req *r0 = head->r;
+    peer_ent *p = r0->peer;
+    uint32_t wait_ms = (uint32_t)r0->gw->cfg->data_io_timeout * 1000;
+    for (struct xfer_part *pt = head; pt; pt = pt->group_next) {
+        xfer_req *r = pt->r;
+        mg_rdma_op op = {r->write, r->local_addr + pt->offset,
+                         r->lkey,  r->raddr + pt->offset,
+                         r->rkey,  pt->length};
+        __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&p->rlock);
+        pt->rc = mg_rdma_move(r->rconn, &op, (uint32_t)r->gw->cfg->slice_bytes, 16, &r->stop,
+                              &pt->progress, wait_ms, pt->msg, sizeof(pt->msg));
+        pthread_mutex_unlock(&p->rlock);
+    }
+    return head->rc;
+}
+
 static int part_work(void *arg)
 {
     struct xfer_part *pt = arg;
-    return pt->r->local_copy ? part_copy(pt) : parts_move(pt);
+    return pt->r->local_copy ? part_copy(pt) : pt->r->rdma ? parts_rdma(pt) : parts_move(pt);
 }
 
 static void session_retry(xfer_req *r);
@@ -650,12 +704,17 @@ static void part_finish(struct xfer_part *pt, int result)
     req_end(r, result, result ? msg : NULL);
 }
 
+static void rref_release(peer_ent *p, rconn_ref *ref);
+
 static void part_done(void *arg, int result)
 {
     struct xfer_part *pt = arg;
     peer_ent *p = pt->r->peer;
     struct mg_transfer_svc *ts = pt->r->gw->transfer;
+    rconn_ref *ref = pt->r->rdma ? pt->r->rref : NULL;
     ts->jobs[!pt->r->local_copy]--;
+    if (ref)
+        rref_release(p, ref);
     p->jobs--;
     if (pt->grouped) { /* each request of the group ends on its own */
         for (struct xfer_part *q = pt, *next; q; q = next) {
@@ -683,7 +742,7 @@ static void req_plan(xfer_req *r, unsigned room)
         n = room;
     if (n > MAX_PARTS)
         n = MAX_PARTS;
-    if (n < 1)
+    if (n < 1 || r->rdma) /* RDMA: one job posts the slices over every queue pair */
         n = 1;
     if (r->parts != &r->one)
         free(r->parts);
@@ -741,13 +800,13 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
     mg_req_start(&r->life);
     req_plan(r, cap - p->jobs);
     if (r->nparts == 1 && !r->local_copy && r->length <= GROUP_BYTES && p->ready &&
-        p->ready->b == r->b && p->ready->length <= GROUP_BYTES) {
+        p->ready->b == r->b && p->ready->length <= GROUP_BYTES && p->ready->rdma == r->rdma) {
         /* Small requests of the same batch follow: one job takes them all. */
         struct xfer_part **tail = &r->parts[0].group_next;
         unsigned n = 1;
         r->parts[0].grouped = 1;
         while (n < GROUP_MAX && p->ready && p->ready->b == r->b &&
-               p->ready->length <= GROUP_BYTES) {
+               p->ready->length <= GROUP_BYTES && p->ready->rdma == r->rdma) {
             xfer_req *q = p->ready;
             p->ready = q->next_ready;
             if (p->ready == NULL)
@@ -761,6 +820,8 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
             n++;
         }
         if (mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
+            if (r->rdma)
+                r->rref->users++;
             ts->jobs[1]++;
             p->jobs++;
             return;
@@ -776,6 +837,8 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
     for (unsigned i = 0; i < r->nparts; i++) {
         int rc = mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[i]);
         if (rc == 0) {
+            if (r->rdma)
+                r->rref->users++;
             ts->jobs[on_io(p)]++;
             p->jobs++;
             started++;
@@ -794,11 +857,43 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
         req_end(r, r->parts[0].rc, r->parts[0].msg);
 }
 
-/* The session is open: the request takes its details and joins the line for a worker. */
+static int rdma_wanted(const peer_ent *p);
+static void rdma_setup(peer_ent *p);
+
+/* RDMA for r when the peer's queue pairs are ready, the local memory is registered with the
+ * device and the peer described the target with a key (remote leases go over TCP). */
+static void req_transport(xfer_req *r)
+{
+    peer_ent *p = r->peer;
+    mg_remote_desc d;
+    r->rdma = 0;
+    if (p->rdma_state != RDMA_READY || p->rref == NULL || r->local_copy || r->remote_lease ||
+        mg_segment_rdma_lkey(r->local, &r->lkey) != 0 ||
+        mg_peer_cache_get(r->gw->transfer->descs, p->addr, r->remote_segment, 0, &d, NULL) != 0 ||
+        !(d.transports & (1u << MG_TRANSPORT_RDMA)))
+        return;
+    r->rdma = 1;
+    r->rref = p->rref;
+    r->rconn = p->rref->c;
+    r->raddr = d.rdma_addr + r->remote_offset;
+    r->rkey = d.rdma_rkey;
+}
+
+/* The session is open: the request takes its details and joins the line for a worker (after
+ * the RDMA connection, while one is being set up). */
 static void req_start(xfer_req *r)
 {
     struct mg_transfer_svc *ts = r->gw->transfer;
     peer_ent *p = r->peer;
+    if (!r->local_copy && rdma_wanted(p) &&
+        (p->rdma_state == RDMA_NONE || p->rdma_state == RDMA_SETUP)) {
+        r->next_wait = p->waiting;
+        p->waiting = r;
+        if (p->rdma_state == RDMA_NONE)
+            rdma_setup(p);
+        return;
+    }
+    req_transport(r);
     memcpy(r->token, p->token, sizeof(r->token));
     snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
     r->data_port = p->data_port;
@@ -936,6 +1031,22 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
         while ((c = take_conn(p)) != NULL)
             mg_dp_close(c);
     }
+    if (p->epoch && p->epoch != resp->epoch && p->rref) { /* its queue pairs went with it */
+        rconn_ref *old = p->rref;
+        p->rref = NULL;
+        p->rdma_state = RDMA_NONE;
+        old->retired = 1;
+        old->users++; /* released at once: deleted now if no job holds it */
+        rref_release(p, old);
+    }
+    p->peer_rdma = resp->rdma;
+    if (p->rdma_state == RDMA_OFF) /* a new session: try again */
+        p->rdma_state = RDMA_NONE;
+    if (p->gw->rdma == NULL)
+        snprintf(p->rdma_why, sizeof(p->rdma_why), "this daemon has no RDMA device: %.180s",
+                 p->gw->rdma_why);
+    else if (!resp->rdma)
+        snprintf(p->rdma_why, sizeof(p->rdma_why), "the peer has no RDMA device");
     p->epoch = resp->epoch;
     mg_peer_cache_epoch(p->gw->transfer->descs, p->addr, resp->epoch, now_ms());
     p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
@@ -1035,6 +1146,205 @@ static void open_session(mg_gateway *gw, peer_ent *p)
         0) {
         free(oc);
         session_failed(p, err);
+    }
+}
+
+/* ---- the peer directory: RDMA queue pairs ----
+ *
+ * When both daemons have RDMA devices, the first request after a session opens waits while
+ * a worker creates the queue pairs (--rdma-qps-per-peer), Peer/ConnectRdma gives them to the
+ * peer and brings back its own, and a worker connects ours to them. Then requests to the peer
+ * move over RDMA; a failure on the way leaves the peer on TCP until the next session, with the
+ * reason in ListPeers. A connection that breaks (an error completion) is retired: deleted once
+ * its last job ends, and set up anew for the next request. */
+
+typedef struct rdma_setup_job {
+    peer_ent *p;
+    mg_rdma_conn *c;
+    mg_rdma_ep local, remote;
+    int connect; /* 0: create, 1: connect */
+    uint8_t *resp;
+    size_t len;
+    int rc;
+    char why[256];
+} rdma_setup_job;
+
+static int rdma_wanted(const peer_ent *p)
+{
+    return p->gw->rdma != NULL && p->peer_rdma && p->addr[0] != '\0';
+}
+
+static int conn_del_work(void *arg)
+{
+    rconn_ref *ref = arg;
+    mg_rdma_conn_del(ref->c);
+    ref->c = NULL;
+    return 0;
+}
+
+static void conn_del_done(void *arg, int result)
+{
+    rconn_ref *ref = arg;
+    if (ref->c) /* the engine stopped first */
+        mg_rdma_conn_del(ref->c);
+    free(ref);
+}
+
+/* A job using ref ended: a broken connection is retired; a retired one with no job left goes. */
+static void rref_release(peer_ent *p, rconn_ref *ref)
+{
+    ref->users--;
+    if (!ref->retired && mg_rdma_conn_broken(ref->c)) {
+        ref->retired = 1;
+        if (p->rref == ref) {
+            p->rref = NULL;
+            p->rdma_state = RDMA_NONE; /* the next request sets up a new one */
+            mg_info("rdma_conn_retired", "peer=%s", p->addr);
+        }
+    }
+    if (ref->retired && ref->users == 0 &&
+        mg_engine_submit(p->gw->engine, p->gw->cq, conn_del_work, conn_del_done, ref) != 0)
+        conn_del_done(ref, 0);
+}
+
+static void rdma_off(peer_ent *p, const char *why)
+{
+    p->rdma_state = RDMA_OFF;
+    snprintf(p->rdma_why, sizeof(p->rdma_why), "RDMA setup failed: %.200s", why);
+    mg_warn("rdma_setup_failed", "peer=%s error=\"%s\" transport=tcp", p->addr, why);
+    release_waiting(p);
+}
+
+static int rdma_setup_work(void *arg)
+{
+    rdma_setup_job *j = arg;
+    if (!j->connect)
+        return j->rc = mg_rdma_conn_new(j->p->gw->rdma, 0, j->p->rdma_qps, &j->c, &j->local, j->why,
+                                        sizeof(j->why));
+    return j->rc = mg_rdma_conn_connect(j->c, &j->remote, j->why, sizeof(j->why));
+}
+
+static void rdma_setup_done(void *arg, int result);
+
+static void rdma_job_drop(rdma_setup_job *j)
+{
+    if (j->c) { /* through a retired reference, so it is deleted on a worker */
+        rconn_ref *ref = calloc(1, sizeof(*ref));
+        if (ref) {
+            ref->c = j->c;
+            ref->retired = 1;
+            ref->users = 1;
+            rref_release(j->p, ref);
+        } else {
+            mg_rdma_conn_del(j->c);
+        }
+    }
+    free(j->resp);
+    free(j);
+}
+
+static void connect_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    rdma_setup_job *j = arg;
+    free(j->resp);
+    j->resp = malloc(len ? len : 1);
+    if (j->resp) {
+        memcpy(j->resp, m, len);
+        j->len = len;
+    }
+}
+
+static void connect_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    rdma_setup_job *j = arg;
+    peer_ent *p = j->p;
+    Moongate__V1__ConnectRdmaResponse *resp = NULL;
+    char why[300];
+    if (p->gw->transfer == NULL || p->gw->transfer->closing) {
+        rdma_job_drop(j);
+        return;
+    }
+    if (status == 0 && j->resp)
+        resp = moongate__v1__connect_rdma_response__unpack(NULL, j->len, j->resp);
+    if (resp == NULL || mg_rdma_wire_decode(resp->endpoint, &j->remote, why, sizeof(why)) != 0) {
+        if (resp == NULL)
+            snprintf(why, sizeof(why), "ConnectRdma: %.200s",
+                     status ? message : "a malformed answer");
+        if (resp)
+            moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
+        rdma_off(p, why);
+        rdma_job_drop(j);
+        return;
+    }
+    moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
+    j->connect = 1;
+    if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0) {
+        rdma_off(p, "the engine's queue is full (--queue-depth)");
+        rdma_job_drop(j);
+    }
+}
+
+static void rdma_setup_done(void *arg, int result)
+{
+    static const mg_rpc_handlers h = {connect_msg, connect_closed};
+    rdma_setup_job *j = arg;
+    peer_ent *p = j->p;
+    if (p->gw->transfer == NULL || p->gw->transfer->closing) {
+        rdma_job_drop(j);
+        return;
+    }
+    if (result != 0) {
+        rdma_off(p, j->rc ? j->why : "the daemon is stopping");
+        rdma_job_drop(j);
+        return;
+    }
+    if (!j->connect) { /* our queue pairs exist: the peer's answer brings its own */
+        Moongate__V1__ConnectRdmaRequest req = MOONGATE__V1__CONNECT_RDMA_REQUEST__INIT;
+        mg_rdma_wire w;
+        char err[256];
+        mg_rdma_wire_encode(&j->local, &w);
+        req.token.data = p->token;
+        req.token.len = sizeof(p->token);
+        req.endpoint = &w.msg;
+        if (peer_call(p->gw, p, "/moongate.v1.Peer/ConnectRdma", &req.base, &h, j, err,
+                      sizeof(err)) != 0) {
+            rdma_off(p, err);
+            rdma_job_drop(j);
+        }
+        return;
+    }
+    {
+        rconn_ref *ref = calloc(1, sizeof(*ref));
+        if (ref == NULL) {
+            rdma_off(p, "out of memory");
+            rdma_job_drop(j);
+            return;
+        }
+        ref->c = j->c;
+        j->c = NULL;
+        p->rref = ref;
+        p->rdma_state = RDMA_READY;
+        p->rdma_why[0] = '\0';
+        mg_info("rdma_ready", "peer=%s qps=%u mtu=%u", p->addr, j->local.nqps,
+                j->remote.mtu < j->local.mtu ? j->remote.mtu : j->local.mtu);
+        rdma_job_drop(j);
+        release_waiting(p);
+    }
+}
+
+static void rdma_setup(peer_ent *p)
+{
+    rdma_setup_job *j = calloc(1, sizeof(*j));
+    p->rdma_state = RDMA_SETUP;
+    p->rdma_qps = (unsigned)p->gw->cfg->rdma_qps_per_peer;
+    if (j == NULL) {
+        rdma_off(p, "out of memory");
+        return;
+    }
+    j->p = p;
+    if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0) {
+        free(j);
+        rdma_off(p, "the engine's queue is full (--queue-depth)");
     }
 }
 
@@ -1146,6 +1456,7 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
         p->expires_ms = UINT64_MAX;
     }
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->rlock, NULL);
     p->next = ts->peers;
     ts->peers = p;
     ts->npeers++;
@@ -1464,6 +1775,13 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
                              .size = d->size,
                              .remote_accessible = d->remote_accessible,
                              .transports = 1u << MG_TRANSPORT_TCP};
+        for (size_t t = 0; t < d->n_transports; t++) {
+            if (!strcmp(d->transports[t], "rdma") && d->rdma_rkey) {
+                rd.transports |= 1u << MG_TRANSPORT_RDMA;
+                rd.rdma_addr = d->rdma_addr;
+                rd.rdma_rkey = d->rdma_rkey;
+            }
+        }
         /* A new epoch forgets what the peer's previous life said. */
         if (mg_peer_cache_epoch(ts->descs, dc->k->p->addr, d->epoch, now_ms()) >= 0 &&
             mg_peer_cache_put(ts->descs, dc->k->p->addr, d->epoch, &rd) == 0)
@@ -1868,7 +2186,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
 {
     mg_gateway *gw = mg_call_gateway(call);
     Moongate__V1__ListPeersResponse resp = MOONGATE__V1__LIST_PEERS_RESPONSE__INIT;
-    static char *tcp[] = {"tcp"};
+    static char *tcp[] = {"tcp"}, *both[] = {"tcp", "rdma"};
     size_t n = 0, i = 0;
     Moongate__V1__PeerStatus *st, **ptrs;
     char(*data)[160];
@@ -1902,8 +2220,12 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
             snprintf(data[i], sizeof(data[i]), "%s%s%s:%d", strchr(p->data_host, ':') ? "[" : "",
                      p->data_host, strchr(p->data_host, ':') ? "]" : "", p->data_port);
         st[i].data_endpoint = data[i];
-        st[i].transports = tcp;
-        st[i].n_transports = 1;
+        st[i].transports = p->rdma_state == RDMA_READY ? both : tcp;
+        st[i].n_transports = p->rdma_state == RDMA_READY ? 2 : 1;
+        st[i].rdma = p->rdma_state == RDMA_READY   ? "ready"
+                     : p->rdma_state == RDMA_SETUP ? "connecting"
+                     : p->rdma_why[0]              ? p->rdma_why
+                                                   : "not tried yet";
         st[i].last_error = p->state == PEER_FAILED ? p->err : "";
         pthread_mutex_lock(&p->lock);
         st[i].idle_connections = (uint32_t)p->nidle;
@@ -1999,7 +2321,12 @@ void mg_svc_transfer_free(mg_gateway *gw)
         while ((c = take_conn(p)) != NULL)
             mg_dp_close(c);
         mg_client_del(p->client);
+        if (p->rref) { /* the workers have stopped: teardown here */
+            mg_rdma_conn_del(p->rref->c);
+            free(p->rref);
+        }
         pthread_mutex_destroy(&p->lock);
+        pthread_mutex_destroy(&p->rlock);
         free(p);
     }
     while (ts->batches) {
@@ -2031,12 +2358,18 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
                              "requests that completed, by op and transport.\n"
                              "# TYPE moongate_peer_bytes_total counter\n");
     for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
-        for (int o = 0; o < 2; o++)
+        for (int o = 0; o < 2; o++) {
             evbuffer_add_printf(out,
                                 "moongate_peer_bytes_total{peer=\"%s\",op=\"%s\","
                                 "transport=\"%s\"} %llu\n",
                                 p->addr[0] ? p->addr : "local", ops[o], p->addr[0] ? "tcp" : "copy",
                                 (unsigned long long)p->bytes[o]);
+            if (p->addr[0] && (p->rdma_bytes[o] || p->rdma_state == RDMA_READY))
+                evbuffer_add_printf(out,
+                                    "moongate_peer_bytes_total{peer=\"%s\",op=\"%s\","
+                                    "transport=\"rdma\"} %llu\n",
+                                    p->addr, ops[o], (unsigned long long)p->rdma_bytes[o]);
+        }
     }
     evbuffer_add_printf(out, "# HELP moongate_peer_requests_total Requests with a peer that "
                              "ended, by op and result.\n"

@@ -10,10 +10,20 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+static uint64_t mg_rdma_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 /* The exported functions used; ibv_query_port is the exported (compat) entry the header's
  * inline wrapper falls back to, which fills the leading fields of struct ibv_port_attr. */
@@ -30,10 +40,24 @@ typedef struct verbs_fn {
     int (*dealloc_pd)(struct ibv_pd *pd);
     struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
     int (*dereg_mr)(struct ibv_mr *mr);
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *ch);
+    struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe, void *cq_context,
+                                struct ibv_comp_channel *ch, int comp_vector);
+    int (*destroy_cq)(struct ibv_cq *cq);
+    int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context);
+    void (*ack_cq_events)(struct ibv_cq *cq, unsigned int n);
+    struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+    int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
+    int (*destroy_qp)(struct ibv_qp *qp);
+    const char *(*wc_status_str)(enum ibv_wc_status status);
 } verbs_fn;
 
 typedef struct dev {
     mg_rdma_device_info info;
+    union ibv_gid gid;
+    enum ibv_mtu mtu;
+    int gid_index;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
 } dev;
@@ -63,9 +87,28 @@ static const struct {
     const char *name;
     size_t off;
 } syms[] = {
-    SYM(get_device_list), SYM(free_device_list), SYM(get_device_name), SYM(open_device),
-    SYM(close_device),    SYM(query_device),     SYM(query_port),      SYM(query_gid),
-    SYM(alloc_pd),        SYM(dealloc_pd),       SYM(reg_mr),          SYM(dereg_mr),
+    SYM(get_device_list),
+    SYM(free_device_list),
+    SYM(get_device_name),
+    SYM(open_device),
+    SYM(close_device),
+    SYM(query_device),
+    SYM(query_port),
+    SYM(query_gid),
+    SYM(alloc_pd),
+    SYM(dealloc_pd),
+    SYM(reg_mr),
+    SYM(dereg_mr),
+    SYM(create_comp_channel),
+    SYM(destroy_comp_channel),
+    SYM(create_cq),
+    SYM(destroy_cq),
+    SYM(get_cq_event),
+    SYM(ack_cq_events),
+    SYM(create_qp),
+    SYM(modify_qp),
+    SYM(destroy_qp),
+    SYM(wc_status_str),
 };
 
 static unsigned mtu_bytes(enum ibv_mtu m)
@@ -131,6 +174,8 @@ static int dev_open(mg_rdma *r, struct ibv_device *ibdev, int gid_index, dev *d,
     memset(&pa, 0, sizeof(pa));
     r->fn.query_port(d->ctx, d->info.port, (struct _compat_ibv_port_attr *)&pa);
     d->info.mtu = mtu_bytes(pa.active_mtu);
+    d->mtu = pa.active_mtu;
+    d->gid_index = gid_index;
     d->info.lid = pa.lid;
     d->info.roce = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
     d->info.max_msg_size = pa.max_msg_sz;
@@ -143,6 +188,7 @@ static int dev_open(mg_rdma *r, struct ibv_device *ibdev, int gid_index, dev *d,
         goto fail;
     }
     inet_ntop(AF_INET6, gid.raw, d->info.gid, sizeof(d->info.gid));
+    d->gid = gid;
     d->pd = r->fn.alloc_pd(d->ctx);
     if (d->pd == NULL) {
         snprintf(why, whycap, "device %s: ibv_alloc_pd: %s", d->info.name, strerror(errno));
@@ -339,4 +385,330 @@ void mg_rdma_get_stats(mg_rdma *r, mg_rdma_stats *out)
     pthread_mutex_lock(&r->lock);
     *out = r->stats;
     pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- connections ---- */
+
+/* QP settings: local ACK timeout 4.096 us x 2^14 = 67 ms, 7 retries: a peer that is gone is a
+ * retry-exceeded completion after about half a second, well inside any request's deadline. */
+#define QP_TIMEOUT 14
+#define QP_RETRY   7
+#define QP_MAX_WR  128
+#define BUSY_POLLS 2000 /* empty polls before sleeping on the completion channel */
+
+struct mg_rdma_conn {
+    mg_rdma *r;
+    int dev;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    unsigned nqps;
+    struct ibv_qp *qp[MG_RDMA_MAX_QPS];
+    uint32_t psn[MG_RDMA_MAX_QPS];
+    int broken;
+};
+
+static void stat_add(mg_rdma *r, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&r->lock);
+    *field += n;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static enum ibv_mtu mtu_enum(uint32_t bytes)
+{
+    enum ibv_mtu m = IBV_MTU_256;
+    while (m < IBV_MTU_4096 && (256u << (m - IBV_MTU_256)) < bytes)
+        m++;
+    return m;
+}
+
+int mg_rdma_conn_new(mg_rdma *r, int devi, unsigned nqps, mg_rdma_conn **out, mg_rdma_ep *local,
+                     char *why, size_t whycap)
+{
+    dev *d = &r->devs[devi];
+    mg_rdma_conn *c;
+    *out = NULL;
+    if (devi < 0 || devi >= r->ndevs || nqps < 1 || nqps > MG_RDMA_MAX_QPS) {
+        snprintf(why, whycap, "bad device %d or QP count %u", devi, nqps);
+        return MG_ERR_INVALID;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        snprintf(why, whycap, "out of memory");
+        return MG_ERR_NOMEM;
+    }
+    c->r = r;
+    c->dev = devi;
+    c->ch = r->fn.create_comp_channel(d->ctx);
+    if (c->ch)
+        c->cq = r->fn.create_cq(d->ctx, (int)(nqps * QP_MAX_WR), c, c->ch, 0);
+    if (c->cq == NULL) {
+        snprintf(why, whycap, "device %s: cannot create a completion queue: %s", d->info.name,
+                 strerror(errno));
+        goto fail;
+    }
+    memset(local, 0, sizeof(*local));
+    memcpy(local->gid, d->gid.raw, 16);
+    local->lid = d->info.lid;
+    local->mtu = d->info.mtu;
+    local->nqps = nqps;
+    for (unsigned i = 0; i < nqps; i++) {
+        struct ibv_qp_init_attr ia;
+        struct ibv_qp_attr a;
+        memset(&ia, 0, sizeof(ia));
+        ia.send_cq = c->cq;
+        ia.recv_cq = c->cq;
+        ia.qp_type = IBV_QPT_RC;
+        ia.cap.max_send_wr = QP_MAX_WR;
+        ia.cap.max_recv_wr = 1;
+        ia.cap.max_send_sge = 1;
+        ia.cap.max_recv_sge = 1;
+        c->qp[i] = r->fn.create_qp(d->pd, &ia);
+        if (c->qp[i] == NULL) {
+            snprintf(why, whycap, "device %s: cannot create a queue pair: %s", d->info.name,
+                     strerror(errno));
+            goto fail;
+        }
+        c->nqps = i + 1;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = d->info.port;
+        a.qp_access_flags =
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+        if (r->fn.modify_qp(c->qp[i], &a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
+            0) {
+            snprintf(why, whycap, "device %s: queue pair to INIT refused", d->info.name);
+            goto fail;
+        }
+        if (getrandom(&c->psn[i], sizeof(c->psn[i]), 0) != sizeof(c->psn[i]))
+            c->psn[i] = (uint32_t)i * 7919u;
+        c->psn[i] &= 0xffffff;
+        local->qpn[i] = c->qp[i]->qp_num;
+        local->psn[i] = c->psn[i];
+    }
+    stat_add(r, &r->stats.conns, 1);
+    *out = c;
+    return 0;
+fail:
+    c->broken = 1;
+    stat_add(r, &r->stats.conns, 1); /* mg_rdma_conn_del takes it back */
+    mg_rdma_conn_del(c);
+    return MG_ERR_SYSTEM;
+}
+
+int mg_rdma_conn_connect(mg_rdma_conn *c, const mg_rdma_ep *remote, char *why, size_t whycap)
+{
+    dev *d = &c->r->devs[c->dev];
+    uint32_t mtu = remote->mtu < d->info.mtu ? remote->mtu : d->info.mtu;
+    if (remote->nqps != c->nqps) {
+        snprintf(why, whycap, "the peer has %u queue pairs for our %u", remote->nqps, c->nqps);
+        return MG_ERR_PROTOCOL;
+    }
+    for (unsigned i = 0; i < c->nqps; i++) {
+        struct ibv_qp_attr a;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = mtu_enum(mtu);
+        a.dest_qp_num = remote->qpn[i];
+        a.rq_psn = remote->psn[i];
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, remote->gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.dlid = remote->lid;
+        a.ah_attr.port_num = d->info.port;
+        if (c->r->fn.modify_qp(c->qp[i], &a,
+                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                   IBV_QP_MIN_RNR_TIMER) != 0) {
+            snprintf(why, whycap, "device %s: queue pair to RTR refused (peer QPN %u)",
+                     d->info.name, remote->qpn[i]);
+            c->broken = 1;
+            return MG_ERR_PROTOCOL;
+        }
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = QP_TIMEOUT;
+        a.retry_cnt = QP_RETRY;
+        a.rnr_retry = QP_RETRY;
+        a.sq_psn = c->psn[i];
+        a.max_rd_atomic = 16;
+        if (c->r->fn.modify_qp(c->qp[i], &a,
+                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+            snprintf(why, whycap, "device %s: queue pair to RTS refused", d->info.name);
+            c->broken = 1;
+            return MG_ERR_PROTOCOL;
+        }
+    }
+    return 0;
+}
+
+void mg_rdma_conn_del(mg_rdma_conn *c)
+{
+    if (c == NULL)
+        return;
+    for (unsigned i = 0; i < c->nqps; i++)
+        c->r->fn.destroy_qp(c->qp[i]);
+    if (c->cq)
+        c->r->fn.destroy_cq(c->cq);
+    if (c->ch)
+        c->r->fn.destroy_comp_channel(c->ch);
+    pthread_mutex_lock(&c->r->lock);
+    c->r->stats.conns--;
+    pthread_mutex_unlock(&c->r->lock);
+    free(c);
+}
+
+int mg_rdma_conn_broken(const mg_rdma_conn *c)
+{
+    return c->broken;
+}
+
+static int verbs_err(enum ibv_wc_status st)
+{
+    switch (st) {
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return MG_ERR_UNAVAILABLE;
+    case IBV_WC_REM_ACCESS_ERR:
+        return MG_ERR_NOT_FOUND;
+    default:
+        return MG_ERR_PROTOCOL;
+    }
+}
+
+/* Waits for completions: polls, then sleeps on the channel in steps of 100 ms while stop is
+ * clear and before `until`. Returns how many it got (>= 0), or -1 when the CQ failed. */
+static int wait_cq(mg_rdma_conn *c, struct ibv_wc *wc, int n, const int *stop, uint64_t until)
+{
+    int got;
+    for (int spin = 0; spin < BUSY_POLLS; spin++) {
+        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0)
+            return got;
+    }
+    for (;;) {
+        struct pollfd pfd = {c->ch->fd, POLLIN, 0};
+        struct ibv_cq *cq;
+        void *ctx;
+        if (ibv_req_notify_cq(c->cq, 0) != 0)
+            return -1;
+        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0) /* what came before the arming */
+            return got;
+        if ((stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) || mg_rdma_now_ms() >= until)
+            return 0;
+        if (poll(&pfd, 1, 100) == 1 && c->r->fn.get_cq_event(c->ch, &cq, &ctx) == 0)
+            c->r->fn.ack_cq_events(cq, 1);
+        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0)
+            return got;
+    }
+}
+
+/* After a failure or a stop: the QPs go to ERR so the hardware flushes what was posted, and
+ * those completions are collected, so no slice is still moving when the caller lets go of the
+ * memory. */
+static void flush(mg_rdma_conn *c, unsigned outstanding)
+{
+    struct ibv_wc wc[32];
+    uint64_t until = mg_rdma_now_ms() + 2000;
+    c->broken = 1;
+    for (unsigned i = 0; i < c->nqps; i++) {
+        struct ibv_qp_attr a;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_ERR;
+        c->r->fn.modify_qp(c->qp[i], &a, IBV_QP_STATE);
+    }
+    while (outstanding > 0 && mg_rdma_now_ms() < until) {
+        int got = wait_cq(c, wc, 32, NULL, until);
+        if (got < 0)
+            break;
+        outstanding -= (unsigned)got < outstanding ? (unsigned)got : outstanding;
+    }
+}
+
+int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned window,
+                 const int *stop, uint64_t *progress, uint32_t wait_ms, char *why, size_t whycap)
+{
+    struct ibv_wc wc[32];
+    uint64_t next = 0, done = 0;
+    unsigned outstanding = 0, qi = 0, cap;
+    int rc = 0, failed_status = -1;
+    if (slice == 0)
+        slice = 1u << 20;
+    if (window == 0 || window > QP_MAX_WR)
+        window = QP_MAX_WR;
+    cap = window * c->nqps;
+    if (c->broken) {
+        snprintf(why, whycap, "the RDMA connection failed earlier");
+        return MG_ERR_UNAVAILABLE;
+    }
+    while (done < op->len) {
+        int got;
+        while (outstanding < cap && next < op->len) {
+            uint64_t n = op->len - next < slice ? op->len - next : slice;
+            struct ibv_sge sge = {(uintptr_t)op->local + next, (uint32_t)n, op->lkey};
+            struct ibv_send_wr wr, *bad = NULL;
+            memset(&wr, 0, sizeof(wr));
+            wr.wr_id = n;
+            wr.sg_list = &sge;
+            wr.num_sge = 1;
+            wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+            wr.send_flags = IBV_SEND_SIGNALED;
+            wr.wr.rdma.remote_addr = op->remote_addr + next;
+            wr.wr.rdma.rkey = op->rkey;
+            if (ibv_post_send(c->qp[qi], &wr, &bad) != 0) {
+                snprintf(why, whycap, "device %s: ibv_post_send refused the work request",
+                         c->r->devs[c->dev].info.name);
+                flush(c, outstanding);
+                return MG_ERR_PROTOCOL;
+            }
+            qi = (qi + 1) % c->nqps;
+            outstanding++;
+            next += n;
+            stat_add(c->r, &c->r->stats.wr_posted, 1);
+        }
+        if (stop && (rc = __atomic_load_n(stop, __ATOMIC_ACQUIRE)) != 0) {
+            snprintf(why, whycap, "stopped (%s)", mg_strerror(rc));
+            flush(c, outstanding);
+            return rc;
+        }
+        got = wait_cq(c, wc, 32, stop, mg_rdma_now_ms() + wait_ms);
+        if (got < 0) {
+            snprintf(why, whycap, "device %s: the completion queue failed",
+                     c->r->devs[c->dev].info.name);
+            flush(c, outstanding);
+            return MG_ERR_PROTOCOL;
+        }
+        if (got == 0 && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE))) {
+            snprintf(why, whycap, "no RDMA completion within %u ms", wait_ms);
+            flush(c, outstanding);
+            return MG_ERR_UNAVAILABLE;
+        }
+        for (int i = 0; i < got; i++) {
+            outstanding--;
+            if (wc[i].status != IBV_WC_SUCCESS) {
+                if (failed_status < 0)
+                    failed_status = (int)wc[i].status;
+                continue;
+            }
+            done += wc[i].wr_id;
+            if (progress)
+                __atomic_fetch_add(progress, wc[i].wr_id, __ATOMIC_RELAXED);
+        }
+        if (failed_status >= 0) {
+            const char *s = c->r->fn.wc_status_str((enum ibv_wc_status)failed_status);
+            snprintf(why, whycap, "RDMA %s on device %s: %s (status %d)",
+                     op->write ? "WRITE" : "READ", c->r->devs[c->dev].info.name, s ? s : "?",
+                     failed_status);
+            stat_add(c->r, &c->r->stats.wr_failed, 1);
+            flush(c, outstanding);
+            return verbs_err((enum ibv_wc_status)failed_status);
+        }
+    }
+    stat_add(c->r, op->write ? &c->r->stats.bytes_written : &c->r->stats.bytes_read, op->len);
+    return 0;
 }

@@ -730,12 +730,21 @@ int mg_segment_map(mg_segment *seg)
         seg->transports[MG_TRANSPORT_RDMA].registered = seg->remote_accessible;
         seg->transports[MG_TRANSPORT_RDMA].lkey = mg_rdma_mr_lkey(seg->mr, 0);
         seg->transports[MG_TRANSPORT_RDMA].rkey = mg_rdma_mr_rkey(seg->mr, 0);
+        seg->transports[MG_TRANSPORT_RDMA].addr = (uintptr_t)seg->addr;
     }
     return 0;
 
 fail:
     unmap_files(seg);
     return rc;
+}
+
+int mg_segment_rdma_lkey(const mg_segment *seg, uint32_t *lkey)
+{
+    if (seg->mr == NULL)
+        return -1;
+    *lkey = seg->transports[MG_TRANSPORT_RDMA].lkey;
+    return 0;
 }
 
 const char *mg_segment_error(const mg_segment *seg)

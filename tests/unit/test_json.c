@@ -59,7 +59,8 @@ static void test_encode_info(void)
     CU_ASSERT_STRING_EQUAL(
         s, "{\"epoch\":\"18446744073709551615\",\"features\":[\"tls\",\"json\"],"
            "\"startUnixMs\":\"0\",\"state\":\"\",\"transports\":[{\"available\":true,"
-           "\"endpoint\":\"\",\"name\":\"tcp\",\"reason\":\"\"}],\"uptimeMs\":\"5\",\"version\":"
+           "\"devices\":[],\"endpoint\":\"\",\"name\":\"tcp\",\"reason\":\"\"}],\"uptimeMs\":\"5\","
+           "\"version\":"
            "\"1.2.3\","
            "\"workerQueueDepth\":0,\"workers\":4}");
     free(s);

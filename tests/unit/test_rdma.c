@@ -106,12 +106,112 @@ static void test_pinned_devices(void)
     CU_ASSERT_STRING_EQUAL(why, "device emu9 (--rdma-devices) not found");
 }
 
+/* Two connections of this process joined to each other, as two daemons' would be. */
+static void pair(mg_rdma *r, unsigned nqps, mg_rdma_conn **a, mg_rdma_conn **b)
+{
+    mg_rdma_ep ea, eb;
+    char why[300];
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, 0, nqps, a, &ea, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, 0, nqps, b, &eb, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(ea.nqps, nqps);
+    CU_ASSERT_EQUAL(ea.mtu, 4096);
+    CU_ASSERT_NOT_EQUAL(ea.qpn[0], eb.qpn[0]);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(*a, &eb, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(*b, &ea, why, sizeof(why)), 0);
+}
+
+static void test_rdma_write_and_read(void)
+{
+    mg_rdma *r;
+    mg_rdma_conn *a, *b, *c;
+    mg_rdma_mr *src_mr, *dst_mr, *priv_mr;
+    mg_rdma_stats st;
+    mg_rdma_ep ea;
+    char why[300];
+    size_t len = 5 * (1 << 20) + 77;
+    uint8_t *src = malloc(len), *dst = calloc(1, len), *back = calloc(1, len);
+    uint64_t progress = 0;
+    int stop = 0;
+    mg_rdma_config cfg = {MG_VERBS_EMU, NULL, 0};
+    setenv("MG_VERBS_EMU_DEVICES", "emu0", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &cfg, why, sizeof(why)), 0);
+    for (size_t i = 0; i < len; i++)
+        src[i] = (uint8_t)(i * 131 + 7);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, src, len, 0, &src_mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, dst, len, 1, &dst_mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, back, len, 0, &priv_mr, why, sizeof(why)), 0);
+    pair(r, 2, &a, &b);
+
+    /* WRITE: slices of 1 MiB over two QPs, 4 in flight on each. */
+    mg_rdma_op w = {1,  src, mg_rdma_mr_lkey(src_mr, 0), (uintptr_t)dst, mg_rdma_mr_rkey(dst_mr, 0),
+                    len};
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, 1 << 20, 4, &stop, &progress, 5000, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(memcmp(dst, src, len), 0);
+    CU_ASSERT_EQUAL(progress, len);
+    /* READ it back into another buffer. */
+    mg_rdma_op rd = {
+        0, back, mg_rdma_mr_lkey(priv_mr, 0), (uintptr_t)dst, mg_rdma_mr_rkey(dst_mr, 0), len};
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &rd, 65536, 16, NULL, NULL, 5000, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, len), 0);
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.bytes_written, len);
+    CU_ASSERT_EQUAL(st.bytes_read, len);
+    CU_ASSERT_EQUAL(st.conns, 2);
+
+    /* Past the end of the remote registration: remote access error, nothing written there. */
+    w.remote_addr = (uintptr_t)dst + len - 10;
+    w.len = 11;
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, 1 << 20, 4, NULL, NULL, 5000, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "RDMA WRITE on device emu0: remote access error"));
+    CU_ASSERT_TRUE(mg_rdma_conn_broken(a)); /* its QPs are in error now */
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &rd, 65536, 16, NULL, NULL, 5000, why, sizeof(why)),
+                    MG_ERR_UNAVAILABLE);
+    mg_rdma_conn_del(a);
+    mg_rdma_conn_del(b);
+
+    /* The key of a registration without remote access is refused the same way. */
+    pair(r, 1, &a, &b);
+    mg_rdma_op bad = {
+        1, src, mg_rdma_mr_lkey(src_mr, 0), (uintptr_t)back, mg_rdma_mr_lkey(priv_mr, 0), 4096};
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &bad, 4096, 4, NULL, NULL, 5000, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    mg_rdma_conn_del(a);
+
+    /* The peer's QPs are gone (its daemon died): retry exceeded, UNAVAILABLE. */
+    pair(r, 1, &a, &c);
+    mg_rdma_conn_del(c);
+    w.remote_addr = (uintptr_t)dst;
+    w.len = 4096;
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, 4096, 4, NULL, NULL, 5000, why, sizeof(why)),
+                    MG_ERR_UNAVAILABLE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "transport retry counter exceeded"));
+    mg_rdma_conn_del(a);
+    mg_rdma_conn_del(b);
+
+    /* QP counts must match. */
+    CU_ASSERT_EQUAL(mg_rdma_conn_new(r, 0, 2, &a, &ea, why, sizeof(why)), 0);
+    ea.nqps = 1;
+    CU_ASSERT_EQUAL(mg_rdma_conn_connect(a, &ea, why, sizeof(why)), MG_ERR_PROTOCOL);
+    mg_rdma_conn_del(a);
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.conns, 0);
+    mg_rdma_dereg(src_mr);
+    mg_rdma_dereg(dst_mr);
+    mg_rdma_dereg(priv_mr);
+    mg_rdma_close(r);
+    free(src);
+    free(dst);
+    free(back);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_reasons),
         MG_TEST(test_devices_and_registration),
         MG_TEST(test_pinned_devices),
+        MG_TEST(test_rdma_write_and_read),
     };
     return mg_test_run("rdma", cases, sizeof(cases) / sizeof(cases[0]));
 }

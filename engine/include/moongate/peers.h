@@ -33,6 +33,8 @@ typedef struct mg_remote_desc {
     uint64_t size;
     int remote_accessible;
     unsigned transports; /* bit 1 << MG_TRANSPORT_* */
+    uint64_t rdma_addr;  /* with MG_TRANSPORT_RDMA: where the target starts, and its key */
+    uint32_t rdma_rkey;
 } mg_remote_desc;
 
 typedef struct mg_peer_info {

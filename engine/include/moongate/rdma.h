@@ -70,11 +70,58 @@ void mg_rdma_dereg(mg_rdma_mr *mr);
 uint32_t mg_rdma_mr_lkey(const mg_rdma_mr *mr, int i);
 uint32_t mg_rdma_mr_rkey(const mg_rdma_mr *mr, int i);
 
+/* ---- connections: RC queue pairs to one peer on one device ---- */
+
+#define MG_RDMA_MAX_QPS 8
+
+/* One side of a connection, as the QP handshake carries it. */
+typedef struct mg_rdma_ep {
+    uint8_t gid[16];
+    uint16_t lid;
+    uint32_t mtu; /* bytes */
+    unsigned nqps;
+    uint32_t qpn[MG_RDMA_MAX_QPS], psn[MG_RDMA_MAX_QPS];
+} mg_rdma_ep;
+
+typedef struct mg_rdma_conn mg_rdma_conn;
+
+/* Creates nqps RC QPs on device `dev` sharing one completion queue, moved to INIT; *local
+ * describes them for the peer. Runs verbs calls: a worker's job. Returns 0 or an MG_ERR_*. */
+int mg_rdma_conn_new(mg_rdma *r, int dev, unsigned nqps, mg_rdma_conn **out, mg_rdma_ep *local,
+                     char *why, size_t whycap);
+/* Connects the QPs to the peer's (as many as ours): RTR then RTS, path MTU the smaller of the
+ * two; the QP timeout and retry count make a dead peer an error within about half a second. */
+int mg_rdma_conn_connect(mg_rdma_conn *c, const mg_rdma_ep *remote, char *why, size_t whycap);
+void mg_rdma_conn_del(mg_rdma_conn *c); /* accepts NULL */
+/* Non-zero once an operation failed on it: it must be deleted and set up anew. */
+int mg_rdma_conn_broken(const mg_rdma_conn *c);
+
+typedef struct mg_rdma_op {
+    int write;   /* RDMA WRITE local -> remote, else RDMA READ remote -> local */
+    void *local; /* registered with the connection's device */
+    uint32_t lkey;
+    uint64_t remote_addr; /* the peer's registered address and key */
+    uint32_t rkey;
+    uint64_t len;
+} mg_rdma_op;
+
+/* Moves op in slices of `slice` bytes spread over the QPs, up to `window` in flight on each;
+ * returns when every slice completed (0), a completion failed (MG_ERR_UNAVAILABLE for
+ * retry-exceeded, MG_ERR_NOT_FOUND for a remote access error, MG_ERR_PROTOCOL otherwise; why
+ * names the verbs status), *stop was set (that code) or nothing completed for wait_ms
+ * (MG_ERR_UNAVAILABLE). Slices still posted are flushed before it returns, so the memory is
+ * free to go. *progress (may be NULL) counts completed bytes atomically. One thread at a time. */
+int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned window,
+                 const int *stop, uint64_t *progress, uint32_t wait_ms, char *why, size_t whycap);
+
 typedef struct mg_rdma_stats {
     uint64_t mrs;        /* registrations alive */
     uint64_t mr_bytes;   /* bytes they cover (each counted once, whatever the devices) */
     uint64_t reg_total;  /* mg_rdma_reg calls that worked */
     uint64_t reg_failed; /* and that failed */
+    uint64_t conns;      /* connections alive */
+    uint64_t wr_posted, wr_failed;
+    uint64_t bytes_written, bytes_read;
 } mg_rdma_stats;
 void mg_rdma_get_stats(mg_rdma *r, mg_rdma_stats *out);
 

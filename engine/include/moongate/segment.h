@@ -78,8 +78,13 @@ extern const char *const mg_transport_names[MG_TRANSPORT_COUNT]; /* "tcp", "rdma
 
 typedef struct mg_seg_transport {
     int registered;      /* peers can reach the segment over this transport */
-    uint32_t lkey, rkey; /* RDMA: the memory region's keys */
+    uint32_t lkey, rkey; /* RDMA: the memory region's keys (of the first device) */
+    uint64_t addr;       /* RDMA: where the registered bytes start */
 } mg_seg_transport;
+
+/* The key of a mapped segment's registration with the first RDMA device, for local RDMA
+ * operations; -1 when it is not registered. Constant while the segment is referenced. */
+int mg_segment_rdma_lkey(const mg_segment *seg, uint32_t *lkey);
 
 typedef struct mg_segment_info {
     uint64_t id;
