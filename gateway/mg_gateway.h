@@ -198,7 +198,7 @@ struct mg_gateway {
     struct event_base *base;
     const mg_config *cfg;
     mg_engine *engine;
-    mg_engine *io; /* the transport threads (--io-threads): data-plane jobs of transfers */
+    mg_engine *io;        /* the transport threads (--io-threads): data-plane jobs of transfers */
     struct mg_rdma *rdma; /* the RDMA devices, or NULL (rdma_why says why) */
     char rdma_why[300];
     mg_cq *cq;

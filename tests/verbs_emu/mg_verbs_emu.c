@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -103,11 +104,14 @@ static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 
+static void sweep_dead(void);
+
 EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
     struct ibv_device **list;
     pthread_mutex_lock(&lock);
     setup();
+    sweep_dead();
     list = calloc((size_t)ndevices + 1, sizeof(*list));
     for (int i = 0; list && i < ndevices; i++)
         list[i] = &devices[i];
@@ -308,6 +312,31 @@ static int lookup(const char *kind, uint32_t n, void *out, size_t bytes)
 static int alive(pid_t pid)
 {
     return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* Names claimed by processes that are gone (killed without cleaning up) are released, so the
+ * directory does not grow and a later process with the same pid is not mistaken for them. */
+static void sweep_dead(void)
+{
+    DIR *d = opendir(emu_dir());
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[600];
+        pid_t pid;
+        int fd, ok;
+        if (strncmp(e->d_name, "mr-", 3) != 0 && strncmp(e->d_name, "qp-", 3) != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", emu_dir(), e->d_name);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ok = read(fd, &pid, sizeof(pid)) == (ssize_t)sizeof(pid); /* both start with the pid */
+        close(fd);
+        if (ok && !alive(pid))
+            unlink(path);
+    }
+    if (d)
+        closedir(d);
 }
 
 /* ---- memory regions ---- */
