@@ -124,6 +124,19 @@ typedef struct xfer_note {
     char msg[300];
 } xfer_note;
 
+/* What a finished request still tells GetBatch and Wait: all that is kept of it once its batch
+ * is over (a kept batch would otherwise hold ~1 KiB per request until --batch-retention). */
+typedef struct req_rec {
+    uint64_t bytes;
+    char *msg;
+    int err;
+    uint8_t state;
+    uint8_t transport; /* TR_* */
+} req_rec;
+
+enum { TR_NONE, TR_TCP, TR_RDMA, TR_COPY };
+static const char *const transport_names[] = {"", "tcp", "rdma", "copy"};
+
 typedef struct xfer_batch {
     uint64_t id;
     uint64_t t0_ns; /* submitted */
@@ -135,8 +148,10 @@ typedef struct xfer_batch {
     struct event *wait_ev;               /* the next progress report to Wait calls */
     mg_gateway *gw;
     char tenant[MG_SEG_NAME_MAX + 1];
-    size_t n, done, failed;
-    struct xfer_req *reqs;
+    size_t n;
+    struct xfer_req *reqs; /* NULL once over and compacted into recs */
+    req_rec *recs;
+    struct event *compact_ev; /* compacts it after the callback that ended it */
     xfer_note *notes;
     size_t nnotes;
     mg_batch_counts counts;  /* requests and notifications ended (moongate/batch.h) */
@@ -243,6 +258,18 @@ static uint64_t req_progress(const xfer_req *r)
     return n;
 }
 
+/* What GetBatch says of r now (msg: r's own). */
+static req_rec req_record(const xfer_req *r)
+{
+    req_rec rec = {r->life.state == MG_REQ_DONE ? r->length : req_progress(r), r->msg, r->err,
+                   (uint8_t)r->life.state,
+                   r->local_copy                     ? TR_COPY
+                   : r->rdma                         ? TR_RDMA
+                   : r->life.state != MG_REQ_PENDING ? TR_TCP
+                                                     : TR_NONE};
+    return rec;
+}
+
 /* Fills m from b; returns -1 when out of memory. Free with batch_msg_free. */
 static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
 {
@@ -268,16 +295,13 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
     m->msg.notify = m->nptrs;
     m->msg.n_notify = b->nnotes;
     for (size_t i = 0; i < b->n; i++) {
-        const xfer_req *r = &b->reqs[i];
+        req_rec rec = b->reqs ? req_record(&b->reqs[i]) : b->recs[i];
         moongate__v1__request_status__init(&m->st[i]);
-        m->st[i].state = (Moongate__V1__RequestState)r->life.state;
-        m->st[i].bytes_done = r->life.state == MG_REQ_DONE ? r->length : req_progress(r);
-        m->st[i].code = r->life.state == MG_REQ_FAILED ? mg_err_grpc(r->err) : 0;
-        m->st[i].transport = r->local_copy                     ? "copy"
-                             : r->rdma                         ? "rdma"
-                             : r->life.state != MG_REQ_PENDING ? "tcp"
-                                                               : "";
-        m->st[i].message = r->msg ? r->msg : "";
+        m->st[i].state = (Moongate__V1__RequestState)rec.state;
+        m->st[i].bytes_done = rec.bytes;
+        m->st[i].code = rec.state == MG_REQ_FAILED ? mg_err_grpc(rec.err) : 0;
+        m->st[i].transport = (char *)transport_names[rec.transport];
+        m->st[i].message = rec.msg ? rec.msg : "";
         m->ptrs[i] = &m->st[i];
     }
     m->msg.id = b->id;
@@ -436,11 +460,35 @@ static void req_end(xfer_req *r, int err, const char *msg)
     batch_changed(r->b);
 }
 
+/* An over batch keeps only its requests' records (after the callback that ended it, which may
+ * still be walking the requests). */
+static void compact_cb(evutil_socket_t fd, short what, void *arg)
+{
+    xfer_batch *b = arg;
+    req_rec *recs;
+    if (b->reqs == NULL || !batch_over(b) || (recs = calloc(b->n, sizeof(*recs))) == NULL)
+        return; /* out of memory: it stays whole */
+    for (size_t i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i];
+        recs[i] = req_record(r);
+        r->msg = NULL; /* the record has it now */
+        if (r->parts != &r->one)
+            free(r->parts);
+    }
+    free(b->reqs);
+    b->reqs = NULL;
+    b->recs = recs;
+}
+
 /* The batch moved: its Wait calls hear of it, and its timer goes once it is over. */
 static void batch_changed(xfer_batch *b)
 {
-    if (batch_over(b) && b->end_ms == 0)
+    if (batch_over(b) && b->end_ms == 0) {
         b->end_ms = now_ms();
+        b->compact_ev = event_new(b->gw->base, -1, 0, compact_cb, b);
+        if (b->compact_ev)
+            event_active(b->compact_ev, EV_TIMEOUT, 0);
+    }
     if (batch_over(b) && b->timer)
         event_del(b->timer);
     batch_notify(b);
@@ -474,7 +522,7 @@ static int unqueue(xfer_req *r)
  * stop word (they end when their worker sees it). */
 static void batch_stop(xfer_batch *b, int err, const char *why)
 {
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; b->reqs && i < b->n; i++) {
         xfer_req *r = &b->reqs[i];
         if (r->life.state == MG_REQ_PENDING && unqueue(r))
             req_end(r, err, why);
@@ -499,15 +547,20 @@ static void batch_free(xfer_batch *b)
         event_free(b->timer);
     if (b->wait_ev)
         event_free(b->wait_ev);
+    if (b->compact_ev)
+        event_free(b->compact_ev);
     for (size_t i = 0; i < b->nnotes; i++)
         free(b->notes[i].payload);
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; b->reqs && i < b->n; i++) {
         if (b->reqs[i].parts != &b->reqs[i].one)
             free(b->reqs[i].parts);
         free(b->reqs[i].msg);
     }
+    for (size_t i = 0; b->recs && i < b->n; i++)
+        free(b->recs[i].msg);
     free(b->notes);
     free(b->reqs);
+    free(b->recs);
     free(b);
 }
 
@@ -2339,7 +2392,7 @@ void mg_svc_transfer_free(mg_gateway *gw)
             mg_call_unref(w->call);
             free(w);
         }
-        for (size_t i = 0; i < b->n; i++)
+        for (size_t i = 0; b->reqs && i < b->n; i++)
             req_release_local(&b->reqs[i]);
         batch_free(b);
     }
@@ -2435,7 +2488,7 @@ void mg_svc_transfer_stop(mg_gateway *gw)
         return;
     for (xfer_batch *b = gw->transfer->batches; b; b = b->next) {
         for (size_t i = 0; i < b->n; i++) {
-            if (b->reqs[i].life.state == MG_REQ_RUNNING)
+            if (b->reqs && b->reqs[i].life.state == MG_REQ_RUNNING)
                 __atomic_store_n(&b->reqs[i].stop, MG_ERR_SHUTDOWN, __ATOMIC_RELEASE);
         }
     }
