@@ -9,6 +9,7 @@
 #include "moongate/mg_error.h"
 #include "moongate/rdma.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -205,6 +206,52 @@ static void test_rdma_write_and_read(void)
     free(back);
 }
 
+/* Slices go round-robin over a connection's QPs: 10 slices over 3 QPs are 4, 3 and 3, the last
+ * slice short. Counted by the emulator (loaded once, so dlopen finds the same instance). */
+static void test_slices_spread_over_the_qps(void)
+{
+    mg_rdma *r;
+    mg_rdma_conn *a, *b;
+    mg_rdma_mr *mr;
+    mg_rdma_ep ea, eb;
+    mg_rdma_stats st;
+    char why[300];
+    size_t slice = 65536, len = 9 * slice + 100;
+    uint8_t *buf = calloc(1, 2 * len);
+    mg_rdma_config cfg = {MG_VERBS_EMU, NULL, 0};
+    void *emu;
+    long long (*posted)(uint32_t);
+    setenv("MG_VERBS_EMU_DEVICES", "emu0", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &cfg, why, sizeof(why)), 0);
+    emu = dlopen(MG_VERBS_EMU, RTLD_NOW | RTLD_NOLOAD);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(emu);
+    *(void **)&posted = dlsym(emu, "mg_verbs_emu_posted");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(posted);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, buf, 2 * len, 1, &mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, 0, 3, &a, &ea, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, 0, 3, &b, &eb, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(a, &eb, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(b, &ea, why, sizeof(why)), 0);
+    mg_rdma_get_stats(r, &st);
+    uint64_t before = st.wr_posted;
+    mg_rdma_op w = {1,  buf, mg_rdma_mr_lkey(mr, 0), (uintptr_t)buf + len, mg_rdma_mr_rkey(mr, 0),
+                    len};
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, (uint32_t)slice, 2, NULL, NULL, 5000, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(posted(ea.qpn[0]), 4);
+    CU_ASSERT_EQUAL(posted(ea.qpn[1]), 3);
+    CU_ASSERT_EQUAL(posted(ea.qpn[2]), 3);
+    CU_ASSERT_EQUAL(posted(eb.qpn[0]), 0); /* the responder posts nothing: one-sided */
+    mg_rdma_get_stats(r, &st);
+    CU_ASSERT_EQUAL(st.wr_posted - before, 10);
+    mg_rdma_conn_del(a);
+    mg_rdma_conn_del(b);
+    CU_ASSERT_EQUAL(posted(ea.qpn[0]), -1); /* gone */
+    mg_rdma_dereg(mr);
+    dlclose(emu);
+    mg_rdma_close(r);
+    free(buf);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -212,6 +259,7 @@ int main(void)
         MG_TEST(test_devices_and_registration),
         MG_TEST(test_pinned_devices),
         MG_TEST(test_rdma_write_and_read),
+        MG_TEST(test_slices_spread_over_the_qps),
     };
     return mg_test_run("rdma", cases, sizeof(cases) / sizeof(cases[0]));
 }

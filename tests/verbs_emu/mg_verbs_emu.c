@@ -571,7 +571,27 @@ typedef struct emu_qp {
     int access;            /* remote access the QP allows (INIT) */
     uint32_t dest_qpn;     /* RTR */
     enum ibv_mtu path_mtu; /* RTR */
+    uint64_t posted;       /* work requests posted on it */
+    struct emu_qp *next;   /* this process's QPs */
 } emu_qp;
+
+static emu_qp *qps;
+
+EXPORT long long mg_verbs_emu_posted(uint32_t qpn);
+
+/* For tests, not a verbs entry point: work requests posted on this process's QP `qpn`, or -1
+ * when there is no such QP. */
+EXPORT long long mg_verbs_emu_posted(uint32_t qpn)
+{
+    long long n = -1;
+    pthread_mutex_lock(&lock);
+    for (emu_qp *q = qps; q; q = q->next) {
+        if (q->qp.qp_num == qpn)
+            n = (long long)q->posted;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
 
 EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
@@ -604,13 +624,23 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
     q->qp.handle = q->qp.qp_num;
     q->cap = a->cap;
     q->sq_sig_all = a->sq_sig_all;
+    pthread_mutex_lock(&lock);
+    q->next = qps;
+    qps = q;
+    pthread_mutex_unlock(&lock);
     return &q->qp;
 }
 
 EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
-    emu_qp *q = (emu_qp *)qp;
+    emu_qp *q = (emu_qp *)qp, **pp;
     unclaim("qp", qp->qp_num);
+    pthread_mutex_lock(&lock);
+    for (pp = &qps; *pp && *pp != q; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = q->next;
+    pthread_mutex_unlock(&lock);
     free(q);
     return 0;
 }
@@ -711,6 +741,7 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
             *bad = wr;
             return EINVAL;
         }
+        __atomic_fetch_add(&q->posted, 1, __ATOMIC_RELAXED);
         memset(&wc, 0, sizeof(wc));
         wc.wr_id = wr->wr_id;
         wc.qp_num = qp->qp_num;
