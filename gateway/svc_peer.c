@@ -157,6 +157,7 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
             mg_call_identity(call)[0] ? mg_call_identity(call) : "-", version);
     resp.expires_in_ms = gw->cfg->session_ttl * 1000;
     resp.rdma = gw->rdma != NULL;
+    resp.rdma_devices = (uint32_t)mg_rdma_device_count(gw->rdma);
     mg_call_reply(call, &resp.base);
 }
 
@@ -200,6 +201,8 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
     if (info.transports[MG_TRANSPORT_RDMA].registered) { /* for this authenticated peer only */
         resp.rdma_addr = info.transports[MG_TRANSPORT_RDMA].addr;
         resp.rdma_rkey = info.transports[MG_TRANSPORT_RDMA].rkey;
+        resp.rdma_rkeys = info.rdma_rkeys;
+        resp.n_rdma_rkeys = info.rdma_ndev;
     }
     resp.epoch = gw->epoch;
     mg_call_reply(call, &resp.base);
@@ -217,6 +220,7 @@ typedef struct rdma_job {
     mg_rdma_conn *old[MAX_RCONNS]; /* expired or replaced: deleted on the worker first */
     size_t nold;
     int ran; /* the work ran (else the engine stopped first) */
+    int device;
     int rc;
     char why[256];
 } rdma_job;
@@ -227,8 +231,8 @@ static int rdma_work(void *arg)
     j->ran = 1;
     for (size_t i = 0; i < j->nold; i++)
         mg_rdma_conn_del(j->old[i]);
-    j->rc =
-        mg_rdma_conn_new(j->gw->rdma, 0, j->remote.nqps, &j->c, &j->local, j->why, sizeof(j->why));
+    j->rc = mg_rdma_conn_new(j->gw->rdma, j->device, j->remote.nqps, &j->c, &j->local, j->why,
+                             sizeof(j->why));
     if (j->rc == 0 &&
         (j->rc = mg_rdma_conn_connect(j->c, &j->remote, j->why, sizeof(j->why))) != 0) {
         mg_rdma_conn_del(j->c);
@@ -263,8 +267,10 @@ static void rdma_done(void *arg, int result)
         mg_rdma_wire w;
         mg_rdma_wire_encode(&j->local, &w);
         resp.endpoint = &w.msg;
-        mg_info("rdma_connected", "peer=%s identity=\"%s\" qps=%u", mg_call_peer(j->call),
-                mg_call_identity(j->call)[0] ? mg_call_identity(j->call) : "-", j->local.nqps);
+        mg_info("rdma_connected", "peer=%s identity=\"%s\" device=%d qps=%u",
+                mg_call_peer(j->call),
+                mg_call_identity(j->call)[0] ? mg_call_identity(j->call) : "-", j->device,
+                j->local.nqps);
         mg_call_reply(j->call, &resp.base);
     } else {
         mg_call_fail(j->call, result, "RDMA connection: %s", j->why);
@@ -306,6 +312,13 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
+    if (req->device >= (uint32_t)mg_rdma_device_count(gw->rdma)) {
+        mg_call_fail(call, MG_ERR_INVALID, "this daemon has %d RDMA devices, no device %u",
+                     mg_rdma_device_count(gw->rdma), req->device);
+        free(j);
+        return;
+    }
+    j->device = (int)req->device;
     if (mg_rdma_wire_decode(req->endpoint, &j->remote, j->why, sizeof(j->why)) != 0) {
         mg_call_fail(call, MG_ERR_INVALID, "%s", j->why);
         free(j);

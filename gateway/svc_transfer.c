@@ -70,7 +70,8 @@ struct xfer_req;
 /* An RDMA connection and the jobs using it: deleted (on a worker) once it is retired — broken,
  * or its peer restarted — and its last job ended. */
 typedef struct rconn_ref {
-    mg_rdma_conn *c;
+    mg_rdma_conn *c[MG_RDMA_MAX_DEVICES]; /* connection k: our device k to the peer's */
+    unsigned n;
     unsigned users;
     int retired;
 } rconn_ref;
@@ -98,6 +99,7 @@ typedef struct peer_ent {
     struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
     /* RDMA: queue pairs to the peer (one connection, used by one job at a time). */
     int peer_rdma; /* the peer said it has RDMA devices */
+    unsigned peer_rdma_devices;
     int rdma_state;
     char rdma_why[240];
     rconn_ref *rref; /* READY: the connection */
@@ -191,9 +193,8 @@ typedef struct xfer_req {
     uint8_t *other_addr;
     /* RDMA: chosen when the session's queue pairs are ready and both sides are registered. */
     int rdma;
-    mg_rdma_conn *rconn;
     rconn_ref *rref;
-    uint32_t lkey, rkey;
+    uint32_t lkeys[MG_RDMA_MAX_DEVICES], rkeys[MG_RDMA_MAX_DEVICES]; /* per connection */
     uint64_t raddr;                                 /* the remote range's first byte */
     uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
     int remote_lease;
@@ -704,13 +705,13 @@ static int parts_rdma(struct xfer_part *head)
     uint32_t wait_ms = (uint32_t)r0->gw->cfg->data_io_timeout * 1000;
     for (struct xfer_part *pt = head; pt; pt = pt->group_next) {
         xfer_req *r = pt->r;
-        mg_rdma_op op = {r->write, r->local_addr + pt->offset,
-                         r->lkey,  r->raddr + pt->offset,
-                         r->rkey,  pt->length};
+        mg_rdma_op op = {r->write,  r->local_addr + pt->offset, 0, r->raddr + pt->offset, 0,
+                         pt->length};
         __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
         pthread_mutex_lock(&p->rlock);
-        pt->rc = mg_rdma_move(r->rconn, &op, (uint32_t)r->gw->cfg->slice_bytes, 16, &r->stop,
-                              &pt->progress, wait_ms, pt->msg, sizeof(pt->msg));
+        pt->rc = mg_rdma_move_multi(r->rref->c, r->rref->n, &op, r->lkeys, r->rkeys,
+                                    (uint32_t)r->gw->cfg->slice_bytes, 16, &r->stop, &pt->progress,
+                                    wait_ms, pt->msg, sizeof(pt->msg));
         pthread_mutex_unlock(&p->rlock);
     }
     return head->rc;
@@ -921,15 +922,22 @@ static void req_transport(xfer_req *r)
     mg_remote_desc d;
     r->rdma = 0;
     if (p->rdma_state != RDMA_READY || p->rref == NULL || r->local_copy || r->remote_lease ||
-        mg_segment_rdma_lkey(r->local, &r->lkey) != 0 ||
         mg_peer_cache_get(r->gw->transfer->descs, p->addr, r->remote_segment, 0, &d, NULL) != 0 ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
         return;
+    for (unsigned k = 0; k < p->rref->n; k++) { /* connection k: our device k, the peer's k */
+        if (mg_segment_rdma_lkey(r->local, (int)k, &r->lkeys[k]) != 0)
+            return;
+        if (k < d.rdma_nkeys)
+            r->rkeys[k] = d.rdma_rkeys[k];
+        else if (k == 0)
+            r->rkeys[k] = d.rdma_rkey;
+        else
+            return;
+    }
     r->rdma = 1;
     r->rref = p->rref;
-    r->rconn = p->rref->c;
     r->raddr = d.rdma_addr + r->remote_offset;
-    r->rkey = d.rdma_rkey;
 }
 
 /* The session is open: the request takes its details and joins the line for a worker (after
@@ -1093,6 +1101,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
         rref_release(p, old);
     }
     p->peer_rdma = resp->rdma;
+    p->peer_rdma_devices = resp->rdma_devices;
     if (p->rdma_state == RDMA_OFF) /* a new session: try again */
         p->rdma_state = RDMA_NONE;
     if (p->gw->rdma == NULL)
@@ -1213,7 +1222,9 @@ static void open_session(mg_gateway *gw, peer_ent *p)
 
 typedef struct rdma_setup_job {
     peer_ent *p;
-    mg_rdma_conn *c;
+    unsigned k, ndev; /* the device being connected, of how many */
+    rconn_ref *ref;   /* the connections made so far (the peer's once setup ends) */
+    mg_rdma_conn *c;  /* device k's, being made */
     mg_rdma_ep local, remote;
     int connect; /* 0: create, 1: connect */
     uint8_t *resp;
@@ -1230,24 +1241,35 @@ static int rdma_wanted(const peer_ent *p)
 static int conn_del_work(void *arg)
 {
     rconn_ref *ref = arg;
-    mg_rdma_conn_del(ref->c);
-    ref->c = NULL;
+    for (unsigned i = 0; i < ref->n; i++) {
+        mg_rdma_conn_del(ref->c[i]);
+        ref->c[i] = NULL;
+    }
     return 0;
 }
 
 static void conn_del_done(void *arg, int result)
 {
     rconn_ref *ref = arg;
-    if (ref->c) /* the engine stopped first */
-        mg_rdma_conn_del(ref->c);
+    for (unsigned i = 0; i < ref->n; i++) /* the engine stopped first */
+        mg_rdma_conn_del(ref->c[i]);
     free(ref);
+}
+
+static int ref_broken(const rconn_ref *ref)
+{
+    for (unsigned i = 0; i < ref->n; i++) {
+        if (mg_rdma_conn_broken(ref->c[i]))
+            return 1;
+    }
+    return 0;
 }
 
 /* A job using ref ended: a broken connection is retired; a retired one with no job left goes. */
 static void rref_release(peer_ent *p, rconn_ref *ref)
 {
     ref->users--;
-    if (!ref->retired && mg_rdma_conn_broken(ref->c)) {
+    if (!ref->retired && ref_broken(ref)) {
         ref->retired = 1;
         if (p->rref == ref) {
             p->rref = NULL;
@@ -1258,6 +1280,14 @@ static void rref_release(peer_ent *p, rconn_ref *ref)
     if (ref->retired && ref->users == 0 &&
         mg_engine_submit(p->gw->engine, p->gw->cq, conn_del_work, conn_del_done, ref) != 0)
         conn_del_done(ref, 0);
+}
+
+/* Connections no request holds go (deleted on a worker). */
+static void ref_drop(peer_ent *p, rconn_ref *ref)
+{
+    ref->retired = 1;
+    ref->users++;
+    rref_release(p, ref);
 }
 
 static void rdma_off(peer_ent *p, const char *why)
@@ -1272,8 +1302,8 @@ static int rdma_setup_work(void *arg)
 {
     rdma_setup_job *j = arg;
     if (!j->connect)
-        return j->rc = mg_rdma_conn_new(j->p->gw->rdma, 0, j->p->rdma_qps, &j->c, &j->local, j->why,
-                                        sizeof(j->why));
+        return j->rc = mg_rdma_conn_new(j->p->gw->rdma, (int)j->k, j->p->rdma_qps, &j->c, &j->local,
+                                        j->why, sizeof(j->why));
     return j->rc = mg_rdma_conn_connect(j->c, &j->remote, j->why, sizeof(j->why));
 }
 
@@ -1281,19 +1311,43 @@ static void rdma_setup_done(void *arg, int result);
 
 static void rdma_job_drop(rdma_setup_job *j)
 {
-    if (j->c) { /* through a retired reference, so it is deleted on a worker */
+    if (j->c) { /* a connection not finished: deleted on a worker */
         rconn_ref *ref = calloc(1, sizeof(*ref));
         if (ref) {
-            ref->c = j->c;
-            ref->retired = 1;
-            ref->users = 1;
-            rref_release(j->p, ref);
+            ref->c[ref->n++] = j->c;
+            ref_drop(j->p, ref);
         } else {
             mg_rdma_conn_del(j->c);
         }
     }
+    if (j->ref)
+        ref_drop(j->p, j->ref);
     free(j->resp);
     free(j);
+}
+
+/* Setup ends: with the connections made so far (a later device that fails leaves fewer), or,
+ * with none, TCP until the next session. */
+static void rdma_setup_end(rdma_setup_job *j, const char *why)
+{
+    peer_ent *p = j->p;
+    rconn_ref *ref = j->ref;
+    if (ref == NULL || ref->n == 0) {
+        rdma_off(p, why ? why : "no device connected");
+        rdma_job_drop(j);
+        return;
+    }
+    if (why)
+        mg_warn("rdma_device_skipped", "peer=%s device=%u error=\"%s\" devices=%u", p->addr, j->k,
+                why, ref->n);
+    j->ref = NULL;
+    p->rref = ref;
+    p->rdma_state = RDMA_READY;
+    p->rdma_why[0] = '\0';
+    mg_info("rdma_ready", "peer=%s devices=%u qps=%u mtu=%u", p->addr, ref->n, j->local.nqps,
+            j->remote.mtu < j->local.mtu ? j->remote.mtu : j->local.mtu);
+    rdma_job_drop(j);
+    release_waiting(p);
 }
 
 static void connect_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
@@ -1325,16 +1379,13 @@ static void connect_closed(mg_rpc *rpc, int status, const char *message, void *a
                      status ? message : "a malformed answer");
         if (resp)
             moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
-        rdma_off(p, why);
-        rdma_job_drop(j);
+        rdma_setup_end(j, why);
         return;
     }
     moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
     j->connect = 1;
-    if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0) {
-        rdma_off(p, "the engine's queue is full (--queue-depth)");
-        rdma_job_drop(j);
-    }
+    if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0)
+        rdma_setup_end(j, "the engine's queue is full (--queue-depth)");
 }
 
 static void rdma_setup_done(void *arg, int result)
@@ -1347,8 +1398,7 @@ static void rdma_setup_done(void *arg, int result)
         return;
     }
     if (result != 0) {
-        rdma_off(p, j->rc ? j->why : "the daemon is stopping");
-        rdma_job_drop(j);
+        rdma_setup_end(j, j->rc ? j->why : "the daemon is stopping");
         return;
     }
     if (!j->connect) { /* our queue pairs exist: the peer's answer brings its own */
@@ -1359,43 +1409,41 @@ static void rdma_setup_done(void *arg, int result)
         req.token.data = p->token;
         req.token.len = sizeof(p->token);
         req.endpoint = &w.msg;
+        req.device = j->k; /* our device k with the peer's device k */
         if (peer_call(p->gw, p, "/moongate.v1.Peer/ConnectRdma", &req.base, &h, j, err,
-                      sizeof(err)) != 0) {
-            rdma_off(p, err);
-            rdma_job_drop(j);
-        }
+                      sizeof(err)) != 0)
+            rdma_setup_end(j, err);
         return;
     }
-    {
-        rconn_ref *ref = calloc(1, sizeof(*ref));
-        if (ref == NULL) {
-            rdma_off(p, "out of memory");
-            rdma_job_drop(j);
-            return;
-        }
-        ref->c = j->c;
-        j->c = NULL;
-        p->rref = ref;
-        p->rdma_state = RDMA_READY;
-        p->rdma_why[0] = '\0';
-        mg_info("rdma_ready", "peer=%s qps=%u mtu=%u", p->addr, j->local.nqps,
-                j->remote.mtu < j->local.mtu ? j->remote.mtu : j->local.mtu);
-        rdma_job_drop(j);
-        release_waiting(p);
+    j->ref->c[j->ref->n++] = j->c; /* device k connected */
+    j->c = NULL;
+    if (++j->k >= j->ndev) {
+        rdma_setup_end(j, NULL);
+        return;
     }
+    j->connect = 0; /* the next device */
+    if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0)
+        rdma_setup_end(j, "the engine's queue is full (--queue-depth)");
 }
 
 static void rdma_setup(peer_ent *p)
 {
     rdma_setup_job *j = calloc(1, sizeof(*j));
+    unsigned ours = (unsigned)mg_rdma_device_count(p->gw->rdma);
+    unsigned theirs = p->peer_rdma_devices ? p->peer_rdma_devices : 1;
     p->rdma_state = RDMA_SETUP;
     p->rdma_qps = (unsigned)p->gw->cfg->rdma_qps_per_peer;
-    if (j == NULL) {
+    if (j == NULL || (j->ref = calloc(1, sizeof(*j->ref))) == NULL) {
+        free(j);
         rdma_off(p, "out of memory");
         return;
     }
     j->p = p;
+    j->ndev = ours < theirs ? ours : theirs; /* device k with the peer's device k */
+    if (j->ndev > MG_RDMA_MAX_DEVICES)
+        j->ndev = MG_RDMA_MAX_DEVICES;
     if (mg_engine_submit(p->gw->engine, p->gw->cq, rdma_setup_work, rdma_setup_done, j) != 0) {
+        free(j->ref);
         free(j);
         rdma_off(p, "the engine's queue is full (--queue-depth)");
     }
@@ -1833,6 +1881,8 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
                 rd.transports |= 1u << MG_TRANSPORT_RDMA;
                 rd.rdma_addr = d->rdma_addr;
                 rd.rdma_rkey = d->rdma_rkey;
+                for (size_t k = 0; k < d->n_rdma_rkeys && k < 8; k++)
+                    rd.rdma_rkeys[rd.rdma_nkeys++] = d->rdma_rkeys[k];
             }
         }
         /* A new epoch forgets what the peer's previous life said. */
@@ -2242,17 +2292,19 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
     static char *tcp[] = {"tcp"}, *both[] = {"tcp", "rdma"};
     size_t n = 0, i = 0;
     Moongate__V1__PeerStatus *st, **ptrs;
-    char(*data)[160];
+    char(*data)[160], (*rdma_ready)[32];
     uint64_t now = now_ms();
     for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next)
         n += p->addr[0] != '\0';
     st = calloc(n + 1, sizeof(*st));
     ptrs = calloc(n + 1, sizeof(*ptrs));
     data = calloc(n + 1, sizeof(*data));
-    if (st == NULL || ptrs == NULL || data == NULL) {
+    rdma_ready = calloc(n + 1, sizeof(*rdma_ready));
+    if (st == NULL || ptrs == NULL || data == NULL || rdma_ready == NULL) {
         free(st);
         free(ptrs);
         free(data);
+        free(rdma_ready);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
@@ -2275,7 +2327,10 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
         st[i].data_endpoint = data[i];
         st[i].transports = p->rdma_state == RDMA_READY ? both : tcp;
         st[i].n_transports = p->rdma_state == RDMA_READY ? 2 : 1;
-        st[i].rdma = p->rdma_state == RDMA_READY   ? "ready"
+        if (p->rdma_state == RDMA_READY && p->rref)
+            snprintf(rdma_ready[i], sizeof(rdma_ready[i]), "ready (%u device%s)", p->rref->n,
+                     p->rref->n == 1 ? "" : "s");
+        st[i].rdma = p->rdma_state == RDMA_READY   ? rdma_ready[i]
                      : p->rdma_state == RDMA_SETUP ? "connecting"
                      : p->rdma_why[0]              ? p->rdma_why
                                                    : "not tried yet";
@@ -2296,6 +2351,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
     free(st);
     free(ptrs);
     free(data);
+    free(rdma_ready);
 }
 
 static const mg_method transfer_methods[] = {
@@ -2374,10 +2430,8 @@ void mg_svc_transfer_free(mg_gateway *gw)
         while ((c = take_conn(p)) != NULL)
             mg_dp_close(c);
         mg_client_del(p->client);
-        if (p->rref) { /* the workers have stopped: teardown here */
-            mg_rdma_conn_del(p->rref->c);
-            free(p->rref);
-        }
+        if (p->rref) /* the workers have stopped: teardown here */
+            conn_del_done(p->rref, 0);
         pthread_mutex_destroy(&p->lock);
         pthread_mutex_destroy(&p->rlock);
         free(p);

@@ -582,114 +582,157 @@ static int verbs_err(enum ibv_wc_status st)
     }
 }
 
-/* Waits for completions: polls, then sleeps on the channel in steps of 100 ms while stop is
- * clear and before `until`. Returns how many it got (>= 0), or -1 when the CQ failed. */
-static int wait_cq(mg_rdma_conn *c, struct ibv_wc *wc, int n, const int *stop, uint64_t until)
+/* Waits for completions on any of the connections: polls them, then sleeps on their channels in
+ * steps of 100 ms while stop is clear and before `until`. Returns how many it got (>= 0) into
+ * wc with *which set to the connection they came from, or -1 when a CQ failed. */
+static int wait_cqs(mg_rdma_conn *const *cs, unsigned nc, struct ibv_wc *wc, int n, unsigned *which,
+                    const int *stop, uint64_t until)
 {
     int got;
     for (int spin = 0; spin < BUSY_POLLS; spin++) {
-        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0)
-            return got;
+        for (unsigned k = 0; k < nc; k++) {
+            if ((got = ibv_poll_cq(cs[k]->cq, n, wc)) != 0) {
+                *which = k;
+                return got;
+            }
+        }
     }
     for (;;) {
-        struct pollfd pfd = {c->ch->fd, POLLIN, 0};
-        struct ibv_cq *cq;
-        void *ctx;
-        if (ibv_req_notify_cq(c->cq, 0) != 0)
-            return -1;
-        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0) /* what came before the arming */
-            return got;
+        struct pollfd pfd[MG_RDMA_MAX_DEVICES];
+        for (unsigned k = 0; k < nc; k++) {
+            if (ibv_req_notify_cq(cs[k]->cq, 0) != 0)
+                return -1;
+            pfd[k] = (struct pollfd){cs[k]->ch->fd, POLLIN, 0};
+        }
+        for (unsigned k = 0; k < nc; k++) { /* what came before the arming */
+            if ((got = ibv_poll_cq(cs[k]->cq, n, wc)) != 0) {
+                *which = k;
+                return got;
+            }
+        }
         if ((stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) || mg_rdma_now_ms() >= until)
             return 0;
-        if (poll(&pfd, 1, 100) == 1 && c->r->fn.get_cq_event(c->ch, &cq, &ctx) == 0)
-            c->r->fn.ack_cq_events(cq, 1);
-        if ((got = ibv_poll_cq(c->cq, n, wc)) != 0)
-            return got;
+        if (poll(pfd, nc, 100) > 0) {
+            for (unsigned k = 0; k < nc; k++) {
+                struct ibv_cq *cq;
+                void *ctx;
+                if ((pfd[k].revents & POLLIN) &&
+                    cs[k]->r->fn.get_cq_event(cs[k]->ch, &cq, &ctx) == 0)
+                    cs[k]->r->fn.ack_cq_events(cq, 1);
+            }
+        }
+        for (unsigned k = 0; k < nc; k++) {
+            if ((got = ibv_poll_cq(cs[k]->cq, n, wc)) != 0) {
+                *which = k;
+                return got;
+            }
+        }
     }
 }
 
 /* After a failure or a stop: the QPs go to ERR so the hardware flushes what was posted, and
  * those completions are collected, so no slice is still moving when the caller lets go of the
  * memory. */
-static void flush(mg_rdma_conn *c, unsigned outstanding)
+static void flush(mg_rdma_conn *const *cs, unsigned nc, unsigned *outstanding)
 {
     struct ibv_wc wc[32];
     uint64_t until = mg_rdma_now_ms() + 2000;
-    c->broken = 1;
-    for (unsigned i = 0; i < c->nqps; i++) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_ERR;
-        c->r->fn.modify_qp(c->qp[i], &a, IBV_QP_STATE);
+    unsigned left = 0, k;
+    for (k = 0; k < nc; k++) {
+        cs[k]->broken = 1;
+        left += outstanding[k];
+        for (unsigned i = 0; i < cs[k]->nqps; i++) {
+            struct ibv_qp_attr a;
+            memset(&a, 0, sizeof(a));
+            a.qp_state = IBV_QPS_ERR;
+            cs[k]->r->fn.modify_qp(cs[k]->qp[i], &a, IBV_QP_STATE);
+        }
     }
-    while (outstanding > 0 && mg_rdma_now_ms() < until) {
-        int got = wait_cq(c, wc, 32, NULL, until);
+    while (left > 0 && mg_rdma_now_ms() < until) {
+        int got = wait_cqs(cs, nc, wc, 32, &k, NULL, until);
         if (got < 0)
             break;
-        outstanding -= (unsigned)got < outstanding ? (unsigned)got : outstanding;
+        left -= (unsigned)got < left ? (unsigned)got : left;
     }
 }
 
-int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned window,
-                 const int *stop, uint64_t *progress, uint32_t wait_ms, char *why, size_t whycap)
+int mg_rdma_move_multi(mg_rdma_conn *const *cs, unsigned nc, const mg_rdma_op *op,
+                       const uint32_t *lkeys, const uint32_t *rkeys, uint32_t slice,
+                       unsigned window, const int *stop, uint64_t *progress, uint32_t wait_ms,
+                       char *why, size_t whycap)
 {
     struct ibv_wc wc[32];
     uint64_t next = 0, done = 0;
-    unsigned outstanding = 0, qi = 0, cap;
+    unsigned outstanding[MG_RDMA_MAX_DEVICES] = {0}, qi[MG_RDMA_MAX_DEVICES] = {0}, which = 0;
     int rc = 0, failed_status = -1;
+    mg_rdma *r = cs[0]->r;
+    if (nc < 1 || nc > MG_RDMA_MAX_DEVICES) {
+        snprintf(why, whycap, "%u RDMA connections", nc);
+        return MG_ERR_INVALID;
+    }
     if (slice == 0)
         slice = 1u << 20;
     if (window == 0 || window > QP_MAX_WR)
         window = QP_MAX_WR;
-    cap = window * c->nqps;
-    if (c->broken) {
-        snprintf(why, whycap, "the RDMA connection failed earlier");
-        return MG_ERR_UNAVAILABLE;
+    for (unsigned k = 0; k < nc; k++) {
+        if (cs[k]->broken) {
+            snprintf(why, whycap, "the RDMA connection on device %s failed earlier",
+                     r->devs[cs[k]->dev].info.name);
+            return MG_ERR_UNAVAILABLE;
+        }
     }
     while (done < op->len) {
         int got;
-        while (outstanding < cap && next < op->len) {
-            uint64_t n = op->len - next < slice ? op->len - next : slice;
-            struct ibv_sge sge = {(uintptr_t)op->local + next, (uint32_t)n, op->lkey};
-            struct ibv_send_wr wr, *bad = NULL;
-            memset(&wr, 0, sizeof(wr));
-            wr.wr_id = n;
-            wr.sg_list = &sge;
-            wr.num_sge = 1;
-            wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-            wr.send_flags = IBV_SEND_SIGNALED;
-            wr.wr.rdma.remote_addr = op->remote_addr + next;
-            wr.wr.rdma.rkey = op->rkey;
-            if (ibv_post_send(c->qp[qi], &wr, &bad) != 0) {
-                snprintf(why, whycap, "device %s: ibv_post_send refused the work request",
-                         c->r->devs[c->dev].info.name);
-                flush(c, outstanding);
-                return MG_ERR_PROTOCOL;
+        /* Slices in turn over the connections (devices), and over each one's QPs, until
+         * every window is full or nothing is left to post. */
+        for (int posted = 1; posted && next < op->len;) {
+            posted = 0;
+            for (unsigned k = 0; k < nc && next < op->len; k++) {
+                mg_rdma_conn *c = cs[k];
+                uint64_t n = op->len - next < slice ? op->len - next : slice;
+                struct ibv_sge sge = {(uintptr_t)op->local + next, (uint32_t)n, lkeys[k]};
+                struct ibv_send_wr wr, *bad = NULL;
+                if (outstanding[k] >= window * c->nqps)
+                    continue;
+                memset(&wr, 0, sizeof(wr));
+                wr.wr_id = n;
+                wr.sg_list = &sge;
+                wr.num_sge = 1;
+                wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+                wr.send_flags = IBV_SEND_SIGNALED;
+                wr.wr.rdma.remote_addr = op->remote_addr + next;
+                wr.wr.rdma.rkey = rkeys[k];
+                if (ibv_post_send(c->qp[qi[k]], &wr, &bad) != 0) {
+                    snprintf(why, whycap, "device %s: ibv_post_send refused the work request",
+                             r->devs[c->dev].info.name);
+                    flush(cs, nc, outstanding);
+                    return MG_ERR_PROTOCOL;
+                }
+                qi[k] = (qi[k] + 1) % c->nqps;
+                outstanding[k]++;
+                next += n;
+                posted = 1;
+                stat_add(r, &r->stats.wr_posted, 1);
             }
-            qi = (qi + 1) % c->nqps;
-            outstanding++;
-            next += n;
-            stat_add(c->r, &c->r->stats.wr_posted, 1);
         }
         if (stop && (rc = __atomic_load_n(stop, __ATOMIC_ACQUIRE)) != 0) {
             snprintf(why, whycap, "stopped (%s)", mg_strerror(rc));
-            flush(c, outstanding);
+            flush(cs, nc, outstanding);
             return rc;
         }
-        got = wait_cq(c, wc, 32, stop, mg_rdma_now_ms() + wait_ms);
+        got = wait_cqs(cs, nc, wc, 32, &which, stop, mg_rdma_now_ms() + wait_ms);
         if (got < 0) {
-            snprintf(why, whycap, "device %s: the completion queue failed",
-                     c->r->devs[c->dev].info.name);
-            flush(c, outstanding);
+            snprintf(why, whycap, "an RDMA completion queue failed");
+            flush(cs, nc, outstanding);
             return MG_ERR_PROTOCOL;
         }
         if (got == 0 && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE))) {
             snprintf(why, whycap, "no RDMA completion within %u ms", wait_ms);
-            flush(c, outstanding);
+            flush(cs, nc, outstanding);
             return MG_ERR_UNAVAILABLE;
         }
         for (int i = 0; i < got; i++) {
-            outstanding--;
+            outstanding[which]--;
             if (wc[i].status != IBV_WC_SUCCESS) {
                 if (failed_status < 0)
                     failed_status = (int)wc[i].status;
@@ -700,15 +743,22 @@ int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned
                 __atomic_fetch_add(progress, wc[i].wr_id, __ATOMIC_RELAXED);
         }
         if (failed_status >= 0) {
-            const char *s = c->r->fn.wc_status_str((enum ibv_wc_status)failed_status);
+            const char *st = r->fn.wc_status_str((enum ibv_wc_status)failed_status);
             snprintf(why, whycap, "RDMA %s on device %s: %s (status %d)",
-                     op->write ? "WRITE" : "READ", c->r->devs[c->dev].info.name, s ? s : "?",
+                     op->write ? "WRITE" : "READ", r->devs[cs[which]->dev].info.name, st ? st : "?",
                      failed_status);
-            stat_add(c->r, &c->r->stats.wr_failed, 1);
-            flush(c, outstanding);
+            stat_add(r, &r->stats.wr_failed, 1);
+            flush(cs, nc, outstanding);
             return verbs_err((enum ibv_wc_status)failed_status);
         }
     }
-    stat_add(c->r, op->write ? &c->r->stats.bytes_written : &c->r->stats.bytes_read, op->len);
+    stat_add(r, op->write ? &r->stats.bytes_written : &r->stats.bytes_read, op->len);
     return 0;
+}
+
+int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned window,
+                 const int *stop, uint64_t *progress, uint32_t wait_ms, char *why, size_t whycap)
+{
+    return mg_rdma_move_multi(&c, 1, op, &op->lkey, &op->rkey, slice, window, stop, progress,
+                              wait_ms, why, whycap);
 }

@@ -739,11 +739,11 @@ fail:
     return rc;
 }
 
-int mg_segment_rdma_lkey(const mg_segment *seg, uint32_t *lkey)
+int mg_segment_rdma_lkey(const mg_segment *seg, int dev, uint32_t *lkey)
 {
-    if (seg->mr == NULL)
+    if (seg->mr == NULL || dev < 0 || dev >= mg_rdma_device_count(seg->reg->rdma))
         return -1;
-    *lkey = seg->transports[MG_TRANSPORT_RDMA].lkey;
+    *lkey = mg_rdma_mr_lkey(seg->mr, dev);
     return 0;
 }
 
@@ -890,6 +890,11 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     out->remote_accessible = seg->remote_accessible;
     out->locked = seg->locked;
     memcpy(out->transports, seg->transports, sizeof(out->transports));
+    if (seg->state == MG_SEG_READY && seg->mr && seg->remote_accessible) {
+        int n = mg_rdma_device_count(reg->rdma);
+        for (int i = 0; i < n && i < 8; i++)
+            out->rdma_rkeys[out->rdma_ndev++] = mg_rdma_mr_rkey(seg->mr, i);
+    }
     out->state = seg->state;
     out->refs = seg->refs;
 }

@@ -181,7 +181,7 @@ def test_write_and_read_over_rdma(make_daemon):
     with open(back.path, "rb") as f:
         assert f.read()[3:n - 8] == data[11:]
     p = list_peers(a)[0]
-    assert p.rdma == "ready" and list(p.transports) == ["tcp", "rdma"]
+    assert p.rdma == "ready (1 device)" and list(p.transports) == ["tcp", "rdma"]
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write", transport="rdma") == n
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="read", transport="rdma") == n - 11
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write", transport="tcp") == 0
@@ -291,3 +291,28 @@ def test_peer_restart_over_rdma(make_daemon):
         assert f.read() == data
     assert a.read_log().count("event=rdma_ready") == 2
     assert list_peers(a)[0].restarts_seen == 1
+
+
+@pytest.mark.parametrize("a_devs,b_devs,used", [("emu0,emu1", "emu0,emu1", 2),
+                                                ("emu0,emu1", "emu0", 1)])
+def test_transfers_spread_over_the_devices(make_daemon, monkeypatch, a_devs, b_devs, used):
+    """A connection per device pair (ours k with the peer's k), slices taking turns between
+    them, each with that device's keys."""
+    monkeypatch.setenv("MG_VERBS_EMU_DEVICES", a_devs)
+    a = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
+    monkeypatch.setenv("MG_VERBS_EMU_DEVICES", b_devs)
+    b = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
+    n = 6 * MiB + 3
+    src, dst = register(a, "src", n), register(b, "dst", n, remote=True)
+    data = os.urandom(n)
+    with open(src.path, "r+b") as f:
+        f.write(data)
+    batch = submit_wait(a, req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, n))
+    assert batch.state == transfer_pb2.DONE and batch.requests[0].transport == "rdma", batch
+    with open(dst.path, "rb") as f:
+        assert f.read() == data
+    p = list_peers(a)[0]
+    assert p.rdma == "ready (%d device%s)" % (used, "s" if used > 1 else ""), p
+    connected = [line for line in b.read_log().splitlines() if "event=rdma_connected" in line]
+    assert sorted(line.split("device=")[1].split()[0] for line in connected) == \
+        [str(k) for k in range(used)]

@@ -8,7 +8,7 @@
 
 static mg_remote_desc desc(uint64_t id, int lease, uint64_t size)
 {
-    mg_remote_desc d = {id, lease, size, 1, 1u, 0, 0};
+    mg_remote_desc d = {id, lease, size, 1, 1u, 0, 0, {0}, 0};
     return d;
 }
 

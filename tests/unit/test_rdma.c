@@ -252,6 +252,65 @@ static void test_slices_spread_over_the_qps(void)
     free(buf);
 }
 
+/* Two devices: a connection on each, slices taking turns between them (each with its own keys),
+ * 7 slices over 2 connections of 1 QP: 4 and 3. */
+static void test_slices_spread_over_the_devices(void)
+{
+    mg_rdma *r;
+    mg_rdma_conn *a[2], *b[2];
+    mg_rdma_mr *src_mr, *dst_mr;
+    mg_rdma_ep ea[2], eb[2];
+    char why[300];
+    size_t slice = 65536, len = 6 * slice + 1;
+    uint8_t *src = malloc(len), *dst = calloc(1, len);
+    mg_rdma_config cfg = {MG_VERBS_EMU, NULL, 0};
+    uint32_t lkeys[2], rkeys[2];
+    void *emu;
+    long long (*posted)(uint32_t);
+    for (size_t i = 0; i < len; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    setenv("MG_VERBS_EMU_DEVICES", "emu0,emu1", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &cfg, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_device_count(r), 2);
+    emu = dlopen(MG_VERBS_EMU, RTLD_NOW | RTLD_NOLOAD);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(emu);
+    *(void **)&posted = dlsym(emu, "mg_verbs_emu_posted");
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, src, len, 0, &src_mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, dst, len, 1, &dst_mr, why, sizeof(why)), 0);
+    for (int k = 0; k < 2; k++) {
+        CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, k, 1, &a[k], &ea[k], why, sizeof(why)), 0);
+        CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_new(r, k, 1, &b[k], &eb[k], why, sizeof(why)), 0);
+        CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(a[k], &eb[k], why, sizeof(why)), 0);
+        CU_ASSERT_EQUAL_FATAL(mg_rdma_conn_connect(b[k], &ea[k], why, sizeof(why)), 0);
+        lkeys[k] = mg_rdma_mr_lkey(src_mr, k);
+        rkeys[k] = mg_rdma_mr_rkey(dst_mr, k);
+    }
+    CU_ASSERT_NOT_EQUAL(rkeys[0], rkeys[1]); /* a key per device */
+    mg_rdma_op w = {1, src, 0, (uintptr_t)dst, 0, len};
+    CU_ASSERT_EQUAL(mg_rdma_move_multi(a, 2, &w, lkeys, rkeys, (uint32_t)slice, 4, NULL, NULL, 5000,
+                                       why, sizeof(why)),
+                    0);
+    CU_ASSERT_EQUAL(memcmp(dst, src, len), 0);
+    CU_ASSERT_EQUAL(posted(ea[0].qpn[0]), 4);
+    CU_ASSERT_EQUAL(posted(ea[1].qpn[0]), 3);
+    /* A key is valid on its own device only: swapped, the responder refuses it. */
+    uint32_t swapped[2] = {rkeys[1], rkeys[0]};
+    CU_ASSERT_EQUAL(mg_rdma_move_multi(a, 2, &w, lkeys, swapped, (uint32_t)slice, 4, NULL, NULL,
+                                       5000, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "remote access error"));
+    for (int k = 0; k < 2; k++) {
+        mg_rdma_conn_del(a[k]);
+        mg_rdma_conn_del(b[k]);
+    }
+    mg_rdma_dereg(src_mr);
+    mg_rdma_dereg(dst_mr);
+    dlclose(emu);
+    mg_rdma_close(r);
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -260,6 +319,7 @@ int main(void)
         MG_TEST(test_pinned_devices),
         MG_TEST(test_rdma_write_and_read),
         MG_TEST(test_slices_spread_over_the_qps),
+        MG_TEST(test_slices_spread_over_the_devices),
     };
     return mg_test_run("rdma", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -241,8 +241,16 @@ EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 
 /* ---- keys and QP numbers shared between processes ---- */
 
+/* A claimed key's or QP number's file: the owner's pid first (sweep_dead reads it), then the
+ * device, which the responder's hardware checks: a key is valid only on its own device. */
+typedef struct shared_qp {
+    pid_t pid;
+    char dev[IBV_SYSFS_NAME_MAX];
+} shared_qp;
+
 typedef struct shared_mr {
     pid_t pid;
+    char dev[IBV_SYSFS_NAME_MAX];
     uint64_t addr, len;
     int access;
 } shared_mr;
@@ -345,7 +353,7 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
 {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(page - 1);
-    shared_mr sh = {getpid(), (uintptr_t)addr, length, access};
+    shared_mr sh = {.pid = getpid(), .addr = (uintptr_t)addr, .len = length, .access = access};
     uint32_t key;
     emu_mr *m;
     if (pd == NULL || length == 0 ||
@@ -359,6 +367,7 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
         errno = EFAULT; /* not mapped: pinning would fail */
         return NULL;
     }
+    snprintf(sh.dev, sizeof(sh.dev), "%s", pd->context->device->name);
     m = calloc(1, sizeof(*m));
     if (m == NULL) {
         errno = ENOMEM;
@@ -595,7 +604,7 @@ EXPORT long long mg_verbs_emu_posted(uint32_t qpn)
 
 EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
-    pid_t me = getpid();
+    shared_qp me = {0};
     emu_qp *q;
     if (pd == NULL || a == NULL || a->qp_type != IBV_QPT_RC || a->send_cq == NULL ||
         a->recv_cq == NULL || a->cap.max_send_wr < 1 || a->cap.max_send_wr > 4096 ||
@@ -615,6 +624,8 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
     q->qp.recv_cq = a->recv_cq;
     q->qp.qp_type = IBV_QPT_RC;
     q->qp.state = IBV_QPS_RESET;
+    me.pid = getpid();
+    snprintf(me.dev, sizeof(me.dev), "%s", pd->context->device->name);
     q->qp.qp_num = claim("qp", 0xffffffu, &me, sizeof(me));
     if (q->qp.qp_num == 0) {
         free(q);
@@ -693,7 +704,7 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
     int write = wr->opcode == IBV_WR_RDMA_WRITE;
     uint64_t total = 0;
     shared_mr rm;
-    pid_t peer;
+    shared_qp peer;
     struct iovec local[4], remote;
     if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_READ)
         return IBV_WC_LOC_QP_OP_ERR;
@@ -709,10 +720,12 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
         total += g->length;
     }
     *bytes = (uint32_t)total;
-    /* The responder: its QP must still exist, in a live process. */
-    if (lookup("qp", q->dest_qpn, &peer, sizeof(peer)) != 0 || !alive(peer))
+    /* The responder: its QP must still exist, in a live process; the key must be one of its
+     * device's. */
+    if (lookup("qp", q->dest_qpn, &peer, sizeof(peer)) != 0 || !alive(peer.pid))
         return IBV_WC_RETRY_EXC_ERR;
-    if (lookup("mr", wr->wr.rdma.rkey, &rm, sizeof(rm)) != 0 || rm.pid != peer ||
+    if (lookup("mr", wr->wr.rdma.rkey, &rm, sizeof(rm)) != 0 || rm.pid != peer.pid ||
+        strcmp(rm.dev, peer.dev) != 0 ||
         !(rm.access & (write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ)) ||
         wr->wr.rdma.remote_addr < rm.addr || wr->wr.rdma.remote_addr + total < total ||
         wr->wr.rdma.remote_addr + total > rm.addr + rm.len)
@@ -720,9 +733,9 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
     remote.iov_base = (void *)(uintptr_t)wr->wr.rdma.remote_addr;
     remote.iov_len = total;
     if (total > 0) {
-        ssize_t n = write
-                        ? process_vm_writev(peer, local, (unsigned long)wr->num_sge, &remote, 1, 0)
-                        : process_vm_readv(peer, local, (unsigned long)wr->num_sge, &remote, 1, 0);
+        ssize_t n =
+            write ? process_vm_writev(peer.pid, local, (unsigned long)wr->num_sge, &remote, 1, 0)
+                  : process_vm_readv(peer.pid, local, (unsigned long)wr->num_sge, &remote, 1, 0);
         if (n < 0 && errno == ESRCH)
             return IBV_WC_RETRY_EXC_ERR;
         if (n != (ssize_t)total)

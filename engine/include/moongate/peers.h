@@ -34,7 +34,9 @@ typedef struct mg_remote_desc {
     int remote_accessible;
     unsigned transports; /* bit 1 << MG_TRANSPORT_* */
     uint64_t rdma_addr;  /* with MG_TRANSPORT_RDMA: where the target starts, and its key */
-    uint32_t rdma_rkey;
+    uint32_t rdma_rkey;  /* on the peer's device 0, and on each of its devices: */
+    uint32_t rdma_rkeys[8];
+    unsigned rdma_nkeys;
 } mg_remote_desc;
 
 typedef struct mg_peer_info {

@@ -113,6 +113,12 @@ typedef struct mg_rdma_op {
  * free to go. *progress (may be NULL) counts completed bytes atomically. One thread at a time. */
 int mg_rdma_move(mg_rdma_conn *c, const mg_rdma_op *op, uint32_t slice, unsigned window,
                  const int *stop, uint64_t *progress, uint32_t wait_ms, char *why, size_t whycap);
+/* The same over several connections (one per device), slices taking turns between them: op's
+ * lkey and rkey are replaced by lkeys[k] and rkeys[k], the keys on connection k's devices. */
+int mg_rdma_move_multi(mg_rdma_conn *const *cs, unsigned nc, const mg_rdma_op *op,
+                       const uint32_t *lkeys, const uint32_t *rkeys, uint32_t slice,
+                       unsigned window, const int *stop, uint64_t *progress, uint32_t wait_ms,
+                       char *why, size_t whycap);
 
 typedef struct mg_rdma_stats {
     uint64_t mrs;        /* registrations alive */

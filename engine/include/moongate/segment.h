@@ -82,9 +82,9 @@ typedef struct mg_seg_transport {
     uint64_t addr;       /* RDMA: where the registered bytes start */
 } mg_seg_transport;
 
-/* The key of a mapped segment's registration with the first RDMA device, for local RDMA
+/* The key of a mapped segment's registration with RDMA device `dev`, for local RDMA
  * operations; -1 when it is not registered. Constant while the segment is referenced. */
-int mg_segment_rdma_lkey(const mg_segment *seg, uint32_t *lkey);
+int mg_segment_rdma_lkey(const mg_segment *seg, int dev, uint32_t *lkey);
 
 typedef struct mg_segment_info {
     uint64_t id;
@@ -99,6 +99,8 @@ typedef struct mg_segment_info {
     mg_seg_state state;
     uint32_t refs; /* holders besides the registry (leases, transfers) */
     mg_seg_transport transports[MG_TRANSPORT_COUNT];
+    uint32_t rdma_rkeys[8]; /* a ready remote-accessible segment's key on each RDMA device */
+    unsigned rdma_ndev;
 } mg_segment_info;
 
 /* Opens the registry on cfg->shm_dir and removes the segment files an earlier daemon created
