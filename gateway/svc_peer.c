@@ -267,8 +267,7 @@ static void rdma_done(void *arg, int result)
         mg_rdma_wire w;
         mg_rdma_wire_encode(&j->local, &w);
         resp.endpoint = &w.msg;
-        mg_info("rdma_connected", "peer=%s identity=\"%s\" device=%d qps=%u",
-                mg_call_peer(j->call),
+        mg_info("rdma_connected", "peer=%s identity=\"%s\" device=%d qps=%u", mg_call_peer(j->call),
                 mg_call_identity(j->call)[0] ? mg_call_identity(j->call) : "-", j->device,
                 j->local.nqps);
         mg_call_reply(j->call, &resp.base);
