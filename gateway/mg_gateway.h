@@ -344,6 +344,10 @@ struct mg_segment;
 int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, struct mg_segment **seg,
                     uint64_t *offset, uint64_t *length, void **token);
 void mg_svc_pool_unuse(mg_gateway *gw, void *token);
+/* A published lease's own RDMA registration: where its bytes start and its key on each device
+ * (rkeys: room for 8). Returns 0, or -1 when it has none (yet). */
+int mg_svc_pool_lease_rdma(mg_gateway *gw, uint64_t lease_id, uint64_t *addr, uint32_t *rkeys,
+                           unsigned *n);
 /* Fails the blocked acquires (drain). */
 void mg_svc_pool_drain(mg_gateway *gw);
 struct mg_pool_stats;

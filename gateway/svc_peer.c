@@ -170,7 +170,10 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment_info info;
     char *transports[MG_TRANSPORT_COUNT];
     if (req->is_lease) { /* only remote-accessible leases are published */
-        static char *tcp[] = {"tcp"};
+        static char *tcp[] = {"tcp"}, *both[] = {"tcp", "rdma"};
+        uint32_t rkeys[8];
+        unsigned nkeys = 0;
+        uint64_t addr = 0;
         if (gw->leases == NULL ||
             mg_lease_table_describe(gw->leases, req->id, TENANT, &resp.size) != 0) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no remote-accessible lease %" PRIu64, req->id);
@@ -181,6 +184,14 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         resp.remote_accessible = 1;
         resp.transports = tcp;
         resp.n_transports = 1;
+        if (mg_svc_pool_lease_rdma(gw, req->id, &addr, rkeys, &nkeys) == 0 && nkeys > 0) {
+            resp.transports = both; /* the lease's own key: it reaches nothing else */
+            resp.n_transports = 2;
+            resp.rdma_addr = addr;
+            resp.rdma_rkey = rkeys[0];
+            resp.rdma_rkeys = rkeys;
+            resp.n_rdma_rkeys = nkeys;
+        }
         resp.epoch = gw->epoch;
         mg_call_reply(call, &resp.base);
         return;

@@ -15,6 +15,7 @@
 
 #include "moongate/lease_table.h"
 #include "moongate/pool.h"
+#include "moongate/rdma.h"
 #include "moongate/segment.h"
 #include "moongate/v1/pool.pb-c.h"
 
@@ -62,6 +63,14 @@ typedef struct published {
     mg_lease *l;
     uint64_t id;
     struct published *next;
+    /* RDMA: the lease's own registration, so that the key a peer gets reaches this lease's
+     * bytes only, and is dead (deregistered) before the range goes back to the pool. */
+    mg_gateway *gw;
+    uint8_t *addr;
+    uint64_t len;
+    mg_rdma_mr *mr;
+    int registering; /* a worker is registering it */
+    int ended;       /* let go of while registering: done when the registration is back */
 } published;
 
 struct mg_pool_svc {
@@ -164,6 +173,24 @@ static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
 
 /* Serves a pool's line from its head while there is room. */
 static void publish(mg_gateway *gw, pool_entry *pe, mg_lease *l);
+static void unpublished(published *p);
+
+static int lease_reg_work(void *arg)
+{
+    published *p = arg;
+    char why[256];
+    if (mg_rdma_reg(p->gw->rdma, p->addr, p->len, 1, &p->mr, why, sizeof(why)) != 0)
+        mg_warn("lease_rdma_failed", "lease=%" PRIu64 " error=\"%s\" transport=tcp", p->id, why);
+    return 0;
+}
+
+static void lease_reg_done(void *arg, int result)
+{
+    published *p = arg;
+    p->registering = 0;
+    if (p->ended)
+        unpublished(p);
+}
 
 static void serve_waiters(pool_entry *pe)
 {
@@ -586,15 +613,54 @@ static void publish(mg_gateway *gw, pool_entry *pe, mg_lease *l)
     p->pe = pe;
     p->l = l;
     p->id = li.id;
+    p->gw = gw;
+    p->addr = mg_lease_addr(pe->pool, l);
+    p->len = li.requested;
     p->next = gw->pool->published;
     gw->pool->published = p;
+    if (gw->rdma) { /* until it is registered, peers reach it over TCP */
+        p->registering = 1;
+        if (mg_engine_submit(gw->engine, gw->cq, lease_reg_work, lease_reg_done, p) != 0)
+            p->registering = 0;
+    }
 }
 
-static void unpublished(published *p)
+static void let_go(published *p)
 {
     mg_lease_unuse(p->pe->pool, p->l);
     serve_waiters(p->pe); /* the lease's range may just have come back */
     free(p);
+}
+
+static int lease_dereg_work(void *arg)
+{
+    published *p = arg;
+    mg_rdma_dereg(p->mr);
+    p->mr = NULL;
+    return 0;
+}
+
+static void lease_dereg_done(void *arg, int result)
+{
+    published *p = arg;
+    if (p->mr) { /* the engine stopped first */
+        mg_rdma_dereg(p->mr);
+        p->mr = NULL;
+    }
+    let_go(p);
+}
+
+/* The lease ended and no TCP slice uses it: its RDMA key dies first, then the range goes. */
+static void unpublished(published *p)
+{
+    if (p->registering) {
+        p->ended = 1;
+        return;
+    }
+    if (p->mr &&
+        mg_engine_submit(p->gw->engine, p->gw->cq, lease_dereg_work, lease_dereg_done, p) == 0)
+        return;
+    lease_dereg_done(p, 0);
 }
 
 /* Withdraws the published leases that ended (released, expired), and lets go of those whose
@@ -913,6 +979,23 @@ static int start_pool(mg_gateway *gw, pool_entry *pe)
     return 0;
 }
 
+int mg_svc_pool_lease_rdma(mg_gateway *gw, uint64_t lease_id, uint64_t *addr, uint32_t *rkeys,
+                           unsigned *n)
+{
+    for (published *p = gw->pool ? gw->pool->published : NULL; p; p = p->next) {
+        if (p->id != lease_id)
+            continue;
+        if (p->mr == NULL || p->registering || p->ended)
+            return -1;
+        *addr = (uintptr_t)p->addr;
+        *n = (unsigned)mg_rdma_device_count(gw->rdma);
+        for (unsigned k = 0; k < *n && k < 8; k++)
+            rkeys[k] = mg_rdma_mr_rkey(p->mr, (int)k);
+        return 0;
+    }
+    return -1;
+}
+
 int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_segment **seg,
                     uint64_t *offset, uint64_t *length, void **token)
 {
@@ -1056,15 +1139,19 @@ void mg_svc_pool_free(mg_gateway *gw)
     while (ps->published) { /* the data plane has stopped; the leases go with their pools */
         published *p = ps->published;
         ps->published = p->next;
-        if (mg_lease_table_withdraw(gw->leases, p->id) == p)
+        if (mg_lease_table_withdraw(gw->leases, p->id) == p) {
+            mg_rdma_dereg(p->mr); /* the workers have stopped: here */
             free(p);
+        }
     }
     if (gw->leases) {
         void *done[64];
         size_t n;
         while ((n = mg_lease_table_collect(gw->leases, done, 64)) > 0) {
-            for (size_t i = 0; i < n; i++)
+            for (size_t i = 0; i < n; i++) {
+                mg_rdma_dereg(((published *)done[i])->mr);
                 free(done[i]);
+            }
         }
     }
     for (size_t i = 0; i < ps->npools; i++) {

@@ -915,14 +915,15 @@ static int rdma_wanted(const peer_ent *p);
 static void rdma_setup(peer_ent *p);
 
 /* RDMA for r when the peer's queue pairs are ready, the local memory is registered with the
- * device and the peer described the target with a key (remote leases go over TCP). */
+ * device and the peer described the target with a key (a remote lease: its own key). */
 static void req_transport(xfer_req *r)
 {
     peer_ent *p = r->peer;
     mg_remote_desc d;
     r->rdma = 0;
-    if (p->rdma_state != RDMA_READY || p->rref == NULL || r->local_copy || r->remote_lease ||
-        mg_peer_cache_get(r->gw->transfer->descs, p->addr, r->remote_segment, 0, &d, NULL) != 0 ||
+    if (p->rdma_state != RDMA_READY || p->rref == NULL || r->local_copy ||
+        mg_peer_cache_get(r->gw->transfer->descs, p->addr, r->remote_segment, r->remote_lease, &d,
+                          NULL) != 0 ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
         return;
     for (unsigned k = 0; k < p->rref->n; k++) { /* connection k: our device k, the peer's k */

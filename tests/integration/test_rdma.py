@@ -316,3 +316,61 @@ def test_transfers_spread_over_the_devices(make_daemon, monkeypatch, a_devs, b_d
     connected = [line for line in b.read_log().splitlines() if "event=rdma_connected" in line]
     assert sorted(line.split("device=")[1].split()[0] for line in connected) == \
         [str(k) for k in range(used)]
+
+
+def test_remote_leases_over_rdma_with_their_own_key(make_daemon):
+    """A remote-accessible lease on B gets its own registration: its key reaches the lease's
+    bytes only. A WRITEs and READs it over RDMA; B's descriptor gives that key, not the pool's;
+    once released the key is dead before the range is free again: A's next WRITE fails
+    NOT_FOUND and the pool's bytes there stay as they were."""
+    import time
+    from moongate.v1 import peer_pb2, peer_pb2_grpc, pool_pb2, pool_pb2_grpc
+    a = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU, "--pool-bytes", "16M")
+    b = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU, "--pool-bytes", "16M")
+    n = 2 * MiB + 9
+    data = os.urandom(n)
+    regions = b.metric("moongate_rdma_memory_regions")  # B's pool, registered at start
+    with h2c_channel(a) as ca, h2c_channel(b) as cb:
+        pa, pb = pool_pb2_grpc.PoolStub(ca), pool_pb2_grpc.PoolStub(cb)
+        mine = pa.AcquireLease(pool_pb2.AcquireLeaseRequest(size=n))
+        theirs = pb.AcquireLease(pool_pb2.AcquireLeaseRequest(size=n, remote_accessible=True))
+        with open(mine.path, "r+b") as f:
+            f.seek(mine.offset)
+            f.write(data)
+        deadline = time.monotonic() + 10  # registered on a worker, just after the acquire
+        while b.metric("moongate_rdma_memory_regions") != regions + 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        d = peer_pb2_grpc.PeerStub(cb).DescribeTarget(
+            peer_pb2.DescribeTargetRequest(id=theirs.id, is_lease=True))
+        assert list(d.transports) == ["tcp", "rdma"] and d.rdma_rkeys and d.size == n
+        batch = submit_wait(a, transfer_pb2.TransferRequest(
+            op=transfer_pb2.WRITE, peer=b.h2c, length=n, local_lease=mine.id,
+            remote_lease=theirs.id))
+        assert batch.state == transfer_pb2.DONE and batch.requests[0].transport == "rdma", batch
+        with open(theirs.path, "rb") as f:
+            f.seek(theirs.offset)
+            assert f.read(n) == data
+        back = register(a, "back", n)
+        batch = submit_wait(a, transfer_pb2.TransferRequest(
+            op=transfer_pb2.READ, peer=b.h2c, length=n, local_segment=back.id,
+            remote_lease=theirs.id))
+        assert batch.state == transfer_pb2.DONE and batch.requests[0].transport == "rdma", batch
+        with open(back.path, "rb") as f:
+            assert f.read() == data
+        pb.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=theirs.id))
+        while b.metric("moongate_rdma_memory_regions") != regions:  # its key died
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with open(theirs.path, "r+b") as f:
+            f.seek(theirs.offset)
+            f.write(b"\x00" * n)
+        batch = submit_wait(a, transfer_pb2.TransferRequest(
+            op=transfer_pb2.WRITE, peer=b.h2c, length=n, local_lease=mine.id,
+            remote_lease=theirs.id))
+        r = batch.requests[0]
+        assert r.code == grpc.StatusCode.NOT_FOUND.value[0] and r.transport == "rdma", batch
+        assert "remote access error" in r.message
+        with open(theirs.path, "rb") as f:
+            f.seek(theirs.offset)
+            assert f.read(n) == b"\x00" * n  # nothing landed in the freed range
