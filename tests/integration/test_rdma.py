@@ -374,3 +374,49 @@ def test_remote_leases_over_rdma_with_their_own_key(make_daemon):
         with open(theirs.path, "rb") as f:
             f.seek(theirs.offset)
             assert f.read(n) == b"\x00" * n  # nothing landed in the freed range
+
+
+def test_notification_after_the_rdma_writes_and_bounds_checked_first(make_daemon):
+    """A batch's notification reaches B's readers only after every RDMA WRITE of the batch to
+    B completed (the reader finds the bytes in place); a request past the target is refused
+    with the whole batch before anything moves, as over TCP."""
+    import threading
+    import time
+    from moongate.v1 import notify_pb2, notify_pb2_grpc
+    a = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
+    b = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
+    n = 32 * MiB
+    src, dst = register(a, "src", n), register(b, "dst", n, remote=True)
+    data = os.urandom(n)
+    with open(src.path, "r+b") as f:
+        f.write(data)
+    seen = {}
+
+    def reader():
+        with h2c_channel(b) as ch:
+            for note in notify_pb2_grpc.NotifyStub(ch).Watch(
+                    notify_pb2.WatchRequest(topic="kv"), timeout=30):
+                with open(dst.path, "rb") as f:
+                    seen["in_place"] = f.read() == data
+                seen["payload"] = note.payload
+                return
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.3)  # the Watch is open
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        batch = t.Submit(transfer_pb2.SubmitRequest(
+            wait=True,
+            requests=[req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, n // 4, o, o)
+                      for o in range(0, n, n // 4)],
+            notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic="kv", payload=b"ready")]),
+            timeout=30).batch
+        with pytest.raises(grpc.RpcError) as e:
+            t.Submit(transfer_pb2.SubmitRequest(requests=[
+                req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 2, 0, n - 1)]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    th.join(30)
+    assert batch.state == transfer_pb2.DONE, batch
+    assert {r.transport for r in batch.requests} == {"rdma"}
+    assert [s.state for s in batch.notify] == [transfer_pb2.NOTIFY_SENT]
+    assert seen["in_place"] and seen["payload"] == b"ready", seen
