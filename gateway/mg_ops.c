@@ -7,17 +7,38 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
+#include "moongate/rdma.h"
 
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/util.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct mg_ops {
     struct evhttp *http;
 };
+
+/* "2 devices (mlx5_0, mlx5_1)", or why RDMA is not in use. */
+static void rdma_line(mg_gateway *gw, char *out, size_t cap)
+{
+    int n = mg_rdma_device_count(gw->rdma);
+    size_t used;
+    if (n == 0) {
+        snprintf(out, cap, "unavailable (%s)", gw->rdma_why[0] ? gw->rdma_why : "not started");
+        return;
+    }
+    used = (size_t)snprintf(out, cap, "%d device%s (", n, n == 1 ? "" : "s");
+    for (int i = 0; i < n && used < cap; i++) {
+        mg_rdma_device_info d;
+        mg_rdma_device(gw->rdma, i, &d);
+        used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? ", " : "", d.name);
+    }
+    if (used < cap)
+        snprintf(out + used, cap - used, ")");
+}
 
 int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
 {
@@ -37,9 +58,15 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
     }
     if (!strcmp(clean, "/readyz") || !strcmp(clean, "/healthz")) {
         int ready = gw->state == MG_STATE_SERVING;
-        if (verbose)
-            evbuffer_add_printf(body, "[%s] state: %s\n[+] engine: %u workers\n", ready ? "+" : "-",
-                                mg_state_name(gw->state), (unsigned)gw->cfg->workers);
+        if (verbose) {
+            char rdma[400];
+            rdma_line(gw, rdma, sizeof(rdma));
+            evbuffer_add_printf(body,
+                                "[%s] state: %s\n[+] engine: %u workers\n[+] transport tcp\n"
+                                "[%s] transport rdma: %s\n",
+                                ready ? "+" : "-", mg_state_name(gw->state),
+                                (unsigned)gw->cfg->workers, gw->rdma ? "+" : "-", rdma);
+        }
         evbuffer_add_printf(body, "%s\n", ready ? "ok" : mg_state_name(gw->state));
         return ready ? 200 : 503;
     }
@@ -51,7 +78,20 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
     if (!strcmp(clean, "/")) {
         mg_engine_stats es;
         double up = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
+        char rdma[400], html[1200];
+        size_t k = 0;
         mg_engine_get_stats(gw->engine, &es);
+        rdma_line(gw, rdma, sizeof(rdma));
+        for (const char *c = rdma; *c && k + 6 < sizeof(html); c++) { /* escaped for HTML */
+            const char *e = *c == '<' ? "&lt;" : *c == '>' ? "&gt;" : *c == '&' ? "&amp;" : NULL;
+            if (e) {
+                memcpy(html + k, e, strlen(e));
+                k += strlen(e);
+            } else {
+                html[k++] = *c;
+            }
+        }
+        html[k] = '\0';
         *ctype = "text/html; charset=utf-8";
         evbuffer_add_printf(
             body,
@@ -63,12 +103,13 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
             "<tr><th align=left>connections</th><td>%llu open</td></tr>"
             "<tr><th align=left>streams</th><td>%llu open</td></tr>"
             "<tr><th align=left>engine</th><td>%u workers, %u of %u jobs in flight</td></tr>"
-            "<tr><th align=left>transports</th><td>tcp</td></tr>"
+            "<tr><th align=left>transports</th><td>tcp; rdma: %s</td></tr>"
             "</table><p><a href=\"/metrics\">metrics</a> &middot; <a href=\"/readyz?verbose\">"
             "readiness</a></p></body></html>\n",
             MG_VERSION, mg_state_name(gw->state), (unsigned long long)gw->epoch, up,
             (unsigned long long)gw->stats.conns_active,
-            (unsigned long long)gw->stats.streams_active, es.workers, es.in_flight, es.queue_depth);
+            (unsigned long long)gw->stats.streams_active, es.workers, es.in_flight, es.queue_depth,
+            html);
         return 200;
     }
     evbuffer_add_printf(body, "not found: %s (try /livez /readyz /metrics /)\n", clean);

@@ -43,6 +43,8 @@ def test_devices_found_and_segments_registered_through_the_emulator(make_daemon)
     assert d.metric("moongate_rdma_device", device="emu0", port="1", link="roce",
                     mtu="4096") == 1
     assert "event=rdma_device lib=%s device=emu0" % EMU in d.read_log()
+    assert "[+] transport rdma: 1 device (emu0)" in d.ops_get("/readyz?verbose")[1]
+    assert "tcp; rdma: 1 device (emu0)" in d.ops_get("/")[1]
     p = subprocess.run([MGCTL, "--target", "unix:" + d.sock, "info"], capture_output=True,
                        text=True, timeout=30)
     rc, out = p.returncode, p.stdout
@@ -103,6 +105,7 @@ def test_without_rdma_tcp_serves_and_says_why(make_daemon, monkeypatch, env, arg
     t = rdma_info(d)
     assert not t.available and list(t.devices) == [] and reason in t.reason, t
     assert d.metric("moongate_rdma_devices") == 0
+    assert "[-] transport rdma: unavailable (" in d.ops_get("/readyz?verbose")[1]
     said = [line for line in d.read_log().splitlines() if "event=rdma_unavailable" in line]
     assert len(said) == 1 and reason in said[0] and said[0].endswith("transport=tcp"), said
     with h2c_channel(d) as ch:  # segments work, over TCP only
