@@ -60,23 +60,33 @@ static uint64_t now_ms(void)
     return mg_now_mono_ns() / 1000000ULL;
 }
 
-/* Connection threads: the tenant of a live session token. */
-static int session_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant)
+/* The live session of `token`: its tenant (MG_SEG_NAME_MAX + 1 bytes, may be NULL) and when it
+ * expires. Returns 0 or MG_ERR_AUTH. Any thread. */
+static int session_find(struct mg_peer_svc *ps, const uint8_t *token, char *tenant,
+                        uint64_t *expires_ms)
 {
-    struct mg_peer_svc *ps = arg;
     uint64_t now = now_ms();
     int rc = MG_ERR_AUTH;
     pthread_mutex_lock(&ps->lock);
     for (size_t i = 0; i < ps->nsessions; i++) {
         if (ps->sessions[i].expires_ms > now &&
             memcmp(ps->sessions[i].token, token, MG_DF_TOKEN_BYTES) == 0) {
-            snprintf(tenant, MG_SEG_NAME_MAX + 1, "%s", ps->sessions[i].tenant);
+            if (tenant)
+                snprintf(tenant, MG_SEG_NAME_MAX + 1, "%s", ps->sessions[i].tenant);
+            if (expires_ms)
+                *expires_ms = ps->sessions[i].expires_ms;
             rc = 0;
             break;
         }
     }
     pthread_mutex_unlock(&ps->lock);
     return rc;
+}
+
+/* Connection threads: the tenant of a live session token. */
+static int session_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant)
+{
+    return session_find(arg, token, tenant, NULL);
 }
 
 /* Adds a session, dropping expired ones first. Returns 0 or MG_ERR_FULL. */
@@ -306,14 +316,7 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_INVALID, "the session token has %d bytes", MG_DF_TOKEN_BYTES);
         return;
     }
-    pthread_mutex_lock(&ps->lock);
-    for (size_t i = 0; i < ps->nsessions; i++) {
-        if (ps->sessions[i].expires_ms > now &&
-            memcmp(ps->sessions[i].token, req->token.data, MG_DF_TOKEN_BYTES) == 0)
-            expires = ps->sessions[i].expires_ms;
-    }
-    pthread_mutex_unlock(&ps->lock);
-    if (expires == 0) {
+    if (session_find(ps, req->token.data, NULL, &expires) != 0) {
         mg_call_fail(call, MG_ERR_AUTH, "no such session (it expired, or this daemon restarted)");
         return;
     }

@@ -892,7 +892,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     memcpy(out->transports, seg->transports, sizeof(out->transports));
     if (seg->state == MG_SEG_READY && seg->mr && seg->remote_accessible) {
         int n = mg_rdma_device_count(reg->rdma);
-        for (int i = 0; i < n && i < 8; i++)
+        for (int i = 0; i < n && i < MG_RDMA_MAX_DEVICES; i++)
             out->rdma_rkeys[out->rdma_ndev++] = mg_rdma_mr_rkey(seg->mr, i);
     }
     out->state = seg->state;

@@ -248,6 +248,22 @@ def tls_channel(d, ca=None, cert=None):
     return grpc.secure_channel(d.tls, creds)
 
 
+def register(d, name, size, remote=False):
+    """A segment registered on d (remote-accessible when asked), over h2c."""
+    from moongate.v1 import memory_pb2, memory_pb2_grpc
+    with h2c_channel(d) as ch:
+        return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote), timeout=10).segment
+
+
+def req(op, local, peer, remote, length, local_offset=0, remote_offset=0):
+    """One TransferRequest between a local segment and a peer's segment."""
+    from moongate.v1 import transfer_pb2
+    return transfer_pb2.TransferRequest(op=op, local_segment=local, local_offset=local_offset,
+                                        peer=peer, remote_segment=remote,
+                                        remote_offset=remote_offset, length=length)
+
+
 def curl(*args, input=None):
     """Runs curl; returns (exit code, stdout, stderr)."""
     p = subprocess.run(["curl", "-sS", "--max-time", "20"] + list(args), input=input,

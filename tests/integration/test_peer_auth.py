@@ -13,10 +13,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from conftest import curl, h2c_channel, tls_channel
-from moongate.v1 import (daemon_pb2, daemon_pb2_grpc, memory_pb2, memory_pb2_grpc, notify_pb2,
-                         notify_pb2_grpc, peer_pb2, peer_pb2_grpc, transfer_pb2,
-                         transfer_pb2_grpc)
+from conftest import curl, h2c_channel, register, tls_channel
+from moongate.v1 import (daemon_pb2, daemon_pb2_grpc, notify_pb2, notify_pb2_grpc, peer_pb2,
+                         peer_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
 MiB = 1 << 20
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
@@ -39,12 +38,6 @@ def peer_a(make_daemon, certs, *extra):
     """The initiating daemon: it checks peers' server certificates against the peer CA."""
     return make_daemon("--peer-anonymous=false", "--peer-ca",
                        os.path.join(certs, "peer-ca.pem"), *extra)
-
-
-def register(d, name, size, remote=False):
-    with h2c_channel(d) as ch:
-        return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
-            name=name, size=size, remote_accessible=remote), timeout=10).segment
 
 
 def run_write(a, peer, dst_id, src_id, length):

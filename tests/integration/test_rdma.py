@@ -13,7 +13,7 @@ import subprocess
 import grpc
 import pytest
 
-from conftest import BUILD, MGCTL, MOONGATE, h2c_channel
+from conftest import BUILD, MGCTL, MOONGATE, h2c_channel, register, req
 from moongate.v1 import (daemon_pb2, daemon_pb2_grpc, memory_pb2, memory_pb2_grpc, peer_pb2,
                          peer_pb2_grpc)
 
@@ -141,22 +141,10 @@ def test_require_rdma(make_daemon, tmp_path):
 from moongate.v1 import transfer_pb2, transfer_pb2_grpc  # noqa: E402
 
 
-def register(d, name, size, remote=False):
-    with h2c_channel(d) as ch:
-        return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
-            name=name, size=size, remote_accessible=remote), timeout=10).segment
-
-
 def submit_wait(d, *requests, timeout=30):
     with h2c_channel(d) as ch:
         return transfer_pb2_grpc.TransferStub(ch).Submit(transfer_pb2.SubmitRequest(
             wait=True, requests=list(requests)), timeout=timeout).batch
-
-
-def req(op, local, peer, remote, length, local_offset=0, remote_offset=0):
-    return transfer_pb2.TransferRequest(op=op, local_segment=local, local_offset=local_offset,
-                                        peer=peer, remote_segment=remote,
-                                        remote_offset=remote_offset, length=length)
 
 
 def list_peers(d):

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from conftest import h2c_channel
+from conftest import h2c_channel, register, req
 from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
@@ -17,12 +17,6 @@ MiB = 1 << 20
 
 def two_daemons(make_daemon):
     return make_daemon("--peer-tls=false"), make_daemon("--peer-tls=false")
-
-
-def register(d, name, size, remote=False):
-    with h2c_channel(d) as ch:
-        return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
-            name=name, size=size, remote_accessible=remote), timeout=10).segment
 
 
 def wait_batch(t, batch_id, timeout=30):
@@ -33,12 +27,6 @@ def wait_batch(t, batch_id, timeout=30):
             return b
         assert time.monotonic() < deadline, "batch still running"
         time.sleep(0.02)
-
-
-def req(op, local, peer, remote, length, local_offset=0, remote_offset=0):
-    return transfer_pb2.TransferRequest(op=op, local_segment=local, local_offset=local_offset,
-                                        peer=peer, remote_segment=remote,
-                                        remote_offset=remote_offset, length=length)
 
 
 def test_write_and_read_between_two_daemons(make_daemon):

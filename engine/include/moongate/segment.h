@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "moongate/mg_error.h"
+#include "moongate/rdma.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -99,7 +100,8 @@ typedef struct mg_segment_info {
     mg_seg_state state;
     uint32_t refs; /* holders besides the registry (leases, transfers) */
     mg_seg_transport transports[MG_TRANSPORT_COUNT];
-    uint32_t rdma_rkeys[8]; /* a ready remote-accessible segment's key on each RDMA device */
+    uint32_t rdma_rkeys[MG_RDMA_MAX_DEVICES]; /* a ready remote-accessible segment's key on each
+                                               * RDMA device */
     unsigned rdma_ndev;
 } mg_segment_info;
 
