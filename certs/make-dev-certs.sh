@@ -4,6 +4,7 @@
 #   server.pem / server.key    the daemon's control-port certificate; SANs: localhost,
 #                              127.0.0.1, ::1 and every name or address in MOONGATE_CERT_SANS
 #   client.pem / client.key    a client certificate (CN=dev-client)
+#   client-b.pem / client-b.key  another one (CN=dev-client-b), for tests of two clients
 #   peer-a.pem, peer-b.pem     peer-daemon certificates (their own CA: peer-ca.pem), kept apart
 #                              from client certificates
 # Usage: certs/make-dev-certs.sh [OUTDIR]   (default: certs/dev; existing files are kept)
@@ -16,7 +17,7 @@ mkdir -p "$out"
 cd "$out"
 umask 077
 
-if [ -f server.pem ] && [ -f ca.pem ] && [ -f client.pem ] && [ -f peer-b.pem ]; then
+if [ -f server.pem ] && [ -f ca.pem ] && [ -f client.pem ] && [ -f client-b.pem ] && [ -f peer-b.pem ]; then
     echo "certificates already in $out"
     exit 0
 fi
@@ -47,10 +48,12 @@ for s in ${MOONGATE_CERT_SANS:-}; do
 done
 printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=%s\n' "$sans" > server.ext
 printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\nsubjectAltName=DNS:dev-client\n' > client.ext
+printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\nsubjectAltName=DNS:dev-client-b\n' > client-b.ext
 printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=%s\n' "$sans" > peer.ext
 
 sign ca server "localhost" server.ext
 sign ca client "dev-client" client.ext
+sign ca client-b "dev-client-b" client-b.ext
 sign peer-ca peer-a "peer-a" peer.ext
 sign peer-ca peer-b "peer-b" peer.ext
 rm -f ./*.ext ./*.srl

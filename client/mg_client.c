@@ -57,6 +57,7 @@ struct mg_client {
     SSL_CTX *ssl_ctx;
     char target[256];
     char authority[256];
+    char bearer[1100]; /* "Bearer TOKEN" from mg_client_options.token, or "" */
     int tls;
     int connected;
     int failed;
@@ -197,6 +198,9 @@ mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size
     ADD("content-type", "application/grpc");
     ADD("te", "trailers");
     ADD("user-agent", "moongate-c/" MG_VERSION);
+    if (c->bearer[0])
+        nva[n++] = (nghttp2_nv){(uint8_t *)"authorization", (uint8_t *)c->bearer, 13,
+                                strlen(c->bearer), NGHTTP2_NV_FLAG_NO_INDEX};
     for (size_t i = 0; i < n_md; i++)
         ADD(md[i].name, md[i].value);
 #undef ADD
@@ -583,6 +587,13 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     c->tls = o->tls;
     c->max_message = o->max_message_bytes ? o->max_message_bytes : 4u * 1024u * 1024u;
     snprintf(c->target, sizeof(c->target), "%s", t);
+    if (o->token && o->token[0]) {
+        if (strlen(o->token) > 1024 || strpbrk(o->token, "\r\n")) {
+            snprintf(err, errcap, "the token is longer than 1024 bytes or holds a line break");
+            goto fail;
+        }
+        snprintf(c->bearer, sizeof(c->bearer), "Bearer %s", o->token);
+    }
     ct.tv_sec = o->connect_timeout_ms ? o->connect_timeout_ms / 1000 : 10;
     ct.tv_usec = o->connect_timeout_ms ? (suseconds_t)(o->connect_timeout_ms % 1000) * 1000 : 0;
 

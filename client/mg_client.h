@@ -37,6 +37,7 @@ typedef struct mg_client_options {
     int insecure;                /* TLS without verifying the server (development only) */
     uint32_t connect_timeout_ms; /* 0: 10 s */
     uint32_t max_message_bytes;  /* largest response message accepted; 0: 4 MiB */
+    const char *token;           /* bearer token sent with every call, or NULL (at most 1024) */
 } mg_client_options;
 
 typedef struct mg_metadata {

@@ -57,12 +57,36 @@ static void usage(FILE *f)
                "  --ca FILE         CA that signed the daemon's certificate [MOONGATE_CA]\n"
                "  --cert FILE       client certificate [MOONGATE_CERT]\n"
                "  --key FILE        client key [MOONGATE_KEY]\n"
+               "  --token-file FILE bearer token to send (first line of FILE) [MOONGATE_TOKEN\n"
+               "                    holds the token itself]\n"
                "  --server-name N   name expected in the daemon's certificate\n"
                "  --insecure        do not verify the daemon's certificate\n"
                "  --timeout MS      deadline of the call, default 10000 (0: none)\n"
                "  --json            machine-readable output\n"
                "  --help\n\n"
                "Exit status: the call's gRPC status code (0 OK); 64 for usage errors.\n");
+}
+
+/* The first line of a token file (a Kubernetes Secret mounted as a file, say): tokens are not
+ * given on the command line, where every user of the machine can read them. */
+static int read_token(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n;
+    if (f == NULL || fgets(out, (int)cap, f) == NULL) {
+        fprintf(stderr, "mgctl: cannot read a token from %s\n", path);
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    fclose(f);
+    n = strcspn(out, "\r\n");
+    out[n] = '\0';
+    if (n == 0) {
+        fprintf(stderr, "mgctl: %s holds no token\n", path);
+        return -1;
+    }
+    return 0;
 }
 
 static int report_error(const ctl *c, int status, const char *message)
@@ -330,6 +354,7 @@ int main(int argc, char **argv)
     const char *args[3] = {NULL, NULL, NULL};
     int nargs = 0;
     const char *target = getenv("MOONGATE_TARGET");
+    static char token[1100];
 
     signal(SIGPIPE, SIG_IGN);
     memset(&c, 0, sizeof(c));
@@ -337,6 +362,7 @@ int main(int argc, char **argv)
     c.copt.ca_file = getenv("MOONGATE_CA");
     c.copt.cert_file = getenv("MOONGATE_CERT");
     c.copt.key_file = getenv("MOONGATE_KEY");
+    c.copt.token = getenv("MOONGATE_TOKEN");
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT()                                               \
@@ -365,6 +391,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--key")) {
             NEXT();
             c.copt.key_file = argv[++i];
+        } else if (!strcmp(a, "--token-file")) {
+            NEXT();
+            if (read_token(argv[++i], token, sizeof(token)) != 0)
+                return EXIT_USAGE;
+            c.copt.token = token;
         } else if (!strcmp(a, "--server-name")) {
             NEXT();
             c.copt.server_name = argv[++i];

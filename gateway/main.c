@@ -156,6 +156,7 @@ int main(int argc, char **argv)
                                 .max_segments = cfg.max_segments,
                                 .max_registered_bytes = cfg.max_registered_bytes,
                                 .max_tenant_segments = cfg.max_tenant_segments,
+                                .max_tenant_bytes = cfg.max_tenant_bytes,
                                 .file_gid = shm_gid,
                                 .rdma = rdma}};
         mg_engine_config ic = {(unsigned)cfg.io_threads, (unsigned)cfg.queue_depth, {0}};

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 static void call_finish(mg_call *call, int code, const char *msg, int cancel_handler);
@@ -109,6 +110,21 @@ const char *mg_call_identity(const mg_call *call)
     if (call->conn == NULL || call->conn->id.state != MG_TLS_ID_VERIFIED)
         return "";
     return call->conn->id.name;
+}
+
+const char *mg_call_tenant(const mg_call *call)
+{
+    return call->who.tenant;
+}
+
+int mg_call_admin(const mg_call *call)
+{
+    return call->who.admin;
+}
+
+const char *mg_call_scope(const mg_call *call)
+{
+    return call->who.admin ? NULL : call->who.tenant;
 }
 
 int64_t mg_call_remaining_ms(const mg_call *call)
@@ -689,6 +705,130 @@ static int peer_gate(mg_call *call)
     return 0;
 }
 
+/* --tenant-rate: one token bucket per tenant (burst: one second's worth). A list: tenants are
+ * the auth file's, few. Returns 1 when the call may go on. */
+typedef struct mg_rate {
+    char tenant[MG_TENANT_MAX + 1];
+    double tokens;
+    uint64_t last_ns;
+    struct mg_rate *next;
+} mg_rate;
+
+static int rate_ok(mg_gateway *gw, const char *tenant)
+{
+    double rate = (double)gw->cfg->tenant_rate;
+    uint64_t now = mg_now_mono_ns();
+    mg_rate *r;
+    if (gw->cfg->tenant_rate == 0)
+        return 1;
+    for (r = gw->rates; r && strcmp(r->tenant, tenant) != 0; r = r->next)
+        ;
+    if (r == NULL) {
+        if ((r = calloc(1, sizeof(*r))) == NULL)
+            return 1; /* out of memory: the quota is not what fails */
+        snprintf(r->tenant, sizeof(r->tenant), "%s", tenant);
+        r->tokens = rate;
+        r->last_ns = now;
+        r->next = gw->rates;
+        gw->rates = r;
+    }
+    r->tokens += (double)(now - r->last_ns) / 1e9 * rate;
+    if (r->tokens > rate)
+        r->tokens = rate;
+    r->last_ns = now;
+    if (r->tokens < 1.0)
+        return 0;
+    r->tokens -= 1.0;
+    return 1;
+}
+
+void mg_rates_free(mg_gateway *gw)
+{
+    while (gw->rates) {
+        mg_rate *r = gw->rates;
+        gw->rates = r->next;
+        free(r);
+    }
+}
+
+/* After auth_gate: finishes the call (returns 1) when its tenant is over --tenant-rate. */
+static int rate_gate(mg_call *call)
+{
+    mg_gateway *gw = call->conn->gw;
+    char m[256];
+    if (call->method->peer_only || call->method->open || rate_ok(gw, call->who.tenant))
+        return 0;
+    gw->stats.rate_refused++;
+    snprintf(
+        m, sizeof(m),
+        "quota exceeded: tenant \"%s\" is over its rate of %llu calls per second (--tenant-rate)",
+        call->who.tenant, (unsigned long long)gw->cfg->tenant_rate);
+    call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 0);
+    return 1;
+}
+
+/* Every other method: finishes the call (returns 1) unless its caller is known, and sets
+ * call->who. A bearer token is checked first, then a client certificate from --client-ca, then
+ * the Unix socket's user id; without any, --allow-anonymous makes the caller tenant "default".
+ * Credentials that are presented but wrong never fall back to anonymous. */
+static int auth_gate(mg_call *call)
+{
+    mg_conn *conn = call->conn;
+    mg_gateway *gw = conn->gw;
+    const mg_config *cfg = gw->cfg;
+    const mg_tls_id *id = &conn->id;
+    char m[512];
+    if (call->method->peer_only || call->method->open)
+        return 0;
+    if (call->auth_header < 0) {
+        gw->stats.auth_unauthenticated++;
+        call_finish(call, MG_GRPC_UNAUTHENTICATED,
+                    "the authorization header is not \"Bearer TOKEN\" (or came twice)", 0);
+        return 1;
+    }
+    if (call->auth_header > 0) {
+        if (mg_auth_by_token(gw->auth, call->bearer_hash, &call->who) == 0)
+            return 0;
+        gw->stats.auth_unauthenticated++;
+        call_finish(call, MG_GRPC_UNAUTHENTICATED,
+                    gw->auth ? "the bearer token is not in --auth-file"
+                             : "bearer token given, but this daemon has no --auth-file",
+                    0);
+        return 1;
+    }
+    if (conn->kind == CONN_TLS && id->client_state == MG_TLS_ID_VERIFIED) {
+        if (mg_auth_by_cert(gw->auth, id->names, &call->who) == 0)
+            return 0;
+        gw->stats.auth_denied++;
+        snprintf(m, sizeof(m),
+                 "client certificate \"%s\" chains to --client-ca but names no tenant in "
+                 "--auth-file",
+                 id->name);
+        call_finish(call, MG_GRPC_PERMISSION_DENIED, m, 0);
+        return 1;
+    }
+    if (conn->kind == CONN_UNIX && conn->has_uid &&
+        mg_auth_by_uid(gw->auth, conn->uid, &call->who) == 0)
+        return 0;
+    if (cfg->allow_anonymous) {
+        snprintf(call->who.tenant, sizeof(call->who.tenant), "default");
+        call->who.admin = 0;
+        call->who.how = "anonymous";
+        return 0;
+    }
+    gw->stats.auth_unauthenticated++;
+    if (conn->kind == CONN_TLS && id->client_state == MG_TLS_ID_REFUSED)
+        snprintf(m, sizeof(m), "the client certificate does not chain to --client-ca (%.127s)",
+                 id->client_reason);
+    else
+        snprintf(m, sizeof(m),
+                 "no credentials: send \"authorization: Bearer TOKEN\"%s (this daemon does not "
+                 "run with --allow-anonymous)",
+                 cfg->client_ca[0] ? " or a client certificate from --client-ca" : "");
+    call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
+    return 1;
+}
+
 /* A readable route (GET /v1/segments/{id} ...): the call becomes a JSON call of the route's
  * method, its request built from the id and query here and from the body for POST. Returns 1
  * when the path is a readable route (the call is set up or answered), 0 otherwise. */
@@ -737,7 +877,7 @@ static int readable_route(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
-    if (peer_gate(call)) {
+    if (peer_gate(call) || auth_gate(call) || rate_gate(call)) {
         json_decref(obj);
         return 1;
     }
@@ -818,7 +958,7 @@ void mg_call_on_headers_end(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
-    if (peer_gate(call))
+    if (peer_gate(call) || auth_gate(call) || rate_gate(call))
         return;
     if (is_grpc && !call->te_trailers) {
         call_finish(call, MG_GRPC_INTERNAL, "missing \"te: trailers\" request header", 0);
@@ -892,6 +1032,15 @@ void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const
         call->content_length = i == valuelen && i > 0 ? v : -1;
     } else if (IS("grpc-encoding")) {
         call->has_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+    } else if (IS("authorization")) {
+        /* Only the token's hash is kept; the token itself is never stored or logged. */
+        if (valuelen > 7 && strncasecmp((const char *)value, "bearer ", 7) == 0 &&
+            call->auth_header == 0) {
+            mg_auth_hash((const char *)value + 7, valuelen - 7, call->bearer_hash);
+            call->auth_header = 1;
+        } else {
+            call->auth_header = -1;
+        }
     }
 #undef IS
 }

@@ -41,6 +41,18 @@ static const opt_def opts[] = {
      "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
     {"tls-cert", T_STR, O(tls_cert), "", 0, 0, "server certificate chain (PEM)"},
     {"tls-key", T_STR, O(tls_key), "", 0, 0, "server private key (PEM)"},
+    {"client-ca", T_STR, O(client_ca), "", 0, 0,
+     "CA of client certificates: a client whose certificate chains to it is known by the "
+     "certificate's CN, DNS or URI name (mapped to a tenant by --auth-file); kept apart from "
+     "--peer-ca"},
+    {"auth-file", T_STR, O(auth_file), "", 0, 0,
+     "principals: lines `token sha256:HEX TENANT [admin]`, `cert IDENTITY TENANT [admin]`, "
+     "`uid UID TENANT [admin]`; re-read when it changes"},
+    {"allow-anonymous", T_BOOL, O(allow_anonymous), "false", 0, 1,
+     "serve callers without credentials as tenant \"default\" (development and loopback only; "
+     "otherwise they get UNAUTHENTICATED)"},
+    {"reload-interval", T_UINT, O(reload_interval), "5", 0, 3600,
+     "seconds between checks of --auth-file and the TLS files for changes (0: never re-read)"},
     {"shm-dir", T_STR, O(shm_dir), "/dev/shm/moongate", 0, 0,
      "directory of segment files (created if missing); local clients map files here"},
     {"shm-mode", T_MODE, O(shm_mode), "0600", 0, 0777,
@@ -54,6 +66,14 @@ static const opt_def opts[] = {
     {"max-segments", T_UINT, O(max_segments), "65536", 1, 16777216, "registered segments at most"},
     {"max-tenant-segments", T_UINT, O(max_tenant_segments), "4096", 1, 16777216,
      "registered segments of one tenant at most"},
+    {"max-tenant-bytes", T_SIZE, O(max_tenant_bytes), "0", 0, 1ULL << 50,
+     "bytes one tenant may have registered (segments and overflow leases); 0: no quota"},
+    {"max-tenant-leases", T_UINT, O(max_tenant_leases), "0", 0, 16777216,
+     "live leases one tenant may hold in a pool; 0: no quota"},
+    {"max-tenant-batches", T_UINT, O(max_tenant_batches), "0", 0, 1 << 20,
+     "transfer batches of one tenant running at once; 0: no quota"},
+    {"tenant-rate", T_UINT, O(tenant_rate), "0", 0, 10000000,
+     "calls per second one tenant may make (bursts of one second's worth); 0: no quota"},
     {"max-registered-bytes", T_SIZE, O(max_registered_bytes), "16G", 4096, 1ULL << 50,
      "sum of registered segment sizes at most"},
     {"max-batch", T_UINT, O(max_batch), "1024", 1, 65536,
@@ -149,6 +169,9 @@ static const opt_def opts[] = {
      "HTTP/2 connection flow-control window"},
     {"idle-timeout", T_UINT, O(idle_timeout), "300", 1, 86400,
      "seconds a connection without streams may stay open"},
+    {"write-timeout", T_UINT, O(write_timeout), "30", 1, 3600,
+     "seconds a connection may hold unsent bytes without the client reading any: then it is "
+     "closed (a client that stops reading holds nothing longer)"},
     {"handshake-timeout", T_UINT, O(handshake_timeout), "10", 1, 600,
      "seconds for the TLS handshake and the HTTP/2 preface"},
     {"grace", T_UINT, O(grace), "30", 0, 3600,

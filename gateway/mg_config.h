@@ -20,12 +20,20 @@ typedef struct mg_config {
     char *ops_listen;          /* plaintext HTTP/1.1 ops listeners; "" disables */
     char *tls_cert;
     char *tls_key;
+    char *client_ca;          /* CA of client certificates ("": none) */
+    char *auth_file;          /* principals ("": none) */
+    int allow_anonymous;      /* callers without credentials are tenant "default" */
+    uint64_t reload_interval; /* seconds; 0: files are read once */
     char *shm_dir;
     uint64_t shm_mode;
     char *memlock;   /* off, try, require */
     char *shm_group; /* group (name or number) of the shm directory and the daemon's files */
     uint64_t max_segments;
     uint64_t max_tenant_segments;
+    uint64_t max_tenant_bytes; /* quotas per tenant; 0: none */
+    uint64_t max_tenant_leases;
+    uint64_t max_tenant_batches;
+    uint64_t tenant_rate; /* calls per second */
     uint64_t max_registered_bytes;
     uint64_t max_batch;
     uint64_t pool_bytes;
@@ -72,6 +80,7 @@ typedef struct mg_config {
     uint64_t stream_window_bytes;
     uint64_t conn_window_bytes;
     uint64_t idle_timeout;      /* seconds */
+    uint64_t write_timeout;     /* seconds */
     uint64_t handshake_timeout; /* seconds */
     uint64_t grace;             /* seconds */
     uint64_t max_continuations;

@@ -328,6 +328,11 @@ static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
         mg_conn_send(conn);
         return;
     }
+    if (events & BEV_EVENT_TIMEOUT) {
+        conn->gw->stats.write_timeouts++;
+        mg_info("conn_timeout", "peer=%s kind=%s reason=write unsent=%zu", conn->peer,
+                mg_conn_kind_names[conn->kind], evbuffer_get_length(bufferevent_get_output(bev)));
+    }
     if (events & BEV_EVENT_ERROR) {
         unsigned long e = bufferevent_get_openssl_error(bev);
         if (conn->kind == CONN_TLS && conn->ng == NULL) {
@@ -394,15 +399,17 @@ void mg_conn_free(mg_conn *conn)
     mg_gateway_check_drained(gw);
 }
 
-static void peer_name(char *dst, size_t cap, evutil_socket_t fd, const struct sockaddr *sa,
-                      conn_kind kind)
+static void peer_name(mg_conn *conn, char *dst, size_t cap, evutil_socket_t fd,
+                      const struct sockaddr *sa, conn_kind kind)
 {
     if (kind == CONN_UNIX) {
         struct ucred cred;
         socklen_t len = sizeof(cred);
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
             snprintf(dst, cap, "uid:%u pid:%d", (unsigned)cred.uid, (int)cred.pid);
-        else
+            conn->has_uid = 1;
+            conn->uid = (uint32_t)cred.uid;
+        } else
             snprintf(dst, cap, "unix");
         return;
     }
@@ -443,7 +450,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     }
     conn->gw = gw;
     conn->kind = l->kind;
-    peer_name(conn->peer, sizeof(conn->peer), fd, sa, l->kind);
+    peer_name(conn, conn->peer, sizeof(conn->peer), fd, sa, l->kind);
     if (l->kind != CONN_UNIX)
         setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
     if (l->kind == CONN_TLS) {
@@ -480,6 +487,11 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
         return;
     }
     evtimer_add(conn->timer, &tv);
+    {
+        /* Armed by libevent only while output is waiting: no progress for this long ends it. */
+        struct timeval wt = {(time_t)gw->cfg->write_timeout, 0};
+        bufferevent_set_timeouts(conn->bev, NULL, &wt);
+    }
     bufferevent_setcb(conn->bev, conn_read_cb, conn_write_cb, conn_event_cb, conn);
     bufferevent_setwatermark(conn->bev, EV_WRITE, 0, 0);
     bufferevent_enable(conn->bev, EV_READ | EV_WRITE);

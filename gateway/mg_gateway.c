@@ -145,8 +145,10 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
         goto fail;
 
+    if ((rc = mg_reload_start(gw)) != 0)
+        goto fail;
     if (*cfg->tls_cert) {
-        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->peer_ca);
+        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->peer_ca, cfg->client_ca);
         if (gw->ssl_ctx == NULL) {
             rc = MG_ERR_INVALID;
             goto fail;
@@ -219,6 +221,8 @@ void mg_gateway_del(mg_gateway *gw)
         mg_cq_drain(gw->cq, 0);
         mg_cq_del(gw->cq);
     }
+    mg_reload_free(gw);
+    mg_rates_free(gw);
     mg_tls_ctx_free(gw->ssl_ctx);
     free(gw);
 }

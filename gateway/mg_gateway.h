@@ -67,6 +67,8 @@ typedef struct mg_method {
     /* Only peer daemons may call it: a client certificate from --peer-ca (and in --peer-allow),
      * unless the daemon runs with --peer-anonymous. */
     int peer_only;
+    /* Any caller, without credentials: health checks and reflection. */
+    int open;
 } mg_method;
 
 /* A readable route for curl: VERB prefix[/{id}] onto a unary method, answered as JSON. The
@@ -137,6 +139,15 @@ mg_gateway *mg_call_gateway(const mg_call *call);
 const char *mg_call_peer(const mg_call *call);
 /* The caller's verified TLS client certificate identity, or "" without one. */
 const char *mg_call_identity(const mg_call *call);
+/* The tenant the caller acts for ("" for open and peer-only methods: the peer API names the
+ * tenant in its requests). Valid for the call's life. */
+const char *mg_call_tenant(const mg_call *call);
+/* Non-zero when the caller has the admin role: it may list and revoke every tenant's
+ * resources. */
+int mg_call_admin(const mg_call *call);
+/* Whose resources the caller may see and revoke: its tenant, or NULL (every tenant) for an
+ * admin. For lookups, lists and revocations; never for creating or moving bytes. */
+const char *mg_call_scope(const mg_call *call);
 /* Milliseconds left before the call's deadline, or -1 without one. */
 int64_t mg_call_remaining_ms(const mg_call *call);
 
@@ -192,6 +203,10 @@ typedef struct mg_gateway_stats {
     uint64_t unknown_method_calls;
     uint64_t rst_received;
     uint64_t goaway_sent;
+    uint64_t write_timeouts;       /* connections closed: the client read nothing for too long */
+    uint64_t auth_unauthenticated; /* calls refused: no or unknown credentials */
+    uint64_t auth_denied;          /* calls refused: known identity without a tenant or role */
+    uint64_t rate_refused;         /* calls refused: the tenant was over --tenant-rate */
 } mg_gateway_stats;
 
 struct mg_gateway {
@@ -203,7 +218,12 @@ struct mg_gateway {
     char rdma_why[300];
     mg_cq *cq;
     struct event *cq_event;
-    void *ssl_ctx; /* SSL_CTX, NULL when TLS is off */
+    void *ssl_ctx;        /* SSL_CTX, NULL when TLS is off; swapped when its files change */
+    struct mg_auth *auth; /* --auth-file's principals (NULL: none); swapped when it changes */
+    struct mg_reload *reload;
+    struct mg_rate *rates;     /* --tenant-rate buckets (mg_call.c) */
+    uint64_t reloads[2];       /* files re-read and swapped in: auth, TLS */
+    uint64_t reload_errors[2]; /* changed files that failed to load: auth, TLS */
     mg_state state;
     int memlock; /* --memlock as an mg_memlock: what MEMLOCK_DEFAULT means */
     uint64_t epoch;
@@ -261,22 +281,32 @@ uint64_t mg_now_unix_ms(void);
 
 /* ---- pieces implemented in their own files ---- */
 
-/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). With peer_ca (not "") it asks callers for a
- * certificate and checks it against that CA; the handshake goes on either way and the result
- * is read with mg_tls_identity(). Returns NULL after logging why. */
-void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca);
+/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). With peer_ca or client_ca (not "") it asks
+ * callers for a certificate and checks it against each CA apart; the handshake goes on either
+ * way and the results are read with mg_tls_identity(). Returns NULL after logging why. */
+void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca,
+                        const char *client_ca);
 /* What a TLS connection's client certificate says, once the handshake is done. */
 typedef struct mg_tls_id {
-    int state;        /* MG_TLS_ID_NONE, _VERIFIED or _REFUSED */
-    char name[128];   /* the identity: CN, else the first DNS or URI SAN */
-    char names[512];  /* every CN, DNS and URI name, each followed by '\n' */
-    char reason[128]; /* _REFUSED: OpenSSL's verification error */
+    int state;               /* against --peer-ca: MG_TLS_ID_NONE, _VERIFIED or _REFUSED */
+    int client_state;        /* against --client-ca: the same (NONE without --client-ca) */
+    char name[128];          /* the identity: CN, else the first DNS or URI SAN */
+    char names[512];         /* every CN, DNS and URI name, each followed by '\n' */
+    char reason[128];        /* state _REFUSED: OpenSSL's verification error */
+    char client_reason[128]; /* client_state _REFUSED: the same */
 } mg_tls_id;
 enum { MG_TLS_ID_NONE = 0, MG_TLS_ID_VERIFIED = 1, MG_TLS_ID_REFUSED = 2 };
 void mg_tls_identity(void *ssl, mg_tls_id *out);
 /* Non-zero when one of id's names is in the comma-separated list. */
 int mg_tls_id_in(const mg_tls_id *id, const char *list);
 void mg_tls_ctx_free(void *ctx);
+
+/* mg_reload.c: reads --auth-file (a bad file fails start-up, after logging why) and checks it
+ * and the TLS files every --reload-interval seconds, swapping in what changed and loads. */
+int mg_reload_start(mg_gateway *gw);
+void mg_reload_free(mg_gateway *gw);
+/* mg_call.c: frees the --tenant-rate buckets. */
+void mg_rates_free(mg_gateway *gw);
 
 /* mg_metrics.c: Prometheus text for everything the daemon counts. */
 void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
@@ -336,13 +366,13 @@ void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_
 /* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
 int mg_svc_pool_init(mg_gateway *gw);
 void mg_svc_pool_free(mg_gateway *gw);
-/* An operation uses the caller's lease `lease_id`: takes a reference on the pool's segment for
+/* An operation uses lease `lease_id` of `tenant`: takes a reference on the pool's segment for
  * `holder` and marks the lease used (a release then waits for mg_svc_pool_unuse). Gives the
  * segment, the lease's offset in it and its requested length, and a token for unuse. Returns
  * 0 or MG_ERR_NOT_FOUND. The caller puts the segment reference itself. */
 struct mg_segment;
-int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, struct mg_segment **seg,
-                    uint64_t *offset, uint64_t *length, void **token);
+int mg_svc_pool_use(mg_gateway *gw, const char *tenant, uint64_t lease_id, const char *holder,
+                    struct mg_segment **seg, uint64_t *offset, uint64_t *length, void **token);
 void mg_svc_pool_unuse(mg_gateway *gw, void *token);
 /* A published lease's own RDMA registration: where its bytes start and its key on each device
  * (rkeys: room for 8). Returns 0, or -1 when it has none (yet). */

@@ -5,6 +5,8 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_auth.h"
+
 #include "moongate/dataplane.h"
 #include "moongate/pool.h"
 #include "moongate/rdma.h"
@@ -274,6 +276,34 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         (unsigned long long)gw->stats.protocol_errors, (unsigned long long)gw->stats.rst_received,
         (unsigned long long)gw->stats.goaway_sent,
         (unsigned long long)gw->stats.unknown_method_calls);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_write_timeouts_total Connections closed because the client read "
+        "nothing for --write-timeout while output waited.\n"
+        "# TYPE moongate_write_timeouts_total counter\nmoongate_write_timeouts_total %llu\n"
+        "# HELP moongate_auth_refused_total Calls refused before their handler: unauthenticated "
+        "(no or unknown credentials), denied (a known identity without a tenant).\n"
+        "# TYPE moongate_auth_refused_total counter\n"
+        "moongate_auth_refused_total{reason=\"unauthenticated\"} %llu\n"
+        "moongate_auth_refused_total{reason=\"denied\"} %llu\n"
+        "# HELP moongate_rate_refused_total Calls refused: the tenant was over --tenant-rate.\n"
+        "# TYPE moongate_rate_refused_total counter\nmoongate_rate_refused_total %llu\n"
+        "# HELP moongate_auth_principals Principals in --auth-file as last loaded.\n"
+        "# TYPE moongate_auth_principals gauge\nmoongate_auth_principals %zu\n"
+        "# HELP moongate_reloads_total Changed files re-read and swapped in.\n"
+        "# TYPE moongate_reloads_total counter\n"
+        "moongate_reloads_total{file=\"auth\"} %llu\nmoongate_reloads_total{file=\"tls\"} %llu\n"
+        "# HELP moongate_reload_errors_total Changed files that failed to load (the previous "
+        "ones stay in use).\n"
+        "# TYPE moongate_reload_errors_total counter\n"
+        "moongate_reload_errors_total{file=\"auth\"} %llu\n"
+        "moongate_reload_errors_total{file=\"tls\"} %llu\n",
+        (unsigned long long)gw->stats.write_timeouts,
+        (unsigned long long)gw->stats.auth_unauthenticated,
+        (unsigned long long)gw->stats.auth_denied, (unsigned long long)gw->stats.rate_refused,
+        mg_auth_count(gw->auth), (unsigned long long)gw->reloads[0],
+        (unsigned long long)gw->reloads[1], (unsigned long long)gw->reload_errors[0],
+        (unsigned long long)gw->reload_errors[1]);
 
     evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
                              "# TYPE moongate_grpc_started_total counter\n");

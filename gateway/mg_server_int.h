@@ -7,6 +7,7 @@
 #ifndef MG_SERVER_INT_H
 #define MG_SERVER_INT_H
 
+#include "mg_auth.h"
 #include "mg_gateway.h"
 
 #include <nghttp2/nghttp2.h>
@@ -32,7 +33,9 @@ typedef struct mg_conn {
     nghttp2_session *ng;
     conn_kind kind;
     char peer[128];
-    mg_tls_id id;        /* TLS: the client certificate, once the handshake is done */
+    mg_tls_id id; /* TLS: the client certificate, once the handshake is done */
+    int has_uid;  /* Unix socket: the kernel told the caller's user id */
+    uint32_t uid;
     struct event *timer; /* handshake, then idle */
     struct event *flush_ev;
     unsigned nstreams;
@@ -60,6 +63,9 @@ struct mg_call {
     uint64_t timeout_ns;
     int bad_timeout;
     int has_encoding;
+    int auth_header;                       /* 0 none, 1 a bearer token (hashed), -1 malformed */
+    uint8_t bearer_hash[MG_AUTH_HASH_LEN]; /* SHA-256 of the bearer token */
+    mg_principal who;                      /* the caller, once auth_gate let it in */
     size_t header_bytes;
     int headers_too_large;
     mg_deframer deframer;

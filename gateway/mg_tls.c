@@ -44,7 +44,8 @@ static void log_ssl_error(const char *what, const char *path)
 }
 
 /* The handshake goes on whatever the client certificate is: the peer API refuses a caller
- * without a good one, naming why; the rest of the API does not look at it. */
+ * without a good one and the client API looks the certificate up in --client-ca, naming why
+ * when either refuses. */
 static int verify_continue(int ok, X509_STORE_CTX *store)
 {
     (void)ok;
@@ -52,21 +53,88 @@ static int verify_continue(int ok, X509_STORE_CTX *store)
     return 1;
 }
 
+/* The --client-ca store hangs off the SSL_CTX: the handshake itself verifies against --peer-ca
+ * only, so the two trust roots never mix. */
+static int client_store_index = -1;
+
+static void client_store_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl,
+                              void *argp)
+{
+    (void)parent;
+    (void)ad;
+    (void)idx;
+    (void)argl;
+    (void)argp;
+    X509_STORE_free(ptr);
+}
+
+/* Asks callers for a certificate, naming the CAs of both trust roots. */
+static int ask_for_certificates(SSL_CTX *ctx, const char *peer_ca, const char *client_ca)
+{
+    STACK_OF(X509_NAME) *names = sk_X509_NAME_new_null();
+    const char *files[2] = {peer_ca, client_ca}, *what[2] = {"--peer-ca", "--client-ca"};
+    if (names == NULL)
+        return -1;
+    for (int i = 0; i < 2; i++)
+        if (files[i][0] && SSL_add_file_cert_subjects_to_stack(names, files[i]) != 1) {
+            char buf[64];
+            snprintf(buf, sizeof(buf), "no CA names in %s", what[i]);
+            log_ssl_error(buf, files[i]);
+            sk_X509_NAME_pop_free(names, X509_NAME_free);
+            return -1;
+        }
+    SSL_CTX_set_client_CA_list(ctx, names);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_continue);
+    return 0;
+}
+
 static int peer_ca_load(SSL_CTX *ctx, const char *peer_ca)
 {
-    STACK_OF(X509_NAME) * names;
     if (SSL_CTX_load_verify_locations(ctx, peer_ca, NULL) != 1) {
         log_ssl_error("cannot load --peer-ca", peer_ca);
         return -1;
     }
-    names = SSL_load_client_CA_file(peer_ca);
-    if (names == NULL) {
-        log_ssl_error("no CA names in --peer-ca", peer_ca);
+    return 0;
+}
+
+static int client_ca_load(SSL_CTX *ctx, const char *client_ca)
+{
+    X509_STORE *st = X509_STORE_new();
+    if (st == NULL || X509_STORE_load_file(st, client_ca) != 1) {
+        log_ssl_error("cannot load --client-ca", client_ca);
+        X509_STORE_free(st);
         return -1;
     }
-    SSL_CTX_set_client_CA_list(ctx, names);
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_continue);
+    if (SSL_CTX_set_ex_data(ctx, client_store_index, st) != 1) {
+        X509_STORE_free(st);
+        return -1;
+    }
     return 0;
+}
+
+/* Checks the client certificate against --client-ca, as a TLS client certificate. */
+static void client_verify(SSL *ssl, X509 *leaf, mg_tls_id *id)
+{
+    X509_STORE *st = client_store_index >= 0
+                         ? SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), client_store_index)
+                         : NULL;
+    X509_STORE_CTX *sc;
+    if (st == NULL)
+        return;
+    sc = X509_STORE_CTX_new();
+    id->client_state = MG_TLS_ID_REFUSED;
+    if (sc == NULL || X509_STORE_CTX_init(sc, st, leaf, SSL_get_peer_cert_chain(ssl)) != 1) {
+        snprintf(id->client_reason, sizeof(id->client_reason), "out of memory");
+    } else {
+        X509_STORE_CTX_set_default(sc, "ssl_client");
+        if (X509_verify_cert(sc) == 1)
+            id->client_state = MG_TLS_ID_VERIFIED;
+        else
+            snprintf(id->client_reason, sizeof(id->client_reason), "%s",
+                     X509_verify_cert_error_string(X509_STORE_CTX_get_error(sc)));
+    }
+    X509_STORE_CTX_free(sc);
+    ERR_clear_error();
 }
 
 static void add_name(mg_tls_id *id, const char *s, size_t len)
@@ -94,13 +162,16 @@ void mg_tls_identity(void *ssl_, mg_tls_id *id)
     memset(id, 0, sizeof(*id));
     if (x == NULL)
         return;
+    client_verify(ssl, x, id);
     rc = SSL_get_verify_result(ssl);
     if (rc != X509_V_OK) {
         id->state = MG_TLS_ID_REFUSED;
         snprintf(id->reason, sizeof(id->reason), "%s", X509_verify_cert_error_string(rc));
-        return;
+    } else {
+        id->state = MG_TLS_ID_VERIFIED;
     }
-    id->state = MG_TLS_ID_VERIFIED;
+    if (id->state != MG_TLS_ID_VERIFIED && id->client_state != MG_TLS_ID_VERIFIED)
+        return;
     int n = X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof(cn));
     if (n > 0)
         add_name(id, cn, (size_t)n);
@@ -134,9 +205,13 @@ int mg_tls_id_in(const mg_tls_id *id, const char *list)
     return 0;
 }
 
-void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca)
+void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca,
+                        const char *client_ca)
 {
-    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX *ctx;
+    if (client_store_index < 0)
+        client_store_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, client_store_free);
+    ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == NULL) {
         log_ssl_error("SSL_CTX_new", "-");
         return NULL;
@@ -170,8 +245,13 @@ void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca)
     }
     if (peer_ca[0] && peer_ca_load(ctx, peer_ca) != 0)
         goto fail;
+    if (client_ca[0] && client_ca_load(ctx, client_ca) != 0)
+        goto fail;
+    if ((peer_ca[0] || client_ca[0]) && ask_for_certificates(ctx, peer_ca, client_ca) != 0)
+        goto fail;
     SSL_CTX_set_alpn_select_cb(ctx, alpn_select_cb, NULL);
-    mg_info("tls_ready", "cert=%s peer_ca=%s", cert, peer_ca[0] ? peer_ca : "-");
+    mg_info("tls_ready", "cert=%s peer_ca=%s client_ca=%s", cert, peer_ca[0] ? peer_ca : "-",
+            client_ca[0] ? client_ca : "-");
     return ctx;
 fail:
     SSL_CTX_free(ctx);

@@ -107,9 +107,15 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_send(call, &resp.base);
 }
 
-static const mg_method check_method =
-    MG_UNARY("/grpc.health.v1.Health/Check", &grpc__health__v1__health_check_request__descriptor,
-             &grpc__health__v1__health_check_response__descriptor, check_message);
+/* Health checks need no credentials: probes and load balancers call them. */
+static const mg_method check_method = {
+    .path = "/grpc.health.v1.Health/Check",
+    .kind = MG_RPC_UNARY,
+    .in = &grpc__health__v1__health_check_request__descriptor,
+    .out = &grpc__health__v1__health_check_response__descriptor,
+    .on_message = check_message,
+    .open = 1,
+};
 
 static const mg_method watch_method = {
     .path = "/grpc.health.v1.Health/Watch",
@@ -118,6 +124,7 @@ static const mg_method watch_method = {
     .out = &grpc__health__v1__health_check_response__descriptor,
     .on_message = watch_message,
     .on_cancel = watch_cancel,
+    .open = 1,
 };
 
 int mg_svc_health_init(mg_gateway *gw)

@@ -7,7 +7,8 @@
  * engine job (create or open, size, mmap, mlock, prefault) and commits when the job comes back;
  * Unregister marks the segment on the loop and unmaps it in a job. A registration whose caller is
  * gone when its job returns is undone (unmapped in another job), so nothing is left that nobody
- * asked for. Until authentication exists every caller is the tenant "default".
+ * asked for. Every segment belongs to the caller's tenant (mg_call_tenant); another tenant's id
+ * is NOT_FOUND, as if it did not exist, except to admins (mg_call_scope).
  */
 #include "mg_gateway.h"
 
@@ -22,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TENANT       "default"
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 
@@ -32,6 +32,8 @@ typedef struct {
     Moongate__V1__Segment msg;
     char name[MG_SEG_NAME_MAX + 1], tenant[MG_SEG_NAME_MAX + 1], location[16], path[4097];
     char *transports[MG_TRANSPORT_COUNT];
+    char share[MG_SEG_SHARE_LEN + 1]; /* the share list, split in place */
+    char *shared[MG_SEG_SHARE_MAX];
 } seg_msg;
 
 static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
@@ -58,6 +60,11 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
         if (in->transports[t].registered)
             m->transports[m->msg.n_transports++] = (char *)mg_transport_names[t];
     }
+    snprintf(m->share, sizeof(m->share), "%s", in->share);
+    m->msg.shared_with = m->shared;
+    for (char *p = m->share, *save = NULL, *t; (t = strtok_r(p, ",", &save)) != NULL; p = NULL)
+        if (m->msg.n_shared_with < MG_SEG_SHARE_MAX)
+            m->shared[m->msg.n_shared_with++] = t;
 }
 
 /* ---- jobs ---- */
@@ -237,17 +244,18 @@ out:
 /* ---- handlers ---- */
 
 /* Checks a request and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
-static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, int memlock_policy,
-                   mg_segment **seg, char *err)
+static int reserve(mg_registry *reg, const char *tenant, const Moongate__V1__RegisterRequest *req,
+                   int memlock_policy, mg_segment **seg, char *err)
 {
     mg_segment_spec spec;
+    char share[MG_SEG_SHARE_LEN + 1] = "";
     if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
         req->source != MOONGATE__V1__SEGMENT_SOURCE__SHM) {
         snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON or SHM");
         return MG_ERR_INVALID;
     }
     memset(&spec, 0, sizeof(spec));
-    spec.tenant = TENANT;
+    spec.tenant = tenant;
     spec.name = req->name;
     spec.source = req->source == MOONGATE__V1__SEGMENT_SOURCE__SHM ? MG_SEG_SHM : MG_SEG_ANON;
     spec.size = req->size;
@@ -273,6 +281,20 @@ static int reserve(mg_registry *reg, const Moongate__V1__RegisterRequest *req, i
     }
     spec.prefault = req->prefault;
     spec.request_id = req->request_id;
+    if (req->n_share_with > MG_SEG_SHARE_MAX) {
+        snprintf(err, MG_SEG_ERROR_MAX, "share_with names at most %d tenants", MG_SEG_SHARE_MAX);
+        return MG_ERR_INVALID;
+    }
+    for (size_t i = 0, used = 0; i < req->n_share_with; i++) {
+        size_t l = strlen(req->share_with[i]);
+        if (l == 0 || strchr(req->share_with[i], ',') || used + l + 1 > sizeof(share)) {
+            snprintf(err, MG_SEG_ERROR_MAX, "share_with[%zu] is not a tenant name", i);
+            return MG_ERR_INVALID;
+        }
+        used += (size_t)snprintf(share + used, sizeof(share) - used, "%s%s", i ? "," : "",
+                                 req->share_with[i]);
+    }
+    spec.share = share;
     return mg_registry_reserve(reg, &spec, seg, err);
 }
 
@@ -284,7 +306,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment *seg;
     seg_job *j;
     char err[MG_SEG_ERROR_MAX];
-    int rc = reserve(reg, req, gw->memlock, &seg, err);
+    int rc = reserve(reg, mg_call_tenant(call), req, gw->memlock, &seg, err);
 
     if (rc == MG_SEG_RETRY) { /* a retry: the first request's segment */
         Moongate__V1__RegisterResponse resp = MOONGATE__V1__REGISTER_RESPONSE__INIT;
@@ -341,7 +363,8 @@ static void unregister_message(mg_call *call, const ProtobufCMessage *m)
     mg_gateway *gw = mg_call_gateway(call);
     mg_segment *seg;
     char err[MG_SEG_ERROR_MAX];
-    int rc = mg_registry_unregister(mg_engine_registry(gw->engine), TENANT, req->id, &seg, err);
+    int rc = mg_registry_unregister(mg_engine_registry(gw->engine), mg_call_scope(call), req->id,
+                                    &seg, err);
     if (rc != 0) {
         mg_call_fail(call, rc, "%s", err);
         return;
@@ -360,7 +383,8 @@ static void get_message(mg_call *call, const ProtobufCMessage *m)
     mg_gateway *gw = mg_call_gateway(call);
     mg_segment_info info;
     seg_msg sm;
-    if (mg_registry_find(mg_engine_registry(gw->engine), TENANT, req->id, &info) != 0) {
+    if (mg_registry_find(mg_engine_registry(gw->engine), mg_call_scope(call), req->id, &info) !=
+        0) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
         return;
     }
@@ -393,7 +417,8 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     /* One more than asked tells whether another page follows. */
-    n = mg_registry_list(mg_engine_registry(gw->engine), TENANT, after, infos, want + 1);
+    n = mg_registry_list(mg_engine_registry(gw->engine), mg_call_scope(call), after, infos,
+                         want + 1);
     token[0] = '\0';
     if (n > want) {
         n = want;
@@ -512,7 +537,8 @@ static void batch_finish(batch *b)
             mg_segment *gone;
             char err[MG_SEG_ERROR_MAX];
             if (b->items[i].code != 0 ||
-                mg_registry_unregister(reg, TENANT, b->items[i].info.id, &gone, err) != 0)
+                mg_registry_unregister(reg, b->items[i].info.tenant, b->items[i].info.id, &gone,
+                                       err) != 0)
                 continue;
             if (start_unmap(b->gw, gone, NULL) != 0)
                 mg_registry_restore(reg, gone);
@@ -653,7 +679,8 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
     reg = mg_engine_registry(b->gw->engine);
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
-        int rc = reserve(reg, req->items[i], b->gw->memlock, &b->items[i].seg, err);
+        int rc = reserve(reg, mg_call_tenant(call), req->items[i], b->gw->memlock, &b->items[i].seg,
+                         err);
         if (rc == MG_SEG_RETRY)
             mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
         else if (rc != 0) {
@@ -677,7 +704,8 @@ static void unregister_batch_message(mg_call *call, const ProtobufCMessage *m)
     reg = mg_engine_registry(b->gw->engine);
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
-        int rc = mg_registry_unregister(reg, TENANT, req->ids[i], &b->items[i].seg, err);
+        int rc =
+            mg_registry_unregister(reg, mg_call_scope(call), req->ids[i], &b->items[i].seg, err);
         if (rc != 0)
             item_fail(&b->items[i], rc, err);
         else

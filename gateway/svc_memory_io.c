@@ -23,8 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TENANT "default"
-
 /* ---- ReadSegment: chunks copied and framed on workers, handed to the call as they come ---- */
 
 #define READ_CHUNK_DEFAULT (1u << 20)
@@ -192,13 +190,14 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     if (req->lease_id) {
         snprintf(holder, sizeof(holder), "ReadSegment of lease %" PRIu64 " by %s", req->lease_id,
                  mg_call_peer(call));
-        if (mg_svc_pool_use(gw, req->lease_id, holder, &seg, &base, &size, &lease) != 0) {
+        if (mg_svc_pool_use(gw, mg_call_tenant(call), req->lease_id, holder, &seg, &base, &size,
+                            &lease) != 0) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->lease_id);
             return;
         }
     } else {
         snprintf(holder, sizeof(holder), "ReadSegment by %s", mg_call_peer(call));
-        if (mg_registry_acquire(reg, TENANT, req->id, holder, &seg) != 0) {
+        if (mg_registry_acquire(reg, mg_call_tenant(call), req->id, holder, &seg) != 0) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
             return;
         }
@@ -389,15 +388,15 @@ static void write_done(void *arg, int result)
         } else if (lease_id) {
             snprintf(holder, sizeof(holder), "WriteSegment of lease %" PRIu64 " by %s", lease_id,
                      mg_call_peer(st->call));
-            if (mg_svc_pool_use(st->gw, lease_id, holder, &st->seg, &st->base, &st->limit,
-                                &st->lease) != 0) {
+            if (mg_svc_pool_use(st->gw, mg_call_tenant(st->call), lease_id, holder, &st->seg,
+                                &st->base, &st->limit, &st->lease) != 0) {
                 rc = MG_ERR_NOT_FOUND;
                 snprintf(why, sizeof(why), "no lease %" PRIu64, lease_id);
             }
             st->lease_id = lease_id;
         } else {
             snprintf(holder, sizeof(holder), "WriteSegment by %s", mg_call_peer(st->call));
-            if (mg_registry_acquire(reg, TENANT, id, holder, &st->seg) != 0) {
+            if (mg_registry_acquire(reg, mg_call_tenant(st->call), id, holder, &st->seg) != 0) {
                 rc = MG_ERR_NOT_FOUND;
                 snprintf(why, sizeof(why), "no segment %" PRIu64, id);
             } else {

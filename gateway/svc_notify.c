@@ -13,6 +13,8 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_auth.h"
+
 #include "mg_log.h"
 
 #include "moongate/v1/notify.pb-c.h"
@@ -43,6 +45,7 @@ typedef struct watcher {
 } watcher;
 
 typedef struct topic {
+    char tenant[MG_TENANT_MAX + 1]; /* topics are per tenant: another's is another queue */
     char name[TOPIC_MAX + 1];
     note *head, *tail;
     size_t queued;
@@ -68,15 +71,16 @@ static int topic_ok(const char *s)
     return 1;
 }
 
-static topic *topic_find(struct mg_notify_svc *ns, const char *name, int create)
+static topic *topic_find(struct mg_notify_svc *ns, const char *tenant, const char *name, int create)
 {
     topic *t;
     for (t = ns->topics; t; t = t->next) {
-        if (!strcmp(t->name, name))
+        if (!strcmp(t->name, name) && !strcmp(t->tenant, tenant))
             return t;
     }
     if (!create || (t = calloc(1, sizeof(*t))) == NULL)
         return NULL;
+    snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->next = ns->topics;
     ns->topics = t;
@@ -147,7 +151,11 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
                      req->payload.len);
         return;
     }
-    t = topic_find(ns, req->topic, 1);
+    if (req->tenant[0] && !mg_tenant_ok(req->tenant, strlen(req->tenant))) {
+        mg_call_fail(call, MG_ERR_INVALID, "tenant is 1..%d of [A-Za-z0-9._:-]", MG_TENANT_MAX);
+        return;
+    }
+    t = topic_find(ns, req->tenant[0] ? req->tenant : "default", req->topic, 1);
     if (t == NULL) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
@@ -205,7 +213,7 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     w = calloc(1, sizeof(*w));
-    t = w ? topic_find(ns, req->topic, 1) : NULL;
+    t = w ? topic_find(ns, mg_call_tenant(call), req->topic, 1) : NULL;
     if (t == NULL) {
         free(w);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
@@ -264,7 +272,7 @@ static void poll_message(mg_call *call, const ProtobufCMessage *m)
     }
     if (max > POLL_MAX)
         max = POLL_MAX;
-    t = topic_find(ns, req->topic, 0);
+    t = topic_find(ns, mg_call_tenant(call), req->topic, 0);
     got = calloc(max, sizeof(*got));
     msgs = calloc(max, sizeof(*msgs));
     if (got == NULL || msgs == NULL) {

@@ -6,9 +6,12 @@
  * valid --session-ttl, bound to the caller's tenant), then presents the token on the data plane,
  * whose connection threads check it through session_auth() — the one piece of state they share
  * with the loop, under its own mutex. DescribeTarget tells a peer a target's size and whether
- * peers may reach it. Until authentication exists every caller is the tenant "default".
+ * peers may reach it. Only authenticated peer daemons call here (mg_method.peer_only): they
+ * name the tenant a session or a lookup is for, and get that tenant's targets only.
  */
 #include "mg_gateway.h"
+
+#include "mg_auth.h"
 
 #include "mg_addr.h"
 #include "mg_log.h"
@@ -28,7 +31,6 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define TENANT       "default"
 #define MAX_SESSIONS 4096
 #define MAX_RCONNS   64 /* RDMA connections peers made here, all sessions together */
 
@@ -130,6 +132,15 @@ static int version_pick(const Moongate__V1__OpenSessionRequest *req, uint32_t *o
     return 0;
 }
 
+/* A tenant named by a peer: "" (the default) or a valid name. Fails the call otherwise. */
+static int peer_tenant(mg_call *call, const char *tenant)
+{
+    if (tenant[0] == '\0' || mg_tenant_ok(tenant, strlen(tenant)))
+        return 1;
+    mg_call_fail(call, MG_ERR_INVALID, "tenant is 1..%d of [A-Za-z0-9._:-]", MG_TENANT_MAX);
+    return 0;
+}
+
 static void open_session_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__OpenSessionRequest *req = (const void *)m;
@@ -152,7 +163,10 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
                      MG_DF_VERSION_MIN, MG_DF_VERSION);
         return;
     }
-    rc = session_add(ps, TENANT, gw->cfg->session_ttl * 1000, token);
+    if (!peer_tenant(call, req->tenant))
+        return;
+    rc = session_add(ps, req->tenant[0] ? req->tenant : "default", gw->cfg->session_ttl * 1000,
+                     token);
     if (rc != 0) {
         mg_call_fail(call, rc, "%d data-plane sessions are open", MAX_SESSIONS);
         return;
@@ -163,8 +177,9 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     resp.data_port = (uint32_t)ps->port;
     resp.epoch = gw->epoch;
     resp.protocol_version = version;
-    mg_info("peer_session_opened", "peer=%s identity=\"%s\" version=%u", mg_call_peer(call),
-            mg_call_identity(call)[0] ? mg_call_identity(call) : "-", version);
+    mg_info("peer_session_opened", "peer=%s identity=\"%s\" tenant=%s version=%u",
+            mg_call_peer(call), mg_call_identity(call)[0] ? mg_call_identity(call) : "-",
+            req->tenant[0] ? req->tenant : "default", version);
     resp.expires_in_ms = gw->cfg->session_ttl * 1000;
     resp.rdma = gw->rdma != NULL;
     resp.rdma_devices = (uint32_t)mg_rdma_device_count(gw->rdma);
@@ -179,13 +194,16 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_info info;
     char *transports[MG_TRANSPORT_COUNT];
+    const char *tenant = req->tenant[0] ? req->tenant : "default";
+    if (!peer_tenant(call, req->tenant))
+        return;
     if (req->is_lease) { /* only remote-accessible leases are published */
         static char *tcp[] = {"tcp"}, *both[] = {"tcp", "rdma"};
         uint32_t rkeys[8];
         unsigned nkeys = 0;
         uint64_t addr = 0;
         if (gw->leases == NULL ||
-            mg_lease_table_describe(gw->leases, req->id, TENANT, &resp.size) != 0) {
+            mg_lease_table_describe(gw->leases, req->id, tenant, &resp.size) != 0) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no remote-accessible lease %" PRIu64, req->id);
             return;
         }
@@ -206,7 +224,7 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_reply(call, &resp.base);
         return;
     }
-    if (reg == NULL || mg_registry_find(reg, TENANT, req->id, &info) != 0 ||
+    if (reg == NULL || mg_registry_find_target(reg, tenant, req->id, &info) != 0 ||
         info.state != MG_SEG_READY) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
         return;

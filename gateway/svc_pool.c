@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TENANT       "default"
-#define MAX_POOLS    17 /* the default pool and up to 16 tenant pools */
+#define POOL_OWNER   "moongate:pool" /* owner of the default pool's segment: no caller's */
+#define MAX_POOLS    17              /* the default pool and up to 16 tenant pools */
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 #define TICK_MS      250
@@ -39,6 +39,7 @@ typedef struct waiter {
     struct pool_entry *pe;
     uint64_t size, alignment, ttl_ms;
     int remote;
+    char tenant[MG_SEG_NAME_MAX + 1];
     char request_id[MG_SEG_NAME_MAX + 1];
     uint64_t t0_ns;
     struct event *timer; /* --max-wait, when the call has no deadline */
@@ -105,6 +106,7 @@ static uint64_t now_ms(void)
 typedef struct {
     Moongate__V1__Lease msg;
     char path[4097];
+    char tenant[MG_SEG_NAME_MAX + 1];
 } lease_msg;
 
 static void lease_msg_fill(lease_msg *m, const pool_entry *pe, const mg_lease_info *in)
@@ -112,7 +114,9 @@ static void lease_msg_fill(lease_msg *m, const pool_entry *pe, const mg_lease_in
     uint64_t now = now_ms();
     moongate__v1__lease__init(&m->msg);
     snprintf(m->path, sizeof(m->path), "%s", in->path);
+    snprintf(m->tenant, sizeof(m->tenant), "%s", in->tenant);
     m->msg.id = in->id;
+    m->msg.tenant = m->tenant;
     m->msg.pool = (char *)pe->name;
     m->msg.segment_id = in->segment_id;
     m->msg.path = m->path;
@@ -198,7 +202,7 @@ static void serve_waiters(pool_entry *pe)
         waiter *w = pe->head;
         mg_lease *l;
         char err[MG_SEG_ERROR_MAX];
-        int rc = mg_pool_acquire(pe->pool, TENANT, w->size, w->alignment, w->ttl_ms, now_ms(),
+        int rc = mg_pool_acquire(pe->pool, w->tenant, w->size, w->alignment, w->ttl_ms, now_ms(),
                                  w->request_id, &l, err);
         if (rc == MG_ERR_FULL)
             return; /* the head waits; nobody overtakes it */
@@ -246,6 +250,7 @@ static int enqueue(mg_call *call, pool_entry *pe, const Moongate__V1__AcquireLea
     w->ttl_ms = ttl_ms;
     w->remote = req->remote_accessible;
     snprintf(w->request_id, sizeof(w->request_id), "%s", req->request_id);
+    snprintf(w->tenant, sizeof(w->tenant), "%s", mg_call_tenant(call));
     w->t0_ns = mg_now_mono_ns();
     if (mg_call_remaining_ms(call) < 0) {
         struct timeval tv = {(time_t)gw->cfg->max_wait, 0};
@@ -281,6 +286,7 @@ typedef struct {
     mg_segment *seg;
     uint64_t size, reserved, ttl_ms;
     int remote;
+    char tenant[MG_SEG_NAME_MAX + 1];
 } overflow_job;
 
 /* Bytes of overflow leases alive, over all pools. */
@@ -305,7 +311,7 @@ static void drop_overflow(void *arg, mg_segment *seg)
     mg_segment_info info;
     mg_segment_get_info(reg, seg, &info);
     mg_registry_put(reg, seg);
-    mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease ended");
+    mg_svc_memory_unregister(gw, info.tenant, info.id, "overflow lease ended");
 }
 
 static void overflow_log(mg_gateway *gw, const pool_entry *pe, uint64_t bytes)
@@ -354,14 +360,14 @@ static void overflow_done(void *arg, int result)
     if (rc == 0) {
         mg_segment_get_info(reg, j->seg, &info);
         if (mg_call_done(j->call) || pe->pool == NULL) { /* the caller left: undo */
-            mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease's caller gone");
-        } else if (mg_registry_acquire(reg, TENANT, info.id, "an overflow lease", &held) != 0) {
+            mg_svc_memory_unregister(gw, j->tenant, info.id, "overflow lease's caller gone");
+        } else if (mg_registry_acquire(reg, j->tenant, info.id, "an overflow lease", &held) != 0) {
             rc = MG_ERR_NOT_FOUND;
             snprintf(err, sizeof(err), "the overflow region vanished");
-        } else if ((rc = mg_pool_adopt(pe->pool, TENANT, held, j->size, j->ttl_ms, now_ms(), &l)) !=
-                   0) {
+        } else if ((rc = mg_pool_adopt(pe->pool, j->tenant, held, j->size, j->ttl_ms, now_ms(),
+                                       &l)) != 0) {
             mg_registry_put(reg, held);
-            mg_svc_memory_unregister(gw, TENANT, info.id, "overflow lease refused");
+            mg_svc_memory_unregister(gw, j->tenant, info.id, "overflow lease refused");
             snprintf(err, sizeof(err), "%s", mg_strerror(rc));
         } else {
             if (j->remote)
@@ -403,7 +409,7 @@ static int start_overflow(mg_call *call, pool_entry *pe,
     snprintf(name, sizeof(name), "pool.%.64s.overflow.%llu", pe->name,
              (unsigned long long)++ps->overflow_seq);
     memset(&spec, 0, sizeof(spec));
-    spec.tenant = TENANT;
+    spec.tenant = mg_call_tenant(call);
     spec.name = name;
     spec.source = MG_SEG_ANON;
     spec.size = reserved;
@@ -427,6 +433,7 @@ static int start_overflow(mg_call *call, pool_entry *pe,
     j->reserved = reserved;
     j->ttl_ms = ttl_ms;
     j->remote = req->remote_accessible;
+    snprintf(j->tenant, sizeof(j->tenant), "%s", mg_call_tenant(call));
     mg_call_ref(call);
     rc = mg_engine_submit(gw->engine, gw->cq, overflow_work, overflow_done, j);
     if (rc != 0) {
@@ -445,12 +452,12 @@ static int start_overflow(mg_call *call, pool_entry *pe,
 static pool_entry *pool_for(mg_call *call, int acquiring)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
+    pool_entry *pe = gw->pool ? entry_for(gw->pool, mg_call_tenant(call)) : NULL;
     if (pe == NULL) {
         mg_call_fail(call, MG_ERR_BUSY,
                      "this daemon has no buffer pool for tenant %s (--pool-bytes 0, no "
                      "--tenant-pool)",
-                     TENANT);
+                     mg_call_tenant(call));
         return NULL;
     }
     if (pe->pool == NULL) {
@@ -495,8 +502,8 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
             mg_call_fail(call, rc, "out of memory");
         return;
     }
-    rc = mg_pool_acquire(pool, TENANT, req->size, req->alignment, ttl, now_ms(), req->request_id,
-                         &l, err);
+    rc = mg_pool_acquire(pool, mg_call_tenant(call), req->size, req->alignment, ttl, now_ms(),
+                         req->request_id, &l, err);
     if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > pe->lease_bytes)
         rc = MG_ERR_FULL; /* larger than the whole pool: only an overflow region can serve it */
     if (rc == 0 || rc == MG_LEASE_RETRY) {
@@ -555,8 +562,8 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
         uint64_t ttl;
         int rc = ttl_of(gw, it->ttl_ms, &ttl);
         if (rc == 0)
-            rc = mg_pool_acquire(pool, TENANT, it->size, it->alignment, ttl, now_ms(), NULL,
-                                 &got[n], err);
+            rc = mg_pool_acquire(pool, mg_call_tenant(call), it->size, it->alignment, ttl, now_ms(),
+                                 NULL, &got[n], err);
         else
             snprintf(err, sizeof(err), "ttl_ms %u is above --max-lease-ttl", it->ttl_ms);
         if (rc != 0) { /* all or nothing: give back what this batch took */
@@ -687,14 +694,24 @@ static void sweep_published(mg_gateway *gw, int ended)
     }
 }
 
-static mg_lease *lease_for(mg_call *call, mg_pool *pool, uint64_t id)
+/* Lease `id` of the caller, in its pool; an admin's search covers every pool and tenant. Fails
+ * the call with NOT_FOUND (another tenant's lease looks the same as none). */
+static mg_lease *lease_for(mg_call *call, uint64_t id, pool_entry **pep)
 {
+    struct mg_pool_svc *ps = mg_call_gateway(call)->pool;
+    const char *scope = mg_call_scope(call);
     mg_lease *l;
-    if (mg_pool_find(pool, TENANT, id, &l) != 0) {
-        mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, id);
-        return NULL;
+    for (size_t i = 0; ps && i < ps->npools; i++) {
+        pool_entry *pe = scope ? entry_for(ps, scope) : &ps->pools[i];
+        if (pe && pe->pool && mg_pool_find(pe->pool, scope, id, &l) == 0) {
+            *pep = pe;
+            return l;
+        }
+        if (scope)
+            break;
     }
-    return l;
+    mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, id);
+    return NULL;
 }
 
 static void release_message(mg_call *call, const ProtobufCMessage *m)
@@ -702,11 +719,17 @@ static void release_message(mg_call *call, const ProtobufCMessage *m)
     const Moongate__V1__ReleaseLeaseRequest *req = (const void *)m;
     Moongate__V1__ReleaseLeaseResponse resp = MOONGATE__V1__RELEASE_LEASE_RESPONSE__INIT;
     pool_entry *pe = pool_for(call, 0);
-    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
-    if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
+    if (pe == NULL || (l = lease_for(call, req->id, &pe)) == NULL)
         return;
-    mg_pool_release(pool, l);
+    if (mg_call_admin(call)) {
+        mg_lease_info li;
+        mg_lease_get_info(pe->pool, l, &li);
+        if (strcmp(li.tenant, mg_call_tenant(call)) != 0)
+            mg_info("lease_revoked", "id=%" PRIu64 " tenant=%s by=%s", li.id, li.tenant,
+                    mg_call_tenant(call));
+    }
+    mg_pool_release(pe->pool, l);
     mg_call_reply(call, &resp.base);
     sweep_published(mg_call_gateway(call), 1);
     serve_waiters(pe);
@@ -717,12 +740,11 @@ static void renew_message(mg_call *call, const ProtobufCMessage *m)
     const Moongate__V1__RenewLeaseRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
     pool_entry *pe = pool_for(call, 0);
-    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
     uint64_t ttl;
-    if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
+    if (pe == NULL || (l = lease_for(call, req->id, &pe)) == NULL)
         return;
-    if (ttl_of(gw, req->ttl_ms, &ttl) != 0 || mg_pool_renew(pool, l, ttl, now_ms()) != 0) {
+    if (ttl_of(gw, req->ttl_ms, &ttl) != 0 || mg_pool_renew(pe->pool, l, ttl, now_ms()) != 0) {
         mg_call_fail(call, MG_ERR_INVALID, "ttl_ms %u is above %llu s (--max-lease-ttl)",
                      req->ttl_ms, (unsigned long long)gw->cfg->max_lease_ttl);
         return;
@@ -734,11 +756,55 @@ static void get_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__GetLeaseRequest *req = (const void *)m;
     pool_entry *pe = pool_for(call, 0);
-    mg_pool *pool = pe ? pe->pool : NULL;
     mg_lease *l;
-    if (pool == NULL || (l = lease_for(call, pool, req->id)) == NULL)
+    if (pe == NULL || (l = lease_for(call, req->id, &pe)) == NULL)
         return;
     reply_lease(call, pe, l);
+}
+
+/* Up to `want` + 1 leases with id > after: the caller's, or for an admin every tenant's in
+ * every pool (merged by id). Returns how many; pes[i] is the pool of infos[i]. */
+static size_t collect_leases(mg_call *call, pool_entry *own, uint64_t after, size_t want,
+                             mg_lease_info *infos, pool_entry **pes, mg_lease_info *tmp)
+{
+    struct mg_pool_svc *ps = mg_call_gateway(call)->pool;
+    const char *scope = mg_call_scope(call);
+    size_t n = 0;
+    if (scope) {
+        n = mg_pool_list(own->pool, scope, after, infos, want + 1);
+        for (size_t i = 0; i < n; i++)
+            pes[i] = own;
+        return n;
+    }
+    for (size_t p = 0; p < ps->npools; p++) {
+        pool_entry *pe = &ps->pools[p];
+        size_t k, a, b, out = 0;
+        if (pe->pool == NULL)
+            continue;
+        k = mg_pool_list(pe->pool, NULL, after, tmp, want + 1);
+        /* Merge infos[0..n) with tmp[0..k) from the back, keeping the want + 1 smallest ids. */
+        size_t total = n + k < want + 1 ? n + k : want + 1;
+        a = n;
+        b = k;
+        /* Drop the largest until the merge fits, then fill from the back. */
+        while (a + b > total) {
+            if (b == 0 || (a > 0 && infos[a - 1].id > tmp[b - 1].id))
+                a--;
+            else
+                b--;
+        }
+        for (out = total; out > 0; out--) {
+            if (b == 0 || (a > 0 && infos[a - 1].id > tmp[b - 1].id)) {
+                infos[out - 1] = infos[--a];
+                pes[out - 1] = pes[a];
+            } else {
+                infos[out - 1] = tmp[--b];
+                pes[out - 1] = pe;
+            }
+        }
+        n = total;
+    }
+    return n;
 }
 
 static void list_message(mg_call *call, const ProtobufCMessage *m)
@@ -746,29 +812,32 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
     const Moongate__V1__ListLeasesRequest *req = (const void *)m;
     Moongate__V1__ListLeasesResponse resp = MOONGATE__V1__LIST_LEASES_RESPONSE__INIT;
     pool_entry *pe = pool_for(call, 0);
-    mg_pool *pool = pe ? pe->pool : NULL;
     size_t want = req->page_size ? req->page_size : LIST_DEFAULT, n;
     uint64_t after = 0;
-    mg_lease_info *infos;
+    mg_lease_info *infos, *tmp = NULL;
+    pool_entry **pes;
     lease_msg *msgs;
     Moongate__V1__Lease **ptrs;
     char token[24];
-    if (pool == NULL)
+    if (pe == NULL)
         return;
     if (mg_call_page_args(call, req->page_size, req->page_token, LIST_MAX, &after) != 0)
         return;
     infos = calloc(want + 1, sizeof(*infos));
+    pes = calloc(want + 1, sizeof(*pes));
     msgs = calloc(want, sizeof(*msgs));
     ptrs = calloc(want, sizeof(*ptrs));
-    if (infos && msgs && ptrs) {
-        n = mg_pool_list(pool, TENANT, after, infos, want + 1);
+    if (mg_call_admin(call))
+        tmp = calloc(want + 1, sizeof(*tmp));
+    if (infos && pes && msgs && ptrs && (tmp || !mg_call_admin(call))) {
+        n = collect_leases(call, pe, after, want, infos, pes, tmp);
         token[0] = '\0';
         if (n > want) {
             n = want;
             snprintf(token, sizeof(token), "%016" PRIx64, infos[n - 1].id);
         }
         for (size_t i = 0; i < n; i++) {
-            lease_msg_fill(&msgs[i], pe, &infos[i]);
+            lease_msg_fill(&msgs[i], pes[i], &infos[i]);
             ptrs[i] = &msgs[i].msg;
         }
         resp.leases = ptrs;
@@ -779,6 +848,8 @@ static void list_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
     }
     free(infos);
+    free(pes);
+    free(tmp);
     free(msgs);
     free(ptrs);
 }
@@ -819,11 +890,15 @@ static void stats_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__PoolStat st[MAX_POOLS], *ptrs[MAX_POOLS];
     char paths[MAX_POOLS][4097];
     size_t n = 0;
+    const char *scope = mg_call_scope(call);
     if (pool_for(call, 0) == NULL)
         return;
     for (size_t i = 0; i < mg_svc_pool_count(gw); i++) {
         mg_pool_stats ps;
         const char *name = "";
+        const char *owner = gw->pool->pools[i].tenant;
+        if (scope && owner[0] && strcmp(owner, scope) != 0)
+            continue; /* another tenant's pool: an admin's business */
         moongate__v1__pool_stat__init(&st[n]);
         if (mg_svc_pool_get_stats(gw, i, &ps, &st[n].waiters, &st[n].segment_id, paths[n],
                                   sizeof(paths[n]), &name) != 0)
@@ -892,13 +967,14 @@ static void pool_map_done(void *arg, int result)
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment *held;
     mg_segment_info info;
-    mg_pool_config pc = {pe->name,
-                         pe->lease_bytes,
-                         pe->reserve_bytes,
-                         (uint32_t)gw->cfg->max_leases,
-                         gw->cfg->max_lease_ttl * 1000,
-                         drop_overflow,
-                         gw};
+    mg_pool_config pc = {.name = pe->name,
+                         .lease_bytes = pe->lease_bytes,
+                         .reserve_bytes = pe->reserve_bytes,
+                         .max_leases = (uint32_t)gw->cfg->max_leases,
+                         .max_tenant_leases = gw->cfg->max_tenant_leases,
+                         .max_ttl_ms = gw->cfg->max_lease_ttl * 1000,
+                         .drop_overflow = drop_overflow,
+                         .drop_arg = gw};
     char holder[MG_SEG_HOLDER_MAX];
     int rc = result;
     char err[MG_SEG_ERROR_MAX];
@@ -949,6 +1025,7 @@ static int start_pool(mg_gateway *gw, pool_entry *pe)
     snprintf(name, sizeof(name), "pool.%s", pe->name);
     memset(&spec, 0, sizeof(spec));
     spec.tenant = pe->owner;
+    spec.provisioned = 1; /* the operator's memory, not the tenant's quota */
     spec.name = name;
     spec.source = MG_SEG_ANON;
     spec.size = pe->lease_bytes + pe->reserve_bytes;
@@ -996,20 +1073,20 @@ int mg_svc_pool_lease_rdma(mg_gateway *gw, uint64_t lease_id, uint64_t *addr, ui
     return -1;
 }
 
-int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_segment **seg,
-                    uint64_t *offset, uint64_t *length, void **token)
+int mg_svc_pool_use(mg_gateway *gw, const char *tenant, uint64_t lease_id, const char *holder,
+                    mg_segment **seg, uint64_t *offset, uint64_t *length, void **token)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
-    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
+    pool_entry *pe = gw->pool ? entry_for(gw->pool, tenant) : NULL;
     mg_lease *l;
     mg_lease_info li;
     mg_segment_info si;
-    if (pe == NULL || pe->pool == NULL || mg_pool_find(pe->pool, TENANT, lease_id, &l) != 0)
+    if (pe == NULL || pe->pool == NULL || mg_pool_find(pe->pool, tenant, lease_id, &l) != 0)
         return MG_ERR_NOT_FOUND;
     mg_lease_get_info(pe->pool, l, &li);
     /* The pool's segment belongs to the pool's owner; an overflow region to the caller. */
     mg_segment_get_info(reg, mg_pool_segment(pe->pool), &si);
-    if (mg_registry_acquire(reg, si.id == li.segment_id ? pe->owner : TENANT, li.segment_id, holder,
+    if (mg_registry_acquire(reg, si.id == li.segment_id ? pe->owner : tenant, li.segment_id, holder,
                             seg) != 0)
         return MG_ERR_NOT_FOUND;
     mg_lease_use(l);
@@ -1021,7 +1098,7 @@ int mg_svc_pool_use(mg_gateway *gw, uint64_t lease_id, const char *holder, mg_se
 
 void mg_svc_pool_unuse(mg_gateway *gw, void *token)
 {
-    pool_entry *pe = gw->pool ? entry_for(gw->pool, TENANT) : NULL;
+    pool_entry *pe = gw->pool && token ? entry_for(gw->pool, mg_lease_tenant(token)) : NULL;
     if (token && pe && pe->pool) {
         mg_lease_unuse(pe->pool, token);
         serve_waiters(pe); /* a lease released while in use may just have been freed */
@@ -1114,7 +1191,7 @@ int mg_svc_pool_init(mg_gateway *gw)
     if (gw->pool->tick == NULL || event_add(gw->pool->tick, &tv) != 0)
         return MG_ERR_NOMEM;
     if (gw->cfg->pool_bytes)
-        gw->pool->fallback = add_entry(gw->pool, "default", "", TENANT, gw->cfg->pool_bytes,
+        gw->pool->fallback = add_entry(gw->pool, "default", "", POOL_OWNER, gw->cfg->pool_bytes,
                                        gw->cfg->pool_reserve_bytes);
     for (int i = 0; i < ntp; i++) {
         char name[MG_POOL_NAME_MAX + 1];

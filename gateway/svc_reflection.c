@@ -285,7 +285,7 @@ static void refl_half_close(mg_call *call)
         .kind = MG_RPC_BIDI, .in = &grpc__reflection__v1__server_reflection_request__descriptor, \
         .out = &grpc__reflection__v1__server_reflection_response__descriptor,                    \
         .on_message = refl_message, .on_half_close = refl_half_close,                            \
-        .on_cancel = refl_stream_free,                                                           \
+        .on_cancel = refl_stream_free, .open = 1,                                                \
     }
 
 static const mg_method refl_methods[] = {REFLECTION_METHOD("v1"), REFLECTION_METHOD("v1alpha")};

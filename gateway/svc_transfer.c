@@ -45,7 +45,6 @@
 #include <sys/random.h>
 
 /* clang-format off */
-#define TENANT         "default"
 #define POOL_IDLE      8              /* idle data connections kept per peer */
 #define MAX_PEERS      1024           /* peer directory entries (each a line in /metrics) */
 #define REQUEST_ID_MAX 128
@@ -78,6 +77,10 @@ typedef struct rconn_ref {
 
 typedef struct peer_ent {
     char addr[80]; /* the control endpoint */
+    /* Whose requests: one entry (session, connections, cached targets) per peer and tenant,
+     * since the peer serves a session only the targets of the tenant it was opened for. */
+    char tenant[MG_SEG_NAME_MAX + 1];
+    char key[MG_PEER_NAME_MAX + 1]; /* "tenant@addr": its name in the peer cache */
     mg_gateway *gw;
     int state;
     int client_used; /* the control connection opened a session before: it may be stale */
@@ -447,7 +450,7 @@ static void req_end(xfer_req *r, int err, const char *msg)
     mg_metrics_transfer(r->gw, r->write, err, r->length,
                         (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
     if (r->peer && err == MG_ERR_NOT_FOUND && r->peer->gw->transfer)
-        mg_peer_cache_forget(r->peer->gw->transfer->descs, r->peer->addr, r->remote_segment,
+        mg_peer_cache_forget(r->peer->gw->transfer->descs, r->peer->key, r->remote_segment,
                              r->remote_lease); /* asked again next time */
     if (r->peer) {
         r->peer->ended[r->write != 0][err != 0]++;
@@ -922,7 +925,7 @@ static void req_transport(xfer_req *r)
     mg_remote_desc d;
     r->rdma = 0;
     if (p->rdma_state != RDMA_READY || p->rref == NULL || r->local_copy ||
-        mg_peer_cache_get(r->gw->transfer->descs, p->addr, r->remote_segment, r->remote_lease, &d,
+        mg_peer_cache_get(r->gw->transfer->descs, p->key, r->remote_segment, r->remote_lease, &d,
                           NULL) != 0 ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
         return;
@@ -1111,7 +1114,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     else if (!resp->rdma)
         snprintf(p->rdma_why, sizeof(p->rdma_why), "the peer has no RDMA device");
     p->epoch = resp->epoch;
-    mg_peer_cache_epoch(p->gw->transfer->descs, p->addr, resp->epoch, now_ms());
+    mg_peer_cache_epoch(p->gw->transfer->descs, p->key, resp->epoch, now_ms());
     p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
                                                             : resp->expires_in_ms);
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
@@ -1205,6 +1208,7 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     oc->p = p;
     req.protocol_version = MG_DF_VERSION;
     req.min_protocol_version = MG_DF_VERSION_MIN;
+    req.tenant = p->tenant; /* the peer serves this session only that tenant's targets */
     if (peer_call(gw, p, "/moongate.v1.Peer/OpenSession", &req.base, &h, oc, err, sizeof(err)) !=
         0) {
         free(oc);
@@ -1515,6 +1519,7 @@ static void note_fire(xfer_note *n)
     req.payload.data = n->payload;
     req.payload.len = n->len;
     req.batch_id = n->b->id;
+    req.tenant = n->b->tenant; /* the topic is the batch tenant's on the peer */
     n->state = NOTE_SENDING;
     if (peer_call(gw, n->peer, "/moongate.v1.Notify/Deliver", &req.base, &h, nc, err,
                   sizeof(err)) != 0) {
@@ -1539,11 +1544,11 @@ static void notes_write_ended(xfer_req *r, int err)
     }
 }
 
-static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
+static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr, const char *tenant)
 {
     peer_ent *p;
     for (p = ts->peers; p; p = p->next) {
-        if (!strcmp(p->addr, addr))
+        if (!strcmp(p->addr, addr) && !strcmp(p->tenant, tenant))
             return p;
     }
     if (ts->npeers >= MAX_PEERS)
@@ -1552,6 +1557,8 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr)
     if (p == NULL)
         return NULL;
     snprintf(p->addr, sizeof(p->addr), "%s", addr);
+    snprintf(p->tenant, sizeof(p->tenant), "%s", tenant);
+    snprintf(p->key, sizeof(p->key), "%s@%s", tenant, addr);
     p->gw = ts->gw;
     if (addr[0] == '\0') { /* this daemon: copies on the workers, no session */
         p->state = PEER_OPEN;
@@ -1611,10 +1618,10 @@ static const char *resolve_other(mg_gateway *gw, xfer_req *r,
     uint64_t base = 0, size;
     r->local_copy = 1;
     if (t->remote_lease) {
-        if (mg_svc_pool_use(gw, t->remote_lease, holder, &r->other, &base, &size,
+        if (mg_svc_pool_use(gw, r->b->tenant, t->remote_lease, holder, &r->other, &base, &size,
                             &r->other_lease) != 0)
             return "no such lease on this daemon (peer \"\")";
-    } else if (mg_registry_acquire(mg_engine_registry(gw->engine), TENANT, t->remote_segment,
+    } else if (mg_registry_acquire(mg_engine_registry(gw->engine), r->b->tenant, t->remote_segment,
                                    holder, &r->other) != 0) {
         return "no such segment on this daemon (peer \"\")";
     } else {
@@ -1742,7 +1749,7 @@ static const char *remote_verdict(struct mg_transfer_svc *ts, const xfer_req *r,
                  (unsigned long long)r->remote_segment);
         return why;
     }
-    if (mg_peer_cache_get(ts->descs, r->peer->addr, r->remote_segment, r->remote_lease, &d,
+    if (mg_peer_cache_get(ts->descs, r->peer->key, r->remote_segment, r->remote_lease, &d,
                           &epoch) != 0)
         return k ? NULL : "unknown"; /* first pass: ask the peer */
     if (!d.remote_accessible) {
@@ -1887,13 +1894,13 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
             }
         }
         /* A new epoch forgets what the peer's previous life said. */
-        if (mg_peer_cache_epoch(ts->descs, dc->k->p->addr, d->epoch, now_ms()) >= 0 &&
-            mg_peer_cache_put(ts->descs, dc->k->p->addr, d->epoch, &rd) == 0)
+        if (mg_peer_cache_epoch(ts->descs, dc->k->p->key, d->epoch, now_ms()) >= 0 &&
+            mg_peer_cache_put(ts->descs, dc->k->p->key, d->epoch, &rd) == 0)
             dc->k->verdict = V_CACHED;
         moongate__v1__target_descriptor__free_unpacked(d, NULL);
     } else if (status == MG_GRPC_NOT_FOUND) {
         dc->k->verdict = V_MISSING;
-        mg_peer_cache_forget(ts->descs, dc->k->p->addr, dc->k->id, dc->k->is_lease);
+        mg_peer_cache_forget(ts->descs, dc->k->p->key, dc->k->id, dc->k->is_lease);
     } /* else unreachable or refused: left to the data plane, which fails it by name */
     free(dc->resp);
     free(dc);
@@ -1938,6 +1945,7 @@ static int remote_check(mg_call *call, xfer_batch *b)
         char err[256];
         dr.id = fetch[i].id;
         dr.is_lease = fetch[i].is_lease;
+        dr.tenant = fetch[i].p->tenant;
         if (dc == NULL) {
             sw->pending--;
             continue;
@@ -1981,7 +1989,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     if (req->request_id[0]) { /* a retry gets the batch the first Submit made */
         Moongate__V1__SubmitResponse again = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
         for (xfer_batch *o = ts->batches; o; o = o->next) {
-            if (!strcmp(o->request_id, req->request_id) && !strcmp(o->tenant, TENANT)) {
+            if (!strcmp(o->request_id, req->request_id) &&
+                !strcmp(o->tenant, mg_call_tenant(call))) {
                 again.batch_id = o->id;
                 if (req->wait && batch_over(o))
                     submit_answer_now(call, o);
@@ -1991,7 +2000,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             }
         }
         for (submit_wait *w = ts->waits; w; w = w->next) {
-            if (!strcmp(w->b->request_id, req->request_id)) {
+            if (!strcmp(w->b->request_id, req->request_id) &&
+                !strcmp(w->b->tenant, mg_call_tenant(call))) {
                 mg_call_fail(call, MG_ERR_BUSY,
                              "a Submit with request_id \"%s\" is still being checked; ask again",
                              req->request_id);
@@ -2022,6 +2032,20 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             return;
         }
     }
+    if (gw->cfg->max_tenant_batches) { /* batches of this tenant not over, checked ones too */
+        uint64_t running = 0;
+        for (xfer_batch *o = ts->batches; o; o = o->next)
+            running += !batch_over(o) && !strcmp(o->tenant, mg_call_tenant(call));
+        for (submit_wait *w = ts->waits; w; w = w->next)
+            running += !strcmp(w->b->tenant, mg_call_tenant(call));
+        if (running >= gw->cfg->max_tenant_batches) {
+            mg_call_fail(call, MG_ERR_QUOTA,
+                         "tenant \"%s\" has %llu batches running, its quota "
+                         "(--max-tenant-batches); nothing was moved",
+                         mg_call_tenant(call), (unsigned long long)running);
+            return;
+        }
+    }
     b = calloc(1, sizeof(*b));
     if (b == NULL || (b->reqs = calloc((size_t)count, sizeof(*b->reqs))) == NULL ||
         (b->notes = calloc(req->n_notify + 1, sizeof(*b->notes))) == NULL) {
@@ -2034,7 +2058,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     do {
         b->id = mg_mix64(++ts->counter);
     } while (b->id == 0);
-    snprintf(b->tenant, sizeof(b->tenant), "%s", TENANT);
+    snprintf(b->tenant, sizeof(b->tenant), "%s", mg_call_tenant(call));
     b->n = b->counts.n = (size_t)count;
     b->gw = gw;
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
@@ -2067,7 +2091,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             bad = "name the remote target: remote_segment or remote_lease, one of them";
         else if (t->local_lease) {
             uint64_t base, size;
-            if (mg_svc_pool_use(gw, t->local_lease, holder, &r->local, &base, &size,
+            if (mg_svc_pool_use(gw, b->tenant, t->local_lease, holder, &r->local, &base, &size,
                                 &r->local_lease) != 0)
                 bad = "no such local lease";
             else if (mg_bounds_check(size, t->local_offset, t->length) != 0)
@@ -2082,7 +2106,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
                 bad = "local offset + length is outside the local segment";
             else
                 r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
-        } else if (mg_registry_acquire(reg, TENANT, t->local_segment, holder, &r->local) != 0) {
+        } else if (mg_registry_acquire(reg, b->tenant, t->local_segment, holder, &r->local) != 0) {
             bad = "no such local segment";
         } else {
             if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
@@ -2106,7 +2130,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         xfer_req *r = &b->reqs[i];
         r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
                       ? b->reqs[i - 1].peer
-                      : peer_get(ts, r->peer_name);
+                      : peer_get(ts, r->peer_name, b->tenant);
     }
     for (i = 0; i < b->n; i++)
         b->reqs[i].peer_name = NULL; /* it points into the request message */
@@ -2114,7 +2138,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         const Moongate__V1__NotifyPeer *np = req->notify[i];
         xfer_note *n = &b->notes[i];
         n->b = b;
-        n->peer = peer_get(ts, np->peer);
+        n->peer = peer_get(ts, np->peer, b->tenant);
         n->payload = malloc(np->payload.len ? np->payload.len : 1);
         if (n->peer == NULL || n->payload == NULL) {
             for (size_t k = 0; k < b->n; k++)
@@ -2199,7 +2223,7 @@ static xfer_batch *batch_for(mg_call *call, uint64_t id)
     if (gw->transfer)
         for (b = gw->transfer->batches; b && b->id != id; b = b->next)
             ;
-    if (b == NULL || strcmp(b->tenant, TENANT) != 0) {
+    if (b == NULL || (mg_call_scope(call) && strcmp(b->tenant, mg_call_scope(call)) != 0)) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no batch %" PRIu64, id);
         return NULL;
     }
@@ -2295,8 +2319,9 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__PeerStatus *st, **ptrs;
     char(*data)[160], (*rdma_ready)[32];
     uint64_t now = now_ms();
+    const char *scope = mg_call_scope(call);
     for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next)
-        n += p->addr[0] != '\0';
+        n += p->addr[0] != '\0' && (scope == NULL || strcmp(p->tenant, scope) == 0);
     st = calloc(n + 1, sizeof(*st));
     ptrs = calloc(n + 1, sizeof(*ptrs));
     data = calloc(n + 1, sizeof(*data));
@@ -2311,14 +2336,15 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
     }
     for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next) {
         unsigned queued = 0;
-        if (p->addr[0] == '\0')
-            continue; /* this daemon's own copies */
+        if (p->addr[0] == '\0' || (scope && strcmp(p->tenant, scope) != 0))
+            continue; /* this daemon's own copies; another tenant's entry */
         for (xfer_req *r = p->waiting; r; r = r->next_wait)
             queued++;
         for (xfer_req *r = p->ready; r; r = r->next_ready)
             queued++;
         moongate__v1__peer_status__init(&st[i]);
         st[i].address = p->addr;
+        st[i].tenant = p->tenant;
         st[i].state = (Moongate__V1__PeerState)p->state;
         st[i].epoch = p->epoch;
         st[i].restarts_seen = p->restarts_seen;
@@ -2468,15 +2494,16 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
     for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
         for (int o = 0; o < 2; o++) {
             evbuffer_add_printf(out,
-                                "moongate_peer_bytes_total{peer=\"%s\",op=\"%s\","
+                                "moongate_peer_bytes_total{peer=\"%s\",tenant=\"%s\",op=\"%s\","
                                 "transport=\"%s\"} %llu\n",
-                                p->addr[0] ? p->addr : "local", ops[o], p->addr[0] ? "tcp" : "copy",
-                                (unsigned long long)p->bytes[o]);
+                                p->addr[0] ? p->addr : "local", p->tenant, ops[o],
+                                p->addr[0] ? "tcp" : "copy", (unsigned long long)p->bytes[o]);
             if (p->addr[0] && (p->rdma_bytes[o] || p->rdma_state == RDMA_READY))
                 evbuffer_add_printf(out,
-                                    "moongate_peer_bytes_total{peer=\"%s\",op=\"%s\","
-                                    "transport=\"rdma\"} %llu\n",
-                                    p->addr, ops[o], (unsigned long long)p->rdma_bytes[o]);
+                                    "moongate_peer_bytes_total{peer=\"%s\",tenant=\"%s\","
+                                    "op=\"%s\",transport=\"rdma\"} %llu\n",
+                                    p->addr, p->tenant, ops[o],
+                                    (unsigned long long)p->rdma_bytes[o]);
         }
     }
     evbuffer_add_printf(out, "# HELP moongate_peer_requests_total Requests with a peer that "
@@ -2484,12 +2511,14 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
                              "# TYPE moongate_peer_requests_total counter\n");
     for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
         for (int o = 0; o < 2; o++)
-            evbuffer_add_printf(
-                out,
-                "moongate_peer_requests_total{peer=\"%s\",op=\"%s\",result=\"done\"} %llu\n"
-                "moongate_peer_requests_total{peer=\"%s\",op=\"%s\",result=\"failed\"} %llu\n",
-                p->addr[0] ? p->addr : "local", ops[o], (unsigned long long)p->ended[o][0],
-                p->addr[0] ? p->addr : "local", ops[o], (unsigned long long)p->ended[o][1]);
+            evbuffer_add_printf(out,
+                                "moongate_peer_requests_total{peer=\"%s\",tenant=\"%s\",op=\"%s\","
+                                "result=\"done\"} %llu\n"
+                                "moongate_peer_requests_total{peer=\"%s\",tenant=\"%s\",op=\"%s\","
+                                "result=\"failed\"} %llu\n",
+                                p->addr[0] ? p->addr : "local", p->tenant, ops[o],
+                                (unsigned long long)p->ended[o][0], p->addr[0] ? p->addr : "local",
+                                p->tenant, ops[o], (unsigned long long)p->ended[o][1]);
     }
     evbuffer_add_printf(out, "# HELP moongate_peer_connections Data-plane connections to a peer, "
                              "by state (busy: carrying a part of a request now).\n"
@@ -2502,9 +2531,11 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
         idle = p->nidle;
         pthread_mutex_unlock(&p->lock);
         evbuffer_add_printf(out,
-                            "moongate_peer_connections{peer=\"%s\",state=\"idle\"} %d\n"
-                            "moongate_peer_connections{peer=\"%s\",state=\"busy\"} %u\n",
-                            p->addr, idle, p->addr, p->jobs);
+                            "moongate_peer_connections{peer=\"%s\",tenant=\"%s\",state=\"idle\"} "
+                            "%d\n"
+                            "moongate_peer_connections{peer=\"%s\",tenant=\"%s\",state=\"busy\"} "
+                            "%u\n",
+                            p->addr, p->tenant, idle, p->addr, p->tenant, p->jobs);
     }
 }
 

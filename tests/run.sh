@@ -103,7 +103,7 @@ build() { # flavour -> sets $dir
 
 fuzz_run() {
     local rc=0 target corpus work
-    for target in deframer json alloc dataframe; do
+    for target in deframer json alloc dataframe auth; do
         corpus=tests/fuzz/corpus/$target
         work=$(mktemp -d)
         echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"

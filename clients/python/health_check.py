@@ -4,6 +4,7 @@
   health_check.py --target localhost:7443 --ca certs/dev/ca.pem     (TLS)
   health_check.py --target unix:/run/moongate/moongate.sock         (h2c on the Unix socket)
   health_check.py --target 127.0.0.1:7444 --plaintext               (h2c on loopback)
+  ... --token-file FILE    a bearer token (first line of FILE; or MOONGATE_TOKEN) for Info
 
 Stubs come from gen_stubs.py (python3-grpcio and python3-grpc-tools from Debian).
 """
@@ -28,7 +29,14 @@ def main():
     ap.add_argument("--ca", help="CA certificate that signed the daemon's certificate")
     ap.add_argument("--plaintext", action="store_true")
     ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--token-file", help="bearer token: the first line of this file")
     a = ap.parse_args()
+    token = os.environ.get("MOONGATE_TOKEN")
+    if a.token_file:
+        with open(a.token_file) as f:
+            token = f.readline().strip()
+    # Health checks need no credentials; Info does (a token, or a uid the daemon maps).
+    md = [("authorization", "Bearer " + token)] if token else None
     if a.target.startswith("unix:") or a.plaintext:
         channel = grpc.insecure_channel(a.target)
     else:
@@ -42,7 +50,7 @@ def main():
             h = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                           timeout=a.timeout)
             info = daemon_pb2_grpc.DaemonStub(channel).Info(daemon_pb2.InfoRequest(),
-                                                            timeout=a.timeout)
+                                                            timeout=a.timeout, metadata=md)
         except grpc.RpcError as e:
             print("error: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
             return e.code().value[0]

@@ -7,9 +7,10 @@ line, compares SHA-256 digests of the mapped files and prints the throughput. Th
 1 MiB buffer from A's pool, READs a block of B into it and checks it too.
 
 Usage: transfer_demo.py --a HOST:PORT --b HOST:PORT [--peer HOST:PORT] [--ca CA.pem]
-                        [--ca-b CA.pem] [--bytes N]
+                        [--ca-b CA.pem] [--token-file FILE] [--bytes N]
 (--a/--b: the daemons' control endpoints; with --ca over TLS, else h2c; --ca-b: the CA of B's
-certificate when it is not --ca's)
+certificate when it is not --ca's; --token-file: a bearer token both daemons know, or
+MOONGATE_TOKEN)
 """
 import argparse
 import hashlib
@@ -23,11 +24,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_stubs import generate  # noqa: E402
 
 
-def channel(grpc, target, ca):
+def channel(grpc, target, ca, token=None):
+    """A channel to a daemon: TLS with `ca`, else h2c; every call carries the bearer token."""
     if ca:
         with open(ca, "rb") as f:
-            return grpc.secure_channel(target, grpc.ssl_channel_credentials(f.read()))
-    return grpc.insecure_channel(target)
+            creds = grpc.ssl_channel_credentials(f.read())
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(target, creds)
+    ch = grpc.insecure_channel(target)
+    if not token:
+        return ch
+
+    class Bearer(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, cont, details, request):
+            md = list(details.metadata or []) + [("authorization", "Bearer " + token)]
+            return cont(details._replace(metadata=md), request)
+    return grpc.intercept_channel(ch, Bearer())
 
 
 def digest(path, length):
@@ -64,8 +78,13 @@ def main():
     ap.add_argument("--peer", help="B's control endpoint as A reaches it (default: --b)")
     ap.add_argument("--ca")
     ap.add_argument("--ca-b", help="CA of B's certificate (default: --ca)")
+    ap.add_argument("--token-file", help="bearer token (first line of the file)")
     ap.add_argument("--bytes", type=int, default=1 << 30)
     a = ap.parse_args()
+    token = os.environ.get("MOONGATE_TOKEN")
+    if a.token_file:
+        with open(a.token_file) as f:
+            token = f.readline().strip()
     sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN",
                                                os.path.join(tempfile.gettempdir(), "mg-pygen"))))
     import grpc
@@ -73,7 +92,8 @@ def main():
                              pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
     n = a.bytes
-    with channel(grpc, a.a, a.ca) as ca_ch, channel(grpc, a.b, a.ca_b or a.ca) as cb_ch:
+    with channel(grpc, a.a, a.ca, token) as ca_ch, \
+            channel(grpc, a.b, a.ca_b or a.ca, token) as cb_ch:
         ma, mb = memory_pb2_grpc.MemoryStub(ca_ch), memory_pb2_grpc.MemoryStub(cb_ch)
         t = transfer_pb2_grpc.TransferStub(ca_ch)
         src = ma.RegisterSegment(memory_pb2.RegisterRequest(name="demo-src", size=n,

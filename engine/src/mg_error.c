@@ -23,6 +23,7 @@ static const struct {
     {"protocol error", 13},
     {"unauthenticated", 16},
     {"data loss", 15},
+    {"quota exceeded", 8},
 };
 
 const char *mg_strerror(int err)

@@ -30,6 +30,13 @@ struct mg_lease {
     struct mg_lease *id_next, *req_next, *prev, *next;
 };
 
+/* Live leases per tenant, for max_tenant_leases. A list: tenants are few. */
+typedef struct tenant_leases {
+    char tenant[MG_SEG_NAME_MAX + 1];
+    uint64_t live;
+    struct tenant_leases *next;
+} tenant_leases;
+
 struct mg_pool {
     char name[MG_POOL_NAME_MAX + 1];
     mg_registry *reg;
@@ -44,7 +51,47 @@ struct mg_pool {
     uint64_t live;
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
     uint64_t overflow_total, overflow_bytes, overflow_leases;
+    tenant_leases *tenants;
 };
+
+static tenant_leases *tenant_of(mg_pool *p, const char *tenant, int create)
+{
+    tenant_leases *t;
+    for (t = p->tenants; t; t = t->next)
+        if (strcmp(t->tenant, tenant) == 0)
+            return t;
+    if (!create || (t = calloc(1, sizeof(*t))) == NULL)
+        return NULL;
+    snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
+    t->next = p->tenants;
+    p->tenants = t;
+    return t;
+}
+
+/* Room for one more live lease of `tenant` (max_tenant_leases)? 0, or MG_ERR_QUOTA with err. */
+static int tenant_room(mg_pool *p, const char *tenant, char *err)
+{
+    tenant_leases *t = p->cfg.max_tenant_leases ? tenant_of(p, tenant, 0) : NULL;
+    if (t == NULL || t->live < p->cfg.max_tenant_leases)
+        return 0;
+    if (err)
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "tenant \"%s\" holds %llu leases, its quota (--max-tenant-leases)", tenant,
+                 (unsigned long long)t->live);
+    return MG_ERR_QUOTA;
+}
+
+static void tenant_drop(mg_pool *p, const char *tenant)
+{
+    tenant_leases **pp = &p->tenants;
+    while (*pp && strcmp((*pp)->tenant, tenant) != 0)
+        pp = &(*pp)->next;
+    if (*pp && --(*pp)->live == 0) {
+        tenant_leases *t = *pp;
+        *pp = t->next;
+        free(t);
+    }
+}
 
 int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_config *cfg)
 {
@@ -126,6 +173,11 @@ void mg_pool_del(mg_pool *p)
         return;
     while (p->all)
         lease_free(p, p->all);
+    while (p->tenants) {
+        tenant_leases *t = p->tenants;
+        p->tenants = t->next;
+        free(t);
+    }
     mg_alloc_del(p->alloc);
     mg_registry_put(p->reg, p->seg);
     free(p->by_id);
@@ -200,6 +252,12 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
             return MG_LEASE_RETRY;
         }
     }
+    if ((rc = tenant_room(p, tenant, err)) != 0)
+        return rc;
+    if (tenant_of(p, tenant, 1) == NULL) {
+        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+        return MG_ERR_NOMEM;
+    }
     rc = mg_alloc_take(p->alloc, size, alignment, &offset, &reserved, &handle);
     if (rc != 0) {
         mg_alloc_get_stats(p->alloc, &st);
@@ -256,6 +314,7 @@ static void enter(mg_pool *p, mg_lease *l)
     p->all = l;
     p->live++;
     p->acquired_total++;
+    tenant_of(p, l->tenant, 0)->live++; /* made by the caller before */
 }
 
 int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size, uint64_t ttl_ms,
@@ -263,8 +322,12 @@ int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size
 {
     mg_segment_info si;
     mg_lease *l;
+    if (tenant_room(p, tenant, NULL) != 0)
+        return MG_ERR_QUOTA;
     if (p->live >= p->cfg.max_leases)
         return MG_ERR_FULL;
+    if (tenant_of(p, tenant, 1) == NULL)
+        return MG_ERR_NOMEM;
     l = calloc(1, sizeof(*l));
     if (l == NULL)
         return MG_ERR_NOMEM;
@@ -285,7 +348,7 @@ int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size
 int mg_pool_find(mg_pool *p, const char *tenant, uint64_t id, mg_lease **out)
 {
     mg_lease *l = find_id(p, id);
-    if (l == NULL || l->released || strcmp(l->tenant, tenant) != 0)
+    if (l == NULL || l->released || (tenant && strcmp(l->tenant, tenant) != 0))
         return MG_ERR_NOT_FOUND;
     *out = l;
     return 0;
@@ -297,6 +360,7 @@ static void release(mg_pool *p, mg_lease *l, int expired)
         return;
     l->released = 1;
     p->live--;
+    tenant_drop(p, l->tenant);
     if (expired)
         p->expired_total++;
     else
@@ -321,6 +385,11 @@ int mg_pool_renew(mg_pool *p, mg_lease *l, uint64_t ttl_ms, uint64_t now_ms)
 void mg_lease_set_remote(mg_lease *l, int remote_accessible)
 {
     l->remote_accessible = remote_accessible != 0;
+}
+
+const char *mg_lease_tenant(const mg_lease *l)
+{
+    return l->tenant;
 }
 
 void mg_lease_use(mg_lease *l)

@@ -57,16 +57,20 @@ struct mg_segment {
     int fd;
     void *addr;
     int locked;
-    int created; /* the daemon created the file: it removes it */
+    int created;     /* the daemon created the file: it removes it */
+    int provisioned; /* not counted in its tenant's bytes (mg_segment_spec.provisioned) */
+    char share[MG_SEG_SHARE_LEN + 1]; /* other tenants that may use it, "a,b", or "" */
     char error[MG_SEG_ERROR_MAX];
     struct mg_segment *id_next, *name_next, *req_next; /* hash chains */
     struct mg_segment *prev, *next;                    /* all segments */
 };
 
-/* Segments entered per tenant, for max_tenant_segments. A list: tenants are few. */
+/* Segments and bytes entered per tenant, for max_tenant_segments and max_tenant_bytes. A list:
+ * tenants are few. */
 typedef struct tenant_count {
     char tenant[MG_SEG_NAME_MAX + 1];
     uint64_t segments;
+    uint64_t bytes;
     struct tenant_count *next;
 } tenant_count;
 
@@ -76,7 +80,7 @@ struct mg_registry {
     int dirfd;
     unsigned file_mode;
     unsigned file_gid;
-    uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments;
+    uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments, max_tenant_bytes;
     mg_rdma *rdma;
     tenant_count *tenants;
     size_t nbuckets;
@@ -112,6 +116,62 @@ static int valid_name(const char *s, int allow_colon)
             return 0;
     }
     return n > 0;
+}
+
+/* Non-zero when `tenant` may use seg's bytes: its owner or a tenant it is shared with. */
+static int may_use(const mg_segment *seg, const char *tenant)
+{
+    size_t n = strlen(tenant);
+    if (strcmp(seg->tenant, tenant) == 0)
+        return 1;
+    for (const char *p = seg->share; *p;) {
+        size_t l = strcspn(p, ",");
+        if (l == n && memcmp(p, tenant, n) == 0)
+            return 1;
+        p += l;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+/* Checks a share list: valid names, not the owner, no repeats, at most MG_SEG_SHARE_MAX. */
+static int share_ok(const char *share, const char *owner, char *err)
+{
+    char buf[MG_SEG_SHARE_LEN + 1], *save = NULL, *names[MG_SEG_SHARE_MAX];
+    int n = 0;
+    if (share == NULL || share[0] == '\0')
+        return 1;
+    if (strlen(share) > MG_SEG_SHARE_LEN) {
+        snprintf(err, MG_SEG_ERROR_MAX, "share list is longer than %d bytes", MG_SEG_SHARE_LEN);
+        return 0;
+    }
+    snprintf(buf, sizeof(buf), "%s", share);
+    if (buf[0] == ',' || buf[strlen(buf) - 1] == ',' || strstr(buf, ",,")) {
+        snprintf(err, MG_SEG_ERROR_MAX, "share list has an empty tenant name");
+        return 0;
+    }
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!valid_name(t, 1)) {
+            snprintf(err, MG_SEG_ERROR_MAX, "share: tenant \"%.64s\" is not [A-Za-z0-9._:-]", t);
+            return 0;
+        }
+        if (strcmp(t, owner) == 0) {
+            snprintf(err, MG_SEG_ERROR_MAX, "share: \"%.64s\" owns the segment already", t);
+            return 0;
+        }
+        for (int k = 0; k < n; k++)
+            if (strcmp(names[k], t) == 0) {
+                snprintf(err, MG_SEG_ERROR_MAX, "share: \"%.64s\" is named twice", t);
+                return 0;
+            }
+        if (n == MG_SEG_SHARE_MAX) {
+            snprintf(err, MG_SEG_ERROR_MAX, "share: at most %d tenants", MG_SEG_SHARE_MAX);
+            return 0;
+        }
+        names[n++] = t;
+    }
+    return 1;
 }
 
 static int parse_location(const char *loc, char out[16])
@@ -215,6 +275,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     reg->file_mode = cfg->file_mode;
     reg->file_gid = cfg->file_gid;
     reg->max_tenant_segments = cfg->max_tenant_segments;
+    reg->max_tenant_bytes = cfg->max_tenant_bytes;
     reg->max_segments = cfg->max_segments;
     reg->max_bytes = cfg->max_registered_bytes;
     reg->max_segment_bytes = cfg->max_segment_bytes;
@@ -249,11 +310,13 @@ static tenant_count *tenant_nolock(mg_registry *reg, const char *tenant, int cre
     return t;
 }
 
-static void tenant_drop_nolock(mg_registry *reg, const char *tenant)
+static void tenant_drop_nolock(mg_registry *reg, const char *tenant, uint64_t bytes)
 {
     tenant_count **pp = &reg->tenants;
     while (*pp && strcmp((*pp)->tenant, tenant) != 0)
         pp = &(*pp)->next;
+    if (*pp)
+        (*pp)->bytes -= bytes;
     if (*pp && --(*pp)->segments == 0) {
         tenant_count *t = *pp;
         *pp = t->next;
@@ -287,7 +350,7 @@ static void unlink_nolock(mg_registry *reg, mg_segment *seg)
     if (seg->next)
         seg->next->prev = seg->prev;
     reg->count--;
-    tenant_drop_nolock(reg, seg->tenant);
+    tenant_drop_nolock(reg, seg->tenant, seg->provisioned ? 0 : seg->size);
     reg->bytes -= seg->size;
     if (seg->state == MG_SEG_READY)
         reg->ready--;
@@ -369,6 +432,8 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
                  MG_SEG_NAME_MAX);
         return MG_ERR_INVALID;
     }
+    if (!share_ok(spec->share, spec->tenant, err))
+        return MG_ERR_INVALID;
     if (!valid_name(spec->name, 1)) {
         snprintf(err, MG_SEG_ERROR_MAX, "name must be 1-%d characters of [A-Za-z0-9._:-]",
                  MG_SEG_NAME_MAX);
@@ -473,6 +538,24 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
                  seg->tenant, (unsigned long long)tc->segments);
         goto fail_full;
     }
+    if (reg->max_tenant_bytes && !spec->provisioned && tc &&
+        spec->size > reg->max_tenant_bytes - tc->bytes) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "%llu more bytes would exceed tenant \"%s\"'s registered-bytes quota of %llu "
+                 "(%llu registered; --max-tenant-bytes)",
+                 (unsigned long long)spec->size, seg->tenant,
+                 (unsigned long long)reg->max_tenant_bytes, (unsigned long long)tc->bytes);
+        goto fail_quota;
+    }
+    if (reg->max_tenant_bytes && !spec->provisioned && tc == NULL &&
+        spec->size > reg->max_tenant_bytes) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "%llu bytes exceed tenant \"%s\"'s registered-bytes quota of %llu "
+                 "(--max-tenant-bytes)",
+                 (unsigned long long)spec->size, seg->tenant,
+                 (unsigned long long)reg->max_tenant_bytes);
+        goto fail_quota;
+    }
     if (reg->max_bytes && spec->size > reg->max_bytes - reg->bytes) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "%llu more bytes would exceed the registered-bytes limit of %llu "
@@ -494,6 +577,10 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
         return MG_ERR_NOMEM;
     }
     tc->segments++;
+    seg->provisioned = spec->provisioned;
+    snprintf(seg->share, sizeof(seg->share), "%s", spec->share ? spec->share : "");
+    if (!seg->provisioned)
+        tc->bytes += spec->size;
     do {
         seg->id = mg_mix64(++reg->counter);
     } while (seg->id == 0 || find_id_nolock(reg, seg->id));
@@ -526,6 +613,11 @@ fail_full:
     pthread_mutex_unlock(&reg->lock);
     free(seg);
     return MG_ERR_FULL;
+
+fail_quota:
+    pthread_mutex_unlock(&reg->lock);
+    free(seg);
+    return MG_ERR_QUOTA;
 }
 
 /* Worker: an shm segment of size 0 learns its size from the file; account for it now. */
@@ -539,12 +631,22 @@ static int grow_reservation(mg_segment *seg, uint64_t size)
         return MG_ERR_FULL;
     }
     pthread_mutex_lock(&reg->lock);
+    tenant_count *tc = tenant_nolock(reg, seg->tenant, 0);
     if (reg->max_bytes && size > reg->max_bytes - reg->bytes) {
         set_error(seg, "%llu more bytes would exceed the registered-bytes limit of %llu",
                   (unsigned long long)size, (unsigned long long)reg->max_bytes);
         rc = MG_ERR_FULL;
+    } else if (reg->max_tenant_bytes && tc && !seg->provisioned &&
+               size > reg->max_tenant_bytes - tc->bytes) {
+        set_error(seg,
+                  "%llu more bytes would exceed tenant \"%s\"'s registered-bytes quota of %llu "
+                  "(--max-tenant-bytes)",
+                  (unsigned long long)size, seg->tenant, (unsigned long long)reg->max_tenant_bytes);
+        rc = MG_ERR_QUOTA;
     } else {
         reg->bytes += size;
+        if (tc && !seg->provisioned)
+            tc->bytes += size;
         seg->size = size;
     }
     pthread_mutex_unlock(&reg->lock);
@@ -806,7 +908,7 @@ int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const
     mg_segment *seg;
     pthread_mutex_lock(&reg->lock);
     seg = find_id_nolock(reg, id);
-    if (seg == NULL || seg->state != MG_SEG_READY || strcmp(seg->tenant, tenant) != 0) {
+    if (seg == NULL || seg->state != MG_SEG_READY || !may_use(seg, tenant)) {
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_NOT_FOUND;
     }
@@ -839,7 +941,7 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
     err[0] = '\0';
     pthread_mutex_lock(&reg->lock);
     seg = find_id_nolock(reg, id);
-    if (seg == NULL || seg->state != MG_SEG_READY || strcmp(seg->tenant, tenant) != 0) {
+    if (seg == NULL || seg->state != MG_SEG_READY || (tenant && strcmp(seg->tenant, tenant) != 0)) {
         pthread_mutex_unlock(&reg->lock);
         snprintf(err, MG_SEG_ERROR_MAX, "no segment %llu", (unsigned long long)id);
         return MG_ERR_NOT_FOUND;
@@ -897,6 +999,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     }
     out->state = seg->state;
     out->refs = seg->refs;
+    memcpy(out->share, seg->share, sizeof(out->share));
 }
 
 void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out)
@@ -906,12 +1009,26 @@ void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_inf
     pthread_mutex_unlock(&reg->lock);
 }
 
+int mg_registry_find_target(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out)
+{
+    const mg_segment *seg;
+    pthread_mutex_lock(&reg->lock);
+    seg = find_id_nolock(reg, id);
+    if (seg == NULL || !may_use(seg, tenant)) {
+        pthread_mutex_unlock(&reg->lock);
+        return MG_ERR_NOT_FOUND;
+    }
+    info_nolock(reg, seg, out);
+    pthread_mutex_unlock(&reg->lock);
+    return 0;
+}
+
 int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out)
 {
     const mg_segment *seg;
     pthread_mutex_lock(&reg->lock);
     seg = find_id_nolock(reg, id);
-    if (seg == NULL || strcmp(seg->tenant, tenant) != 0) {
+    if (seg == NULL || (tenant && strcmp(seg->tenant, tenant) != 0)) {
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_NOT_FOUND;
     }

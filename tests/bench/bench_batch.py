@@ -31,7 +31,7 @@ def free_port():
 
 def start(moongate, workers, shm_dir, max_bytes):
     h2c, tmp = free_port(), tempfile.mkdtemp()
-    proc = subprocess.Popen([moongate, "--listen", "", "--h2c-listen", "127.0.0.1:%d" % h2c,
+    proc = subprocess.Popen([moongate, "--allow-anonymous", "--listen", "", "--h2c-listen", "127.0.0.1:%d" % h2c,
                              "--ops-listen", "", "--unix-socket", os.path.join(tmp, "mg.sock"),
                              "--shm-dir", shm_dir, "--access-log=false",
                              "--workers", str(workers), "--max-registered-bytes", str(max_bytes)],

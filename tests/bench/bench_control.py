@@ -144,7 +144,7 @@ def main():
     mg_h2c, mg_tls, mg_ops = free_port(), free_port(), free_port()
     ref_h2c, ref_tls = free_port(), free_port()
     tmp = tempfile.mkdtemp()
-    mg = Server([a.moongate, "--listen", "127.0.0.1:%d" % mg_tls, "--h2c-listen",
+    mg = Server([a.moongate, "--allow-anonymous", "--listen", "127.0.0.1:%d" % mg_tls, "--h2c-listen",
                  "127.0.0.1:%d" % mg_h2c, "--ops-listen", "127.0.0.1:%d" % mg_ops,
                  "--unix-socket", os.path.join(tmp, "mg.sock"), "--tls-cert", cert,
                  "--tls-key", key, "--access-log=false", "--workers", "1",

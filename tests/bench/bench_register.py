@@ -65,7 +65,7 @@ def main():
     body = os.path.join(tmp, "check.bin")
     with open(body, "wb") as f:
         f.write(b"\0\0\0\0\0")
-    proc = subprocess.Popen([a.moongate, "--listen", "", "--h2c-listen", "127.0.0.1:%d" % h2c,
+    proc = subprocess.Popen([a.moongate, "--allow-anonymous", "--listen", "", "--h2c-listen", "127.0.0.1:%d" % h2c,
                              "--ops-listen", "127.0.0.1:%d" % ops, "--unix-socket",
                              os.path.join(tmp, "mg.sock"), "--shm-dir", a.shm_dir,
                              "--access-log=false", "--workers", "2",

@@ -38,7 +38,7 @@ lease)
         shm=$(mktemp -d /dev/shm/mg-bench-XXXXXX)
         port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         # shellcheck disable=SC2086
-        "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
+        "$build/moongate" --allow-anonymous --listen "" --h2c-listen "127.0.0.1:$port" --ops-listen "" \
             --data-listen "" --unix-socket "$shm/moongate.sock" --shm-dir "$shm" --access-log=false --memlock try --workers 2 $1 \
             >"$certs/moongate.log" 2>&1 &
         pid=$!
@@ -105,7 +105,7 @@ transfer)
     pids=()
     for d in a b; do
         h2c=$(free_port)
-        "$build/moongate" --listen "" --h2c-listen "127.0.0.1:$h2c" --ops-listen "" --unix-socket "" \
+        "$build/moongate" --allow-anonymous --listen "" --h2c-listen "127.0.0.1:$h2c" --ops-listen "" --unix-socket "" \
             --data-listen 127.0.0.1:0 --shm-dir "$shm/$d" --access-log=false --peer-tls=false --peer-anonymous \
             --pool-bytes 0 --memlock try >"$certs/moongate-$d.log" 2>&1 &
         pids+=($!)

@@ -101,6 +101,8 @@ class Daemon:
             "--pool-bytes", "0",  # tests of the pool give it a size
             "--data-listen", "%s:0" % self.host,  # a free port; OpenSession tells which
             "--peer-anonymous",  # peers call over h2c here; test_peer_auth.py turns it off
+            "--allow-anonymous",  # clients without credentials are tenant "default"; test_auth.py
+                                  # turns it off
         ] + list(extra)
 
     @property

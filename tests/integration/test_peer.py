@@ -6,6 +6,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 
 import grpc
 import pytest
@@ -180,3 +181,46 @@ def test_no_data_plane(make_daemon):
         with pytest.raises(grpc.RpcError) as e:
             peer_pb2_grpc.PeerStub(ch).OpenSession(peer_pb2.OpenSessionRequest())
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_sessions_serve_only_their_tenant(make_daemon):
+    """A session is opened for a tenant (the initiating batch's): on the data plane and in
+    DescribeTarget it reaches that tenant's segments only; another's look like none."""
+    d = make_daemon()
+    with h2c_channel(d) as ch:  # anonymous here: tenant "default"
+        seg = memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
+            name="mine", size=4096, remote_accessible=True)).segment
+        p = peer_pb2_grpc.PeerStub(ch)
+        other = p.OpenSession(peer_pb2.OpenSessionRequest(protocol_version=1, tenant="team-x"),
+                              timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            p.DescribeTarget(peer_pb2.DescribeTargetRequest(id=seg.id, tenant="team-x"),
+                             timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert p.DescribeTarget(peer_pb2.DescribeTargetRequest(id=seg.id), timeout=10).size == 4096
+        with pytest.raises(grpc.RpcError) as e:
+            p.OpenSession(peer_pb2.OpenSessionRequest(protocol_version=1, tenant="bad/name"),
+                          timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    s, answer = dial(other)
+    assert answer["type"] == HELLO_OK
+    s.sendall(frame(WRITE, slice_=1, target=seg.id, offset=0, length=4) + b"evil")
+    assert read_frame(s)["status"] == grpc.StatusCode.NOT_FOUND.value[0]
+    s.sendall(frame(READ, slice_=2, target=seg.id, offset=0, length=4))
+    assert read_frame(s)["status"] == grpc.StatusCode.NOT_FOUND.value[0]
+    s.close()
+    with open(seg.path, "rb") as f:
+        assert f.read(4) == b"\0" * 4
+    s, answer = dial(session(d))  # the owner's session reaches it
+    s.sendall(frame(WRITE, slice_=1, target=seg.id, offset=0, length=4) + b"good")
+    assert read_frame(s)["status"] == 0
+    s.close()
+
+
+def test_expired_session_tokens_are_refused(make_daemon):
+    d = make_daemon("--session-ttl", "1")
+    sess = session(d)
+    time.sleep(1.5)
+    s, answer = dial(sess)
+    assert answer["type"] == ERROR and answer["status"] == grpc.StatusCode.UNAUTHENTICATED.value[0]
+    s.close()

@@ -47,12 +47,15 @@ def test_lease_lifecycle_and_the_pool_file(make_daemon):
         assert st.largest_free == 8 * MiB - 4096 and st.largest_lease == 7 * MiB + MiB // 2
         assert st.fragmentation == 0.0
         p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=a0.id))
-        # The pool is a segment: listed, mapped once by the client, never unregistered by it.
-        seg = m.GetSegment(memory_pb2.GetSegmentRequest(id=st.segment_id))
-        assert seg.name == "pool.default" and seg.size == 9 * MiB and seg.path == st.path
-        code, msg = code_of(lambda: m.UnregisterSegment(
-            memory_pb2.UnregisterRequest(id=st.segment_id)))
-        assert code == grpc.StatusCode.FAILED_PRECONDITION and "buffer pool" in msg
+        # The default pool is a segment of no caller's: mapped once by the client through the
+        # leases' path, but not reachable as a segment (its bytes hold every tenant's leases).
+        for call in (lambda: m.GetSegment(memory_pb2.GetSegmentRequest(id=st.segment_id)),
+                     lambda: m.UnregisterSegment(memory_pb2.UnregisterRequest(id=st.segment_id)),
+                     lambda: list(m.ReadSegment(memory_pb2.ReadSegmentRequest(
+                         id=st.segment_id, length=16)))):
+            assert code_of(call)[0] == grpc.StatusCode.NOT_FOUND
+        assert st.segment_id not in [s.id for s in m.ListSegments(
+            memory_pb2.ListSegmentsRequest()).segments]
 
         a = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=100000, ttl_ms=60000))
         assert (a.requested, a.reserved) == (100000, 104 * 1024)  # class round-up <= 12.5%
@@ -318,14 +321,14 @@ def test_bad_overflow_flag_is_a_configuration_error():
 
 
 def test_tenant_pools(make_daemon):
-    """--tenant-pool: a tenant's leases come from its own pool (every caller is tenant
-    "default" until authentication exists), listed beside the default pool."""
+    """--tenant-pool: a tenant's leases come from its own pool (anonymous callers are tenant
+    "default"), listed beside the default pool; other tenants' pools are not listed."""
     d = make_daemon("--pool-bytes", "8M", "--pool-reserve-bytes", "1M", "--tenant-pool",
                     "default=4M,team-b=1M")
     ch, p, m = stubs(d)
     with ch:
         pools = {x.name: x for x in p.PoolStats(pool_pb2.PoolStatsRequest()).pools}
-        assert set(pools) == {"default", "tenant.default", "tenant.team-b"}
+        assert set(pools) == {"default", "tenant.default"}
         assert (pools["tenant.default"].capacity, pools["tenant.default"].reserve) == (4 * MiB, 0)
         own = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB))
         assert own.pool == "tenant.default"
@@ -338,7 +341,7 @@ def test_tenant_pools(make_daemon):
             assert f.read(4) == b"mine"
         p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=own.id))
         names = sorted(s.name for s in m.ListSegments(memory_pb2.ListSegmentsRequest()).segments)
-        assert names == ["pool.default", "pool.tenant.default"]  # team-b's is team-b's
+        assert names == ["pool.tenant.default"]  # team-b's is team-b's, the default pool no one's
     assert d.metric("moongate_pool_leases", pool="tenant.default") == 0
     assert d.metric("moongate_pool_lease_events_total", pool="tenant.default",
                     event="acquired") == 1

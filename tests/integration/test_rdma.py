@@ -173,9 +173,9 @@ def test_write_and_read_over_rdma(make_daemon):
         assert f.read()[3:n - 8] == data[11:]
     p = list_peers(a)[0]
     assert p.rdma == "ready (1 device)" and list(p.transports) == ["tcp", "rdma"]
-    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write", transport="rdma") == n
-    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="read", transport="rdma") == n - 11
-    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write", transport="tcp") == 0
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write", transport="rdma") == n
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="read", transport="rdma") == n - 11
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write", transport="tcp") == 0
     assert b.metric("moongate_data_bytes_total", dir="in") == 0  # not one byte over TCP
     assert b.metric("moongate_data_bytes_total", dir="out") == 0
     assert "event=rdma_connected" in b.read_log() and "event=rdma_ready" in a.read_log()

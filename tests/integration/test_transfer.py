@@ -64,11 +64,11 @@ def test_write_and_read_between_two_daemons(make_daemon):
     assert a.metric("moongate_transfer_bytes_total", op="read") == 3 * MiB + 7
     assert a.metric("moongate_transfer_requests_in_flight") == 0
     assert a.metric("moongate_transfer_seconds_count") == 3
-    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, op="write",
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
                     transport="tcp") == len(data)
-    assert a.metric("moongate_peer_requests_total", peer=b.h2c, op="read", result="done") == 1
-    assert a.metric("moongate_peer_connections", peer=b.h2c, state="busy") == 0
-    assert a.metric("moongate_peer_connections", peer=b.h2c, state="idle") >= 1
+    assert a.metric("moongate_peer_requests_total", peer=b.h2c, tenant="default", op="read", result="done") == 1
+    assert a.metric("moongate_peer_connections", peer=b.h2c, tenant="default", state="busy") == 0
+    assert a.metric("moongate_peer_connections", peer=b.h2c, tenant="default", state="idle") >= 1
 
 
 @pytest.mark.parametrize("mutate,needle", [

@@ -62,6 +62,7 @@ static int start_gateway(void)
                     "--workers=2",
                     "--pool-bytes=0",
                     "--data-listen=",
+                    "--allow-anonymous",
                     sock,
                     h2c};
     mg_engine_config ec = {.workers = 2,
@@ -78,7 +79,8 @@ static int start_gateway(void)
     snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);
     snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-client-%d.sock", (int)getpid());
     snprintf(tcp_target, sizeof(tcp_target), "127.0.0.1:%d", port);
-    if (mg_config_load(&cfg, 10, argv, stdout, err, sizeof(err)) != MG_CONFIG_OK) {
+    if (mg_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])), argv, stdout, err,
+                       sizeof(err)) != MG_CONFIG_OK) {
         fprintf(stderr, "config: %s\n", err);
         return -1;
     }

@@ -15,6 +15,7 @@
 
 static char dir[64];
 static mg_registry *reg;
+static uint64_t tenant_quota; /* max_tenant_leases of the next open_pool */
 
 /* A pool of `lease` bytes plus `reserve` on a fresh registry. */
 static mg_pool *open_pool(uint64_t lease, uint64_t reserve, uint32_t max_leases)
@@ -26,6 +27,7 @@ static mg_pool *open_pool(uint64_t lease, uint64_t reserve, uint32_t max_leases)
                          .lease_bytes = lease,
                          .reserve_bytes = reserve,
                          .max_leases = max_leases,
+                         .max_tenant_leases = tenant_quota,
                          .max_ttl_ms = 60000};
     mg_segment *seg, *held;
     mg_segment_info info;
@@ -155,13 +157,37 @@ static void test_list_in_id_order_and_limits(void)
     close_pool(p);
 }
 
+static void test_tenant_lease_quota(void)
+{
+    mg_pool *p;
+    mg_lease *a, *b, *c;
+    char err[MG_SEG_ERROR_MAX];
+    tenant_quota = 2;
+    p = open_pool(4 * MiB, 0, 16);
+    tenant_quota = 0;
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 0, NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 0, "r", &b, err), 0);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 0, NULL, &c, err), MG_ERR_QUOTA);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tenant \"t1\" holds 2 leases, its quota"));
+    /* a retry of a lease it holds is no new lease */
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 0, "r", &c, err), MG_LEASE_RETRY);
+    CU_ASSERT_PTR_EQUAL(c, b);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t2", 4096, 0, 1000, 0, NULL, &c, err), 0);
+    mg_pool_release(p, a);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 0, NULL, &a, err), 0);
+    /* expiry gives room too */
+    CU_ASSERT(mg_pool_expire(p, 5000) >= 3);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 5000, NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(mg_pool_acquire(p, "t1", 4096, 0, 1000, 5000, NULL, &b, err), 0);
+    close_pool(p);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_acquire_release_and_reserve),
-        MG_TEST(test_request_id_retries),
-        MG_TEST(test_expiry_of_a_lease_in_use),
-        MG_TEST(test_list_in_id_order_and_limits),
+        MG_TEST(test_acquire_release_and_reserve), MG_TEST(test_request_id_retries),
+        MG_TEST(test_expiry_of_a_lease_in_use),    MG_TEST(test_list_in_id_order_and_limits),
+        MG_TEST(test_tenant_lease_quota),
     };
     return mg_test_run("pool", cases, sizeof(cases) / sizeof(cases[0]));
 }

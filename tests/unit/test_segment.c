@@ -88,8 +88,12 @@ static void unreg(mg_registry *reg, const char *tenant, uint64_t id)
 
 static mg_segment_spec anon(const char *tenant, const char *name, uint64_t size)
 {
-    mg_segment_spec s = {tenant,  name, MG_SEG_ANON,    size, NULL,
-                         "cpu:0", 0,    MG_MEMLOCK_OFF, 0,    NULL};
+    mg_segment_spec s = {.tenant = tenant,
+                         .name = name,
+                         .source = MG_SEG_ANON,
+                         .size = size,
+                         .location = "cpu:0",
+                         .memlock = MG_MEMLOCK_OFF};
     return s;
 }
 
@@ -238,6 +242,86 @@ static void test_tenant_limit(void)
         CU_ASSERT(st.jobs >= 6);
         CU_ASSERT_EQUAL(st.jobs_off_worker, st.jobs);
     }
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_tenant_bytes_quota(void)
+{
+    mg_registry *reg;
+    mg_registry_config cfg = {.shm_dir = dir,
+                              .file_mode = 0600,
+                              .max_segments = 8,
+                              .max_tenant_segments = 8,
+                              .max_tenant_bytes = 3 * 4096};
+    mg_segment_spec s;
+    mg_segment *a;
+    mg_segment_info ia;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &cfg), 0);
+    s = anon("t1", "a", 2 * 4096);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &a, err), 0);
+    s = anon("t1", "b", 2 * 4096);
+    expect_reserve(reg, &s, MG_ERR_QUOTA, "8192 more bytes would exceed tenant \"t1\"'s");
+    s = anon("t1", "b", 4096); /* what is left fits */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    s = anon("t2", "big", 4 * 4096); /* larger than the quota on its own */
+    expect_reserve(reg, &s, MG_ERR_QUOTA, "16384 bytes exceed tenant \"t2\"'s");
+    s = anon("t2", "big", 4 * 4096);
+    s.provisioned = 1; /* the operator's memory (a pool) is outside the quota */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    s = anon("t2", "c", 3 * 4096); /* and does not use it up */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_segment_get_info(reg, a, &ia);
+    unreg(reg, "t1", ia.id);
+    s = anon("t1", "c", 2 * 4096); /* room again */
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+static void test_sharing(void)
+{
+    mg_registry *reg;
+    mg_registry_config cfg = {
+        .shm_dir = dir, .file_mode = 0600, .max_segments = 8, .max_tenant_segments = 8};
+    mg_segment_spec s;
+    mg_segment *a, *held;
+    mg_segment_info ia;
+    char err[MG_SEG_ERROR_MAX];
+    static const struct {
+        const char *share, *why;
+    } bad[] = {{"t1", "owns the segment"},       {"t2,t2", "named twice"},
+               {"a,b,c,d,e", "at most 4"},       {"t2,,t3", "empty tenant"},
+               {",t2", "empty tenant"},          {"t2,", "empty tenant"},
+               {"t 2", "is not [A-Za-z0-9._:-]"}};
+    make_dir();
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &cfg), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        s = anon("t1", "x", 4096);
+        s.share = bad[i].share;
+        expect_reserve(reg, &s, MG_ERR_INVALID, bad[i].why);
+    }
+    s = anon("t1", "a", 4096);
+    s.share = "t2,team-3";
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &a, err), 0);
+    mg_segment_get_info(reg, a, &ia);
+    CU_ASSERT_STRING_EQUAL(ia.share, "t2,team-3");
+    /* sharees use its bytes and may target it; they do not find it as theirs */
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t2", ia.id, "test", &held), 0);
+    mg_registry_put(reg, held);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "team-3", ia.id, "test", &held), 0);
+    mg_registry_put(reg, held);
+    CU_ASSERT_EQUAL(mg_registry_find_target(reg, "t2", ia.id, &ia), 0);
+    CU_ASSERT_EQUAL(mg_registry_find(reg, "t2", ia.id, &ia), MG_ERR_NOT_FOUND);
+    /* names are whole: neither prefixes nor the list itself match */
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t", ia.id, "test", &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "team-", ia.id, "test", &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_acquire(reg, "t2,team-3", ia.id, "test", &held), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_find_target(reg, "t4", ia.id, &ia), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t2", ia.id, &held, err), MG_ERR_NOT_FOUND);
+    unreg(reg, "t1", ia.id);
     mg_registry_del(reg);
     remove_dir();
 }
@@ -615,6 +699,8 @@ int main(void)
         MG_TEST(test_spec_checks),
         MG_TEST(test_limits_names_and_ids),
         MG_TEST(test_tenant_limit),
+        MG_TEST(test_tenant_bytes_quota),
+        MG_TEST(test_sharing),
         MG_TEST(test_cancel_before_mapping),
         MG_TEST(test_request_ids),
         MG_TEST(test_anon_file_is_the_memory),

@@ -28,8 +28,9 @@ enum {
     MG_ERR_PROTOCOL = -15,    /* INTERNAL: malformed data from a peer */
     MG_ERR_AUTH = -16,        /* UNAUTHENTICATED */
     MG_ERR_DATA_LOSS = -17,   /* DATA_LOSS */
+    MG_ERR_QUOTA = -18,       /* RESOURCE_EXHAUSTED: a tenant's quota; waiting does not help */
 };
-#define MG_ERR_COUNT 18
+#define MG_ERR_COUNT 19
 
 /* Text for a code ("invalid argument"); "unknown error" out of range. */
 const char *mg_strerror(int err);

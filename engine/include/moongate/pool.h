@@ -35,7 +35,8 @@ typedef struct mg_pool_config {
     uint64_t lease_bytes;   /* the lease area: a multiple of MG_POOL_GRANULE */
     uint64_t reserve_bytes; /* after it; leases never take it */
     uint32_t max_leases;
-    uint64_t max_ttl_ms; /* longest TTL a lease may ask for */
+    uint64_t max_tenant_leases; /* live leases of one tenant; 0: no quota */
+    uint64_t max_ttl_ms;        /* longest TTL a lease may ask for */
     /* Overflow leases (mg_pool_adopt) own a segment; when such a lease ends the pool hands its
      * segment (and the reference the lease held) to this callback to unregister. */
     void (*drop_overflow)(void *arg, mg_segment *seg);
@@ -91,7 +92,8 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
  * Returns 0, MG_ERR_FULL (max_leases) or MG_ERR_NOMEM. */
 int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size, uint64_t ttl_ms,
                   uint64_t now_ms, mg_lease **out);
-/* Finds a live (not released) lease of `tenant`. Returns 0 or MG_ERR_NOT_FOUND. */
+/* Finds a live (not released) lease of `tenant` (NULL: of any tenant, for admins). Returns 0 or
+ * MG_ERR_NOT_FOUND. */
 int mg_pool_find(mg_pool *p, const char *tenant, uint64_t id, mg_lease **out);
 /* Ends a lease: its range returns to the pool now, or when its last user ends. */
 void mg_pool_release(mg_pool *p, mg_lease *l);
@@ -100,6 +102,8 @@ int mg_pool_renew(mg_pool *p, mg_lease *l, uint64_t ttl_ms, uint64_t now_ms);
 void mg_lease_set_remote(mg_lease *l, int remote_accessible);
 /* Whether the lease was released (or expired, or revoked) and waits for its last user. */
 int mg_lease_released(const mg_lease *l);
+/* The tenant owning the lease. */
+const char *mg_lease_tenant(const mg_lease *l);
 /* An operation starts or stops using the lease (a released lease is freed on the last stop). */
 void mg_lease_use(mg_lease *l);
 void mg_lease_unuse(mg_pool *p, mg_lease *l);

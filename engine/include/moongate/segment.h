@@ -43,6 +43,8 @@ typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } 
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
 #define MG_SEG_NAME_MAX   128 /* bytes of a segment name, tenant or shm file name */
+#define MG_SEG_SHARE_MAX  4   /* tenants a segment is shared with, besides its owner */
+#define MG_SEG_SHARE_LEN  255 /* bytes of their comma-separated list */
 #define MG_SEG_ERROR_MAX  512
 #define MG_SEG_HOLDER_MAX 160 /* bytes of a holder's description */
 
@@ -53,6 +55,7 @@ typedef struct mg_registry_config {
     uint64_t max_registered_bytes; /* sum of segment sizes */
     uint64_t max_segment_bytes;    /* largest single segment; 0: no limit of its own */
     uint64_t max_tenant_segments;  /* segments of one tenant; 0: only max_segments */
+    uint64_t max_tenant_bytes;     /* bytes registered by one tenant; 0: no quota */
     unsigned file_gid;             /* group of files the daemon creates; 0: the daemon's */
     /* RDMA devices (moongate/rdma.h) every segment is registered with once mapped, on the
      * worker that maps it; NULL: none. Segments are deregistered before they are unmapped. */
@@ -70,6 +73,11 @@ typedef struct mg_segment_spec {
     mg_memlock memlock;
     int prefault;
     const char *request_id; /* optional client request id, unique per tenant; NULL or "" */
+    int provisioned;        /* the operator's memory (a buffer pool): outside max_tenant_bytes */
+    /* Optional: other tenants that may read and write the segment's bytes (as local memory, a
+     * transfer's target, inline, or from peers' sessions of theirs) — never unregister, get or
+     * list it. Comma-separated, at most MG_SEG_SHARE_MAX names, MG_SEG_SHARE_LEN bytes. */
+    const char *share;
 } mg_segment_spec;
 
 /* The data paths peers can reach a segment over. Each has its own registration record: TCP
@@ -98,7 +106,8 @@ typedef struct mg_segment_info {
     int remote_accessible;
     int locked; /* pages are locked in memory */
     mg_seg_state state;
-    uint32_t refs; /* holders besides the registry (leases, transfers) */
+    uint32_t refs;                    /* holders besides the registry (leases, transfers) */
+    char share[MG_SEG_SHARE_LEN + 1]; /* tenants it is shared with, comma-separated, or "" */
     mg_seg_transport transports[MG_TRANSPORT_COUNT];
     uint32_t rdma_rkeys[MG_RDMA_MAX_DEVICES]; /* a ready remote-accessible segment's key on each
                                                * RDMA device */
@@ -120,8 +129,9 @@ void mg_registry_del(mg_registry *reg);
  * registered (nothing new is entered); or: MG_ERR_INVALID (bad name, tenant, size, location,
  * shm file name, request id, or a request id used for another name), MG_ERR_UNAVAILABLE (the
  * request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
- * of that name), MG_ERR_FULL (max_segments, max_tenant_segments, max_registered_bytes or
- * max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says what was wrong. */
+ * of that name), MG_ERR_QUOTA (max_tenant_bytes), MG_ERR_FULL (max_segments, max_tenant_segments,
+ * max_registered_bytes or max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says
+ * what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
 /* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it, then
  * registers a remote-accessible segment with the transports (TCP: a record, nothing more).
@@ -136,9 +146,9 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result);
 /* The text of the last mg_segment_map() failure ("" when none). */
 const char *mg_segment_error(const mg_segment *seg);
 
-/* Loop. Finds a READY segment of `tenant` by id (another tenant's id is NOT_FOUND) and takes a
- * reference for `holder`, a description an unregister refused meanwhile names ("ReadSegment
- * by uid:1000 pid:42"). Returns 0, MG_ERR_NOT_FOUND. */
+/* Loop. Finds a READY segment by id that `tenant` owns or that is shared with it (any other is
+ * NOT_FOUND) and takes a reference for `holder`, a description an unregister refused meanwhile
+ * names ("ReadSegment by uid:1000 pid:42"). Returns 0, MG_ERR_NOT_FOUND. */
 int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
                         mg_segment **out);
 /* One more reference on a segment the caller already holds one on (same holder). */
@@ -146,9 +156,9 @@ void mg_registry_hold(mg_registry *reg, mg_segment *seg);
 /* Drops a reference taken by mg_registry_acquire() or mg_registry_hold(). */
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
 
-/* Loop. Starts unregistering a READY segment of `tenant`. Returns 0 (now UNREGISTERING: unmap
- * it on a worker, then release it), MG_ERR_NOT_FOUND (unknown, another tenant's, or already
- * going), MG_ERR_BUSY (references held; err names how many). */
+/* Loop. Starts unregistering a READY segment of `tenant` (NULL: of any tenant, for admins). Returns
+ * 0 (now UNREGISTERING: unmap it on a worker, then release it), MG_ERR_NOT_FOUND (unknown, another
+ * tenant's, or already going), MG_ERR_BUSY (references held; err names how many). */
 int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out,
                            char *err);
 /* Loop. Undoes mg_registry_unregister() when the unmapping cannot be started: READY again. */
@@ -158,8 +168,12 @@ void mg_segment_unmap(mg_segment *seg);
 /* Loop. Forgets an unmapped segment and frees it. */
 void mg_registry_release(mg_registry *reg, mg_segment *seg);
 
-/* Loop. A snapshot of the tenant's segment `id` in any state. Returns 0, MG_ERR_NOT_FOUND. */
+/* Loop. A snapshot of the tenant's (NULL: any tenant's) segment `id` in any state. Returns 0,
+ * MG_ERR_NOT_FOUND. */
 int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out);
+/* The same for a segment `tenant` owns or that is shared with it: what a peer may target. */
+int mg_registry_find_target(mg_registry *reg, const char *tenant, uint64_t id,
+                            mg_segment_info *out);
 /* Snapshot of one segment. */
 void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out);
 /* The mapped bytes (NULL before mapping); stable while the caller holds a reference. */
