@@ -101,6 +101,26 @@ build() { # flavour -> sets $dir
     dir=$(scripts/build.sh "$1") || { failed=$((failed + 1)); return 1; }
 }
 
+count_chart() { # build-dir: one check per values file plus the schema, golden and config checks
+    local out rc
+    out=$(tests/chart/check.sh "$1" 2>&1)
+    rc=$?
+    echo "$out" | sed 's/^/  /'
+    passed=$((passed + $(echo "$out" | grep -cE ": lint, template|refuses typos|matches tests/chart|starts with every")))
+    failed=$((failed + $(echo "$out" | grep -c "FAIL")))
+    [ $rc -eq 0 ] || [ "$(echo "$out" | grep -c FAIL)" -gt 0 ] || failed=$((failed + 1))
+    return $rc
+}
+
+count_image() { # scripts/image.sh, then the daemon run from the unpacked image
+    if tests/image/check.sh 2>&1 | sed 's/^/  /'; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        return 1
+    fi
+}
+
 fuzz_run() {
     local rc=0 target corpus work
     for target in deframer json alloc dataframe auth; do
@@ -132,6 +152,8 @@ if stage "build (release)" build release; then
     stage "unit tests (release)" count_ctest "$dir"
     stage "integration tests (release)" count_pytest "$dir"
     stage "demo (scripts/demo.sh)" run_demo
+    stage "helm chart (lint, render, schemas, daemon config)" count_chart "$dir"
+    stage "image (debootstrap, umoci, daemon run from its root)" count_image
 fi
 if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
     if stage "build (asan+ubsan)" build asan; then
@@ -139,7 +161,9 @@ if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
         export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:exitcode=86}
         export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:exitcode=86}
         stage "unit tests (asan+ubsan)" count_ctest "$dir"
-        stage "integration tests (asan+ubsan)" count_pytest "$dir"
+        # the soak test runs half as long here: the point is the leak checks, not the rounds
+        MG_SOAK_SECONDS=${MG_SOAK_SECONDS_ASAN:-60} stage "integration tests (asan+ubsan)" \
+            count_pytest "$dir"
     fi
 fi
 if [ "${MG_SKIP_FUZZ:-0}" != 1 ]; then

@@ -653,6 +653,19 @@ static int grow_reservation(mg_segment *seg, uint64_t size)
     return rc;
 }
 
+/* Worker: allocates the file's blocks now. A tmpfs (or a pod's memory-backed emptyDir) that
+ * is full would otherwise accept the size and fail only when a page is first touched — with
+ * SIGBUS, in whichever process touches it. Filesystems without fallocate are left as they are. */
+static int reserve_blocks(mg_segment *seg)
+{
+    mg_registry *reg = seg->reg;
+    if (fallocate(seg->fd, 0, 0, (off_t)seg->size) == 0 || errno == EOPNOTSUPP)
+        return 0;
+    set_error(seg, "cannot reserve %llu bytes for %s in %s: %s", (unsigned long long)seg->size,
+              seg->file, reg->shm_dir, strerror(errno));
+    return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
+}
+
 static int open_file(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
@@ -676,7 +689,7 @@ static int open_file(mg_segment *seg)
                       (unsigned long long)seg->size, strerror(errno));
             return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
         }
-        return 0;
+        return reserve_blocks(seg);
     }
     seg->fd = openat(reg->dirfd, seg->file, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (seg->fd < 0) {
@@ -702,14 +715,16 @@ static int open_file(mg_segment *seg)
         set_error(seg, "%s in %s is empty", seg->file, reg->shm_dir);
         return MG_ERR_INVALID;
     }
-    if (seg->size == 0)
-        return grow_reservation(seg, (uint64_t)st.st_size);
+    if (seg->size == 0) {
+        int rc = grow_reservation(seg, (uint64_t)st.st_size);
+        return rc != 0 ? rc : reserve_blocks(seg);
+    }
     if ((uint64_t)st.st_size < seg->size) {
         set_error(seg, "%s in %s has %lld bytes, fewer than the %llu asked for", seg->file,
                   reg->shm_dir, (long long)st.st_size, (unsigned long long)seg->size);
         return MG_ERR_INVALID;
     }
-    return 0;
+    return reserve_blocks(seg); /* a client's sparse file: its holes, within its size */
 }
 
 static int cancelled(mg_segment *seg)

@@ -1,0 +1,98 @@
+{{/* Name of the chart, or nameOverride. */}}
+{{- define "moongate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart, or fullnameOverride. */}}
+{{- define "moongate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "moongate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries. */}}
+{{- define "moongate.labels" -}}
+helm.sh/chart: {{ include "moongate.chart" . }}
+{{ include "moongate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Stable labels only: selectors never change across upgrades. */}}
+{{- define "moongate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "moongate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "moongate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "moongate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "moongate.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the control port's certificate. */}}
+{{- define "moongate.tlsSecret" -}}
+{{- if .Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "moongate.fullname" .) }}
+{{- else }}
+{{- .Values.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "moongate.peersService" -}}
+{{- printf "%s-peers" (include "moongate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The container's security context: the user's, else non-root and locked down, or root
+     with the RDMA capabilities (IPC_LOCK works for root only) when RDMA is on. */}}
+{{- define "moongate.containerSecurityContext" -}}
+{{- if .Values.containerSecurityContext }}
+{{- toYaml .Values.containerSecurityContext }}
+{{- else if .Values.rdma.enabled }}
+runAsUser: 0
+runAsNonRoot: false
+privileged: {{ .Values.rdma.hostDevMount }}
+allowPrivilegeEscalation: {{ .Values.rdma.hostDevMount }}
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+  add:
+    {{- toYaml .Values.rdma.capabilities | nindent 4 }}
+seccompProfile:
+  type: RuntimeDefault
+{{- else }}
+runAsUser: 65532
+runAsGroup: 65532
+runAsNonRoot: true
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end }}
