@@ -1,0 +1,404 @@
+"""moongate_client: a Python client for the moongate daemon, on grpcio stubs generated from
+moongate's protos (gen_stubs.py; python3-grpcio and python3-grpc-tools from Debian).
+
+    import moongate_client as mg
+
+    with mg.Client("unix:/run/moongate/moongate.sock") as c:        # or "host:7443", ca=...
+        seg = c.register("kv0", 1 << 20, remote_accessible=True)
+        with c.map(seg) as buf:                                      # a memoryview of its file
+            buf[:5] = b"hello"
+        with c.lease(1 << 20) as lease:                              # released on exit
+            lease.buffer[:5] = b"world"                              # the pool file, mapped
+            batch = c.transfer([mg.write(lease=lease.id, peer="10.0.0.2:7443",
+                                         remote_segment=42, length=5)],
+                               notify=[mg.notify("10.0.0.2:7443", "kv", b"ready")])
+        for note in c.notifications("kv", timeout=10):               # Watch, as they arrive
+            print(note.payload)
+        c.unregister(seg.id)
+
+Errors are mg.Error (a grpc.RpcError's code and details; a failed transfer's first failed
+request); `code` is a grpc.StatusCode. AsyncClient has the same methods as coroutines (and
+notifications as an async iterator), on grpc.aio.
+
+Credentials: token= (sent as "authorization: Bearer TOKEN"), or cert=/key= (a client
+certificate), or the Unix socket's uid; ca= for TLS targets (host:port); plaintext=True for a
+loopback h2c listener. See docs/security.md.
+"""
+import mmap
+import os
+import sys
+
+import grpc
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _here)
+from gen_stubs import generate  # noqa: E402
+
+sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
+    _here, "..", "..", "build", "pygen")))
+from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc,  # noqa: E402
+                         pool_pb2, pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
+
+__all__ = ["Client", "AsyncClient", "Error", "read", "write", "notify"]
+
+
+class Error(Exception):
+    """A call or a transfer that failed: `code` (grpc.StatusCode) and `message`."""
+
+    def __init__(self, code, message):
+        super().__init__("%s: %s" % (code.name, message))
+        self.code = code
+        self.message = message
+
+
+def _code(value):
+    for c in grpc.StatusCode:
+        if c.value[0] == value:
+            return c
+    return grpc.StatusCode.UNKNOWN
+
+
+def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
+             length):
+    if (segment is None) == (lease is None):
+        raise ValueError("name the local memory: segment= or lease=, one of them")
+    if (remote_segment is None) == (remote_lease is None):
+        raise ValueError("name the target: remote_segment= or remote_lease=, one of them")
+    return transfer_pb2.TransferRequest(
+        op=op, local_segment=segment or 0, local_lease=lease or 0, local_offset=offset,
+        peer=peer, remote_segment=remote_segment or 0, remote_lease=remote_lease or 0,
+        remote_offset=remote_offset, length=length)
+
+
+def write(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
+          remote_offset=0, length=0):
+    """A WRITE: local bytes (a segment or a lease of the caller) to a peer's segment or lease
+    (peer "" is this daemon)."""
+    return _request(transfer_pb2.WRITE, segment, lease, offset, peer, remote_segment,
+                    remote_lease, remote_offset, length)
+
+
+def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
+         remote_offset=0, length=0):
+    """A READ: a peer's bytes into local memory."""
+    return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
+                    remote_lease, remote_offset, length)
+
+
+def notify(peer, topic, payload=b""):
+    """A notification for `peer`'s readers of `topic`, sent once the batch's WRITEs there are
+    in place."""
+    return transfer_pb2.NotifyPeer(peer=peer, topic=topic, payload=payload)
+
+
+def _channel(target, ca, cert, key, plaintext, aio):
+    """h2c for unix: targets and with plaintext (a loopback --h2c-listen), else TLS."""
+    g = grpc.aio if aio else grpc
+    opts = [("grpc.max_receive_message_length", 16 << 20),
+            ("grpc.max_send_message_length", 16 << 20)]
+    if target.startswith("unix:") or plaintext:
+        return g.insecure_channel(target, options=opts)
+
+    def read_file(p):
+        with open(p, "rb") as f:
+            return f.read()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read_file(ca) if ca else None,
+        private_key=read_file(key) if key else None,
+        certificate_chain=read_file(cert) if cert else None)
+    return g.secure_channel(target, creds, options=opts)
+
+
+class _Maps:
+    """One shared mapping per file, reference-counted: a lease's buffer is a slice of it."""
+
+    def __init__(self):
+        self.files = {}  # path -> [mmap, users]
+
+    def view(self, path, offset, length):
+        ent = self.files.get(path)
+        if ent is None:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                ent = self.files[path] = [mmap.mmap(fd, 0), 0]
+            finally:
+                os.close(fd)
+        ent[1] += 1
+        return memoryview(ent[0])[offset:offset + length]
+
+    def done(self, path, view):
+        view.release()
+        ent = self.files.get(path)
+        if ent is not None:
+            ent[1] -= 1
+            if ent[1] == 0:
+                ent[0].close()
+                del self.files[path]
+
+    def close(self):
+        for m, _ in self.files.values():
+            try:
+                m.close()
+            except BufferError:
+                pass  # a buffer still exported: the mapping goes with it
+        self.files.clear()
+
+
+class Lease:
+    """A leased slice of the buffer pool: `id`, `size` (requested), `offset` and `path` of the
+    pool file, and `buffer`, a writable memoryview of exactly those bytes (valid until the lease
+    is released: leaving the `with` block releases both)."""
+
+    def __init__(self, client, msg):
+        self._client = client
+        self.msg = msg
+        self.id, self.size, self.offset, self.path = msg.id, msg.requested, msg.offset, msg.path
+        self.buffer = client._maps.view(msg.path, msg.offset, msg.requested)
+
+    def _drop_view(self):
+        if self.buffer is not None:
+            self._client._maps.done(self.path, self.buffer)
+            self.buffer = None
+
+
+class _Mapped:
+    def __init__(self, maps, path, offset, length):
+        self.maps, self.path = maps, path
+        self.view = maps.view(path, offset, length)
+
+    def __enter__(self):
+        return self.view
+
+    def __exit__(self, *exc):
+        self.maps.done(self.path, self.view)
+
+
+def _batch_error(b):
+    for r in b.requests:
+        if r.state == transfer_pb2.FAILED:
+            return Error(_code(r.code), r.message)
+    for n in b.notify:
+        if n.code:
+            return Error(_code(n.code), "notification: " + n.message)
+    return Error(grpc.StatusCode.UNKNOWN, "batch %d failed" % b.id)
+
+
+class Client:
+    """A synchronous client of one daemon."""
+
+    def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
+                 token=None, plaintext=False, timeout=30.0):
+        self.timeout = timeout
+        self.md = [("authorization", "Bearer " + token)] if token else None
+        self._ch = _channel(target, ca, cert, key, plaintext, aio=False)
+        self.memory = memory_pb2_grpc.MemoryStub(self._ch)
+        self.pool = pool_pb2_grpc.PoolStub(self._ch)
+        self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
+        self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self._maps = _Maps()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._maps.close()
+        self._ch.close()
+
+    def _call(self, fn, req, timeout=None):
+        try:
+            return fn(req, metadata=self.md, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+
+    # segments
+    def register(self, name, size, remote_accessible=False, share_with=(), **kw):
+        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote_accessible,
+            share_with=list(share_with), **kw)).segment
+
+    def unregister(self, segment_id):
+        self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))
+
+    def segments(self):
+        token = ""
+        while True:
+            page = self._call(self.memory.ListSegments,
+                              memory_pb2.ListSegmentsRequest(page_token=token))
+            yield from page.segments
+            token = page.next_page_token
+            if not token:
+                return
+
+    def map(self, segment):
+        """The segment's file as a writable memoryview, in a `with` block."""
+        return _Mapped(self._maps, segment.path, 0, segment.size)
+
+    # leases
+    def lease(self, size, ttl_ms=0, block=False, remote_accessible=False, timeout=None):
+        """Acquires a lease; use it in a `with` block (released on exit) or call release()."""
+        msg = self._call(self.pool.AcquireLease, pool_pb2.AcquireLeaseRequest(
+            size=size, ttl_ms=ttl_ms, block=block, remote_accessible=remote_accessible),
+            timeout)
+        return _SyncLease(self, msg)
+
+    def release(self, lease):
+        lid = lease.id if isinstance(lease, Lease) else lease
+        if isinstance(lease, Lease):
+            lease._drop_view()
+        self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
+
+    # transfers
+    def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+        """Submits a batch and waits for its end (one call: Submit with wait). Returns the
+        Batch; with check, raises Error for the first failed request or notification."""
+        resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id, wait=True),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+        if check and resp.batch.state != transfer_pb2.DONE:
+            raise _batch_error(resp.batch)
+        return resp.batch
+
+    def submit(self, requests, notify=(), timeout_ms=0, request_id=""):
+        """Submits a batch without waiting; returns its id (see wait())."""
+        return self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id)).batch_id
+
+    def wait(self, batch_id, progress=None, check=True):
+        """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report."""
+        last = None
+        try:
+            for b in self.transfers.Wait(transfer_pb2.GetBatchRequest(id=batch_id),
+                                         metadata=self.md):
+                last = b
+                if progress:
+                    progress(b)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+        if check and last is not None and last.state != transfer_pb2.DONE:
+            raise _batch_error(last)
+        return last
+
+    # notifications
+    def notifications(self, topic, timeout=None):
+        """Notifications of `topic` as they arrive (Notify/Watch); ends after `timeout`
+        seconds (None: never) without raising."""
+        call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
+                                  timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Error(e.code(), e.details()) from None
+        finally:
+            call.cancel()
+
+    def poll(self, topic, max=100):
+        return list(self._call(self._notify.Poll, notify_pb2.PollRequest(topic=topic, max=max))
+                    .notifications)
+
+
+class _SyncLease(Lease):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._client.release(self)
+
+    def release(self):
+        self._client.release(self)
+
+
+class AsyncClient:
+    """The same on grpc.aio: every method is a coroutine; notifications is an async
+    iterator; lease() is an async context manager."""
+
+    def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
+                 token=None, plaintext=False, timeout=30.0):
+        self.timeout = timeout
+        self.md = [("authorization", "Bearer " + token)] if token else None
+        self._ch = _channel(target, ca, cert, key, plaintext, aio=True)
+        self.memory = memory_pb2_grpc.MemoryStub(self._ch)
+        self.pool = pool_pb2_grpc.PoolStub(self._ch)
+        self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
+        self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self._maps = _Maps()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self):
+        self._maps.close()
+        await self._ch.close()
+
+    async def _call(self, fn, req, timeout=None):
+        try:
+            return await fn(req, metadata=self.md, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+
+    async def register(self, name, size, remote_accessible=False, share_with=(), **kw):
+        return (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote_accessible,
+            share_with=list(share_with), **kw))).segment
+
+    async def unregister(self, segment_id):
+        await self._call(self.memory.UnregisterSegment,
+                         memory_pb2.UnregisterRequest(id=segment_id))
+
+    def map(self, segment):
+        return _Mapped(self._maps, segment.path, 0, segment.size)
+
+    def lease(self, size, ttl_ms=0, block=False, remote_accessible=False, timeout=None):
+        return _AsyncLeaseCtx(self, pool_pb2.AcquireLeaseRequest(
+            size=size, ttl_ms=ttl_ms, block=block, remote_accessible=remote_accessible), timeout)
+
+    async def release(self, lease):
+        lid = lease.id if isinstance(lease, Lease) else lease
+        if isinstance(lease, Lease):
+            lease._drop_view()
+        await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
+
+    async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+        resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id, wait=True),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+        if check and resp.batch.state != transfer_pb2.DONE:
+            raise _batch_error(resp.batch)
+        return resp.batch
+
+    async def notifications(self, topic, timeout=None):
+        call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
+                                  timeout=timeout)
+        try:
+            async for n in call:
+                yield n
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Error(e.code(), e.details()) from None
+        finally:
+            call.cancel()
+
+
+class _AsyncLeaseCtx:
+    def __init__(self, client, req, timeout):
+        self.client, self.req, self.timeout, self.lease = client, req, timeout, None
+
+    def __await__(self):  # `lease = await c.lease(...)`: released with c.release(lease)
+        return self.__aenter__().__await__()
+
+    async def __aenter__(self):
+        msg = await self.client._call(self.client.pool.AcquireLease, self.req, self.timeout)
+        self.lease = Lease(self.client, msg)
+        return self.lease
+
+    async def __aexit__(self, *exc):
+        await self.client.release(self.lease)

@@ -1,0 +1,131 @@
+"""The Python module (clients/python/moongate_client.py) against real daemons: a lease as a
+context manager whose buffer is the mapped pool file, segments mapped as memoryviews,
+transfers submitted and waited for in one call, notifications iterated as they arrive, errors
+as mg.Error with the gRPC code — synchronously and with asyncio."""
+import asyncio
+import os
+
+import grpc
+import pytest
+
+import conftest
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402
+from moongate.v1 import memory_pb2, transfer_pb2  # noqa: E402
+
+MiB = 1 << 20
+
+
+def client(d, **kw):
+    return mg.Client(d.h2c, plaintext=True, **kw)
+
+
+def test_lease_buffer_is_the_pool_file(make_daemon):
+    d = make_daemon("--pool-bytes", "8M")
+    with client(d) as c:
+        with c.lease(100000) as lease:
+            assert len(lease.buffer) == 100000 and lease.size == 100000
+            lease.buffer[:5] = b"hello"
+            lease.buffer[-5:] = b"world"
+            # the daemon reads the same bytes through the lease
+            got = b"".join(x.data for x in c.memory.ReadSegment(
+                memory_pb2.ReadSegmentRequest(lease_id=lease.id, length=100000)))
+            assert got[:5] == b"hello" and got[-5:] == b"world"
+            lid = lease.id
+        assert lease.buffer is None  # gone with the lease
+        with pytest.raises(mg.Error) as e:
+            c.release(lid)  # released already
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert d.metric("moongate_pool_leases", pool="default") == 0
+        with pytest.raises(mg.Error) as e:
+            c.lease(64 * MiB)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "lease area" in e.value.message
+
+
+def test_segments_transfers_and_notifications(make_daemon):
+    b = make_daemon()
+    a = make_daemon("--peer-tls=false", "--pool-bytes", "8M")
+    with client(a) as ca, client(b) as cb:
+        src = ca.register("src", MiB)
+        dst = cb.register("dst", MiB, remote_accessible=True)
+        with ca.map(src) as buf:
+            buf[:] = os.urandom(MiB)
+            want = bytes(buf)
+        batch = ca.transfer([mg.write(segment=src.id, peer=b.h2c, remote_segment=dst.id,
+                                      length=MiB)],
+                            notify=[mg.notify(b.h2c, "kv", b"ready")])
+        assert batch.state == transfer_pb2.DONE and batch.requests[0].bytes_done == MiB
+        # queued notifications come first on a Watch: it is there, after the data
+        note = next(cb.notifications("kv", timeout=10))
+        assert note.payload == b"ready" and note.batch_id == batch.id
+        with cb.map(dst) as buf:
+            assert bytes(buf) == want
+        # READ back into a lease, followed with wait() and its progress reports
+        with ca.lease(MiB) as lease:
+            bid = ca.submit([mg.read(lease=lease.id, peer=b.h2c, remote_segment=dst.id,
+                                     length=MiB)])
+            seen = []
+            final = ca.wait(bid, progress=seen.append)
+            assert final.state == transfer_pb2.DONE and seen
+            assert bytes(lease.buffer) == want
+        # a failed transfer raises with the request's code and message
+        with pytest.raises(mg.Error) as e:
+            ca.transfer([mg.write(segment=src.id, peer=b.h2c, remote_segment=dst.id,
+                                  remote_offset=MiB - 1, length=2)])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        with pytest.raises(ValueError):
+            mg.write(segment=1, lease=2, peer="", remote_segment=3, length=1)
+        assert [s.name for s in ca.segments()] == ["src"]
+        ca.unregister(src.id)
+        cb.unregister(dst.id)
+
+
+def test_asyncio_client(make_daemon):
+    d = make_daemon("--pool-bytes", "8M")
+
+    async def main():
+        async with mg.AsyncClient(d.h2c, plaintext=True) as c:
+            seg = await c.register("a", 4096)
+            async with c.lease(4096) as lease:
+                lease.buffer[:3] = b"abc"
+                batch = await c.transfer([mg.write(lease=lease.id, peer="",
+                                                   remote_segment=seg.id, length=3)])
+                assert batch.state == transfer_pb2.DONE
+            with c.map(seg) as buf:
+                assert bytes(buf[:3]) == b"abc"
+            notes = []
+            async for n in c.notifications("nobody-writes", timeout=0.5):
+                notes.append(n)  # none: the iteration just ends at the timeout
+            assert notes == []
+            await c.unregister(seg.id)
+            with pytest.raises(mg.Error) as e:
+                await c.unregister(seg.id)
+            assert e.value.code == grpc.StatusCode.NOT_FOUND
+    asyncio.run(main())
+
+
+def test_tokens_reach_the_daemon(make_daemon, tmp_path):
+    import hashlib
+    auth = tmp_path / "auth"
+    auth.write_text("token sha256:%s team-py\n" % hashlib.sha256(b"py-token-123").hexdigest())
+    d = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    with client(d, token="py-token-123") as c:
+        assert c.register("mine", 4096).tenant == "team-py"
+    with client(d) as c, pytest.raises(mg.Error) as e:
+        c.register("anon", 4096)
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_c_example(make_daemon):
+    """docs/clients.md's C example, built with the project, registers a segment."""
+    import subprocess
+    d = make_daemon()
+    r = subprocess.run([os.path.join(conftest.BUILD, "example_register"), "unix:" + d.sock],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("segment ") and d.shm in r.stdout, r.stdout
+    r = subprocess.run([os.path.join(conftest.BUILD, "example_register"), "unix:" + d.sock],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == grpc.StatusCode.ALREADY_EXISTS.value[0], (r.returncode, r.stderr)
+    assert "exists" in r.stderr
