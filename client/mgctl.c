@@ -2,7 +2,8 @@
  * mgctl: the moongate command-line client, built on the C client library.
  *
  *   mgctl [options] health [SERVICE] [--watch]
- *   mgctl [options] info
+ *   mgctl [options] info | status | doctor
+ *   mgctl [options] segments | leases | pools | peers | transfers | watch ...
  *   mgctl [options] call METHOD [JSON | -]
  *
  * Human output by default, --json for machines. The exit code is the call's gRPC status code
@@ -15,6 +16,10 @@
 #include "moongate/v1/daemon.pb-c.h"
 #include "moongate/v1/debug.pb-c.h"
 #include "moongate/v1/memory.pb-c.h"
+#include "moongate/v1/notify.pb-c.h"
+#include "moongate/v1/peer.pb-c.h"
+#include "moongate/v1/pool.pb-c.h"
+#include "moongate/v1/transfer.pb-c.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
@@ -26,10 +31,10 @@
 #define EXIT_USAGE 64
 
 static const ProtobufCServiceDescriptor *const services[] = {
-    &grpc__health__v1__health__descriptor,
-    &moongate__v1__daemon__descriptor,
-    &moongate__v1__memory__descriptor,
-    &moongate__v1__debug__descriptor,
+    &grpc__health__v1__health__descriptor, &moongate__v1__daemon__descriptor,
+    &moongate__v1__memory__descriptor,     &moongate__v1__pool__descriptor,
+    &moongate__v1__transfer__descriptor,   &moongate__v1__notify__descriptor,
+    &moongate__v1__peer__descriptor,       &moongate__v1__debug__descriptor,
 };
 
 typedef struct {
@@ -45,6 +50,19 @@ static void usage(FILE *f)
                "  health [SERVICE] [--watch]  serving status of the daemon (or of one service);\n"
                "                              --watch streams every change\n"
                "  info                        version, epoch, uptime, state, features, transports\n"
+               "  status                      the daemon at a glance: transports, pools, peers\n"
+               "  doctor [--shm-dir DIR]      checks this node and the daemon (memlock, shm\n"
+               "                              space, RDMA devices and GIDs, certificate expiry,\n"
+               "                              peers) and says what to fix\n"
+               "  segments [list]             the caller's segments (an admin: everyone's)\n"
+               "  segments get ID | unregister ID | register NAME SIZE [--remote]\n"
+               "  leases [list]               the caller's leases\n"
+               "  leases get ID | release ID | acquire SIZE [--ttl MS] [--remote]\n"
+               "  pools                       buffer pool usage\n"
+               "  peers                       peer daemons this one talks to\n"
+               "  transfers get ID | cancel ID | wait ID\n"
+               "                              a batch; wait follows it with a progress bar\n"
+               "  watch TOPIC                 notifications of TOPIC as they arrive\n"
                "  call METHOD [JSON|-]        call any unary method with a JSON request (argument\n"
                "                              or standard input) and print the JSON response;\n"
                "                              METHOD is Service/Method or /pkg.Service/Method\n"
@@ -64,7 +82,9 @@ static void usage(FILE *f)
                "  --timeout MS      deadline of the call, default 10000 (0: none)\n"
                "  --json            machine-readable output\n"
                "  --help\n\n"
-               "Exit status: the call's gRPC status code (0 OK); 64 for usage errors.\n");
+               "Exit status: the call's gRPC status code (0 OK; a batch that did not end DONE:\n"
+               "10 ABORTED; doctor with a failed check: 9 FAILED_PRECONDITION); 64 for usage\n"
+               "errors.\n");
 }
 
 /* The first line of a token file (a Kubernetes Secret mounted as a file, say): tokens are not
@@ -347,11 +367,15 @@ static int cmd_call(const ctl *c, const char *method, const char *text)
     return 0;
 }
 
+#include "mgctl_res.c"
+
 int main(int argc, char **argv)
 {
     ctl c;
-    int tls = -1, watch = 0, i;
-    const char *args[3] = {NULL, NULL, NULL};
+    int tls = -1, watch = 0, remote = 0, i;
+    uint64_t ttl = 0;
+    const char *args[5] = {NULL, NULL, NULL, NULL, NULL};
+    const char *shm_dir = "/dev/shm/moongate";
     int nargs = 0;
     const char *target = getenv("MOONGATE_TARGET");
     static char token[1100];
@@ -413,10 +437,23 @@ int main(int argc, char **argv)
             c.json = 1;
         } else if (!strcmp(a, "--watch")) {
             watch = 1;
+        } else if (!strcmp(a, "--remote")) {
+            remote = 1;
+        } else if (!strcmp(a, "--shm-dir")) {
+            NEXT();
+            shm_dir = argv[++i];
+        } else if (!strcmp(a, "--ttl")) {
+            char *end;
+            NEXT();
+            ttl = strtoull(argv[++i], &end, 10);
+            if (*end != '\0') {
+                fprintf(stderr, "mgctl: --ttl takes milliseconds\n");
+                return EXIT_USAGE;
+            }
         } else if (a[0] == '-' && a[1] == '-') {
             fprintf(stderr, "mgctl: unknown option %s (see --help)\n", a);
             return EXIT_USAGE;
-        } else if (nargs < 3) {
+        } else if (nargs < 5) {
             args[nargs++] = a;
         } else {
             fprintf(stderr, "mgctl: too many arguments (see --help)\n");
@@ -443,8 +480,24 @@ int main(int argc, char **argv)
         return cmd_info(&c);
     if (!strcmp(args[0], "methods") && nargs == 1)
         return cmd_methods();
-    if (!strcmp(args[0], "call") && nargs >= 2)
+    if (!strcmp(args[0], "call") && nargs >= 2 && nargs <= 3)
         return cmd_call(&c, args[1], args[2]);
+    if (!strcmp(args[0], "status") && nargs == 1)
+        return cmd_status(&c);
+    if (!strcmp(args[0], "doctor") && nargs == 1)
+        return cmd_doctor(&c, shm_dir);
+    if (!strcmp(args[0], "segments"))
+        return cmd_segments(&c, args[1], args[2], args[3], remote);
+    if (!strcmp(args[0], "leases"))
+        return cmd_leases(&c, args[1], args[2], ttl, remote);
+    if (!strcmp(args[0], "pools") && nargs == 1)
+        return cmd_pools(&c);
+    if (!strcmp(args[0], "peers") && nargs == 1)
+        return cmd_peers(&c);
+    if (!strcmp(args[0], "transfers"))
+        return cmd_transfers(&c, args[1], args[2]);
+    if (!strcmp(args[0], "watch") && nargs == 2)
+        return cmd_watch_topic(&c, args[1]);
     fprintf(stderr, "mgctl: unknown command or wrong arguments: %s (see --help)\n", args[0]);
     return EXIT_USAGE;
 }

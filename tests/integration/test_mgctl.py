@@ -3,7 +3,7 @@ and JSON output, and exit codes that follow the gRPC status."""
 import json
 import subprocess
 
-from conftest import MGCTL, free_port
+from conftest import MGCTL, free_port, register
 
 
 def mgctl(*args, input=None):
@@ -75,3 +75,84 @@ def test_tls_with_the_wrong_ca_fails_verification(daemon, certs):
     rc, _, err = mgctl("--target", daemon.tls, "--ca", os.path.join(certs, "peer-ca.pem"),
                        "health")
     assert rc == 14 and "certificate" in err.lower()
+
+
+def test_resources_tables_json_and_exit_codes(make_daemon, tmp_path):
+    """Every resource subcommand against a real daemon: segments, leases, pools, peers,
+    transfers (get, wait with its end state, cancel), watch, status and doctor; tables by
+    default, --json parsed, exit codes that follow the gRPC status."""
+    b = make_daemon()
+    d = make_daemon("--pool-bytes", "8M", "--peer-tls=false")
+    t = ["--target", d.h2c, "--plaintext"]
+    rc, out, err = mgctl(*t, "--json", "segments", "register", "kv0", "1M", "--remote")
+    assert rc == 0, err
+    seg = json.loads(out)["segment"]
+    assert seg["size"] == str(1 << 20) and seg["remoteAccessible"] is True
+    rc, out, err = mgctl(*t, "segments")
+    assert rc == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "TENANT"], out
+    assert seg["id"] in out and "1.0 MiB" in out and "kv0" in out
+    rc, out, err = mgctl(*t, "segments", "get", seg["id"])
+    assert rc == 0 and "NAME         kv0" in out, out
+    rc, out, err = mgctl(*t, "segments", "register", "bad", "12Q")
+    assert rc == 64 and "register NAME SIZE" in err
+    rc, out, err = mgctl(*t, "segments", "get", "12345")
+    assert rc == 5 and "NOT_FOUND" in err
+    rc, out, err = mgctl(*t, "--json", "leases", "acquire", "64K", "--ttl", "60000")
+    assert rc == 0, err
+    lease = json.loads(out)
+    assert lease["requested"] == str(64 << 10)
+    rc, out, err = mgctl(*t, "--json", "leases")
+    assert rc == 0 and [x["id"] for x in json.loads(out)] == [lease["id"]], out
+    rc, out, err = mgctl(*t, "pools")
+    assert rc == 0 and "default" in out and "64.0 KiB" in out, out
+    rc, out, err = mgctl(*t, "leases", "release", lease["id"])
+    assert rc == 0 and "released" in out
+    rc, out, err = mgctl(*t, "leases", "release", lease["id"])
+    assert rc == 5
+    # a transfer to a peer, then the batch through transfers get and wait
+    dst = register(b, "dst", 1 << 20, remote=True)
+    from moongate.v1 import transfer_pb2, transfer_pb2_grpc
+    from conftest import h2c_channel, req
+    with h2c_channel(d) as ch:
+        bid = transfer_pb2_grpc.TransferStub(ch).Submit(transfer_pb2.SubmitRequest(
+            requests=[req(transfer_pb2.WRITE, int(seg["id"]), b.h2c, dst.id, 1 << 20)],
+            notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic="t", payload=b"hi")]),
+            timeout=10).batch_id
+    rc, out, err = mgctl(*t, "transfers", "wait", str(bid))
+    assert rc == 0 and ("batch %d: DONE" % bid) in out and "1.0 MiB" in out, (out, err)
+    rc, out, err = mgctl(*t, "--json", "transfers", "get", str(bid))
+    assert rc == 0 and json.loads(out)["state"] == "DONE"
+    rc, out, err = mgctl(*t, "transfers", "cancel", str(bid))
+    assert rc == 0
+    rc, out, err = mgctl(*t, "transfers", "get", "77")
+    assert rc == 5
+    rc, out, err = mgctl(*t, "peers")
+    assert rc == 0 and b.h2c in out and "PEER_OPEN" in out, out
+    # the notification waits on b: watch prints it, then its --timeout ends the watch
+    rc, out, err = mgctl("--target", b.h2c, "--plaintext", "--timeout", "1000", "watch", "t")
+    assert rc == 0 and "payload aGk=" in out, (out, err)
+    rc, out, err = mgctl(*t, "status")
+    assert rc == 0 and "state serving" in out and "segments  1" in out, out
+    rc, out, err = mgctl(*t, "--json", "status")
+    assert rc == 0 and json.loads(out)["info"]["state"] == "serving"
+    rc, out, err = mgctl(*t, "--json", "doctor", "--shm-dir", str(tmp_path))
+    assert rc == 0, (out, err)
+    checks = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert checks["daemon"]["result"] == "ok" and checks["peer"]["result"] == "ok"
+    assert {"memlock", "shm-dir", "rdma", "rdma-device"} <= set(checks)
+    rc, out, err = mgctl("--target", "127.0.0.1:1", "--plaintext", "doctor")
+    assert rc == 9 and "FAIL  daemon" in out, (out, err)
+
+
+def test_doctor_names_an_expired_certificate(make_daemon, tmp_path):
+    d = make_daemon()
+    import time
+    key, csr, pem = (str(tmp_path / n) for n in ("k.pem", "c.csr", "c.pem"))
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=old", "-keyout", key,
+                    "-out", csr], check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-signkey", key, "-days", "0",
+                    "-out", pem], check=True, capture_output=True)  # valid until now
+    time.sleep(1.1)
+    rc, out, err = mgctl("--target", d.h2c, "--plaintext", "--ca", pem, "doctor")
+    assert rc == 9 and "expired" in out and pem in out, (out, err)
