@@ -7,9 +7,12 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
+#include "moongate/pool.h"
 #include "moongate/rdma.h"
+#include "moongate/segment.h"
 
 #include <event2/buffer.h>
+#include <jansson.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/util.h>
@@ -39,6 +42,116 @@ static void rdma_line(mg_gateway *gw, char *out, size_t cap)
     if (used < cap)
         snprintf(out + used, cap - used, ")");
 }
+
+static void peer_json(void *arg, const char *addr, const char *state, unsigned queued,
+                      unsigned jobs, int rdma)
+{
+    json_array_append_new(arg, json_pack("{s:s,s:s,s:i,s:i,s:s}", "address", addr, "state", state,
+                                         "queued", (int)queued, "jobs", (int)jobs, "transport",
+                                         rdma ? "rdma" : "tcp"));
+}
+
+/* The read-only summary behind the status page: counts and sizes, nothing of any tenant. */
+static void status_json(mg_gateway *gw, struct evbuffer *body)
+{
+    mg_engine_stats es;
+    mg_registry_stats rs = {0};
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    char rdma[400], epoch[17];
+    size_t running = 0;
+    json_t *pools = json_array(), *peers = json_array(), *j;
+    uint64_t leases = 0;
+    char *text;
+    mg_engine_get_stats(gw->engine, &es);
+    if (reg)
+        mg_registry_get_stats(reg, &rs);
+    rdma_line(gw, rdma, sizeof(rdma));
+    for (size_t i = 0; i < mg_svc_pool_count(gw); i++) {
+        mg_pool_stats ps;
+        uint64_t waiters = 0, seg = 0;
+        const char *name = "";
+        char path[64];
+        if (mg_svc_pool_get_stats(gw, i, &ps, &waiters, &seg, path, sizeof(path), &name) != 0)
+            continue;
+        leases += ps.leases;
+        json_array_append_new(
+            pools, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "name", name, "capacity",
+                             (json_int_t)ps.capacity, "in_use", (json_int_t)ps.in_use, "free",
+                             (json_int_t)ps.free, "largest_lease", (json_int_t)ps.largest_lease,
+                             "leases", (json_int_t)ps.leases, "waiters", (json_int_t)waiters));
+    }
+    mg_svc_transfer_summary(gw, &running, peer_json, peers);
+    snprintf(epoch, sizeof(epoch), "%016llx", (unsigned long long)gw->epoch);
+    j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s},s:o,s:{s:I,s:I,s:I},"
+                  "s:{s:I},s:{s:I,s:I,s:I},s:o}",
+                  "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,
+                  "uptime_s", (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9, "connections",
+                  (json_int_t)gw->stats.conns_active, "streams",
+                  (json_int_t)gw->stats.streams_active, "engine", "workers", (int)es.workers,
+                  "in_flight", (int)es.in_flight, "queue_depth", (int)es.queue_depth, "transports",
+                  "tcp", gw->peer ? "available" : "off", "rdma", rdma, "pools", pools, "segments",
+                  "ready", (json_int_t)rs.segments, "registering", (json_int_t)rs.registering,
+                  "bytes", (json_int_t)rs.bytes, "leases", "live", (json_int_t)leases, "transfers",
+                  "batches_running", (json_int_t)running, "requests_in_flight",
+                  (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
+                  (json_int_t)__atomic_load_n(&gw->xfer_stats.slices_in_flight, __ATOMIC_RELAXED),
+                  "peers", peers);
+    text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    evbuffer_add_printf(body, "%s\n", text ? text : "{}");
+    free(text);
+    json_decref(j);
+}
+
+/* The status page: one self-contained document (no external assets) that renders
+ * /status.json and refreshes it every two seconds. */
+static const char status_page[] =
+    "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+    "<title>moongate</title><style>"
+    "body{font:14px system-ui,sans-serif;margin:2em;color:#222;background:#fafafa}"
+    "h1{font-size:20px}h2{font-size:15px;margin-top:1.5em}"
+    "table{border-collapse:collapse;background:#fff}"
+    "td,th{border:1px solid #ddd;padding:4px 10px;text-align:left}th{background:#eee}"
+    ".ok{color:#080}.bad{color:#b00}#err{color:#b00}"
+    "</style></head><body>"
+    "<h1>moongate <span id=\"version\">?</span> &middot; <span id=\"state\">?</span></h1>"
+    "<div id=\"err\"></div>"
+    "<table id=\"overview\"></table>"
+    "<h2>Buffer pools</h2><table id=\"pools\"></table>"
+    "<h2>Peers</h2><table id=\"peers\"></table>"
+    "<p><a href=\"/metrics\">metrics</a> &middot; <a href=\"/readyz?verbose\">readiness</a> "
+    "&middot; <a href=\"/status.json\">status.json</a></p>"
+    "<script>"
+    "function b(n){var u=['B','KiB','MiB','GiB','TiB'],i=0;while(n>=1024&&i<4){n/=1024;i++}"
+    "return (i?n.toFixed(1):n)+' '+u[i]}"
+    "function esc(s){return String(s).replace(/[&<>\"]/g,function(c){return{'&':'&amp;',"
+    "'<':'&lt;','>':'&gt;','\"':'&quot;'}[c]})}"
+    "function rows(id,head,list){var h=head.some(Boolean)?'<tr>'+head.map(function(x){"
+    "return "
+    "'<th>'+x+'</th>'}).join('')+'</"
+    "tr>':'';list.forEach(function(r){h+='<tr>'+r.map(function(x){return '<td>'+"
+    "esc(x)+'</td>'}).join('')+'</tr>'});if(!list.length)h+='<tr><td colspan='+head.length+"
+    "'>none</td></tr>';document.getElementById(id).innerHTML=h}"
+    "function show(s){document.getElementById('version').textContent=s.version;"
+    "var st=document.getElementById('state');st.textContent=s.state;"
+    "st.className=s.state=='serving'?'ok':'bad';document.getElementById('err').textContent='';"
+    "rows('overview',['',''],[['epoch',s.epoch],['uptime',Math.round(s.uptime_s)+' s'],"
+    "['connections',s.connections+' open, '+s.streams+' streams'],"
+    "['engine',s.engine.workers+' workers, '+s.engine.in_flight+' of '+s.engine.queue_depth+"
+    "' jobs'],['transports','tcp '+s.transports.tcp+'; rdma '+s.transports.rdma],"
+    "['segments',s.segments.ready+' ready, '+s.segments.registering+' registering, '+"
+    "b(s.segments.bytes)],['leases',s.leases.live+' live'],"
+    "['transfers',s.transfers.batches_running+' batches running, '+"
+    "s.transfers.requests_in_flight+' requests in flight']]);"
+    "rows('pools',['pool','capacity','in use','free','largest lease','leases','waiters'],"
+    "s.pools.map(function(p){return [p.name,b(p.capacity),b(p.in_use),b(p.free),"
+    "b(p.largest_lease),p.leases,p.waiters]}));"
+    "rows('peers',['peer','state','transport','queued','jobs'],s.peers.map(function(p){"
+    "return [p.address,p.state,p.transport,p.queued,p.jobs]}))}"
+    "function tick(){fetch('/status.json',{cache:'no-store'}).then(function(r){return r.json()})"
+    ".then(show).catch(function(e){document.getElementById('err').textContent="
+    "'the daemon does not answer: '+e})}"
+    "tick();setInterval(tick,2000);"
+    "</script></body></html>\n";
 
 int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
 {
@@ -75,44 +188,18 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
         mg_metrics_render(gw, body);
         return 200;
     }
-    if (!strcmp(clean, "/")) {
-        mg_engine_stats es;
-        double up = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
-        char rdma[400], html[1200];
-        size_t k = 0;
-        mg_engine_get_stats(gw->engine, &es);
-        rdma_line(gw, rdma, sizeof(rdma));
-        for (const char *c = rdma; *c && k + 6 < sizeof(html); c++) { /* escaped for HTML */
-            const char *e = *c == '<' ? "&lt;" : *c == '>' ? "&gt;" : *c == '&' ? "&amp;" : NULL;
-            if (e) {
-                memcpy(html + k, e, strlen(e));
-                k += strlen(e);
-            } else {
-                html[k++] = *c;
-            }
-        }
-        html[k] = '\0';
-        *ctype = "text/html; charset=utf-8";
-        evbuffer_add_printf(
-            body,
-            "<!doctype html><html><head><meta charset=\"utf-8\"><title>moongate</title></head>"
-            "<body><h1>moongate %s</h1><table>"
-            "<tr><th align=left>state</th><td>%s</td></tr>"
-            "<tr><th align=left>epoch</th><td>%016llx</td></tr>"
-            "<tr><th align=left>uptime</th><td>%.0f s</td></tr>"
-            "<tr><th align=left>connections</th><td>%llu open</td></tr>"
-            "<tr><th align=left>streams</th><td>%llu open</td></tr>"
-            "<tr><th align=left>engine</th><td>%u workers, %u of %u jobs in flight</td></tr>"
-            "<tr><th align=left>transports</th><td>tcp; rdma: %s</td></tr>"
-            "</table><p><a href=\"/metrics\">metrics</a> &middot; <a href=\"/readyz?verbose\">"
-            "readiness</a></p></body></html>\n",
-            MG_VERSION, mg_state_name(gw->state), (unsigned long long)gw->epoch, up,
-            (unsigned long long)gw->stats.conns_active,
-            (unsigned long long)gw->stats.streams_active, es.workers, es.in_flight, es.queue_depth,
-            html);
+    if (!strcmp(clean, "/status.json")) {
+        *ctype = "application/json";
+        status_json(gw, body);
         return 200;
     }
-    evbuffer_add_printf(body, "not found: %s (try /livez /readyz /metrics /)\n", clean);
+    if (!strcmp(clean, "/")) {
+        *ctype = "text/html; charset=utf-8";
+        evbuffer_add(body, status_page, sizeof(status_page) - 1);
+        return 200;
+    }
+    evbuffer_add_printf(body, "not found: %s (try /livez /readyz /metrics /status.json /)\n",
+                        clean);
     return 404;
 }
 

@@ -2482,6 +2482,31 @@ void mg_svc_transfer_free(mg_gateway *gw)
     gw->transfer = NULL;
 }
 
+/* The status page's summary (mg_ops.c): batches running, and each peer entry's state and
+ * queue — no tenants, no addresses of clients. */
+void mg_svc_transfer_summary(mg_gateway *gw, size_t *batches_running,
+                             void (*peer)(void *arg, const char *addr, const char *state,
+                                          unsigned queued, unsigned jobs, int rdma),
+                             void *arg)
+{
+    static const char *const states[] = {"new", "opening", "open", "failed"};
+    *batches_running = 0;
+    if (gw->transfer == NULL)
+        return;
+    for (xfer_batch *b = gw->transfer->batches; b; b = b->next)
+        *batches_running += !batch_over(b);
+    for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
+        unsigned queued = 0;
+        if (p->addr[0] == '\0')
+            continue;
+        for (xfer_req *r = p->waiting; r; r = r->next_wait)
+            queued++;
+        for (xfer_req *r = p->ready; r; r = r->next_ready)
+            queued++;
+        peer(arg, p->addr, states[p->state & 3], queued, p->jobs, p->rdma_state == RDMA_READY);
+    }
+}
+
 /* Per-peer lines for /metrics. */
 void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
 {

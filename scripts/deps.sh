@@ -11,6 +11,7 @@ pkgs=(
     python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-h2
     curl nghttp2-client openssl ca-certificates procps iproute2
     debootstrap umoci  # the OCI image without a container engine (scripts/image.sh)
+    chromium  # the status page, rendered headless (tests/integration/test_status_page.py)
     "$@"
 )
 
