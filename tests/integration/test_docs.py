@@ -1,0 +1,54 @@
+"""The reference documentation checked against what it documents: every RPC of the protos in
+docs/api.md, every option of `moongate --help` in docs/operations.md, every metric a running
+daemon exports in docs/operations.md — so that none is added without its documentation."""
+import os
+import re
+import subprocess
+
+from conftest import MOONGATE, ROOT
+
+
+def read(*parts):
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
+
+
+def test_every_rpc_is_in_the_api_reference():
+    api = read("docs", "api.md")
+    missing = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "proto", "moongate", "v1"))):
+        text = read("proto", "moongate", "v1", name)
+        service = None
+        for line in text.splitlines():
+            m = re.match(r"\s*service (\w+)", line)
+            if m:
+                service = m.group(1)
+            m = re.match(r"\s*rpc (\w+)\(", line)
+            if m and service != "Debug":
+                method = m.group(1)
+                # the table names "moongate.v1.Service/Method", or a later method of the same
+                # service in a row like "`Service/A`, `B`"
+                if not re.search(r"moongate\.v1\.%s/[^|]*\b%s\b" % (service, method), api):
+                    missing.append("%s/%s" % (service, method))
+    assert not missing, "not in docs/api.md: %s" % ", ".join(missing)
+
+
+def test_every_option_is_in_the_operations_reference():
+    ops = read("docs", "operations.md")
+    out = subprocess.run([MOONGATE, "--help"], capture_output=True, text=True).stdout
+    options = re.findall(r"^  --([a-z0-9-]+)", out, re.M)
+    assert len(options) > 50, out[:500]
+    missing = [o for o in options if "--" + o not in ops and o not in ("help", "version")]
+    assert not missing, "options not in docs/operations.md: %s" % ", ".join(missing)
+
+
+def test_every_metric_is_in_the_operations_reference(daemon):
+    ops = read("docs", "operations.md")
+    names = set()
+    for line in daemon.metrics().splitlines():
+        m = re.match(r"# TYPE (moongate_\w+) ", line)
+        if m:
+            names.add(m.group(1))
+    assert len(names) > 30
+    missing = sorted(n for n in names if n not in ops)
+    assert not missing, "metrics not in docs/operations.md: %s" % ", ".join(missing)
