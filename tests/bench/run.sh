@@ -8,10 +8,12 @@
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
 # transfer: two daemons, mgbench transfer (block and batch sizes, 1 GiB each way, 4 threads)
 #           against iperf3 and UCX's ucx_perftest over TCP (tag_bw, ucp_put_bw at 1 MiB).
+# report:   transfer, control and lease, then build/bench-report/report.md with gnuplot plots
+#           (tests/bench/report.py; `report -- --quick` shortens the control rounds).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3 ucx-utils
+scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3 ucx-utils gnuplot-nox
 build=$(scripts/build.sh release)
 certs=$(mktemp -d)
 trap 'rm -rf "$certs"' EXIT
@@ -132,5 +134,9 @@ transfer)
         --iperf "$iperf" --tag "$tag" --put "$put"
     exit $rc
     ;;
-*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer] [-- options]" >&2; exit 64 ;;
+report)
+    /usr/bin/python3 tests/bench/report.py --run "$root/tests/bench/run.sh" \
+        --out "${MG_BENCH_OUT:-$build/bench-report}" "$@"
+    ;;
+*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer|report] [-- options]" >&2; exit 64 ;;
 esac
