@@ -345,11 +345,16 @@ static int decode_value(decode_ctx *c, const ProtobufCFieldDescriptor *f, const 
     case PROTOBUF_C_TYPE_ENUM: {
         const ProtobufCEnumDescriptor *ed = f->descriptor;
         const ProtobufCEnumValue *ev = NULL;
+        if (json_is_integer(j) && json_integer_value(j) >= INT32_MIN &&
+            json_integer_value(j) <= INT32_MAX) {
+            /* proto3 enums are open: a number is taken as it is, known or not (what the
+             * binary form carries too, and what this mapping writes for unknown values);
+             * handlers check the values they act on */
+            *(int *)p = (int)json_integer_value(j);
+            return 0;
+        }
         if (json_is_string(j))
             ev = protobuf_c_enum_descriptor_get_value_by_name(ed, json_string_value(j));
-        else if (json_is_integer(j) && json_integer_value(j) >= INT32_MIN &&
-                 json_integer_value(j) <= INT32_MAX)
-            ev = protobuf_c_enum_descriptor_get_value(ed, (int)json_integer_value(j));
         if (ev == NULL) {
             char what[160];
             snprintf(what, sizeof(what), "not a value of enum %s", ed->name);

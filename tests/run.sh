@@ -123,7 +123,7 @@ count_image() { # scripts/image.sh, then the daemon run from the unpacked image
 
 fuzz_run() {
     local rc=0 target corpus work
-    for target in deframer json alloc dataframe auth; do
+    for target in deframer json proto alloc dataframe auth; do
         corpus=tests/fuzz/corpus/$target
         work=$(mktemp -d)
         echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"

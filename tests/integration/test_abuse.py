@@ -129,3 +129,66 @@ def test_ping_flood_from_a_client_that_does_not_read(make_daemon):
     assert sent > 1000, "the daemon should have read at least the first pings"
     assert "reason=write" in d.read_log()
     still_serving(d)
+
+
+def test_streams_beyond_the_limit_are_refused(make_daemon):
+    """--max-concurrent-streams 4: a client that opens ten gets the extra ones reset with
+    REFUSED_STREAM (safe to retry) and the four it may have keep working."""
+    d = make_daemon("--max-concurrent-streams", "4")
+    s = connect(d)
+    block = request_headers()
+    # ten requests whose bodies never come: the streams stay open
+    s.sendall(b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, block) for i in range(10)))
+    buf, resets = b"", {}
+    s.settimeout(0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(resets) < 6:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        assert chunk, "the daemon closed the connection"
+        buf += chunk
+        while len(buf) >= 9:
+            n = struct.unpack(">I", b"\0" + buf[:3])[0]
+            if len(buf) < 9 + n:
+                break
+            if buf[3] == RST_STREAM:
+                sid = struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
+                resets[sid] = struct.unpack(">I", buf[9:13])[0]
+            buf = buf[9 + n:]
+    s.close()
+    assert len(resets) == 6 and set(resets.values()) == {7}, resets  # REFUSED_STREAM
+    assert all(sid > 7 for sid in resets)  # the first four were taken
+    still_serving(d)
+
+
+def test_settings_flood_and_oversized_settings(make_daemon):
+    """A SETTINGS frame of more entries than the daemon takes ends the connection with an
+    error. A flood of small ones from a client that does not read the acknowledgements costs the
+    daemon nothing it holds: the acknowledgements sit in the kernel's socket buffer (bounded by
+    the kernel), and the connection, idle of streams, gets GOAWAY after --idle-timeout, then is
+    closed by --write-timeout since the client reads nothing."""
+    d = make_daemon("--write-timeout", "2", "--idle-timeout", "2")
+    s = connect(d)
+    many = b"".join(struct.pack(">HI", 3, 100 + i) for i in range(40))  # 40 entries
+    s.sendall(frame(SETTINGS, 0, 0, many))
+    codes = read_until_closed(s)
+    s.close()
+    assert codes and codes[-1] != 0, codes
+    s = connect(d)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    one = frame(SETTINGS, 0, 0, struct.pack(">HI", 3, 100))
+    s.settimeout(2)
+    try:
+        for _ in range(200):
+            s.sendall(one * 2000)
+    except (socket.timeout, BrokenPipeError, ConnectionResetError):
+        pass
+    still_serving(d)
+    deadline = time.monotonic() + 20
+    while d.metric("moongate_connections_active"):
+        assert time.monotonic() < deadline, "the flooding connection is still open"
+        time.sleep(0.2)
+    s.close()
+    still_serving(d)
