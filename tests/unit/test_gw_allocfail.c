@@ -1,0 +1,253 @@
+/*
+ * Allocation failures walked through the gateway's request paths: the real gateway runs in a
+ * thread of this process, a client in the main thread makes a fixed series of calls (health,
+ * info, register, get, list, read, unregister, a JSON call), and run N fails the N-th
+ * allocation the gateway's loop thread makes in the moongate libraries (linked with
+ * -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc) and every one after it in that run. Each call
+ * may fail — with a status, or the connection closing — but the daemon must not crash, must
+ * serve the next calls once allocations succeed again, and must leave no segment behind that
+ * its caller did not get (ASan checks for leaks at exit in the sanitizer build).
+ */
+#include "mg_client.h"
+#include "mg_config.h"
+#include "mg_gateway.h"
+#include "mg_log.h"
+#include "mg_test.h"
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "moongate/v1/daemon.pb-c.h"
+#include "moongate/v1/memory.pb-c.h"
+
+#include <event2/event.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t m);
+void *__wrap_realloc(void *p, size_t n);
+
+static __thread int on_loop; /* this thread is the gateway's loop */
+static long countdown = -1;  /* loop allocations left before they fail; -1: never */
+static long reached;         /* loop allocations made in this run */
+
+static int fail_now(void)
+{
+    long left;
+    if (!on_loop)
+        return 0;
+    __atomic_add_fetch(&reached, 1, __ATOMIC_RELAXED);
+    left = __atomic_load_n(&countdown, __ATOMIC_RELAXED);
+    if (left < 0)
+        return 0;
+    if (left == 0)
+        return 1;
+    __atomic_sub_fetch(&countdown, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+void *__wrap_malloc(size_t n)
+{
+    return fail_now() ? NULL : __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t m)
+{
+    return fail_now() ? NULL : __real_calloc(n, m);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return fail_now() ? NULL : __real_realloc(p, n);
+}
+
+static mg_config cfg;
+static mg_engine *engine;
+static mg_gateway *gw;
+static struct event_base *gw_base;
+static pthread_t gw_thread;
+static char sock_target[128], shm_dir[64];
+
+static void *gw_main(void *arg)
+{
+    (void)arg;
+    on_loop = 1;
+    event_base_dispatch(gw_base);
+    return NULL;
+}
+
+static int start_gateway(void)
+{
+    char err[512], sock[96];
+    char *argv[] = {"moongate",           "--listen=",   "--ops-listen=",  "--h2c-listen=",
+                    "--access-log=false", "--workers=2", "--pool-bytes=0", "--data-listen=",
+                    "--allow-anonymous",  sock};
+    mg_engine_config ec = {.workers = 2,
+                           .queue_depth = 64,
+                           .registry = {.shm_dir = shm_dir,
+                                        .file_mode = 0600,
+                                        .max_segments = 64,
+                                        .max_registered_bytes = 1 << 30}};
+    snprintf(shm_dir, sizeof(shm_dir), "/tmp/mg-test-gwfail-shm-XXXXXX");
+    if (mkdtemp(shm_dir) == NULL)
+        return -1;
+    snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-gwfail-%d.sock", (int)getpid());
+    snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-gwfail-%d.sock", (int)getpid());
+    if (mg_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])), argv, stdout, err,
+                       sizeof(err)) != MG_CONFIG_OK) {
+        fprintf(stderr, "config: %s\n", err);
+        return -1;
+    }
+    mg_log_set_level(MG_LOG_ERROR);
+    if (mg_engine_new(&engine, &ec) != 0 || (gw_base = event_base_new()) == NULL ||
+        mg_gateway_new(&gw, gw_base, &cfg, engine) != 0)
+        return -1;
+    mg_gateway_set_serving(gw);
+    return pthread_create(&gw_thread, NULL, gw_main, NULL);
+}
+
+static void stop_gateway(void)
+{
+    event_base_loopbreak(gw_base);
+    pthread_join(gw_thread, NULL);
+    mg_engine_stop(engine);
+    mg_gateway_del(gw);
+    mg_engine_del(engine);
+    event_base_loop(gw_base, EVLOOP_NONBLOCK);
+    event_base_free(gw_base);
+    mg_config_free(&cfg);
+    rmdir(shm_dir);
+}
+
+/* One unary call; returns the gRPC status (14 when the call could not be made or the
+ * connection closed) and the reply in *out (caller frees) when OK. */
+static int call(const char *path, const ProtobufCMessage *req, uint8_t **out, size_t *out_len)
+{
+    mg_client_options o = {.target = sock_target};
+    uint8_t buf[512];
+    size_t n = protobuf_c_message_pack(req, buf);
+    int status = 14;
+    char *message = NULL, err[256];
+    *out = NULL;
+    *out_len = 0;
+    if (mg_client_unary(&o, path, buf, n, 5000, out, out_len, &status, &message, err,
+                        sizeof(err)) != 0)
+        status = 14;
+    free(message);
+    return status;
+}
+
+/* The series of calls one run makes. Returns how many ended OK. */
+static int series(void)
+{
+    Grpc__Health__V1__HealthCheckRequest hc = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    Moongate__V1__InfoRequest ir = MOONGATE__V1__INFO_REQUEST__INIT;
+    Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    Moongate__V1__ListSegmentsRequest lr = MOONGATE__V1__LIST_SEGMENTS_REQUEST__INIT;
+    Moongate__V1__GetSegmentRequest gr = MOONGATE__V1__GET_SEGMENT_REQUEST__INIT;
+    Moongate__V1__ReadSegmentRequest rd = MOONGATE__V1__READ_SEGMENT_REQUEST__INIT;
+    Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+    uint8_t *resp;
+    size_t len;
+    int ok = 0;
+    uint64_t id = 0;
+    ok += call("/grpc.health.v1.Health/Check", &hc.base, &resp, &len) == 0;
+    free(resp);
+    ok += call("/moongate.v1.Daemon/Info", &ir.base, &resp, &len) == 0;
+    free(resp);
+    rr.name = "walk";
+    rr.size = 4096;
+    if (call("/moongate.v1.Memory/RegisterSegment", &rr.base, &resp, &len) == 0) {
+        Moongate__V1__RegisterResponse *r =
+            moongate__v1__register_response__unpack(NULL, len, resp);
+        if (r && r->segment)
+            id = r->segment->id;
+        moongate__v1__register_response__free_unpacked(r, NULL);
+        ok++;
+    }
+    free(resp);
+    gr.id = id;
+    ok += call("/moongate.v1.Memory/GetSegment", &gr.base, &resp, &len) == 0;
+    free(resp);
+    ok += call("/moongate.v1.Memory/ListSegments", &lr.base, &resp, &len) == 0;
+    free(resp);
+    rd.id = id;
+    rd.length = 4096;
+    (void)call("/moongate.v1.Memory/ReadSegment", &rd.base, &resp, &len);
+    free(resp);
+    ur.id = id;
+    ok += call("/moongate.v1.Memory/UnregisterSegment", &ur.base, &resp, &len) == 0;
+    free(resp);
+    return ok;
+}
+
+/* With allocations succeeding again: the daemon serves, and holds no segment of the walk
+ * (one its caller did not get is undone by the daemon; one the caller got is unregistered). */
+static void settle(void)
+{
+    Moongate__V1__ListSegmentsRequest lr = MOONGATE__V1__LIST_SEGMENTS_REQUEST__INIT;
+    Grpc__Health__V1__HealthCheckRequest hc = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    uint8_t *resp;
+    size_t len;
+    for (int tries = 0; tries < 200; tries++) {
+        Moongate__V1__ListSegmentsResponse *l;
+        CU_ASSERT_EQUAL_FATAL(call("/grpc.health.v1.Health/Check", &hc.base, &resp, &len), 0);
+        free(resp);
+        CU_ASSERT_EQUAL_FATAL(call("/moongate.v1.Memory/ListSegments", &lr.base, &resp, &len), 0);
+        l = moongate__v1__list_segments_response__unpack(NULL, len, resp);
+        free(resp);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+        for (size_t i = 0; i < l->n_segments; i++) { /* what a failed unregister left */
+            Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+            ur.id = l->segments[i]->id;
+            (void)call("/moongate.v1.Memory/UnregisterSegment", &ur.base, &resp, &len);
+            free(resp);
+        }
+        if (l->n_segments == 0) {
+            moongate__v1__list_segments_response__free_unpacked(l, NULL);
+            return;
+        }
+        moongate__v1__list_segments_response__free_unpacked(l, NULL);
+        usleep(10000);
+    }
+    CU_FAIL("segments of the walk are left");
+}
+
+static void test_walk(void)
+{
+    long n, total;
+    CU_ASSERT_EQUAL_FATAL(series(), 6); /* the whole series works when nothing fails */
+    settle();
+    __atomic_store_n(&reached, 0, __ATOMIC_RELAXED);
+    series();
+    total = __atomic_load_n(&reached, __ATOMIC_RELAXED);
+    CU_ASSERT(total > 20);
+    for (n = 0; n <= total; n++) {
+        __atomic_store_n(&reached, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&countdown, n, __ATOMIC_RELAXED);
+        series();
+        __atomic_store_n(&countdown, -1, __ATOMIC_RELAXED);
+        settle();
+    }
+    printf("\n  %ld loop allocations in the series, each made to fail in turn\n", total);
+}
+
+int main(void)
+{
+    static const mg_test_case cases[] = {MG_TEST(test_walk)};
+    int rc;
+    signal(SIGPIPE, SIG_IGN);
+    if (start_gateway() != 0) {
+        fprintf(stderr, "cannot start the gateway\n");
+        return 1;
+    }
+    rc = mg_test_run("allocation failures in the gateway", cases, sizeof(cases) / sizeof(cases[0]));
+    stop_gateway();
+    return rc;
+}
