@@ -176,5 +176,8 @@ def test_soak_returns_to_baseline(make_daemon):
             assert end[k] == base[k], (k, base, end)
         # pooled data-plane connections may differ by a few; nothing grows with the rounds
         assert end["fds"] <= base["fds"] + 8, (base, end)
-        assert end["rss_kb"] <= base["rss_kb"] * 1.5 + 64 * 1024, (base, end)
+        # under ASan freed memory waits in its quarantine (256 MiB by default) before reuse, so
+        # resident memory grows by that much there; leaks are LeakSanitizer's to report at exit
+        slack = 64 * 1024 + (256 * 1024 if "ASAN_OPTIONS" in os.environ else 0)
+        assert end["rss_kb"] <= base["rss_kb"] * 1.5 + slack, (base, end)
     assert sum(counts) > 4 * 10
