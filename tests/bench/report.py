@@ -98,9 +98,9 @@ def plot_transfer(refs, rows, out_dir):
                                       max(rd) if rd else "NaN"))
     lines = "".join(", %f w l dt 2 lw 2 title '%s (%.2f GB/s)'" % (v, k, v)
                     for k, v in refs.items())
-    gnuplot("""set terminal pngcairo size 900,500 font ',10'
+    gnuplot("""set terminal pngcairo size 900,500 font ',10' noenhanced
 set output 'transfer.png'
-set title 'moongate transfer throughput by block size (one thread), references from the same run'
+set title 'moongate transfer throughput by block size (one thread, the better of batches of 1 and 16), references from the same run'
 set ylabel 'GB/s'
 set xlabel 'block size'
 set style data linespoints
@@ -119,7 +119,7 @@ def plot_control(rows, out_dir):
         for s in servers:
             v = {r["transport"]: r["rps"] for r in rows if r["server"] == s}
             f.write("%s %s %s\n" % (s, v.get("h2c", "NaN"), v.get("tls", "NaN")))
-    gnuplot("""set terminal pngcairo size 900,500 font ',10'
+    gnuplot("""set terminal pngcairo size 900,500 font ',10' noenhanced
 set output 'control.png'
 set title 'Health/Check requests per second (h2load, same run), moongate against gRPC C++'
 set ylabel 'requests/s'
@@ -137,7 +137,7 @@ def plot_lease(rows, floor, out_dir):
         f.write("# read register_p50 lease_p50 (us)\n")
         for r in rows:
             f.write('"%s" %f %f\n' % (r["read"], r["register_p50"], r["lease_p50"]))
-    gnuplot("""set terminal pngcairo size 900,500 font ',10'
+    gnuplot("""set terminal pngcairo size 900,500 font ',10' noenhanced
 set output 'lease.png'
 set title 'Destination memory per read (p50, microseconds, same run): register + unregister vs lease + release'
 set ylabel 'microseconds (log scale)'
