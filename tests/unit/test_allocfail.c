@@ -21,13 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t m);
-void *__wrap_realloc(void *p, size_t n);
-
 static long countdown = -1; /* allocations left before they fail; -1: never */
 static long reached;        /* allocations made in this run */
 
@@ -42,20 +35,7 @@ static int fail_now(void)
     return 0;
 }
 
-void *__wrap_malloc(size_t n)
-{
-    return fail_now() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return fail_now() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return fail_now() ? NULL : __real_realloc(p, n);
-}
+#include "mg_allocfail.h"
 
 static char dir[64];
 

@@ -26,13 +26,6 @@
 #include <string.h>
 #include <unistd.h>
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t m);
-void *__wrap_realloc(void *p, size_t n);
-
 static __thread int on_loop; /* this thread is the gateway's loop */
 static long countdown = -1;  /* loop allocations left before they fail; -1: never */
 static long reached;         /* loop allocations made in this run */
@@ -52,20 +45,7 @@ static int fail_now(void)
     return 0;
 }
 
-void *__wrap_malloc(size_t n)
-{
-    return fail_now() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return fail_now() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return fail_now() ? NULL : __real_realloc(p, n);
-}
+#include "mg_allocfail.h"
 
 static mg_config cfg;
 static mg_engine *engine;
