@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 
 #define MAX_HDRS 16
 
@@ -39,8 +40,8 @@ struct mg_rpc {
     int http_status;
     int grpc_status; /* -1 until seen */
     char *grpc_message;
-    char *hdr_names[MAX_HDRS];
-    char *hdr_values[MAX_HDRS];
+    nghttp2_rcbuf *hdr_names[MAX_HDRS]; /* nghttp2's own buffers, referenced, not copied */
+    nghttp2_rcbuf *hdr_values[MAX_HDRS];
     int n_hdrs;
     mg_deframer deframer;
     int deframe_error;
@@ -65,6 +66,8 @@ struct mg_client {
     uint32_t max_message;
     mg_rpc *rpcs;
     struct event *flush_ev;
+    struct event *read_ev; /* h2c and unix once connected: the socket read directly */
+    uint32_t busy_poll_us;
     /* Depth of the library's event callbacks running now. A user callback inside one may call
      * mg_client_del(): the client is then only marked and freed as the outermost returns. */
     int in_cb;
@@ -96,8 +99,8 @@ static void rpc_free(mg_rpc *rpc)
     mg_deframer_free(&rpc->deframer);
     free(rpc->grpc_message);
     for (int i = 0; i < rpc->n_hdrs; i++) {
-        free(rpc->hdr_names[i]);
-        free(rpc->hdr_values[i]);
+        nghttp2_rcbuf_decref(rpc->hdr_names[i]);
+        nghttp2_rcbuf_decref(rpc->hdr_values[i]);
     }
     free(rpc);
 }
@@ -192,7 +195,8 @@ mg_rpc *mg_rpc_start(mg_client *c, const char *path, const mg_metadata *md, size
     ADD(":authority", c->authority);
     ADD(":path", path);
     if (timeout_ms) {
-        mg_grpc_timeout_format(tbuf, timeout_ms * 1000000ULL);
+        mg_grpc_timeout_format(tbuf, timeout_ms < UINT64_MAX / 1000000u ? timeout_ms * 1000000u
+                                                                        : UINT64_MAX);
         ADD("grpc-timeout", tbuf);
     }
     ADD("content-type", "application/grpc");
@@ -269,9 +273,11 @@ void mg_rpc_cancel(mg_rpc *rpc)
 
 const char *mg_rpc_header(const mg_rpc *rpc, const char *name)
 {
+    size_t len = strlen(name);
     for (int i = 0; i < rpc->n_hdrs; i++) {
-        if (strcmp(rpc->hdr_names[i], name) == 0)
-            return rpc->hdr_values[i];
+        nghttp2_vec n = nghttp2_rcbuf_get_buf(rpc->hdr_names[i]);
+        if (n.len == len && memcmp(n.base, name, len) == 0) /* nghttp2 terminates values */
+            return (const char *)nghttp2_rcbuf_get_buf(rpc->hdr_values[i]).base;
     }
     return NULL;
 }
@@ -291,11 +297,13 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, 
     return (ssize_t)length;
 }
 
-static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
-                        size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
-                        void *user_data)
+static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rcbuf *name_buf,
+                        nghttp2_rcbuf *value_buf, uint8_t flags, void *user_data)
 {
     mg_rpc *rpc = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    nghttp2_vec nv = nghttp2_rcbuf_get_buf(name_buf), vv = nghttp2_rcbuf_get_buf(value_buf);
+    const uint8_t *name = nv.base, *value = vv.base;
+    size_t namelen = nv.len, valuelen = vv.len;
     if (rpc == NULL || frame->hd.type != NGHTTP2_HEADERS)
         return 0;
     if (namelen == 7 && memcmp(name, ":status", 7) == 0) {
@@ -317,14 +325,10 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *frame, const u
             mg_pct_decode(rpc->grpc_message, (const char *)value, valuelen);
     }
     if (rpc->n_hdrs < MAX_HDRS) {
-        rpc->hdr_names[rpc->n_hdrs] = strndup((const char *)name, namelen);
-        rpc->hdr_values[rpc->n_hdrs] = strndup((const char *)value, valuelen);
-        if (rpc->hdr_names[rpc->n_hdrs] && rpc->hdr_values[rpc->n_hdrs]) {
-            rpc->n_hdrs++;
-        } else {
-            free(rpc->hdr_names[rpc->n_hdrs]);
-            free(rpc->hdr_values[rpc->n_hdrs]);
-        }
+        nghttp2_rcbuf_incref(name_buf);
+        nghttp2_rcbuf_incref(value_buf);
+        rpc->hdr_names[rpc->n_hdrs] = name_buf;
+        rpc->hdr_values[rpc->n_hdrs++] = value_buf;
     }
     return 0;
 }
@@ -442,6 +446,8 @@ static void client_flush(mg_client *c)
 /* The connection is unusable: every open call ends with UNAVAILABLE. */
 static void client_fail(mg_client *c, const char *why)
 {
+    if (c->read_ev)
+        event_del(c->read_ev); /* a closed socket stays readable */
     if (!c->failed) {
         c->failed = 1;
         snprintf(c->fail_msg, sizeof(c->fail_msg), "%s: %s", c->target, why);
@@ -450,22 +456,59 @@ static void client_fail(mg_client *c, const char *why)
         rpc_close(c->rpcs, MG_GRPC_UNAVAILABLE, c->fail_msg);
 }
 
+static int feed(mg_client *c, const uint8_t *data, size_t len)
+{
+    ssize_t r = nghttp2_session_mem_recv(c->ng, data, len);
+    if (r < 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "HTTP/2 protocol error: %s", nghttp2_strerror((int)r));
+        client_fail(c, why);
+        return -1;
+    }
+    return 0;
+}
+
 static void read_body(struct bufferevent *bev, mg_client *c)
 {
     struct evbuffer *in = bufferevent_get_input(bev);
     while (evbuffer_get_length(in) > 0 && !c->failed) {
         size_t len = evbuffer_get_contiguous_space(in);
-        unsigned char *data = evbuffer_pullup(in, (ssize_t)len);
-        ssize_t r = nghttp2_session_mem_recv(c->ng, data, len);
-        if (r < 0) {
-            char why[128];
-            snprintf(why, sizeof(why), "HTTP/2 protocol error: %s", nghttp2_strerror((int)r));
-            client_fail(c, why);
+        if (feed(c, evbuffer_pullup(in, (ssize_t)len), len) != 0)
             return;
-        }
-        evbuffer_drain(in, (size_t)r);
+        evbuffer_drain(in, len);
     }
     client_send(c);
+}
+
+/* h2c and unix: reads the socket straight into nghttp2 (no input buffer, no FIONREAD, no later
+ * loop pass), at most four times. Returns 1 when something was read. */
+static int plain_read(mg_client *c)
+{
+    uint8_t buf[16384];
+    int got = 0;
+    for (int i = 0; i < 4 && !c->failed; i++) {
+        ssize_t n = recv(bufferevent_getfd(c->bev), buf, sizeof(buf), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            break;
+        if (n <= 0) {
+            client_fail(c, n == 0 ? "connection closed by the server" : strerror(errno));
+            break;
+        }
+        got = 1;
+        if (feed(c, buf, (size_t)n) != 0 || (size_t)n < sizeof(buf))
+            break;
+    }
+    if (got)
+        client_send(c);
+    return got;
+}
+
+static void plain_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_client *c = arg;
+    enter(c);
+    plain_read(c);
+    leave(c);
 }
 
 static void read_cb(struct bufferevent *bev, void *arg)
@@ -504,6 +547,18 @@ static void event_body(struct bufferevent *bev, short events, mg_client *c)
         }
         c->connected = 1;
         bufferevent_set_timeouts(bev, NULL, NULL);
+        if (c->stage) { /* plain socket: read it directly from now on */
+            c->read_ev =
+                event_new(c->base, bufferevent_getfd(bev), EV_READ | EV_PERSIST, plain_read_cb, c);
+            if (c->read_ev == NULL) {
+                client_fail(c, "out of memory");
+                return;
+            }
+            bufferevent_disable(bev, EV_READ);
+            event_add(c->read_ev, NULL);
+            read_body(bev, c); /* anything the bufferevent read before */
+            return;
+        }
         client_send(c);
         return;
     }
@@ -586,6 +641,7 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     c->base = base;
     c->tls = o->tls;
     c->max_message = o->max_message_bytes ? o->max_message_bytes : 4u * 1024u * 1024u;
+    c->busy_poll_us = o->busy_poll_us;
     snprintf(c->target, sizeof(c->target), "%s", t);
     if (o->token && o->token[0]) {
         if (strlen(o->token) > 1024 || strpbrk(o->token, "\r\n")) {
@@ -694,7 +750,7 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     if (nghttp2_session_callbacks_new(&cbs) != 0)
         goto fail_ng;
     nghttp2_session_callbacks_set_send_callback(cbs, send_cb);
-    nghttp2_session_callbacks_set_on_header_callback(cbs, on_header_cb);
+    nghttp2_session_callbacks_set_on_header_callback2(cbs, on_header_cb);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk_recv_cb);
     nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close_cb);
     if (nghttp2_session_client_new(&c->ng, cbs, c) != 0)
@@ -740,6 +796,8 @@ static void client_free(mg_client *c)
         nghttp2_session_del(c->ng);
     if (c->flush_ev)
         event_free(c->flush_ev);
+    if (c->read_ev)
+        event_free(c->read_ev); /* before the bufferevent closes the socket */
     if (c->stage)
         evbuffer_free(c->stage);
     if (c->bev)
@@ -749,90 +807,146 @@ static void client_free(mg_client *c)
     free(c);
 }
 
-/* ------------------------------------------------------------------ blocking unary */
+/* ------------------------------------------------------------------ blocking calls */
 
 typedef struct {
-    struct event_base *base;
     uint8_t *resp;
-    size_t resp_len;
-    int got;
+    size_t len;
+    int messages;
     int status;
-    char *message;
     int done;
-} unary_state;
+    char *message;
+    size_t msgcap;
+} call_state;
 
-static void unary_msg(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
+static void call_msg(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
 {
-    unary_state *s = arg;
-    if (s->got++)
-        return; /* a second response message is a protocol violation: reported below */
-    s->resp = malloc(len ? len : 1);
-    if (s->resp) {
-        memcpy(s->resp, msg, len);
-        s->resp_len = len;
-    }
+    call_state *s = arg;
+    uint8_t *copy = malloc(len ? len : 1);
+    s->messages++;
+    if (copy == NULL)
+        return; /* reported at the close */
+    memcpy(copy, msg, len);
+    free(s->resp);
+    s->resp = copy;
+    s->len = len;
 }
 
-static void unary_close(mg_rpc *rpc, int status, const char *message, void *arg)
+static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
 {
-    unary_state *s = arg;
+    call_state *s = arg;
     s->status = status;
-    s->message = strdup(message);
-    if (status == MG_GRPC_OK && s->got != 1) {
-        free(s->message);
-        s->message = strdup(s->got ? "more than one response message for a unary call"
-                                   : "no response message for a unary call");
-        s->status = MG_GRPC_INTERNAL;
+    if (s->msgcap) {
+        size_t n = strnlen(message, s->msgcap - 1);
+        memcpy(s->message, message, n);
+        s->message[n] = '\0';
     }
     s->done = 1;
-    event_base_loopbreak(s->base);
+}
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* mg_client_call; `unary` also requires exactly one response message. */
+static int call_run(mg_client *c, const char *path, const uint8_t *req, size_t req_len,
+                    uint64_t timeout_ms, int unary, uint8_t **resp, size_t *resp_len, int *status,
+                    char *message, size_t msgcap)
+{
+    static const mg_rpc_handlers h = {call_msg, call_close};
+    call_state s = {.status = MG_GRPC_UNKNOWN, .message = message, .msgcap = msgcap};
+    mg_rpc *rpc;
+
+    *resp = NULL;
+    *resp_len = 0;
+    *status = MG_GRPC_UNKNOWN;
+    if (msgcap)
+        message[0] = '\0';
+    rpc = mg_rpc_start(c, path, NULL, 0, timeout_ms, &h, &s);
+    if (rpc == NULL) {
+        snprintf(message, msgcap, "%s", c->failed ? c->fail_msg : "out of memory");
+        return -1;
+    }
+    if (mg_rpc_send(rpc, req, req_len) != 0 || mg_rpc_close_send(rpc) != 0) {
+        mg_rpc_cancel(rpc);
+        snprintf(message, msgcap, "out of memory");
+        return -1;
+    }
+    if (c->in_cb == 0 && c->connected) { /* the request out now, not on the loop's next pass */
+        event_del(c->flush_ev);
+        enter(c);
+        client_send(c);
+        leave(c);
+    }
+    if (c->busy_poll_us && c->read_ev) {
+        uint64_t until = mono_us() + c->busy_poll_us;
+        while (!s.done && !c->failed && mono_us() < until) {
+            enter(c);
+            plain_read(c);
+            leave(c);
+        }
+    }
+    while (!s.done) {
+        if (event_base_loop(c->base, EVLOOP_ONCE) != 0 && !s.done) { /* nothing left to wait on */
+            mg_rpc_cancel(rpc);
+            break;
+        }
+    }
+    *status = s.status;
+    if (s.status == MG_GRPC_OK && (s.resp == NULL || (unary && s.messages != 1))) {
+        *status = MG_GRPC_INTERNAL;
+        snprintf(message, msgcap, "%s",
+                 s.messages == 0  ? "no response message"
+                 : s.resp == NULL ? "out of memory"
+                                  : "more than one response message for a unary call");
+    }
+    if (*status == MG_GRPC_OK) {
+        *resp = s.resp;
+        *resp_len = s.len;
+    } else {
+        free(s.resp);
+    }
+    return 0;
+}
+
+int mg_client_call(mg_client *c, const char *path, const uint8_t *req, size_t req_len,
+                   uint64_t timeout_ms, uint8_t **resp, size_t *resp_len, int *status,
+                   char *message, size_t msgcap)
+{
+    return call_run(c, path, req, req_len, timeout_ms, 0, resp, resp_len, status, message, msgcap);
 }
 
 int mg_client_unary(const mg_client_options *opts, const char *path, const uint8_t *req,
                     size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
                     int *status, char **message, char *err, size_t errcap)
 {
-    static const mg_rpc_handlers h = {unary_msg, unary_close};
-    unary_state s;
+    char msg[2048];
     mg_client *c;
-    mg_rpc *rpc;
     struct event_base *base = event_base_new();
 
-    memset(&s, 0, sizeof(s));
-    s.status = MG_GRPC_UNKNOWN;
     if (base == NULL) {
         snprintf(err, errcap, "out of memory");
         return -1;
     }
-    s.base = base;
     if (mg_client_new(&c, base, opts, err, errcap) != 0) {
         event_base_free(base);
         return -1;
     }
-    rpc = mg_rpc_start(c, path, NULL, 0, timeout_ms, &h, &s);
-    if (rpc == NULL) {
-        snprintf(err, errcap, "cannot start the call");
+    if (call_run(c, path, req, req_len, timeout_ms, 1, resp, resp_len, status, msg, sizeof(msg)) !=
+        0) {
+        snprintf(err, errcap, "cannot start the call: %s", msg);
         mg_client_del(c);
+        event_base_loop(base, EVLOOP_NONBLOCK);
         event_base_free(base);
         return -1;
     }
-    mg_rpc_send(rpc, req, req_len);
-    mg_rpc_close_send(rpc);
-    while (!s.done && event_base_dispatch(base) == 0)
-        ;
     mg_client_del(c);
     /* Let deferred bufferevent callbacks run so the freed connection is released. */
     event_base_loop(base, EVLOOP_NONBLOCK);
     event_base_free(base);
-    *status = s.status;
-    *message = s.message ? s.message : strdup("the call ended without a status");
-    if (s.status == MG_GRPC_OK) {
-        *resp = s.resp;
-        *resp_len = s.resp_len;
-    } else {
-        free(s.resp);
-        *resp = NULL;
-        *resp_len = 0;
-    }
+    *message = strdup(msg);
     return 0;
 }

@@ -38,8 +38,7 @@
 #define MAX_LIST 16
 
 typedef struct {
-    struct event_base *base;
-    int done, status;
+    int status;
     uint8_t *resp;
     size_t len;
     char message[512];
@@ -52,49 +51,19 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void on_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+/* One call on c, run to its end. Returns the gRPC status (r holds the last message). */
+static int call(mg_client *c, const char *path, const ProtobufCMessage *req, call_rec *r)
 {
-    call_rec *r = arg;
-    uint8_t *copy = malloc(len ? len : 1);
-    if (copy == NULL)
-        return;
-    memcpy(copy, m, len);
-    free(r->resp);
-    r->resp = copy; /* the last message: for Wait, the batch at its end */
-    r->len = len;
-}
-
-static void on_close(mg_rpc *rpc, int status, const char *message, void *arg)
-{
-    call_rec *r = arg;
-    r->done = 1;
-    r->status = status;
-    snprintf(r->message, sizeof(r->message), "%s", message);
-    event_base_loopbreak(r->base);
-}
-
-/* One call on c, run to its end on base. Returns the gRPC status (r holds the last message). */
-static int call(mg_client *c, struct event_base *base, const char *path,
-                const ProtobufCMessage *req, call_rec *r)
-{
-    static const mg_rpc_handlers h = {on_msg, on_close};
     size_t n = protobuf_c_message_get_packed_size(req);
     uint8_t *buf = malloc(n ? n : 1);
-    mg_rpc *rpc;
     memset(r, 0, sizeof(*r));
-    r->base = base;
     if (buf == NULL)
         return MG_GRPC_RESOURCE_EXHAUSTED;
     protobuf_c_message_pack(req, buf);
-    rpc = mg_rpc_start(c, path, NULL, 0, 600000, &h, r);
-    if (rpc == NULL || mg_rpc_send(rpc, buf, n) != 0 || mg_rpc_close_send(rpc) != 0) {
-        free(buf);
-        snprintf(r->message, sizeof(r->message), "cannot start %s", path);
-        return MG_GRPC_UNAVAILABLE;
-    }
+    if (mg_client_call(c, path, buf, n, 600000, &r->resp, &r->len, &r->status, r->message,
+                       sizeof(r->message)) != 0)
+        r->status = MG_GRPC_UNAVAILABLE;
     free(buf);
-    while (!r->done)
-        event_base_dispatch(base);
     return r->status;
 }
 
@@ -205,7 +174,7 @@ static void *worker_main(void *arg)
             sr.n_blocks = 1;
         }
         t0 = now_s();
-        if (call(cn.c, cn.base, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
+        if (call(cn.c, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
             (resp = moongate__v1__submit_response__unpack(NULL, r.len, r.resp)) == NULL) {
             snprintf(w->error, sizeof(w->error), "Submit: %.400s", r.message);
             w->failed = 1;
@@ -228,7 +197,7 @@ static void *worker_main(void *arg)
         } else {
             moongate__v1__submit_response__free_unpacked(resp, NULL);
             free(r.resp);
-            if (call(cn.c, cn.base, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
+            if (call(cn.c, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
                 (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
                 snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
                 w->failed = 1;
@@ -371,7 +340,7 @@ static uint64_t register_segment(const char *target, const char *name, uint64_t 
     rr.size = bytes;
     rr.remote_accessible = remote;
     rr.prefault = 1;
-    if (call(k.c, k.base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r) != MG_GRPC_OK ||
+    if (call(k.c, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r) != MG_GRPC_OK ||
         (resp = moongate__v1__register_response__unpack(NULL, r.len, r.resp)) == NULL) {
         fprintf(stderr, "mgbench: RegisterSegment on %s: %s\n", target, r.message);
         free(r.resp);
@@ -393,7 +362,7 @@ static void unregister_segment(const char *target, uint64_t id)
     conn k;
     if (conn_open(&k, target, err, sizeof(err)) == 0) {
         ur.id = id;
-        if (call(k.c, k.base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r) != MG_GRPC_OK)
+        if (call(k.c, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r) != MG_GRPC_OK)
             fprintf(stderr, "mgbench: UnregisterSegment on %s: %s\n", target, r.message);
         free(r.resp);
     }

@@ -38,19 +38,20 @@ const char *mg_grpc_code_name(int code)
 
 int mg_grpc_code_parse(const char *s)
 {
-    char *end;
-    long v;
-
+    if (s[0] >= '0' && s[0] <= '9') { /* the wire form, 1*DIGIT */
+        int v = 0;
+        for (int i = 0; s[i]; i++) {
+            if (s[i] < '0' || s[i] > '9' || i >= 8)
+                return -1;
+            v = v * 10 + (s[i] - '0');
+        }
+        return v < MG_GRPC_CODE_COUNT ? v : -1;
+    }
     for (int i = 0; i < MG_GRPC_CODE_COUNT; i++) {
         if (strcmp(s, code_names[i]) == 0)
             return i;
     }
-    if (*s < '0' || *s > '9')
-        return -1;
-    v = strtol(s, &end, 10);
-    if (*end != '\0' || v < 0 || v >= MG_GRPC_CODE_COUNT)
-        return -1;
-    return (int)v;
+    return -1;
 }
 
 int mg_grpc_code_http(int code)
@@ -165,11 +166,21 @@ size_t mg_grpc_timeout_format(char *buf, uint64_t ns)
                  {'M', 60ULL * 1000000000ULL},
                  {'H', 3600ULL * 1000000000ULL}};
     for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        uint64_t v = (ns + units[i].ns - 1) / units[i].ns; /* round up: never shorten */
+        uint64_t v = ns / units[i].ns + (ns % units[i].ns != 0); /* round up: never shorten */
         if (v <= 99999999ULL || i + 1 == sizeof(units) / sizeof(units[0])) {
             if (v > 99999999ULL)
                 v = 99999999ULL;
-            return (size_t)snprintf(buf, 16, "%llu%c", (unsigned long long)v, units[i].unit);
+            char digits[8];
+            size_t n = 0, len = 0;
+            do { /* v <= 99999999: at most 8 digits (the header's limit) */
+                digits[n++] = (char)('0' + v % 10);
+                v /= 10;
+            } while (v);
+            while (n)
+                buf[len++] = digits[--n];
+            buf[len++] = units[i].unit;
+            buf[len] = '\0';
+            return len;
         }
     }
     return 0;

@@ -189,7 +189,7 @@ int main(int argc, char **argv)
         goto out;
     }
     mg_gateway_set_serving(gw);
-    event_base_dispatch(base);
+    mg_gateway_run(gw);
     exit_code = gw->exit_code; /* 1 when start-up work (the pool) failed */
 
 out:

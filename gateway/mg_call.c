@@ -181,9 +181,14 @@ static ssize_t call_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf
         char code[8], msg[1024];
         nghttp2_nv trailers[2];
         size_t ntr = 1;
-        snprintf(code, sizeof(code), "%d", call->status);
-        trailers[0] = (nghttp2_nv){(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code),
-                                   NGHTTP2_NV_FLAG_NONE};
+        size_t clen = 0;
+        unsigned st = (unsigned)call->status; /* 0..16 */
+        if (st >= 10)
+            code[clen++] = (char)('0' + st / 10 % 10);
+        code[clen++] = (char)('0' + st % 10);
+        code[clen] = '\0';
+        trailers[0] =
+            (nghttp2_nv){(uint8_t *)"grpc-status", (uint8_t *)code, 11, clen, NGHTTP2_NV_FLAG_NONE};
         if (call->message && *call->message) {
             mg_pct_encode(msg, sizeof(msg), call->message, strlen(call->message));
             trailers[1] = (nghttp2_nv){(uint8_t *)"grpc-message", (uint8_t *)msg, 12, strlen(msg),

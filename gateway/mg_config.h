@@ -82,6 +82,7 @@ typedef struct mg_config {
     uint64_t idle_timeout;      /* seconds */
     uint64_t write_timeout;     /* seconds */
     uint64_t handshake_timeout; /* seconds */
+    uint64_t busy_poll_us;      /* mg_gateway_run(): poll this long after the last read; 0 off */
     uint64_t grace;             /* seconds */
     uint64_t max_continuations;
     uint64_t reset_burst;

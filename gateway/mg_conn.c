@@ -253,42 +253,91 @@ void mg_conn_schedule_flush(mg_conn *conn)
         event_active(conn->flush_ev, EV_TIMEOUT, 0);
 }
 
+/* Stops or resumes reading while the peer is not reading what we already wrote. */
+static void conn_set_reading(mg_conn *conn, int on)
+{
+    conn->read_paused = !on;
+    if (conn->read_ev == NULL) {
+        if (on)
+            bufferevent_enable(conn->bev, EV_READ);
+        else
+            bufferevent_disable(conn->bev, EV_READ);
+    } else if (on) {
+        event_add(conn->read_ev, NULL);
+    } else {
+        event_del(conn->read_ev);
+    }
+}
+
+/* Hands `len` received bytes to nghttp2 and sends what they produced. Returns -1 when the
+ * connection was closed (and freed). */
+static int conn_feed(mg_conn *conn, const uint8_t *data, size_t len)
+{
+    ssize_t r = nghttp2_session_mem_recv(conn->ng, data, len);
+    if (r < 0) {
+        conn->gw->stats.protocol_errors++;
+        mg_info("conn_protocol_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
+                mg_conn_kind_names[conn->kind], nghttp2_strerror((int)r));
+        /* nghttp2 queued a GOAWAY where it could; send it, then close. */
+        nghttp2_session_terminate_session(conn->ng, NGHTTP2_PROTOCOL_ERROR);
+        mg_conn_send(conn);
+        return -1;
+    }
+    return mg_conn_send(conn);
+}
+
+static void conn_check_output(mg_conn *conn)
+{
+    if (evbuffer_get_length(bufferevent_get_output(conn->bev)) >=
+        conn->gw->cfg->max_conn_output_bytes)
+        conn_set_reading(conn, 0);
+}
+
+/* TLS: the bufferevent decrypted what arrived. */
 static void conn_read_cb(struct bufferevent *bev, void *arg)
 {
     mg_conn *conn = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
-    struct evbuffer *out = bufferevent_get_output(bev);
 
     if (conn->ng == NULL)
         return;
+    conn->gw->conn_reads++;
     while (evbuffer_get_length(in) > 0) {
-        struct evbuffer_iovec v[8];
-        int n = evbuffer_peek(in, -1, NULL, v, 8);
-        size_t used = 0;
-        if (n > 8)
-            n = 8;
-        for (int i = 0; i < n; i++) {
-            ssize_t r = nghttp2_session_mem_recv(conn->ng, v[i].iov_base, v[i].iov_len);
-            if (r < 0) {
-                conn->gw->stats.protocol_errors++;
-                mg_info("conn_protocol_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
-                        mg_conn_kind_names[conn->kind], nghttp2_strerror((int)r));
-                evbuffer_drain(in, evbuffer_get_length(in));
-                /* nghttp2 queued a GOAWAY where it could; send it, then close. */
-                nghttp2_session_terminate_session(conn->ng, NGHTTP2_PROTOCOL_ERROR);
-                mg_conn_send(conn);
-                return;
-            }
-            used += (size_t)r;
-        }
-        evbuffer_drain(in, used);
-        if (mg_conn_send(conn) < 0)
-            return;
+        size_t len = evbuffer_get_contiguous_space(in);
+        uint8_t *data = evbuffer_pullup(in, (ssize_t)len);
+        if (conn_feed(conn, data, len) < 0)
+            return; /* conn is gone, and the bufferevent with it */
+        evbuffer_drain(in, len);
     }
-    /* Backpressure: stop reading while the peer is not reading what we already wrote. */
-    if (evbuffer_get_length(out) >= conn->gw->cfg->max_conn_output_bytes) {
-        bufferevent_disable(bev, EV_READ);
-        conn->read_paused = 1;
+    conn_check_output(conn);
+}
+
+/* h2c and the Unix socket: the socket is read here, straight into nghttp2, rather than through
+ * the bufferevent's input buffer (which asks the kernel how much is waiting before each read and
+ * runs the callback on a later pass of the loop). At most four reads per wake-up, so one busy
+ * connection does not hold the loop. */
+static void conn_plain_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_conn *conn = arg;
+    uint8_t buf[16384];
+
+    for (int i = 0; i < 4; i++) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return;
+        if (n <= 0) { /* the peer closed, or the socket failed: as the bufferevent would report */
+            if (n < 0)
+                mg_debug("conn_read_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
+                         mg_conn_kind_names[conn->kind], strerror(errno));
+            mg_conn_free(conn);
+            return;
+        }
+        conn->gw->conn_reads++;
+        if (conn_feed(conn, buf, (size_t)n) < 0)
+            return;
+        conn_check_output(conn);
+        if (conn->read_paused || (size_t)n < sizeof(buf))
+            return;
     }
 }
 
@@ -297,11 +346,9 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
     mg_conn *conn = arg;
     if (conn->ng == NULL)
         return;
-    if (conn->read_paused && evbuffer_get_length(bufferevent_get_output(bev)) <
-                                 conn->gw->cfg->max_conn_output_bytes / 2) {
-        conn->read_paused = 0;
-        bufferevent_enable(bev, EV_READ);
-    }
+    if (conn->read_paused &&
+        evbuffer_get_length(bufferevent_get_output(bev)) < conn->gw->cfg->max_conn_output_bytes / 2)
+        conn_set_reading(conn, 1);
     mg_conn_send(conn);
 }
 
@@ -379,6 +426,8 @@ void mg_conn_free(mg_conn *conn)
         event_free(conn->timer);
     if (conn->flush_ev)
         event_free(conn->flush_ev);
+    if (conn->read_ev)
+        event_free(conn->read_ev); /* before the bufferevent closes the socket */
     if (conn->stage)
         evbuffer_free(conn->stage);
     if (conn->bev) {
@@ -470,6 +519,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
         conn->bev =
             bufferevent_socket_new(gw->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
         conn->stage = evbuffer_new();
+        conn->read_ev = event_new(gw->base, fd, EV_READ | EV_PERSIST, conn_plain_read_cb, conn);
     }
     conn->timer = evtimer_new(gw->base, conn_timer_cb, conn);
     conn->flush_ev = event_new(gw->base, -1, 0, flush_cb, conn);
@@ -480,7 +530,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     gw->stats.conns_active++;
     gw->stats.conns_total[l->kind]++;
     if (conn->bev == NULL || conn->timer == NULL || conn->flush_ev == NULL ||
-        (l->kind != CONN_TLS && conn->stage == NULL)) {
+        (l->kind != CONN_TLS && (conn->stage == NULL || conn->read_ev == NULL))) {
         if (conn->bev == NULL)
             evutil_closesocket(fd);
         mg_conn_free(conn);
@@ -494,7 +544,12 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     }
     bufferevent_setcb(conn->bev, conn_read_cb, conn_write_cb, conn_event_cb, conn);
     bufferevent_setwatermark(conn->bev, EV_WRITE, 0, 0);
-    bufferevent_enable(conn->bev, EV_READ | EV_WRITE);
+    if (conn->read_ev) {
+        bufferevent_enable(conn->bev, EV_WRITE);
+        event_add(conn->read_ev, NULL);
+    } else {
+        bufferevent_enable(conn->bev, EV_READ | EV_WRITE);
+    }
     mg_debug("conn_open", "peer=%s kind=%s", conn->peer, mg_conn_kind_names[conn->kind]);
     if (l->kind != CONN_TLS) {
         if (conn_session_new(conn) != 0) {

@@ -61,6 +61,7 @@ int mg_gateway_add_method(mg_gateway *gw, const mg_method *m)
         return MG_ERR_EXISTS;
     if (gw->n_methods >= MG_MAX_METHODS)
         return MG_ERR_FULL;
+    gw->method_len[gw->n_methods] = strlen(m->path);
     gw->methods[gw->n_methods++] = m;
     return 0;
 }
@@ -88,14 +89,18 @@ const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, 
     const char *slash = len > 1 ? memchr(path + 1, '/', len - 1) : NULL;
     size_t svc_len = slash ? (size_t)(slash - path) : len;
     *service_known = 0;
-    for (size_t i = 0; i < gw->n_methods; i++) {
-        const char *p = gw->methods[i]->path;
-        if (strlen(p) == len && memcmp(p, path, len) == 0) {
+    for (size_t i = 0; i < gw->n_methods; i++) { /* lengths first: most differ */
+        if (gw->method_len[i] == len && memcmp(gw->methods[i]->path, path, len) == 0) {
             *service_known = 1;
             return gw->methods[i];
         }
-        if (strncmp(p, path, svc_len) == 0 && p[svc_len] == '/')
+    }
+    for (size_t i = 0; i < gw->n_methods; i++) {
+        const char *p = gw->methods[i]->path;
+        if (gw->method_len[i] > svc_len && memcmp(p, path, svc_len) == 0 && p[svc_len] == '/') {
             *service_known = 1;
+            break;
+        }
     }
     return NULL;
 }
@@ -235,6 +240,43 @@ void mg_gateway_set_serving(mg_gateway *gw)
     gw->state = MG_STATE_SERVING;
     mg_svc_health_notify(gw);
     mg_info("ready", "state=serving epoch=%016llx", (unsigned long long)gw->epoch);
+}
+
+static uint64_t mono_us(void)
+{
+    return mg_now_mono_ns() / 1000u;
+}
+
+void mg_gateway_run(mg_gateway *gw)
+{
+    uint64_t window = gw->cfg->busy_poll_us;
+
+    if (window == 0) {
+        event_base_dispatch(gw->base);
+        return;
+    }
+    for (;;) {
+        uint64_t seen = gw->conn_reads, last;
+        /* Sleep until something happens; 1: nothing left to wait for. */
+        if (event_base_loop(gw->base, EVLOOP_ONCE) != 0 || event_base_got_break(gw->base))
+            return;
+        if (gw->conn_reads == seen)
+            continue; /* timers, workers' completions: no client waiting on a reply */
+        seen = gw->conn_reads;
+        last = mono_us();
+        for (;;) {
+            uint64_t now;
+            if (event_base_loop(gw->base, EVLOOP_NONBLOCK) != 0 || event_base_got_break(gw->base))
+                return;
+            now = mono_us();
+            if (gw->conn_reads != seen) {
+                seen = gw->conn_reads;
+                last = now;
+            } else if (now - last >= window) {
+                break;
+            }
+        }
+    }
 }
 
 void mg_gateway_check_drained(mg_gateway *gw)

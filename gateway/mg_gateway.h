@@ -233,6 +233,7 @@ struct mg_gateway {
     const mg_route *routes[MG_MAX_ROUTES];
     size_t n_routes;
     const mg_method *methods[MG_MAX_METHODS];
+    size_t method_len[MG_MAX_METHODS]; /* strlen of each method's path */
     mg_method_stats method_stats[MG_MAX_METHODS];
     size_t n_methods;
     mg_gateway_stats stats;
@@ -256,7 +257,8 @@ struct mg_gateway {
 
     struct event *drain_timer;
     struct event *grace_timer;
-    int drain_phase; /* 0 none, 1 notice sent, 2 final GOAWAY sent */
+    int drain_phase;     /* 0 none, 1 notice sent, 2 final GOAWAY sent */
+    uint64_t conn_reads; /* reads that delivered bytes from a connection: --busy-poll-us */
     int exit_code;
 };
 
@@ -275,6 +277,10 @@ int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
  * drain. */
 void mg_gateway_set_serving(mg_gateway *gw);
 void mg_gateway_drain(mg_gateway *gw);
+/* Runs the loop until the daemon stops (the drain ends it, or start-up work failed). With
+ * --busy-poll-us the loop, once a connection delivered bytes, polls without sleeping until that
+ * long passes with no more: a client's next call then finds the thread awake. */
+void mg_gateway_run(mg_gateway *gw);
 const char *mg_state_name(mg_state s);
 uint64_t mg_now_mono_ns(void);
 uint64_t mg_now_unix_ms(void);

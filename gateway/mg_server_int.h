@@ -38,6 +38,7 @@ typedef struct mg_conn {
     uint32_t uid;
     struct event *timer; /* handshake, then idle */
     struct event *flush_ev;
+    struct event *read_ev; /* h2c and unix: the socket read directly (conn_plain_read_cb) */
     unsigned nstreams;
     int got_frame;
     int read_paused;

@@ -10,6 +10,7 @@
  * whenever room appears, so a large request is never starved by small ones behind it.
  */
 #include "mg_gateway.h"
+#include "moongate/mg_str.h"
 
 #include "mg_log.h"
 
@@ -113,8 +114,8 @@ static void lease_msg_fill(lease_msg *m, const pool_entry *pe, const mg_lease_in
 {
     uint64_t now = now_ms();
     moongate__v1__lease__init(&m->msg);
-    snprintf(m->path, sizeof(m->path), "%s", in->path);
-    snprintf(m->tenant, sizeof(m->tenant), "%s", in->tenant);
+    mg_strlcpy(m->path, in->path, sizeof(m->path));
+    mg_strlcpy(m->tenant, in->tenant, sizeof(m->tenant));
     m->msg.id = in->id;
     m->msg.tenant = m->tenant;
     m->msg.pool = (char *)pe->name;
@@ -249,8 +250,8 @@ static int enqueue(mg_call *call, pool_entry *pe, const Moongate__V1__AcquireLea
     w->alignment = req->alignment;
     w->ttl_ms = ttl_ms;
     w->remote = req->remote_accessible;
-    snprintf(w->request_id, sizeof(w->request_id), "%s", req->request_id);
-    snprintf(w->tenant, sizeof(w->tenant), "%s", mg_call_tenant(call));
+    mg_strlcpy(w->request_id, req->request_id, sizeof(w->request_id));
+    mg_strlcpy(w->tenant, mg_call_tenant(call), sizeof(w->tenant));
     w->t0_ns = mg_now_mono_ns();
     if (mg_call_remaining_ms(call) < 0) {
         struct timeval tv = {(time_t)gw->cfg->max_wait, 0};
@@ -433,7 +434,7 @@ static int start_overflow(mg_call *call, pool_entry *pe,
     j->reserved = reserved;
     j->ttl_ms = ttl_ms;
     j->remote = req->remote_accessible;
-    snprintf(j->tenant, sizeof(j->tenant), "%s", mg_call_tenant(call));
+    mg_strlcpy(j->tenant, mg_call_tenant(call), sizeof(j->tenant));
     mg_call_ref(call);
     rc = mg_engine_submit(gw->engine, gw->cq, overflow_work, overflow_done, j);
     if (rc != 0) {
@@ -879,7 +880,7 @@ int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, mg_pool_stats *out, uint64_t
     *waiters = pe->nwaiters;
     mg_segment_get_info(mg_engine_registry(gw->engine), mg_pool_segment(pe->pool), &si);
     *segment_id = si.id;
-    snprintf(path, pathcap, "%s", si.path);
+    mg_strlcpy(path, si.path, pathcap);
     return 0;
 }
 

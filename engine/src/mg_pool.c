@@ -7,6 +7,7 @@
  * in the tables, marked, until its last user ends; lookups do not see it.
  */
 #include "moongate/pool.h"
+#include "moongate/mg_str.h"
 
 #include "mg_hash.h"
 #include "moongate/alloc.h"
@@ -62,7 +63,7 @@ static tenant_leases *tenant_of(mg_pool *p, const char *tenant, int create)
             return t;
     if (!create || (t = calloc(1, sizeof(*t))) == NULL)
         return NULL;
-    snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
+    mg_strlcpy(t->tenant, tenant, sizeof(t->tenant));
     t->next = p->tenants;
     p->tenants = t;
     return t;
@@ -280,9 +281,9 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
         snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
         return MG_ERR_NOMEM;
     }
-    snprintf(l->tenant, sizeof(l->tenant), "%s", tenant);
+    mg_strlcpy(l->tenant, tenant, sizeof(l->tenant));
     if (request_id)
-        snprintf(l->request_id, sizeof(l->request_id), "%s", request_id);
+        mg_strlcpy(l->request_id, request_id, sizeof(l->request_id));
     l->offset = offset;
     l->requested = size;
     l->reserved = reserved;
@@ -332,7 +333,7 @@ int mg_pool_adopt(mg_pool *p, const char *tenant, mg_segment *seg, uint64_t size
     if (l == NULL)
         return MG_ERR_NOMEM;
     mg_segment_get_info(p->reg, seg, &si);
-    snprintf(l->tenant, sizeof(l->tenant), "%s", tenant);
+    mg_strlcpy(l->tenant, tenant, sizeof(l->tenant));
     l->own = seg;
     l->requested = size;
     l->reserved = si.size;
@@ -437,9 +438,9 @@ void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out)
     memset(out, 0, sizeof(*out));
     mg_segment_get_info(p->reg, l->own ? l->own : p->seg, &si);
     out->id = l->id;
-    snprintf(out->tenant, sizeof(out->tenant), "%s", l->tenant);
+    mg_strlcpy(out->tenant, l->tenant, sizeof(out->tenant));
     out->segment_id = si.id;
-    snprintf(out->path, sizeof(out->path), "%s", si.path);
+    mg_strlcpy(out->path, si.path, sizeof(out->path));
     out->offset = l->offset;
     out->requested = l->requested;
     out->reserved = l->reserved;

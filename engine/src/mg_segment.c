@@ -12,6 +12,7 @@
  * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED.
  */
 #include "moongate/segment.h"
+#include "moongate/mg_str.h"
 #include "moongate/rdma.h"
 
 #include "mg_hash.h"
@@ -1001,7 +1002,13 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     memcpy(out->tenant, seg->tenant, sizeof(out->tenant));
     memcpy(out->name, seg->name, sizeof(out->name));
     memcpy(out->location, seg->location, sizeof(out->location));
-    snprintf(out->path, sizeof(out->path), "%s/%s", reg->shm_dir, seg->file);
+    {
+        /* shm_dir "/" file, as snprintf "%s/%s" would (this runs for every lease reply) */
+        size_t d = strnlen(reg->shm_dir, sizeof(out->path) - 2);
+        memcpy(out->path, reg->shm_dir, d);
+        out->path[d++] = '/';
+        mg_strlcpy(out->path + d, seg->file, sizeof(out->path) - d);
+    }
     out->source = seg->source;
     out->size = seg->size;
     out->remote_accessible = seg->remote_accessible;

@@ -4,7 +4,7 @@
  * release) — through the real gRPC API with the C client library, one persistent h2c
  * connection, one call at a time; plus the in-process cost of a pool acquire + release.
  *
- *   bench_lease --target ADDR [--prefault]   (a daemon with a pool runs there)
+ *   bench_lease --target ADDR [--prefault] [--busy-poll US]   (a daemon with a pool runs there)
  *   bench_lease --target ADDR --contention [--clients N] [--seconds S]
  *
  * Prints, for each read shape (keys x bytes), the p50/p99 of both paths and their ratio, and as
@@ -21,6 +21,7 @@
 #include "moongate/v1/memory.pb-c.h"
 #include "moongate/v1/pool.pb-c.h"
 
+#include <errno.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -37,50 +38,20 @@
 #include <unistd.h>
 
 typedef struct {
-    struct event_base *base;
-    int done, status;
+    int status;
     uint8_t *resp;
     size_t len;
     char message[256];
 } call_rec;
 
-static void on_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
-{
-    call_rec *r = arg;
-    free(r->resp);
-    r->resp = malloc(len ? len : 1);
-    memcpy(r->resp, m, len);
-    r->len = len;
-}
-
-static void on_close(mg_rpc *rpc, int status, const char *message, void *arg)
-{
-    call_rec *r = arg;
-    r->done = 1;
-    r->status = status;
-    snprintf(r->message, sizeof(r->message), "%s", message);
-    event_base_loopbreak(r->base);
-}
-
-static const mg_rpc_handlers handlers = {on_msg, on_close};
-
 /* One unary call on the persistent connection; exits on failure. */
-static void call(mg_client *c, struct event_base *base, const char *path,
-                 const ProtobufCMessage *req, call_rec *r)
+static void call(mg_client *c, const char *path, const ProtobufCMessage *req, call_rec *r)
 {
     uint8_t buf[512];
     size_t n = protobuf_c_message_pack(req, buf);
-    mg_rpc *rpc;
-    memset(r, 0, sizeof(*r));
-    r->base = base;
-    rpc = mg_rpc_start(c, path, NULL, 0, 60000, &handlers, r);
-    if (rpc == NULL || mg_rpc_send(rpc, buf, n) != 0 || mg_rpc_close_send(rpc) != 0) {
-        fprintf(stderr, "bench_lease: cannot start %s\n", path);
-        exit(1);
-    }
-    while (!r->done)
-        event_base_dispatch(base);
-    if (r->status != 0) {
+    if (mg_client_call(c, path, buf, n, 60000, &r->resp, &r->len, &r->status, r->message,
+                       sizeof(r->message)) != 0 ||
+        r->status != 0) {
         fprintf(stderr, "bench_lease: %s: status %d: %s\n", path, r->status, r->message);
         exit(1);
     }
@@ -107,9 +78,10 @@ static double pct(double *v, size_t n, double p)
 
 /* (a) register a segment of `size`, unregister it: `count` times. Fills us[] per read. */
 /* The floor: median round trip of 100 bytes to an echo child over the target's kind of socket
- * (TCP loopback, or a Unix socket pair for "unix:" targets), both ends waiting in epoll_wait as
- * the daemon and the client library do. */
-static double round_trip_us(int unix_socket)
+ * (TCP loopback, or a Unix socket pair for "unix:" targets). Both ends wait in epoll_wait as
+ * the daemon and the client library do, or with `poll` they spin on non-blocking reads as
+ * --busy-poll-us and mg_client_options.busy_poll_us do. */
+static double round_trip_us(int unix_socket, int poll)
 {
     enum { N = 20000 };
     int sv[2], one = 1, ep;
@@ -143,8 +115,11 @@ static double round_trip_us(int unix_socket)
         epoll_ctl(cep, EPOLL_CTL_ADD, sv[1], &ev);
         for (;;) {
             ssize_t n;
-            epoll_wait(cep, &ev, 1, -1);
-            n = read(sv[1], buf, sizeof(buf));
+            if (!poll)
+                epoll_wait(cep, &ev, 1, -1);
+            n = recv(sv[1], buf, sizeof(buf), MSG_DONTWAIT);
+            if (n < 0 && errno == EAGAIN)
+                continue;
             if (n <= 0 || write(sv[1], buf, (size_t)n) != n)
                 _exit(0);
         }
@@ -159,8 +134,11 @@ static double round_trip_us(int unix_socket)
             break;
         while (got < sizeof(buf)) {
             ssize_t n;
-            epoll_wait(ep, &ev, 1, -1);
-            n = read(sv[0], buf, sizeof(buf) - got);
+            if (!poll)
+                epoll_wait(ep, &ev, 1, -1);
+            n = recv(sv[0], buf, sizeof(buf) - got, MSG_DONTWAIT);
+            if (n < 0 && errno == EAGAIN)
+                continue;
             if (n <= 0)
                 break;
             got += (size_t)n;
@@ -176,8 +154,7 @@ static double round_trip_us(int unix_socket)
     return p50;
 }
 
-static void register_per_read(mg_client *c, struct event_base *base, uint64_t size, size_t count,
-                              int prefault, double *us)
+static void register_per_read(mg_client *c, uint64_t size, size_t count, int prefault, double *us)
 {
     for (size_t i = 0; i < count; i++) {
         Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
@@ -190,20 +167,19 @@ static void register_per_read(mg_client *c, struct event_base *base, uint64_t si
         rr.name = name;
         rr.size = size;
         rr.prefault = prefault;
-        call(c, base, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r);
+        call(c, "/moongate.v1.Memory/RegisterSegment", &rr.base, &r);
         resp = moongate__v1__register_response__unpack(NULL, r.len, r.resp);
         ur.id = resp->segment->id;
         moongate__v1__register_response__free_unpacked(resp, NULL);
         free(r.resp);
-        call(c, base, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r);
+        call(c, "/moongate.v1.Memory/UnregisterSegment", &ur.base, &r);
         free(r.resp);
         us[i] = now_us() - t0;
     }
 }
 
 /* (b) acquire a lease of `size`, release it: `count` times. */
-static void lease_per_read(mg_client *c, struct event_base *base, uint64_t size, size_t count,
-                           double *us)
+static void lease_per_read(mg_client *c, uint64_t size, size_t count, double *us)
 {
     for (size_t i = 0; i < count; i++) {
         Moongate__V1__AcquireLeaseRequest ar = MOONGATE__V1__ACQUIRE_LEASE_REQUEST__INIT;
@@ -212,12 +188,12 @@ static void lease_per_read(mg_client *c, struct event_base *base, uint64_t size,
         call_rec r;
         double t0 = now_us();
         ar.size = size;
-        call(c, base, "/moongate.v1.Pool/AcquireLease", &ar.base, &r);
+        call(c, "/moongate.v1.Pool/AcquireLease", &ar.base, &r);
         lease = moongate__v1__lease__unpack(NULL, r.len, r.resp);
         rl.id = lease->id;
         moongate__v1__lease__free_unpacked(lease, NULL);
         free(r.resp);
-        call(c, base, "/moongate.v1.Pool/ReleaseLease", &rl.base, &r);
+        call(c, "/moongate.v1.Pool/ReleaseLease", &rl.base, &r);
         free(r.resp);
         us[i] = now_us() - t0;
     }
@@ -372,7 +348,7 @@ static int contention(const char *target, unsigned clients, unsigned seconds)
         fprintf(stderr, "bench_lease: %s\n", err);
         return 1;
     }
-    call(probe, base, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
+    call(probe, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
     before = moongate__v1__pool_stats_response__unpack(NULL, r.len, r.resp);
     free(r.resp);
     for (unsigned i = 0; i < clients; i++) {
@@ -392,7 +368,7 @@ static int contention(const char *target, unsigned clients, unsigned seconds)
     event_base_once(base, -1, EV_TIMEOUT, stop_cb, &stop, &run);
     event_base_once(base, -1, EV_TIMEOUT, finish_cb, base, &settle);
     event_base_dispatch(base); /* the calls in flight at the stop end within the settle time */
-    call(probe, base, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
+    call(probe, "/moongate.v1.Pool/PoolStats", &sr.base, &r);
     after = moongate__v1__pool_stats_response__unpack(NULL, r.len, r.resp);
     free(r.resp);
     for (unsigned i = 0; i < clients; i++) {
@@ -437,6 +413,7 @@ int main(int argc, char **argv)
     const char *target = "127.0.0.1:7444";
     char shm_dir[64] = "/dev/shm/mg-bench-lease-XXXXXX";
     int prefault = 0, contend = 0, lease_only = 0;
+    size_t pairs = 0; /* --pairs N: that many 64 KiB pairs alone (for profiling the path) */
     double floor_us;
     unsigned clients = 4, seconds = 10;
     struct event_base *base = event_base_new();
@@ -453,13 +430,18 @@ int main(int argc, char **argv)
             contend = 1;
         else if (!strcmp(argv[i], "--lease-only"))
             lease_only = 1;
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
+            lease_only = 1, pairs = (size_t)strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--busy-poll") && i + 1 < argc)
+            o.busy_poll_us = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--clients") && i + 1 < argc)
             clients = (unsigned)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = (unsigned)atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_lease --target ADDR [--prefault | --lease-only] | "
-                            "--contention [--clients N] [--seconds S]\n");
+            fprintf(stderr,
+                    "usage: bench_lease --target ADDR [--prefault | --lease-only | "
+                    "--pairs N] [--busy-poll US] | --contention [--clients N] [--seconds S]\n");
             return 64;
         }
     }
@@ -474,21 +456,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_lease: %s\n", err);
         return 1;
     }
-    floor_us = 2 * round_trip_us(strncmp(target, "unix:", 5) == 0);
+    floor_us = 2 * round_trip_us(strncmp(target, "unix:", 5) == 0, o.busy_poll_us > 0);
     printf("Destination memory for a read, through gRPC (C client, one connection to %s, one call "
-           "at a time)\n",
-           target);
+           "at a time%s)\n",
+           target, o.busy_poll_us ? ", busy-polling the reply" : "");
     printf("register = RegisterSegment%s + UnregisterSegment; lease = AcquireLease + "
            "ReleaseLease (microseconds per read)\n",
            prefault ? " (prefault)" : "");
-    printf("floor = two plain 100-byte round trips over the same kind of socket, same run: "
+    printf("floor = two plain 100-byte round trips over the same kind of socket%s, same run: "
            "%.1f us\n\n",
-           floor_us);
+           o.busy_poll_us ? ", both ends polling" : "", floor_us);
     if (lease_only) { /* the gRPC path alone: quick to re-run while tuning it */
-        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
-            size_t n = shapes[s].keys;
+        for (size_t s = pairs ? 2 : 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            size_t n = pairs ? pairs : shapes[s].keys;
             double *lease_us = calloc(n, sizeof(double));
-            lease_per_read(c, base, shapes[s].bytes, n, lease_us);
+            lease_per_read(c, shapes[s].bytes, n, lease_us);
             qsort(lease_us, n, sizeof(double), cmp_double);
             printf("%zu x %" PRIu64 " KiB: lease p50 %.1f us (%.2fx floor), p99 %.1f us\n", n,
                    shapes[s].bytes >> 10, pct(lease_us, n, 0.5), pct(lease_us, n, 0.5) / floor_us,
@@ -508,8 +490,8 @@ int main(int argc, char **argv)
         double *reg_us = calloc(n, sizeof(double)), *lease_us = calloc(n, sizeof(double));
         double ns;
         char label[64];
-        register_per_read(c, base, shapes[s].bytes, n, prefault, reg_us);
-        lease_per_read(c, base, shapes[s].bytes, n, lease_us);
+        register_per_read(c, shapes[s].bytes, n, prefault, reg_us);
+        lease_per_read(c, shapes[s].bytes, n, lease_us);
         ns = in_process_ns(shm_dir, shapes[s].bytes, 1000000);
         qsort(reg_us, n, sizeof(double), cmp_double);
         qsort(lease_us, n, sizeof(double), cmp_double);

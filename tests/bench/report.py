@@ -75,6 +75,22 @@ def parse_lease(out):
     return rows, float(floor.group(1)) if floor else 0.0
 
 
+def parse_lease_paths(out):
+    """The acquire + release runs alone: one row per (transport, polling) with the p50 of the
+    largest read shape and the floor of the same run."""
+    rows = []
+    for part in re.split(r"\n(?=Destination memory for a read)", out):
+        head = re.search(r"one connection to (\S+), one call at a time(, busy-polling)?", part)
+        floor = re.search(r"floor = .*?([\d.]+) us", part)
+        p50s = [float(x) for x in re.findall(r"KiB: lease p50 ([\d.]+) us", part)] or [
+            float(x) for x in re.findall(r"(?m)^\d+ x \d+ KiB\s+[\d.]+\s+[\d.]+\s+([\d.]+)", part)]
+        if head and floor and p50s:
+            rows.append(dict(transport="unix" if head.group(1).startswith("unix:") else "tcp",
+                             polling=bool(head.group(2)), floor=float(floor.group(1)),
+                             p50=p50s[-1]))
+    return rows
+
+
 def gnuplot(script, out_dir):
     p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True, cwd=out_dir)
     if p.returncode != 0:
@@ -151,7 +167,7 @@ plot 'lease.dat' using 2:xtic(1) title 'register per read', '' using 3 title 'le
 """ % (floor, floor), out_dir)
 
 
-def write_report(out_dir, refs, transfer, control, lease, floor):
+def write_report(out_dir, refs, transfer, control, lease, floor, paths):
     lines = ["# moongate benchmark report", "",
              "Made by `tests/bench/run.sh report` on %s (%s); raw output beside this file." % (
                  time.strftime("%Y-%m-%d %H:%M"), os.uname().nodename), ""]
@@ -179,6 +195,14 @@ def write_report(out_dir, refs, transfer, control, lease, floor):
             r["read"], r["register_p50"], r["lease_p50"], r["register_p50"] / r["lease_p50"],
             r["lease_p99"]))
     lines += ["", "Floor (two plain round trips, same run): %.1f us." % floor, ""]
+    lines += ["Acquire + release alone, 16384 pairs, one call at a time (polling: `--busy-poll-us"
+              " 200` on the daemon, `busy_poll_us = 200` in the client):", "",
+              "| transport | waiting | lease p50 us | floor us | / floor |", "|---|---|---|---|---|"]
+    for r in paths:
+        lines.append("| %s | %s | %.1f | %.1f | %.2fx |" % (
+            r["transport"], "polling" if r["polling"] else "sleeping", r["p50"], r["floor"],
+            r["p50"] / r["floor"]))
+    lines.append("")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines))
 
@@ -204,6 +228,7 @@ def main():
     refs, transfer = parse_transfer(text("transfer.out"), text("transfer.err"))
     control = parse_control(text("control.out"))
     lease, floor = parse_lease(text("lease.out"))
+    paths = parse_lease_paths(text("lease.out"))
     if not transfer or not control or not lease:
         sys.exit("report.py: a benchmark produced no figures (transfer %d, control %d, lease %d "
                  "rows); see the raw output in %s" % (len(transfer), len(control), len(lease),
@@ -211,7 +236,7 @@ def main():
     plot_transfer(refs, transfer, a.out)
     plot_control(control, a.out)
     plot_lease(lease, floor, a.out)
-    write_report(a.out, refs, transfer, control, lease, floor)
+    write_report(a.out, refs, transfer, control, lease, floor, paths)
     print(os.path.join(a.out, "report.md"))
 
 

@@ -4,7 +4,8 @@
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
-# lease:    destination memory per read: register + unregister against lease + release.
+# lease:    destination memory per read: register + unregister against lease + release;
+#           then acquire + release alone over TCP and the Unix socket, sleeping and polling.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
 # transfer: two daemons, mgbench transfer (block and batch sizes, 1 GiB each way, 4 threads)
 #           against iperf3 and UCX's ucx_perftest over TCP (tag_bw, ucp_put_bw at 1 MiB).
@@ -56,6 +57,13 @@ lease)
     echo
     # Local clients may use the daemon's Unix socket instead of TCP loopback.
     "$build/bench/bench_lease" --target "unix:$shm/moongate.sock" --lease-only || rc=$?
+    stop_daemon
+    echo
+    # Both ends polling instead of sleeping between calls (--busy-poll-us, busy_poll_us).
+    start_daemon "--busy-poll-us 200"
+    "$build/bench/bench_lease" --target "127.0.0.1:$port" --lease-only --busy-poll 200 || rc=$?
+    echo
+    "$build/bench/bench_lease" --target "unix:$shm/moongate.sock" --lease-only --busy-poll 200 || rc=$?
     stop_daemon
     echo
     start_daemon "--pool-bytes 8M"

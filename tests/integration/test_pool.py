@@ -244,6 +244,39 @@ def test_readable_routes_with_curl(make_daemon):
     assert status == 404 and "no lease" in err["message"]
 
 
+def test_busy_poll_serves_calls_then_goes_quiet(make_daemon):
+    """--busy-poll-us: while calls come back to back the loop polls instead of sleeping; they
+    are answered as before (gRPC over the Unix socket and h2c, JSON with curl), the loop sleeps
+    again once they stop, and SIGTERM still drains it."""
+    import json
+    from conftest import unix_channel
+    d = pool_daemon(make_daemon, "--busy-poll-us", "5000")
+
+    def cpu_seconds():
+        with open("/proc/%d/stat" % d.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    for ch in (unix_channel(d), h2c_channel(d)):
+        with ch:
+            p = pool_pb2_grpc.PoolStub(ch)
+            for i in range(300):
+                a = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=4096 + i))
+                assert a.requested == 4096 + i
+                p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=a.id))
+            assert stat(p).leases == 0
+    rc, out, err = curl("--http2-prior-knowledge", "-H", "content-type: application/json",
+                        "-d", '{"size": "65536"}', "http://%s/v1/leases" % d.h2c)
+    assert rc == 0 and json.loads(out)["reserved"] == "65536", err
+    time.sleep(0.2)
+    before = cpu_seconds()
+    time.sleep(2)
+    # A loop that kept polling with nothing to do would have spent about 2 s of CPU here.
+    assert cpu_seconds() - before < 0.5
+    assert d.stop() == 0
+    assert "event=drained result=clean" in d.read_log()
+
+
 def test_drain_refuses_new_leases_and_revokes_the_rest(make_daemon):
     d = pool_daemon(make_daemon, "--grace", "5")
     ch, p, _ = stubs(d)

@@ -341,6 +341,120 @@ static void test_blocking_unary_and_unreachable(void)
     }
 }
 
+/* One mg_client_call answered by EchoMessages: checks the last one carries `payload`, returns
+ * its seq (UINT64_MAX when the call failed). */
+static uint64_t echo_call(mg_client *c, const char *path, const ProtobufCMessage *req,
+                          const ProtobufCBinaryData *payload)
+{
+    static uint8_t buf[100100];
+    uint8_t *resp;
+    size_t len;
+    int status;
+    char msg[256];
+    uint64_t seq = UINT64_MAX;
+    Moongate__V1__EchoMessage *e;
+    CU_ASSERT_EQUAL(
+        mg_client_call(c, path, buf, pack(req, buf), 5000, &resp, &len, &status, msg, sizeof(msg)),
+        0);
+    CU_ASSERT_EQUAL(status, MG_GRPC_OK);
+    if (status != MG_GRPC_OK)
+        return seq;
+    e = moongate__v1__echo_message__unpack(NULL, len, resp);
+    CU_ASSERT_PTR_NOT_NULL(e);
+    if (e) {
+        seq = e->seq;
+        CU_ASSERT_EQUAL(e->payload.len, payload->len);
+        if (e->payload.len == payload->len && payload->len)
+            CU_ASSERT_EQUAL(memcmp(e->payload.data, payload->data, payload->len), 0);
+        moongate__v1__echo_message__free_unpacked(e, NULL);
+    }
+    free(resp);
+    return seq;
+}
+
+/* mg_client_call on one persistent connection, sleeping and busy-polling, over both socket
+ * kinds: answers in order (payloads larger than one read), the last message of a streaming
+ * call, an error status with its message, a deadline that expires while polling, and a call on
+ * a connection that failed. */
+static void test_call_on_open_client(void)
+{
+    const char *targets[] = {sock_target, tcp_target};
+    static uint8_t payload[100000], buf[100100];
+    for (size_t i = 0; i < sizeof(payload); i++)
+        payload[i] = (uint8_t)(i * 7);
+    for (int t = 0; t < 2; t++) {
+        for (int poll = 0; poll < 2; poll++) {
+            struct event_base *base = event_base_new();
+            mg_client_options o = {.target = targets[t], .busy_poll_us = poll ? 2000 : 0};
+            mg_client *c = NULL;
+            uint8_t *resp;
+            size_t len;
+            int status;
+            char msg[256], err[256];
+            CU_ASSERT_EQUAL_FATAL(mg_client_new(&c, base, &o, err, sizeof(err)), 0);
+            for (int k = 0; k < 50; k++) {
+                Moongate__V1__EchoMessage m = MOONGATE__V1__ECHO_MESSAGE__INIT;
+                m.seq = (uint64_t)k;
+                if (k % 10 == 9) { /* a reply of several reads */
+                    m.payload.data = payload;
+                    m.payload.len = sizeof(payload);
+                }
+                CU_ASSERT_EQUAL(echo_call(c, "/moongate.v1.Debug/Echo", &m.base, &m.payload),
+                                (uint64_t)k);
+            }
+            {
+                Moongate__V1__ExpandRequest x = MOONGATE__V1__EXPAND_REQUEST__INIT;
+                ProtobufCBinaryData none = {0, NULL};
+                x.count = 3;
+                x.size = 0;
+                CU_ASSERT_EQUAL(echo_call(c, "/moongate.v1.Debug/Expand", &x.base, &none), 2);
+            }
+            CU_ASSERT_EQUAL(mg_client_call(c, "/moongate.v1.Daemon/Nope", buf, 0, 5000, &resp, &len,
+                                           &status, msg, sizeof(msg)),
+                            0);
+            CU_ASSERT_EQUAL(status, MG_GRPC_UNIMPLEMENTED);
+            CU_ASSERT_PTR_NOT_NULL(strstr(msg, "/moongate.v1.Daemon/Nope"));
+            CU_ASSERT_PTR_NULL(resp);
+            {
+                Moongate__V1__SleepRequest sl = MOONGATE__V1__SLEEP_REQUEST__INIT;
+                sl.duration_ms = 3000;
+                CU_ASSERT_EQUAL(mg_client_call(c, "/moongate.v1.Debug/Sleep", buf,
+                                               pack(&sl.base, buf), 100, &resp, &len, &status, msg,
+                                               sizeof(msg)),
+                                0);
+                CU_ASSERT_EQUAL(status, MG_GRPC_DEADLINE_EXCEEDED);
+                CU_ASSERT_PTR_NULL(resp);
+            }
+            mg_client_del(c);
+            event_base_loop(base, EVLOOP_NONBLOCK);
+            event_base_free(base);
+        }
+    }
+    {
+        struct event_base *base = event_base_new();
+        mg_client_options o = {.target = "127.0.0.1:1", .busy_poll_us = 1000};
+        mg_client *c = NULL;
+        uint8_t *resp;
+        size_t len;
+        int status;
+        char msg[256], err[256];
+        CU_ASSERT_EQUAL_FATAL(mg_client_new(&c, base, &o, err, sizeof(err)), 0);
+        CU_ASSERT_EQUAL(mg_client_call(c, "/grpc.health.v1.Health/Check", buf, 0, 5000, &resp, &len,
+                                       &status, msg, sizeof(msg)),
+                        0);
+        CU_ASSERT_EQUAL(status, MG_GRPC_UNAVAILABLE);
+        CU_ASSERT_PTR_NOT_NULL(strstr(msg, "127.0.0.1:1"));
+        /* The connection is known dead: the next call is not even started. */
+        CU_ASSERT_EQUAL(mg_client_call(c, "/grpc.health.v1.Health/Check", buf, 0, 5000, &resp, &len,
+                                       &status, msg, sizeof(msg)),
+                        -1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(msg, "127.0.0.1:1"));
+        mg_client_del(c);
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+    }
+}
+
 /* A user callback may delete its client while the library is failing the client's calls:
  * the gateway's peer directory does (a Submit's check ends, it opens a session, the old
  * connection is found dead and replaced). Two calls, the first one's close deletes the client,
@@ -535,6 +649,7 @@ int main(void)
         MG_TEST(test_deadline_and_cancel),
         MG_TEST(test_unknown_method),
         MG_TEST(test_blocking_unary_and_unreachable),
+        MG_TEST(test_call_on_open_client),
         MG_TEST(test_client_deleted_from_its_own_callback),
         MG_TEST(test_registration_never_runs_on_the_loop),
         MG_TEST(test_batch_partial_failure),

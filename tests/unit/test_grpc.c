@@ -16,6 +16,12 @@ static void test_code_names_and_http(void)
     CU_ASSERT_EQUAL(mg_grpc_code_parse("14"), 14);
     CU_ASSERT_EQUAL(mg_grpc_code_parse("17"), -1);
     CU_ASSERT_EQUAL(mg_grpc_code_parse("5x"), -1);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse("0"), 0);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse("05"), 5);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse("16"), 16);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse(""), -1);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse("-1"), -1);
+    CU_ASSERT_EQUAL(mg_grpc_code_parse("999999999"), -1);
     CU_ASSERT_EQUAL(mg_grpc_code_http(MG_GRPC_NOT_FOUND), 404);
     CU_ASSERT_EQUAL(mg_grpc_code_http(MG_GRPC_RESOURCE_EXHAUSTED), 429);
     CU_ASSERT_EQUAL(mg_grpc_code_http(MG_GRPC_CANCELLED), 499);
@@ -96,6 +102,12 @@ static void test_timeout_format_never_shortens(void)
     }
     mg_grpc_timeout_format(buf, 2500000000ULL);
     CU_ASSERT_STRING_EQUAL(buf, "2500000u");
+    CU_ASSERT_EQUAL(mg_grpc_timeout_format(buf, 0), 2);
+    CU_ASSERT_STRING_EQUAL(buf, "0n");
+    mg_grpc_timeout_format(buf, 60000000000ULL);
+    CU_ASSERT_STRING_EQUAL(buf, "60000000u");
+    mg_grpc_timeout_format(buf, UINT64_MAX); /* rounded up without wrapping */
+    CU_ASSERT_STRING_EQUAL(buf, "5124096H");
 }
 
 typedef struct {
