@@ -7,6 +7,7 @@
 #include "mg_gateway.h"
 #include "mg_log.h"
 #include "moongate/engine.h"
+#include "moongate/fault.h"
 #include "moongate/rdma.h"
 
 #include <event2/event.h>
@@ -100,6 +101,7 @@ int main(int argc, char **argv)
 
     evthread_use_pthreads();
     signal(SIGPIPE, SIG_IGN);
+    mg_fault_init(); /* SIGBUS in a guarded copy fails that copy (moongate/fault.h) */
 
     rc = mg_config_load(&cfg, argc, argv, stdout, err, sizeof(err));
     if (rc == MG_CONFIG_EXIT) {

@@ -15,6 +15,7 @@
  */
 #include "mg_gateway.h"
 
+#include "moongate/fault.h"
 #include "moongate/segment.h"
 #include "moongate/v1/memory.pb-c.h"
 
@@ -56,12 +57,27 @@ static void read_free(read_state *st)
     free(st);
 }
 
-/* Worker: one SegmentChunk, framed, with its bytes copied out of the segment. */
+typedef struct {
+    const ProtobufCMessage *msg;
+    uint8_t *out;
+} pack_op;
+
+static int pack_guarded(void *arg)
+{
+    pack_op *p = arg;
+    protobuf_c_message_pack(p->msg, p->out);
+    return 0;
+}
+
+/* Worker: one SegmentChunk, framed, with its bytes copied out of the segment (guarded: a client
+ * may have shrunk the segment's file under it). */
 static int read_work(void *arg)
 {
     read_job *j = arg;
     Moongate__V1__SegmentChunk c = MOONGATE__V1__SEGMENT_CHUNK__INIT;
+    pack_op p = {&c.base, NULL};
     size_t len;
+    int rc;
     c.offset = j->offset;
     c.data.data = (uint8_t *)mg_segment_addr(j->st->seg) + j->st->base + j->offset;
     c.data.len = j->n;
@@ -70,7 +86,9 @@ static int read_work(void *arg)
     if (j->frame == NULL)
         return MG_ERR_NOMEM;
     mg_grpc_prefix(j->frame, (uint32_t)len);
-    protobuf_c_message_pack(&c.base, j->frame + MG_GRPC_PREFIX_LEN);
+    p.out = j->frame + MG_GRPC_PREFIX_LEN;
+    if ((rc = mg_fault_guard(pack_guarded, &p)) != 0)
+        return rc;
     j->frame_len = MG_GRPC_PREFIX_LEN + len;
     return 0;
 }
@@ -93,7 +111,11 @@ static void read_done(void *arg, int result)
         free(j->frame);
         free(j);
         st->ended = 1;
-        mg_call_fail(st->call, result, "copying the segment");
+        mg_call_fail(st->call, result, "%s",
+                     result == MG_ERR_DATA_LOSS
+                         ? "copying the segment: its file is shorter than registered (a client "
+                           "truncated it)"
+                         : "copying the segment");
         read_free(st);
         return;
     }
@@ -337,9 +359,16 @@ static int write_work(void *arg)
                  j->index, r->offset, r->data.len, j->st->lease ? "lease" : "segment", j->size);
         return j->err;
     }
-    if (r->data.len > 0)
-        memcpy((uint8_t *)mg_segment_addr(j->st->seg) + j->st->base + r->offset, r->data.data,
-               r->data.len);
+    if (r->data.len > 0 &&
+        mg_guarded_copy((uint8_t *)mg_segment_addr(j->st->seg) + j->st->base + r->offset,
+                        r->data.data, r->data.len) != 0) {
+        j->err = MG_ERR_DATA_LOSS;
+        snprintf(j->why, sizeof(j->why),
+                 "message %" PRIu64 ": the %s's file is shorter than registered (a client "
+                 "truncated it): offset %" PRIu64 " is gone",
+                 j->index, j->st->lease ? "lease's pool" : "segment", r->offset);
+        return j->err;
+    }
     return 0;
 }
 

@@ -28,6 +28,7 @@
 
 #include "moongate/batch.h"
 #include "moongate/dataplane.h"
+#include "moongate/fault.h"
 #include "moongate/peers.h"
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
@@ -606,7 +607,13 @@ static int part_copy(struct xfer_part *pt)
             return stop;
         }
         step = pt->length - done < (8u << 20) ? pt->length - done : (8u << 20);
-        memmove(to + done, from + done, step);
+        if (mg_guarded_copy(to + done, from + done, step) != 0) {
+            snprintf(pt->msg, sizeof(pt->msg),
+                     "a segment's file is shorter than registered (a client truncated it): "
+                     "copy stopped at byte %llu of %llu",
+                     (unsigned long long)done, (unsigned long long)pt->length);
+            return MG_ERR_DATA_LOSS;
+        }
         __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
     }
     return 0;

@@ -8,6 +8,7 @@
  * flight, answers read in order.
  */
 #include "moongate/dataplane.h"
+#include "moongate/fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -316,9 +317,11 @@ static void *conn_main(void *arg)
                 target_done(s, &tgt);
                 break;
             }
-            if (st == ST_OK && (h.flags & MG_DF_CRC) &&
-                mg_crc32c(0, addr, h.length) != h.payload_crc)
-                st = ST_DATA_LOSS;
+            if (st == ST_OK && (h.flags & MG_DF_CRC)) {
+                uint32_t crc = 0; /* guarded: a client may have shrunk the segment's file */
+                if (mg_guarded_crc32c(&crc, addr, h.length) != 0 || crc != h.payload_crc)
+                    st = ST_DATA_LOSS;
+            }
             reply.type = MG_DF_WRITE_ACK;
             reply.length = h.length;
             reply.status = st;
@@ -328,12 +331,16 @@ static void *conn_main(void *arg)
                 count(s, &s->stats.bytes_in, h.length);
             rc = send_frame(c->fd, &reply, NULL, 0, timeout, NULL);
         } else {
+            uint32_t crc = 0;
+            if (st == ST_OK && (h.flags & MG_DF_CRC) &&
+                mg_guarded_crc32c(&crc, addr, h.length) != 0)
+                st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
             reply.type = MG_DF_READ_DATA;
             reply.status = st;
             reply.length = st == ST_OK ? h.length : 0;
             if (st == ST_OK && (h.flags & MG_DF_CRC)) {
                 reply.flags |= MG_DF_CRC;
-                reply.payload_crc = mg_crc32c(0, addr, h.length);
+                reply.payload_crc = crc;
             }
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
@@ -648,8 +655,11 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
     h.target = target;
     h.offset = sl->remote_offset;
     h.length = sl->length;
-    if (write && o->crc)
-        h.payload_crc = mg_crc32c(0, buf + sl->local_offset, sl->length);
+    if (write && o->crc &&
+        mg_guarded_crc32c(&h.payload_crc, buf + sl->local_offset, sl->length) != 0) {
+        errno = EFAULT; /* as send() reports a missing page of the local segment */
+        return -1;
+    }
     return send_frame(c->fd, &h, write ? buf + sl->local_offset : NULL, write ? sl->length : 0,
                       (int)c->timeout_ms, c->stop);
 }
@@ -793,9 +803,12 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
                          (unsigned long long)e.slice);
                 return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
             }
-            if ((h.flags & MG_DF_CRC) &&
-                mg_crc32c(0, op->buf + expect.local_offset, h.length) != h.payload_crc)
-                h.status = ST_DATA_LOSS;
+            if (h.flags & MG_DF_CRC) {
+                uint32_t crc = 0;
+                if (mg_guarded_crc32c(&crc, op->buf + expect.local_offset, h.length) != 0 ||
+                    crc != h.payload_crc)
+                    h.status = ST_DATA_LOSS;
+            }
         }
         op->answered++;
         if (h.status != ST_OK && op->rc == 0) {

@@ -12,6 +12,7 @@
  * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED.
  */
 #include "moongate/segment.h"
+#include "moongate/fault.h"
 #include "moongate/mg_str.h"
 #include "moongate/rdma.h"
 
@@ -783,7 +784,21 @@ static int lock_pages(mg_segment *seg)
     return e == EPERM ? MG_ERR_PERMISSION : MG_ERR_NOMEM;
 }
 
-/* Returns 0 or MG_ERR_CANCELLED. */
+typedef struct {
+    const char *p;
+    uint64_t len, page;
+} touch_op;
+
+static int touch_pages(void *arg)
+{
+    touch_op *t = arg;
+    for (uint64_t off = 0; off < t->len; off += t->page)
+        (void)*(volatile const char *)(t->p + off);
+    return 0;
+}
+
+/* Returns 0, MG_ERR_CANCELLED or MG_ERR_DATA_LOSS (the file is shorter than the mapping: a
+ * client shrank it). */
 static int prefault(mg_segment *seg)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -802,11 +817,18 @@ static int prefault(mg_segment *seg)
             return 0;
     }
 #endif
-    /* Older kernels: read every page; writes would race with a client's own. */
-    for (uint64_t off = 0; off < seg->size; off += (uint64_t)page) {
-        if (off % CHUNK == 0 && cancelled(seg))
+    /* Older kernels (or a file shorter than the mapping): read every page, a chunk at a time,
+     * guarded; writes would race with a client's own. */
+    for (uint64_t off = 0; off < seg->size; off += CHUNK) {
+        touch_op t = {(const char *)seg->addr + off,
+                      seg->size - off < CHUNK ? seg->size - off : CHUNK, (uint64_t)page};
+        if (cancelled(seg))
             return MG_ERR_CANCELLED;
-        (void)*(volatile const char *)((const char *)seg->addr + off);
+        if (mg_fault_guard(touch_pages, &t) != 0) {
+            set_error(seg, "the file is shorter than the segment's %llu bytes (truncated under it)",
+                      (unsigned long long)seg->size);
+            return MG_ERR_DATA_LOSS;
+        }
     }
     return 0;
 }

@@ -775,3 +775,34 @@ def test_unknown_shm_group_fails_at_start(tmp_path):
                         "no-such-group-here", "--ops-listen", "", "--unix-socket", "",
                         "--listen", "127.0.0.1:1"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 1 and "no such group" in r.stdout + r.stderr
+
+
+def test_a_client_shrinking_a_segment_file_does_not_crash_the_daemon(make_daemon):
+    """A client that maps a segment may also truncate its file; the daemon's mapping then has
+    pages past the file's end, and touching one raises SIGBUS. Inline writes and reads into it
+    fail with DATA_LOSS naming the cause; the daemon keeps serving and unregisters it."""
+    from mgstd import health_pb2, health_pb2_grpc
+    d = make_daemon()
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="shrunk", size=1 << 20)).segment
+        m.WriteSegment(write_msgs(seg.id, 0, b"x" * 8192), timeout=10)
+        os.truncate(seg.path, 4096)  # the first page stays, the rest is gone
+        with pytest.raises(grpc.RpcError) as e:
+            m.WriteSegment(write_msgs(seg.id, 8192, b"y" * 4096), timeout=10)
+        assert e.value.code() == grpc.StatusCode.DATA_LOSS
+        assert "truncated" in e.value.details(), e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            list(m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id), timeout=10))
+        assert e.value.code() == grpc.StatusCode.DATA_LOSS
+        assert "truncated" in e.value.details(), e.value.details()
+        # What is still there still works.
+        got = b"".join(c.data for c in m.ReadSegment(
+            memory_pb2.ReadSegmentRequest(id=seg.id, length=4096), timeout=10))
+        assert got == b"x" * 4096
+        assert health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    assert d.alive()
+    nothing_left(d)
+

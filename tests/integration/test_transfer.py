@@ -770,6 +770,24 @@ def test_local_copies_on_this_daemon(make_daemon):
         assert len(t.ListPeers(transfer_pb2.ListPeersRequest()).peers) == 0
 
 
+def test_a_local_copy_from_a_shrunk_file_fails_and_the_daemon_stays(make_daemon):
+    """A local copy whose source file a client truncated: the request fails with DATA_LOSS
+    naming the cause instead of the worker dying of SIGBUS."""
+    a = make_daemon()
+    one, two = register(a, "one", 4 * MiB), register(a, "two", 4 * MiB)
+    os.truncate(one.path, MiB)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, one.id, "", two.id, 4 * MiB)])).batch_id
+        b = wait_batch(t, bid)
+        assert b.state == transfer_pb2.FAILED
+        r = b.requests[0]
+        assert r.code == grpc.StatusCode.DATA_LOSS.value[0], r
+        assert "truncated" in r.message, r.message
+    assert a.alive()
+
+
 def test_finished_batches_are_forgotten_after_the_retention(make_daemon):
     a = make_daemon("--batch-retention", "1")
     one, two = register(a, "one", MiB), register(a, "two", MiB)

@@ -1,0 +1,93 @@
+/*
+ * mg_fault: see moongate/fault.h. Each guarded call sets a thread-local jump buffer; the SIGBUS
+ * handler jumps back to it when the faulting thread is inside one. The handler runs with
+ * SA_NODEFER, so jumping out of it leaves SIGBUS unblocked and the next guard works the same.
+ */
+#include "moongate/fault.h"
+#include "moongate/dataframe.h"
+#include "moongate/mg_error.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <string.h>
+
+static __thread sigjmp_buf *guard_jb;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int init_rc;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)si;
+    (void)uc;
+    if (guard_jb)
+        siglongjmp(*guard_jb, 1);
+    /* Not inside a guard: a real bug. Die of it as if there were no handler. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    init_rc = sigaction(SIGBUS, &sa, NULL) == 0 ? 0 : MG_ERR_SYSTEM;
+}
+
+int mg_fault_init(void)
+{
+    pthread_once(&once, install);
+    return init_rc;
+}
+
+int mg_fault_guard(int (*fn)(void *), void *arg)
+{
+    sigjmp_buf jb, *outer = guard_jb;
+    volatile int rc = MG_ERR_DATA_LOSS;
+    mg_fault_init();
+    if (sigsetjmp(jb, 0) == 0) {
+        guard_jb = &jb;
+        rc = fn(arg);
+    }
+    guard_jb = outer;
+    return rc;
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t n;
+    uint32_t crc;
+} op;
+
+static int do_copy(void *arg)
+{
+    op *o = arg;
+    memmove(o->dst, o->src, o->n);
+    return 0;
+}
+
+static int do_crc(void *arg)
+{
+    op *o = arg;
+    o->crc = mg_crc32c(o->crc, o->src, o->n);
+    return 0;
+}
+
+int mg_guarded_copy(void *dst, const void *src, size_t n)
+{
+    op o = {dst, src, n, 0};
+    return mg_fault_guard(do_copy, &o);
+}
+
+int mg_guarded_crc32c(uint32_t *crc, const void *p, size_t n)
+{
+    op o = {NULL, p, n, *crc};
+    int rc = mg_fault_guard(do_crc, &o);
+    if (rc == 0)
+        *crc = o.crc;
+    return rc;
+}
