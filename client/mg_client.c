@@ -5,6 +5,7 @@
  */
 #include "mg_client.h"
 #include "mg_bev.h"
+#include "mg_str.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -836,11 +837,8 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     call_state *s = arg;
     s->status = status;
-    if (s->msgcap) {
-        size_t n = strnlen(message, s->msgcap - 1);
-        memcpy(s->message, message, n);
-        s->message[n] = '\0';
-    }
+    if (s->msgcap)
+        mg_strlcpy(s->message, message, s->msgcap);
     s->done = 1;
 }
 

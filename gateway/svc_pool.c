@@ -10,9 +10,9 @@
  * whenever room appears, so a large request is never starved by small ones behind it.
  */
 #include "mg_gateway.h"
-#include "moongate/mg_str.h"
 
 #include "mg_log.h"
+#include "mg_str.h"
 
 #include "moongate/lease_table.h"
 #include "moongate/pool.h"

@@ -7,9 +7,9 @@
  * in the tables, marked, until its last user ends; lookups do not see it.
  */
 #include "moongate/pool.h"
-#include "moongate/mg_str.h"
 
 #include "mg_hash.h"
+#include "mg_str.h"
 #include "moongate/alloc.h"
 
 #include <stdio.h>

@@ -13,11 +13,11 @@
  */
 #include "moongate/segment.h"
 #include "moongate/fault.h"
-#include "moongate/mg_str.h"
 #include "moongate/rdma.h"
 
 #include "mg_hash.h"
 #include "mg_log.h"
+#include "mg_str.h"
 #include "moongate/engine.h"
 
 #include <dirent.h>

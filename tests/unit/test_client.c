@@ -8,6 +8,7 @@
 #include "mg_gateway.h"
 #include "mg_log.h"
 #include "mg_test.h"
+#include "mg_test_gateway.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "moongate/segment.h"
@@ -26,84 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static mg_config cfg;
-static mg_engine *engine;
-static mg_gateway *gw;
-static struct event_base *gw_base;
-static pthread_t gw_thread;
-static char sock_target[128], tcp_target[64], shm_dir[64];
-
-static void *gw_main(void *arg)
-{
-    event_base_dispatch(gw_base);
-    return NULL;
-}
-
-static int free_port(void)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
-
-static int start_gateway(void)
-{
-    char err[512], sock[96], h2c[64];
-    char *argv[] = {"moongate",
-                    "--listen=",
-                    "--ops-listen=",
-                    "--debug-service",
-                    "--access-log=false",
-                    "--workers=2",
-                    "--pool-bytes=0",
-                    "--data-listen=",
-                    "--allow-anonymous",
-                    sock,
-                    h2c};
-    mg_engine_config ec = {.workers = 2,
-                           .queue_depth = 16,
-                           .registry = {.shm_dir = shm_dir,
-                                        .file_mode = 0600,
-                                        .max_segments = 64,
-                                        .max_registered_bytes = 1 << 30}};
-    int port = free_port();
-    snprintf(shm_dir, sizeof(shm_dir), "/tmp/mg-test-client-shm-XXXXXX");
-    if (mkdtemp(shm_dir) == NULL)
-        return -1;
-    snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-client-%d.sock", (int)getpid());
-    snprintf(h2c, sizeof(h2c), "--h2c-listen=127.0.0.1:%d", port);
-    snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-client-%d.sock", (int)getpid());
-    snprintf(tcp_target, sizeof(tcp_target), "127.0.0.1:%d", port);
-    if (mg_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])), argv, stdout, err,
-                       sizeof(err)) != MG_CONFIG_OK) {
-        fprintf(stderr, "config: %s\n", err);
-        return -1;
-    }
-    mg_log_set_level(MG_LOG_WARN);
-    if (mg_engine_new(&engine, &ec) != 0 || (gw_base = event_base_new()) == NULL ||
-        mg_gateway_new(&gw, gw_base, &cfg, engine) != 0)
-        return -1;
-    mg_gateway_set_serving(gw);
-    return pthread_create(&gw_thread, NULL, gw_main, NULL);
-}
-
-static void stop_gateway(void)
-{
-    event_base_loopbreak(gw_base);
-    pthread_join(gw_thread, NULL);
-    mg_engine_stop(engine);
-    mg_gateway_del(gw);
-    mg_engine_del(engine);
-    event_base_loop(gw_base, EVLOOP_NONBLOCK); /* deferred frees of closed connections */
-    event_base_free(gw_base);
-    mg_config_free(&cfg);
-    rmdir(shm_dir);
-}
+static mg_test_gw tg;
 
 /* ---- a tiny harness: one client on a private base, calls recorded ---- */
 
@@ -177,7 +101,7 @@ static size_t pack(const ProtobufCMessage *m, uint8_t *buf)
 
 static void test_unary_over_unix_and_tcp(void)
 {
-    const char *targets[] = {sock_target, tcp_target};
+    const char *targets[] = {tg.sock_target, tg.tcp_target};
     for (int i = 0; i < 2; i++) {
         rec r = {.base = event_base_new()};
         mg_client *c = client(targets[i], r.base);
@@ -201,7 +125,7 @@ static void test_unary_over_unix_and_tcp(void)
 static void test_server_streaming(void)
 {
     rec r = {.base = event_base_new()};
-    mg_client *c = client(sock_target, r.base);
+    mg_client *c = client(tg.sock_target, r.base);
     Moongate__V1__ExpandRequest req = MOONGATE__V1__EXPAND_REQUEST__INIT;
     uint8_t buf[64];
     req.count = 40;
@@ -221,7 +145,7 @@ static void test_server_streaming(void)
 static void test_client_streaming(void)
 {
     rec r = {.base = event_base_new()};
-    mg_client *c = client(tcp_target, r.base);
+    mg_client *c = client(tg.tcp_target, r.base);
     Moongate__V1__EchoMessage m = MOONGATE__V1__ECHO_MESSAGE__INIT;
     static uint8_t payload[100000], buf[100100];
     Moongate__V1__CollectResponse *resp;
@@ -244,7 +168,7 @@ static void test_client_streaming(void)
 static void test_bidi_lock_step(void)
 {
     rec r = {.base = event_base_new(), .reply_each = 25};
-    mg_client *c = client(sock_target, r.base);
+    mg_client *c = client(tg.sock_target, r.base);
     Moongate__V1__EchoMessage first = MOONGATE__V1__ECHO_MESSAGE__INIT;
     uint8_t buf[64];
     r.rpc = mg_rpc_start(c, "/moongate.v1.Debug/Chat", NULL, 0, 10000, &handlers, &r);
@@ -262,7 +186,7 @@ static void test_bidi_lock_step(void)
 static void test_deadline_and_cancel(void)
 {
     rec r = {.base = event_base_new()}, r2 = {.base = r.base};
-    mg_client *c = client(sock_target, r.base);
+    mg_client *c = client(tg.sock_target, r.base);
     Moongate__V1__SleepRequest req = MOONGATE__V1__SLEEP_REQUEST__INIT;
     uint8_t buf[64];
     size_t n;
@@ -290,7 +214,7 @@ static void test_deadline_and_cancel(void)
 static void test_unknown_method(void)
 {
     rec r = {.base = event_base_new()};
-    mg_client *c = client(tcp_target, r.base);
+    mg_client *c = client(tg.tcp_target, r.base);
     r.rpc = mg_rpc_start(c, "/moongate.v1.Daemon/Nope", NULL, 0, 5000, &handlers, &r);
     mg_rpc_send(r.rpc, (const uint8_t *)"", 0);
     mg_rpc_close_send(r.rpc);
@@ -304,7 +228,7 @@ static void test_unknown_method(void)
 
 static void test_blocking_unary_and_unreachable(void)
 {
-    mg_client_options o = {.target = tcp_target};
+    mg_client_options o = {.target = tg.tcp_target};
     mg_client_options down = {.target = "127.0.0.1:1"};
     uint8_t *resp = NULL;
     size_t len = 0;
@@ -378,7 +302,7 @@ static uint64_t echo_call(mg_client *c, const char *path, const ProtobufCMessage
  * a connection that failed. */
 static void test_call_on_open_client(void)
 {
-    const char *targets[] = {sock_target, tcp_target};
+    const char *targets[] = {tg.sock_target, tg.tcp_target};
     static uint8_t payload[100000], buf[100100];
     for (size_t i = 0; i < sizeof(payload); i++)
         payload[i] = (uint8_t)(i * 7);
@@ -501,7 +425,7 @@ static void test_client_deleted_from_its_own_callback(void)
 /* One unary call; returns the grpc status and the response (caller frees) in *resp. */
 static int unary(const char *path, const ProtobufCMessage *req, uint8_t **resp, size_t *len)
 {
-    mg_client_options o = {.target = sock_target};
+    mg_client_options o = {.target = tg.sock_target};
     static uint8_t buf[4096];
     int status = -1;
     char *msg = NULL, err[256];
@@ -516,7 +440,7 @@ static int unary(const char *path, const ProtobufCMessage *req, uint8_t **resp, 
  * engine worker, never on the gateway's loop thread (nor any other). */
 static void test_registration_never_runs_on_the_loop(void)
 {
-    mg_registry *reg = mg_engine_registry(engine);
+    mg_registry *reg = mg_engine_registry(tg.engine);
     mg_registry_stats st;
     uint64_t ids[4];
     uint8_t *resp = NULL;
@@ -580,7 +504,7 @@ static void test_registration_never_runs_on_the_loop(void)
  * nothing behind (no segment, no bytes, no file). */
 static void test_batch_partial_failure(void)
 {
-    mg_registry *reg = mg_engine_registry(engine);
+    mg_registry *reg = mg_engine_registry(tg.engine);
     Moongate__V1__RegisterSegmentsRequest b = MOONGATE__V1__REGISTER_SEGMENTS_REQUEST__INIT;
     Moongate__V1__RegisterRequest it[4] = {
         MOONGATE__V1__REGISTER_REQUEST__INIT, MOONGATE__V1__REGISTER_REQUEST__INIT,
@@ -657,11 +581,11 @@ int main(void)
     int rc;
     signal(SIGPIPE, SIG_IGN); /* as the daemon and mgctl do */
     evthread_use_pthreads();
-    if (start_gateway() != 0) {
+    if (mg_test_gw_start(&tg, "client", 1, 1, 16, MG_LOG_WARN) != 0) {
         fprintf(stderr, "could not start the gateway\n");
         return 1;
     }
     rc = mg_test_run("client library", cases, sizeof(cases) / sizeof(cases[0]));
-    stop_gateway();
+    mg_test_gw_stop(&tg);
     return rc;
 }

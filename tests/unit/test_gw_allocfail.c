@@ -13,6 +13,7 @@
 #include "mg_gateway.h"
 #include "mg_log.h"
 #include "mg_test.h"
+#include "mg_test_gateway.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "moongate/v1/daemon.pb-c.h"
@@ -47,69 +48,18 @@ static int fail_now(void)
 
 #include "mg_allocfail.h"
 
-static mg_config cfg;
-static mg_engine *engine;
-static mg_gateway *gw;
-static struct event_base *gw_base;
-static pthread_t gw_thread;
-static char sock_target[128], shm_dir[64];
+static mg_test_gw tg;
 
-static void *gw_main(void *arg)
+static void mark_loop_thread(void)
 {
-    (void)arg;
     on_loop = 1;
-    event_base_dispatch(gw_base);
-    return NULL;
-}
-
-static int start_gateway(void)
-{
-    char err[512], sock[96];
-    char *argv[] = {"moongate",           "--listen=",   "--ops-listen=",  "--h2c-listen=",
-                    "--access-log=false", "--workers=2", "--pool-bytes=0", "--data-listen=",
-                    "--allow-anonymous",  sock};
-    mg_engine_config ec = {.workers = 2,
-                           .queue_depth = 64,
-                           .registry = {.shm_dir = shm_dir,
-                                        .file_mode = 0600,
-                                        .max_segments = 64,
-                                        .max_registered_bytes = 1 << 30}};
-    snprintf(shm_dir, sizeof(shm_dir), "/tmp/mg-test-gwfail-shm-XXXXXX");
-    if (mkdtemp(shm_dir) == NULL)
-        return -1;
-    snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-gwfail-%d.sock", (int)getpid());
-    snprintf(sock_target, sizeof(sock_target), "unix:/tmp/mg-test-gwfail-%d.sock", (int)getpid());
-    if (mg_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])), argv, stdout, err,
-                       sizeof(err)) != MG_CONFIG_OK) {
-        fprintf(stderr, "config: %s\n", err);
-        return -1;
-    }
-    mg_log_set_level(MG_LOG_ERROR);
-    if (mg_engine_new(&engine, &ec) != 0 || (gw_base = event_base_new()) == NULL ||
-        mg_gateway_new(&gw, gw_base, &cfg, engine) != 0)
-        return -1;
-    mg_gateway_set_serving(gw);
-    return pthread_create(&gw_thread, NULL, gw_main, NULL);
-}
-
-static void stop_gateway(void)
-{
-    event_base_loopbreak(gw_base);
-    pthread_join(gw_thread, NULL);
-    mg_engine_stop(engine);
-    mg_gateway_del(gw);
-    mg_engine_del(engine);
-    event_base_loop(gw_base, EVLOOP_NONBLOCK);
-    event_base_free(gw_base);
-    mg_config_free(&cfg);
-    rmdir(shm_dir);
 }
 
 /* One unary call; returns the gRPC status (14 when the call could not be made or the
  * connection closed) and the reply in *out (caller frees) when OK. */
 static int call(const char *path, const ProtobufCMessage *req, uint8_t **out, size_t *out_len)
 {
-    mg_client_options o = {.target = sock_target};
+    mg_client_options o = {.target = tg.sock_target};
     uint8_t buf[512];
     size_t n = protobuf_c_message_pack(req, buf);
     int status = 14;
@@ -223,11 +173,12 @@ int main(void)
     static const mg_test_case cases[] = {MG_TEST(test_walk)};
     int rc;
     signal(SIGPIPE, SIG_IGN);
-    if (start_gateway() != 0) {
+    tg.on_loop_thread = mark_loop_thread;
+    if (mg_test_gw_start(&tg, "gwfail", 0, 0, 64, MG_LOG_ERROR) != 0) {
         fprintf(stderr, "cannot start the gateway\n");
         return 1;
     }
     rc = mg_test_run("allocation failures in the gateway", cases, sizeof(cases) / sizeof(cases[0]));
-    stop_gateway();
+    mg_test_gw_stop(&tg);
     return rc;
 }

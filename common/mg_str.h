@@ -3,8 +3,8 @@
  * formatted-output pass (hundreds of instructions); a call that copies a tenant, a path and an
  * id does several.
  */
-#ifndef MOONGATE_MG_STR_H
-#define MOONGATE_MG_STR_H
+#ifndef MG_STR_H
+#define MG_STR_H
 
 #include <stddef.h>
 #include <string.h>
