@@ -322,7 +322,7 @@ static void conn_plain_read_cb(evutil_socket_t fd, short what, void *arg)
     uint8_t buf[16384];
 
     for (int i = 0; i < 4; i++) {
-        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             return;
         if (n <= 0) { /* the peer closed, or the socket failed: as the bufferevent would report */
