@@ -279,7 +279,7 @@ static int cmd_info(const ctl *c)
     }
     r = (void *)reply;
     printf("version     %s\n", r->version);
-    printf("epoch       %016" PRIx64 "\n", r->epoch);
+    printf("epoch       %" PRIu64 "\n", r->epoch); /* decimal, as JSON shows it */
     printf("state       %s\n", r->state);
     printf("uptime      %.1f s\n", (double)r->uptime_ms / 1000.0);
     printf("workers     %u (queue depth %u)\n", r->workers, r->worker_queue_depth);

@@ -52,7 +52,7 @@ static void dump(json_t *j)
 
 /* ---- tables ---- */
 
-enum { TEXT, BYTES, MS, BOOL, LIST, EPOCH };
+enum { TEXT, BYTES, MS, BOOL, LIST };
 
 typedef struct {
     const char *head;
@@ -85,9 +85,6 @@ static void cell(char *out, size_t cap, json_t *v, int kind)
         break;
     case BOOL:
         snprintf(out, cap, "%s", json_is_true(v) ? "yes" : "no");
-        break;
-    case EPOCH:
-        snprintf(out, cap, "%016llx", s ? strtoull(s, NULL, 10) : 0ULL);
         break;
     case LIST: {
         size_t i, used = 0;
@@ -185,7 +182,7 @@ static const col pool_cols[] = {
 };
 static const col peer_cols[] = {
     {"PEER", "address", TEXT},      {"TENANT", "tenant", TEXT},
-    {"STATE", "state", TEXT},       {"EPOCH", "epoch", EPOCH},
+    {"STATE", "state", TEXT},       {"EPOCH", "epoch", TEXT},
     {"DATA", "dataEndpoint", TEXT}, {"TRANSPORTS", "transports", LIST},
     {"QUEUED", "queued", TEXT},     {"JOBS", "jobs", TEXT},
     {"RDMA", "rdma", TEXT},         {"LAST ERROR", "lastError", TEXT},
@@ -560,11 +557,11 @@ static int cmd_status(const ctl *c)
     } else {
         json_t *t;
         size_t i;
-        printf("moongate %s  state %s  up %.0f s  epoch %016llx\n",
+        printf("moongate %s  state %s  up %.0f s  epoch %s\n",
                json_string_value(json_object_get(info, "version")),
                json_string_value(json_object_get(info, "state")),
                strtod(json_string_value(json_object_get(info, "uptimeMs")), NULL) / 1000,
-               strtoull(json_string_value(json_object_get(info, "epoch")), NULL, 10));
+               json_string_value(json_object_get(info, "epoch")));
         json_array_foreach(json_object_get(info, "transports"), i, t)
         {
             const char *why = json_string_value(json_object_get(t, "reason"));

@@ -14,30 +14,11 @@
 #include <event2/thread.h>
 #include <openssl/ssl.h>
 #include <errno.h>
-#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-/* --shm-group: a group name or number. Returns 0 and the gid, or -1 after logging why. */
-static int resolve_group(const char *name, unsigned *gid)
-{
-    char buf[4096], *end;
-    struct group gr, *found = NULL;
-    unsigned long n = strtoul(name, &end, 10);
-    if (*name && *end == '\0' && n < 0xffffffffUL) {
-        *gid = (unsigned)n;
-        return 0;
-    }
-    if (getgrnam_r(name, &gr, buf, sizeof(buf), &found) != 0 || found == NULL) {
-        mg_error("start_failed", "shm_group=%s reason=\"no such group\"", name);
-        return -1;
-    }
-    *gid = (unsigned)gr.gr_gid;
-    return 0;
-}
 
 /* Creates the shm directory if missing; with a group, hands it to the group, setgid and
  * group-writable, so members can make shm files there and they keep the group. */
@@ -144,8 +125,10 @@ int main(int argc, char **argv)
     mg_info("starting", "version=%s workers=%llu io_threads=%llu queue_depth=%llu", MG_VERSION,
             (unsigned long long)cfg.workers, (unsigned long long)cfg.io_threads,
             (unsigned long long)cfg.queue_depth);
-    if (cfg.shm_group[0] && resolve_group(cfg.shm_group, &shm_gid) != 0)
+    if (cfg.shm_group[0] && mg_config_group(cfg.shm_group, &shm_gid) != 0) {
+        mg_error("start_failed", "shm_group=%s reason=\"no such group\"", cfg.shm_group);
         goto out;
+    }
     if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
         goto out;
     if (open_rdma(&cfg, &rdma, rdma_why, sizeof(rdma_why)) != 0)

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -37,6 +38,9 @@ static const opt_def opts[] = {
      "h2c on a Unix-domain socket for local clients; empty disables"},
     {"unix-socket-mode", T_MODE, O(unix_socket_mode), "0660", 0, 0777,
      "permissions of the Unix socket (octal); 0666 lets every local user connect"},
+    {"unix-socket-group", T_STR, O(unix_socket_group), "", 0, 0,
+     "group (name or number) the Unix socket is given to, so that its members may connect with "
+     "mode 0660; empty keeps the daemon's group"},
     {"ops-listen", T_STR, O(ops_listen), "[::]:7080", 0, 0,
      "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
     {"tls-cert", T_STR, O(tls_cert), "", 0, 0, "server certificate chain (PEM)"},
@@ -454,6 +458,21 @@ int mg_config_tenant_pools(const char *s, mg_tenant_pool *out, int max, char *er
         n++;
     }
     return n;
+}
+
+int mg_config_group(const char *name, unsigned *gid)
+{
+    char buf[4096], *end;
+    struct group gr, *found = NULL;
+    unsigned long n = strtoul(name, &end, 10);
+    if (*name && *end == '\0' && n < 0xffffffffUL) {
+        *gid = (unsigned)n;
+        return 0;
+    }
+    if (getgrnam_r(name, &gr, buf, sizeof(buf), &found) != 0 || found == NULL)
+        return -1;
+    *gid = (unsigned)gr.gr_gid;
+    return 0;
 }
 
 int mg_config_memlock(const char *s)

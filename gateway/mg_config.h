@@ -17,6 +17,7 @@ typedef struct mg_config {
     int allow_h2c_any;         /* permit h2c on non-loopback addresses */
     char *unix_socket;         /* h2c on a Unix-domain socket; "" disables */
     uint64_t unix_socket_mode; /* permission bits of the socket */
+    char *unix_socket_group;   /* group (name or number) the socket is given to; "" keeps ours */
     char *ops_listen;          /* plaintext HTTP/1.1 ops listeners; "" disables */
     char *tls_cert;
     char *tls_key;
@@ -110,6 +111,9 @@ typedef struct mg_tenant_pool {
 /* Parses --tenant-pool "TENANT=BYTES[,TENANT=BYTES...]" (empty: none) into at most max
  * entries. Returns how many, or -1 with the reason in err. */
 int mg_config_tenant_pools(const char *s, mg_tenant_pool *out, int max, char *err, size_t errcap);
+/* A group given by name or number (--shm-group, --unix-socket-group). Returns 0 and the gid,
+ * or -1 when no such group exists. */
+int mg_config_group(const char *name, unsigned *gid);
 /* --memlock: 0 off, 1 try, 2 require (the values of mg_memlock), or -1. */
 int mg_config_memlock(const char *s);
 /* Parses "4M", "512k", "1G", "123" (binary units) into *out; returns 0 or -1. */

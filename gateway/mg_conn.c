@@ -665,8 +665,26 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
         free(l);
         return MG_ERR_SYSTEM;
     }
+    /* The group first: until the mode is set the socket has the umask's bits. */
+    if (gw->cfg->unix_socket_group[0]) {
+        unsigned gid;
+        const char *why = NULL;
+        if (mg_config_group(gw->cfg->unix_socket_group, &gid) != 0)
+            why = "no such group";
+        else if (chown(path, (uid_t)-1, (gid_t)gid) != 0)
+            why = strerror(errno);
+        if (why) {
+            mg_error("listen_failed", "unix=%s unix_socket_group=%s reason=\"%s\"", path,
+                     gw->cfg->unix_socket_group, why);
+            evconnlistener_free(l->lev);
+            unlink(path);
+            free(l->unix_path);
+            free(l);
+            return MG_ERR_SYSTEM;
+        }
+    }
     if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
-        mg_warn("unix_socket_mode", "path=%s errno=%d", path, errno);
+        mg_warn("unix_socket_mode", "path=%s error=\"%s\"", path, strerror(errno));
     l->next = gw->listeners;
     gw->listeners = l;
     mg_info("listen", "addr=unix:%s kind=unix", path);

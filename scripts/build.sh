@@ -13,7 +13,8 @@ fuzz) dir=$root/build-fuzz
             -DCMAKE_C_COMPILER=clang) ;;
 *) echo "usage: $0 [release|asan|fuzz]" >&2; exit 64 ;;
 esac
-cmake -S "$root" -B "$dir" "${opts[@]}" >/dev/null
+# Warnings are errors here (developers and CI); a packager's plain cmake build leaves them warnings.
+cmake -S "$root" -B "$dir" -DMG_WERROR=ON "${opts[@]}" >/dev/null
 target=(all)
 [ "$flavour" = fuzz ] && target=(fuzz)
 if ! out=$(cmake --build "$dir" --target "${target[@]}" -j "$jobs" 2>&1); then

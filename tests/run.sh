@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole moongate test suite, as CI runs it (.ci/run calls this):
 #   1. installs missing Debian packages (scripts/deps.sh)
-#   2. checks formatting against .clang-format
+#   2. checks formatting against .clang-format, and that a packager's plain
+#      `cmake -DCMAKE_BUILD_TYPE=Release` build succeeds without a warning
 #   3. release build: CUnit suites (ctest), then integration tests (pytest: real daemons driven
 #      by python3-grpcio, curl, mgctl and raw HTTP/2)
 #      and the demo (scripts/demo.sh, the README's first command)
@@ -121,6 +122,23 @@ count_image() { # scripts/image.sh, then the daemon run from the unpacked image
     fi
 }
 
+# A packager's build: the plain `cmake -DCMAKE_BUILD_TYPE=Release` (-O3, no -Werror) must build,
+# and CI holds it to no warning at all.
+packager_build() {
+    local d out rc
+    d=$(mktemp -d)
+    out=$(cmake -S "$root" -B "$d" -DCMAKE_BUILD_TYPE=Release 2>&1 &&
+        cmake --build "$d" -j "$(nproc)" 2>&1)
+    rc=$?
+    rm -rf "$d"
+    if [ $rc -ne 0 ] || echo "$out" | grep -q "warning:"; then
+        echo "$out" | grep -E "error|warning:" | head -n 40 | sed 's/^/  /'
+        failed=$((failed + 1))
+        return 1
+    fi
+    passed=$((passed + 1))
+}
+
 fuzz_run() {
     local rc=0 target corpus work
     for target in deframer json proto alloc dataframe auth; do
@@ -148,6 +166,7 @@ trap 'rm -rf "$certs"' EXIT
 certs/make-dev-certs.sh "$certs" >/dev/null
 
 stage "format (clang-format)" check_format
+stage "packager build (cmake Release)" packager_build
 if stage "build (release)" build release; then
     stage "unit tests (release)" count_ctest "$dir"
     stage "integration tests (release)" count_pytest "$dir"

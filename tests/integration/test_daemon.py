@@ -119,3 +119,16 @@ def test_unix_socket_permissions(make_daemon):
     assert d.stop() == 0
     d = make_daemon("--unix-socket-mode", "0666")
     assert stat.S_IMODE(os.stat(d.sock).st_mode) == 0o666
+
+
+def test_unix_socket_group(make_daemon):
+    """--unix-socket-group gives the socket to a group (the chart's socket.group), so members
+    connect with mode 0660; a group that does not exist stops the start-up, naming it."""
+    import stat
+    d = make_daemon("--unix-socket-group", "2345")
+    st = os.stat(d.sock)
+    assert st.st_gid == 2345 and stat.S_IMODE(st.st_mode) == 0o660
+    assert d.stop() == 0
+    with pytest.raises(RuntimeError) as e:
+        make_daemon("--unix-socket-group", "no-such-group-here")
+    assert "unix_socket_group=no-such-group-here" in str(e.value)

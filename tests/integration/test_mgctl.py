@@ -39,6 +39,9 @@ def test_info_human_and_json(daemon):
     assert rc == 0, err
     body = json.loads(out)
     assert body["state"] == "serving" and "reflection" in body["features"]
+    # ids read the same in both forms: the epoch in decimal, as JSON has it
+    rc, human, err = mgctl("--target", daemon.tls, "--ca", daemon.ca, "info")
+    assert "epoch       %s\n" % body["epoch"] in human, human
 
 
 def test_call_any_unary_method_with_json(daemon):
@@ -133,8 +136,14 @@ def test_resources_tables_json_and_exit_codes(make_daemon, tmp_path):
     assert rc == 0 and "payload aGk=" in out, (out, err)
     rc, out, err = mgctl(*t, "status")
     assert rc == 0 and "state serving" in out and "segments  1" in out, out
+    human = out
     rc, out, err = mgctl(*t, "--json", "status")
     assert rc == 0 and json.loads(out)["info"]["state"] == "serving"
+    assert "epoch %s\n" % json.loads(out)["info"]["epoch"] in human, human
+    rc, out, err = mgctl(*t, "peers")
+    rc, peers, err = mgctl(*t, "--json", "peers")
+    for p in json.loads(peers)["peers"]:
+        assert p["epoch"] in out, (out, peers)
     rc, out, err = mgctl(*t, "--json", "doctor", "--shm-dir", str(tmp_path))
     assert rc == 0, (out, err)
     checks = {c["check"]: c for c in json.loads(out)["checks"]}

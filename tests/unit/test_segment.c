@@ -64,7 +64,7 @@ static mg_registry *open_reg(uint64_t max_segments, uint64_t max_bytes, uint64_t
 /* reserve + map + commit, as the gateway does with a worker in between. */
 static int reg_segment(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
 {
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     int rc = mg_registry_reserve(reg, spec, &seg, err);
     if (rc != 0)
         return rc;
@@ -79,7 +79,7 @@ static int reg_segment(mg_registry *reg, const mg_segment_spec *spec, mg_segment
 
 static void unreg(mg_registry *reg, const char *tenant, uint64_t id)
 {
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     char err[MG_SEG_ERROR_MAX];
     CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, tenant, id, &seg, err), 0);
     mg_segment_unmap(seg);
@@ -111,7 +111,7 @@ static void test_bounds(void)
 static void expect_reserve(mg_registry *reg, const mg_segment_spec *spec, int code,
                            const char *needle)
 {
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     char err[MG_SEG_ERROR_MAX];
     int rc = mg_registry_reserve(reg, spec, &seg, err);
     CU_ASSERT_EQUAL(rc, code);
@@ -167,7 +167,7 @@ static void test_limits_names_and_ids(void)
 {
     mg_registry *reg;
     mg_segment_spec s;
-    mg_segment *a, *b, *c;
+    mg_segment *a = NULL, *b = NULL, *c = NULL;
     char err[MG_SEG_ERROR_MAX];
     mg_segment_info ia, ib;
     make_dir();
@@ -208,7 +208,7 @@ static void test_tenant_limit(void)
     mg_registry_config cfg = {
         .shm_dir = dir, .file_mode = 0600, .max_segments = 8, .max_tenant_segments = 2};
     mg_segment_spec s;
-    mg_segment *a;
+    mg_segment *a = NULL;
     mg_segment_info ia;
     char err[MG_SEG_ERROR_MAX];
     make_dir();
@@ -255,7 +255,7 @@ static void test_tenant_bytes_quota(void)
                               .max_tenant_segments = 8,
                               .max_tenant_bytes = 3 * 4096};
     mg_segment_spec s;
-    mg_segment *a;
+    mg_segment *a = NULL;
     mg_segment_info ia;
     char err[MG_SEG_ERROR_MAX];
     make_dir();
@@ -287,7 +287,7 @@ static void test_sharing(void)
     mg_registry_config cfg = {
         .shm_dir = dir, .file_mode = 0600, .max_segments = 8, .max_tenant_segments = 8};
     mg_segment_spec s;
-    mg_segment *a, *held;
+    mg_segment *a = NULL, *held = NULL;
     mg_segment_info ia;
     char err[MG_SEG_ERROR_MAX];
     static const struct {
@@ -330,7 +330,7 @@ static void test_cancel_before_mapping(void)
 {
     mg_registry *reg;
     mg_segment_spec s = anon("t", "cancelled", 16 << 20);
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     mg_registry_stats st;
     char err[MG_SEG_ERROR_MAX];
     make_dir();
@@ -392,7 +392,7 @@ static void test_anon_file_is_the_memory(void)
 {
     mg_registry *reg;
     mg_segment_spec s = anon("t", "kv", 3 * 4096 + 100);
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX], buf[16];
     struct stat st;
@@ -488,7 +488,7 @@ static void test_shm_whole_file_and_client_bytes(void)
 {
     mg_registry *reg;
     mg_segment_spec s = anon("t", "client-buf", 0);
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
     struct stat st;
@@ -517,7 +517,7 @@ static void test_references_block_unregister(void)
 {
     mg_registry *reg;
     mg_segment_spec s = anon("t", "held", 4096);
-    mg_segment *seg, *held, *gone;
+    mg_segment *seg = NULL, *held = NULL, *gone = NULL;
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
     make_dir();
@@ -608,7 +608,7 @@ static int memlock_child(void)
     struct rlimit rl = {65536, 65536};
     mg_registry *reg;
     mg_segment_spec s = anon("t", "locked", 1 << 20);
-    mg_segment *seg;
+    mg_segment *seg = NULL;
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
     mg_registry_config cfg = {.shm_dir = dir, .file_mode = 0600, .max_segments = 8};
@@ -662,7 +662,7 @@ static void test_memlock_policy_and_limit(void)
         /* With the capability (the parent), require locks. */
         mg_registry *reg = open_reg(8, 0, 0);
         mg_segment_spec s = anon("t", "locked", 1 << 20);
-        mg_segment *seg;
+        mg_segment *seg = NULL;
         mg_segment_info info;
         mg_registry_stats st;
         char err[MG_SEG_ERROR_MAX];
