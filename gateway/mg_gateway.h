@@ -395,6 +395,8 @@ struct mg_pool_stats;
 /* How many pools (the default and the tenant pools), and the stats of pool i. Returns 0,
  * MG_ERR_NOT_FOUND (no pool i) or MG_ERR_UNAVAILABLE (not registered yet; name is set). */
 size_t mg_svc_pool_count(mg_gateway *gw);
+/* The tenant pool i belongs to, or "" for the default pool (and for no pool i). */
+const char *mg_svc_pool_tenant(mg_gateway *gw, size_t i);
 int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, struct mg_pool_stats *out, uint64_t *waiters,
                           uint64_t *segment_id, char *path, size_t pathcap, const char **name);
 /* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */

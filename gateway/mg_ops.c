@@ -51,13 +51,15 @@ static void peer_json(void *arg, const char *addr, const char *state, unsigned q
                                          rdma ? "rdma" : "tcp"));
 }
 
-/* The read-only summary behind the status page: counts and sizes, nothing of any tenant. */
+/* The read-only summary behind the status page: counts and sizes, nothing of any tenant — the
+ * page is open to anyone who reaches the ops port, so a tenant's pool (its name, usage and
+ * leases) is not on it; PoolStats shows it to that tenant and to admins. */
 static void status_json(mg_gateway *gw, struct evbuffer *body)
 {
     mg_engine_stats es;
     mg_registry_stats rs = {0};
     mg_registry *reg = mg_engine_registry(gw->engine);
-    char rdma[400], epoch[17];
+    char rdma[400], epoch[21];
     size_t running = 0;
     json_t *pools = json_array(), *peers = json_array(), *j;
     uint64_t leases = 0;
@@ -71,6 +73,8 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
         uint64_t waiters = 0, seg = 0;
         const char *name = "";
         char path[64];
+        if (mg_svc_pool_tenant(gw, i)[0])
+            continue;
         if (mg_svc_pool_get_stats(gw, i, &ps, &waiters, &seg, path, sizeof(path), &name) != 0)
             continue;
         leases += ps.leases;
@@ -81,7 +85,7 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
                              "leases", (json_int_t)ps.leases, "waiters", (json_int_t)waiters));
     }
     mg_svc_transfer_summary(gw, &running, peer_json, peers);
-    snprintf(epoch, sizeof(epoch), "%016llx", (unsigned long long)gw->epoch);
+    snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)gw->epoch); /* as Info's JSON */
     j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s},s:o,s:{s:I,s:I,s:I},"
                   "s:{s:I},s:{s:I,s:I,s:I},s:o}",
                   "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,

@@ -860,6 +860,11 @@ size_t mg_svc_pool_count(mg_gateway *gw)
     return gw->pool ? gw->pool->npools : 0;
 }
 
+const char *mg_svc_pool_tenant(mg_gateway *gw, size_t i)
+{
+    return gw->pool && i < gw->pool->npools ? gw->pool->pools[i].tenant : "";
+}
+
 int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, mg_pool_stats *out, uint64_t *waiters,
                           uint64_t *segment_id, char *path, size_t pathcap, const char **name)
 {

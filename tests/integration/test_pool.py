@@ -380,6 +380,23 @@ def test_tenant_pools(make_daemon):
                     event="acquired") == 1
 
 
+def test_status_page_shows_no_tenant_pool(make_daemon):
+    """The open ops port's /status.json shows the shared default pool only: a tenant pool's
+    name, usage and leases are that tenant's (PoolStats shows them to it and to admins)."""
+    import json
+    d = make_daemon("--pool-bytes", "8M", "--tenant-pool", "default=4M,team-b=1M")
+    ch, p, m = stubs(d)
+    with ch:
+        own = p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB))
+        assert own.pool == "tenant.default"
+        text = d.ops_get("/status.json")[1]
+        status = json.loads(text)
+        assert [x["name"] for x in status["pools"]] == ["default"]
+        assert status["pools"][0]["in_use"] == 0 and status["leases"]["live"] == 0
+        assert "tenant" not in text and "team-b" not in text, text
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=own.id))
+
+
 @pytest.mark.parametrize("value,needle", [
     ("nobytes", "is not TENANT=BYTES"),
     ("a=1M,a=2M", "has two pools"),
