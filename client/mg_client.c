@@ -5,6 +5,7 @@
  */
 #include "mg_client.h"
 #include "mg_bev.h"
+#include "mg_bev_err.h"
 #include "mg_str.h"
 
 #include <errno.h>
@@ -528,7 +529,7 @@ static void write_cb(struct bufferevent *bev, void *arg)
     leave(c);
 }
 
-static void event_body(struct bufferevent *bev, short events, mg_client *c)
+static void event_body(struct bufferevent *bev, short events, mg_client *c, int sock_err)
 {
     if (events & BEV_EVENT_CONNECTED) {
         if (c->tls) {
@@ -565,20 +566,13 @@ static void event_body(struct bufferevent *bev, short events, mg_client *c)
     }
     {
         char why[256];
-        unsigned long e = c->bev ? bufferevent_get_openssl_error(bev) : 0;
-        if (e) {
-            char ebuf[200];
-            ERR_error_string_n(e, ebuf, sizeof(ebuf));
-            snprintf(why, sizeof(why), "TLS: %s", ebuf);
-        } else if (events & BEV_EVENT_TIMEOUT) {
+        unsigned long e = c->tls ? bufferevent_get_openssl_error(bev) : 0;
+        if (events & BEV_EVENT_TIMEOUT)
             snprintf(why, sizeof(why), "connect timed out");
-        } else if (events & BEV_EVENT_EOF) {
+        else if (e == 0 && events & BEV_EVENT_EOF)
             snprintf(why, sizeof(why), "connection closed by the server");
-        } else {
-            int err = EVUTIL_SOCKET_ERROR();
-            snprintf(why, sizeof(why), "%s",
-                     err ? evutil_socket_error_to_string(err) : "connection failed");
-        }
+        else /* a failed TLS handshake is reported as EOF too */
+            mg_bev_error_reason(e, sock_err, why, sizeof(why));
         client_fail(c, why);
     }
 }
@@ -586,8 +580,9 @@ static void event_body(struct bufferevent *bev, short events, mg_client *c)
 static void event_cb(struct bufferevent *bev, short events, void *arg)
 {
     mg_client *c = arg;
+    int sock_err = EVUTIL_SOCKET_ERROR(); /* before anything else can change errno */
     enter(c);
-    event_body(bev, events, c);
+    event_body(bev, events, c, sock_err);
     leave(c);
 }
 

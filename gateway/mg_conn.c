@@ -12,6 +12,7 @@
 #include "mg_server_int.h"
 
 #include "mg_bev.h"
+#include "mg_bev_err.h"
 #include "mg_log.h"
 
 #include <arpa/inet.h>
@@ -355,6 +356,7 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
 static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
 {
     mg_conn *conn = arg;
+    int sock_err = EVUTIL_SOCKET_ERROR(); /* before anything else can change errno */
     if (events & BEV_EVENT_CONNECTED) {
         const unsigned char *alpn = NULL;
         unsigned alpnlen = 0;
@@ -380,15 +382,11 @@ static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
         mg_info("conn_timeout", "peer=%s kind=%s reason=write unsent=%zu", conn->peer,
                 mg_conn_kind_names[conn->kind], evbuffer_get_length(bufferevent_get_output(bev)));
     }
-    if (events & BEV_EVENT_ERROR) {
-        unsigned long e = bufferevent_get_openssl_error(bev);
-        if (conn->kind == CONN_TLS && conn->ng == NULL) {
-            char buf[256] = "";
-            conn->gw->stats.tls_handshake_errors++;
-            if (e)
-                ERR_error_string_n(e, buf, sizeof(buf));
-            mg_info("tls_handshake_failed", "peer=%s error=\"%s\"", conn->peer, buf);
-        }
+    if (events & BEV_EVENT_ERROR && conn->kind == CONN_TLS && conn->ng == NULL) {
+        char buf[256];
+        conn->gw->stats.tls_handshake_errors++;
+        mg_bev_error_reason(bufferevent_get_openssl_error(bev), sock_err, buf, sizeof(buf));
+        mg_info("tls_handshake_failed", "peer=%s error=\"%s\"", conn->peer, buf);
     }
     mg_conn_free(conn);
 }

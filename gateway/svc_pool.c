@@ -369,7 +369,10 @@ static void overflow_done(void *arg, int result)
                                        &l)) != 0) {
             mg_registry_put(reg, held);
             mg_svc_memory_unregister(gw, j->tenant, info.id, "overflow lease refused");
-            snprintf(err, sizeof(err), "%s", mg_strerror(rc));
+            if (rc == MG_ERR_FULL)
+                snprintf(err, sizeof(err), "the pool holds its limit of leases (--max-leases)");
+            else
+                snprintf(err, sizeof(err), "%s", mg_strerror(rc));
         } else {
             if (j->remote)
                 publish(gw, pe, l);

@@ -8,7 +8,7 @@ static const struct {
     {"ok", 0},
     {"invalid argument", 3},
     {"out of memory", 8},
-    {"queue or table full", 8},
+    {"limit reached", 8},
     {"not found", 5},
     {"already exists", 6},
     {"permission denied", 7},

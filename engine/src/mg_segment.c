@@ -538,7 +538,7 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
         snprintf(err, MG_SEG_ERROR_MAX,
                  "tenant \"%s\" has %llu segments, the limit per tenant (--max-tenant-segments)",
                  seg->tenant, (unsigned long long)tc->segments);
-        goto fail_full;
+        goto fail_quota;
     }
     if (reg->max_tenant_bytes && !spec->provisioned && tc &&
         spec->size > reg->max_tenant_bytes - tc->bytes) {

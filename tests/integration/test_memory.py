@@ -744,7 +744,8 @@ def test_tenant_segment_limit(make_daemon):
         with pytest.raises(grpc.RpcError) as e:
             m.RegisterSegment(memory_pb2.RegisterRequest(name="s2", size=4096))
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert 'tenant "default" has 2 segments, the limit per tenant' in e.value.details()
+        assert e.value.details().startswith('quota exceeded: tenant "default" has 2 segments, '
+                                            'the limit per tenant (--max-tenant-segments)')
         r = m.RegisterSegments(memory_pb2.RegisterSegmentsRequest(items=[
             memory_pb2.RegisterRequest(name="b%d" % i, size=4096) for i in range(2)]))
         assert [x.status.code for x in r.results] == [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]] * 2

@@ -1,6 +1,7 @@
 """mgctl against the real daemon: health, info and call, over TLS, h2c and the Unix socket, human
 and JSON output, and exit codes that follow the gRPC status."""
 import json
+import os
 import subprocess
 
 from conftest import MGCTL, free_port, register
@@ -17,6 +18,21 @@ def test_health_over_each_transport(daemon):
                    ["--target", daemon.tls, "--ca", daemon.ca]):
         rc, out, err = mgctl(*target, "health")
         assert (rc, out) == (0, "SERVING\n"), err
+
+
+def test_a_refused_connection_says_so(daemon):
+    """Over TLS as over h2c: the system call's reason, not OpenSSL's code for it."""
+    port = free_port()  # nothing listens there
+    for target in (["--target", "127.0.0.1:%d" % port, "--ca", daemon.ca],
+                   ["--target", "127.0.0.1:%d" % port, "--plaintext"]):
+        rc, out, err = mgctl(*target, "health")
+        assert rc == 14 and "127.0.0.1:%d: Connection refused" % port in err, err
+
+
+def test_a_tls_failure_names_its_reason(daemon):
+    other = os.path.join(daemon.certs, "peer-ca.pem")  # did not sign the daemon's certificate
+    rc, out, err = mgctl("--target", daemon.tls, "--ca", other, "health")
+    assert rc == 14 and "TLS: certificate verify failed" in err, err
 
 
 def test_health_of_unknown_service_exits_not_found(daemon):

@@ -13,7 +13,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from conftest import curl, h2c_channel, register, tls_channel
+from conftest import curl, free_port, h2c_channel, register, tls_channel
 from moongate.v1 import (daemon_pb2, daemon_pb2_grpc, notify_pb2, notify_pb2_grpc, peer_pb2,
                          peer_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
@@ -166,3 +166,16 @@ def test_a_peer_of_another_protocol_version_is_a_clear_error(make_daemon):
     assert r.code == grpc.StatusCode.UNIMPLEMENTED.value[0], batch
     assert "answered data-plane protocol version 9; this daemon speaks 1..1" in r.message
     assert peer.asked == [(1, 1)]  # it said which versions it speaks
+
+
+def test_an_unreachable_peer_is_named_with_the_system_calls_reason(make_daemon, certs):
+    """A peer whose port refuses the connection: over TLS the request says "Connection
+    refused", not OpenSSL's code for a failed system call (error:00000005:lib(0)...)."""
+    a = peer_a(make_daemon, certs)
+    src = register(a, "src", 4096)
+    port = free_port()  # nothing listens there
+    batch = run_write(a, "127.0.0.1:%d" % port, 1, src.id, 100)
+    r = batch.requests[0]
+    assert r.code == grpc.StatusCode.UNAVAILABLE.value[0], batch
+    assert "127.0.0.1:%d" % port in r.message and "Connection refused" in r.message, r.message
+    assert "lib(0)" not in r.message

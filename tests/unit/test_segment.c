@@ -218,7 +218,7 @@ static void test_tenant_limit(void)
     s = anon("t1", "b", 4096);
     CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, NULL, err), 0);
     s = anon("t1", "c", 4096);
-    expect_reserve(reg, &s, MG_ERR_FULL, "tenant \"t1\" has 2 segments, the limit per tenant");
+    expect_reserve(reg, &s, MG_ERR_QUOTA, "tenant \"t1\" has 2 segments, the limit per tenant");
     s = anon("t2", "c", 4096); /* another tenant has its own count */
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
     mg_segment_get_info(reg, a, &ia);

@@ -13,7 +13,7 @@ enum {
     MG_OK = 0,
     MG_ERR_INVALID = -1,      /* INVALID_ARGUMENT */
     MG_ERR_NOMEM = -2,        /* RESOURCE_EXHAUSTED */
-    MG_ERR_FULL = -3,         /* RESOURCE_EXHAUSTED: a bounded queue or table is full */
+    MG_ERR_FULL = -3,         /* RESOURCE_EXHAUSTED: a limit is reached (the message names it) */
     MG_ERR_NOT_FOUND = -4,    /* NOT_FOUND */
     MG_ERR_EXISTS = -5,       /* ALREADY_EXISTS */
     MG_ERR_PERMISSION = -6,   /* PERMISSION_DENIED */

@@ -129,7 +129,7 @@ void mg_registry_del(mg_registry *reg);
  * registered (nothing new is entered); or: MG_ERR_INVALID (bad name, tenant, size, location,
  * shm file name, request id, or a request id used for another name), MG_ERR_UNAVAILABLE (the
  * request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
- * of that name), MG_ERR_QUOTA (max_tenant_bytes), MG_ERR_FULL (max_segments, max_tenant_segments,
+ * of that name), MG_ERR_QUOTA (max_tenant_bytes, max_tenant_segments), MG_ERR_FULL (max_segments,
  * max_registered_bytes or max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says
  * what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
