@@ -117,6 +117,16 @@ const char *mg_call_tenant(const mg_call *call)
     return call->who.tenant;
 }
 
+int mg_call_socket_uid(const mg_call *call, uint32_t *uid)
+{
+    const mg_conn *conn = call->conn;
+    if (conn->kind != CONN_UNIX || !conn->has_uid || call->who.how == NULL ||
+        (strcmp(call->who.how, "uid") != 0 && strcmp(call->who.how, "anonymous") != 0))
+        return 0;
+    *uid = conn->uid;
+    return 1;
+}
+
 int mg_call_admin(const mg_call *call)
 {
     return call->who.admin;

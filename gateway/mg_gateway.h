@@ -142,6 +142,11 @@ const char *mg_call_identity(const mg_call *call);
 /* The tenant the caller acts for ("" for open and peer-only methods: the peer API names the
  * tenant in its requests). Valid for the call's life. */
 const char *mg_call_tenant(const mg_call *call);
+/* Non-zero, and *uid set, when the caller is known by the user id the kernel reported for its
+ * Unix-socket connection: a `uid` principal of --auth-file, or an anonymous caller on the
+ * socket (--allow-anonymous). Zero for token and certificate callers, wherever they connect:
+ * their tenant is not the uid's. */
+int mg_call_socket_uid(const mg_call *call, uint32_t *uid);
 /* Non-zero when the caller has the admin role: it may list and revoke every tenant's
  * resources. */
 int mg_call_admin(const mg_call *call);

@@ -243,10 +243,11 @@ out:
 
 /* ---- handlers ---- */
 
-/* Checks a request and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
-static int reserve(mg_registry *reg, const char *tenant, const Moongate__V1__RegisterRequest *req,
+/* Checks a request of `call` and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
+static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__RegisterRequest *req,
                    int memlock_policy, mg_segment **seg, char *err)
 {
+    const char *tenant = mg_call_tenant(call);
     mg_segment_spec spec;
     char share[MG_SEG_SHARE_LEN + 1] = "";
     if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
@@ -260,6 +261,7 @@ static int reserve(mg_registry *reg, const char *tenant, const Moongate__V1__Reg
     spec.source = req->source == MOONGATE__V1__SEGMENT_SOURCE__SHM ? MG_SEG_SHM : MG_SEG_ANON;
     spec.size = req->size;
     spec.shm_file = req->shm_file;
+    spec.caller_uid_known = mg_call_socket_uid(call, &spec.caller_uid);
     spec.location = req->location;
     spec.remote_accessible = req->remote_accessible;
     switch (req->memlock) {
@@ -306,7 +308,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment *seg;
     seg_job *j;
     char err[MG_SEG_ERROR_MAX];
-    int rc = reserve(reg, mg_call_tenant(call), req, gw->memlock, &seg, err);
+    int rc = reserve(reg, call, req, gw->memlock, &seg, err);
 
     if (rc == MG_SEG_RETRY) { /* a retry: the first request's segment */
         Moongate__V1__RegisterResponse resp = MOONGATE__V1__REGISTER_RESPONSE__INIT;
@@ -679,8 +681,7 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
     reg = mg_engine_registry(b->gw->engine);
     for (size_t i = 0; i < b->n; i++) {
         char err[MG_SEG_ERROR_MAX];
-        int rc = reserve(reg, mg_call_tenant(call), req->items[i], b->gw->memlock, &b->items[i].seg,
-                         err);
+        int rc = reserve(reg, call, req->items[i], b->gw->memlock, &b->items[i].seg, err);
         if (rc == MG_SEG_RETRY)
             mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
         else if (rc != 0) {

@@ -9,7 +9,10 @@
  *
  * Files the daemon creates are named "moongate-seg-<id>" in shm_dir; a client's shm file may not
  * use that prefix. Every file is opened relative to shm_dir's descriptor without following
- * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED.
+ * symbolic links, must be a regular file with one link, and is mapped MAP_SHARED. A client's
+ * file must belong to the caller's uid (the daemon opens it with its own rights), and a third
+ * hash table by (st_dev, st_ino) keeps one file to one tenant: whatever name, link or rename
+ * reaches an inode, a tenant other than the one that registered it first is refused.
  */
 #include "moongate/segment.h"
 #include "moongate/fault.h"
@@ -57,14 +60,18 @@ struct mg_segment {
     int cancel;                     /* set by mg_segment_cancel (any thread), read between chunks */
     char holder[MG_SEG_HOLDER_MAX]; /* who took the latest reference */
     int fd;
+    uint32_t caller_uid; /* shm: who asked (mg_segment_spec.caller_uid) */
+    int has_file_id;     /* dev and ino are set and the segment is in by_file */
+    dev_t dev;
+    ino_t ino;
     void *addr;
     int locked;
     int created;     /* the daemon created the file: it removes it */
     int provisioned; /* not counted in its tenant's bytes (mg_segment_spec.provisioned) */
     char share[MG_SEG_SHARE_LEN + 1]; /* other tenants that may use it, "a,b", or "" */
     char error[MG_SEG_ERROR_MAX];
-    struct mg_segment *id_next, *name_next, *req_next; /* hash chains */
-    struct mg_segment *prev, *next;                    /* all segments */
+    struct mg_segment *id_next, *name_next, *req_next, *file_next; /* hash chains */
+    struct mg_segment *prev, *next;                                /* all segments */
 };
 
 /* Segments and bytes entered per tenant, for max_tenant_segments and max_tenant_bytes. A list:
@@ -86,7 +93,7 @@ struct mg_registry {
     mg_rdma *rdma;
     tenant_count *tenants;
     size_t nbuckets;
-    mg_segment **by_id, **by_name, **by_req;
+    mg_segment **by_id, **by_name, **by_req, **by_file;
     mg_segment *all;
     uint64_t counter;
     uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
@@ -259,8 +266,10 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     reg->by_id = calloc(nb, sizeof(*reg->by_id));
     reg->by_name = calloc(nb, sizeof(*reg->by_name));
     reg->by_req = calloc(nb, sizeof(*reg->by_req));
+    reg->by_file = calloc(nb, sizeof(*reg->by_file));
     reg->shm_dir = strdup(cfg->shm_dir);
-    if (reg->by_id == NULL || reg->by_name == NULL || reg->by_req == NULL || reg->shm_dir == NULL)
+    if (reg->by_id == NULL || reg->by_name == NULL || reg->by_req == NULL || reg->by_file == NULL ||
+        reg->shm_dir == NULL)
         goto fail_nomem;
     reg->dirfd = open(cfg->shm_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (reg->dirfd < 0 || fstat(reg->dirfd, &st) != 0) {
@@ -270,6 +279,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
         free(reg->by_id);
         free(reg->by_name);
         free(reg->by_req);
+        free(reg->by_file);
         free(reg->shm_dir);
         free(reg);
         return MG_ERR_SYSTEM;
@@ -292,6 +302,7 @@ fail_nomem:
     free(reg->by_id);
     free(reg->by_name);
     free(reg->by_req);
+    free(reg->by_file);
     free(reg->shm_dir);
     free(reg);
     return MG_ERR_NOMEM;
@@ -326,6 +337,11 @@ static void tenant_drop_nolock(mg_registry *reg, const char *tenant, uint64_t by
     }
 }
 
+static size_t file_bucket(const mg_registry *reg, dev_t dev, ino_t ino)
+{
+    return (size_t)(mg_mix64((uint64_t)ino ^ mg_mix64((uint64_t)dev)) & (reg->nbuckets - 1));
+}
+
 static void unlink_nolock(mg_registry *reg, mg_segment *seg)
 {
     mg_segment **pp = &reg->by_id[mg_mix64(seg->id) & (reg->nbuckets - 1)];
@@ -344,6 +360,14 @@ static void unlink_nolock(mg_registry *reg, mg_segment *seg)
             pp = &(*pp)->req_next;
         if (*pp)
             *pp = seg->req_next;
+    }
+    if (seg->has_file_id) {
+        pp = &reg->by_file[file_bucket(reg, seg->dev, seg->ino)];
+        while (*pp && *pp != seg)
+            pp = &(*pp)->file_next;
+        if (*pp)
+            *pp = seg->file_next;
+        seg->has_file_id = 0;
     }
     if (seg->prev)
         seg->prev->next = seg->next;
@@ -377,6 +401,7 @@ void mg_registry_del(mg_registry *reg)
     free(reg->by_id);
     free(reg->by_name);
     free(reg->by_req);
+    free(reg->by_file);
     free(reg->shm_dir);
     free(reg);
 }
@@ -470,6 +495,13 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
                      FILE_PREFIX);
             return MG_ERR_INVALID;
         }
+        if (!spec->caller_uid_known) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "a file is registered by name only for its owner, a caller on the Unix "
+                     "socket known by its uid; token and certificate callers pass the file "
+                     "descriptor, or register an ANON segment");
+            return MG_ERR_PERMISSION;
+        }
     } else {
         snprintf(err, MG_SEG_ERROR_MAX, "source must be anon or shm");
         return MG_ERR_INVALID;
@@ -494,8 +526,10 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     seg->remote_accessible = spec->remote_accessible != 0;
     seg->memlock = spec->memlock;
     seg->prefault = spec->prefault != 0;
-    if (spec->source == MG_SEG_SHM)
+    if (spec->source == MG_SEG_SHM) {
         snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
+        seg->caller_uid = spec->caller_uid;
+    }
     if (spec->request_id)
         snprintf(seg->request_id, sizeof(seg->request_id), "%s", spec->request_id);
 
@@ -668,6 +702,32 @@ static int reserve_blocks(mg_segment *seg)
     return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
 }
 
+/* Worker: enters the open file's (st_dev, st_ino) in by_file. Returns 0, or MG_ERR_PERMISSION
+ * when a segment of another tenant has the same file, whatever name reached it. */
+static int claim_file(mg_segment *seg, const struct stat *st)
+{
+    mg_registry *reg = seg->reg;
+    size_t b = file_bucket(reg, st->st_dev, st->st_ino);
+    pthread_mutex_lock(&reg->lock);
+    for (mg_segment *s = reg->by_file[b]; s; s = s->file_next) {
+        if (s->dev == st->st_dev && s->ino == st->st_ino && strcmp(s->tenant, seg->tenant) != 0) {
+            pthread_mutex_unlock(&reg->lock);
+            set_error(seg,
+                      "%s in %s is another tenant's segment; its owner shares it by share_with, "
+                      "and it is never registered again for another tenant",
+                      seg->file, reg->shm_dir);
+            return MG_ERR_PERMISSION;
+        }
+    }
+    seg->dev = st->st_dev;
+    seg->ino = st->st_ino;
+    seg->has_file_id = 1;
+    seg->file_next = reg->by_file[b];
+    reg->by_file[b] = seg;
+    pthread_mutex_unlock(&reg->lock);
+    return 0;
+}
+
 static int open_file(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
@@ -691,6 +751,12 @@ static int open_file(mg_segment *seg)
                       (unsigned long long)seg->size, strerror(errno));
             return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
         }
+        if (fstat(seg->fd, &st) != 0) {
+            set_error(seg, "cannot stat %s/%s: %s", reg->shm_dir, seg->file, strerror(errno));
+            return MG_ERR_SYSTEM;
+        }
+        if (claim_file(seg, &st) != 0)
+            return MG_ERR_PERMISSION;
         return reserve_blocks(seg);
     }
     seg->fd = openat(reg->dirfd, seg->file, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
@@ -713,6 +779,19 @@ static int open_file(mg_segment *seg)
                   reg->shm_dir, (unsigned long)st.st_nlink);
         return MG_ERR_PERMISSION;
     }
+    /* The daemon opened the file with its own rights: the caller must own it. */
+    if (st.st_uid != seg->caller_uid) {
+        set_error(seg, "%s in %s belongs to uid %u, not to the caller (uid %u)", seg->file,
+                  reg->shm_dir, (unsigned)st.st_uid, (unsigned)seg->caller_uid);
+        return MG_ERR_PERMISSION;
+    }
+    if ((st.st_mode & (S_IRUSR | S_IWUSR)) != (S_IRUSR | S_IWUSR)) {
+        set_error(seg, "%s in %s has mode %04o: its owner may not both read and write it",
+                  seg->file, reg->shm_dir, (unsigned)(st.st_mode & 07777));
+        return MG_ERR_PERMISSION;
+    }
+    if (claim_file(seg, &st) != 0)
+        return MG_ERR_PERMISSION;
     if (st.st_size <= 0) {
         set_error(seg, "%s in %s is empty", seg->file, reg->shm_dir);
         return MG_ERR_INVALID;

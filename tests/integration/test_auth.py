@@ -203,6 +203,89 @@ def test_unix_socket_user_id_maps_to_its_tenant(d):
 
 # ---- authorization: one tenant's resources do not exist for another ----
 
+OTHER_UID = 4242  # a second local user, for the file-ownership checks
+
+
+def as_other_uid_json(d, method, body):
+    """A JSON call on the Unix socket from a process of OTHER_UID (curl under setpriv):
+    returns the parsed answer."""
+    import json
+    p = subprocess.run(["setpriv", "--reuid=%d" % OTHER_UID, "--regid=%d" % OTHER_UID,
+                        "--clear-groups", "curl", "-sS", "--max-time", "20",
+                        "--http2-prior-knowledge", "--unix-socket", d.sock, "-H",
+                        "content-type: application/json", "-d", json.dumps(body),
+                        "http://localhost/moongate.v1.Memory/" + method],
+                       capture_output=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="acting as a second uid needs root")
+def test_one_tenants_file_is_never_another_tenants_segment(certs, tmp_path):
+    """Tenant team-u (this process's uid, on the Unix socket) registers its 0600 file by name.
+    No other tenant reaches those bytes by naming the file, however it is named: token and
+    certificate callers may not register files by name at all (over TLS or on the socket),
+    another uid is not the file's owner, a symbolic or hard link is refused, and once the file
+    is given to the other uid, or renamed, the inode is still team-u's segment."""
+    import tempfile
+    auth = str(tmp_path / "auth")
+    write_atomic(auth, auth_text("uid %d team-x\n" % OTHER_UID))
+    work = tempfile.mkdtemp(prefix="mg-uid-")  # the other uid reaches the socket here
+    os.chmod(work, 0o755)
+    d = Daemon(certs, work, ("--allow-anonymous=false", "--auth-file", auth,
+                             "--client-ca", os.path.join(certs, "ca.pem"),
+                             "--unix-socket-mode", "0666")).start()
+    path = os.path.join(d.shm, "a.buf")
+    secret = b"team-u's bytes " * 100
+    with open(path, "wb") as f:
+        f.write(secret)
+    os.chmod(path, 0o600)
+    owner = As(d, channel=unix_channel(d))
+    seg = owner.call("mem", "RegisterSegment", memory_pb2.RegisterRequest(
+        name="mine", source=memory_pb2.SHM, shm_file="a.buf")).segment
+    assert seg.tenant == "team-u"
+    shm = dict(source=memory_pb2.SHM, shm_file="a.buf")
+    # token callers over TLS and on the socket, and a certificate caller: never by name
+    for c in (As(d, "team-a", channel=tls_channel(d)), As(d, "team-a", channel=unix_channel(d)),
+              As(d, channel=tls_channel(d, cert="client"))):
+        code, msg = c.code("mem", "RegisterSegment", memory_pb2.RegisterRequest(name="b", **shm))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "only for its owner" in msg, msg
+        c.close()
+    # another uid (tenant team-x): not the owner of the file ...
+    r = as_other_uid_json(d, "RegisterSegment", {"name": "x", "source": "SHM",
+                                                 "shmFile": "a.buf"})
+    assert r["code"] == 7 and "belongs to uid %d" % os.getuid() in r["message"], r
+    # ... nor through a symbolic link or a hard link to it ...
+    os.symlink("a.buf", os.path.join(d.shm, "x.link"))
+    os.link(path, os.path.join(d.shm, "x.hard"))
+    for name, why in (("x.link", "symbolic link"), ("x.hard", "2 hard links")):
+        os.lchown(os.path.join(d.shm, name), OTHER_UID, OTHER_UID)
+        r = as_other_uid_json(d, "RegisterSegment", {"name": "x", "source": "SHM",
+                                                     "shmFile": name})
+        assert r["code"] == 7 and why in r["message"], r
+    os.unlink(os.path.join(d.shm, "x.hard"))
+    # ... nor once the file is given to it, by the same name or another (the same inode)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    for name in ("a.buf", "b.buf"):
+        if name == "b.buf":
+            os.rename(path, os.path.join(d.shm, name))
+        r = as_other_uid_json(d, "RegisterSegment", {"name": "x", "source": "SHM",
+                                                     "shmFile": name})
+        assert r["code"] == 7 and "another tenant's segment" in r["message"], r
+    assert as_other_uid_json(d, "ListSegments", {}).get("segments", []) == []
+    got = b"".join(c.data for c in owner.mem.ReadSegment(
+        memory_pb2.ReadSegmentRequest(id=seg.id, length=len(secret)), timeout=10))
+    assert got == secret  # nobody wrote into it
+    owner.call("mem", "UnregisterSegment", memory_pb2.UnregisterRequest(id=seg.id))
+    # team-u's segment is gone: the file's owner now registers it
+    r = as_other_uid_json(d, "RegisterSegment", {"name": "x", "source": "SHM",
+                                                 "shmFile": "b.buf"})
+    assert r["segment"]["tenant"] == "team-x", r
+    owner.close()
+    assert d.stop() == 0
+    shutil.rmtree(work)
+
+
 def test_cross_tenant_access_fails_closed(d):
     a, b = As(d, "team-a"), As(d, "team-b")
     seg = register(a, "a-secret", remote=True)

@@ -9,7 +9,7 @@ import stat
 import grpc
 import pytest
 
-from conftest import curl, h2c_channel
+from conftest import curl, h2c_channel, unix_channel
 from moongate.v1 import memory_pb2, memory_pb2_grpc
 
 ANON = memory_pb2.ANON
@@ -77,11 +77,21 @@ def test_remote_accessible_segment_has_a_tcp_record(make_daemon):
 
 
 def test_shm_segment_from_a_client_file(make_daemon):
+    """A local client registers its own file by name over the Unix socket (the daemon knows its
+    uid there); over TCP the same call is PERMISSION_DENIED: nothing proves who owns the file."""
     d = make_daemon()
     path = os.path.join(d.shm, "client.buf")
     with open(path, "wb") as f:
         f.write(b"x" * 8192)
     ch, m = stub(d)
+    with ch:
+        with pytest.raises(grpc.RpcError) as e:
+            m.RegisterSegment(memory_pb2.RegisterRequest(
+                name="client", source=SHM, shm_file="client.buf"), timeout=10)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "only for its owner" in e.value.details()
+    ch = unix_channel(d)
+    m = memory_pb2_grpc.MemoryStub(ch)
     with ch:
         seg = m.RegisterSegment(memory_pb2.RegisterRequest(
             name="client", source=SHM, shm_file="client.buf"), timeout=10).segment
@@ -130,7 +140,8 @@ def test_bad_registrations(make_daemon, req, code, needle):
     os.symlink("/etc/hostname", os.path.join(d.shm, "link"))
     with open(os.path.join(d.shm, "short"), "wb") as f:
         f.write(b"y" * 100)
-    ch, m = stub(d)
+    ch = unix_channel(d)  # files are registered by name on the Unix socket only
+    m = memory_pb2_grpc.MemoryStub(ch)
     with ch:
         with pytest.raises(grpc.RpcError) as e:
             m.RegisterSegment(memory_pb2.RegisterRequest(**req), timeout=10)

@@ -93,7 +93,9 @@ static mg_segment_spec anon(const char *tenant, const char *name, uint64_t size)
                          .source = MG_SEG_ANON,
                          .size = size,
                          .location = "cpu:0",
-                         .memlock = MG_MEMLOCK_OFF};
+                         .memlock = MG_MEMLOCK_OFF,
+                         .caller_uid_known = 1, /* for shm: this process owns the files */
+                         .caller_uid = (uint32_t)getuid()};
     return s;
 }
 
@@ -484,6 +486,66 @@ static void test_shm_file_checks(void)
     remove_dir();
 }
 
+/* A file is registered by name only for its owner, and one file for one tenant, whatever name
+ * reaches it. */
+static void test_shm_file_owner(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s;
+    mg_segment *a = NULL, *b = NULL;
+    mg_segment_info ia;
+    char err[MG_SEG_ERROR_MAX], p1[128], p2[128];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    write_file("mine", 8192);
+    /* No uid known (a token or certificate caller): refused before anything is opened. */
+    s = anon("t1", "x", 0);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "mine";
+    s.caller_uid_known = 0;
+    expect_reserve(reg, &s, MG_ERR_PERMISSION, "only for its owner");
+    /* Another uid than the file's owner. */
+    s.caller_uid_known = 1;
+    s.caller_uid = (uint32_t)getuid() + 1;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_PERMISSION);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "not to the caller"));
+    /* A mode that does not let the owner write. */
+    snprintf(p1, sizeof(p1), "%s/mine", dir);
+    CU_ASSERT_EQUAL(chmod(p1, 0400), 0);
+    s.caller_uid = (uint32_t)getuid();
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_PERMISSION);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "mode 0400"));
+    CU_ASSERT_EQUAL(chmod(p1, 0600), 0);
+    /* Tenant t1 registers it; t2 (same uid here) reaches the same inode by its name and, after
+     * a rename, by another one: refused both times. t1 may register it again. */
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &a, err), 0);
+    s = anon("t2", "y", 0);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "mine";
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_PERMISSION);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "another tenant's segment"));
+    snprintf(p2, sizeof(p2), "%s/renamed", dir);
+    CU_ASSERT_EQUAL(rename(p1, p2), 0);
+    s.shm_file = "renamed";
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_PERMISSION);
+    s = anon("t1", "again", 0);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "renamed";
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &b, err), 0);
+    /* Once t1's segments are gone, the file is free for whoever owns it. */
+    mg_segment_get_info(reg, a, &ia);
+    unreg(reg, "t1", ia.id);
+    s = anon("t2", "y", 0);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "renamed";
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), MG_ERR_PERMISSION); /* "again" holds it */
+    mg_segment_get_info(reg, b, &ia);
+    unreg(reg, "t1", ia.id);
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static void test_shm_whole_file_and_client_bytes(void)
 {
     mg_registry *reg;
@@ -705,6 +767,7 @@ int main(void)
         MG_TEST(test_request_ids),
         MG_TEST(test_anon_file_is_the_memory),
         MG_TEST(test_shm_file_checks),
+        MG_TEST(test_shm_file_owner),
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
         MG_TEST(test_list_pages_in_id_order),

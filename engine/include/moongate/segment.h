@@ -68,6 +68,11 @@ typedef struct mg_segment_spec {
     mg_seg_source source;
     uint64_t size;        /* anon: bytes (> 0). shm: 0 = the whole file, else at most its size */
     const char *shm_file; /* shm: a file name inside shm_dir (no '/', not "." or "..") */
+    /* shm: the caller's user id, as the kernel reported it for its Unix-socket connection. A
+     * file is registered by name only for its owner: caller_uid_known must be set, the file
+     * must belong to caller_uid and its mode must let the owner read and write it. */
+    int caller_uid_known;
+    uint32_t caller_uid;
     const char *location; /* "cpu:N" with N < 4096; NULL or "" means "cpu:0" */
     int remote_accessible;
     mg_memlock memlock;
