@@ -6,6 +6,7 @@
 #include "mg_json.h"
 
 #include "mg_b64.h"
+#include "mg_pbcheck.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -365,13 +366,15 @@ static int decode_value(decode_ctx *c, const ProtobufCFieldDescriptor *f, const 
     }
     case PROTOBUF_C_TYPE_STRING: {
         char *s;
+        const char *why;
         if (!json_is_string(j))
             return fail(c, path, "expected a string");
-        s = strndup(json_string_value(j), json_string_length(j));
-        if (s == NULL || strlen(s) != json_string_length(j)) {
-            free(s);
-            return fail(c, path, s ? "string holds a NUL byte" : "out of memory");
-        }
+        why = mg_string_problem((const uint8_t *)json_string_value(j), json_string_length(j));
+        if (why)
+            return fail(c, path, why);
+        s = strdup(json_string_value(j));
+        if (s == NULL)
+            return fail(c, path, "out of memory");
         *(char **)p = s;
         return 0;
     }

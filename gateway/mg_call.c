@@ -18,6 +18,8 @@
 
 #include "mg_json.h"
 #include "mg_log.h"
+#include "mg_pbcheck.h"
+#include "mg_str.h"
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -536,6 +538,11 @@ static int on_grpc_message(void *arg, const uint8_t *data, size_t len)
     char m[256];
 
     call->msgs_in++;
+    /* Before anything decodes it: protobuf-c would cut a string at a NUL byte. */
+    if (mg_pb_check_strings(call->method->in, data, len, m, sizeof(m)) != 0) {
+        call_finish(call, MG_GRPC_INVALID_ARGUMENT, m, 1);
+        return 1;
+    }
     if (call->method->on_raw) {
         uint8_t *own = mg_deframer_take(&call->deframer, data);
         if (own == NULL && (own = malloc(len ? len : 1)) != NULL)
@@ -607,7 +614,8 @@ static void json_request_end(mg_call *call)
     size_t len = call->body ? evbuffer_get_length(call->body) : 0;
     const char *text = len ? (const char *)evbuffer_pullup(call->body, -1) : "{}";
 
-    j = json_loadb(text, len ? len : 2, JSON_REJECT_DUPLICATES, &jerr);
+    /* NUL bytes are let through jansson so that the decoder refuses them naming the field. */
+    j = json_loadb(text, len ? len : 2, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
     if (j == NULL) {
         snprintf(err, sizeof(err), "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
                  jerr.text);
@@ -664,21 +672,39 @@ void mg_call_on_request_end(mg_call *call)
 /* The request's headers are complete: route it. */
 /* Adds the query string's key=value pairs (percent-decoded) to obj as strings. Returns -1 on a
  * malformed pair. */
-static int query_to_json(const char *q, json_t *obj)
+/* A readable route's query string "a=1&b=x%20y" into obj's members. Returns 0, or -1 with err
+ * naming what is wrong (a NUL byte or invalid UTF-8 once percent-decoded, too long, no '='). */
+static int query_to_json(const char *q, json_t *obj, char *err, size_t errcap)
 {
     char buf[512], *save = NULL, *tok;
-    if (strlen(q) >= sizeof(buf))
+    if (strlen(q) >= sizeof(buf)) {
+        snprintf(err, errcap, "query string longer than %zu bytes", sizeof(buf) - 1);
         return -1;
-    snprintf(buf, sizeof(buf), "%s", q);
+    }
+    mg_strlcpy(buf, q, sizeof(buf));
     for (tok = strtok_r(buf, "&", &save); tok; tok = strtok_r(NULL, "&", &save)) {
         char *eq = strchr(tok, '='), key[128], val[512];
-        if (eq == NULL || eq == tok || (size_t)(eq - tok) >= sizeof(key))
+        size_t klen, vlen;
+        const char *why;
+        if (eq == NULL || eq == tok || (size_t)(eq - tok) >= sizeof(key)) {
+            snprintf(err, errcap, "malformed query string: \"%.64s\" is not name=value", tok);
             return -1;
+        }
         *eq = '\0';
-        mg_pct_decode(key, tok, strlen(tok));
-        mg_pct_decode(val, eq + 1, strlen(eq + 1));
-        if (json_object_set_new(obj, key, json_string(val)) != 0)
+        klen = mg_pct_decode(key, tok, strlen(tok));
+        vlen = mg_pct_decode(val, eq + 1, strlen(eq + 1));
+        if ((why = mg_string_problem((const uint8_t *)key, klen)) != NULL) {
+            snprintf(err, errcap, "query parameter name \"%.64s\" %s", tok, why);
             return -1;
+        }
+        if ((why = mg_string_problem((const uint8_t *)val, vlen)) != NULL) {
+            snprintf(err, errcap, "query parameter \"%s\": %s", key, why);
+            return -1;
+        }
+        if (json_object_set_new(obj, key, json_stringn(val, vlen)) != 0) {
+            snprintf(err, errcap, "out of memory");
+            return -1;
+        }
     }
     return 0;
 }
@@ -898,10 +924,13 @@ static int readable_route(mg_call *call)
     }
     if (id && json_object_set_new(obj, "id", json_string(id)) != 0)
         id = NULL;
-    if (query && query_to_json(query, obj) != 0) {
-        json_decref(obj);
-        call_finish(call, MG_GRPC_INVALID_ARGUMENT, "malformed query string", 0);
-        return 1;
+    if (query) {
+        char qerr[256];
+        if (query_to_json(query, obj, qerr, sizeof(qerr)) != 0) {
+            json_decref(obj);
+            call_finish(call, MG_GRPC_INVALID_ARGUMENT, qerr, 0);
+            return 1;
+        }
     }
     if (json_object_size(obj) > 0 && strcmp(hit->verb, "POST") != 0) {
         s = json_dumps(obj, JSON_COMPACT);

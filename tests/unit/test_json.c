@@ -1,11 +1,13 @@
 /* Unit tests for mg_json: the proto3 JSON mapping over protobuf-c descriptors. */
 #include "mg_json.h"
+#include "mg_pbcheck.h"
 #include "mg_test.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "grpc/reflection/v1/reflection.pb-c.h"
 #include "moongate/v1/daemon.pb-c.h"
 #include "moongate/v1/debug.pb-c.h"
+#include "moongate/v1/memory.pb-c.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +158,78 @@ static void test_errors_name_the_field(void)
     expect_error(info, "{\"version\":\"a\\u0000b\"}", "NUL");
 }
 
+static void test_utf8(void)
+{
+    static const struct {
+        const char *s;
+        size_t len;
+        int ok;
+    } cases[] = {
+        {"plain ascii", 11, 1},
+        {"\xc3\xa9t\xc3\xa9", 6, 1}, /* é */
+        {"\xe2\x82\xac", 3, 1},      /* € */
+        {"\xf0\x9f\x98\x80", 4, 1},  /* U+1F600 */
+        {"\xf4\x8f\xbf\xbf", 4, 1},  /* U+10FFFF, the last */
+        {"\xff", 1, 0},              /* never in UTF-8 */
+        {"\x80", 1, 0},              /* a continuation first */
+        {"\xc0\x80", 2, 0},          /* overlong NUL */
+        {"\xe0\x80\xaf", 3, 0},      /* overlong '/' */
+        {"\xf0\x80\x80\xaf", 4, 0},  /* overlong '/' */
+        {"\xed\xa0\x80", 3, 0},      /* a surrogate */
+        {"\xf4\x90\x80\x80", 4, 0},  /* above U+10FFFF */
+        {"\xe2\x82", 2, 0},          /* cut short */
+        {"a\xc3", 2, 0},             /* cut short at the end */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        CU_ASSERT_EQUAL(mg_utf8_valid((const uint8_t *)cases[i].s, cases[i].len), cases[i].ok);
+    CU_ASSERT_STRING_EQUAL(mg_string_problem((const uint8_t *)"a\0b", 3), "holds a NUL byte");
+    CU_ASSERT_STRING_EQUAL(mg_string_problem((const uint8_t *)"a\xff" "b", 3), "is not valid UTF-8");
+    CU_ASSERT_PTR_NULL(mg_string_problem((const uint8_t *)"", 0));
+}
+
+/* Packs a RegisterSegmentsRequest of three items, then puts `bad` into the second item's
+ * name ("nameX" -> bytes of the same length), the way a hostile client would. */
+static size_t bad_batch(uint8_t *buf, const char *bad)
+{
+    Moongate__V1__RegisterSegmentsRequest r = MOONGATE__V1__REGISTER_SEGMENTS_REQUEST__INIT;
+    Moongate__V1__RegisterRequest it[3], *items[3];
+    size_t len;
+    uint8_t *p;
+    for (int i = 0; i < 3; i++) {
+        moongate__v1__register_request__init(&it[i]);
+        it[i].name = i == 1 ? "nameX" : "fine";
+        it[i].shm_file = "f";
+        items[i] = &it[i];
+    }
+    r.items = items;
+    r.n_items = 3;
+    len = moongate__v1__register_segments_request__pack(&r, buf);
+    p = memmem(buf, len, "nameX", 5);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    memcpy(p, bad, 5);
+    return len;
+}
+
+/* Strings are checked on the encoded message, at any depth, before protobuf-c cuts them. */
+static void test_strings_checked_before_decoding(void)
+{
+    const ProtobufCMessageDescriptor *d = &moongate__v1__register_segments_request__descriptor;
+    uint8_t buf[256];
+    char err[256];
+    size_t len = bad_batch(buf, "nameX");
+    CU_ASSERT_EQUAL(mg_pb_check_strings(d, buf, len, err, sizeof(err)), 0);
+    len = bad_batch(buf, "na\0eX");
+    CU_ASSERT_EQUAL(mg_pb_check_strings(d, buf, len, err, sizeof(err)), -1);
+    CU_ASSERT_STRING_EQUAL(err, "field \"items[1].name\": holds a NUL byte");
+    len = bad_batch(buf, "na\xc0\x80X");
+    CU_ASSERT_EQUAL(mg_pb_check_strings(d, buf, len, err, sizeof(err)), -1);
+    CU_ASSERT_STRING_EQUAL(err, "field \"items[1].name\": is not valid UTF-8");
+    /* Malformed input is the decoder's to refuse; unknown fields are skipped. */
+    CU_ASSERT_EQUAL(mg_pb_check_strings(d, (const uint8_t *)"\x0a\x7f", 2, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(
+        mg_pb_check_strings(d, (const uint8_t *)"\xfa\x01\x02\x00\xff", 5, err, sizeof(err)), 0);
+}
+
 /* Reals given for integer fields are range-checked before conversion (found by fuzz_json). */
 static void test_reals_for_integer_fields(void)
 {
@@ -225,6 +299,8 @@ int main(void)
         MG_TEST(test_reals_for_integer_fields),
         MG_TEST(test_nested_and_repeated_decode),
         MG_TEST(test_oneof),
+        MG_TEST(test_utf8),
+        MG_TEST(test_strings_checked_before_decoding),
     };
     return mg_test_run("json mapping", cases, sizeof(cases) / sizeof(cases[0]));
 }
