@@ -23,6 +23,7 @@
 #include "mg_client.h"
 #include "mg_hash.h"
 #include "mg_log.h"
+#include "mg_pbcheck.h"
 
 #include "mg_rdma_wire.h"
 
@@ -1054,13 +1055,23 @@ static void reopen_cb(evutil_socket_t fd, short what, void *arg)
     open_session(p->gw, p);
 }
 
+/* A peer daemon's answer, decoded once its strings are whole (mg_pbcheck.h); NULL when it is
+ * malformed either way. */
+static void *peer_answer(const ProtobufCMessageDescriptor *d, const uint8_t *resp, size_t len)
+{
+    char err[256];
+    if (resp == NULL || mg_pb_check_strings(d, resp, len, err, sizeof(err)) != 0)
+        return NULL;
+    return protobuf_c_message_unpack(d, NULL, len, resp);
+}
+
 static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     open_call *oc = arg;
     peer_ent *p = oc->p;
     Moongate__V1__OpenSessionResponse *resp = NULL;
-    if (status == 0 && oc->resp)
-        resp = moongate__v1__open_session_response__unpack(NULL, oc->len, oc->resp);
+    if (status == 0)
+        resp = peer_answer(&moongate__v1__open_session_response__descriptor, oc->resp, oc->len);
     free(oc->resp);
     free(oc);
     if (status == MG_GRPC_UNAVAILABLE && p->client_used) {
@@ -1383,8 +1394,8 @@ static void connect_closed(mg_rpc *rpc, int status, const char *message, void *a
         rdma_job_drop(j);
         return;
     }
-    if (status == 0 && j->resp)
-        resp = moongate__v1__connect_rdma_response__unpack(NULL, j->len, j->resp);
+    if (status == 0)
+        resp = peer_answer(&moongate__v1__connect_rdma_response__descriptor, j->resp, j->len);
     if (resp == NULL || mg_rdma_wire_decode(resp->endpoint, &j->remote, why, sizeof(why)) != 0) {
         if (resp == NULL)
             snprintf(why, sizeof(why), "ConnectRdma: %.200s",
@@ -1883,8 +1894,8 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
         }
         return;
     }
-    if (status == 0 && dc->resp)
-        d = moongate__v1__target_descriptor__unpack(NULL, dc->len, dc->resp);
+    if (status == 0)
+        d = peer_answer(&moongate__v1__target_descriptor__descriptor, dc->resp, dc->len);
     if (d) {
         mg_remote_desc rd = {.id = d->id,
                              .is_lease = d->is_lease,
