@@ -283,6 +283,7 @@ static int cmd_info(const ctl *c)
     printf("state       %s\n", r->state);
     printf("uptime      %.1f s\n", (double)r->uptime_ms / 1000.0);
     printf("workers     %u (queue depth %u)\n", r->workers, r->worker_queue_depth);
+    printf("open files  %" PRIu64 " at most\n", r->open_files_limit);
     printf("features   ");
     for (size_t i = 0; i < r->n_features; i++)
         printf(" %s", r->features[i]);

@@ -674,6 +674,15 @@ static int cmd_doctor(const ctl *c, const char *shm_dir)
                 report(&d, !strcmp(name, "rdma") ? 1 : 2, name, "unavailable: %s%s", why ? why : "",
                        !strcmp(name, "rdma") ? " (transfers go over TCP)" : "");
         }
+        t = json_object_get(info, "openFilesLimit");
+        if (json_is_string(t)) {
+            unsigned long long n = strtoull(json_string_value(t), NULL, 10);
+            report(&d, n < 8192 ? 1 : 0, "open-files", "the daemon may open %llu descriptors%s", n,
+                   n < 8192 ? ": few for a node's clients, peers and data connections; raise its "
+                              "hard limit (LimitNOFILE= for systemd, ulimit -Hn, the container "
+                              "runtime's nofile)"
+                            : "");
+        }
     } else {
         report(&d, 2, "daemon",
                "%s does not answer Daemon/Info (see the error above): is it "

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 /* Creates the shm directory if missing; with a group, hands it to the group, setgid and
@@ -33,6 +34,50 @@ static int prepare_shm_dir(const char *dir, unsigned gid)
         return -1;
     }
     return 0;
+}
+
+/* RLIMIT_NOFILE up to its hard limit: connections, data-plane sockets and peers each take a
+ * descriptor, and the soft limit a daemon inherits (often 1024) is meant for shells. */
+static void raise_open_files_limit(void)
+{
+    struct rlimit rl;
+    rlim_t was;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        mg_info("open_files_limit", "raised_from=%llu to=%llu", (unsigned long long)was,
+                (unsigned long long)rl.rlim_max);
+    else
+        mg_warn("open_files_limit", "soft=%llu hard=%llu error=\"%s\"", (unsigned long long)was,
+                (unsigned long long)rl.rlim_max, strerror(errno));
+}
+
+/* libevent's own messages, as logfmt lines of the daemon's log, at most 20 a second. */
+static void libevent_log_cb(int severity, const char *msg)
+{
+    static uint64_t window_ns, lines, dropped;
+    char q[512];
+    uint64_t now = mg_now_mono_ns();
+    mg_log_level level = severity == EVENT_LOG_DEBUG  ? MG_LOG_DEBUG
+                         : severity == EVENT_LOG_MSG  ? MG_LOG_INFO
+                         : severity == EVENT_LOG_WARN ? MG_LOG_WARN
+                                                      : MG_LOG_ERROR;
+    /* libevent logs from the loop thread and the engine's loops alike: count loosely */
+    if (now - __atomic_load_n(&window_ns, __ATOMIC_RELAXED) > 1000000000ULL) {
+        uint64_t d = __atomic_exchange_n(&dropped, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&window_ns, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&lines, 0, __ATOMIC_RELAXED);
+        if (d)
+            mg_warn("libevent", "dropped=%llu note=\"lines over 20 a second\"",
+                    (unsigned long long)d);
+    }
+    if (__atomic_add_fetch(&lines, 1, __ATOMIC_RELAXED) > 20) {
+        __atomic_add_fetch(&dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    mg_log(level, "libevent", "msg=%s", mg_log_quote(q, sizeof(q), msg));
 }
 
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
@@ -81,6 +126,7 @@ int main(int argc, char **argv)
     unsigned shm_gid = 0;
 
     evthread_use_pthreads();
+    event_set_log_callback(libevent_log_cb);
     signal(SIGPIPE, SIG_IGN);
     mg_fault_init(); /* SIGBUS in a guarded copy fails that copy (moongate/fault.h) */
 
@@ -122,6 +168,7 @@ int main(int argc, char **argv)
     mg_log_set_level(level);
     OPENSSL_init_ssl(0, NULL);
 
+    raise_open_files_limit();
     mg_info("starting", "version=%s workers=%llu io_threads=%llu queue_depth=%llu", MG_VERSION,
             (unsigned long long)cfg.workers, (unsigned long long)cfg.io_threads,
             (unsigned long long)cfg.queue_depth);

@@ -43,6 +43,11 @@ static const opt_def opts[] = {
      "mode 0660; empty keeps the daemon's group"},
     {"ops-listen", T_STR, O(ops_listen), "[::]:7080", 0, 0,
      "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
+    {"ops-header-timeout", T_UINT, O(ops_header_timeout), "10", 1, 600,
+     "seconds an ops-port request has, from accept (or the previous answer), to arrive whole, "
+     "however slowly its bytes come"},
+    {"ops-max-connections", T_UINT, O(ops_max_connections), "128", 1, 65536,
+     "ops-port connections open at once; more are closed at accept"},
     {"tls-cert", T_STR, O(tls_cert), "", 0, 0, "server certificate chain (PEM)"},
     {"tls-key", T_STR, O(tls_key), "", 0, 0, "server private key (PEM)"},
     {"client-ca", T_STR, O(client_ca), "", 0, 0,

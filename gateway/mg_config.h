@@ -12,13 +12,15 @@
 
 typedef struct mg_config {
     char *config;
-    char *listen;              /* TLS h2 control listeners, comma-separated host:port */
-    char *h2c_listen;          /* plaintext h2c TCP listeners (loopback unless allow_h2c_any) */
-    int allow_h2c_any;         /* permit h2c on non-loopback addresses */
-    char *unix_socket;         /* h2c on a Unix-domain socket; "" disables */
-    uint64_t unix_socket_mode; /* permission bits of the socket */
-    char *unix_socket_group;   /* group (name or number) the socket is given to; "" keeps ours */
-    char *ops_listen;          /* plaintext HTTP/1.1 ops listeners; "" disables */
+    char *listen;                 /* TLS h2 control listeners, comma-separated host:port */
+    char *h2c_listen;             /* plaintext h2c TCP listeners (loopback unless allow_h2c_any) */
+    int allow_h2c_any;            /* permit h2c on non-loopback addresses */
+    char *unix_socket;            /* h2c on a Unix-domain socket; "" disables */
+    uint64_t unix_socket_mode;    /* permission bits of the socket */
+    char *unix_socket_group;      /* group (name or number) the socket is given to; "" keeps ours */
+    char *ops_listen;             /* plaintext HTTP/1.1 ops listeners; "" disables */
+    uint64_t ops_header_timeout;  /* seconds for a whole request on the ops port */
+    uint64_t ops_max_connections; /* ops-port connections at once */
     char *tls_cert;
     char *tls_key;
     char *client_ca;          /* CA of client certificates ("": none) */

@@ -443,6 +443,7 @@ void mg_conn_free(mg_conn *conn)
     gw->stats.conns_active--;
     mg_debug("conn_closed", "peer=%s kind=%s", conn->peer, mg_conn_kind_names[conn->kind]);
     free(conn);
+    mg_accept_resume(gw); /* a descriptor is free: listeners paused for want of one go on */
     mg_gateway_check_drained(gw);
 }
 
@@ -486,6 +487,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     struct timeval tv = {(time_t)gw->cfg->handshake_timeout, 0};
     int one = 1;
 
+    mg_accept_ok(gw);
     if (gw->state == MG_STATE_DRAINING) {
         evutil_closesocket(fd);
         return;
@@ -560,6 +562,8 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 
 /* ------------------------------------------------------------------ listeners */
 
+static void listener_error_cb(struct evconnlistener *lev, void *arg);
+
 static int is_loopback(const struct sockaddr *sa)
 {
     if (sa->sa_family == AF_INET)
@@ -607,6 +611,7 @@ static int add_listener(mg_gateway *gw, conn_kind kind, const char *addr)
     }
     l->next = gw->listeners;
     gw->listeners = l;
+    evconnlistener_set_error_cb(l->lev, listener_error_cb);
     mg_info("listen", "addr=%s kind=%s", addr, mg_conn_kind_names[kind]);
     return 0;
 }
@@ -683,10 +688,94 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
     }
     if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
         mg_warn("unix_socket_mode", "path=%s error=\"%s\"", path, strerror(errno));
+    evconnlistener_set_error_cb(l->lev, listener_error_cb);
     l->next = gw->listeners;
     gw->listeners = l;
     mg_info("listen", "addr=unix:%s kind=unix", path);
     return 0;
+}
+
+/* ------------------------------------------------------------------ accepting without descriptors
+ */
+
+static void listeners_enable(mg_gateway *gw, int on)
+{
+    for (mg_listener *l = gw->listeners; l; l = l->next) {
+        if (on)
+            evconnlistener_enable(l->lev);
+        else
+            evconnlistener_disable(l->lev);
+    }
+    mg_ops_accepting(gw, on);
+}
+
+static void accept_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_accept_resume(arg);
+}
+
+void mg_accept_resume(mg_gateway *gw)
+{
+    if (!gw->accept_paused)
+        return;
+    gw->accept_paused = 0;
+    if (gw->accept_timer)
+        evtimer_del(gw->accept_timer);
+    listeners_enable(gw, 1); /* the next accept tells whether a descriptor is free now */
+}
+
+void mg_accept_ok(mg_gateway *gw)
+{
+    if (!gw->accept_episode)
+        return;
+    gw->accept_episode = 0;
+    if (gw->accept_logged) /* the episode's pause was logged: so is its end */
+        mg_info("accept_resumed", "paused_ms=%.0f",
+                (double)(mg_now_mono_ns() - gw->accept_pause_ns) / 1e6);
+}
+
+void mg_accept_failed(mg_gateway *gw, const char *where, int err)
+{
+    static const struct timeval retry = {0, 100 * 1000};
+    if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) {
+        uint64_t now = mg_now_mono_ns();
+        if (now - gw->accept_warn_ns > 1000000000ULL) { /* at most a line a second */
+            gw->accept_warn_ns = now;
+            mg_warn("accept_failed", "listener=%s error=\"%s\"", where, strerror(err));
+        }
+        return;
+    }
+    if (!gw->accept_episode) {
+        /* Episodes follow each other as fast as descriptors free and are taken again: each is
+         * counted, a line logged a second at most. */
+        uint64_t now = mg_now_mono_ns();
+        gw->accept_episode = 1;
+        gw->accept_pause_ns = now;
+        gw->stats.accept_pauses++;
+        gw->accept_logged = now - gw->accept_warn_ns >= 1000000000ULL;
+        if (gw->accept_logged) {
+            gw->accept_warn_ns = now;
+            mg_warn("accept_paused",
+                    "listener=%s error=\"%s\" open_files_limit=%llu open_connections=%llu "
+                    "note=\"accepting resumes when a descriptor frees\"",
+                    where, strerror(err), (unsigned long long)gw->open_files_limit,
+                    (unsigned long long)gw->stats.conns_active);
+        }
+    }
+    if (gw->accept_paused)
+        return;
+    gw->accept_paused = 1;
+    listeners_enable(gw, 0);
+    if (gw->accept_timer == NULL)
+        gw->accept_timer = evtimer_new(gw->base, accept_timer_cb, gw);
+    if (gw->accept_timer)
+        evtimer_add(gw->accept_timer, &retry);
+}
+
+static void listener_error_cb(struct evconnlistener *lev, void *arg)
+{
+    mg_listener *l = arg;
+    mg_accept_failed(l->gw, l->addr, EVUTIL_SOCKET_ERROR());
 }
 
 void mg_listeners_free(mg_gateway *gw)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -131,6 +132,11 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     gw->start_mono_ns = mg_now_mono_ns();
     if (getrandom(&gw->epoch, sizeof(gw->epoch), 0) != sizeof(gw->epoch))
         gw->epoch = gw->start_mono_ns ^ gw->start_unix_ms;
+    {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+            gw->open_files_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+    }
 
     rc = mg_cq_new(&gw->cq);
     if (rc != 0)
@@ -208,6 +214,8 @@ void mg_gateway_del(mg_gateway *gw)
     while (gw->conns)
         mg_conn_free(gw->conns);
     mg_ops_stop(gw);
+    if (gw->accept_timer)
+        event_free(gw->accept_timer);
     mg_svc_health_free(gw);
     mg_svc_reflection_free(gw);
     mg_svc_transfer_free(gw);

@@ -212,6 +212,9 @@ typedef struct mg_gateway_stats {
     uint64_t auth_unauthenticated; /* calls refused: no or unknown credentials */
     uint64_t auth_denied;          /* calls refused: known identity without a tenant or role */
     uint64_t rate_refused;         /* calls refused: the tenant was over --tenant-rate */
+    uint64_t accept_pauses;        /* times accepting paused: no descriptor to spare */
+    uint64_t ops_refused;          /* ops-port connections over --ops-max-connections */
+    uint64_t ops_header_timeouts;  /* ops-port connections closed: headers too slow */
 } mg_gateway_stats;
 
 struct mg_gateway {
@@ -262,8 +265,15 @@ struct mg_gateway {
 
     struct event *drain_timer;
     struct event *grace_timer;
-    int drain_phase;     /* 0 none, 1 notice sent, 2 final GOAWAY sent */
-    uint64_t conn_reads; /* reads that delivered bytes from a connection: --busy-poll-us */
+    int drain_phase;           /* 0 none, 1 notice sent, 2 final GOAWAY sent */
+    uint64_t conn_reads;       /* reads that delivered bytes from a connection: --busy-poll-us */
+    uint64_t open_files_limit; /* RLIMIT_NOFILE in force (main raises it to the hard limit) */
+    int accept_paused;         /* listeners disabled for want of descriptors (mg_conn.c) */
+    int accept_episode;        /* paused since the last accept that succeeded */
+    int accept_logged;         /* the episode's accept_paused line was written */
+    uint64_t accept_pause_ns;  /* when the episode began */
+    uint64_t accept_warn_ns;   /* the last accept_failed line */
+    struct event *accept_timer;
     int exit_code;
 };
 
@@ -334,6 +344,8 @@ void mg_metrics_pool_wait(mg_gateway *gw, double seconds);
 /* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
 int mg_ops_start(mg_gateway *gw, const char *listen);
 void mg_ops_stop(mg_gateway *gw);
+/* Enables or disables accepting on the ops port's listeners (mg_accept_failed). */
+void mg_ops_accepting(mg_gateway *gw, int on);
 /* Shared by the ops port and the control port's GET routes: fills status and body. */
 int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
 

@@ -297,13 +297,33 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         "ones stay in use).\n"
         "# TYPE moongate_reload_errors_total counter\n"
         "moongate_reload_errors_total{file=\"auth\"} %llu\n"
-        "moongate_reload_errors_total{file=\"tls\"} %llu\n",
+        "moongate_reload_errors_total{file=\"tls\"} %llu\n"
+        "# HELP moongate_open_files_limit The daemon's RLIMIT_NOFILE (raised to its hard limit "
+        "at start).\n"
+        "# TYPE moongate_open_files_limit gauge\nmoongate_open_files_limit %llu\n"
+        "# HELP moongate_accept_paused_total Times the listeners paused accepting: no "
+        "descriptor to spare.\n"
+        "# TYPE moongate_accept_paused_total counter\nmoongate_accept_paused_total %llu\n"
+        "# HELP moongate_accept_paused 1 while the listeners are paused for want of "
+        "descriptors.\n"
+        "# TYPE moongate_accept_paused gauge\nmoongate_accept_paused %d\n"
+        "# HELP moongate_ops_connections_refused_total Ops-port connections closed at accept: "
+        "--ops-max-connections were open.\n"
+        "# TYPE moongate_ops_connections_refused_total counter\n"
+        "moongate_ops_connections_refused_total %llu\n"
+        "# HELP moongate_ops_header_timeouts_total Ops-port connections closed: their request "
+        "was not whole within --ops-header-timeout.\n"
+        "# TYPE moongate_ops_header_timeouts_total counter\n"
+        "moongate_ops_header_timeouts_total %llu\n",
         (unsigned long long)gw->stats.write_timeouts,
         (unsigned long long)gw->stats.auth_unauthenticated,
         (unsigned long long)gw->stats.auth_denied, (unsigned long long)gw->stats.rate_refused,
         mg_auth_count(gw->auth), (unsigned long long)gw->reloads[0],
         (unsigned long long)gw->reloads[1], (unsigned long long)gw->reload_errors[0],
-        (unsigned long long)gw->reload_errors[1]);
+        (unsigned long long)gw->reload_errors[1], (unsigned long long)gw->open_files_limit,
+        (unsigned long long)gw->stats.accept_pauses, gw->accept_episode,
+        (unsigned long long)gw->stats.ops_refused,
+        (unsigned long long)gw->stats.ops_header_timeouts);
 
     evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
                              "# TYPE moongate_grpc_started_total counter\n");
@@ -438,6 +458,10 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
             "(--data-max-conns).\n# TYPE moongate_data_conns_total counter\n"
             "moongate_data_conns_total{result=\"accepted\"} %llu\n"
             "moongate_data_conns_total{result=\"refused\"} %llu\n"
+            "# HELP moongate_data_accept_paused_total Times the data-plane listener paused "
+            "accepting: no descriptor to spare.\n"
+            "# TYPE moongate_data_accept_paused_total counter\n"
+            "moongate_data_accept_paused_total %llu\n"
             "# HELP moongate_data_slices_total Data-plane slices served, by op, and refused.\n"
             "# TYPE moongate_data_slices_total counter\n"
             "moongate_data_slices_total{op=\"write\"} %llu\n"
@@ -448,9 +472,10 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
             "moongate_data_bytes_total{dir=\"in\"} %llu\n"
             "moongate_data_bytes_total{dir=\"out\"} %llu\n",
             (unsigned long long)ds.conns_active, (unsigned long long)ds.conns_total,
-            (unsigned long long)ds.conns_refused, (unsigned long long)ds.slices_in,
-            (unsigned long long)ds.slices_out, (unsigned long long)ds.slices_refused,
-            (unsigned long long)ds.bytes_in, (unsigned long long)ds.bytes_out);
+            (unsigned long long)ds.conns_refused, (unsigned long long)ds.accept_pauses,
+            (unsigned long long)ds.slices_in, (unsigned long long)ds.slices_out,
+            (unsigned long long)ds.slices_refused, (unsigned long long)ds.bytes_in,
+            (unsigned long long)ds.bytes_out);
     }
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(

@@ -2,8 +2,18 @@
  * mg_ops: the plaintext HTTP/1.1 ops port, served by libevent's evhttp on the gateway loop:
  * /livez, /readyz (/healthz), /metrics and a small status page at /. Read-only: nothing here
  * changes the daemon. The same routes answer GET on the control port (mg_ops_route).
+ *
+ * The port is open to anyone who reaches it, so its connections are bounded here, not by
+ * evhttp (whose timeout starts again with every byte): each request must arrive whole within
+ * --ops-header-timeout of the accept (or of the previous answer on the connection), and at
+ * most --ops-max-connections are open at once. evhttp makes each connection's bufferevent
+ * through bev_cb, which keeps a reference to it: a sweep every 200 ms (while any is open)
+ * shuts down the socket of a connection past its deadline or over the limit — evhttp then sees
+ * it close and lets go — and drops the reference of those evhttp has freed (their callbacks
+ * are gone), which closes the descriptor.
  */
 #include "mg_gateway.h"
+#include "mg_server_int.h"
 
 #include "mg_addr.h"
 #include "mg_log.h"
@@ -12,6 +22,9 @@
 #include "moongate/segment.h"
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
 #include <jansson.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -19,10 +32,38 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+
+#define OPS_MAX_LISTENERS 8
+#define SWEEP_US          200000
+
+/* One ops-port connection, from its accept until evhttp lets go of its bufferevent. */
+typedef struct ops_conn {
+    struct bufferevent *bev; /* made by bev_cb; one reference is ours */
+    uint64_t deadline_ns;    /* its request must be whole by then */
+    int over;                /* beyond --ops-max-connections: closed at once */
+    int shut;                /* its socket was shut down; evhttp is letting go */
+    struct ops_conn *next;
+} ops_conn;
+
+typedef struct mg_ops mg_ops;
 
 struct mg_ops {
     struct evhttp *http;
+    mg_gateway *gw;
+    struct evconnlistener *lev[OPS_MAX_LISTENERS];
+    size_t nlev;
+    ops_conn *conns;
+    uint64_t nconns;
+    struct event *sweep;
 };
+
+/* evhttp hands its listeners' error callback the evhttp, not ours: which gateway it is. Loop
+ * thread only; a slot per gateway alive in the process. */
+static struct {
+    struct evhttp *http;
+    mg_ops *ops;
+} owners[4];
 
 /* "2 devices (mlx5_0, mlx5_1)", or why RDMA is not in use. */
 static void rdma_line(mg_gateway *gw, char *out, size_t cap)
@@ -207,9 +248,118 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
     return 404;
 }
 
+static ops_conn *find_conn(mg_ops *ops, const struct bufferevent *bev)
+{
+    for (ops_conn *c = ops->conns; c; c = c->next) {
+        if (c->bev == bev)
+            return c;
+    }
+    return NULL;
+}
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_ops *ops = arg;
+    mg_gateway *gw = ops->gw;
+    uint64_t now = mg_now_mono_ns();
+    ops_conn **pp = &ops->conns;
+    int freed = 0;
+    while (*pp) {
+        ops_conn *c = *pp;
+        bufferevent_event_cb eventcb = NULL;
+        bufferevent_getcb(c->bev, NULL, NULL, &eventcb, NULL);
+        if (eventcb == NULL) { /* evhttp freed the connection: ours to close */
+            *pp = c->next;
+            bufferevent_decref(c->bev);
+            free(c);
+            ops->nconns--;
+            freed = 1;
+            continue;
+        }
+        if (!c->shut && (c->over || now > c->deadline_ns)) {
+            evutil_socket_t sfd = bufferevent_getfd(c->bev);
+            if (!c->over) {
+                gw->stats.ops_header_timeouts++;
+                mg_info("ops_conn_timeout",
+                        "reason=\"request not whole within --ops-header-timeout\" seconds=%llu",
+                        (unsigned long long)gw->cfg->ops_header_timeout);
+            }
+            if (sfd >= 0)
+                shutdown(sfd, SHUT_RDWR);
+            c->shut = 1;
+        }
+        pp = &c->next;
+    }
+    if (ops->conns == NULL)
+        evtimer_del(ops->sweep);
+    if (freed)
+        mg_accept_resume(gw);
+}
+
+/* evhttp: the bufferevent of a new connection (no socket yet). */
+static struct bufferevent *bev_cb(struct event_base *base, void *arg)
+{
+    mg_ops *ops = arg;
+    mg_gateway *gw = ops->gw;
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    ops_conn *c = calloc(1, sizeof(*c));
+    if (bev == NULL || c == NULL) {
+        free(c);
+        return bev; /* untracked: evhttp's own timeout still applies */
+    }
+    mg_accept_ok(gw);
+    bufferevent_incref(bev);
+    c->bev = bev;
+    c->deadline_ns = mg_now_mono_ns() + gw->cfg->ops_header_timeout * 1000000000ULL;
+    if (ops->nconns >= gw->cfg->ops_max_connections) {
+        c->over = 1;
+        if (gw->stats.ops_refused++ == 0 || gw->stats.ops_refused % 1000 == 0)
+            mg_warn("ops_conn_refused", "reason=\"--ops-max-connections\" limit=%llu refused=%llu",
+                    (unsigned long long)gw->cfg->ops_max_connections,
+                    (unsigned long long)gw->stats.ops_refused);
+    }
+    c->next = ops->conns;
+    ops->conns = c;
+    ops->nconns++;
+    if (c->over) {
+        event_active(ops->sweep, EV_TIMEOUT, 0); /* once evhttp has given it its socket */
+    } else if (!evtimer_pending(ops->sweep, NULL)) {
+        struct timeval tv = {0, SWEEP_US};
+        evtimer_add(ops->sweep, &tv);
+    }
+    return bev;
+}
+
+static void ops_accept_error_cb(struct evconnlistener *lev, void *http)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    for (size_t i = 0; i < sizeof(owners) / sizeof(owners[0]); i++) {
+        if (owners[i].http == http) {
+            mg_accept_failed(owners[i].ops->gw, "ops", err);
+            return;
+        }
+    }
+}
+
+void mg_ops_accepting(mg_gateway *gw, int on)
+{
+    if (gw->ops == NULL)
+        return;
+    for (size_t i = 0; i < gw->ops->nlev; i++) {
+        if (on)
+            evconnlistener_enable(gw->ops->lev[i]);
+        else
+            evconnlistener_disable(gw->ops->lev[i]);
+    }
+}
+
 static void ops_cb(struct evhttp_request *req, void *arg)
 {
     mg_gateway *gw = arg;
+    ops_conn *c =
+        gw->ops ? find_conn(gw->ops,
+                            evhttp_connection_get_bufferevent(evhttp_request_get_connection(req)))
+                : NULL;
     struct evbuffer *body = evbuffer_new();
     const char *ctype = "text/plain";
     int status;
@@ -233,24 +383,40 @@ static void ops_cb(struct evhttp_request *req, void *arg)
                                       : "Not Found",
                       body);
     evbuffer_free(body);
+    if (c) /* answered: the next request on the connection has its own deadline */
+        c->deadline_ns = mg_now_mono_ns() + gw->cfg->ops_header_timeout * 1000000000ULL;
 }
 
 int mg_ops_start(mg_gateway *gw, const char *listen)
 {
     char buf[512], *save = NULL, *tok;
-    gw->ops = calloc(1, sizeof(*gw->ops));
-    if (gw->ops == NULL)
+    mg_ops *ops = calloc(1, sizeof(*ops));
+    size_t slot = 0;
+    if (ops == NULL)
         return MG_ERR_NOMEM;
-    gw->ops->http = evhttp_new(gw->base);
-    if (gw->ops->http == NULL)
+    gw->ops = ops;
+    ops->gw = gw;
+    ops->http = evhttp_new(gw->base);
+    ops->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ops); /* while any is open */
+    if (ops->http == NULL || ops->sweep == NULL)
         return MG_ERR_NOMEM;
-    evhttp_set_gencb(gw->ops->http, ops_cb, gw);
+    while (slot < sizeof(owners) / sizeof(owners[0]) && owners[slot].http)
+        slot++;
+    if (slot == sizeof(owners) / sizeof(owners[0])) {
+        mg_error("listen_failed", "ops=%s reason=\"too many gateways in one process\"", listen);
+        return MG_ERR_FULL;
+    }
+    owners[slot].http = ops->http;
+    owners[slot].ops = ops;
+    evhttp_set_gencb(ops->http, ops_cb, gw);
+    evhttp_set_bevcb(ops->http, bev_cb, ops);
     evhttp_set_timeout(gw->ops->http, 30);
     evhttp_set_max_headers_size(gw->ops->http, 16384);
     evhttp_set_max_body_size(gw->ops->http, 0);
     evhttp_set_allowed_methods(gw->ops->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
     snprintf(buf, sizeof(buf), "%s", listen);
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        struct evhttp_bound_socket *bound;
         char host[256];
         int port;
         while (*tok == ' ')
@@ -259,10 +425,18 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
             mg_error("listen_failed", "ops=%s reason=\"not a host:port\"", tok);
             return MG_ERR_INVALID;
         }
-        if (evhttp_bind_socket(gw->ops->http, host, (ev_uint16_t)port) != 0) {
+        if (ops->nlev == OPS_MAX_LISTENERS) {
+            mg_error("listen_failed", "ops=%s reason=\"more than %d ops listeners\"", tok,
+                     OPS_MAX_LISTENERS);
+            return MG_ERR_INVALID;
+        }
+        bound = evhttp_bind_socket_with_handle(ops->http, host, (ev_uint16_t)port);
+        if (bound == NULL) {
             mg_error("listen_failed", "ops=%s:%d reason=\"cannot bind\"", host, port);
             return MG_ERR_SYSTEM;
         }
+        ops->lev[ops->nlev] = evhttp_bound_socket_get_listener(bound);
+        evconnlistener_set_error_cb(ops->lev[ops->nlev++], ops_accept_error_cb);
         mg_info("listen", "addr=%s%s%s:%d kind=ops", strchr(host, ':') ? "[" : "", host,
                 strchr(host, ':') ? "]" : "", port);
     }
@@ -271,10 +445,23 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
 
 void mg_ops_stop(mg_gateway *gw)
 {
-    if (gw->ops == NULL)
+    mg_ops *ops = gw->ops;
+    if (ops == NULL)
         return;
-    if (gw->ops->http)
-        evhttp_free(gw->ops->http);
-    free(gw->ops);
+    for (size_t i = 0; i < sizeof(owners) / sizeof(owners[0]); i++) {
+        if (owners[i].ops == ops)
+            owners[i].http = NULL, owners[i].ops = NULL;
+    }
+    if (ops->http)
+        evhttp_free(ops->http); /* frees its connections: their callbacks go */
+    while (ops->conns) {
+        ops_conn *c = ops->conns;
+        ops->conns = c->next;
+        bufferevent_decref(c->bev);
+        free(c);
+    }
+    if (ops->sweep)
+        event_free(ops->sweep);
+    free(ops);
     gw->ops = NULL;
 }

@@ -131,6 +131,16 @@ void mg_conn_free(mg_conn *conn);
 int mg_listeners_add(mg_gateway *gw, conn_kind kind, const char *list);
 int mg_listener_add_unix(mg_gateway *gw, const char *path);
 void mg_listeners_free(mg_gateway *gw);
+/* When a listener's accept fails for want of a descriptor (EMFILE, ENFILE, ENOBUFS, ENOMEM),
+ * the connection stays in the kernel's queue and an enabled listener would wake the loop again
+ * at once, forever. mg_accept_failed() disables every listener of the gateway (control, h2c,
+ * Unix socket, ops port), logs one line for the episode and counts it; accepting resumes when
+ * a connection of the gateway closes, or after 100 ms, and the episode ends with the first
+ * accept that succeeds (mg_accept_ok). Other accept errors are logged, rate-limited. */
+void mg_accept_failed(mg_gateway *gw, const char *where, int err);
+void mg_accept_ok(mg_gateway *gw);
+/* Wakes paused listeners (a descriptor was freed). */
+void mg_accept_resume(mg_gateway *gw);
 
 /* ---- mg_gateway.c ---- */
 

@@ -71,6 +71,7 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     resp.n_transports = 2;
     resp.workers = es.workers;
     resp.worker_queue_depth = es.queue_depth;
+    resp.open_files_limit = gw->open_files_limit;
     mg_call_reply(call, &resp.base);
 }
 

@@ -10,6 +10,8 @@
 #include "moongate/dataplane.h"
 #include "moongate/fault.h"
 
+#include "mg_log.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -381,6 +383,8 @@ static void reap(mg_dp_server *s)
 static void *accept_main(void *arg)
 {
     mg_dp_server *s = arg;
+    int paused = 0; /* accept failed for want of a descriptor; 100 ms pauses until one frees */
+    struct timespec last = {0, 0}; /* the last accept_paused line: one a second at most */
     for (;;) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
@@ -388,9 +392,34 @@ static void *accept_main(void *arg)
         dp_conn *c;
         char host[48] = "?", serv[8] = "?";
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED)
                 continue;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                /* The connection waits in the kernel's queue; retrying at once would spin. */
+                if (!paused) {
+                    struct timespec now;
+                    clock_gettime(CLOCK_MONOTONIC, &now);
+                    paused = 1;
+                    pthread_mutex_lock(&s->lock);
+                    s->stats.accept_pauses++;
+                    pthread_mutex_unlock(&s->lock);
+                    if (now.tv_sec - last.tv_sec >= 1) {
+                        last = now;
+                        mg_warn("accept_paused",
+                                "listener=data error=\"%s\" note=\"accepting resumes when a "
+                                "descriptor frees\"",
+                                strerror(e));
+                    }
+                }
+                poll(NULL, 0, 100);
+                continue;
+            }
             break; /* the listener was shut down */
+        }
+        if (paused) {
+            paused = 0;
+            mg_debug("accept_resumed", "listener=data");
         }
         pthread_mutex_lock(&s->lock);
         reap(s);

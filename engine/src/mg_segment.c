@@ -929,6 +929,10 @@ int mg_segment_map(mg_segment *seg)
         rc = errno == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
         goto fail;
     }
+    /* The mapping keeps the file; a descriptor per segment would make the open-files limit,
+     * not --max-segments, the bound on registrations. */
+    close(seg->fd);
+    seg->fd = -1;
     /* Fault the pages in first, then lock them: populating takes the mmap lock for reading,
      * so registrations on several workers proceed in parallel, while mlock takes it for
      * writing and would fault every page in under it, one registration at a time. */

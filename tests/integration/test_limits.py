@@ -127,3 +127,58 @@ def test_watch_streams_are_bounded(make_daemon):
         assert next(w4).status == health_pb2.HealthCheckResponse.SERVING
         w2.cancel()
         w4.cancel()
+
+
+def test_ops_port_closes_a_client_whose_request_trickles(make_daemon):
+    """A request on the ops port must be whole within --ops-header-timeout of the accept,
+    however steadily its bytes come (evhttp's own timeout starts again with each byte)."""
+    import socket
+    d = make_daemon("--ops-header-timeout", "2")
+    s = socket.create_connection(("127.0.0.1", d.ops_port), timeout=5)
+    t0 = time.monotonic()
+    closed = False
+    for c in b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+        try:
+            s.send(bytes([c]))
+        except OSError:  # reset: closed by the daemon
+            closed = True
+            break
+        s.settimeout(0.3)
+        try:
+            if s.recv(100) == b"":
+                closed = True
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            closed = True
+            break
+        assert time.monotonic() - t0 < 30, "still open"
+    s.close()
+    assert closed and time.monotonic() - t0 >= 2
+    assert d.metric("moongate_ops_header_timeouts_total") == 1
+    assert d.ops_get("/livez") == (200, "ok\n")  # a whole request is served at once
+
+
+def test_ops_port_connection_limit(make_daemon):
+    import socket
+    d = make_daemon("--ops-max-connections", "3", "--ops-header-timeout", "60")
+    idle = [socket.create_connection(("127.0.0.1", d.ops_port), timeout=5) for _ in range(3)]
+    extra = socket.create_connection(("127.0.0.1", d.ops_port), timeout=10)
+    try:
+        assert extra.recv(100) == b""  # closed at once: three are open
+    except ConnectionResetError:
+        pass
+    extra.close()
+    for s in idle:
+        s.close()
+    deadline = time.monotonic() + 30
+    while True:  # the idle ones gone, there is room again
+        try:
+            if d.ops_get("/livez")[0] == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert d.metric("moongate_ops_connections_refused_total") >= 1

@@ -429,6 +429,39 @@ static void test_anon_file_is_the_memory(void)
     remove_dir();
 }
 
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return -1;
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* A mapped segment keeps no descriptor: registrations are bounded by --max-segments, not by
+ * the open-files limit. */
+static void test_segments_keep_no_descriptor(void)
+{
+    mg_registry *reg;
+    char err[MG_SEG_ERROR_MAX], name[16];
+    int before;
+    make_dir();
+    reg = open_reg(64, 0, 0);
+    before = open_fds();
+    for (int i = 0; i < 40; i++) {
+        mg_segment_spec s;
+        snprintf(name, sizeof(name), "s%d", i);
+        s = anon("t", name, 4096);
+        CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, NULL, err), 0);
+    }
+    CU_ASSERT_EQUAL(open_fds(), before);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static void write_file(const char *name, size_t size)
 {
     char path[128];
@@ -768,6 +801,7 @@ int main(void)
         MG_TEST(test_anon_file_is_the_memory),
         MG_TEST(test_shm_file_checks),
         MG_TEST(test_shm_file_owner),
+        MG_TEST(test_segments_keep_no_descriptor),
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
         MG_TEST(test_list_pages_in_id_order),

@@ -50,6 +50,7 @@ typedef struct mg_dp_server_config {
 
 typedef struct mg_dp_server_stats {
     uint64_t conns_total, conns_active, conns_refused;
+    uint64_t accept_pauses; /* times accepting paused: no descriptor to spare */
     uint64_t slices_in, slices_out, slices_refused;
     uint64_t bytes_in, bytes_out;
 } mg_dp_server_stats;
