@@ -60,7 +60,8 @@ static void test_encode_info(void)
     s = dump(&r.base);
     CU_ASSERT_STRING_EQUAL(
         s, "{\"epoch\":\"18446744073709551615\",\"features\":[\"tls\",\"json\"],"
-           "\"startUnixMs\":\"0\",\"state\":\"\",\"transports\":[{\"available\":true,"
+           "\"openFilesLimit\":\"0\",\"startUnixMs\":\"0\",\"state\":\"\",\"transports\":[{"
+           "\"available\":true,"
            "\"devices\":[],\"endpoint\":\"\",\"name\":\"tcp\",\"reason\":\"\"}],\"uptimeMs\":\"5\","
            "\"version\":"
            "\"1.2.3\","
@@ -183,7 +184,10 @@ static void test_utf8(void)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         CU_ASSERT_EQUAL(mg_utf8_valid((const uint8_t *)cases[i].s, cases[i].len), cases[i].ok);
     CU_ASSERT_STRING_EQUAL(mg_string_problem((const uint8_t *)"a\0b", 3), "holds a NUL byte");
-    CU_ASSERT_STRING_EQUAL(mg_string_problem((const uint8_t *)"a\xff" "b", 3), "is not valid UTF-8");
+    CU_ASSERT_STRING_EQUAL(mg_string_problem((const uint8_t *)"a\xff"
+                                                              "b",
+                                             3),
+                           "is not valid UTF-8");
     CU_ASSERT_PTR_NULL(mg_string_problem((const uint8_t *)"", 0));
 }
 
