@@ -598,7 +598,8 @@ static SSL_CTX *client_ssl_ctx(const mg_client_options *o, char *err, size_t err
         SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
         if (o->ca_file ? SSL_CTX_load_verify_locations(ctx, o->ca_file, NULL) != 1
                        : SSL_CTX_set_default_verify_paths(ctx) != 1) {
-            snprintf(err, errcap, "cannot load CA %s", o->ca_file ? o->ca_file : "(system)");
+            snprintf(err, errcap, "cannot load CA %s: %s", o->ca_file ? o->ca_file : "(system)",
+                     mg_ssl_last_reason());
             goto fail;
         }
     }
@@ -607,8 +608,8 @@ static SSL_CTX *client_ssl_ctx(const mg_client_options *o, char *err, size_t err
             SSL_CTX_use_PrivateKey_file(ctx, o->key_file ? o->key_file : o->cert_file,
                                         SSL_FILETYPE_PEM) != 1 ||
             SSL_CTX_check_private_key(ctx) != 1) {
-            snprintf(err, errcap, "cannot load client certificate %s / key %s", o->cert_file,
-                     o->key_file ? o->key_file : o->cert_file);
+            snprintf(err, errcap, "cannot load client certificate %s / key %s: %s", o->cert_file,
+                     o->key_file ? o->key_file : o->cert_file, mg_ssl_last_reason());
             goto fail;
         }
     }

@@ -39,4 +39,19 @@ static inline void mg_bev_error_reason(unsigned long tls_err, int sock_err, char
     }
 }
 
+/* Why OpenSSL's last call failed, from its first queued error, the cause ("No such file or
+ * directory" for a system call, "key values mismatch"), or "unknown error"; the queue is left
+ * as it is. */
+static inline const char *mg_ssl_last_reason(void)
+{
+    unsigned long e = ERR_peek_error();
+    const char *r;
+    if (e == 0)
+        return "unknown error";
+    if (ERR_SYSTEM_ERROR(e))
+        return strerror(ERR_GET_REASON(e));
+    r = ERR_reason_error_string(e);
+    return r ? r : "unknown error";
+}
+
 #endif

@@ -5,6 +5,7 @@
  */
 #include "mg_gateway.h"
 
+#include "mg_bev_err.h"
 #include "mg_log.h"
 
 #include <nghttp2/nghttp2.h>
@@ -35,11 +36,7 @@ static int alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *ou
 
 static void log_ssl_error(const char *what, const char *path)
 {
-    char buf[256] = "unknown error";
-    unsigned long e = ERR_get_error();
-    if (e)
-        ERR_error_string_n(e, buf, sizeof(buf));
-    mg_error("tls_config", "what=\"%s\" file=%s error=\"%s\"", what, path, buf);
+    mg_error("tls_config", "what=\"%s\" file=%s error=\"%s\"", what, path, mg_ssl_last_reason());
     ERR_clear_error();
 }
 

@@ -168,7 +168,11 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     rc = session_add(ps, req->tenant[0] ? req->tenant : "default", gw->cfg->session_ttl * 1000,
                      token);
     if (rc != 0) {
-        mg_call_fail(call, rc, "%d data-plane sessions are open", MAX_SESSIONS);
+        if (rc == MG_ERR_FULL)
+            mg_call_fail(call, rc, "%d data-plane sessions are open, the most a daemon keeps",
+                         MAX_SESSIONS);
+        else
+            mg_call_fail(call, rc, "no random bytes for a session token (getrandom)");
         return;
     }
     resp.token.data = token;

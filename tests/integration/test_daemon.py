@@ -55,6 +55,7 @@ def test_unreadable_certificate_and_mismatched_key(tmp_path, certs):
             os.path.join(certs, "server.key"))
     assert p.returncode == 1
     assert "cannot load --tls-cert" in p.stderr and "missing.pem" in p.stderr
+    assert 'error="No such file or directory"' in p.stderr  # the system call's reason
     p = run(*base_args(tmp_path), "--tls-cert", os.path.join(certs, "server.pem"), "--tls-key",
             os.path.join(certs, "client.key"))
     assert p.returncode == 1 and "does not match" in p.stderr
