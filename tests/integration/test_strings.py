@@ -169,22 +169,34 @@ def test_routes_are_the_documented_ones():
 def test_bad_bytes_in_every_routes_query_are_refused(daemon, kind, pct, why):
     """`page_token=%00abc` is not an empty token, nor `topic=kv%00x` the topic kv: every query
     parameter of every readable route, decoded, is refused with what it holds."""
+    def refused(verb, route, query, needle):
+        rc, out, err = curl("--http2-prior-knowledge", "-X", verb,
+                            "http://%s%s?%s" % (daemon.h2c, route, query))
+        got = json.loads(out) if out.startswith(b"{") else {"raw": out}
+        return got.get("code") == 3 and needle in got.get("message", "")
+
     wrong = []
     for verb, route, cls in ROUTES:
         names = [f.name for f in cls.DESCRIPTOR.fields if f.type == f.TYPE_STRING] or ["x"]
-        for name in names:
-            rc, out, err = curl("--http2-prior-knowledge", "-X", verb,
-                                "http://%s%s?%s=ab%scd" % (daemon.h2c, route, name, pct))
-            got = json.loads(out) if out.startswith(b"{") else {"raw": out}
-            if got.get("code") != 3 or \
-                    'query parameter "%s": %s' % (name, why) not in got.get("message", ""):
-                wrong.append((verb, route, name, got))
-        rc, out, err = curl("--http2-prior-knowledge", "-X", verb,
-                            "http://%s%s?a%s=1" % (daemon.h2c, route, pct))
-        got = json.loads(out) if out.startswith(b"{") else {"raw": out}
-        if got.get("code") != 3 or "query parameter name" not in got.get("message", ""):
-            wrong.append((verb, route, "name", got))
+        wrong += [(verb, route, name) for name in names
+                  if not refused(verb, route, "%s=ab%scd" % (name, pct),
+                                 'query parameter "%s": %s' % (name, why))]
+        if not refused(verb, route, "a%s=1" % pct, "query parameter name"):
+            wrong.append((verb, route, "a name"))
     assert wrong == [], wrong[:5]
+
+
+def first_event(s, conn, kind):
+    """Reads the raw connection until an event of `kind` arrives; no response may come first."""
+    while True:
+        data = s.recv(65536)
+        assert data, "connection closed"
+        for e in conn.receive_data(data):
+            if isinstance(e, kind):
+                return e
+            assert not isinstance(e, h2.events.ResponseReceived) or kind is not \
+                h2.events.StreamReset, e
+        s.sendall(conn.data_to_send())
 
 
 @pytest.mark.parametrize("value", [b"a\x00b", b"a\rb", b"a\nb"])
@@ -200,29 +212,14 @@ def test_nul_cr_lf_in_header_values_are_refused_by_nghttp2(daemon, value):
                           (b"content-type", b"application/grpc"), (b"te", b"trailers"),
                           (b"authorization", b"Bearer " + value)], end_stream=False)
     s.sendall(conn.data_to_send())
-    reset = None
-    while reset is None:
-        data = s.recv(65536)
-        assert data, "connection closed"
-        for e in conn.receive_data(data):
-            if isinstance(e, h2.events.StreamReset):
-                reset = e.error_code
-            assert not isinstance(e, h2.events.ResponseReceived), e
-        s.sendall(conn.data_to_send())
-    assert reset == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    reset = first_event(s, conn, h2.events.StreamReset)
+    assert reset.stream_id == 1 and reset.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
     # the same connection still serves a good request
     conn.send_headers(3, [(":method", "POST"), (":scheme", "http"), (":authority", "localhost"),
                           (":path", "/grpc.health.v1.Health/Check"),
                           ("content-type", "application/grpc"), ("te", "trailers")])
     conn.send_data(3, b"\0\0\0\0\0", end_stream=True)
     s.sendall(conn.data_to_send())
-    status = None
-    while status is None:
-        data = s.recv(65536)
-        assert data, "connection closed"
-        for e in conn.receive_data(data):
-            if isinstance(e, h2.events.TrailersReceived):
-                status = dict(e.headers).get(b"grpc-status")
-        s.sendall(conn.data_to_send())
+    trailers = first_event(s, conn, h2.events.TrailersReceived)
     s.close()
-    assert status == b"0"
+    assert dict(trailers.headers).get(b"grpc-status") == b"0"
