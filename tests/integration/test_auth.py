@@ -255,6 +255,10 @@ def test_one_tenants_file_is_never_another_tenants_segment(certs, tmp_path):
     r = as_other_uid_json(d, "RegisterSegment", {"name": "x", "source": "SHM",
                                                  "shmFile": "a.buf"})
     assert r["code"] == 7 and "belongs to uid %d" % os.getuid() in r["message"], r
+    # ... nor by a path that climbs out of the shm directory and back in ...
+    r = as_other_uid_json(d, "RegisterSegment", {
+        "name": "x", "source": "SHM", "shmFile": "../%s/a.buf" % os.path.basename(d.shm)})
+    assert r["code"] == 3 and "shm file must be a file name" in r["message"], r
     # ... nor through a symbolic link or a hard link to it ...
     os.symlink("a.buf", os.path.join(d.shm, "x.link"))
     os.link(path, os.path.join(d.shm, "x.hard"))
