@@ -14,6 +14,7 @@
 #include "mgbench.h"
 
 #include "mg_client.h"
+#include "mg_time.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
@@ -52,9 +53,7 @@ typedef struct {
 
 static double now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return (double)mg_now_mono_ns() / 1e6;
 }
 
 static void start_calls(conn_state *cs);

@@ -22,6 +22,7 @@
 #include "mgbench.h"
 
 #include "mg_client.h"
+#include "mg_time.h"
 
 #include "moongate/v1/memory.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
@@ -46,9 +47,7 @@ typedef struct {
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return (double)mg_now_mono_ns() / 1e9;
 }
 
 /* One call on c, run to its end. Returns the gRPC status (r holds the last message). */

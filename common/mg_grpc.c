@@ -1,5 +1,6 @@
 /* mg_grpc: see mg_grpc.h. */
 #include "mg_grpc.h"
+#include "moongate/mg_error.h" /* the engine's codes: the one header of it common reads */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,36 @@ static const char *const code_names[MG_GRPC_CODE_COUNT] = {
 static const int code_http[MG_GRPC_CODE_COUNT] = {
     200, 499, 500, 400, 504, 404, 409, 403, 429, 400, 409, 400, 501, 500, 503, 500, 401,
 };
+
+int mg_err_grpc(int err)
+{
+    /* indexed by -err, in the order of moongate/mg_error.h */
+    static const unsigned char grpc[MG_ERR_COUNT] = {
+        MG_GRPC_OK,
+        MG_GRPC_INVALID_ARGUMENT,    /* MG_ERR_INVALID */
+        MG_GRPC_RESOURCE_EXHAUSTED,  /* MG_ERR_NOMEM */
+        MG_GRPC_RESOURCE_EXHAUSTED,  /* MG_ERR_FULL */
+        MG_GRPC_NOT_FOUND,           /* MG_ERR_NOT_FOUND */
+        MG_GRPC_ALREADY_EXISTS,      /* MG_ERR_EXISTS */
+        MG_GRPC_PERMISSION_DENIED,   /* MG_ERR_PERMISSION */
+        MG_GRPC_FAILED_PRECONDITION, /* MG_ERR_BUSY */
+        MG_GRPC_OUT_OF_RANGE,        /* MG_ERR_RANGE */
+        MG_GRPC_DEADLINE_EXCEEDED,   /* MG_ERR_TIMEOUT */
+        MG_GRPC_CANCELLED,           /* MG_ERR_CANCELLED */
+        MG_GRPC_UNAVAILABLE,         /* MG_ERR_SHUTDOWN */
+        MG_GRPC_UNAVAILABLE,         /* MG_ERR_UNAVAILABLE */
+        MG_GRPC_UNIMPLEMENTED,       /* MG_ERR_UNSUPPORTED */
+        MG_GRPC_INTERNAL,            /* MG_ERR_SYSTEM */
+        MG_GRPC_INTERNAL,            /* MG_ERR_PROTOCOL */
+        MG_GRPC_UNAUTHENTICATED,     /* MG_ERR_AUTH */
+        MG_GRPC_DATA_LOSS,           /* MG_ERR_DATA_LOSS */
+        MG_GRPC_RESOURCE_EXHAUSTED,  /* MG_ERR_QUOTA */
+    };
+    _Static_assert(-MG_ERR_QUOTA == MG_ERR_COUNT - 1, "a new MG_ERR_* needs its gRPC status here");
+    if (err > 0 || -err >= MG_ERR_COUNT)
+        return MG_GRPC_UNKNOWN;
+    return grpc[-err];
+}
 
 const char *mg_grpc_code_name(int code)
 {

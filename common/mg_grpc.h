@@ -34,6 +34,9 @@ enum {
 
 #define MG_GRPC_PREFIX_LEN 5
 
+/* The gRPC status of an engine error code (moongate/mg_error.h: 0 for MG_OK, a negative
+ * MG_ERR_*); UNKNOWN for a code it does not know. */
+int mg_err_grpc(int err);
 /* "OK", "CANCELLED", ...; "UNKNOWN" for a code out of range. */
 const char *mg_grpc_code_name(int code);
 /* Parses a name ("NOT_FOUND") or a number ("5"); returns the code or -1. */

@@ -19,6 +19,7 @@
 #include "mg_json.h"
 #include "mg_log.h"
 #include "mg_pbcheck.h"
+#include "mg_ratelim.h"
 #include "mg_str.h"
 
 #include <event2/buffer.h>
@@ -748,16 +749,15 @@ static int peer_gate(mg_call *call)
 
 /* --tenant-rate: one token bucket per tenant (burst: one second's worth). A list: tenants are
  * the auth file's, few. Returns 1 when the call may go on. */
+/* --tenant-rate: one limiter per tenant seen, bursts of one second's worth. Tenants are few. */
 typedef struct mg_rate {
     char tenant[MG_TENANT_MAX + 1];
-    double tokens;
-    uint64_t last_ns;
+    mg_ratelim lim;
     struct mg_rate *next;
 } mg_rate;
 
 static int rate_ok(mg_gateway *gw, const char *tenant)
 {
-    double rate = (double)gw->cfg->tenant_rate;
     uint64_t now = mg_now_mono_ns();
     mg_rate *r;
     if (gw->cfg->tenant_rate == 0)
@@ -767,20 +767,12 @@ static int rate_ok(mg_gateway *gw, const char *tenant)
     if (r == NULL) {
         if ((r = calloc(1, sizeof(*r))) == NULL)
             return 1; /* out of memory: the quota is not what fails */
-        snprintf(r->tenant, sizeof(r->tenant), "%s", tenant);
-        r->tokens = rate;
-        r->last_ns = now;
+        mg_strlcpy(r->tenant, tenant, sizeof(r->tenant));
+        mg_ratelim_init(&r->lim, gw->cfg->tenant_rate, gw->cfg->tenant_rate, now);
         r->next = gw->rates;
         gw->rates = r;
     }
-    r->tokens += (double)(now - r->last_ns) / 1e9 * rate;
-    if (r->tokens > rate)
-        r->tokens = rate;
-    r->last_ns = now;
-    if (r->tokens < 1.0)
-        return 0;
-    r->tokens -= 1.0;
-    return 1;
+    return mg_ratelim_take(&r->lim, now) == 0;
 }
 
 void mg_rates_free(mg_gateway *gw)

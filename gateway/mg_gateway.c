@@ -24,22 +24,6 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* ------------------------------------------------------------------ time */
-
-uint64_t mg_now_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t mg_now_unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
-}
-
 const char *mg_state_name(mg_state s)
 {
     switch (s) {

@@ -24,6 +24,7 @@
 
 #include "mg_config.h"
 #include "mg_grpc.h"
+#include "mg_time.h"
 #include "moongate/engine.h"
 
 struct evbuffer;
@@ -297,8 +298,6 @@ void mg_gateway_drain(mg_gateway *gw);
  * long passes with no more: a client's next call then finds the thread awake. */
 void mg_gateway_run(mg_gateway *gw);
 const char *mg_state_name(mg_state s);
-uint64_t mg_now_mono_ns(void);
-uint64_t mg_now_unix_ms(void);
 
 /* ---- pieces implemented in their own files ---- */
 

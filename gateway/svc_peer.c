@@ -57,17 +57,12 @@ struct mg_peer_svc {
     unsigned rdma_jobs; /* ConnectRdma jobs on workers */
 };
 
-static uint64_t now_ms(void)
-{
-    return mg_now_mono_ns() / 1000000ULL;
-}
-
 /* The live session of `token`: its tenant (MG_SEG_NAME_MAX + 1 bytes, may be NULL) and when it
  * expires. Returns 0 or MG_ERR_AUTH. Any thread. */
 static int session_find(struct mg_peer_svc *ps, const uint8_t *token, char *tenant,
                         uint64_t *expires_ms)
 {
-    uint64_t now = now_ms();
+    uint64_t now = mg_now_mono_ms();
     int rc = MG_ERR_AUTH;
     pthread_mutex_lock(&ps->lock);
     for (size_t i = 0; i < ps->nsessions; i++) {
@@ -95,7 +90,7 @@ static int session_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char 
 static int session_add(struct mg_peer_svc *ps, const char *tenant, uint64_t ttl_ms,
                        uint8_t token[MG_DF_TOKEN_BYTES])
 {
-    uint64_t now = now_ms();
+    uint64_t now = mg_now_mono_ms();
     int rc = 0;
     if (getrandom(token, MG_DF_TOKEN_BYTES, 0) != MG_DF_TOKEN_BYTES)
         return MG_ERR_SYSTEM;
@@ -326,7 +321,7 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
     const Moongate__V1__ConnectRdmaRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
     struct mg_peer_svc *ps = gw->peer;
-    uint64_t now = now_ms(), expires = 0;
+    uint64_t now = mg_now_mono_ms(), expires = 0;
     rdma_job *j;
     int rc;
     if (ps == NULL || gw->rdma == NULL) {

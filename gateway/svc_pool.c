@@ -97,11 +97,6 @@ static pool_entry *entry_for(struct mg_pool_svc *ps, const char *tenant)
     return ps->fallback;
 }
 
-static uint64_t now_ms(void)
-{
-    return mg_now_mono_ns() / 1000000ULL;
-}
-
 /* ---- messages ---- */
 
 typedef struct {
@@ -112,7 +107,7 @@ typedef struct {
 
 static void lease_msg_fill(lease_msg *m, const pool_entry *pe, const mg_lease_info *in)
 {
-    uint64_t now = now_ms();
+    uint64_t now = mg_now_mono_ms();
     moongate__v1__lease__init(&m->msg);
     mg_strlcpy(m->path, in->path, sizeof(m->path));
     mg_strlcpy(m->tenant, in->tenant, sizeof(m->tenant));
@@ -203,8 +198,8 @@ static void serve_waiters(pool_entry *pe)
         waiter *w = pe->head;
         mg_lease *l;
         char err[MG_SEG_ERROR_MAX];
-        int rc = mg_pool_acquire(pe->pool, w->tenant, w->size, w->alignment, w->ttl_ms, now_ms(),
-                                 w->request_id, &l, err);
+        int rc = mg_pool_acquire(pe->pool, w->tenant, w->size, w->alignment, w->ttl_ms,
+                                 mg_now_mono_ms(), w->request_id, &l, err);
         if (rc == MG_ERR_FULL)
             return; /* the head waits; nobody overtakes it */
         waiter_unlink(w);
@@ -365,8 +360,8 @@ static void overflow_done(void *arg, int result)
         } else if (mg_registry_acquire(reg, j->tenant, info.id, "an overflow lease", &held) != 0) {
             rc = MG_ERR_NOT_FOUND;
             snprintf(err, sizeof(err), "the overflow region vanished");
-        } else if ((rc = mg_pool_adopt(pe->pool, j->tenant, held, j->size, j->ttl_ms, now_ms(),
-                                       &l)) != 0) {
+        } else if ((rc = mg_pool_adopt(pe->pool, j->tenant, held, j->size, j->ttl_ms,
+                                       mg_now_mono_ms(), &l)) != 0) {
             mg_registry_put(reg, held);
             mg_svc_memory_unregister(gw, j->tenant, info.id, "overflow lease refused");
             if (rc == MG_ERR_FULL)
@@ -506,8 +501,8 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
             mg_call_fail(call, rc, "out of memory");
         return;
     }
-    rc = mg_pool_acquire(pool, mg_call_tenant(call), req->size, req->alignment, ttl, now_ms(),
-                         req->request_id, &l, err);
+    rc = mg_pool_acquire(pool, mg_call_tenant(call), req->size, req->alignment, ttl,
+                         mg_now_mono_ms(), req->request_id, &l, err);
     if (rc == MG_ERR_INVALID && gw->pool->overflow && req->size > pe->lease_bytes)
         rc = MG_ERR_FULL; /* larger than the whole pool: only an overflow region can serve it */
     if (rc == 0 || rc == MG_LEASE_RETRY) {
@@ -566,8 +561,8 @@ static void acquire_batch_message(mg_call *call, const ProtobufCMessage *m)
         uint64_t ttl;
         int rc = ttl_of(gw, it->ttl_ms, &ttl);
         if (rc == 0)
-            rc = mg_pool_acquire(pool, mg_call_tenant(call), it->size, it->alignment, ttl, now_ms(),
-                                 NULL, &got[n], err);
+            rc = mg_pool_acquire(pool, mg_call_tenant(call), it->size, it->alignment, ttl,
+                                 mg_now_mono_ms(), NULL, &got[n], err);
         else
             snprintf(err, sizeof(err), "ttl_ms %u is above --max-lease-ttl", it->ttl_ms);
         if (rc != 0) { /* all or nothing: give back what this batch took */
@@ -748,7 +743,8 @@ static void renew_message(mg_call *call, const ProtobufCMessage *m)
     uint64_t ttl;
     if (pe == NULL || (l = lease_for(call, req->id, &pe)) == NULL)
         return;
-    if (ttl_of(gw, req->ttl_ms, &ttl) != 0 || mg_pool_renew(pe->pool, l, ttl, now_ms()) != 0) {
+    if (ttl_of(gw, req->ttl_ms, &ttl) != 0 ||
+        mg_pool_renew(pe->pool, l, ttl, mg_now_mono_ms()) != 0) {
         mg_call_fail(call, MG_ERR_INVALID, "ttl_ms %u is above %llu s (--max-lease-ttl)",
                      req->ttl_ms, (unsigned long long)gw->cfg->max_lease_ttl);
         return;
@@ -944,7 +940,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     unsigned expired = 0;
     for (size_t i = 0; i < gw->pool->npools; i++) {
         pool_entry *pe = &gw->pool->pools[i];
-        unsigned n = pe->pool ? mg_pool_expire(pe->pool, now_ms()) : 0;
+        unsigned n = pe->pool ? mg_pool_expire(pe->pool, mg_now_mono_ms()) : 0;
         if (n > 0) {
             mg_info("leases_expired", "pool=%s count=%u", pe->name, n);
             serve_waiters(pe);

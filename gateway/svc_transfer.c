@@ -233,11 +233,6 @@ struct mg_transfer_svc {
     uint64_t counter;
 };
 
-static uint64_t now_ms(void)
-{
-    return mg_now_mono_ns() / 1000000ULL;
-}
-
 /* ---- batch status ---- */
 
 typedef struct {
@@ -490,7 +485,7 @@ static void compact_cb(evutil_socket_t fd, short what, void *arg)
 static void batch_changed(xfer_batch *b)
 {
     if (batch_over(b) && b->end_ms == 0) {
-        b->end_ms = now_ms();
+        b->end_ms = mg_now_mono_ms();
         b->compact_ev = event_new(b->gw->base, -1, 0, compact_cb, b);
         if (b->compact_ev)
             event_active(b->compact_ev, EV_TIMEOUT, 0);
@@ -1132,9 +1127,9 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     else if (!resp->rdma)
         snprintf(p->rdma_why, sizeof(p->rdma_why), "the peer has no RDMA device");
     p->epoch = resp->epoch;
-    mg_peer_cache_epoch(p->gw->transfer->descs, p->key, resp->epoch, now_ms());
-    p->expires_ms = now_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
-                                                            : resp->expires_in_ms);
+    mg_peer_cache_epoch(p->gw->transfer->descs, p->key, resp->epoch, mg_now_mono_ms());
+    p->expires_ms = mg_now_mono_ms() + (resp->expires_in_ms > 60000 ? resp->expires_in_ms - 30000
+                                                                    : resp->expires_in_ms);
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
     p->state = PEER_OPEN;
     p->client_used = 1;
@@ -1615,7 +1610,7 @@ static void forget_oldest(struct mg_transfer_svc *ts, size_t keep)
 static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mg_transfer_svc *ts = arg;
-    uint64_t now = now_ms(), keep_ms = ts->gw->cfg->batch_retention * 1000;
+    uint64_t now = mg_now_mono_ms(), keep_ms = ts->gw->cfg->batch_retention * 1000;
     for (xfer_batch **pp = &ts->batches; *pp;) {
         xfer_batch *b = *pp;
         if (b->end_ms && b->end_ms + keep_ms <= now) {
@@ -1912,7 +1907,7 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
             }
         }
         /* A new epoch forgets what the peer's previous life said. */
-        if (mg_peer_cache_epoch(ts->descs, dc->k->p->key, d->epoch, now_ms()) >= 0 &&
+        if (mg_peer_cache_epoch(ts->descs, dc->k->p->key, d->epoch, mg_now_mono_ms()) >= 0 &&
             mg_peer_cache_put(ts->descs, dc->k->p->key, d->epoch, &rd) == 0)
             dc->k->verdict = V_CACHED;
         moongate__v1__target_descriptor__free_unpacked(d, NULL);
@@ -2218,7 +2213,7 @@ static void submit_go(mg_call *call, xfer_batch *b)
             req_end(r, MG_ERR_FULL, "this daemon already knows its limit of 1024 peers");
             continue;
         }
-        if (p->state == PEER_OPEN && now_ms() < p->expires_ms) {
+        if (p->state == PEER_OPEN && mg_now_mono_ms() < p->expires_ms) {
             req_start(r);
             continue;
         }
@@ -2336,7 +2331,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
     size_t n = 0, i = 0;
     Moongate__V1__PeerStatus *st, **ptrs;
     char(*data)[160], (*rdma_ready)[32];
-    uint64_t now = now_ms();
+    uint64_t now = mg_now_mono_ms();
     const char *scope = mg_call_scope(call);
     for (peer_ent *p = gw->transfer ? gw->transfer->peers : NULL; p; p = p->next)
         n += p->addr[0] != '\0' && (scope == NULL || strcmp(p->tenant, scope) == 0);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole moongate test suite, as CI runs it (.ci/run calls this):
 #   1. installs missing Debian packages (scripts/deps.sh)
-#   2. checks formatting against .clang-format, and that a packager's plain
+#   2. checks formatting against .clang-format, the layers' includes, and that a packager's plain
 #      `cmake -DCMAKE_BUILD_TYPE=Release` build succeeds without a warning
 #   3. release build: CUnit suites (ctest), then integration tests (pytest: real daemons driven
 #      by python3-grpcio, curl, mgctl and raw HTTP/2)
@@ -122,6 +122,22 @@ count_image() { # scripts/image.sh, then the daemon run from the unpacked image
     fi
 }
 
+# The layers: the engine includes nothing of the gateway, the protos, the client library or
+# libevent (docs/architecture.md); common/ nothing of the engine (but its error codes) or above.
+check_layers() {
+    local bad
+    bad=$(grep -rlE '#include .*(pb-c\.h|mg_gateway|mg_server_int|mg_call|mg_client|event2/)' \
+        engine/
+        grep -rE '#include "(moongate/|mg_gateway|mg_server_int|mg_client)' common/ |
+            grep -v '"moongate/mg_error.h"' | cut -d: -f1)
+    if [ -n "$bad" ]; then
+        echo "  includes across the layers in: $bad"
+        failed=$((failed + 1))
+        return 1
+    fi
+    passed=$((passed + 1))
+}
+
 # A packager's build: the plain `cmake -DCMAKE_BUILD_TYPE=Release` (-O3, no -Werror) must build,
 # and CI holds it to no warning at all.
 packager_build() {
@@ -166,6 +182,7 @@ trap 'rm -rf "$certs"' EXIT
 certs/make-dev-certs.sh "$certs" >/dev/null
 
 stage "format (clang-format)" check_format
+stage "layers (engine and common include nothing above them)" check_layers
 stage "packager build (cmake Release)" packager_build
 if stage "build (release)" build release; then
     stage "unit tests (release)" count_ctest "$dir"

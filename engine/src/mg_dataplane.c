@@ -11,6 +11,7 @@
 #include "moongate/fault.h"
 
 #include "mg_log.h"
+#include "mg_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -384,7 +385,7 @@ static void *accept_main(void *arg)
 {
     mg_dp_server *s = arg;
     int paused = 0; /* accept failed for want of a descriptor; 100 ms pauses until one frees */
-    struct timespec last = {0, 0}; /* the last accept_paused line: one a second at most */
+    uint64_t last_ns = 0; /* the last accept_paused line: one a second at most */
     for (;;) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
@@ -398,14 +399,13 @@ static void *accept_main(void *arg)
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
                 /* The connection waits in the kernel's queue; retrying at once would spin. */
                 if (!paused) {
-                    struct timespec now;
-                    clock_gettime(CLOCK_MONOTONIC, &now);
+                    uint64_t now = mg_now_mono_ns();
                     paused = 1;
                     pthread_mutex_lock(&s->lock);
                     s->stats.accept_pauses++;
                     pthread_mutex_unlock(&s->lock);
-                    if (now.tv_sec - last.tv_sec >= 1) {
-                        last = now;
+                    if (last_ns == 0 || now - last_ns >= 1000000000ULL) {
+                        last_ns = now;
                         mg_warn("accept_paused",
                                 "listener=data error=\"%s\" note=\"accepting resumes when a "
                                 "descriptor frees\"",

@@ -1,41 +1,31 @@
-/* mg_error: the one table from MG_ERR_* to text and gRPC status. */
+/* mg_error: the text of each MG_ERR_* (its gRPC status is the edge's: common/mg_grpc.c). */
 #include "moongate/mg_error.h"
 
-static const struct {
-    const char *text;
-    int grpc;
-} table[MG_ERR_COUNT] = {
-    {"ok", 0},
-    {"invalid argument", 3},
-    {"out of memory", 8},
-    {"limit reached", 8},
-    {"not found", 5},
-    {"already exists", 6},
-    {"permission denied", 7},
-    {"in use", 9},
-    {"out of range", 11},
-    {"deadline exceeded", 4},
-    {"cancelled", 1},
-    {"shutting down", 14},
-    {"unavailable", 14},
-    {"not supported", 12},
-    {"system call failed", 13},
-    {"protocol error", 13},
-    {"unauthenticated", 16},
-    {"data loss", 15},
-    {"quota exceeded", 8},
+static const char *const table[MG_ERR_COUNT] = {
+    "ok",
+    "invalid argument",
+    "out of memory",
+    "limit reached",
+    "not found",
+    "already exists",
+    "permission denied",
+    "in use",
+    "out of range",
+    "deadline exceeded",
+    "cancelled",
+    "shutting down",
+    "unavailable",
+    "not supported",
+    "system call failed",
+    "protocol error",
+    "unauthenticated",
+    "data loss",
+    "quota exceeded",
 };
 
 const char *mg_strerror(int err)
 {
     if (err > 0 || -err >= MG_ERR_COUNT)
         return "unknown error";
-    return table[-err].text;
-}
-
-int mg_err_grpc(int err)
-{
-    if (err > 0 || -err >= MG_ERR_COUNT)
-        return 2; /* UNKNOWN */
-    return table[-err].grpc;
+    return table[-err];
 }

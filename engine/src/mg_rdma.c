@@ -6,6 +6,8 @@
 
 #include "moongate/mg_error.h"
 
+#include "mg_time.h"
+
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -17,13 +19,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
-
-static uint64_t mg_rdma_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* The exported functions used; ibv_query_port is the exported (compat) entry the header's
  * inline wrapper falls back to, which fills the leading fields of struct ibv_port_attr. */
@@ -610,7 +605,7 @@ static int wait_cqs(mg_rdma_conn *const *cs, unsigned nc, struct ibv_wc *wc, int
                 return got;
             }
         }
-        if ((stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) || mg_rdma_now_ms() >= until)
+        if ((stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) || mg_now_mono_ms() >= until)
             return 0;
         if (poll(pfd, nc, 100) > 0) {
             for (unsigned k = 0; k < nc; k++) {
@@ -636,7 +631,7 @@ static int wait_cqs(mg_rdma_conn *const *cs, unsigned nc, struct ibv_wc *wc, int
 static void flush(mg_rdma_conn *const *cs, unsigned nc, unsigned *outstanding)
 {
     struct ibv_wc wc[32];
-    uint64_t until = mg_rdma_now_ms() + 2000;
+    uint64_t until = mg_now_mono_ms() + 2000;
     unsigned left = 0, k;
     for (k = 0; k < nc; k++) {
         cs[k]->broken = 1;
@@ -648,7 +643,7 @@ static void flush(mg_rdma_conn *const *cs, unsigned nc, unsigned *outstanding)
             cs[k]->r->fn.modify_qp(cs[k]->qp[i], &a, IBV_QP_STATE);
         }
     }
-    while (left > 0 && mg_rdma_now_ms() < until) {
+    while (left > 0 && mg_now_mono_ms() < until) {
         int got = wait_cqs(cs, nc, wc, 32, &k, NULL, until);
         if (got < 0)
             break;
@@ -720,7 +715,7 @@ int mg_rdma_move_multi(mg_rdma_conn *const *cs, unsigned nc, const mg_rdma_op *o
             flush(cs, nc, outstanding);
             return rc;
         }
-        got = wait_cqs(cs, nc, wc, 32, &which, stop, mg_rdma_now_ms() + wait_ms);
+        got = wait_cqs(cs, nc, wc, 32, &which, stop, mg_now_mono_ms() + wait_ms);
         if (got < 0) {
             snprintf(why, whycap, "an RDMA completion queue failed");
             flush(cs, nc, outstanding);

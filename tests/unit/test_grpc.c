@@ -3,9 +3,26 @@
 #include "mg_b64.h"
 #include "mg_grpc.h"
 #include "mg_test.h"
+#include "moongate/mg_error.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* Each engine error code has its one gRPC status, at the edge. */
+static void test_engine_errors_map_to_grpc(void)
+{
+    CU_ASSERT_EQUAL(mg_err_grpc(0), MG_GRPC_OK);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_INVALID), MG_GRPC_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_FULL), MG_GRPC_RESOURCE_EXHAUSTED);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_BUSY), MG_GRPC_FAILED_PRECONDITION);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_SHUTDOWN), MG_GRPC_UNAVAILABLE);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_AUTH), MG_GRPC_UNAUTHENTICATED);
+    CU_ASSERT_EQUAL(mg_err_grpc(MG_ERR_QUOTA), MG_GRPC_RESOURCE_EXHAUSTED);
+    CU_ASSERT_EQUAL(mg_err_grpc(-MG_ERR_COUNT), MG_GRPC_UNKNOWN);
+    CU_ASSERT_EQUAL(mg_err_grpc(5), MG_GRPC_UNKNOWN);
+    for (int e = 0; e < MG_ERR_COUNT; e++) /* every one maps, and not to UNKNOWN */
+        CU_ASSERT(mg_err_grpc(-e) != MG_GRPC_UNKNOWN);
+}
 
 static void test_code_names_and_http(void)
 {
@@ -271,6 +288,7 @@ static void test_host_port(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
+        MG_TEST(test_engine_errors_map_to_grpc),
         MG_TEST(test_code_names_and_http),
         MG_TEST(test_pct_encode_spec_example),
         MG_TEST(test_pct_whitespace_round_trip),

@@ -1,6 +1,7 @@
 /*
- * moongate error codes: every function returns 0 or a negative MG_ERR_*. Each code maps to
- * exactly one gRPC status (and through it one HTTP status); mg_strerror() gives its text.
+ * moongate error codes: every function returns 0 or a negative MG_ERR_*; mg_strerror() gives
+ * its text. The engine knows no gRPC: at the edge each code maps to exactly one gRPC status (and
+ * through it one HTTP status), mg_err_grpc() in common/mg_grpc.h; the comments say which.
  */
 #ifndef MOONGATE_MG_ERROR_H
 #define MOONGATE_MG_ERROR_H
@@ -34,8 +35,6 @@ enum {
 
 /* Text for a code ("invalid argument"); "unknown error" out of range. */
 const char *mg_strerror(int err);
-/* The gRPC status code for an MG_ERR_* (0 for MG_OK). */
-int mg_err_grpc(int err);
 
 #ifdef __cplusplus
 }
