@@ -233,7 +233,7 @@ out:
      * gateway drains its completion queue as it is freed, so every job's caller is released. */
     if (gw) {
         mg_svc_memory_hold(gw, 0, 0); /* a test hold must not keep workers from stopping */
-        mg_svc_transfer_stop(gw);
+        mg_gateway_stop_services(gw);
     }
     mg_engine_stop(io);
     mg_engine_stop(engine);

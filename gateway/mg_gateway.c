@@ -10,6 +10,7 @@
 #include "mg_server_int.h"
 
 #include "mg_log.h"
+#include "mg_service.h"
 #include "moongate/lease_table.h"
 
 #include <arpa/inet.h>
@@ -132,13 +133,20 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     }
     if (mg_engine_registry(engine) != NULL && (rc = mg_lease_table_new(&gw->leases)) != 0)
         goto fail;
-    if ((rc = mg_svc_health_init(gw)) != 0 || (rc = mg_svc_daemon_init(gw)) != 0 ||
-        (rc = mg_svc_memory_init(gw)) != 0 || (rc = mg_svc_pool_init(gw)) != 0 ||
-        (rc = mg_svc_peer_init(gw)) != 0 || (rc = mg_svc_transfer_init(gw)) != 0 ||
-        (rc = mg_svc_notify_init(gw)) != 0 || (rc = mg_svc_reflection_init(gw)) != 0)
+    if (mg_n_services > sizeof(gw->started)) {
+        rc = MG_ERR_INVALID;
         goto fail;
-    if (cfg->debug_service && (rc = mg_svc_debug_init(gw)) != 0)
-        goto fail;
+    }
+    for (size_t i = 0; i < mg_n_services; i++) {
+        const mg_service *s = mg_services[i];
+        if (s->wanted && !s->wanted(cfg))
+            continue;
+        gw->started[i] = 1;
+        if ((rc = s->init(gw)) != 0) {
+            mg_error("start_failed", "service=%s error=\"%s\"", s->name, mg_strerror(rc));
+            goto fail;
+        }
+    }
 
     if ((rc = mg_reload_start(gw)) != 0)
         goto fail;
@@ -200,13 +208,10 @@ void mg_gateway_del(mg_gateway *gw)
     mg_ops_stop(gw);
     if (gw->accept_timer)
         event_free(gw->accept_timer);
-    mg_svc_health_free(gw);
-    mg_svc_reflection_free(gw);
-    mg_svc_transfer_free(gw);
-    mg_svc_notify_free(gw);
-    mg_svc_peer_free(gw); /* joins the data-plane threads */
-    mg_svc_pool_free(gw);
-    mg_svc_memory_free(gw);
+    for (size_t i = mg_n_services; i-- > 0;) { /* Peer's joins the data-plane threads */
+        if (gw->started[i] && mg_services[i]->free)
+            mg_services[i]->free(gw);
+    }
     mg_lease_table_del(gw->leases);
     if (gw->drain_timer)
         event_free(gw->drain_timer);
@@ -224,13 +229,35 @@ void mg_gateway_del(mg_gateway *gw)
     free(gw);
 }
 
+typedef enum { HOOK_STATE, HOOK_DRAIN, HOOK_DRAIN_FINAL, HOOK_STOP } hook;
+
+/* Runs one hook of every service that started, in list order. */
+static void each_service(mg_gateway *gw, hook h)
+{
+    for (size_t i = 0; i < mg_n_services; i++) {
+        const mg_service *s = mg_services[i];
+        void (*fn)(mg_gateway *) = h == HOOK_STATE         ? s->state
+                                   : h == HOOK_DRAIN       ? s->drain
+                                   : h == HOOK_DRAIN_FINAL ? s->drain_final
+                                                           : s->stop;
+        if (gw->started[i] && fn)
+            fn(gw);
+    }
+}
+
+void mg_gateway_stop_services(mg_gateway *gw)
+{
+    if (gw)
+        each_service(gw, HOOK_STOP);
+}
+
 void mg_gateway_set_serving(mg_gateway *gw)
 {
     gw->serve_wanted = 1;
     if (gw->state != MG_STATE_STARTING || gw->starting_jobs > 0)
         return;
     gw->state = MG_STATE_SERVING;
-    mg_svc_health_notify(gw);
+    each_service(gw, HOOK_STATE);
     mg_info("ready", "state=serving epoch=%016llx", (unsigned long long)gw->epoch);
 }
 
@@ -299,7 +326,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     mg_gateway *gw = arg;
     mg_conn *c, *next;
     gw->drain_phase = 2;
-    mg_svc_health_close_watchers(gw);
+    each_service(gw, HOOK_DRAIN_FINAL);
     for (c = gw->conns; c; c = next) {
         next = c->next;
         if (c->ng == NULL) {
@@ -326,10 +353,8 @@ void mg_gateway_drain(mg_gateway *gw)
     gw->state = MG_STATE_DRAINING;
     gw->drain_phase = 1;
     mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
-    mg_svc_health_notify(gw);
-    mg_svc_pool_drain(gw);
-    mg_svc_notify_drain(gw);
-    mg_svc_transfer_drain(gw);
+    each_service(gw, HOOK_STATE);
+    each_service(gw, HOOK_DRAIN);
     mg_listeners_free(gw); /* stop accepting */
     for (mg_conn *c = gw->conns; c; c = c->next) {
         if (c->ng) {

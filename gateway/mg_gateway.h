@@ -263,6 +263,7 @@ struct mg_gateway {
     struct mg_notify_svc *notify;     /* notification topics */
     unsigned starting_jobs;           /* start-up work (the pool) before the daemon may serve */
     int serve_wanted;                 /* mg_gateway_set_serving() was called */
+    unsigned char started[16];        /* services whose init ran, by index in mg_services */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -278,11 +279,13 @@ struct mg_gateway {
     int exit_code;
 };
 
-/* Creates the gateway on `base`: TLS context, listeners, ops port, services. Returns 0 or a
- * negative MG_ERR_* after logging what failed. */
+/* Creates the gateway on `base`: TLS context, listeners, ops port, the services of
+ * mg_services.c. Returns 0 or a negative MG_ERR_* after logging what failed. */
 int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
                    mg_engine *engine);
 void mg_gateway_del(mg_gateway *gw);
+/* Runs every service's stop hook: the engine's workers are about to stop. Accepts NULL. */
+void mg_gateway_stop_services(mg_gateway *gw);
 /* Registers a method (at start-up). Returns 0, MG_ERR_FULL or MG_ERR_EXISTS. */
 int mg_gateway_add_method(mg_gateway *gw, const mg_method *m);
 const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, size_t len,
@@ -348,7 +351,10 @@ void mg_ops_accepting(mg_gateway *gw, int on);
 /* Shared by the ops port and the control port's GET routes: fills status and body. */
 int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
 
-/* Services. */
+/* Services: each one's descriptor (mg_service.h), listed in mg_services.c. */
+struct mg_service;
+extern const struct mg_service mg_svc_health, mg_svc_daemon, mg_svc_memory, mg_svc_pool,
+    mg_svc_peer, mg_svc_notify, mg_svc_transfer, mg_svc_reflection, mg_svc_debug;
 int mg_svc_health_init(mg_gateway *gw);
 void mg_svc_health_free(mg_gateway *gw);
 /* Tells Watch streams the serving state changed. */

@@ -3,6 +3,7 @@
  * data transports with the reason a transport is unavailable. Loop thread only; no blocking.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "moongate/rdma.h"
 #include "moongate/v1/daemon.pb-c.h"
@@ -83,3 +84,5 @@ int mg_svc_daemon_init(mg_gateway *gw)
 {
     return mg_gateway_add_method(gw, &info_method);
 }
+
+const mg_service mg_svc_daemon = {.name = "daemon", .init = mg_svc_daemon_init};

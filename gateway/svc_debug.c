@@ -5,6 +5,7 @@
  * can show that other calls are served meanwhile. Loop thread, except sleep_work (a worker).
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "moongate/v1/debug.pb-c.h"
 
@@ -277,3 +278,11 @@ int mg_svc_debug_init(mg_gateway *gw)
     }
     return 0;
 }
+
+static int debug_wanted(const mg_config *cfg)
+{
+    return cfg->debug_service != 0;
+}
+
+const mg_service mg_svc_debug = {
+    .name = "debug", .wanted = debug_wanted, .init = mg_svc_debug_init};

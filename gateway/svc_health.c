@@ -7,6 +7,7 @@
  * Loop thread only.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -175,3 +176,9 @@ void mg_svc_health_free(mg_gateway *gw)
     free(gw->health);
     gw->health = NULL;
 }
+
+const mg_service mg_svc_health = {.name = "health",
+                                  .init = mg_svc_health_init,
+                                  .state = mg_svc_health_notify,
+                                  .drain_final = mg_svc_health_close_watchers,
+                                  .free = mg_svc_health_free};

@@ -11,6 +11,7 @@
  * is NOT_FOUND, as if it did not exist, except to admins (mg_call_scope).
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "mg_log.h"
 
@@ -780,3 +781,6 @@ void mg_svc_memory_free(mg_gateway *gw)
     free(gw->hold);
     gw->hold = NULL;
 }
+
+const mg_service mg_svc_memory = {
+    .name = "memory", .init = mg_svc_memory_init, .free = mg_svc_memory_free};

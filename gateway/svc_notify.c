@@ -12,6 +12,7 @@
  * Loop thread only.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "mg_auth.h"
 
@@ -390,3 +391,8 @@ void mg_svc_notify_free(mg_gateway *gw)
     free(ns);
     gw->notify = NULL;
 }
+
+const mg_service mg_svc_notify = {.name = "notify",
+                                  .init = mg_svc_notify_init,
+                                  .drain = mg_svc_notify_drain,
+                                  .free = mg_svc_notify_free};

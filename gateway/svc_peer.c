@@ -10,6 +10,7 @@
  * name the tenant a session or a lookup is for, and get that tenant's targets only.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "mg_auth.h"
 
@@ -468,3 +469,5 @@ void mg_svc_peer_free(mg_gateway *gw)
     free(ps);
     gw->peer = NULL;
 }
+
+const mg_service mg_svc_peer = {.name = "peer", .init = mg_svc_peer_init, .free = mg_svc_peer_free};

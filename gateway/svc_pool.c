@@ -10,6 +10,7 @@
  * whenever room appears, so a large request is never starved by small ones behind it.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "mg_log.h"
 #include "mg_str.h"
@@ -1249,3 +1250,6 @@ void mg_svc_pool_free(mg_gateway *gw)
     free(ps);
     gw->pool = NULL;
 }
+
+const mg_service mg_svc_pool = {
+    .name = "pool", .init = mg_svc_pool_init, .drain = mg_svc_pool_drain, .free = mg_svc_pool_free};

@@ -10,6 +10,7 @@
  * v1alpha method decodes with the v1 message descriptors. Loop thread only.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "google/protobuf/descriptor.pb-c.h"
 #include "grpc/reflection/v1/reflection.pb-c.h"
@@ -321,3 +322,6 @@ void mg_svc_reflection_free(mg_gateway *gw)
     free(r);
     gw->reflection = NULL;
 }
+
+const mg_service mg_svc_reflection = {
+    .name = "reflection", .init = mg_svc_reflection_init, .free = mg_svc_reflection_free};

@@ -18,6 +18,7 @@
  * counted as slices complete.
  */
 #include "mg_gateway.h"
+#include "mg_service.h"
 
 #include "mg_addr.h"
 #include "mg_client.h"
@@ -2617,3 +2618,11 @@ void mg_svc_transfer_stop(mg_gateway *gw)
         }
     }
 }
+
+/* Its free runs after the engine stopped: it first runs the completions of the jobs the
+ * workers gave up, while every service is still there. */
+const mg_service mg_svc_transfer = {.name = "transfer",
+                                    .init = mg_svc_transfer_init,
+                                    .drain = mg_svc_transfer_drain,
+                                    .stop = mg_svc_transfer_stop,
+                                    .free = mg_svc_transfer_free};
