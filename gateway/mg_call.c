@@ -20,6 +20,7 @@
 #include "mg_log.h"
 #include "mg_pbcheck.h"
 #include "mg_ratelim.h"
+#include "mg_route.h"
 #include "mg_str.h"
 
 #include <event2/buffer.h>
@@ -670,46 +671,6 @@ void mg_call_on_request_end(mg_call *call)
     }
 }
 
-/* The request's headers are complete: route it. */
-/* Adds the query string's key=value pairs (percent-decoded) to obj as strings. Returns -1 on a
- * malformed pair. */
-/* A readable route's query string "a=1&b=x%20y" into obj's members. Returns 0, or -1 with err
- * naming what is wrong (a NUL byte or invalid UTF-8 once percent-decoded, too long, no '='). */
-static int query_to_json(const char *q, json_t *obj, char *err, size_t errcap)
-{
-    char buf[512], *save = NULL, *tok;
-    if (strlen(q) >= sizeof(buf)) {
-        snprintf(err, errcap, "query string longer than %zu bytes", sizeof(buf) - 1);
-        return -1;
-    }
-    mg_strlcpy(buf, q, sizeof(buf));
-    for (tok = strtok_r(buf, "&", &save); tok; tok = strtok_r(NULL, "&", &save)) {
-        char *eq = strchr(tok, '='), key[128], val[512];
-        size_t klen, vlen;
-        const char *why;
-        if (eq == NULL || eq == tok || (size_t)(eq - tok) >= sizeof(key)) {
-            snprintf(err, errcap, "malformed query string: \"%.64s\" is not name=value", tok);
-            return -1;
-        }
-        *eq = '\0';
-        klen = mg_pct_decode(key, tok, strlen(tok));
-        vlen = mg_pct_decode(val, eq + 1, strlen(eq + 1));
-        if ((why = mg_string_problem((const uint8_t *)key, klen)) != NULL) {
-            snprintf(err, errcap, "query parameter name \"%.64s\" %s", tok, why);
-            return -1;
-        }
-        if ((why = mg_string_problem((const uint8_t *)val, vlen)) != NULL) {
-            snprintf(err, errcap, "query parameter \"%s\": %s", key, why);
-            return -1;
-        }
-        if (json_object_set_new(obj, key, json_stringn(val, vlen)) != 0) {
-            snprintf(err, errcap, "out of memory");
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* Peer-only methods: finishes the call (returns 1) unless its caller is a peer daemon — a
  * client certificate that chains to --peer-ca and, with --peer-allow, names an allowed peer. */
 static int peer_gate(mg_call *call)
@@ -868,38 +829,24 @@ static int auth_gate(mg_call *call)
 static int readable_route(mg_call *call)
 {
     mg_gateway *gw = call->conn->gw;
-    char path[256], *query, *s;
-    const mg_route *hit = NULL;
-    const char *id = NULL;
-    int path_known = 0, known;
+    const mg_route *hit;
+    mg_route_match m;
+    char *s;
+    int known;
     json_t *obj;
 
-    snprintf(path, sizeof(path), "%s", call->path);
-    query = strchr(path, '?');
-    if (query)
-        *query++ = '\0';
-    for (size_t i = 0; i < gw->n_routes && hit == NULL; i++) {
-        const mg_route *r = gw->routes[i];
-        size_t n = strlen(r->prefix);
-        const char *rest = path + n;
-        if (strncmp(path, r->prefix, n) != 0)
-            continue;
-        if (r->with_id ? !(rest[0] == '/' && rest[1] && strchr(rest + 1, '/') == NULL)
-                       : rest[0] != '\0')
-            continue;
-        path_known = 1;
-        if (strcmp(call->verb, r->verb) == 0) {
-            hit = r;
-            id = r->with_id ? rest + 1 : NULL;
-        }
-    }
-    if (hit == NULL && !path_known)
+    switch (mg_route_find(gw->routes, gw->n_routes, call->verb, call->path, &m)) {
+    case MG_ROUTE_NONE:
         return 0;
-    call->mode = MODE_JSON;
-    if (hit == NULL) {
+    case MG_ROUTE_VERB:
+        call->mode = MODE_JSON;
         call_finish(call, MG_GRPC_UNIMPLEMENTED, "this route does not take that verb", 0);
         return 1;
+    default:
+        break;
     }
+    call->mode = MODE_JSON;
+    hit = m.route;
     call->method = mg_gateway_find_method(gw, hit->method, strlen(hit->method), &known);
     call->body = evbuffer_new();
     obj = json_object();
@@ -914,11 +861,14 @@ static int readable_route(mg_call *call)
         json_decref(obj);
         return 1;
     }
-    if (id && json_object_set_new(obj, "id", json_string(id)) != 0)
-        id = NULL;
-    if (query) {
+    if (m.id[0] && json_object_set_new(obj, "id", json_string(m.id)) != 0) {
+        json_decref(obj);
+        call_finish(call, MG_GRPC_INVALID_ARGUMENT, "the path's id is not UTF-8", 0);
+        return 1;
+    }
+    if (m.query) {
         char qerr[256];
-        if (query_to_json(query, obj, qerr, sizeof(qerr)) != 0) {
+        if (mg_route_query(m.query, obj, qerr, sizeof(qerr)) != 0) {
             json_decref(obj);
             call_finish(call, MG_GRPC_INVALID_ARGUMENT, qerr, 0);
             return 1;
