@@ -19,7 +19,7 @@
 #include "mg_json.h"
 #include "mg_log.h"
 #include "mg_pbcheck.h"
-#include "mg_ratelim.h"
+#include "mg_admit.h"
 #include "mg_route.h"
 #include "mg_str.h"
 
@@ -671,155 +671,33 @@ void mg_call_on_request_end(mg_call *call)
     }
 }
 
-/* Peer-only methods: finishes the call (returns 1) unless its caller is a peer daemon — a
- * client certificate that chains to --peer-ca and, with --peer-allow, names an allowed peer. */
-static int peer_gate(mg_call *call)
-{
-    const mg_conn *conn = call->conn;
-    const mg_config *cfg = conn->gw->cfg;
-    char m[512];
-    if (!call->method->peer_only || cfg->peer_anonymous)
-        return 0;
-    if (conn->kind != CONN_TLS || cfg->peer_ca[0] == '\0') {
-        snprintf(m, sizeof(m), "%.200s is for peer daemons: %s", call->path,
-                 conn->kind != CONN_TLS
-                     ? "call it over TLS with a certificate from --peer-ca (this daemon does not "
-                       "run with --peer-anonymous)"
-                     : "this daemon has no --peer-ca to check their certificates against");
-        call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
-        return 1;
-    }
-    if (conn->id.state != MG_TLS_ID_VERIFIED) {
-        if (conn->id.state == MG_TLS_ID_NONE)
-            snprintf(m, sizeof(m), "%.200s is for peer daemons: no client certificate", call->path);
-        else
-            snprintf(m, sizeof(m),
-                     "%.200s is for peer daemons: the client certificate does not chain to "
-                     "--peer-ca (%.127s)",
-                     call->path, conn->id.reason);
-        call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
-        return 1;
-    }
-    if (cfg->peer_allow[0] && !mg_tls_id_in(&conn->id, cfg->peer_allow)) {
-        snprintf(m, sizeof(m), "peer \"%s\" is not in --peer-allow", conn->id.name);
-        call_finish(call, MG_GRPC_PERMISSION_DENIED, m, 0);
-        return 1;
-    }
-    return 0;
-}
-
-/* --tenant-rate: one token bucket per tenant (burst: one second's worth). A list: tenants are
- * the auth file's, few. Returns 1 when the call may go on. */
-/* --tenant-rate: one limiter per tenant seen, bursts of one second's worth. Tenants are few. */
-typedef struct mg_rate {
-    char tenant[MG_TENANT_MAX + 1];
-    mg_ratelim lim;
-    struct mg_rate *next;
-} mg_rate;
-
-static int rate_ok(mg_gateway *gw, const char *tenant)
-{
-    uint64_t now = mg_now_mono_ns();
-    mg_rate *r;
-    if (gw->cfg->tenant_rate == 0)
-        return 1;
-    for (r = gw->rates; r && strcmp(r->tenant, tenant) != 0; r = r->next)
-        ;
-    if (r == NULL) {
-        if ((r = calloc(1, sizeof(*r))) == NULL)
-            return 1; /* out of memory: the quota is not what fails */
-        mg_strlcpy(r->tenant, tenant, sizeof(r->tenant));
-        mg_ratelim_init(&r->lim, gw->cfg->tenant_rate, gw->cfg->tenant_rate, now);
-        r->next = gw->rates;
-        gw->rates = r;
-    }
-    return mg_ratelim_take(&r->lim, now) == 0;
-}
-
-void mg_rates_free(mg_gateway *gw)
-{
-    while (gw->rates) {
-        mg_rate *r = gw->rates;
-        gw->rates = r->next;
-        free(r);
-    }
-}
-
-/* After auth_gate: finishes the call (returns 1) when its tenant is over --tenant-rate. */
-static int rate_gate(mg_call *call)
-{
-    mg_gateway *gw = call->conn->gw;
-    char m[256];
-    if (call->method->peer_only || call->method->open || rate_ok(gw, call->who.tenant))
-        return 0;
-    gw->stats.rate_refused++;
-    snprintf(
-        m, sizeof(m),
-        "quota exceeded: tenant \"%s\" is over its rate of %llu calls per second (--tenant-rate)",
-        call->who.tenant, (unsigned long long)gw->cfg->tenant_rate);
-    call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED, m, 0);
-    return 1;
-}
-
-/* Every other method: finishes the call (returns 1) unless its caller is known, and sets
- * call->who. A bearer token is checked first, then a client certificate from --client-ca, then
- * the Unix socket's user id; without any, --allow-anonymous makes the caller tenant "default".
- * Credentials that are presented but wrong never fall back to anonymous. */
-static int auth_gate(mg_call *call)
+/* The three gates of mg_admit.h, in order: finishes the call and returns 1 when one refuses
+ * it; sets call->who when the caller is admitted. */
+static int admission(mg_call *call)
 {
     mg_conn *conn = call->conn;
     mg_gateway *gw = conn->gw;
-    const mg_config *cfg = gw->cfg;
-    const mg_tls_id *id = &conn->id;
-    char m[512];
-    if (call->method->peer_only || call->method->open)
+    mg_verdict v;
+    mg_admit_req r = {.kind = conn->kind,
+                      .id = &conn->id,
+                      .has_uid = conn->has_uid,
+                      .uid = conn->uid,
+                      .auth_header = call->auth_header,
+                      .bearer_hash = call->bearer_hash,
+                      .path = call->path,
+                      .open = call->method->open,
+                      .peer_only = call->method->peer_only};
+    if (mg_admit_peer(gw->cfg, &r, &v) == 0 &&
+        mg_admit_caller(gw->cfg, gw->auth, &r, &call->who, &v) == 0 &&
+        mg_admit_rate(gw->cfg, &gw->rates, &r, call->who.tenant, mg_now_mono_ns(), &v) == 0)
         return 0;
-    if (call->auth_header < 0) {
-        gw->stats.auth_unauthenticated++;
-        call_finish(call, MG_GRPC_UNAUTHENTICATED,
-                    "the authorization header is not \"Bearer TOKEN\" (or came twice)", 0);
-        return 1;
-    }
-    if (call->auth_header > 0) {
-        if (mg_auth_by_token(gw->auth, call->bearer_hash, &call->who) == 0)
-            return 0;
-        gw->stats.auth_unauthenticated++;
-        call_finish(call, MG_GRPC_UNAUTHENTICATED,
-                    gw->auth ? "the bearer token is not in --auth-file"
-                             : "bearer token given, but this daemon has no --auth-file",
-                    0);
-        return 1;
-    }
-    if (conn->kind == CONN_TLS && id->client_state == MG_TLS_ID_VERIFIED) {
-        if (mg_auth_by_cert(gw->auth, id->names, &call->who) == 0)
-            return 0;
+    if (v.why == MG_ADMIT_RATE)
+        gw->stats.rate_refused++;
+    else if (v.why == MG_ADMIT_DENIED && !call->method->peer_only)
         gw->stats.auth_denied++;
-        snprintf(m, sizeof(m),
-                 "client certificate \"%s\" chains to --client-ca but names no tenant in "
-                 "--auth-file",
-                 id->name);
-        call_finish(call, MG_GRPC_PERMISSION_DENIED, m, 0);
-        return 1;
-    }
-    if (conn->kind == CONN_UNIX && conn->has_uid &&
-        mg_auth_by_uid(gw->auth, conn->uid, &call->who) == 0)
-        return 0;
-    if (cfg->allow_anonymous) {
-        snprintf(call->who.tenant, sizeof(call->who.tenant), "default");
-        call->who.admin = 0;
-        call->who.how = "anonymous";
-        return 0;
-    }
-    gw->stats.auth_unauthenticated++;
-    if (conn->kind == CONN_TLS && id->client_state == MG_TLS_ID_REFUSED)
-        snprintf(m, sizeof(m), "the client certificate does not chain to --client-ca (%.127s)",
-                 id->client_reason);
-    else
-        snprintf(m, sizeof(m),
-                 "no credentials: send \"authorization: Bearer TOKEN\"%s (this daemon does not "
-                 "run with --allow-anonymous)",
-                 cfg->client_ca[0] ? " or a client certificate from --client-ca" : "");
-    call_finish(call, MG_GRPC_UNAUTHENTICATED, m, 0);
+    else if (!call->method->peer_only)
+        gw->stats.auth_unauthenticated++;
+    call_finish(call, v.code, v.message, 0);
     return 1;
 }
 
@@ -857,7 +735,7 @@ static int readable_route(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
-    if (peer_gate(call) || auth_gate(call) || rate_gate(call)) {
+    if (admission(call)) {
         json_decref(obj);
         return 1;
     }
@@ -944,7 +822,7 @@ void mg_call_on_headers_end(mg_call *call)
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
     gw->method_stats[call->method_index].started++;
-    if (peer_gate(call) || auth_gate(call) || rate_gate(call))
+    if (admission(call))
         return;
     if (is_grpc && !call->te_trailers) {
         call_finish(call, MG_GRPC_INTERNAL, "missing \"te: trailers\" request header", 0);

@@ -9,6 +9,8 @@
  */
 #include "mg_server_int.h"
 
+#include "mg_admit.h"
+
 #include "mg_log.h"
 #include "mg_service.h"
 #include "moongate/lease_table.h"
@@ -224,7 +226,7 @@ void mg_gateway_del(mg_gateway *gw)
         mg_cq_del(gw->cq);
     }
     mg_reload_free(gw);
-    mg_rates_free(gw);
+    mg_rates_del(gw->rates);
     mg_tls_ctx_free(gw->ssl_ctx);
     free(gw);
 }

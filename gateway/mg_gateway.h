@@ -230,7 +230,7 @@ struct mg_gateway {
     void *ssl_ctx;        /* SSL_CTX, NULL when TLS is off; swapped when its files change */
     struct mg_auth *auth; /* --auth-file's principals (NULL: none); swapped when it changes */
     struct mg_reload *reload;
-    struct mg_rate *rates;     /* --tenant-rate buckets (mg_call.c) */
+    struct mg_rates *rates;    /* --tenant-rate limiters (mg_admit.c) */
     uint64_t reloads[2];       /* files re-read and swapped in: auth, TLS */
     uint64_t reload_errors[2]; /* changed files that failed to load: auth, TLS */
     mg_state state;
@@ -328,8 +328,6 @@ void mg_tls_ctx_free(void *ctx);
  * and the TLS files every --reload-interval seconds, swapping in what changed and loads. */
 int mg_reload_start(mg_gateway *gw);
 void mg_reload_free(mg_gateway *gw);
-/* mg_call.c: frees the --tenant-rate buckets. */
-void mg_rates_free(mg_gateway *gw);
 
 /* mg_metrics.c: Prometheus text for everything the daemon counts. */
 void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
