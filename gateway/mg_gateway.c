@@ -253,6 +253,23 @@ void mg_gateway_stop_services(mg_gateway *gw)
         each_service(gw, HOOK_STOP);
 }
 
+void mg_gateway_hold_start(mg_gateway *gw)
+{
+    gw->starting_jobs++;
+}
+
+void mg_gateway_start_done(mg_gateway *gw, int rc)
+{
+    gw->starting_jobs--;
+    if (rc != 0) { /* the service logged why */
+        gw->exit_code = 1;
+        event_base_loopbreak(gw->base);
+        return;
+    }
+    if (gw->serve_wanted)
+        mg_gateway_set_serving(gw);
+}
+
 void mg_gateway_set_serving(mg_gateway *gw)
 {
     gw->serve_wanted = 1;

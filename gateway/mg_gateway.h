@@ -284,6 +284,12 @@ struct mg_gateway {
 int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
                    mg_engine *engine);
 void mg_gateway_del(mg_gateway *gw);
+/* The start barrier: a service's start-up work on the workers (a buffer pool's registration)
+ * holds the daemon in "starting" from hold_start until its start_done. When the last is done
+ * the daemon serves (once main asked it to); a failed one (rc != 0, the service logged why)
+ * ends the loop and the daemon exits 1. */
+void mg_gateway_hold_start(mg_gateway *gw);
+void mg_gateway_start_done(mg_gateway *gw, int rc);
 /* Runs every service's stop hook: the engine's workers are about to stop. Accepts NULL. */
 void mg_gateway_stop_services(mg_gateway *gw);
 /* Registers a method (at start-up). Returns 0, MG_ERR_FULL or MG_ERR_EXISTS. */
@@ -331,6 +337,10 @@ void mg_reload_free(mg_gateway *gw);
 
 /* mg_metrics.c: Prometheus text for everything the daemon counts. */
 void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
+/* Writes a histogram of the registration buckets (1 ms .. 10 s) with its HELP and TYPE lines:
+ * for the services' own metrics blocks. */
+void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const char *help,
+                               const uint64_t buckets[12], uint64_t count, double sum);
 void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double seconds);
 /* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
  * spent `seconds` there), 0 when it was refused before. */

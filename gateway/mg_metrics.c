@@ -6,9 +6,8 @@
 #include "mg_gateway.h"
 
 #include "mg_auth.h"
+#include "mg_service.h"
 
-#include "moongate/dataplane.h"
-#include "moongate/pool.h"
 #include "moongate/rdma.h"
 
 #include <event2/buffer.h>
@@ -30,9 +29,8 @@ static void observe(const double le[12], uint64_t buckets[12], double *sum, doub
     }
 }
 
-/* A histogram over reg_le, with its HELP and TYPE lines. */
-static void render_seconds(struct evbuffer *out, const char *name, const char *help,
-                           const uint64_t buckets[12], uint64_t count, double sum)
+void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const char *help,
+                               const uint64_t buckets[12], uint64_t count, double sum)
 {
     evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (int b = 0; b < 12; b++)
@@ -68,142 +66,11 @@ void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, dou
     observe(reg_le, s->buckets, &s->seconds_sum, seconds);
 }
 
-static void render_transfers(mg_gateway *gw, struct evbuffer *out)
-{
-    const mg_transfer_stats *s = &gw->xfer_stats;
-    static const char *const ops[] = {"read", "write"};
-    evbuffer_add_printf(out, "# HELP moongate_transfer_requests_total Transfer requests that "
-                             "ended, by op and result.\n"
-                             "# TYPE moongate_transfer_requests_total counter\n");
-    for (int o = 0; o < 2; o++)
-        evbuffer_add_printf(out,
-                            "moongate_transfer_requests_total{op=\"%s\",result=\"done\"} %llu\n"
-                            "moongate_transfer_requests_total{op=\"%s\",result=\"failed\"} "
-                            "%llu\n",
-                            ops[o], (unsigned long long)s->requests[o][0], ops[o],
-                            (unsigned long long)s->requests[o][1]);
-    evbuffer_add_printf(out,
-                        "# HELP moongate_transfer_bytes_total Bytes moved by transfer requests "
-                        "that completed.\n# TYPE moongate_transfer_bytes_total counter\n"
-                        "moongate_transfer_bytes_total{op=\"read\"} %llu\n"
-                        "moongate_transfer_bytes_total{op=\"write\"} %llu\n"
-                        "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
-                        "# TYPE moongate_transfer_requests_in_flight gauge\n"
-                        "moongate_transfer_requests_in_flight %llu\n"
-                        "# HELP moongate_transfer_slices_in_flight Data-plane slices sent to "
-                        "peers and not yet answered.\n"
-                        "# TYPE moongate_transfer_slices_in_flight gauge\n"
-                        "moongate_transfer_slices_in_flight %lld\n"
-                        "# HELP moongate_transfer_failures_total Failed transfer requests, by "
-                        "code.\n# TYPE moongate_transfer_failures_total counter\n",
-                        (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
-                        (unsigned long long)s->in_flight,
-                        (long long)__atomic_load_n(&s->slices_in_flight, __ATOMIC_RELAXED));
-    for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
-        if (s->failed_by_code[c])
-            evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
-                                mg_grpc_code_name(c), (unsigned long long)s->failed_by_code[c]);
-    }
-    render_seconds(out, "moongate_transfer_seconds",
-                   "Time from a batch's submit to the end of each of its requests.", s->buckets,
-                   s->ended, s->seconds_sum);
-    {
-        uint64_t queued, queued_bytes, received, refused;
-        mg_svc_notify_get_stats(gw, &queued, &queued_bytes, &received, &refused);
-        evbuffer_add_printf(
-            out,
-            "# HELP moongate_transfer_notifications_total Notifications this daemon's batches "
-            "sent to peers, by result.\n# TYPE moongate_transfer_notifications_total counter\n"
-            "moongate_transfer_notifications_total{result=\"sent\"} %llu\n"
-            "moongate_transfer_notifications_total{result=\"failed\"} %llu\n"
-            "# HELP moongate_notifications_received_total Notifications peers delivered here, "
-            "by result (refused: the topic or all topics were full).\n"
-            "# TYPE moongate_notifications_received_total counter\n"
-            "moongate_notifications_received_total{result=\"queued\"} %llu\n"
-            "moongate_notifications_received_total{result=\"refused\"} %llu\n"
-            "# HELP moongate_notifications_queued Notifications waiting for a reader.\n"
-            "# TYPE moongate_notifications_queued gauge\nmoongate_notifications_queued %llu\n"
-            "# HELP moongate_notifications_queued_bytes Their payload bytes.\n"
-            "# TYPE moongate_notifications_queued_bytes gauge\n"
-            "moongate_notifications_queued_bytes %llu\n",
-            (unsigned long long)s->notes_sent, (unsigned long long)s->notes_failed,
-            (unsigned long long)received, (unsigned long long)refused, (unsigned long long)queued,
-            (unsigned long long)queued_bytes);
-    }
-}
-
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
 {
     mg_pool_wait_stats *s = &gw->pool_stats;
     s->waited_total++;
     observe(reg_le, s->buckets, &s->seconds_sum, seconds);
-}
-
-/* The buffer pools: capacity, use, leases, waits. */
-static void render_pool(mg_gateway *gw, struct evbuffer *out)
-{
-    static const char *const kinds[] = {"capacity",     "reserve",       "in_use",  "free",
-                                        "largest_free", "largest_lease", "overflow"};
-    static const char *const events[] = {"acquired", "released", "expired", "exhausted",
-                                         "overflow"};
-    size_t n = mg_svc_pool_count(gw);
-    const mg_pool_wait_stats *w = &gw->pool_stats;
-    mg_pool_stats ps[17];
-    uint64_t waiters[17], seg_id;
-    const char *names[17];
-    char path[8];
-    if (n == 0)
-        return;
-    if (n > 17)
-        n = 17;
-    for (size_t i = 0; i < n; i++) {
-        names[i] = "";
-        mg_svc_pool_get_stats(gw, i, &ps[i], &waiters[i], &seg_id, path, sizeof(path), &names[i]);
-    }
-    evbuffer_add_printf(out, "# HELP moongate_pool_bytes The buffer pools' bytes, by what "
-                             "they are.\n# TYPE moongate_pool_bytes gauge\n");
-    for (size_t i = 0; i < n; i++) {
-        const uint64_t v[] = {ps[i].capacity,      ps[i].reserve,      ps[i].in_use,
-                              ps[i].free,          ps[i].largest_free, ps[i].largest_lease,
-                              ps[i].overflow_bytes};
-        for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
-            evbuffer_add_printf(out, "moongate_pool_bytes{pool=\"%s\",kind=\"%s\"} %llu\n",
-                                names[i], kinds[k], (unsigned long long)v[k]);
-    }
-    evbuffer_add_printf(out, "# HELP moongate_pool_fragmentation 1 - largest free range / free "
-                             "bytes.\n# TYPE moongate_pool_fragmentation gauge\n");
-    for (size_t i = 0; i < n; i++)
-        evbuffer_add_printf(out, "moongate_pool_fragmentation{pool=\"%s\"} %.6f\n", names[i],
-                            ps[i].free ? 1.0 - (double)ps[i].largest_free / (double)ps[i].free
-                                       : 0.0);
-    evbuffer_add_printf(out, "# HELP moongate_pool_leases Live leases.\n"
-                             "# TYPE moongate_pool_leases gauge\n");
-    for (size_t i = 0; i < n; i++)
-        evbuffer_add_printf(out, "moongate_pool_leases{pool=\"%s\"} %llu\n", names[i],
-                            (unsigned long long)ps[i].leases);
-    evbuffer_add_printf(out, "# HELP moongate_pool_waiters Blocking acquires waiting in line.\n"
-                             "# TYPE moongate_pool_waiters gauge\n");
-    for (size_t i = 0; i < n; i++)
-        evbuffer_add_printf(out, "moongate_pool_waiters{pool=\"%s\"} %llu\n", names[i],
-                            (unsigned long long)waiters[i]);
-    evbuffer_add_printf(out, "# HELP moongate_pool_lease_events_total Lease events.\n"
-                             "# TYPE moongate_pool_lease_events_total counter\n");
-    for (size_t i = 0; i < n; i++) {
-        const uint64_t v[] = {ps[i].acquired_total, ps[i].released_total, ps[i].expired_total,
-                              ps[i].exhausted_total, ps[i].overflow_total};
-        for (size_t k = 0; k < sizeof(events) / sizeof(events[0]); k++)
-            evbuffer_add_printf(out,
-                                "moongate_pool_lease_events_total{pool=\"%s\",event=\"%s\"} "
-                                "%llu\n",
-                                names[i], events[k], (unsigned long long)v[k]);
-    }
-    evbuffer_add_printf(out,
-                        "# HELP moongate_pool_waits_total Blocking acquires that waited in "
-                        "line.\n# TYPE moongate_pool_waits_total counter\n"
-                        "moongate_pool_waits_total %llu\n",
-                        (unsigned long long)w->waits_total);
-    render_seconds(out, "moongate_pool_wait_seconds", "Time blocking acquires waited in line.",
-                   w->buckets, w->waited_total, w->seconds_sum);
 }
 
 void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker)
@@ -423,9 +290,9 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                         mg_grpc_code_name(c),
                                         (unsigned long long)ss->failed_total[c]);
             }
-            render_seconds(out, "moongate_segment_registration_seconds",
-                           "Time a registration spent on its worker.", ss->buckets,
-                           ss->registered_total, ss->seconds_sum);
+            mg_metrics_render_seconds(out, "moongate_segment_registration_seconds",
+                                      "Time a registration spent on its worker.", ss->buckets,
+                                      ss->registered_total, ss->seconds_sum);
             evbuffer_add_printf(out,
                                 "# HELP moongate_segment_inline_bytes_total Segment bytes moved "
                                 "inline over gRPC (ReadSegment, WriteSegment).\n"
@@ -442,40 +309,9 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                 (unsigned long long)ss->write_queued_bytes);
         }
     }
-    render_pool(gw, out);
-    if (gw->transfer) {
-        render_transfers(gw, out);
-        mg_svc_transfer_render_peers(gw, out);
-    }
-    if (gw->peer) {
-        mg_dp_server_stats ds;
-        mg_svc_peer_get_stats(gw, &ds);
-        evbuffer_add_printf(
-            out,
-            "# HELP moongate_data_conns Data-plane connections from peers.\n"
-            "# TYPE moongate_data_conns gauge\nmoongate_data_conns %llu\n"
-            "# HELP moongate_data_conns_total Data-plane connections accepted, and refused "
-            "(--data-max-conns).\n# TYPE moongate_data_conns_total counter\n"
-            "moongate_data_conns_total{result=\"accepted\"} %llu\n"
-            "moongate_data_conns_total{result=\"refused\"} %llu\n"
-            "# HELP moongate_data_accept_paused_total Times the data-plane listener paused "
-            "accepting: no descriptor to spare.\n"
-            "# TYPE moongate_data_accept_paused_total counter\n"
-            "moongate_data_accept_paused_total %llu\n"
-            "# HELP moongate_data_slices_total Data-plane slices served, by op, and refused.\n"
-            "# TYPE moongate_data_slices_total counter\n"
-            "moongate_data_slices_total{op=\"write\"} %llu\n"
-            "moongate_data_slices_total{op=\"read\"} %llu\n"
-            "moongate_data_slices_total{op=\"refused\"} %llu\n"
-            "# HELP moongate_data_bytes_total Data-plane payload bytes, by direction.\n"
-            "# TYPE moongate_data_bytes_total counter\n"
-            "moongate_data_bytes_total{dir=\"in\"} %llu\n"
-            "moongate_data_bytes_total{dir=\"out\"} %llu\n",
-            (unsigned long long)ds.conns_active, (unsigned long long)ds.conns_total,
-            (unsigned long long)ds.conns_refused, (unsigned long long)ds.accept_pauses,
-            (unsigned long long)ds.slices_in, (unsigned long long)ds.slices_out,
-            (unsigned long long)ds.slices_refused, (unsigned long long)ds.bytes_in,
-            (unsigned long long)ds.bytes_out);
+    for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
+        if (gw->started[i] && mg_services[i]->metrics)
+            mg_services[i]->metrics(gw, out);
     }
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(

@@ -9,6 +9,7 @@
  *   drain       a drain began: stop taking new work, fail what waits.
  *   drain_final the drain's last phase: end long-lived streams.
  *   stop        the engine's workers are about to stop (before their jobs come back cancelled).
+ *   metrics     writes the service's own block of /metrics (Prometheus text).
  *   free        at the end, in reverse list order; also after a failed or skipped init, so it
  *               must accept a service that never started.
  * Every hook but init is optional (NULL). `wanted`, when set, decides from the configuration
@@ -21,6 +22,7 @@
 
 struct mg_gateway;
 struct mg_config;
+struct evbuffer;
 
 typedef struct mg_service {
     const char *name;
@@ -30,6 +32,7 @@ typedef struct mg_service {
     void (*drain)(struct mg_gateway *gw);
     void (*drain_final)(struct mg_gateway *gw);
     void (*stop)(struct mg_gateway *gw);
+    void (*metrics)(struct mg_gateway *gw, struct evbuffer *out);
     void (*free)(struct mg_gateway *gw);
 } mg_service;
 

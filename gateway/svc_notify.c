@@ -20,6 +20,7 @@
 
 #include "moongate/v1/notify.pb-c.h"
 
+#include <event2/buffer.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -392,7 +393,29 @@ void mg_svc_notify_free(mg_gateway *gw)
     gw->notify = NULL;
 }
 
+/* /metrics: notifications peers delivered here. */
+static void notify_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    uint64_t queued, queued_bytes, received, refused;
+    mg_svc_notify_get_stats(gw, &queued, &queued_bytes, &received, &refused);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_notifications_received_total Notifications peers delivered here, "
+        "by result (refused: the topic or all topics were full).\n"
+        "# TYPE moongate_notifications_received_total counter\n"
+        "moongate_notifications_received_total{result=\"queued\"} %llu\n"
+        "moongate_notifications_received_total{result=\"refused\"} %llu\n"
+        "# HELP moongate_notifications_queued Notifications waiting for a reader.\n"
+        "# TYPE moongate_notifications_queued gauge\nmoongate_notifications_queued %llu\n"
+        "# HELP moongate_notifications_queued_bytes Their payload bytes.\n"
+        "# TYPE moongate_notifications_queued_bytes gauge\n"
+        "moongate_notifications_queued_bytes %llu\n",
+        (unsigned long long)received, (unsigned long long)refused, (unsigned long long)queued,
+        (unsigned long long)queued_bytes);
+}
+
 const mg_service mg_svc_notify = {.name = "notify",
                                   .init = mg_svc_notify_init,
                                   .drain = mg_svc_notify_drain,
+                                  .metrics = notify_metrics,
                                   .free = mg_svc_notify_free};

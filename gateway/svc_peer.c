@@ -25,6 +25,7 @@
 #include "moongate/segment.h"
 #include "moongate/v1/peer.pb-c.h"
 
+#include <event2/buffer.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -470,4 +471,38 @@ void mg_svc_peer_free(mg_gateway *gw)
     gw->peer = NULL;
 }
 
-const mg_service mg_svc_peer = {.name = "peer", .init = mg_svc_peer_init, .free = mg_svc_peer_free};
+/* /metrics: the data plane. */
+static void peer_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    mg_dp_server_stats ds;
+    mg_svc_peer_get_stats(gw, &ds);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_data_conns Data-plane connections from peers.\n"
+        "# TYPE moongate_data_conns gauge\nmoongate_data_conns %llu\n"
+        "# HELP moongate_data_conns_total Data-plane connections accepted, and refused "
+        "(--data-max-conns).\n# TYPE moongate_data_conns_total counter\n"
+        "moongate_data_conns_total{result=\"accepted\"} %llu\n"
+        "moongate_data_conns_total{result=\"refused\"} %llu\n"
+        "# HELP moongate_data_accept_paused_total Times the data-plane listener paused "
+        "accepting: no descriptor to spare.\n"
+        "# TYPE moongate_data_accept_paused_total counter\n"
+        "moongate_data_accept_paused_total %llu\n"
+        "# HELP moongate_data_slices_total Data-plane slices served, by op, and refused.\n"
+        "# TYPE moongate_data_slices_total counter\n"
+        "moongate_data_slices_total{op=\"write\"} %llu\n"
+        "moongate_data_slices_total{op=\"read\"} %llu\n"
+        "moongate_data_slices_total{op=\"refused\"} %llu\n"
+        "# HELP moongate_data_bytes_total Data-plane payload bytes, by direction.\n"
+        "# TYPE moongate_data_bytes_total counter\n"
+        "moongate_data_bytes_total{dir=\"in\"} %llu\n"
+        "moongate_data_bytes_total{dir=\"out\"} %llu\n",
+        (unsigned long long)ds.conns_active, (unsigned long long)ds.conns_total,
+        (unsigned long long)ds.conns_refused, (unsigned long long)ds.accept_pauses,
+        (unsigned long long)ds.slices_in, (unsigned long long)ds.slices_out,
+        (unsigned long long)ds.slices_refused, (unsigned long long)ds.bytes_in,
+        (unsigned long long)ds.bytes_out);
+}
+
+const mg_service mg_svc_peer = {
+    .name = "peer", .init = mg_svc_peer_init, .metrics = peer_metrics, .free = mg_svc_peer_free};

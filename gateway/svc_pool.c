@@ -21,6 +21,7 @@
 #include "moongate/segment.h"
 #include "moongate/v1/pool.pb-c.h"
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -997,12 +998,10 @@ static void pool_map_done(void *arg, int result)
             snprintf(err, sizeof(err), "%s", mg_strerror(rc));
     }
     free(j);
-    gw->starting_jobs--;
     if (rc != 0) {
         mg_error("start_failed", "pool=%s bytes=%llu error=\"%s\"", pe->name,
                  (unsigned long long)(pe->lease_bytes + pe->reserve_bytes), err);
-        gw->exit_code = 1;
-        event_base_loopbreak(gw->base);
+        mg_gateway_start_done(gw, rc);
         return;
     }
     mg_info("pool_ready",
@@ -1011,8 +1010,7 @@ static void pool_map_done(void *arg, int result)
             pe->name, pe->tenant[0] ? pe->tenant : "(any)", (unsigned long long)pe->lease_bytes,
             (unsigned long long)pe->reserve_bytes, info.id, info.locked, info.path,
             (double)(mg_now_mono_ns() - pe->t0_ns) / 1e6);
-    if (gw->serve_wanted)
-        mg_gateway_set_serving(gw);
+    mg_gateway_start_done(gw, 0);
 }
 
 static int start_pool(mg_gateway *gw, pool_entry *pe)
@@ -1058,7 +1056,7 @@ static int start_pool(mg_gateway *gw, pool_entry *pe)
         free(j);
         return rc;
     }
-    gw->starting_jobs++;
+    mg_gateway_hold_start(gw);
     return 0;
 }
 
@@ -1251,5 +1249,76 @@ void mg_svc_pool_free(mg_gateway *gw)
     gw->pool = NULL;
 }
 
-const mg_service mg_svc_pool = {
-    .name = "pool", .init = mg_svc_pool_init, .drain = mg_svc_pool_drain, .free = mg_svc_pool_free};
+/* The buffer pools: capacity, use, leases, waits. */
+static void pool_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    static const char *const kinds[] = {"capacity",     "reserve",       "in_use",  "free",
+                                        "largest_free", "largest_lease", "overflow"};
+    static const char *const events[] = {"acquired", "released", "expired", "exhausted",
+                                         "overflow"};
+    size_t n = mg_svc_pool_count(gw);
+    const mg_pool_wait_stats *w = &gw->pool_stats;
+    mg_pool_stats ps[17];
+    uint64_t waiters[17], seg_id;
+    const char *names[17];
+    char path[8];
+    if (n == 0)
+        return;
+    if (n > 17)
+        n = 17;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = "";
+        mg_svc_pool_get_stats(gw, i, &ps[i], &waiters[i], &seg_id, path, sizeof(path), &names[i]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_pool_bytes The buffer pools' bytes, by what "
+                             "they are.\n# TYPE moongate_pool_bytes gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[] = {ps[i].capacity,      ps[i].reserve,      ps[i].in_use,
+                              ps[i].free,          ps[i].largest_free, ps[i].largest_lease,
+                              ps[i].overflow_bytes};
+        for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
+            evbuffer_add_printf(out, "moongate_pool_bytes{pool=\"%s\",kind=\"%s\"} %llu\n",
+                                names[i], kinds[k], (unsigned long long)v[k]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_pool_fragmentation 1 - largest free range / free "
+                             "bytes.\n# TYPE moongate_pool_fragmentation gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_fragmentation{pool=\"%s\"} %.6f\n", names[i],
+                            ps[i].free ? 1.0 - (double)ps[i].largest_free / (double)ps[i].free
+                                       : 0.0);
+    evbuffer_add_printf(out, "# HELP moongate_pool_leases Live leases.\n"
+                             "# TYPE moongate_pool_leases gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_leases{pool=\"%s\"} %llu\n", names[i],
+                            (unsigned long long)ps[i].leases);
+    evbuffer_add_printf(out, "# HELP moongate_pool_waiters Blocking acquires waiting in line.\n"
+                             "# TYPE moongate_pool_waiters gauge\n");
+    for (size_t i = 0; i < n; i++)
+        evbuffer_add_printf(out, "moongate_pool_waiters{pool=\"%s\"} %llu\n", names[i],
+                            (unsigned long long)waiters[i]);
+    evbuffer_add_printf(out, "# HELP moongate_pool_lease_events_total Lease events.\n"
+                             "# TYPE moongate_pool_lease_events_total counter\n");
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v[] = {ps[i].acquired_total, ps[i].released_total, ps[i].expired_total,
+                              ps[i].exhausted_total, ps[i].overflow_total};
+        for (size_t k = 0; k < sizeof(events) / sizeof(events[0]); k++)
+            evbuffer_add_printf(out,
+                                "moongate_pool_lease_events_total{pool=\"%s\",event=\"%s\"} "
+                                "%llu\n",
+                                names[i], events[k], (unsigned long long)v[k]);
+    }
+    evbuffer_add_printf(out,
+                        "# HELP moongate_pool_waits_total Blocking acquires that waited in "
+                        "line.\n# TYPE moongate_pool_waits_total counter\n"
+                        "moongate_pool_waits_total %llu\n",
+                        (unsigned long long)w->waits_total);
+    mg_metrics_render_seconds(out, "moongate_pool_wait_seconds",
+                              "Time blocking acquires waited in line.", w->buckets, w->waited_total,
+                              w->seconds_sum);
+}
+
+const mg_service mg_svc_pool = {.name = "pool",
+                                .init = mg_svc_pool_init,
+                                .drain = mg_svc_pool_drain,
+                                .metrics = pool_metrics,
+                                .free = mg_svc_pool_free};

@@ -2619,10 +2619,61 @@ void mg_svc_transfer_stop(mg_gateway *gw)
     }
 }
 
+/* /metrics: the transfers' block. */
+static void transfer_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    const mg_transfer_stats *s = &gw->xfer_stats;
+    static const char *const ops[] = {"read", "write"};
+    evbuffer_add_printf(out, "# HELP moongate_transfer_requests_total Transfer requests that "
+                             "ended, by op and result.\n"
+                             "# TYPE moongate_transfer_requests_total counter\n");
+    for (int o = 0; o < 2; o++)
+        evbuffer_add_printf(out,
+                            "moongate_transfer_requests_total{op=\"%s\",result=\"done\"} %llu\n"
+                            "moongate_transfer_requests_total{op=\"%s\",result=\"failed\"} "
+                            "%llu\n",
+                            ops[o], (unsigned long long)s->requests[o][0], ops[o],
+                            (unsigned long long)s->requests[o][1]);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_transfer_bytes_total Bytes moved by transfer requests "
+                        "that completed.\n# TYPE moongate_transfer_bytes_total counter\n"
+                        "moongate_transfer_bytes_total{op=\"read\"} %llu\n"
+                        "moongate_transfer_bytes_total{op=\"write\"} %llu\n"
+                        "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
+                        "# TYPE moongate_transfer_requests_in_flight gauge\n"
+                        "moongate_transfer_requests_in_flight %llu\n"
+                        "# HELP moongate_transfer_slices_in_flight Data-plane slices sent to "
+                        "peers and not yet answered.\n"
+                        "# TYPE moongate_transfer_slices_in_flight gauge\n"
+                        "moongate_transfer_slices_in_flight %lld\n"
+                        "# HELP moongate_transfer_failures_total Failed transfer requests, by "
+                        "code.\n# TYPE moongate_transfer_failures_total counter\n",
+                        (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
+                        (unsigned long long)s->in_flight,
+                        (long long)__atomic_load_n(&s->slices_in_flight, __ATOMIC_RELAXED));
+    for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
+        if (s->failed_by_code[c])
+            evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
+                                mg_grpc_code_name(c), (unsigned long long)s->failed_by_code[c]);
+    }
+    mg_metrics_render_seconds(out, "moongate_transfer_seconds",
+                              "Time from a batch's submit to the end of each of its requests.",
+                              s->buckets, s->ended, s->seconds_sum);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_transfer_notifications_total Notifications this daemon's batches "
+        "sent to peers, by result.\n# TYPE moongate_transfer_notifications_total counter\n"
+        "moongate_transfer_notifications_total{result=\"sent\"} %llu\n"
+        "moongate_transfer_notifications_total{result=\"failed\"} %llu\n",
+        (unsigned long long)s->notes_sent, (unsigned long long)s->notes_failed);
+    mg_svc_transfer_render_peers(gw, out);
+}
+
 /* Its free runs after the engine stopped: it first runs the completions of the jobs the
  * workers gave up, while every service is still there. */
 const mg_service mg_svc_transfer = {.name = "transfer",
                                     .init = mg_svc_transfer_init,
                                     .drain = mg_svc_transfer_drain,
                                     .stop = mg_svc_transfer_stop,
+                                    .metrics = transfer_metrics,
                                     .free = mg_svc_transfer_free};
