@@ -119,30 +119,16 @@ void mg_svc_memory_gate(mg_gateway *gw, int after_map)
     pthread_mutex_unlock(&h->lock);
 }
 
-static int map_work(void *arg)
+/* The registration jobs pass the Debug/HoldRegistrations gate around their mapping. */
+static void hold_gate(void *gw, int after_map)
 {
-    seg_job *j = arg;
-    int rc;
-    mg_svc_memory_gate(j->gw, 0);
-    rc = mg_segment_map(j->seg);
-    mg_svc_memory_gate(j->gw, 1);
-    return rc;
+    mg_svc_memory_gate(gw, after_map);
 }
 
-static int unmap_work(void *arg)
+/* An unregistration ended: answer its call, if one waits (arg; NULL for the daemon's own). */
+static void unregistered(void *arg, const mg_segment_info *info)
 {
     seg_job *j = arg;
-    mg_segment_unmap(j->seg);
-    return 0;
-}
-
-static void unmap_done(void *arg, int result)
-{
-    seg_job *j = arg;
-    mg_registry *reg = mg_engine_registry(j->gw->engine);
-    mg_segment_info info;
-    mg_segment_get_info(reg, j->seg, &info);
-    mg_registry_release(reg, j->seg);
     j->gw->seg_stats.unregistered_total++;
     if (j->call) {
         if (!mg_call_done(j->call)) {
@@ -151,24 +137,27 @@ static void unmap_done(void *arg, int result)
         }
         mg_call_unref(j->call);
     }
-    mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info.id, info.name,
-            info.size);
+    mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info->id, info->name,
+            info->size);
     free(j);
 }
 
-/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done. */
+/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done.
+ * Returns 0, or an MG_ERR_* with the segment still registered. */
 static int start_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
 {
     seg_job *j = calloc(1, sizeof(*j));
     int rc;
-    if (j == NULL)
+    if (j == NULL) {
+        mg_registry_restore(mg_engine_registry(gw->engine), seg);
         return MG_ERR_NOMEM;
+    }
     j->gw = gw;
-    j->seg = seg;
     j->call = call;
     if (call)
         mg_call_ref(call);
-    rc = mg_engine_submit(gw->engine, gw->cq, unmap_work, unmap_done, j);
+    rc = mg_registry_unregister_async(mg_engine_registry(gw->engine), gw->engine, gw->cq, seg,
+                                      unregistered, j);
     if (rc != 0) {
         if (call)
             mg_call_unref(call);
@@ -183,15 +172,16 @@ int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, co
     mg_segment *seg;
     char err[MG_SEG_ERROR_MAX];
     int rc = mg_registry_unregister(reg, tenant, id, &seg, err);
-    if (rc == 0 && (rc = start_unmap(gw, seg, NULL)) != 0)
-        mg_registry_restore(reg, seg); /* no worker: it stays, listed, until the daemon stops */
+    if (rc == 0)
+        rc = start_unmap(gw, seg, NULL); /* no worker: it stays, listed, until the daemon stops */
     if (rc != 0)
         mg_warn("segment_unregister_failed", "id=%" PRIu64 " reason=\"%s\" error=\"%s\"", id, why,
                 rc == MG_ERR_BUSY ? err : mg_strerror(rc));
     return rc;
 }
 
-static void map_done(void *arg, int result)
+/* A registration ended: answer the call, or undo it when the caller is gone. */
+static void registered(void *arg, mg_segment *seg, int result, const char *why)
 {
     seg_job *j = arg;
     mg_gateway *gw = j->gw;
@@ -202,21 +192,17 @@ static void map_done(void *arg, int result)
     mg_metrics_registration(gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     mg_call_set_data(j->call, NULL);
     if (result != 0) {
-        snprintf(err, sizeof(err), "%s", mg_segment_error(j->seg));
-        mg_registry_commit(reg, j->seg, result);
         if (!mg_call_done(j->call))
-            mg_call_fail(j->call, result, "%s", err[0] ? err : "registration cancelled");
+            mg_call_fail(j->call, result, "%s", why[0] ? why : "registration cancelled");
         goto out;
     }
-    mg_registry_commit(reg, j->seg, 0);
-    mg_segment_get_info(reg, j->seg, &info);
+    mg_segment_get_info(reg, seg, &info);
     if (mg_call_done(j->call)) {
         /* The caller is gone: undo, so no segment is left that nobody asked for. */
         mg_segment *gone;
         if (mg_registry_unregister(reg, info.tenant, info.id, &gone, err) == 0 &&
             start_unmap(gw, gone, NULL) != 0) {
             /* No worker slot: the loop does not unmap. The segment stays, listed. */
-            mg_registry_restore(reg, gone);
             mg_warn("segment_rollback_failed",
                     "id=%" PRIu64 " name=%s reason=\"caller gone, engine queue full\"", info.id,
                     info.name);
@@ -338,10 +324,9 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     j->t0_ns = mg_now_mono_ns();
     mg_call_ref(call);
     gw->seg_stats.in_flight++;
-    rc = mg_engine_submit(gw->engine, gw->cq, map_work, map_done, j);
-    if (rc != 0) {
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, hold_gate, gw, registered, j);
+    if (rc != 0) { /* the reservation is undone */
         mg_metrics_registration(gw, rc, 0, 1);
-        mg_registry_commit(reg, seg, rc);
         mg_call_unref(call);
         free(j);
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
@@ -351,7 +336,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_set_data(call, j);
 }
 
-/* The caller left (cancel, deadline, disconnect): stop the mapping between chunks. map_done
+/* The caller left (cancel, deadline, disconnect): stop the mapping between chunks. registered()
  * then finds the call done and the registration failed or, if it had finished, undoes it. */
 static void register_cancel(mg_call *call)
 {
@@ -373,8 +358,7 @@ static void unregister_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     rc = start_unmap(gw, seg, call);
-    if (rc != 0) {
-        mg_registry_restore(mg_engine_registry(gw->engine), seg); /* still registered */
+    if (rc != 0) { /* still registered */
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth); try again",
                      (unsigned)gw->cfg->queue_depth);
     }
@@ -543,8 +527,7 @@ static void batch_finish(batch *b)
                 mg_registry_unregister(reg, b->items[i].info.tenant, b->items[i].info.id, &gone,
                                        err) != 0)
                 continue;
-            if (start_unmap(b->gw, gone, NULL) != 0)
-                mg_registry_restore(reg, gone);
+            start_unmap(b->gw, gone, NULL); /* no worker: it stays, listed */
         }
         mg_info("segments_rolled_back", "items=%zu reason=\"caller gone\"", b->n);
     }
@@ -565,50 +548,26 @@ static void register_batch_cancel(mg_call *call)
     }
 }
 
-static int batch_map_work(void *arg)
-{
-    batch_job *j = arg;
-    int rc;
-    mg_svc_memory_gate(j->b->gw, 0);
-    rc = mg_segment_map(j->b->items[j->i].seg);
-    mg_svc_memory_gate(j->b->gw, 1);
-    return rc;
-}
-
-static void batch_map_done(void *arg, int result)
+static void batch_registered(void *arg, mg_segment *seg, int result, const char *why)
 {
     batch_job *j = arg;
     batch *b = j->b;
     batch_item *it = &b->items[j->i];
-    mg_registry *reg = mg_engine_registry(b->gw->engine);
     it->mapping = 0;
     mg_metrics_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
-    if (result != 0) {
-        char err[MG_SEG_ERROR_MAX];
-        snprintf(err, sizeof(err), "%s", mg_segment_error(it->seg));
-        mg_registry_commit(reg, it->seg, result);
-        item_fail(it, result, err);
-    } else {
-        mg_registry_commit(reg, it->seg, 0);
-        mg_segment_get_info(reg, it->seg, &it->info);
-    }
+    if (result != 0)
+        item_fail(it, result, why);
+    else
+        mg_segment_get_info(mg_engine_registry(b->gw->engine), seg, &it->info);
     free(j);
     if (--b->pending == 0)
         batch_finish(b);
 }
 
-static int batch_unmap_work(void *arg)
-{
-    batch_job *j = arg;
-    mg_segment_unmap(j->b->items[j->i].seg);
-    return 0;
-}
-
-static void batch_unmap_done(void *arg, int result)
+static void batch_unregistered(void *arg, const mg_segment_info *info)
 {
     batch_job *j = arg;
     batch *b = j->b;
-    mg_registry_release(mg_engine_registry(b->gw->engine), b->items[j->i].seg);
     b->items[j->i].seg = NULL;
     b->gw->seg_stats.unregistered_total++;
     free(j);
@@ -640,9 +599,11 @@ static batch *batch_new(mg_call *call, size_t n, int unregister)
     return b;
 }
 
-/* Starts item i's job; on failure the item fails and its reservation is undone by `undo`. */
-static void batch_start(batch *b, size_t i, mg_work_fn work, mg_done_fn done)
+/* Starts item i's registration or unregistration on a worker; on failure the item fails and
+ * its segment is as it was before the batch (reservation undone, or still registered). */
+static void batch_start(batch *b, size_t i)
 {
+    mg_registry *reg = mg_engine_registry(b->gw->engine);
     batch_job *j = calloc(1, sizeof(*j));
     int rc = MG_ERR_NOMEM, counted = 0;
     if (j) {
@@ -654,20 +615,24 @@ static void batch_start(batch *b, size_t i, mg_work_fn work, mg_done_fn done)
             b->gw->seg_stats.in_flight++;
             counted = 1;
         }
-        rc = mg_engine_submit(b->gw->engine, b->gw->cq, work, done, j);
+        rc = b->unregister
+                 ? mg_registry_unregister_async(reg, b->gw->engine, b->gw->cq, b->items[i].seg,
+                                                batch_unregistered, j)
+                 : mg_registry_register_async(reg, b->gw->engine, b->gw->cq, b->items[i].seg,
+                                              hold_gate, b->gw, batch_registered, j);
         if (rc == 0) {
             b->items[i].mapping = !b->unregister;
             return;
         }
         b->pending--;
         free(j);
+    } else if (b->unregister) {
+        mg_registry_restore(reg, b->items[i].seg);
+    } else {
+        mg_registry_commit(reg, b->items[i].seg, rc);
     }
     if (!b->unregister)
         mg_metrics_registration(b->gw, rc, 0, counted);
-    if (b->unregister)
-        mg_registry_restore(mg_engine_registry(b->gw->engine), b->items[i].seg);
-    else
-        mg_registry_commit(mg_engine_registry(b->gw->engine), b->items[i].seg, rc);
     item_fail(&b->items[i], rc, "engine queue full (--queue-depth); try this item again");
 }
 
@@ -689,7 +654,7 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
             mg_metrics_registration(b->gw, rc, 0, 0);
             item_fail(&b->items[i], rc, err);
         } else {
-            batch_start(b, i, batch_map_work, batch_map_done);
+            batch_start(b, i);
         }
     }
     if (--b->pending == 0)
@@ -711,7 +676,7 @@ static void unregister_batch_message(mg_call *call, const ProtobufCMessage *m)
         if (rc != 0)
             item_fail(&b->items[i], rc, err);
         else
-            batch_start(b, i, batch_unmap_work, batch_unmap_done);
+            batch_start(b, i);
     }
     if (--b->pending == 0)
         batch_finish(b);

@@ -333,13 +333,7 @@ static void overflow_log(mg_gateway *gw, const pool_entry *pe, uint64_t bytes)
     ps->overflow_unlogged = ps->overflow_unlogged_bytes = 0;
 }
 
-static int overflow_work(void *arg)
-{
-    overflow_job *j = arg;
-    return mg_segment_map(j->seg);
-}
-
-static void overflow_done(void *arg, int result)
+static void overflow_done(void *arg, mg_segment *seg, int result, const char *why)
 {
     overflow_job *j = arg;
     mg_gateway *gw = j->gw;
@@ -353,10 +347,9 @@ static void overflow_done(void *arg, int result)
     int rc = result;
 
     ps->overflow_pending -= j->reserved;
-    snprintf(err, sizeof(err), "%s", result ? mg_segment_error(j->seg) : "");
-    mg_registry_commit(reg, j->seg, result);
+    mg_strlcpy(err, why, sizeof(err));
     if (rc == 0) {
-        mg_segment_get_info(reg, j->seg, &info);
+        mg_segment_get_info(reg, seg, &info);
         if (mg_call_done(j->call) || pe->pool == NULL) { /* the caller left: undo */
             mg_svc_memory_unregister(gw, j->tenant, info.id, "overflow lease's caller gone");
         } else if (mg_registry_acquire(reg, j->tenant, info.id, "an overflow lease", &held) != 0) {
@@ -436,9 +429,8 @@ static int start_overflow(mg_call *call, pool_entry *pe,
     j->remote = req->remote_accessible;
     mg_strlcpy(j->tenant, mg_call_tenant(call), sizeof(j->tenant));
     mg_call_ref(call);
-    rc = mg_engine_submit(gw->engine, gw->cq, overflow_work, overflow_done, j);
-    if (rc != 0) {
-        mg_registry_commit(reg, j->seg, rc);
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, j->seg, NULL, NULL, overflow_done, j);
+    if (rc != 0) { /* the reservation is undone */
         mg_call_unref(call);
         free(j);
         return rc;
@@ -957,16 +949,9 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 typedef struct {
     mg_gateway *gw;
     pool_entry *pe;
-    mg_segment *seg;
 } pool_job;
 
-static int pool_map_work(void *arg)
-{
-    pool_job *j = arg;
-    return mg_segment_map(j->seg);
-}
-
-static void pool_map_done(void *arg, int result)
+static void pool_registered(void *arg, mg_segment *seg, int result, const char *why)
 {
     pool_job *j = arg;
     mg_gateway *gw = j->gw;
@@ -986,10 +971,9 @@ static void pool_map_done(void *arg, int result)
     int rc = result;
     char err[MG_SEG_ERROR_MAX];
 
-    snprintf(err, sizeof(err), "%s", result ? mg_segment_error(j->seg) : "");
-    mg_registry_commit(reg, j->seg, result);
+    mg_strlcpy(err, why, sizeof(err));
     if (rc == 0) {
-        mg_segment_get_info(reg, j->seg, &info);
+        mg_segment_get_info(reg, seg, &info);
         snprintf(holder, sizeof(holder), "the buffer pool %s", pe->name);
         rc = mg_registry_acquire(reg, pe->owner, info.id, holder, &held);
         if (rc == 0 && (rc = mg_pool_new(&pe->pool, reg, held, &pc)) != 0)
@@ -1048,11 +1032,9 @@ static int start_pool(mg_gateway *gw, pool_entry *pe)
     }
     j->gw = gw;
     j->pe = pe;
-    j->seg = seg;
     pe->t0_ns = mg_now_mono_ns();
-    rc = mg_engine_submit(gw->engine, gw->cq, pool_map_work, pool_map_done, j);
-    if (rc != 0) {
-        mg_registry_commit(reg, seg, rc);
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, NULL, NULL, pool_registered, j);
+    if (rc != 0) { /* the reservation is undone */
         free(j);
         return rc;
     }

@@ -1213,3 +1213,89 @@ void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out)
     out->jobs = __atomic_load_n(&reg->jobs, __ATOMIC_RELAXED);
     out->jobs_off_worker = __atomic_load_n(&reg->jobs_off_worker, __ATOMIC_RELAXED);
 }
+
+/* ------------------------------------------------------------------ asynchronous protocol */
+
+typedef struct reg_job {
+    mg_registry *reg;
+    mg_segment *seg;
+    mg_register_gate_fn gate;
+    void *gate_arg;
+    mg_register_done_fn done;
+    mg_unregister_done_fn unreg_done;
+    void *arg;
+} reg_job;
+
+static int register_work(void *arg)
+{
+    reg_job *j = arg;
+    int rc;
+    if (j->gate)
+        j->gate(j->gate_arg, 0);
+    rc = mg_segment_map(j->seg);
+    if (j->gate)
+        j->gate(j->gate_arg, 1);
+    return rc;
+}
+
+static void register_done(void *arg, int result)
+{
+    reg_job *j = arg;
+    char why[MG_SEG_ERROR_MAX] = "";
+    if (result != 0)
+        mg_strlcpy(why, j->seg->error, sizeof(why)); /* before the reservation goes */
+    mg_registry_commit(j->reg, j->seg, result);
+    j->done(j->arg, result == 0 ? j->seg : NULL, result, why);
+    free(j);
+}
+
+int mg_registry_register_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, mg_segment *seg,
+                               mg_register_gate_fn gate, void *gate_arg, mg_register_done_fn done,
+                               void *arg)
+{
+    reg_job *j = calloc(1, sizeof(*j));
+    int rc = MG_ERR_NOMEM;
+    if (j) {
+        *j = (reg_job){reg, seg, gate, gate_arg, done, NULL, arg};
+        rc = mg_engine_submit(engine, cq, register_work, register_done, j);
+        if (rc == 0)
+            return 0;
+        free(j);
+    }
+    mg_registry_commit(reg, seg, rc);
+    return rc;
+}
+
+static int unregister_work(void *arg)
+{
+    reg_job *j = arg;
+    mg_segment_unmap(j->seg);
+    return 0;
+}
+
+static void unregister_done(void *arg, int result)
+{
+    reg_job *j = arg;
+    mg_segment_info info;
+    mg_segment_get_info(j->reg, j->seg, &info);
+    mg_registry_release(j->reg, j->seg);
+    if (j->unreg_done)
+        j->unreg_done(j->arg, &info);
+    free(j);
+}
+
+int mg_registry_unregister_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, mg_segment *seg,
+                                 mg_unregister_done_fn done, void *arg)
+{
+    reg_job *j = calloc(1, sizeof(*j));
+    int rc = MG_ERR_NOMEM;
+    if (j) {
+        *j = (reg_job){reg, seg, NULL, NULL, NULL, done, arg};
+        rc = mg_engine_submit(engine, cq, unregister_work, unregister_done, j);
+        if (rc == 0)
+            return 0;
+        free(j);
+    }
+    mg_registry_restore(reg, seg); /* no worker: it stays, listed */
+    return rc;
+}

@@ -5,11 +5,13 @@
  * Each test works in its own temporary shm directory.
  */
 #include "mg_test.h"
+#include "moongate/engine.h"
 #include "moongate/segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +431,104 @@ static void test_anon_file_is_the_memory(void)
     remove_dir();
 }
 
+typedef struct {
+    int calls, result, gates;
+    mg_segment *seg;
+    char why[MG_SEG_ERROR_MAX];
+    mg_segment_info info;
+} async_rec;
+
+static void rec_registered(void *arg, mg_segment *seg, int result, const char *why)
+{
+    async_rec *r = arg;
+    r->calls++;
+    r->seg = seg;
+    r->result = result;
+    snprintf(r->why, sizeof(r->why), "%s", why);
+}
+
+static void rec_unregistered(void *arg, const mg_segment_info *info)
+{
+    async_rec *r = arg;
+    r->calls++;
+    r->info = *info;
+}
+
+static void rec_gate(void *arg, int after_map)
+{
+    async_rec *r = arg;
+    CU_ASSERT(mg_engine_on_worker());
+    r->gates += after_map ? 10 : 1;
+}
+
+/* Runs the loop side until `r` was called. */
+static void wait_rec(mg_cq *cq, async_rec *r)
+{
+    struct pollfd pfd = {.fd = mg_cq_fd(cq), .events = POLLIN};
+    while (r->calls == 0) {
+        CU_ASSERT_EQUAL_FATAL(poll(&pfd, 1, 30000), 1);
+        mg_cq_drain(cq, 0);
+    }
+}
+
+/* The reserve -> map -> commit protocol and its undo as two asynchronous calls: the mapping on
+ * a worker, the commit and the answer on the loop; a failure leaves nothing behind. */
+static void test_register_and_unregister_async(void)
+{
+    mg_registry *reg;
+    mg_engine *e;
+    mg_cq *cq;
+    mg_engine_config ec = {.workers = 1, .queue_depth = 4};
+    mg_segment *seg = NULL, *gone = NULL;
+    mg_segment_spec s;
+    mg_registry_stats st;
+    async_rec r = {0};
+    mg_segment_info ia;
+    struct stat sb;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    CU_ASSERT_EQUAL_FATAL(mg_engine_new(&e, &ec), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_cq_new(&cq), 0);
+    s = anon("t", "a", 8192);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &s, &seg, err), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        mg_registry_register_async(reg, e, cq, seg, rec_gate, &r, rec_registered, &r), 0);
+    wait_rec(cq, &r);
+    CU_ASSERT(r.calls == 1 && r.result == 0 && r.seg == seg && r.gates == 11);
+    mg_segment_get_info(reg, seg, &ia);
+    CU_ASSERT_EQUAL(ia.state, MG_SEG_READY);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT(st.segments == 1 && st.registering == 0);
+    /* a failure: the file is missing; the reservation is undone before done is called */
+    memset(&r, 0, sizeof(r));
+    s = anon("t", "b", 0);
+    s.source = MG_SEG_SHM;
+    s.shm_file = "missing";
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &s, &seg, err), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        mg_registry_register_async(reg, e, cq, seg, NULL, NULL, rec_registered, &r), 0);
+    wait_rec(cq, &r);
+    CU_ASSERT(r.calls == 1 && r.result == MG_ERR_INVALID && r.seg == NULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.why, "cannot open missing"));
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT(st.segments == 1 && st.registering == 0);
+    /* the undo: unmapped on a worker, released on the loop */
+    memset(&r, 0, sizeof(r));
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, "t", ia.id, &gone, err), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister_async(reg, e, cq, gone, rec_unregistered, &r), 0);
+    wait_rec(cq, &r);
+    CU_ASSERT(r.info.id == ia.id && strcmp(r.info.name, "a") == 0);
+    CU_ASSERT_EQUAL(stat(ia.path, &sb), -1); /* the daemon's file is gone */
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT(st.segments == 0 && st.bytes == 0);
+    mg_engine_stop(e);
+    mg_engine_del(e);
+    mg_cq_del(cq);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static int open_fds(void)
 {
     int n = 0;
@@ -802,6 +902,7 @@ int main(void)
         MG_TEST(test_shm_file_checks),
         MG_TEST(test_shm_file_owner),
         MG_TEST(test_segments_keep_no_descriptor),
+        MG_TEST(test_register_and_unregister_async),
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
         MG_TEST(test_list_pages_in_id_order),

@@ -173,6 +173,31 @@ void mg_segment_unmap(mg_segment *seg);
 /* Loop. Forgets an unmapped segment and frees it. */
 void mg_registry_release(mg_registry *reg, mg_segment *seg);
 
+/* ---- the protocol above as two asynchronous calls, for the loop ---- */
+
+struct mg_engine;
+struct mg_cq;
+
+/* A registration's end, on the loop: result 0 and the segment, READY; or an MG_ERR_* with
+ * the reservation undone (seg NULL) and why it failed ("" when it was cancelled). */
+typedef void (*mg_register_done_fn)(void *arg, mg_segment *seg, int result, const char *why);
+/* Optional, on the worker before (after_map 0) and after (1) the mapping: a test hook. */
+typedef void (*mg_register_gate_fn)(void *arg, int after_map);
+/* An unregistration's end, on the loop: the segment is unmapped and gone; info is what it was. */
+typedef void (*mg_unregister_done_fn)(void *arg, const mg_segment_info *info);
+
+/* Loop. Maps the segment mg_registry_reserve() entered on a worker of `engine` and commits it on
+ * the loop that drains `cq`, then calls done once. Returns 0, or an MG_ERR_* (the engine's queue
+ * is full, no memory) with the reservation undone and done not called. */
+int mg_registry_register_async(mg_registry *reg, struct mg_engine *engine, struct mg_cq *cq,
+                               mg_segment *seg, mg_register_gate_fn gate, void *gate_arg,
+                               mg_register_done_fn done, void *arg);
+/* Loop. Unmaps a segment mg_registry_unregister() marked UNREGISTERING on a worker, releases it
+ * on the loop and calls done (may be NULL) once. Returns 0, or an MG_ERR_* with the segment
+ * restored (READY, still registered) and done not called. */
+int mg_registry_unregister_async(mg_registry *reg, struct mg_engine *engine, struct mg_cq *cq,
+                                 mg_segment *seg, mg_unregister_done_fn done, void *arg);
+
 /* Loop. A snapshot of the tenant's (NULL: any tenant's) segment `id` in any state. Returns 0,
  * MG_ERR_NOT_FOUND. */
 int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segment_info *out);
