@@ -434,12 +434,8 @@ void mg_conn_free(mg_conn *conn)
             SSL_set_shutdown(ssl, SSL_RECEIVED_SHUTDOWN);
         bufferevent_free(conn->bev);
     }
-    if (conn->prev)
-        conn->prev->next = conn->next;
-    else
-        gw->conns = conn->next;
-    if (conn->next)
-        conn->next->prev = conn->prev;
+    if (mg_list_linked(&conn->link))
+        mg_list_remove(&conn->link);
     gw->stats.conns_active--;
     mg_debug("conn_closed", "peer=%s kind=%s", conn->peer, mg_conn_kind_names[conn->kind]);
     free(conn);
@@ -523,10 +519,7 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     }
     conn->timer = evtimer_new(gw->base, conn_timer_cb, conn);
     conn->flush_ev = event_new(gw->base, -1, 0, flush_cb, conn);
-    conn->next = gw->conns;
-    if (gw->conns)
-        gw->conns->prev = conn;
-    gw->conns = conn;
+    mg_list_push_front(&gw->conns, &conn->link);
     gw->stats.conns_active++;
     gw->stats.conns_total[l->kind]++;
     if (conn->bev == NULL || conn->timer == NULL || conn->flush_ev == NULL ||

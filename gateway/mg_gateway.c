@@ -108,6 +108,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     int rc;
     if (gw == NULL)
         return MG_ERR_NOMEM;
+    mg_list_init(&gw->conns); /* first: mg_gateway_del walks it */
     gw->base = base;
     gw->cfg = cfg;
     gw->memlock = mg_config_memlock(cfg->memlock);
@@ -205,8 +206,8 @@ void mg_gateway_del(mg_gateway *gw)
     if (gw->cq)
         mg_cq_settle(gw->cq);
     mg_listeners_free(gw);
-    while (gw->conns)
-        mg_conn_free(gw->conns);
+    while (!mg_list_empty(&gw->conns))
+        mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
     mg_ops_stop(gw);
     if (gw->accept_timer)
         event_free(gw->accept_timer);
@@ -319,7 +320,7 @@ void mg_gateway_run(mg_gateway *gw)
 
 void mg_gateway_check_drained(mg_gateway *gw)
 {
-    if (gw->drain_phase == 2 && gw->conns == NULL) {
+    if (gw->drain_phase == 2 && mg_list_empty(&gw->conns)) {
         mg_info("drained", "result=clean");
         event_base_loopbreak(gw->base);
     }
@@ -329,13 +330,13 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
     unsigned n = 0;
-    for (mg_conn *c = gw->conns; c; c = c->next)
+    mg_list_foreach (&gw->conns, node)
         n++;
     mg_warn("drain_timeout", "grace_s=%llu connections_closed=%u",
             (unsigned long long)gw->cfg->grace, n);
     gw->drain_phase = 3;
-    while (gw->conns)
-        mg_conn_free(gw->conns);
+    while (!mg_list_empty(&gw->conns))
+        mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
     event_base_loopbreak(gw->base);
 }
 
@@ -343,11 +344,11 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
-    mg_conn *c, *next;
     gw->drain_phase = 2;
     each_service(gw, HOOK_DRAIN_FINAL);
-    for (c = gw->conns; c; c = next) {
-        next = c->next;
+    mg_list_foreach_safe(&gw->conns, node, next)
+    {
+        mg_conn *c = mg_container_of(node, mg_conn, link); /* only c may be freed here */
         if (c->ng == NULL) {
             mg_conn_free(c);
             continue;
@@ -375,7 +376,8 @@ void mg_gateway_drain(mg_gateway *gw)
     each_service(gw, HOOK_STATE);
     each_service(gw, HOOK_DRAIN);
     mg_listeners_free(gw); /* stop accepting */
-    for (mg_conn *c = gw->conns; c; c = c->next) {
+    mg_list_foreach (&gw->conns, node) {
+        mg_conn *c = mg_container_of(node, mg_conn, link);
         if (c->ng) {
             nghttp2_submit_shutdown_notice(c->ng);
             mg_conn_schedule_flush(c);

@@ -24,6 +24,7 @@
 
 #include "mg_config.h"
 #include "mg_grpc.h"
+#include "mg_list.h"
 #include "mg_time.h"
 #include "moongate/engine.h"
 
@@ -251,7 +252,7 @@ struct mg_gateway {
     mg_transfer_stats xfer_stats;
 
     struct mg_listener *listeners; /* control-port listeners */
-    struct mg_conn *conns;         /* all open connections */
+    mg_list conns;                 /* all open connections (mg_conn.link) */
     struct mg_ops *ops;
     struct mg_health *health;
     struct mg_reflection *reflection;

@@ -9,6 +9,7 @@
 
 #include "mg_auth.h"
 #include "mg_gateway.h"
+#include "mg_list.h"
 
 #include <nghttp2/nghttp2.h>
 
@@ -44,7 +45,7 @@ typedef struct mg_conn {
     int read_paused;
     int in_send;
     mg_call *calls;
-    struct mg_conn *next, *prev;
+    mg_list_node link; /* in gw->conns */
 } mg_conn;
 
 typedef enum { MODE_GRPC, MODE_JSON, MODE_HTTP } call_mode;
