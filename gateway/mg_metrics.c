@@ -98,10 +98,10 @@ static void split_path(const char *path, char *svc, size_t scap, char *meth, siz
     snprintf(meth, mcap, "%s", slash ? slash + 1 : path);
 }
 
-void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
+/* The daemon itself: build, uptime, connections, HTTP/2, auth, descriptors. */
+static void render_daemon(mg_gateway *gw, struct evbuffer *out)
 {
     static const char *const kinds[3] = {"tls", "h2c", "unix"};
-    mg_engine_stats es;
     double uptime = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
 
     evbuffer_add_printf(out,
@@ -191,7 +191,11 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
         (unsigned long long)gw->stats.accept_pauses, gw->accept_episode,
         (unsigned long long)gw->stats.ops_refused,
         (unsigned long long)gw->stats.ops_header_timeouts);
+}
 
+/* Calls by method: started, handled by code, latency. */
+static void render_methods(mg_gateway *gw, struct evbuffer *out)
+{
     evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
                              "# TYPE moongate_grpc_started_total counter\n");
     for (size_t i = 0; i < gw->n_methods; i++) {
@@ -242,6 +246,11 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                             svc, meth, (unsigned long long)count, svc, meth, s->seconds_sum, svc,
                             meth, (unsigned long long)count);
     }
+}
+
+/* The segment registry and its registrations. */
+static void render_segments(mg_gateway *gw, struct evbuffer *out)
+{
     if (mg_engine_registry(gw->engine)) {
         mg_registry_stats rs;
         mg_registry_get_stats(mg_engine_registry(gw->engine), &rs);
@@ -309,10 +318,12 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
                                 (unsigned long long)ss->write_queued_bytes);
         }
     }
-    for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
-        if (gw->started[i] && mg_services[i]->metrics)
-            mg_services[i]->metrics(gw, out);
-    }
+}
+
+/* The engine's workers, the RDMA devices and the transport threads. */
+static void render_engine(mg_gateway *gw, struct evbuffer *out)
+{
+    mg_engine_stats es;
     mg_engine_get_stats(gw->engine, &es);
     evbuffer_add_printf(
         out,
@@ -377,4 +388,16 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
             "moongate_transport_jobs_completed_total %llu\n",
             es.workers, es.in_flight, (unsigned long long)es.completed);
     }
+}
+
+void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
+{
+    render_daemon(gw, out);
+    render_methods(gw, out);
+    render_segments(gw, out);
+    for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
+        if (gw->started[i] && mg_services[i]->metrics)
+            mg_services[i]->metrics(gw, out);
+    }
+    render_engine(gw, out);
 }
