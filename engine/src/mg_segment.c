@@ -446,14 +446,9 @@ static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
     return NULL;
 }
 
-int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+/* The spec's own checks, before anything is locked. Returns 0 with loc set, or an MG_ERR_*. */
+static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char loc[16], char *err)
 {
-    mg_segment *seg;
-    tenant_count *tc;
-    char loc[16];
-    size_t b;
-
-    err[0] = '\0';
     if (!valid_name(spec->tenant, 1)) {
         snprintf(err, MG_SEG_ERROR_MAX, "tenant must be 1-%d characters of [A-Za-z0-9._:-]",
                  MG_SEG_NAME_MAX);
@@ -511,86 +506,69 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
                  (unsigned long long)spec->size, (unsigned long long)reg->max_segment_bytes);
         return MG_ERR_FULL;
     }
-    seg = calloc(1, sizeof(*seg));
-    if (seg == NULL) {
-        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
-        return MG_ERR_NOMEM;
-    }
-    seg->reg = reg;
-    seg->fd = -1;
-    snprintf(seg->tenant, sizeof(seg->tenant), "%s", spec->tenant);
-    snprintf(seg->name, sizeof(seg->name), "%s", spec->name);
-    memcpy(seg->location, loc, sizeof(loc));
-    seg->source = spec->source;
-    seg->size = spec->size;
-    seg->remote_accessible = spec->remote_accessible != 0;
-    seg->memlock = spec->memlock;
-    seg->prefault = spec->prefault != 0;
-    if (spec->source == MG_SEG_SHM) {
-        snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
-        seg->caller_uid = spec->caller_uid;
-    }
-    if (spec->request_id)
-        snprintf(seg->request_id, sizeof(seg->request_id), "%s", spec->request_id);
+    return 0;
+}
 
-    pthread_mutex_lock(&reg->lock);
-    if (seg->request_id[0]) {
-        mg_segment *first = find_req_nolock(reg, seg->tenant, seg->request_id);
-        int rc = 0;
-        if (first && strcmp(first->name, seg->name) != 0) {
-            snprintf(err, MG_SEG_ERROR_MAX, "request id \"%s\" was used for segment \"%s\"",
-                     seg->request_id, first->name);
-            rc = MG_ERR_INVALID;
-        } else if (first && first->state == MG_SEG_REGISTERING) {
-            snprintf(err, MG_SEG_ERROR_MAX,
-                     "the first request with id \"%s\" is still registering; retry",
-                     seg->request_id);
-            rc = MG_ERR_UNAVAILABLE;
-        } else if (first && first->state == MG_SEG_READY) {
-            *out = first;
-            rc = MG_SEG_RETRY;
-        } else if (first) {
-            snprintf(err, MG_SEG_ERROR_MAX,
-                     "segment \"%s\" of request id \"%s\" is being "
-                     "unregistered",
-                     first->name, seg->request_id);
-            rc = MG_ERR_UNAVAILABLE;
-        }
-        if (first) {
-            pthread_mutex_unlock(&reg->lock);
-            free(seg);
-            return rc;
-        }
+/* A request id seen before: 0 when it was not (go on), else MG_SEG_RETRY with *out the first
+ * request's READY segment, or an MG_ERR_* with err set. */
+static int earlier_request_nolock(mg_registry *reg, const mg_segment *seg, mg_segment **out,
+                                  char *err)
+{
+    mg_segment *first = find_req_nolock(reg, seg->tenant, seg->request_id);
+    if (first == NULL)
+        return 0;
+    if (strcmp(first->name, seg->name) != 0) {
+        snprintf(err, MG_SEG_ERROR_MAX, "request id \"%s\" was used for segment \"%s\"",
+                 seg->request_id, first->name);
+        return MG_ERR_INVALID;
     }
+    if (first->state == MG_SEG_REGISTERING) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "the first request with id \"%s\" is still registering; retry", seg->request_id);
+        return MG_ERR_UNAVAILABLE;
+    }
+    if (first->state == MG_SEG_READY) {
+        *out = first;
+        return MG_SEG_RETRY;
+    }
+    snprintf(err, MG_SEG_ERROR_MAX, "segment \"%s\" of request id \"%s\" is being unregistered",
+             first->name, seg->request_id);
+    return MG_ERR_UNAVAILABLE;
+}
+
+/* The registry's and the tenant's limits for one more segment of spec->size bytes, and its
+ * name. Returns 0 with *tcp the tenant's counts (created), or an MG_ERR_* with err set. */
+static int limits_nolock(mg_registry *reg, const mg_segment_spec *spec, const mg_segment *seg,
+                         tenant_count **tcp, char *err)
+{
+    tenant_count *tc = tenant_nolock(reg, seg->tenant, 0);
+    uint64_t tenant_bytes = tc ? tc->bytes : 0;
     if (reg->count >= reg->max_segments) {
         snprintf(err, MG_SEG_ERROR_MAX, "%llu segments are registered, the limit (--max-segments)",
                  (unsigned long long)reg->count);
-        goto fail_full;
+        return MG_ERR_FULL;
     }
-    tc = tenant_nolock(reg, seg->tenant, 0);
     if (reg->max_tenant_segments && tc && tc->segments >= reg->max_tenant_segments) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "tenant \"%s\" has %llu segments, the limit per tenant (--max-tenant-segments)",
                  seg->tenant, (unsigned long long)tc->segments);
-        goto fail_quota;
+        return MG_ERR_QUOTA;
     }
-    if (reg->max_tenant_bytes && !spec->provisioned && tc &&
-        spec->size > reg->max_tenant_bytes - tc->bytes) {
-        snprintf(err, MG_SEG_ERROR_MAX,
-                 "%llu more bytes would exceed tenant \"%s\"'s registered-bytes quota of %llu "
-                 "(%llu registered; --max-tenant-bytes)",
-                 (unsigned long long)spec->size, seg->tenant,
-                 (unsigned long long)reg->max_tenant_bytes, (unsigned long long)tc->bytes);
-        goto fail_quota;
-    }
-    if (reg->max_tenant_bytes && !spec->provisioned && tc == NULL &&
-        spec->size > reg->max_tenant_bytes) {
-        snprintf(err, MG_SEG_ERROR_MAX,
-                 "%llu bytes exceed tenant \"%s\"'s registered-bytes quota of %llu "
-                 "(--max-tenant-bytes)",
-                 (unsigned long long)spec->size, seg->tenant,
-                 (unsigned long long)reg->max_tenant_bytes);
-        goto fail_quota;
+    if (reg->max_tenant_bytes && !spec->provisioned &&
+        spec->size > reg->max_tenant_bytes - tenant_bytes) {
+        if (tc)
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "%llu more bytes would exceed tenant \"%s\"'s registered-bytes quota of %llu "
+                     "(%llu registered; --max-tenant-bytes)",
+                     (unsigned long long)spec->size, seg->tenant,
+                     (unsigned long long)reg->max_tenant_bytes, (unsigned long long)tc->bytes);
+        else
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "%llu bytes exceed tenant \"%s\"'s registered-bytes quota of %llu "
+                     "(--max-tenant-bytes)",
+                     (unsigned long long)spec->size, seg->tenant,
+                     (unsigned long long)reg->max_tenant_bytes);
+        return MG_ERR_QUOTA;
     }
     if (reg->max_bytes && spec->size > reg->max_bytes - reg->bytes) {
         snprintf(err, MG_SEG_ERROR_MAX,
@@ -598,29 +576,28 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
                  "(%llu registered)",
                  (unsigned long long)spec->size, (unsigned long long)reg->max_bytes,
                  (unsigned long long)reg->bytes);
-        goto fail_full;
+        return MG_ERR_FULL;
     }
     if (find_name_nolock(reg, seg->tenant, seg->name)) {
-        pthread_mutex_unlock(&reg->lock);
         snprintf(err, MG_SEG_ERROR_MAX, "a segment named \"%s\" exists", seg->name);
-        free(seg);
         return MG_ERR_EXISTS;
     }
     if (tc == NULL && (tc = tenant_nolock(reg, seg->tenant, 1)) == NULL) {
-        pthread_mutex_unlock(&reg->lock);
         snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
-        free(seg);
         return MG_ERR_NOMEM;
     }
-    tc->segments++;
-    seg->provisioned = spec->provisioned;
-    snprintf(seg->share, sizeof(seg->share), "%s", spec->share ? spec->share : "");
-    if (!seg->provisioned)
-        tc->bytes += spec->size;
+    *tcp = tc;
+    return 0;
+}
+
+/* Gives seg its id and enters it in the tables and the list, REGISTERING. */
+static void enter_nolock(mg_registry *reg, mg_segment *seg)
+{
+    size_t b;
     do {
         seg->id = mg_mix64(++reg->counter);
     } while (seg->id == 0 || find_id_nolock(reg, seg->id));
-    if (spec->source == MG_SEG_ANON)
+    if (seg->source == MG_SEG_ANON)
         snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx", (unsigned long long)seg->id);
     b = mg_mix64(seg->id) & (reg->nbuckets - 1);
     seg->id_next = reg->by_id[b];
@@ -641,19 +618,58 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     reg->bytes += seg->size;
     seg->state = MG_SEG_REGISTERING;
     reg->registering++;
+}
+
+int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+{
+    mg_segment *seg;
+    tenant_count *tc = NULL;
+    char loc[16];
+    int rc;
+
+    err[0] = '\0';
+    if ((rc = check_spec(reg, spec, loc, err)) != 0)
+        return rc;
+    seg = calloc(1, sizeof(*seg));
+    if (seg == NULL) {
+        snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+        return MG_ERR_NOMEM;
+    }
+    seg->reg = reg;
+    seg->fd = -1;
+    snprintf(seg->tenant, sizeof(seg->tenant), "%s", spec->tenant);
+    snprintf(seg->name, sizeof(seg->name), "%s", spec->name);
+    memcpy(seg->location, loc, sizeof(loc));
+    seg->source = spec->source;
+    seg->size = spec->size;
+    seg->remote_accessible = spec->remote_accessible != 0;
+    seg->memlock = spec->memlock;
+    seg->prefault = spec->prefault != 0;
+    seg->provisioned = spec->provisioned;
+    snprintf(seg->share, sizeof(seg->share), "%s", spec->share ? spec->share : "");
+    if (spec->source == MG_SEG_SHM) {
+        snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
+        seg->caller_uid = spec->caller_uid;
+    }
+    if (spec->request_id)
+        snprintf(seg->request_id, sizeof(seg->request_id), "%s", spec->request_id);
+
+    pthread_mutex_lock(&reg->lock);
+    rc = seg->request_id[0] ? earlier_request_nolock(reg, seg, out, err) : 0;
+    if (rc == 0)
+        rc = limits_nolock(reg, spec, seg, &tc, err);
+    if (rc != 0) {
+        pthread_mutex_unlock(&reg->lock);
+        free(seg);
+        return rc;
+    }
+    tc->segments++;
+    if (!seg->provisioned)
+        tc->bytes += spec->size;
+    enter_nolock(reg, seg);
     pthread_mutex_unlock(&reg->lock);
     *out = seg;
     return 0;
-
-fail_full:
-    pthread_mutex_unlock(&reg->lock);
-    free(seg);
-    return MG_ERR_FULL;
-
-fail_quota:
-    pthread_mutex_unlock(&reg->lock);
-    free(seg);
-    return MG_ERR_QUOTA;
 }
 
 /* Worker: an shm segment of size 0 learns its size from the file; account for it now. */
