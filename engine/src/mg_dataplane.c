@@ -726,27 +726,150 @@ static void run_release(in_flight *ring, const mg_dp_options *o, size_t count)
         __atomic_fetch_sub(o->in_flight, (int64_t)count, __ATOMIC_RELAXED);
 }
 
+/* One run's pipeline: the window of slices sent and not yet answered, and where sending is. */
+typedef struct run_state {
+    mg_dp_conn *c;
+    mg_dp_op *ops;
+    size_t n;
+    mg_dp_options o;
+    in_flight *ring;
+    size_t head, count, sop; /* ring start, slices in flight, the op being sent */
+    uint64_t sslice;         /* its next slice */
+    char why[512];
+} run_state;
+
+/* Ends the run with every unfinished op failed (the ring released). */
+static int run_fail(run_state *r, int code, int stopped)
+{
+    run_release(r->ring, &r->o, r->count);
+    return run_failed(r->c, r->ops, r->n, code, stopped, r->why);
+}
+
+/* A read or write on the connection failed with `err` (its errno): stopped (ECANCELED) or the
+ * peer is unreachable. */
+static int run_io_failed(run_state *r, int err)
+{
+    if (err == ECANCELED)
+        return run_fail(r, *r->o.stop, 1);
+    return run_fail(r, MG_ERR_UNAVAILABLE, 0);
+}
+
+/* Sends while the window has room: each op's slices in order, ops one after another; an op the
+ * peer refused a slice of sends no more. Returns 0, or the run's end (failed). */
+static int run_send(run_state *r)
+{
+    mg_dp_conn *c = r->c;
+    int rc;
+    while (r->count < r->o.window && r->sop < r->n) {
+        mg_dp_options so = r->o;
+        mg_dp_op *op = &r->ops[r->sop];
+        mg_slice sl;
+        in_flight e;
+        if (op->rc != 0 || r->sslice >= op->slices) {
+            r->sop++;
+            r->sslice = 0;
+            continue;
+        }
+        if (r->o.stop && (rc = __atomic_load_n(r->o.stop, __ATOMIC_ACQUIRE)) != 0)
+            return run_fail(r, rc, 1);
+        mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
+        so.lease = op->lease;
+        e = (in_flight){r->sop, r->sslice, c->next_slice++};
+        if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id) != 0) {
+            int err = errno;
+            snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
+                     (unsigned long long)r->sslice, strerror(err));
+            return run_io_failed(r, err);
+        }
+        r->ring[(r->head + r->count) % r->o.window] = e;
+        r->count++;
+        if (r->o.in_flight)
+            __atomic_fetch_add(r->o.in_flight, 1, __ATOMIC_RELAXED);
+        r->sslice++;
+    }
+    return 0;
+}
+
+/* Reads the answer to the oldest slice in flight and records it in its op. Returns 0, or the
+ * run's end (failed). */
+static int run_answer(run_state *r)
+{
+    mg_dp_conn *c = r->c;
+    mg_df_header h;
+    mg_slice expect;
+    uint8_t head_buf[MG_DF_HEADER_BYTES];
+    in_flight e = r->ring[r->head];
+    mg_dp_op *op = &r->ops[e.op];
+    int rc;
+    r->head = (r->head + 1) % r->o.window;
+    r->count--;
+    if (r->o.in_flight)
+        __atomic_fetch_sub(r->o.in_flight, 1, __ATOMIC_RELAXED);
+    if (read_full(c->fd, head_buf, sizeof(head_buf), (int)c->timeout_ms, c->stop) != 0) {
+        int err = errno;
+        snprintf(r->why, sizeof(r->why), "peer %s: waiting for slice %llu: %s", c->peer,
+                 (unsigned long long)e.slice, err ? strerror(err) : "connection closed");
+        return run_io_failed(r, err);
+    }
+    rc = mg_df_decode(head_buf, sizeof(head_buf), r->o.slice_bytes, &h);
+    if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
+        read_error_text(c, &h, r->why, sizeof(r->why), "transfer");
+        return run_fail(r, MG_ERR_PROTOCOL, 0);
+    }
+    mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, e.slice, &expect, 1);
+    if (rc != MG_DF_OK || h.slice != e.id ||
+        h.type != (op->write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
+        snprintf(r->why, sizeof(r->why), "peer %s: bad answer to slice %llu: %s", c->peer,
+                 (unsigned long long)e.slice,
+                 rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
+        return run_fail(r, MG_ERR_PROTOCOL, 0);
+    }
+    if (!op->write && h.status == ST_OK) {
+        if (h.length != expect.length || read_full(c->fd, op->buf + expect.local_offset, h.length,
+                                                   (int)c->timeout_ms, c->stop) != 0) {
+            int err = h.length != expect.length ? 0 : errno; /* a length not asked: no errno */
+            snprintf(r->why, sizeof(r->why), "peer %s: reading slice %llu", c->peer,
+                     (unsigned long long)e.slice);
+            return run_io_failed(r, err);
+        }
+        if (h.flags & MG_DF_CRC) {
+            uint32_t crc = 0;
+            if (mg_guarded_crc32c(&crc, op->buf + expect.local_offset, h.length) != 0 ||
+                crc != h.payload_crc)
+                h.status = ST_DATA_LOSS;
+        }
+    }
+    op->answered++;
+    if (h.status != ST_OK && op->rc == 0) {
+        op->rc = mg_dp_status_err(h.status);
+        snprintf(op->err, op->errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s",
+                 c->peer, (unsigned long long)e.slice, (unsigned long long)expect.remote_offset,
+                 expect.length, mg_strerror(op->rc));
+    } else if (h.status == ST_OK) {
+        op->done += expect.length;
+        if (op->progress)
+            __atomic_fetch_add(op->progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
+    }
+    return 0;
+}
+
 int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
 {
-    mg_dp_options o = opt ? *opt : (mg_dp_options){0};
-    in_flight *ring;
-    size_t head = 0, count = 0, sop = 0;
-    uint64_t sslice = 0;
-    char why[512];
+    run_state r = {.c = c, .ops = ops, .n = n, .o = opt ? *opt : (mg_dp_options){0}};
     int rc;
-    if (o.slice_bytes == 0)
-        o.slice_bytes = 1u << 20;
-    if (o.window == 0)
-        o.window = 16;
-    ring = calloc(o.window, sizeof(*ring));
-    if (ring == NULL)
+    if (r.o.slice_bytes == 0)
+        r.o.slice_bytes = 1u << 20;
+    if (r.o.window == 0)
+        r.o.window = 16;
+    r.ring = calloc(r.o.window, sizeof(*r.ring));
+    if (r.ring == NULL)
         return run_failed(c, ops, n, MG_ERR_NOMEM, 0, "out of memory");
-    c->stop = o.stop;
+    c->stop = r.o.stop;
     for (size_t i = 0; i < n; i++) {
         mg_dp_op *op = &ops[i];
         op->rc = 0;
         op->done = op->answered = 0;
-        op->slices = mg_slice_count(op->len, o.slice_bytes);
+        op->slices = mg_slice_count(op->len, r.o.slice_bytes);
         if (op->offset > UINT64_MAX - op->len) {
             op->rc = MG_ERR_RANGE;
             snprintf(op->err, op->errcap, "offset %llu + %llu bytes overflows",
@@ -754,104 +877,14 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
         }
     }
     for (;;) {
-        mg_df_header h;
-        mg_slice sl, expect;
-        uint8_t head_buf[MG_DF_HEADER_BYTES];
-        in_flight e;
-        mg_dp_op *op;
-        /* Send while the window has room: each op's slices in order, ops one after another;
-         * an op the peer refused a slice of sends no more. */
-        while (count < o.window && sop < n) {
-            mg_dp_options so = o;
-            op = &ops[sop];
-            if (op->rc != 0 || sslice >= op->slices) {
-                sop++;
-                sslice = 0;
-                continue;
-            }
-            if (o.stop && (rc = __atomic_load_n(o.stop, __ATOMIC_ACQUIRE)) != 0) {
-                run_release(ring, &o, count);
-                return run_failed(c, ops, n, rc, 1, NULL);
-            }
-            mg_slice_plan(0, op->offset, op->len, o.slice_bytes, sslice, &sl, 1);
-            so.lease = op->lease;
-            e = (in_flight){sop, sslice, c->next_slice++};
-            if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id) != 0) {
-                run_release(ring, &o, count);
-                if (errno == ECANCELED)
-                    return run_failed(c, ops, n, *o.stop, 1, NULL);
-                snprintf(why, sizeof(why), "peer %s: sending slice %llu: %s", c->peer,
-                         (unsigned long long)sslice, strerror(errno));
-                return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
-            }
-            ring[(head + count) % o.window] = e;
-            count++;
-            if (o.in_flight)
-                __atomic_fetch_add(o.in_flight, 1, __ATOMIC_RELAXED);
-            sslice++;
-        }
-        if (count == 0)
+        if ((rc = run_send(&r)) != 0)
+            return rc;
+        if (r.count == 0)
             break; /* everything sent was answered */
-        e = ring[head];
-        head = (head + 1) % o.window;
-        count--;
-        if (o.in_flight)
-            __atomic_fetch_sub(o.in_flight, 1, __ATOMIC_RELAXED);
-        op = &ops[e.op];
-        if (read_full(c->fd, head_buf, sizeof(head_buf), (int)c->timeout_ms, c->stop) != 0) {
-            run_release(ring, &o, count);
-            if (errno == ECANCELED)
-                return run_failed(c, ops, n, *o.stop, 1, NULL);
-            snprintf(why, sizeof(why), "peer %s: waiting for slice %llu: %s", c->peer,
-                     (unsigned long long)e.slice, errno ? strerror(errno) : "connection closed");
-            return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
-        }
-        rc = mg_df_decode(head_buf, sizeof(head_buf), o.slice_bytes, &h);
-        if (rc == MG_DF_OK && h.type == MG_DF_ERROR) {
-            read_error_text(c, &h, why, sizeof(why), "transfer");
-            run_release(ring, &o, count);
-            return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
-        }
-        mg_slice_plan(0, op->offset, op->len, o.slice_bytes, e.slice, &expect, 1);
-        if (rc != MG_DF_OK || h.slice != e.id ||
-            h.type != (op->write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
-            snprintf(why, sizeof(why), "peer %s: bad answer to slice %llu: %s", c->peer,
-                     (unsigned long long)e.slice,
-                     rc != MG_DF_OK ? mg_df_strerror(rc) : "unexpected frame");
-            run_release(ring, &o, count);
-            return run_failed(c, ops, n, MG_ERR_PROTOCOL, 0, why);
-        }
-        if (!op->write && h.status == ST_OK) {
-            if (h.length != expect.length ||
-                read_full(c->fd, op->buf + expect.local_offset, h.length, (int)c->timeout_ms,
-                          c->stop) != 0) {
-                run_release(ring, &o, count);
-                if (errno == ECANCELED)
-                    return run_failed(c, ops, n, *o.stop, 1, NULL);
-                snprintf(why, sizeof(why), "peer %s: reading slice %llu", c->peer,
-                         (unsigned long long)e.slice);
-                return run_failed(c, ops, n, MG_ERR_UNAVAILABLE, 0, why);
-            }
-            if (h.flags & MG_DF_CRC) {
-                uint32_t crc = 0;
-                if (mg_guarded_crc32c(&crc, op->buf + expect.local_offset, h.length) != 0 ||
-                    crc != h.payload_crc)
-                    h.status = ST_DATA_LOSS;
-            }
-        }
-        op->answered++;
-        if (h.status != ST_OK && op->rc == 0) {
-            op->rc = mg_dp_status_err(h.status);
-            snprintf(op->err, op->errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s",
-                     c->peer, (unsigned long long)e.slice, (unsigned long long)expect.remote_offset,
-                     expect.length, mg_strerror(op->rc));
-        } else if (h.status == ST_OK) {
-            op->done += expect.length;
-            if (op->progress)
-                __atomic_fetch_add(op->progress, (uint64_t)expect.length, __ATOMIC_RELAXED);
-        }
+        if ((rc = run_answer(&r)) != 0)
+            return rc;
     }
-    run_release(ring, &o, count);
+    run_release(r.ring, &r.o, r.count);
     return 0;
 }
 
