@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole moongate test suite, as CI runs it (.ci/run calls this):
 #   1. installs missing Debian packages (scripts/deps.sh)
-#   2. checks formatting against .clang-format, the layers' includes, and that a packager's plain
-#      `cmake -DCMAKE_BUILD_TYPE=Release` build succeeds without a warning
+#   2. checks formatting against .clang-format, the layers' includes, function lengths, and that
+#      a packager's plain `cmake -DCMAKE_BUILD_TYPE=Release` build succeeds without a warning
 #   3. release build: CUnit suites (ctest), then integration tests (pytest: real daemons driven
 #      by python3-grpcio, curl, mgctl and raw HTTP/2)
 #      and the demo (scripts/demo.sh, the README's first command)
@@ -138,6 +138,17 @@ check_layers() {
     passed=$((passed + 1))
 }
 
+# No function under gateway/ or engine/ over 120 lines but main() (tests/check_functions.py).
+check_functions() {
+    local out
+    if ! out=$($py tests/check_functions.py 2>&1); then
+        echo "$out" | sed 's/^/  /'
+        failed=$((failed + 1))
+        return 1
+    fi
+    passed=$((passed + 1))
+}
+
 # A packager's build: the plain `cmake -DCMAKE_BUILD_TYPE=Release` (-O3, no -Werror) must build,
 # and CI holds it to no warning at all.
 packager_build() {
@@ -183,6 +194,7 @@ certs/make-dev-certs.sh "$certs" >/dev/null
 
 stage "format (clang-format)" check_format
 stage "layers (engine and common include nothing above them)" check_layers
+stage "function length (120 lines)" check_functions
 stage "packager build (cmake Release)" packager_build
 if stage "build (release)" build release; then
     stage "unit tests (release)" count_ctest "$dir"

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""No function under gateway/ or engine/ longer than 120 lines, but main().
+
+How a function is counted: the files are formatted by .clang-format (Linux braces), so a
+function body opens with "{" alone at column 0 and closes with "}" alone at column 0; its
+length is the lines from that "{" to that "}", both included (the signature above it is not
+counted). Functions still waiting for the transfer machine to leave the gateway are listed in
+PENDING with the length they may not grow past.
+
+    tests/check_functions.py [LIMIT]     prints the offenders; exits 1 when there is one
+"""
+import glob
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+PENDING = {("gateway/svc_transfer.c", "submit_message"): 200}  # the transfer machine's move
+
+
+def functions(path):
+    lines = open(path).read().split("\n")
+    start = None
+    for i, line in enumerate(lines):
+        if line == "{" and i > 0:
+            j = i - 1
+            while j > 0 and "(" not in lines[j]:
+                j -= 1
+            m = re.search(r"(\w+)\s*\(", lines[j])
+            start, name = i, m.group(1) if m else "?"
+        elif line == "}" and start is not None:
+            yield name, start + 1, i - start + 1
+            start = None
+
+
+def main():
+    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 120
+    bad = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "gateway", "*.c")) +
+                       glob.glob(os.path.join(ROOT, "engine", "src", "*.c"))):
+        rel = os.path.relpath(path, ROOT)
+        for name, line, n in functions(path):
+            allowed = PENDING.get((rel, name), 999999 if name == "main" else limit)
+            if n > allowed:
+                bad.append("%s:%d %s() is %d lines (at most %d)" % (rel, line, name, n, allowed))
+    for b in bad:
+        print(b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
