@@ -94,10 +94,8 @@ typedef struct peer_ent {
     int data_port;
     uint64_t epoch, expires_ms;
     mg_client *client;
-    struct xfer_req *waiting; /* requests waiting for the session */
-    pthread_mutex_t lock;     /* idle: workers take and give back */
-    mg_dp_conn *idle[POOL_IDLE];
-    int nidle;
+    struct xfer_req *waiting;            /* requests waiting for the session */
+    mg_dp_pool idle;                     /* its idle data connections: workers take and give back */
     unsigned jobs;                       /* parts of its requests on workers now */
     unsigned restarts_seen;              /* epoch changes */
     uint64_t bytes[2];                   /* moved by requests that completed, by op (1: write) */
@@ -568,27 +566,6 @@ static void batch_free(xfer_batch *b)
 
 /* ---- workers: one request ---- */
 
-static mg_dp_conn *take_conn(peer_ent *p)
-{
-    mg_dp_conn *c = NULL;
-    pthread_mutex_lock(&p->lock);
-    if (p->nidle > 0)
-        c = p->idle[--p->nidle];
-    pthread_mutex_unlock(&p->lock);
-    return c;
-}
-
-static void give_conn(peer_ent *p, mg_dp_conn *c)
-{
-    pthread_mutex_lock(&p->lock);
-    if (p->nidle < POOL_IDLE) {
-        p->idle[p->nidle++] = c;
-        c = NULL;
-    }
-    pthread_mutex_unlock(&p->lock);
-    mg_dp_close(c);
-}
-
 /* A part of a copy between two ranges of this daemon, in 8 MiB steps (a stop is seen between
  * them). */
 static int part_copy(struct xfer_part *pt)
@@ -656,7 +633,7 @@ static int parts_move(struct xfer_part *head)
     }
     if (ops == NULL)
         return MG_ERR_NOMEM;
-    c = take_conn(r0->peer);
+    c = mg_dp_pool_take(&r0->peer->idle);
     for (;;) {
         int stop = __atomic_load_n(&r0->stop, __ATOMIC_ACQUIRE);
         if (stop == 0 && c == NULL) {
@@ -680,14 +657,14 @@ static int parts_move(struct xfer_part *head)
                          mg_strerror(stop));
             }
             if (c)
-                give_conn(r0->peer, c);
+                mg_dp_pool_give(&r0->peer->idle, c);
             break;
         }
         for (struct xfer_part *pt = head; pt; pt = pt->group_next)
             __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
         rc = mg_dp_run(c, ops, n, &o);
         if (rc == 0) {
-            give_conn(r0->peer, c);
+            mg_dp_pool_give(&r0->peer->idle, c);
             break;
         }
         mg_dp_close(c);
@@ -1106,9 +1083,7 @@ static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
     p->data_port = (int)resp->data_port;
     if (p->epoch && p->epoch != resp->epoch) { /* the peer restarted: old connections go */
         p->restarts_seen++;
-        mg_dp_conn *c;
-        while ((c = take_conn(p)) != NULL)
-            mg_dp_close(c);
+        mg_dp_pool_clear(&p->idle);
     }
     if (p->epoch && p->epoch != resp->epoch && p->rref) { /* its queue pairs went with it */
         rconn_ref *old = p->rref;
@@ -1578,7 +1553,7 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr, const ch
         p->state = PEER_OPEN;
         p->expires_ms = UINT64_MAX;
     }
-    pthread_mutex_init(&p->lock, NULL);
+    mg_dp_pool_init(&p->idle, POOL_IDLE);
     pthread_mutex_init(&p->rlock, NULL);
     p->next = ts->peers;
     ts->peers = p;
@@ -2376,9 +2351,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
                      : p->rdma_why[0]              ? p->rdma_why
                                                    : "not tried yet";
         st[i].last_error = p->state == PEER_FAILED ? p->err : "";
-        pthread_mutex_lock(&p->lock);
-        st[i].idle_connections = (uint32_t)p->nidle;
-        pthread_mutex_unlock(&p->lock);
+        st[i].idle_connections = mg_dp_pool_idle(&p->idle);
         st[i].jobs = p->jobs;
         st[i].queued = queued;
         st[i].session_expires_in_ms =
@@ -2466,14 +2439,11 @@ void mg_svc_transfer_free(mg_gateway *gw)
         mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
     while (ts->peers) {
         peer_ent *p = ts->peers;
-        mg_dp_conn *c;
         ts->peers = p->next;
-        while ((c = take_conn(p)) != NULL)
-            mg_dp_close(c);
         mg_client_del(p->client);
         if (p->rref) /* the workers have stopped: teardown here */
             conn_del_done(p->rref, 0);
-        pthread_mutex_destroy(&p->lock);
+        mg_dp_pool_free(&p->idle);
         pthread_mutex_destroy(&p->rlock);
         free(p);
     }
@@ -2566,9 +2536,7 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
         int idle;
         if (p->addr[0] == '\0')
             continue;
-        pthread_mutex_lock(&p->lock);
-        idle = p->nidle;
-        pthread_mutex_unlock(&p->lock);
+        idle = (int)mg_dp_pool_idle(&p->idle);
         evbuffer_add_printf(out,
                             "moongate_peer_connections{peer=\"%s\",tenant=\"%s\",state=\"idle\"} "
                             "%d\n"

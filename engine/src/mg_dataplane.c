@@ -915,3 +915,57 @@ int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint6
 {
     return transfer(c, 0, target, offset, buf, len, o, err, errcap);
 }
+
+/* ------------------------------------------------------------------ idle connections */
+
+void mg_dp_pool_init(mg_dp_pool *p, unsigned max)
+{
+    pthread_mutex_init(&p->lock, NULL);
+    p->n = 0;
+    p->max = max > MG_DP_POOL_MAX ? MG_DP_POOL_MAX : max;
+}
+
+mg_dp_conn *mg_dp_pool_take(mg_dp_pool *p)
+{
+    mg_dp_conn *c = NULL;
+    pthread_mutex_lock(&p->lock);
+    if (p->n > 0)
+        c = p->idle[--p->n];
+    pthread_mutex_unlock(&p->lock);
+    return c;
+}
+
+void mg_dp_pool_give(mg_dp_pool *p, mg_dp_conn *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&p->lock);
+    if (p->n < p->max) {
+        p->idle[p->n++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&p->lock);
+    mg_dp_close(c); /* the pool is full: one too many */
+}
+
+unsigned mg_dp_pool_idle(mg_dp_pool *p)
+{
+    unsigned n;
+    pthread_mutex_lock(&p->lock);
+    n = p->n;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+void mg_dp_pool_clear(mg_dp_pool *p)
+{
+    mg_dp_conn *c;
+    while ((c = mg_dp_pool_take(p)) != NULL)
+        mg_dp_close(c);
+}
+
+void mg_dp_pool_free(mg_dp_pool *p)
+{
+    mg_dp_pool_clear(p);
+    pthread_mutex_destroy(&p->lock);
+}

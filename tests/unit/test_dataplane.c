@@ -126,6 +126,41 @@ static void test_bytes_land_and_come_back(void)
     stop();
 }
 
+/* Idle connections kept for the next transfer to a peer: at most `max`, the last given back
+ * taken first, the rest closed; a taken connection still moves bytes. */
+static void test_idle_pool(void)
+{
+    mg_dp_pool pool;
+    mg_dp_conn *c[3], *t;
+    mg_dp_server_stats st;
+    char err[256];
+    start(8);
+    mg_dp_pool_init(&pool, 2);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_PTR_NOT_NULL_FATAL(c[i] = dial(token_t));
+    CU_ASSERT_PTR_NULL(mg_dp_pool_take(&pool));
+    for (int i = 0; i < 3; i++)
+        mg_dp_pool_give(&pool, c[i]); /* the third is one too many: closed */
+    mg_dp_pool_give(&pool, NULL);
+    CU_ASSERT_EQUAL(mg_dp_pool_idle(&pool), 2);
+    t = mg_dp_pool_take(&pool);
+    CU_ASSERT_PTR_EQUAL(t, c[1]);
+    CU_ASSERT_EQUAL(mg_dp_write(t, open_id, 0, "pooled", 6, NULL, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem, "pooled", 6), 0);
+    mg_dp_pool_give(&pool, t);
+    mg_dp_pool_clear(&pool);
+    CU_ASSERT_EQUAL(mg_dp_pool_idle(&pool), 0);
+    for (int i = 0; i < 1500; i++) { /* the server sees every connection close (30 s at most) */
+        mg_dp_server_get_stats(srv, &st);
+        if (st.conns_active == 0)
+            break;
+        usleep(20000);
+    }
+    CU_ASSERT_EQUAL(st.conns_active, 0);
+    mg_dp_pool_free(&pool);
+    stop();
+}
+
 static void test_refusals_keep_the_stream(void)
 {
     uint8_t data[8192], before[8192];
@@ -430,7 +465,7 @@ int main(void)
         MG_TEST(test_bytes_land_and_come_back),   MG_TEST(test_refusals_keep_the_stream),
         MG_TEST(test_auth_and_malformed_streams), MG_TEST(test_limits_unreachable_and_stop),
         MG_TEST(test_leases_as_targets),          MG_TEST(test_stop_word),
-        MG_TEST(test_run_many_on_one_stream),
+        MG_TEST(test_run_many_on_one_stream),     MG_TEST(test_idle_pool),
     };
     return mg_test_run("dataplane", cases, sizeof(cases) / sizeof(cases[0]));
 }

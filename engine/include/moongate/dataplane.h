@@ -17,6 +17,7 @@
 #ifndef MOONGATE_DATAPLANE_H
 #define MOONGATE_DATAPLANE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,6 +71,27 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
                   const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
                   char *err, size_t errcap);
 void mg_dp_close(mg_dp_conn *c);
+
+/* Idle connections to one peer's data plane, for the workers to take and give back: at most
+ * `max` (<= MG_DP_POOL_MAX) are kept, more are closed. Any thread; the lock is held for O(1). */
+#define MG_DP_POOL_MAX 32
+typedef struct mg_dp_pool {
+    pthread_mutex_t lock;
+    mg_dp_conn *idle[MG_DP_POOL_MAX];
+    unsigned n, max;
+} mg_dp_pool;
+
+void mg_dp_pool_init(mg_dp_pool *p, unsigned max);
+/* An idle connection (the one given back last), or NULL. */
+mg_dp_conn *mg_dp_pool_take(mg_dp_pool *p);
+/* Keeps c for the next taker, or closes it when `max` are idle already. Accepts NULL. */
+void mg_dp_pool_give(mg_dp_pool *p, mg_dp_conn *c);
+/* How many are idle now. */
+unsigned mg_dp_pool_idle(mg_dp_pool *p);
+/* Closes every idle connection (the peer restarted: they lead nowhere). */
+void mg_dp_pool_clear(mg_dp_pool *p);
+/* Closes them and destroys the lock. */
+void mg_dp_pool_free(mg_dp_pool *p);
 
 typedef struct mg_dp_options {
     uint32_t slice_bytes; /* 0: 1 MiB */
