@@ -954,12 +954,6 @@ static void req_start(xfer_req *r)
 
 /* ---- the peer directory: sessions ---- */
 
-typedef struct {
-    peer_ent *p;
-    uint8_t *resp;
-    size_t len;
-} open_call;
-
 /* The session opened or failed: start or fail the requests that waited for it. */
 static void release_waiting(peer_ent *p)
 {
@@ -1008,17 +1002,6 @@ static int session_refusal(int status)
     }
 }
 
-static void open_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
-{
-    open_call *oc = arg;
-    free(oc->resp);
-    oc->resp = malloc(len ? len : 1);
-    if (oc->resp) {
-        memcpy(oc->resp, m, len);
-        oc->len = len;
-    }
-}
-
 /* A fresh control connection for a peer whose old one failed (outside the client's callbacks). */
 static void reopen_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -1028,25 +1011,10 @@ static void reopen_cb(evutil_socket_t fd, short what, void *arg)
     open_session(p->gw, p);
 }
 
-/* A peer daemon's answer, decoded once its strings are whole (mg_pbcheck.h); NULL when it is
- * malformed either way. */
-static void *peer_answer(const ProtobufCMessageDescriptor *d, const uint8_t *resp, size_t len)
+static void open_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
 {
-    char err[256];
-    if (resp == NULL || mg_pb_check_strings(d, resp, len, err, sizeof(err)) != 0)
-        return NULL;
-    return protobuf_c_message_unpack(d, NULL, len, resp);
-}
-
-static void open_closed(mg_rpc *rpc, int status, const char *message, void *arg)
-{
-    open_call *oc = arg;
-    peer_ent *p = oc->p;
-    Moongate__V1__OpenSessionResponse *resp = NULL;
-    if (status == 0)
-        resp = peer_answer(&moongate__v1__open_session_response__descriptor, oc->resp, oc->len);
-    free(oc->resp);
-    free(oc);
+    peer_ent *p = arg;
+    Moongate__V1__OpenSessionResponse *resp = (void *)m;
     if (status == MG_GRPC_UNAVAILABLE && p->client_used) {
         /* The connection served an earlier session; the peer may have restarted since. */
         static const struct timeval now = {0, 0};
@@ -1182,27 +1150,73 @@ static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const Protob
     return 0;
 }
 
+/* A unary call to a peer daemon whose one answer is decoded for its callback: `answered` gets
+ * the call's status and message and the answer (NULL when the call failed or the answer is
+ * malformed — not protobuf, or a string not whole (mg_pbcheck.h)), which it frees. */
+typedef void (*peer_answer_fn)(void *arg, int status, const char *message, ProtobufCMessage *m);
+
+typedef struct {
+    const ProtobufCMessageDescriptor *desc;
+    peer_answer_fn answered;
+    void *arg;
+    uint8_t *resp; /* the answer's bytes, until the call closes */
+    size_t len;
+} peer_unary_call;
+
+static void peer_unary_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
+{
+    peer_unary_call *u = arg;
+    free(u->resp);
+    u->resp = malloc(len ? len : 1);
+    u->len = len;
+    if (u->resp)
+        memcpy(u->resp, m, len);
+}
+
+static void peer_unary_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    peer_unary_call *u = arg;
+    ProtobufCMessage *m = NULL;
+    char err[256];
+    if (status == 0 && u->resp &&
+        mg_pb_check_strings(u->desc, u->resp, u->len, err, sizeof(err)) == 0)
+        m = protobuf_c_message_unpack(u->desc, NULL, u->len, u->resp);
+    free(u->resp);
+    u->answered(u->arg, status, message, m);
+    free(u);
+}
+
+/* Returns 0 (`answered` will be called once), or -1 with err set. */
+static int peer_unary(mg_gateway *gw, peer_ent *p, const char *path, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *desc, peer_answer_fn answered, void *arg,
+                      char *err, size_t errcap)
+{
+    static const mg_rpc_handlers h = {peer_unary_msg, peer_unary_closed};
+    peer_unary_call *u = calloc(1, sizeof(*u));
+    if (u == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    *u = (peer_unary_call){desc, answered, arg, NULL, 0};
+    if (peer_call(gw, p, path, req, &h, u, err, errcap) != 0) {
+        free(u);
+        return -1;
+    }
+    return 0;
+}
+
 static void open_session(mg_gateway *gw, peer_ent *p)
 {
-    static const mg_rpc_handlers h = {open_msg, open_closed};
     Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
-    open_call *oc;
     char err[256];
     p->state = PEER_OPENING;
-    oc = calloc(1, sizeof(*oc));
-    if (oc == NULL) {
-        session_failed(p, "out of memory");
-        return;
-    }
-    oc->p = p;
     req.protocol_version = MG_DF_VERSION;
     req.min_protocol_version = MG_DF_VERSION_MIN;
     req.tenant = p->tenant; /* the peer serves this session only that tenant's targets */
-    if (peer_call(gw, p, "/moongate.v1.Peer/OpenSession", &req.base, &h, oc, err, sizeof(err)) !=
-        0) {
-        free(oc);
+    if (peer_unary(gw, p, "/moongate.v1.Peer/OpenSession", &req.base,
+                   &moongate__v1__open_session_response__descriptor, open_answered, p, err,
+                   sizeof(err)) != 0)
         session_failed(p, err);
-    }
 }
 
 /* ---- the peer directory: RDMA queue pairs ----
@@ -1221,8 +1235,6 @@ typedef struct rdma_setup_job {
     mg_rdma_conn *c;  /* device k's, being made */
     mg_rdma_ep local, remote;
     int connect; /* 0: create, 1: connect */
-    uint8_t *resp;
-    size_t len;
     int rc;
     char why[256];
 } rdma_setup_job;
@@ -1316,7 +1328,6 @@ static void rdma_job_drop(rdma_setup_job *j)
     }
     if (j->ref)
         ref_drop(j->p, j->ref);
-    free(j->resp);
     free(j);
 }
 
@@ -1344,29 +1355,18 @@ static void rdma_setup_end(rdma_setup_job *j, const char *why)
     release_waiting(p);
 }
 
-static void connect_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
-{
-    rdma_setup_job *j = arg;
-    free(j->resp);
-    j->resp = malloc(len ? len : 1);
-    if (j->resp) {
-        memcpy(j->resp, m, len);
-        j->len = len;
-    }
-}
-
-static void connect_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+static void connect_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
 {
     rdma_setup_job *j = arg;
     peer_ent *p = j->p;
-    Moongate__V1__ConnectRdmaResponse *resp = NULL;
+    Moongate__V1__ConnectRdmaResponse *resp = (void *)m;
     char why[300];
     if (p->gw->transfer == NULL || p->gw->transfer->closing) {
+        if (resp)
+            moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
         rdma_job_drop(j);
         return;
     }
-    if (status == 0)
-        resp = peer_answer(&moongate__v1__connect_rdma_response__descriptor, j->resp, j->len);
     if (resp == NULL || mg_rdma_wire_decode(resp->endpoint, &j->remote, why, sizeof(why)) != 0) {
         if (resp == NULL)
             snprintf(why, sizeof(why), "ConnectRdma: %.200s",
@@ -1384,7 +1384,6 @@ static void connect_closed(mg_rpc *rpc, int status, const char *message, void *a
 
 static void rdma_setup_done(void *arg, int result)
 {
-    static const mg_rpc_handlers h = {connect_msg, connect_closed};
     rdma_setup_job *j = arg;
     peer_ent *p = j->p;
     if (p->gw->transfer == NULL || p->gw->transfer->closing) {
@@ -1404,8 +1403,9 @@ static void rdma_setup_done(void *arg, int result)
         req.token.len = sizeof(p->token);
         req.endpoint = &w.msg;
         req.device = j->k; /* our device k with the peer's device k */
-        if (peer_call(p->gw, p, "/moongate.v1.Peer/ConnectRdma", &req.base, &h, j, err,
-                      sizeof(err)) != 0)
+        if (peer_unary(p->gw, p, "/moongate.v1.Peer/ConnectRdma", &req.base,
+                       &moongate__v1__connect_rdma_response__descriptor, connect_answered, j, err,
+                       sizeof(err)) != 0)
             rdma_setup_end(j, err);
         return;
     }
@@ -1708,8 +1708,6 @@ typedef struct submit_wait {
 typedef struct {
     submit_wait *sw;
     desc_key *k;
-    uint8_t *resp;
-    size_t len;
 } describe_call;
 
 static desc_key *key_find(desc_key *keys, size_t n, const xfer_req *r)
@@ -1836,25 +1834,15 @@ static void submit_wait_end(submit_wait *sw)
     free(sw);
 }
 
-static void describe_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
-{
-    describe_call *dc = arg;
-    free(dc->resp);
-    dc->resp = malloc(len ? len : 1);
-    if (dc->resp) {
-        memcpy(dc->resp, m, len);
-        dc->len = len;
-    }
-}
-
-static void describe_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+static void describe_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
 {
     describe_call *dc = arg;
     submit_wait *sw = dc->sw;
     struct mg_transfer_svc *ts = sw->b->gw->transfer;
-    Moongate__V1__TargetDescriptor *d = NULL;
+    Moongate__V1__TargetDescriptor *d = (void *)m;
     if (ts->closing) { /* the daemon stops: the Submit waiting for this goes with it */
-        free(dc->resp);
+        if (d)
+            moongate__v1__target_descriptor__free_unpacked(d, NULL);
         free(dc);
         if (--sw->pending == 0) {
             submit_wait_unlink(sw);
@@ -1865,8 +1853,6 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
         }
         return;
     }
-    if (status == 0)
-        d = peer_answer(&moongate__v1__target_descriptor__descriptor, dc->resp, dc->len);
     if (d) {
         mg_remote_desc rd = {.id = d->id,
                              .is_lease = d->is_lease,
@@ -1891,7 +1877,6 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
         dc->k->verdict = V_MISSING;
         mg_peer_cache_forget(ts->descs, dc->k->p->key, dc->k->id, dc->k->is_lease);
     } /* else unreachable or refused: left to the data plane, which fails it by name */
-    free(dc->resp);
     free(dc);
     if (--sw->pending == 0)
         submit_wait_end(sw);
@@ -1902,7 +1887,6 @@ static void describe_closed(mg_rpc *rpc, int status, const char *message, void *
  * batch starts, or fails, when they have answered). */
 static int remote_check(mg_call *call, xfer_batch *b)
 {
-    static const mg_rpc_handlers h = {describe_msg, describe_closed};
     desc_key *fetch = NULL;
     size_t nfetch = 0;
     submit_wait *sw;
@@ -1941,8 +1925,9 @@ static int remote_check(mg_call *call, xfer_batch *b)
         }
         dc->sw = sw;
         dc->k = &fetch[i];
-        if (peer_call(b->gw, fetch[i].p, "/moongate.v1.Peer/DescribeTarget", &dr.base, &h, dc, err,
-                      sizeof(err)) != 0) {
+        if (peer_unary(b->gw, fetch[i].p, "/moongate.v1.Peer/DescribeTarget", &dr.base,
+                       &moongate__v1__target_descriptor__descriptor, describe_answered, dc, err,
+                       sizeof(err)) != 0) {
             free(dc);
             sw->pending--; /* unreachable: left to the data plane */
         }
