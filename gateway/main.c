@@ -232,7 +232,6 @@ out:
     /* Workers stop after their current job; queued jobs complete as cancelled, and the
      * gateway drains its completion queue as it is freed, so every job's caller is released. */
     if (gw) {
-        mg_svc_memory_hold(gw, 0, 0); /* a test hold must not keep workers from stopping */
         mg_gateway_stop_services(gw);
     }
     mg_engine_stop(io);

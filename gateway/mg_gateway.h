@@ -394,11 +394,6 @@ void mg_svc_transfer_stop(mg_gateway *gw);
 void mg_svc_transfer_drain(mg_gateway *gw);
 struct evbuffer;
 void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out);
-/* For the status page: batches not ended, and each peer entry through `peer`. */
-void mg_svc_transfer_summary(mg_gateway *gw, size_t *batches_running,
-                             void (*peer)(void *arg, const char *addr, const char *state,
-                                          unsigned queued, unsigned jobs, int rdma),
-                             void *arg);
 /* svc_notify.c: notifications delivered by peers, watched and polled by local clients. */
 int mg_svc_notify_init(mg_gateway *gw);
 void mg_svc_notify_free(mg_gateway *gw);

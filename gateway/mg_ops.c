@@ -14,6 +14,7 @@
  */
 #include "mg_gateway.h"
 #include "mg_server_int.h"
+#include "mg_service.h"
 
 #include "mg_addr.h"
 #include "mg_log.h"
@@ -84,14 +85,6 @@ static void rdma_line(mg_gateway *gw, char *out, size_t cap)
         snprintf(out + used, cap - used, ")");
 }
 
-static void peer_json(void *arg, const char *addr, const char *state, unsigned queued,
-                      unsigned jobs, int rdma)
-{
-    json_array_append_new(arg, json_pack("{s:s,s:s,s:i,s:i,s:s}", "address", addr, "state", state,
-                                         "queued", (int)queued, "jobs", (int)jobs, "transport",
-                                         rdma ? "rdma" : "tcp"));
-}
-
 /* The read-only summary behind the status page: counts and sizes, nothing of any tenant — the
  * page is open to anyone who reaches the ops port, so a tenant's pool (its name, usage and
  * leases) is not on it; PoolStats shows it to that tenant and to admins. */
@@ -101,46 +94,26 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
     mg_registry_stats rs = {0};
     mg_registry *reg = mg_engine_registry(gw->engine);
     char rdma[400], epoch[21];
-    size_t running = 0;
-    json_t *pools = json_array(), *peers = json_array(), *j;
-    uint64_t leases = 0;
+    json_t *j;
     char *text;
     mg_engine_get_stats(gw->engine, &es);
     if (reg)
         mg_registry_get_stats(reg, &rs);
     rdma_line(gw, rdma, sizeof(rdma));
-    for (size_t i = 0; i < mg_svc_pool_count(gw); i++) {
-        mg_pool_stats ps;
-        uint64_t waiters = 0, seg = 0;
-        const char *name = "";
-        char path[64];
-        if (mg_svc_pool_tenant(gw, i)[0])
-            continue;
-        if (mg_svc_pool_get_stats(gw, i, &ps, &waiters, &seg, path, sizeof(path), &name) != 0)
-            continue;
-        leases += ps.leases;
-        json_array_append_new(
-            pools, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "name", name, "capacity",
-                             (json_int_t)ps.capacity, "in_use", (json_int_t)ps.in_use, "free",
-                             (json_int_t)ps.free, "largest_lease", (json_int_t)ps.largest_lease,
-                             "leases", (json_int_t)ps.leases, "waiters", (json_int_t)waiters));
-    }
-    mg_svc_transfer_summary(gw, &running, peer_json, peers);
     snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)gw->epoch); /* as Info's JSON */
-    j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s},s:o,s:{s:I,s:I,s:I},"
-                  "s:{s:I},s:{s:I,s:I,s:I},s:o}",
+    j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s},s:{s:I,s:I,s:I}}",
                   "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,
                   "uptime_s", (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9, "connections",
                   (json_int_t)gw->stats.conns_active, "streams",
                   (json_int_t)gw->stats.streams_active, "engine", "workers", (int)es.workers,
                   "in_flight", (int)es.in_flight, "queue_depth", (int)es.queue_depth, "transports",
-                  "tcp", gw->peer ? "available" : "off", "rdma", rdma, "pools", pools, "segments",
-                  "ready", (json_int_t)rs.segments, "registering", (json_int_t)rs.registering,
-                  "bytes", (json_int_t)rs.bytes, "leases", "live", (json_int_t)leases, "transfers",
-                  "batches_running", (json_int_t)running, "requests_in_flight",
-                  (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
-                  (json_int_t)__atomic_load_n(&gw->xfer_stats.slices_in_flight, __ATOMIC_RELAXED),
-                  "peers", peers);
+                  "tcp", gw->peer ? "available" : "off", "rdma", rdma, "segments", "ready",
+                  (json_int_t)rs.segments, "registering", (json_int_t)rs.registering, "bytes",
+                  (json_int_t)rs.bytes);
+    for (size_t i = 0; j && i < mg_n_services; i++) { /* each service's own members */
+        if (gw->started[i] && mg_services[i]->status)
+            mg_services[i]->status(gw, j);
+    }
     text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     evbuffer_add_printf(body, "%s\n", text ? text : "{}");
     free(text);

@@ -10,6 +10,8 @@
  *   drain_final the drain's last phase: end long-lived streams.
  *   stop        the engine's workers are about to stop (before their jobs come back cancelled).
  *   metrics     writes the service's own block of /metrics (Prometheus text).
+ *   status      adds its members to the open status page's /status.json: counts and sizes,
+ *               nothing of any tenant.
  *   free        at the end, in reverse list order; also after a failed or skipped init, so it
  *               must accept a service that never started.
  * Every hook but init is optional (NULL). `wanted`, when set, decides from the configuration
@@ -23,6 +25,7 @@
 struct mg_gateway;
 struct mg_config;
 struct evbuffer;
+struct json_t;
 
 typedef struct mg_service {
     const char *name;
@@ -33,6 +36,7 @@ typedef struct mg_service {
     void (*drain_final)(struct mg_gateway *gw);
     void (*stop)(struct mg_gateway *gw);
     void (*metrics)(struct mg_gateway *gw, struct evbuffer *out);
+    void (*status)(struct mg_gateway *gw, struct json_t *obj);
     void (*free)(struct mg_gateway *gw);
 } mg_service;
 

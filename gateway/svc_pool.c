@@ -22,6 +22,7 @@
 #include "moongate/v1/pool.pb-c.h"
 
 #include <event2/buffer.h>
+#include <jansson.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -1299,8 +1300,33 @@ static void pool_metrics(mg_gateway *gw, struct evbuffer *out)
                               w->seconds_sum);
 }
 
+/* /status.json: the shared default pool and its leases; a tenant pool is its tenant's. */
+static void pool_status(mg_gateway *gw, json_t *obj)
+{
+    json_t *pools = json_array();
+    uint64_t leases = 0;
+    for (size_t i = 0; pools && i < mg_svc_pool_count(gw); i++) {
+        mg_pool_stats ps;
+        uint64_t waiters = 0, seg = 0;
+        const char *name = "";
+        char path[64];
+        if (mg_svc_pool_tenant(gw, i)[0] ||
+            mg_svc_pool_get_stats(gw, i, &ps, &waiters, &seg, path, sizeof(path), &name) != 0)
+            continue;
+        leases += ps.leases;
+        json_array_append_new(
+            pools, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "name", name, "capacity",
+                             (json_int_t)ps.capacity, "in_use", (json_int_t)ps.in_use, "free",
+                             (json_int_t)ps.free, "largest_lease", (json_int_t)ps.largest_lease,
+                             "leases", (json_int_t)ps.leases, "waiters", (json_int_t)waiters));
+    }
+    json_object_set_new(obj, "pools", pools ? pools : json_array());
+    json_object_set_new(obj, "leases", json_pack("{s:I}", "live", (json_int_t)leases));
+}
+
 const mg_service mg_svc_pool = {.name = "pool",
                                 .init = mg_svc_pool_init,
                                 .drain = mg_svc_pool_drain,
                                 .metrics = pool_metrics,
+                                .status = pool_status,
                                 .free = mg_svc_pool_free};

@@ -39,6 +39,7 @@
 #include "moongate/v1/transfer.pb-c.h"
 
 #include <event2/buffer.h>
+#include <jansson.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -2451,31 +2452,6 @@ void mg_svc_transfer_free(mg_gateway *gw)
     gw->transfer = NULL;
 }
 
-/* The status page's summary (mg_ops.c): batches running, and each peer entry's state and
- * queue — no tenants, no addresses of clients. */
-void mg_svc_transfer_summary(mg_gateway *gw, size_t *batches_running,
-                             void (*peer)(void *arg, const char *addr, const char *state,
-                                          unsigned queued, unsigned jobs, int rdma),
-                             void *arg)
-{
-    static const char *const states[] = {"new", "opening", "open", "failed"};
-    *batches_running = 0;
-    if (gw->transfer == NULL)
-        return;
-    for (xfer_batch *b = gw->transfer->batches; b; b = b->next)
-        *batches_running += !batch_over(b);
-    for (peer_ent *p = gw->transfer->peers; p; p = p->next) {
-        unsigned queued = 0;
-        if (p->addr[0] == '\0')
-            continue;
-        for (xfer_req *r = p->waiting; r; r = r->next_wait)
-            queued++;
-        for (xfer_req *r = p->ready; r; r = r->next_ready)
-            queued++;
-        peer(arg, p->addr, states[p->state & 3], queued, p->jobs, p->rdma_state == RDMA_READY);
-    }
-}
-
 /* Per-peer lines for /metrics. */
 void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
 {
@@ -2622,6 +2598,35 @@ static void transfer_metrics(mg_gateway *gw, struct evbuffer *out)
     mg_svc_transfer_render_peers(gw, out);
 }
 
+/* /status.json: batches and requests in flight, and each peer's state and load. */
+static void transfer_status(mg_gateway *gw, json_t *obj)
+{
+    static const char *const states[] = {"new", "opening", "open", "failed"};
+    size_t running = 0;
+    json_t *peers = json_array();
+    for (xfer_batch *b = gw->transfer->batches; b; b = b->next)
+        running += !batch_over(b);
+    for (peer_ent *p = gw->transfer->peers; peers && p; p = p->next) {
+        unsigned queued = 0;
+        if (p->addr[0] == '\0')
+            continue;
+        for (xfer_req *r = p->waiting; r; r = r->next_wait)
+            queued++;
+        for (xfer_req *r = p->ready; r; r = r->next_ready)
+            queued++;
+        json_array_append_new(peers, json_pack("{s:s,s:s,s:i,s:i,s:s}", "address", p->addr, "state",
+                                               states[p->state & 3], "queued", (int)queued, "jobs",
+                                               (int)p->jobs, "transport",
+                                               p->rdma_state == RDMA_READY ? "rdma" : "tcp"));
+    }
+    json_object_set_new(
+        obj, "transfers",
+        json_pack("{s:I,s:I,s:I}", "batches_running", (json_int_t)running, "requests_in_flight",
+                  (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
+                  (json_int_t)__atomic_load_n(&gw->xfer_stats.slices_in_flight, __ATOMIC_RELAXED)));
+    json_object_set_new(obj, "peers", peers ? peers : json_array());
+}
+
 /* Its free runs after the engine stopped: it first runs the completions of the jobs the
  * workers gave up, while every service is still there. */
 const mg_service mg_svc_transfer = {.name = "transfer",
@@ -2629,4 +2634,5 @@ const mg_service mg_svc_transfer = {.name = "transfer",
                                     .drain = mg_svc_transfer_drain,
                                     .stop = mg_svc_transfer_stop,
                                     .metrics = transfer_metrics,
+                                    .status = transfer_status,
                                     .free = mg_svc_transfer_free};
