@@ -375,7 +375,6 @@ void mg_svc_reflection_free(mg_gateway *gw);
 int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
-void mg_svc_memory_free(mg_gateway *gw);
 /* Unregisters a segment on a worker for the daemon itself (nobody waits for it); logs a failure.
  * Returns 0 or an MG_ERR_*. */
 int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why);
@@ -427,11 +426,5 @@ int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, struct mg_pool_stats *out, u
                           uint64_t *segment_id, char *path, size_t pathcap, const char **name);
 /* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
-/* Test hook (Debug/HoldRegistrations, only with --debug-service): while held, registration
- * jobs wait on their worker. Returns how many wait. Thread-safe. */
-unsigned mg_svc_memory_hold(mg_gateway *gw, int hold, int after_map);
-/* Worker: waits while the hold is on for this point of a job (after_map 0: before mapping or
- * copying, 1: after mapping). Returns at once without --debug-service. */
-void mg_svc_memory_gate(mg_gateway *gw, int after_map);
 
 #endif

@@ -10,6 +10,7 @@
 #include "moongate/v1/debug.pb-c.h"
 
 #include <event2/event.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -230,13 +231,55 @@ static void expand_message(mg_call *call, const ProtobufCMessage *m)
     event_active(st->timer, EV_TIMEOUT, 0);
 }
 
-/* ---- HoldRegistrations: the test hook of svc_memory.c ---- */
+/* ---- HoldRegistrations: a gate the registry's worker jobs pass ----
+ *
+ * Installed as the registry's gate (mg_registry_set_gate): registration jobs pass it before
+ * mapping (or, with after_map, after it) and WriteSegment jobs before copying. Workers wait on
+ * it; the loop only flips it (mutex held for O(1) work). */
+struct mg_hold {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int on;
+    int after_map;
+    unsigned waiting;
+};
+
+/* Sets the hold; returns how many jobs wait on it. */
+static unsigned hold_set(struct mg_hold *h, int hold, int after_map)
+{
+    unsigned waiting;
+    if (h == NULL)
+        return 0;
+    pthread_mutex_lock(&h->lock);
+    h->on = hold;
+    if (hold)
+        h->after_map = after_map;
+    waiting = h->waiting;
+    if (!hold)
+        pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    return waiting;
+}
+
+/* Worker: waits while the hold is on for this point of a job. */
+static void hold_gate(void *arg, int after_map)
+{
+    struct mg_hold *h = arg;
+    pthread_mutex_lock(&h->lock);
+    if (h->on && h->after_map == after_map) {
+        h->waiting++;
+        while (h->on)
+            pthread_cond_wait(&h->cond, &h->lock);
+        h->waiting--;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
 
 static void hold_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__HoldRequest *req = (const void *)m;
     Moongate__V1__HoldResponse resp = MOONGATE__V1__HOLD_RESPONSE__INIT;
-    resp.held = mg_svc_memory_hold(mg_call_gateway(call), req->hold, req->after_map);
+    resp.held = hold_set(mg_call_gateway(call)->hold, req->hold, req->after_map);
     mg_call_reply(call, &resp.base);
 }
 
@@ -271,12 +314,39 @@ static const mg_method debug_methods[] = {
 
 int mg_svc_debug_init(mg_gateway *gw)
 {
+    mg_registry *reg = mg_engine_registry(gw->engine);
     for (size_t i = 0; i < sizeof(debug_methods) / sizeof(debug_methods[0]); i++) {
         int rc = mg_gateway_add_method(gw, &debug_methods[i]);
         if (rc != 0)
             return rc;
     }
+    if (reg == NULL)
+        return 0;
+    gw->hold = calloc(1, sizeof(*gw->hold));
+    if (gw->hold == NULL)
+        return MG_ERR_NOMEM;
+    pthread_mutex_init(&gw->hold->lock, NULL);
+    pthread_cond_init(&gw->hold->cond, NULL);
+    mg_registry_set_gate(reg, hold_gate, gw->hold); /* before any registration job runs */
     return 0;
+}
+
+/* The workers are about to stop: a hold must not keep them. */
+static void debug_stop(mg_gateway *gw)
+{
+    hold_set(gw->hold, 0, 0);
+}
+
+/* After the engine stopped: no job passes the gate any more. */
+static void debug_free(mg_gateway *gw)
+{
+    if (gw->hold == NULL)
+        return;
+    mg_registry_set_gate(mg_engine_registry(gw->engine), NULL, NULL);
+    pthread_cond_destroy(&gw->hold->cond);
+    pthread_mutex_destroy(&gw->hold->lock);
+    free(gw->hold);
+    gw->hold = NULL;
 }
 
 static int debug_wanted(const mg_config *cfg)
@@ -284,5 +354,8 @@ static int debug_wanted(const mg_config *cfg)
     return cfg->debug_service != 0;
 }
 
-const mg_service mg_svc_debug = {
-    .name = "debug", .wanted = debug_wanted, .init = mg_svc_debug_init};
+const mg_service mg_svc_debug = {.name = "debug",
+                                 .wanted = debug_wanted,
+                                 .init = mg_svc_debug_init,
+                                 .stop = debug_stop,
+                                 .free = debug_free};

@@ -77,54 +77,6 @@ typedef struct {
     uint64_t t0_ns;
 } seg_job;
 
-/* Debug/HoldRegistrations: a gate the registration jobs pass before mapping (or, with
- * after_map, after it) and WriteSegment jobs before copying. Workers wait on it; the loop only
- * flips it (mutex held for O(1) work). */
-struct mg_hold {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int on;
-    int after_map;
-    unsigned waiting;
-};
-
-unsigned mg_svc_memory_hold(mg_gateway *gw, int hold, int after_map)
-{
-    unsigned waiting;
-    if (gw->hold == NULL)
-        return 0;
-    pthread_mutex_lock(&gw->hold->lock);
-    gw->hold->on = hold;
-    if (hold)
-        gw->hold->after_map = after_map;
-    waiting = gw->hold->waiting;
-    if (!hold)
-        pthread_cond_broadcast(&gw->hold->cond);
-    pthread_mutex_unlock(&gw->hold->lock);
-    return waiting;
-}
-
-void mg_svc_memory_gate(mg_gateway *gw, int after_map)
-{
-    struct mg_hold *h = gw->hold;
-    if (h == NULL)
-        return;
-    pthread_mutex_lock(&h->lock);
-    if (h->on && h->after_map == after_map) {
-        h->waiting++;
-        while (h->on)
-            pthread_cond_wait(&h->cond, &h->lock);
-        h->waiting--;
-    }
-    pthread_mutex_unlock(&h->lock);
-}
-
-/* The registration jobs pass the Debug/HoldRegistrations gate around their mapping. */
-static void hold_gate(void *gw, int after_map)
-{
-    mg_svc_memory_gate(gw, after_map);
-}
-
 /* An unregistration ended: answer its call, if one waits (arg; NULL for the daemon's own). */
 static void unregistered(void *arg, const mg_segment_info *info)
 {
@@ -324,7 +276,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     j->t0_ns = mg_now_mono_ns();
     mg_call_ref(call);
     gw->seg_stats.in_flight++;
-    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, hold_gate, gw, registered, j);
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, registered, j);
     if (rc != 0) { /* the reservation is undone */
         mg_metrics_registration(gw, rc, 0, 1);
         mg_call_unref(call);
@@ -615,11 +567,10 @@ static void batch_start(batch *b, size_t i)
             b->gw->seg_stats.in_flight++;
             counted = 1;
         }
-        rc = b->unregister
-                 ? mg_registry_unregister_async(reg, b->gw->engine, b->gw->cq, b->items[i].seg,
-                                                batch_unregistered, j)
-                 : mg_registry_register_async(reg, b->gw->engine, b->gw->cq, b->items[i].seg,
-                                              hold_gate, b->gw, batch_registered, j);
+        rc = b->unregister ? mg_registry_unregister_async(reg, b->gw->engine, b->gw->cq,
+                                                          b->items[i].seg, batch_unregistered, j)
+                           : mg_registry_register_async(reg, b->gw->engine, b->gw->cq,
+                                                        b->items[i].seg, batch_registered, j);
         if (rc == 0) {
             b->items[i].mapping = !b->unregister;
             return;
@@ -717,13 +668,6 @@ int mg_svc_memory_init(mg_gateway *gw)
 {
     if (mg_engine_registry(gw->engine) == NULL)
         return 0; /* an engine without a registry serves no memory calls */
-    if (gw->cfg->debug_service) {
-        gw->hold = calloc(1, sizeof(*gw->hold));
-        if (gw->hold == NULL)
-            return MG_ERR_NOMEM;
-        pthread_mutex_init(&gw->hold->lock, NULL);
-        pthread_cond_init(&gw->hold->cond, NULL);
-    }
     for (size_t i = 0; i < sizeof(memory_methods) / sizeof(memory_methods[0]); i++) {
         int rc = mg_gateway_add_method(gw, &memory_methods[i]);
         if (rc != 0)
@@ -737,21 +681,4 @@ int mg_svc_memory_init(mg_gateway *gw)
     return mg_svc_memory_io_init(gw);
 }
 
-void mg_svc_memory_free(mg_gateway *gw)
-{
-    if (gw->hold == NULL)
-        return;
-    pthread_cond_destroy(&gw->hold->cond);
-    pthread_mutex_destroy(&gw->hold->lock);
-    free(gw->hold);
-    gw->hold = NULL;
-}
-
-/* The workers are about to stop: a test's registration hold must not keep them. */
-static void memory_stop(mg_gateway *gw)
-{
-    mg_svc_memory_hold(gw, 0, 0);
-}
-
-const mg_service mg_svc_memory = {
-    .name = "memory", .init = mg_svc_memory_init, .stop = memory_stop, .free = mg_svc_memory_free};
+const mg_service mg_svc_memory = {.name = "memory", .init = mg_svc_memory_init};

@@ -430,7 +430,7 @@ static int start_overflow(mg_call *call, pool_entry *pe,
     j->remote = req->remote_accessible;
     mg_strlcpy(j->tenant, mg_call_tenant(call), sizeof(j->tenant));
     mg_call_ref(call);
-    rc = mg_registry_register_async(reg, gw->engine, gw->cq, j->seg, NULL, NULL, overflow_done, j);
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, j->seg, overflow_done, j);
     if (rc != 0) { /* the reservation is undone */
         mg_call_unref(call);
         free(j);
@@ -1034,7 +1034,7 @@ static int start_pool(mg_gateway *gw, pool_entry *pe)
     j->gw = gw;
     j->pe = pe;
     pe->t0_ns = mg_now_mono_ns();
-    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, NULL, NULL, pool_registered, j);
+    rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, pool_registered, j);
     if (rc != 0) { /* the reservation is undone */
         free(j);
         return rc;

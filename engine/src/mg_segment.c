@@ -91,6 +91,8 @@ struct mg_registry {
     unsigned file_gid;
     uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments, max_tenant_bytes;
     mg_rdma *rdma;
+    mg_register_gate_fn gate; /* a test hook (mg_registry_set_gate) */
+    void *gate_arg;
     tenant_count *tenants;
     size_t nbuckets;
     mg_segment **by_id, **by_name, **by_req, **by_file;
@@ -1232,11 +1234,21 @@ void mg_registry_get_stats(mg_registry *reg, mg_registry_stats *out)
 
 /* ------------------------------------------------------------------ asynchronous protocol */
 
+void mg_registry_set_gate(mg_registry *reg, mg_register_gate_fn gate, void *arg)
+{
+    reg->gate = gate;
+    reg->gate_arg = arg;
+}
+
+void mg_registry_gate(mg_registry *reg, int after_map)
+{
+    if (reg->gate)
+        reg->gate(reg->gate_arg, after_map);
+}
+
 typedef struct reg_job {
     mg_registry *reg;
     mg_segment *seg;
-    mg_register_gate_fn gate;
-    void *gate_arg;
     mg_register_done_fn done;
     mg_unregister_done_fn unreg_done;
     void *arg;
@@ -1246,11 +1258,9 @@ static int register_work(void *arg)
 {
     reg_job *j = arg;
     int rc;
-    if (j->gate)
-        j->gate(j->gate_arg, 0);
+    mg_registry_gate(j->reg, 0);
     rc = mg_segment_map(j->seg);
-    if (j->gate)
-        j->gate(j->gate_arg, 1);
+    mg_registry_gate(j->reg, 1);
     return rc;
 }
 
@@ -1266,13 +1276,12 @@ static void register_done(void *arg, int result)
 }
 
 int mg_registry_register_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, mg_segment *seg,
-                               mg_register_gate_fn gate, void *gate_arg, mg_register_done_fn done,
-                               void *arg)
+                               mg_register_done_fn done, void *arg)
 {
     reg_job *j = calloc(1, sizeof(*j));
     int rc = MG_ERR_NOMEM;
     if (j) {
-        *j = (reg_job){reg, seg, gate, gate_arg, done, NULL, arg};
+        *j = (reg_job){reg, seg, done, NULL, arg};
         rc = mg_engine_submit(engine, cq, register_work, register_done, j);
         if (rc == 0)
             return 0;
@@ -1306,7 +1315,7 @@ int mg_registry_unregister_async(mg_registry *reg, mg_engine *engine, mg_cq *cq,
     reg_job *j = calloc(1, sizeof(*j));
     int rc = MG_ERR_NOMEM;
     if (j) {
-        *j = (reg_job){reg, seg, NULL, NULL, NULL, done, arg};
+        *j = (reg_job){reg, seg, NULL, done, arg};
         rc = mg_engine_submit(engine, cq, unregister_work, unregister_done, j);
         if (rc == 0)
             return 0;

@@ -181,8 +181,13 @@ struct mg_cq;
 /* A registration's end, on the loop: result 0 and the segment, READY; or an MG_ERR_* with
  * the reservation undone (seg NULL) and why it failed ("" when it was cancelled). */
 typedef void (*mg_register_done_fn)(void *arg, mg_segment *seg, int result, const char *why);
-/* Optional, on the worker before (after_map 0) and after (1) the mapping: a test hook. */
+/* A test hook the registry's worker jobs pass: before (after_map 0) and after (1) a mapping,
+ * and before a copy into a segment (0). It may make the worker wait. */
 typedef void (*mg_register_gate_fn)(void *arg, int after_map);
+/* Installs (or, with NULL, removes) the gate. Only while no worker runs registry jobs. */
+void mg_registry_set_gate(mg_registry *reg, mg_register_gate_fn gate, void *arg);
+/* Worker: passes the gate, if one is installed. */
+void mg_registry_gate(mg_registry *reg, int after_map);
 /* An unregistration's end, on the loop: the segment is unmapped and gone; info is what it was. */
 typedef void (*mg_unregister_done_fn)(void *arg, const mg_segment_info *info);
 
@@ -190,8 +195,7 @@ typedef void (*mg_unregister_done_fn)(void *arg, const mg_segment_info *info);
  * the loop that drains `cq`, then calls done once. Returns 0, or an MG_ERR_* (the engine's queue
  * is full, no memory) with the reservation undone and done not called. */
 int mg_registry_register_async(mg_registry *reg, struct mg_engine *engine, struct mg_cq *cq,
-                               mg_segment *seg, mg_register_gate_fn gate, void *gate_arg,
-                               mg_register_done_fn done, void *arg);
+                               mg_segment *seg, mg_register_done_fn done, void *arg);
 /* Loop. Unmaps a segment mg_registry_unregister() marked UNREGISTERING on a worker, releases it
  * on the loop and calls done (may be NULL) once. Returns 0, or an MG_ERR_* with the segment
  * restored (READY, still registered) and done not called. */
