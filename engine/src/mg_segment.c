@@ -1275,19 +1275,28 @@ static void register_done(void *arg, int result)
     free(j);
 }
 
+/* Submits a copy of `job` to the workers. Returns 0, or an MG_ERR_* with nothing submitted. */
+static int submit_job(mg_engine *engine, mg_cq *cq, const reg_job *job, mg_work_fn work,
+                      mg_done_fn done)
+{
+    reg_job *j = malloc(sizeof(*j));
+    int rc;
+    if (j == NULL)
+        return MG_ERR_NOMEM;
+    *j = *job;
+    rc = mg_engine_submit(engine, cq, work, done, j);
+    if (rc != 0)
+        free(j);
+    return rc;
+}
+
 int mg_registry_register_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, mg_segment *seg,
                                mg_register_done_fn done, void *arg)
 {
-    reg_job *j = calloc(1, sizeof(*j));
-    int rc = MG_ERR_NOMEM;
-    if (j) {
-        *j = (reg_job){reg, seg, done, NULL, arg};
-        rc = mg_engine_submit(engine, cq, register_work, register_done, j);
-        if (rc == 0)
-            return 0;
-        free(j);
-    }
-    mg_registry_commit(reg, seg, rc);
+    reg_job job = {reg, seg, done, NULL, arg};
+    int rc = submit_job(engine, cq, &job, register_work, register_done);
+    if (rc != 0)
+        mg_registry_commit(reg, seg, rc); /* the reservation is undone */
     return rc;
 }
 
@@ -1312,15 +1321,9 @@ static void unregister_done(void *arg, int result)
 int mg_registry_unregister_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, mg_segment *seg,
                                  mg_unregister_done_fn done, void *arg)
 {
-    reg_job *j = calloc(1, sizeof(*j));
-    int rc = MG_ERR_NOMEM;
-    if (j) {
-        *j = (reg_job){reg, seg, NULL, done, arg};
-        rc = mg_engine_submit(engine, cq, unregister_work, unregister_done, j);
-        if (rc == 0)
-            return 0;
-        free(j);
-    }
-    mg_registry_restore(reg, seg); /* no worker: it stays, listed */
+    reg_job job = {reg, seg, NULL, done, arg};
+    int rc = submit_job(engine, cq, &job, unregister_work, unregister_done);
+    if (rc != 0)
+        mg_registry_restore(reg, seg); /* no worker: it stays, listed */
     return rc;
 }
