@@ -77,7 +77,7 @@ typedef struct {
     uint64_t t0_ns;
 } seg_job;
 
-/* An unregistration ended: answer its call, if one waits (arg; NULL for the daemon's own). */
+/* An unregistration ended: answer its call, if one waits (j->call is NULL for the daemon's own). */
 static void unregistered(void *arg, const mg_segment_info *info)
 {
     seg_job *j = arg;
