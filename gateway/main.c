@@ -205,14 +205,14 @@ int main(int argc, char **argv)
         mg_error("start_failed", "reason=\"event_base_new\"");
         goto out;
     }
-    rc = mg_gateway_new(&gw, base, &cfg, engine);
+    {
+        mg_gateway_parts parts = {engine, io, rdma, rdma_why};
+        rc = mg_gateway_new(&gw, base, &cfg, &parts);
+    }
     if (rc != 0) {
         mg_error("start_failed", "error=\"%s\"", mg_strerror(rc));
         goto out;
     }
-    gw->io = io;
-    gw->rdma = rdma;
-    snprintf(gw->rdma_why, sizeof(gw->rdma_why), "%s", rdma_why);
     sigterm = evsignal_new(base, SIGTERM, signal_cb, gw);
     sigint = evsignal_new(base, SIGINT, signal_cb, gw);
     if (sigterm == NULL || sigint == NULL || evsignal_add(sigterm, NULL) != 0 ||

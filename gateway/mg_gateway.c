@@ -14,6 +14,7 @@
 #include "mg_log.h"
 #include "mg_service.h"
 #include "moongate/lease_table.h"
+#include "moongate/pools.h"
 
 #include <arpa/inet.h>
 #include <event2/event.h>
@@ -101,9 +102,45 @@ static void cq_cb(evutil_socket_t fd, short what, void *arg)
     mg_cq_drain(gw->cq, 256);
 }
 
-int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
-                   mg_engine *engine)
+/* The buffer pools of --pool-bytes and --tenant-pool (none without a registry). Returns 0 or
+ * an MG_ERR_* after logging why. */
+static int pools_new(mg_gateway *gw)
 {
+    const mg_config *cfg = gw->cfg;
+    mg_tenant_pool tp[MG_POOLS_MAX - 1];
+    mg_pools_tenant tenants[MG_POOLS_MAX - 1];
+    char err[256];
+    int ntp = mg_config_tenant_pools(cfg->tenant_pool, tp, MG_POOLS_MAX - 1, err, sizeof(err));
+    mg_pools_config pc = {.reg = mg_engine_registry(gw->engine),
+                          .engine = gw->engine,
+                          .cq = gw->cq,
+                          .rdma = gw->rdma,
+                          .leases = gw->leases,
+                          .memlock = (mg_memlock)gw->memlock,
+                          .default_bytes = cfg->pool_bytes,
+                          .default_reserve_bytes = cfg->pool_reserve_bytes,
+                          .tenants = tenants,
+                          .max_leases = (uint32_t)cfg->max_leases,
+                          .max_tenant_leases = cfg->max_tenant_leases,
+                          .max_ttl_ms = cfg->max_lease_ttl * 1000,
+                          .overflow = strcmp(cfg->pool_overflow, "register") == 0,
+                          .overflow_max_bytes = cfg->pool_overflow_max_bytes};
+    if (ntp < 0) {
+        mg_error("start_failed", "reason=\"--tenant-pool: %s\"", err);
+        return MG_ERR_INVALID;
+    }
+    if ((cfg->pool_bytes == 0 && ntp == 0) || pc.reg == NULL)
+        return 0;
+    for (int i = 0; i < ntp; i++)
+        tenants[i] = (mg_pools_tenant){tp[i].tenant, tp[i].bytes};
+    pc.n_tenants = (size_t)ntp;
+    return mg_pools_new(&gw->pools, &pc);
+}
+
+int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
+                   const mg_gateway_parts *parts)
+{
+    mg_engine *engine = parts->engine;
     mg_gateway *gw = calloc(1, sizeof(*gw));
     int rc;
     if (gw == NULL)
@@ -115,6 +152,9 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     if (gw->memlock < 0)
         gw->memlock = 0;
     gw->engine = engine;
+    gw->io = parts->io;
+    gw->rdma = parts->rdma;
+    snprintf(gw->rdma_why, sizeof(gw->rdma_why), "%s", parts->rdma_why ? parts->rdma_why : "");
     gw->state = MG_STATE_STARTING;
     gw->start_unix_ms = mg_now_unix_ms();
     gw->start_mono_ns = mg_now_mono_ns();
@@ -135,6 +175,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     }
     if (mg_engine_registry(engine) != NULL && (rc = mg_lease_table_new(&gw->leases)) != 0)
+        goto fail;
+    if ((rc = pools_new(gw)) != 0)
         goto fail;
     if (mg_n_services > sizeof(gw->started)) {
         rc = MG_ERR_INVALID;
@@ -215,6 +257,7 @@ void mg_gateway_del(mg_gateway *gw)
         if (gw->started[i] && mg_services[i]->free)
             mg_services[i]->free(gw);
     }
+    mg_pools_del(gw->pools); /* after the data plane's threads and every service */
     mg_lease_table_del(gw->leases);
     if (gw->drain_timer)
         event_free(gw->drain_timer);

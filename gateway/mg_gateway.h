@@ -257,7 +257,8 @@ struct mg_gateway {
     struct mg_health *health;
     struct mg_reflection *reflection;
     struct mg_hold *hold;             /* Debug/HoldRegistrations gate, with --debug-service */
-    struct mg_pool_svc *pool;         /* NULL without a pool */
+    struct mg_pools *pools;           /* the buffer pools (engine), or NULL without a pool */
+    struct mg_pool_svc *pool;         /* the pool service's timer */
     struct mg_peer_svc *peer;         /* the data plane and its sessions; NULL without */
     struct mg_transfer_svc *transfer; /* batches and the peer directory */
     struct mg_lease_table *leases;    /* remote-accessible leases, for the data plane */
@@ -280,10 +281,19 @@ struct mg_gateway {
     int exit_code;
 };
 
-/* Creates the gateway on `base`: TLS context, listeners, ops port, the services of
- * mg_services.c. Returns 0 or a negative MG_ERR_* after logging what failed. */
+/* The engine parts the gateway hands requests to. */
+typedef struct mg_gateway_parts {
+    mg_engine *engine;    /* workers, with the segment registry */
+    mg_engine *io;        /* transport threads, or NULL (the workers then) */
+    struct mg_rdma *rdma; /* RDMA devices, or NULL */
+    const char *rdma_why; /* why there are none */
+} mg_gateway_parts;
+
+/* Creates the gateway on `base`: TLS context, listeners, ops port, the lease table and buffer
+ * pools, the services of mg_services.c. Returns 0 or a negative MG_ERR_* after logging what
+ * failed. */
 int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
-                   mg_engine *engine);
+                   const mg_gateway_parts *parts);
 void mg_gateway_del(mg_gateway *gw);
 /* The start barrier: a service's start-up work on the workers (a buffer pool's registration)
  * holds the daemon in "starting" from hold_start until its start_done. When the last is done
@@ -399,31 +409,6 @@ void mg_svc_notify_free(mg_gateway *gw);
 void mg_svc_notify_drain(mg_gateway *gw);
 void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
                              uint64_t *delivered, uint64_t *refused);
-/* svc_pool.c: the buffer pool (registered at start-up) and its leases. */
-int mg_svc_pool_init(mg_gateway *gw);
-void mg_svc_pool_free(mg_gateway *gw);
-/* An operation uses lease `lease_id` of `tenant`: takes a reference on the pool's segment for
- * `holder` and marks the lease used (a release then waits for mg_svc_pool_unuse). Gives the
- * segment, the lease's offset in it and its requested length, and a token for unuse. Returns
- * 0 or MG_ERR_NOT_FOUND. The caller puts the segment reference itself. */
-struct mg_segment;
-int mg_svc_pool_use(mg_gateway *gw, const char *tenant, uint64_t lease_id, const char *holder,
-                    struct mg_segment **seg, uint64_t *offset, uint64_t *length, void **token);
-void mg_svc_pool_unuse(mg_gateway *gw, void *token);
-/* A published lease's own RDMA registration: where its bytes start and its key on each device
- * (rkeys: room for 8). Returns 0, or -1 when it has none (yet). */
-int mg_svc_pool_lease_rdma(mg_gateway *gw, uint64_t lease_id, uint64_t *addr, uint32_t *rkeys,
-                           unsigned *n);
-/* Fails the blocked acquires (drain). */
-void mg_svc_pool_drain(mg_gateway *gw);
-struct mg_pool_stats;
-/* How many pools (the default and the tenant pools), and the stats of pool i. Returns 0,
- * MG_ERR_NOT_FOUND (no pool i) or MG_ERR_UNAVAILABLE (not registered yet; name is set). */
-size_t mg_svc_pool_count(mg_gateway *gw);
-/* The tenant pool i belongs to, or "" for the default pool (and for no pool i). */
-const char *mg_svc_pool_tenant(mg_gateway *gw, size_t i);
-int mg_svc_pool_get_stats(mg_gateway *gw, size_t i, struct mg_pool_stats *out, uint64_t *waiters,
-                          uint64_t *segment_id, char *path, size_t pathcap, const char **name);
 /* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
 

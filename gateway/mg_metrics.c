@@ -8,9 +8,12 @@
 #include "mg_auth.h"
 #include "mg_service.h"
 
+#include "moongate/pools.h"
 #include "moongate/rdma.h"
 
 #include <event2/buffer.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const double reg_le[12] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -390,11 +393,70 @@ static void render_engine(mg_gateway *gw, struct evbuffer *out)
     }
 }
 
+/* The buffer pools' families: values [first, first + count) of each pool's row, labelled with
+ * keys[first..] when `label` is set. */
+static const struct {
+    const char *name, *type, *help, *label;
+    size_t first, count;
+} pool_families[] = {
+    {"moongate_pool_bytes", "gauge", "The buffer pools' bytes, by what they are.", "kind", 0, 7},
+    {"moongate_pool_fragmentation", "gauge", "1 - largest free range / free bytes.", NULL, 7, 1},
+    {"moongate_pool_leases", "gauge", "Live leases.", NULL, 8, 1},
+    {"moongate_pool_waiters", "gauge", "Blocking acquires waiting in line.", NULL, 9, 1},
+    {"moongate_pool_lease_events_total", "counter", "Lease events.", "event", 10, 5},
+};
+static const char *const pool_keys[15] = {
+    "capacity",      "reserve",  "in_use",  "free",      "largest_free",
+    "largest_lease", "overflow", NULL,      NULL,        NULL,
+    "acquired",      "released", "expired", "exhausted", "overflow"};
+
+/* The engine's buffer pools: bytes, leases, lines of waiting acquires, lease events. */
+static void render_pools(mg_gateway *gw, struct evbuffer *out)
+{
+    mg_pools_entry_info *e = calloc(1, sizeof(*e));
+    size_t n = mg_pools_count(gw->pools);
+    struct {
+        const char *name;
+        double v[15];
+    } *rows = calloc(n + 1, sizeof(*rows));
+    for (size_t i = 0; e && rows && i < n; i++) {
+        const mg_pool_stats *ps = &e->stats;
+        double frag = ps->free ? 1.0 - (double)ps->largest_free / (double)ps->free : 0.0;
+        mg_pools_get(gw->pools, i, e);
+        rows[i].name = e->name; /* the set's own string */
+        memcpy(rows[i].v,
+               (const double[15]){ps->capacity, ps->reserve, ps->in_use, ps->free, ps->largest_free,
+                                  ps->largest_lease, ps->overflow_bytes, frag, ps->leases,
+                                  e->waiters, ps->acquired_total, ps->released_total,
+                                  ps->expired_total, ps->exhausted_total, ps->overflow_total},
+               sizeof(rows[i].v));
+    }
+    for (size_t f = 0; e && rows && n && f < sizeof(pool_families) / sizeof(pool_families[0]);
+         f++) {
+        const char *name = pool_families[f].name, *label = pool_families[f].label;
+        size_t first = pool_families[f].first, end = first + pool_families[f].count;
+        evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, pool_families[f].help, name,
+                            pool_families[f].type);
+        for (size_t i = 0; i < n; i++) {
+            for (size_t k = first; k < end; k++) {
+                char lab[64] = "";
+                if (label)
+                    snprintf(lab, sizeof(lab), ",%s=\"%s\"", label, pool_keys[k]);
+                evbuffer_add_printf(out, "%s{pool=\"%s\"%s} %.17g\n", name, rows[i].name, lab,
+                                    rows[i].v[k]);
+            }
+        }
+    }
+    free(e);
+    free(rows);
+}
+
 void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
 {
     render_daemon(gw, out);
     render_methods(gw, out);
     render_segments(gw, out);
+    render_pools(gw, out);
     for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
         if (gw->started[i] && mg_services[i]->metrics)
             mg_services[i]->metrics(gw, out);

@@ -18,7 +18,7 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
-#include "moongate/pool.h"
+#include "moongate/pools.h"
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
 
@@ -85,6 +85,28 @@ static void rdma_line(mg_gateway *gw, char *out, size_t cap)
         snprintf(out + used, cap - used, ")");
 }
 
+/* /status.json: the shared default pool and its leases; a tenant pool is its tenant's. */
+static void pools_status(mg_gateway *gw, json_t *obj)
+{
+    json_t *pools = json_array();
+    mg_pools_entry_info *e = calloc(1, sizeof(*e));
+    uint64_t leases = 0;
+    for (size_t i = 0; pools && e && i < mg_pools_count(gw->pools); i++) {
+        if (mg_pools_get(gw->pools, i, e) != 0 || e->tenant[0])
+            continue;
+        leases += e->stats.leases;
+        json_array_append_new(
+            pools, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "name", e->name, "capacity",
+                             (json_int_t)e->stats.capacity, "in_use", (json_int_t)e->stats.in_use,
+                             "free", (json_int_t)e->stats.free, "largest_lease",
+                             (json_int_t)e->stats.largest_lease, "leases",
+                             (json_int_t)e->stats.leases, "waiters", (json_int_t)e->waiters));
+    }
+    free(e);
+    json_object_set_new(obj, "pools", pools ? pools : json_array());
+    json_object_set_new(obj, "leases", json_pack("{s:I}", "live", (json_int_t)leases));
+}
+
 /* The read-only summary behind the status page: counts and sizes, nothing of any tenant — the
  * page is open to anyone who reaches the ops port, so a tenant's pool (its name, usage and
  * leases) is not on it; PoolStats shows it to that tenant and to admins. */
@@ -110,6 +132,8 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
                   "tcp", gw->peer ? "available" : "off", "rdma", rdma, "segments", "ready",
                   (json_int_t)rs.segments, "registering", (json_int_t)rs.registering, "bytes",
                   (json_int_t)rs.bytes);
+    if (j)
+        pools_status(gw, j);
     for (size_t i = 0; j && i < mg_n_services; i++) { /* each service's own members */
         if (gw->started[i] && mg_services[i]->status)
             mg_services[i]->status(gw, j);

@@ -16,6 +16,7 @@
 #include "mg_gateway.h"
 
 #include "moongate/fault.h"
+#include "moongate/pools.h"
 #include "moongate/segment.h"
 #include "moongate/v1/memory.pb-c.h"
 
@@ -37,7 +38,7 @@ typedef struct {
     int in_flight; /* a copy job is out */
     int ended;     /* the call ended for the handler (cancel, deadline, error) */
     uint64_t base; /* where offset 0 is in the segment: a lease's offset, else 0 */
-    void *lease;   /* the lease read from (mg_svc_pool_use), or NULL */
+    void *lease;   /* the lease read from (mg_pools_use), or NULL */
 } read_state;
 
 typedef struct {
@@ -51,7 +52,7 @@ typedef struct {
 static void read_free(read_state *st)
 {
     mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
-    mg_svc_pool_unuse(st->gw, st->lease);
+    mg_pools_unuse(st->gw->pools, st->lease);
     mg_call_set_data(st->call, NULL);
     mg_call_unref(st->call);
     free(st);
@@ -212,8 +213,8 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     if (req->lease_id) {
         snprintf(holder, sizeof(holder), "ReadSegment of lease %" PRIu64 " by %s", req->lease_id,
                  mg_call_peer(call));
-        if (mg_svc_pool_use(gw, mg_call_tenant(call), req->lease_id, holder, &seg, &base, &size,
-                            &lease) != 0) {
+        if (mg_pools_use(gw->pools, mg_call_tenant(call), req->lease_id, holder, &seg, &base, &size,
+                         &lease) != 0) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->lease_id);
             return;
         }
@@ -229,7 +230,7 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     length = req->length ? req->length : (req->offset <= size ? size - req->offset : 0);
     if (mg_bounds_check(size, req->offset, length) != 0) {
         mg_registry_put(reg, seg);
-        mg_svc_pool_unuse(gw, lease);
+        mg_pools_unuse(gw->pools, lease);
         mg_call_fail(call, MG_ERR_RANGE,
                      "offset %" PRIu64 " + length %" PRIu64 " is outside the %s's %" PRIu64
                      " bytes",
@@ -239,7 +240,7 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     st = calloc(1, sizeof(*st));
     if (st == NULL) {
         mg_registry_put(reg, seg);
-        mg_svc_pool_unuse(gw, lease);
+        mg_pools_unuse(gw->pools, lease);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
@@ -272,7 +273,7 @@ typedef struct {
     mg_segment *seg;        /* referenced once the first message named it */
     uint64_t id;            /* the segment's id, or 0 when writing to a lease */
     uint64_t lease_id;      /* the lease's id, or 0 */
-    void *lease;            /* mg_svc_pool_use token */
+    void *lease;            /* mg_pools_use token */
     uint64_t base;          /* where offset 0 is in the segment (a lease's offset) */
     uint64_t limit;         /* bytes writable from base: the segment's size or the lease's */
     write_msg *head, *tail; /* received, not yet applied */
@@ -315,7 +316,7 @@ static void write_free(write_state *st)
     }
     if (st->seg)
         mg_registry_put(mg_engine_registry(st->gw->engine), st->seg);
-    mg_svc_pool_unuse(st->gw, st->lease);
+    mg_pools_unuse(st->gw->pools, st->lease);
     mg_call_set_data(st->call, NULL);
     mg_call_unref(st->call);
     free(st);
@@ -417,8 +418,8 @@ static void write_done(void *arg, int result)
         } else if (lease_id) {
             snprintf(holder, sizeof(holder), "WriteSegment of lease %" PRIu64 " by %s", lease_id,
                      mg_call_peer(st->call));
-            if (mg_svc_pool_use(st->gw, mg_call_tenant(st->call), lease_id, holder, &st->seg,
-                                &st->base, &st->limit, &st->lease) != 0) {
+            if (mg_pools_use(st->gw->pools, mg_call_tenant(st->call), lease_id, holder, &st->seg,
+                             &st->base, &st->limit, &st->lease) != 0) {
                 rc = MG_ERR_NOT_FOUND;
                 snprintf(why, sizeof(why), "no lease %" PRIu64, lease_id);
             }

@@ -11,6 +11,7 @@
  */
 #include "mg_gateway.h"
 #include "mg_service.h"
+#include "moongate/pools.h"
 
 #include "mg_auth.h"
 
@@ -213,7 +214,7 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         resp.remote_accessible = 1;
         resp.transports = tcp;
         resp.n_transports = 1;
-        if (mg_svc_pool_lease_rdma(gw, req->id, &addr, rkeys, &nkeys) == 0 && nkeys > 0) {
+        if (mg_pools_lease_rdma(gw->pools, req->id, &addr, rkeys, &nkeys) == 0 && nkeys > 0) {
             resp.transports = both; /* the lease's own key: it reaches nothing else */
             resp.n_transports = 2;
             resp.rdma_addr = addr;

@@ -19,6 +19,7 @@
  */
 #include "mg_gateway.h"
 #include "mg_service.h"
+#include "moongate/pools.h"
 
 #include "mg_addr.h"
 #include "mg_client.h"
@@ -37,6 +38,7 @@
 #include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/peer.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
+#include "moongate/xfer.h"
 
 #include <event2/buffer.h>
 #include <jansson.h>
@@ -180,21 +182,18 @@ typedef struct xfer_req {
     int stop; /* MG_ERR_* asking the worker to stop (atomic) */
     /* A large request runs as parts in parallel, each a job on its own connection. */
     struct xfer_part {
+        mg_xfer_part m; /* what its job moves; m.next: the next small request of a group */
         struct xfer_req *r;
-        uint64_t offset, length;      /* within the request */
-        uint64_t progress;            /* bytes confirmed (atomic) */
-        struct xfer_part *group_next; /* small requests run as one job: the next one */
-        int grouped;                  /* run in such a job (rc is set by it) */
-        int rc;
-        char msg[400];
-    } one, *parts; /* parts: &one, or an array for a request in several */
+        uint64_t offset; /* within the request */
+        int grouped;     /* run in such a job (rc is set by it) */
+    } one, *parts;       /* parts: &one, or an array for a request in several */
     unsigned nparts, parts_left;
     mg_segment *local; /* referenced until the request ends */
-    void *local_lease; /* mg_svc_pool_use token when the local side is a lease */
+    void *local_lease; /* mg_pools_use token when the local side is a lease */
     uint8_t *local_addr;
     int local_copy;    /* peer "": the other side is on this daemon too */
     mg_segment *other; /* then: its segment (referenced) */
-    void *other_lease; /* and its lease's mg_svc_pool_use token */
+    void *other_lease; /* and its lease's mg_pools_use token */
     uint8_t *other_addr;
     /* RDMA: chosen when the session's queue pairs are ready and both sides are registered. */
     int rdma;
@@ -255,7 +254,7 @@ static uint64_t req_progress(const xfer_req *r)
 {
     uint64_t n = 0;
     for (unsigned i = 0; i < r->nparts; i++)
-        n += __atomic_load_n(&r->parts[i].progress, __ATOMIC_RELAXED);
+        n += __atomic_load_n(&r->parts[i].m.progress, __ATOMIC_RELAXED);
     return n;
 }
 
@@ -410,7 +409,7 @@ static void req_release_local(xfer_req *r)
         r->local = NULL;
     }
     if (r->local_lease) {
-        mg_svc_pool_unuse(r->gw, r->local_lease);
+        mg_pools_unuse(r->gw->pools, r->local_lease);
         r->local_lease = NULL;
     }
     if (r->other) {
@@ -418,7 +417,7 @@ static void req_release_local(xfer_req *r)
         r->other = NULL;
     }
     if (r->other_lease) {
-        mg_svc_pool_unuse(r->gw, r->other_lease);
+        mg_pools_unuse(r->gw->pools, r->other_lease);
         r->other_lease = NULL;
     }
 }
@@ -567,145 +566,31 @@ static void batch_free(xfer_batch *b)
 
 /* ---- workers: one request ---- */
 
-/* A part of a copy between two ranges of this daemon, in 8 MiB steps (a stop is seen between
- * them). */
-static int part_copy(struct xfer_part *pt)
-{
-    xfer_req *r = pt->r;
-    uint8_t *from = (r->write ? r->local_addr : r->other_addr) + pt->offset;
-    uint8_t *to = (r->write ? r->other_addr : r->local_addr) + pt->offset;
-    for (uint64_t done = 0, step; done < pt->length; done += step) {
-        int stop = __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
-        if (stop) {
-            snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) with %llu of %llu bytes copied",
-                     mg_strerror(stop), (unsigned long long)done, (unsigned long long)pt->length);
-            return stop;
-        }
-        step = pt->length - done < (8u << 20) ? pt->length - done : (8u << 20);
-        if (mg_guarded_copy(to + done, from + done, step) != 0) {
-            snprintf(pt->msg, sizeof(pt->msg),
-                     "a segment's file is shorter than registered (a client truncated it): "
-                     "copy stopped at byte %llu of %llu",
-                     (unsigned long long)done, (unsigned long long)pt->length);
-            return MG_ERR_DATA_LOSS;
-        }
-        __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
-    }
-    return 0;
-}
-
-/* Moves the parts chained from `head` — one part, or small requests of one batch and peer
- * grouped into one job — as one stream of slices on one connection (mg_dp_run): a batch of
- * thousands of small blocks is not a round trip per block. A pooled connection that broke is
- * replaced once by a fresh one (the same bytes to the same place again). Each part gets its own
- * rc and message; returns head's rc. */
-static int parts_move(struct xfer_part *head)
-{
-    xfer_req *r0 = head->r;
-    const mg_config *cfg = r0->gw->cfg;
-    mg_dp_options o = {.slice_bytes = (uint32_t)cfg->slice_bytes,
-                       .window = 16,
-                       .crc = cfg->data_crc,
-                       .stop = &r0->stop, /* a batch's requests stop together */
-                       .in_flight = &r0->gw->xfer_stats.slices_in_flight};
-    size_t n = 0, i = 0;
-    mg_dp_op *ops;
-    mg_dp_conn *c;
-    int rc, fresh = 0;
-    for (struct xfer_part *pt = head; pt; pt = pt->group_next)
-        n++;
-    if (n > 1)
-        o.window = 32; /* small slices: more of them in flight */
-    ops = calloc(n, sizeof(*ops));
-    for (struct xfer_part *pt = head; pt; pt = pt->group_next, i++) {
-        xfer_req *r = pt->r;
-        pt->rc = ops ? 0 : MG_ERR_NOMEM;
-        snprintf(pt->msg, sizeof(pt->msg), "%s", ops ? "" : "out of memory");
-        if (ops)
-            ops[i] = (mg_dp_op){.write = r->write,
-                                .lease = r->remote_lease,
-                                .target = r->remote_segment,
-                                .offset = r->remote_offset + pt->offset,
-                                .buf = r->local_addr + pt->offset,
-                                .len = pt->length,
-                                .progress = &pt->progress,
-                                .err = pt->msg,
-                                .errcap = sizeof(pt->msg)};
-    }
-    if (ops == NULL)
-        return MG_ERR_NOMEM;
-    c = mg_dp_pool_take(&r0->peer->idle);
-    for (;;) {
-        int stop = __atomic_load_n(&r0->stop, __ATOMIC_ACQUIRE);
-        if (stop == 0 && c == NULL) {
-            fresh = 1;
-            rc = mg_dp_connect(&c, r0->data_host, r0->data_port, r0->token,
-                               (uint32_t)cfg->data_io_timeout * 1000, &r0->stop, head->msg,
-                               sizeof(head->msg));
-            if (rc != 0) {
-                for (i = 0; i < n; i++) {
-                    ops[i].rc = rc;
-                    if (i > 0)
-                        snprintf(ops[i].err, ops[i].errcap, "%s", head->msg);
-                }
-                break;
-            }
-        }
-        if (stop != 0) {
-            for (i = 0; i < n; i++) {
-                ops[i].rc = stop;
-                snprintf(ops[i].err, ops[i].errcap, "stopped (%s) before it started",
-                         mg_strerror(stop));
-            }
-            if (c)
-                mg_dp_pool_give(&r0->peer->idle, c);
-            break;
-        }
-        for (struct xfer_part *pt = head; pt; pt = pt->group_next)
-            __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
-        rc = mg_dp_run(c, ops, n, &o);
-        if (rc == 0) {
-            mg_dp_pool_give(&r0->peer->idle, c);
-            break;
-        }
-        mg_dp_close(c);
-        c = NULL;
-        if (rc != MG_ERR_UNAVAILABLE || fresh)
-            break;
-        /* The idle connection broke (the peer closed it, or restarted): once more, fresh. */
-        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", r0->peer->addr, head->msg);
-    }
-    i = 0;
-    for (struct xfer_part *pt = head; pt; pt = pt->group_next, i++)
-        pt->rc = ops[i].rc;
-    free(ops);
-    return head->rc;
-}
-
-/* The parts of a job over the peer's RDMA queue pairs, one after another. */
-static int parts_rdma(struct xfer_part *head)
-{
-    xfer_req *r0 = head->r;
-    peer_ent *p = r0->peer;
-    uint32_t wait_ms = (uint32_t)r0->gw->cfg->data_io_timeout * 1000;
-    for (struct xfer_part *pt = head; pt; pt = pt->group_next) {
-        xfer_req *r = pt->r;
-        mg_rdma_op op = {r->write,  r->local_addr + pt->offset, 0, r->raddr + pt->offset, 0,
-                         pt->length};
-        __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
-        pthread_mutex_lock(&p->rlock);
-        pt->rc = mg_rdma_move_multi(r->rref->c, r->rref->n, &op, r->lkeys, r->rkeys,
-                                    (uint32_t)r->gw->cfg->slice_bytes, 16, &r->stop, &pt->progress,
-                                    wait_ms, pt->msg, sizeof(pt->msg));
-        pthread_mutex_unlock(&p->rlock);
-    }
-    return head->rc;
-}
-
+/* Worker: moves the part (and the parts grouped after it) by the request's transport. */
 static int part_work(void *arg)
 {
     struct xfer_part *pt = arg;
-    return pt->r->local_copy ? part_copy(pt) : pt->r->rdma ? parts_rdma(pt) : parts_move(pt);
+    xfer_req *r = pt->r;
+    const mg_config *cfg = r->gw->cfg;
+    mg_xfer_link link = {.stop = &r->stop, /* a batch's requests stop together */
+                         .slice_bytes = (uint32_t)cfg->slice_bytes,
+                         .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
+                         .crc = cfg->data_crc,
+                         .in_flight = &r->gw->xfer_stats.slices_in_flight,
+                         .peer = r->peer->addr,
+                         .idle = &r->peer->idle,
+                         .token = r->token,
+                         .host = r->data_host,
+                         .port = r->data_port};
+    if (r->rdma) {
+        link.conns = r->rref->c;
+        link.nconns = r->rref->n;
+        link.lock = &r->peer->rlock;
+    }
+    return mg_xfer_run(r->local_copy ? MG_XFER_COPY
+                       : r->rdma     ? MG_XFER_RDMA
+                                     : MG_XFER_TCP,
+                       &pt->m, &link);
 }
 
 static void session_retry(xfer_req *r);
@@ -721,13 +606,13 @@ static void part_finish(struct xfer_part *pt, int result)
 {
     xfer_req *r = pt->r;
     char msg[600];
-    pt->rc = result;
+    pt->m.rc = result;
     if (--r->parts_left > 0)
         return;
     result = 0;
     for (unsigned i = 0; i < r->nparts && result == 0; i++) { /* the first failure speaks */
-        if ((result = r->parts[i].rc) != 0)
-            req_say(r, r->parts[i].msg);
+        if ((result = r->parts[i].m.rc) != 0)
+            req_say(r, r->parts[i].m.msg);
     }
     if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->life.requeued &&
         __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
@@ -757,10 +642,10 @@ static void part_done(void *arg, int result)
     p->jobs--;
     if (pt->grouped) { /* each request of the group ends on its own */
         for (struct xfer_part *q = pt, *next; q; q = next) {
-            next = q->group_next;
-            q->group_next = NULL;
+            next = q->m.next ? mg_container_of(q->m.next, struct xfer_part, m) : NULL;
+            q->m.next = NULL;
             q->grouped = 0;
-            part_finish(q, q->rc);
+            part_finish(q, q->m.rc);
         }
     } else {
         part_finish(pt, result);
@@ -769,35 +654,39 @@ static void part_done(void *arg, int result)
         pump(ts);
 }
 
-/* Cuts r into parts: one, or for a large request up to --tcp-conns-per-peer of at least
- * PART_MIN bytes each, on slice boundaries. */
+/* Cuts r into parts (mg_xfer_plan): one, or for a large request up to --tcp-conns-per-peer of
+ * at least PART_MIN bytes each, on slice boundaries. */
 static void req_plan(xfer_req *r, unsigned room)
 {
     const mg_config *cfg = r->gw->cfg;
-    uint64_t n = r->length / PART_MIN, each, slice = cfg->slice_bytes;
-    if (n > cfg->tcp_conns_per_peer)
-        n = cfg->tcp_conns_per_peer;
-    if (n > room)
-        n = room;
-    if (n > MAX_PARTS)
-        n = MAX_PARTS;
-    if (n < 1 || r->rdma) /* RDMA: one job posts the slices over every queue pair */
-        n = 1;
+    unsigned most = cfg->tcp_conns_per_peer < room ? (unsigned)cfg->tcp_conns_per_peer : room;
+    uint64_t each;
+    unsigned n = mg_xfer_plan(r->length, cfg->slice_bytes, most < MAX_PARTS ? most : MAX_PARTS,
+                              PART_MIN, r->rdma, &each);
     if (r->parts != &r->one)
         free(r->parts);
     r->parts = n > 1 ? calloc(n, sizeof(*r->parts)) : NULL;
     if (r->parts == NULL) {
         r->parts = &r->one;
-        n = 1;
+        if (n > 1)
+            n = mg_xfer_plan(r->length, cfg->slice_bytes, 1, PART_MIN, r->rdma, &each);
     }
-    each = (r->length / n + slice - 1) / slice * slice;
     r->nparts = 0;
     for (uint64_t off = 0; off < r->length; off += each) {
         struct xfer_part *pt = &r->parts[r->nparts++];
+        uint64_t len = r->length - off < each ? r->length - off : each;
         memset(pt, 0, sizeof(*pt));
         pt->r = r;
         pt->offset = off;
-        pt->length = r->length - off < each ? r->length - off : each;
+        pt->m = (mg_xfer_part){.write = r->write,
+                               .local = r->local_addr + off,
+                               .length = len,
+                               .other = r->other_addr ? r->other_addr + off : NULL,
+                               .lease = r->remote_lease,
+                               .target = r->remote_segment,
+                               .remote = (r->rdma ? r->raddr : r->remote_offset) + off,
+                               .lkeys = r->lkeys,
+                               .rkeys = r->rkeys};
     }
     r->parts_left = r->nparts;
 }
@@ -841,7 +730,7 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
     if (r->nparts == 1 && !r->local_copy && r->length <= GROUP_BYTES && p->ready &&
         p->ready->b == r->b && p->ready->length <= GROUP_BYTES && p->ready->rdma == r->rdma) {
         /* Small requests of the same batch follow: one job takes them all. */
-        struct xfer_part **tail = &r->parts[0].group_next;
+        mg_xfer_part **tail = &r->parts[0].m.next;
         unsigned n = 1;
         r->parts[0].grouped = 1;
         while (n < GROUP_MAX && p->ready && p->ready->b == r->b &&
@@ -854,8 +743,8 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
             mg_req_start(&q->life);
             req_plan(q, 1);
             q->parts[0].grouped = 1;
-            *tail = &q->parts[0];
-            tail = &q->parts[0].group_next;
+            *tail = &q->parts[0].m;
+            tail = &q->parts[0].m.next;
             n++;
         }
         if (mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
@@ -866,8 +755,8 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
             return;
         }
         for (struct xfer_part *q = &r->parts[0], *next; q; q = next) {
-            next = q->group_next;
-            q->group_next = NULL;
+            next = q->m.next ? mg_container_of(q->m.next, struct xfer_part, m) : NULL;
+            q->m.next = NULL;
             q->grouped = 0;
             req_end(q->r, MG_ERR_FULL, "the engine's queue is full (--queue-depth)");
         }
@@ -885,15 +774,15 @@ static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
         }
         /* The engine's queue is full: the parts not started fail now. */
         for (unsigned k = i; k < r->nparts; k++) {
-            r->parts[k].rc = rc;
-            snprintf(r->parts[k].msg, sizeof(r->parts[k].msg),
+            r->parts[k].m.rc = rc;
+            snprintf(r->parts[k].m.msg, sizeof(r->parts[k].m.msg),
                      "the engine's queue is full (--queue-depth)");
         }
         r->parts_left = started;
         break;
     }
     if (started == 0)
-        req_end(r, r->parts[0].rc, r->parts[0].msg);
+        req_end(r, r->parts[0].m.rc, r->parts[0].m.msg);
 }
 
 static int rdma_wanted(const peer_ent *p);
@@ -1089,7 +978,7 @@ static void session_retry(xfer_req *r)
     peer_ent *p = r->peer;
     mg_req_requeue(&r->life);
     for (unsigned i = 0; i < r->nparts; i++)
-        __atomic_store_n(&r->parts[i].progress, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->parts[i].m.progress, 0, __ATOMIC_RELAXED);
     if (p->state == PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
         mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64, p->addr, p->epoch);
         p->state = PEER_NONE; /* that token is dead: every request needs a new one */
@@ -1608,8 +1497,8 @@ static const char *resolve_other(mg_gateway *gw, xfer_req *r,
     uint64_t base = 0, size;
     r->local_copy = 1;
     if (t->remote_lease) {
-        if (mg_svc_pool_use(gw, r->b->tenant, t->remote_lease, holder, &r->other, &base, &size,
-                            &r->other_lease) != 0)
+        if (mg_pools_use(gw->pools, r->b->tenant, t->remote_lease, holder, &r->other, &base, &size,
+                         &r->other_lease) != 0)
             return "no such lease on this daemon (peer \"\")";
     } else if (mg_registry_acquire(mg_engine_registry(gw->engine), r->b->tenant, t->remote_segment,
                                    holder, &r->other) != 0) {
@@ -2066,8 +1955,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
             bad = "name the remote target: remote_segment or remote_lease, one of them";
         else if (t->local_lease) {
             uint64_t base, size;
-            if (mg_svc_pool_use(gw, b->tenant, t->local_lease, holder, &r->local, &base, &size,
-                                &r->local_lease) != 0)
+            if (mg_pools_use(gw->pools, b->tenant, t->local_lease, holder, &r->local, &base, &size,
+                             &r->local_lease) != 0)
                 bad = "no such local lease";
             else if (mg_bounds_check(size, t->local_offset, t->length) != 0)
                 bad = "local offset + length is outside the local lease";

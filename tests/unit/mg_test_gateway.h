@@ -93,9 +93,13 @@ static inline int mg_test_gw_start(mg_test_gw *g, const char *tag, int tcp, int 
         return -1;
     }
     mg_log_set_level(level);
-    if (mg_engine_new(&g->engine, &ec) != 0 || (g->base = event_base_new()) == NULL ||
-        mg_gateway_new(&g->gw, g->base, &g->cfg, g->engine) != 0)
+    if (mg_engine_new(&g->engine, &ec) != 0 || (g->base = event_base_new()) == NULL)
         return -1;
+    {
+        mg_gateway_parts parts = {.engine = g->engine};
+        if (mg_gateway_new(&g->gw, g->base, &g->cfg, &parts) != 0)
+            return -1;
+    }
     mg_gateway_set_serving(g->gw);
     return pthread_create(&g->thread, NULL, mg_test_gw_main, g);
 }

@@ -1,0 +1,172 @@
+/*
+ * mg_xfer_move: the movers of a transfer job, on a worker (see moongate/xfer.h), and the
+ * planning of a request's parts.
+ */
+#include "moongate/xfer.h"
+
+#include "mg_log.h"
+#include "moongate/fault.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define COPY_STEP (8u << 20) /* a copy sees a stop between steps this long */
+
+/* A part of a copy between two ranges of this daemon, in COPY_STEP steps. */
+static int part_copy(mg_xfer_part *pt, const int *stop_word)
+{
+    uint8_t *from = pt->write ? pt->local : pt->other;
+    uint8_t *to = pt->write ? pt->other : pt->local;
+    for (uint64_t done = 0, step; done < pt->length; done += step) {
+        int stop = __atomic_load_n(stop_word, __ATOMIC_ACQUIRE);
+        if (stop) {
+            snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) with %llu of %llu bytes copied",
+                     mg_strerror(stop), (unsigned long long)done, (unsigned long long)pt->length);
+            return pt->rc = stop;
+        }
+        step = pt->length - done < COPY_STEP ? pt->length - done : COPY_STEP;
+        if (mg_guarded_copy(to + done, from + done, step) != 0) {
+            snprintf(pt->msg, sizeof(pt->msg),
+                     "a segment's file is shorter than registered (a client truncated it): "
+                     "copy stopped at byte %llu of %llu",
+                     (unsigned long long)done, (unsigned long long)pt->length);
+            return pt->rc = MG_ERR_DATA_LOSS;
+        }
+        __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
+    }
+    return pt->rc = 0;
+}
+
+/* Every op not finished takes rc and, when `why` is set, that message. */
+static void ops_fail(mg_dp_op *ops, size_t n, int rc, const char *why)
+{
+    for (size_t i = 0; i < n; i++) {
+        ops[i].rc = rc;
+        if (why && ops[i].err != why)
+            snprintf(ops[i].err, ops[i].errcap, "%s", why);
+    }
+}
+
+/* Runs ops on the peer's connections: an idle one, and once more on a fresh one when that one
+ * turns out broken (the peer closed it, or restarted). */
+static void ops_run(mg_dp_op *ops, size_t n, const mg_dp_options *o, const mg_xfer_link *link,
+                    char *err, size_t errcap)
+{
+    mg_dp_conn *c = mg_dp_pool_take(link->idle);
+    int fresh = 0;
+    for (;;) {
+        int stop = __atomic_load_n(link->stop, __ATOMIC_ACQUIRE), rc;
+        if (stop == 0 && c == NULL) {
+            fresh = 1;
+            rc = mg_dp_connect(&c, link->host, link->port, link->token, link->io_timeout_ms,
+                               link->stop, err, errcap);
+            if (rc != 0) {
+                ops_fail(ops, n, rc, err);
+                return;
+            }
+        }
+        if (stop != 0) {
+            char why[64];
+            snprintf(why, sizeof(why), "stopped (%s) before it started", mg_strerror(stop));
+            ops_fail(ops, n, stop, why);
+            mg_dp_pool_give(link->idle, c);
+            return;
+        }
+        for (size_t i = 0; i < n; i++)
+            __atomic_store_n(ops[i].progress, 0, __ATOMIC_RELAXED);
+        rc = mg_dp_run(c, ops, n, o);
+        if (rc == 0) {
+            mg_dp_pool_give(link->idle, c);
+            return;
+        }
+        mg_dp_close(c);
+        c = NULL;
+        if (rc != MG_ERR_UNAVAILABLE || fresh)
+            return;
+        mg_debug("transfer_retry", "peer=%s reason=\"%s\"", link->peer, err);
+    }
+}
+
+/* The parts chained from `head` as one stream of slices on one connection (mg_dp_run). */
+static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
+{
+    mg_dp_options o = {.slice_bytes = link->slice_bytes,
+                       .window = 16,
+                       .crc = link->crc,
+                       .stop = link->stop, /* a batch's requests stop together */
+                       .in_flight = link->in_flight};
+    size_t n = 0, i = 0;
+    mg_dp_op *ops;
+    for (mg_xfer_part *pt = head; pt; pt = pt->next)
+        n++;
+    if (n > 1)
+        o.window = 32; /* small slices: more of them in flight */
+    ops = calloc(n, sizeof(*ops));
+    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
+        pt->rc = ops ? 0 : MG_ERR_NOMEM;
+        snprintf(pt->msg, sizeof(pt->msg), "%s", ops ? "" : "out of memory");
+        if (ops)
+            ops[i] = (mg_dp_op){.write = pt->write,
+                                .lease = pt->lease,
+                                .target = pt->target,
+                                .offset = pt->remote,
+                                .buf = pt->local,
+                                .len = pt->length,
+                                .progress = &pt->progress,
+                                .err = pt->msg,
+                                .errcap = sizeof(pt->msg)};
+    }
+    if (ops == NULL)
+        return MG_ERR_NOMEM;
+    ops_run(ops, n, &o, link, head->msg, sizeof(head->msg));
+    i = 0;
+    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++)
+        pt->rc = ops[i].rc;
+    free(ops);
+    return head->rc;
+}
+
+/* The parts over the peer's RDMA queue pairs, one after another. */
+static int parts_rdma(mg_xfer_part *head, const mg_xfer_link *link)
+{
+    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
+        mg_rdma_op op = {pt->write, pt->local, 0, pt->remote, 0, pt->length};
+        __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
+        pthread_mutex_lock(link->lock);
+        pt->rc = mg_rdma_move_multi(link->conns, link->nconns, &op, pt->lkeys, pt->rkeys,
+                                    link->slice_bytes, 16, link->stop, &pt->progress,
+                                    link->io_timeout_ms, pt->msg, sizeof(pt->msg));
+        pthread_mutex_unlock(link->lock);
+    }
+    return head->rc;
+}
+
+int mg_xfer_run(mg_xfer_kind kind, mg_xfer_part *head, const mg_xfer_link *link)
+{
+    switch (kind) {
+    case MG_XFER_COPY:
+        for (mg_xfer_part *pt = head; pt; pt = pt->next)
+            part_copy(pt, link->stop);
+        return head->rc;
+    case MG_XFER_RDMA:
+        return parts_rdma(head, link);
+    default:
+        return parts_tcp(head, link);
+    }
+}
+
+unsigned mg_xfer_plan(uint64_t length, uint64_t slice, unsigned max_parts, uint64_t part_min,
+                      int rdma, uint64_t *each)
+{
+    uint64_t n = part_min ? length / part_min : 1;
+    if (n > max_parts)
+        n = max_parts;
+    if (n < 1 || rdma)
+        n = 1;
+    if (slice == 0)
+        slice = 1;
+    *each = (length / n + slice - 1) / slice * slice;
+    if (*each == 0)
+        *each = slice;
+    return (unsigned)n;
+}
