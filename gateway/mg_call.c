@@ -99,6 +99,26 @@ void *mg_call_data(const mg_call *call)
     return call->data;
 }
 
+void mg_call_park(mg_call *call, mg_parked *p, mg_list *line)
+{
+    p->call = call;
+    mg_call_ref(call);
+    call->data = p;
+    if (line)
+        mg_list_push_back(line, &p->node);
+}
+
+void mg_call_unpark(mg_parked *p, int grpc_code, const char *message)
+{
+    mg_call *call = p->call;
+    if (mg_list_linked(&p->node))
+        mg_list_remove(&p->node);
+    call->data = NULL;
+    if (grpc_code >= 0)
+        mg_call_finish(call, grpc_code, "%s", message ? message : "");
+    mg_call_unref(call);
+}
+
 mg_gateway *mg_call_gateway(const mg_call *call)
 {
     return call->conn ? call->conn->gw : NULL;

@@ -137,6 +137,18 @@ void mg_call_unref(mg_call *call);
 void mg_call_set_data(mg_call *call, void *data);
 void *mg_call_data(const mg_call *call);
 mg_gateway *mg_call_gateway(const mg_call *call);
+
+/* A call parked while it waits for something (a lease, a batch, a notification, a state
+ * change), in a line its handler keeps: the record the handler keeps for it starts with one.
+ * Parking takes a reference and points the call's data at the record, so on_cancel finds it
+ * with mg_call_data(); unparking takes it out of its line, clears the data and drops the
+ * reference — after finishing the call with grpc_code (>= 0) and message, if asked. */
+typedef struct mg_parked {
+    mg_list_node node; /* in the handler's line (NULL line: in none) */
+    mg_call *call;
+} mg_parked;
+void mg_call_park(mg_call *call, mg_parked *p, mg_list *line);
+void mg_call_unpark(mg_parked *p, int grpc_code, const char *message);
 /* Who called: "uid:0 pid:123" on the Unix socket, the address on TCP. */
 const char *mg_call_peer(const mg_call *call);
 /* The caller's verified TLS client certificate identity, or "" without one. */

@@ -15,14 +15,13 @@
 #include <string.h>
 
 typedef struct watcher {
-    mg_call *call;
+    mg_parked park; /* in mg_health.watchers */
     char *service;
     int last; /* last status sent */
-    struct watcher *next;
 } watcher;
 
 struct mg_health {
-    watcher *watchers;
+    mg_list watchers;
     size_t count;
 };
 
@@ -55,28 +54,20 @@ static void check_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_reply(call, &resp.base);
 }
 
-static void watcher_unlink(mg_gateway *gw, mg_call *call)
+/* The watcher's call goes, finished with grpc_code (>= 0) and message first if asked. */
+static void watcher_drop(mg_gateway *gw, watcher *w, int grpc_code, const char *message)
 {
-    watcher **pp = &gw->health->watchers;
-    while (*pp) {
-        watcher *w = *pp;
-        if (w->call == call) {
-            *pp = w->next;
-            gw->health->count--;
-            free(w->service);
-            mg_call_unref(w->call);
-            free(w);
-            return;
-        }
-        pp = &w->next;
-    }
+    gw->health->count--;
+    free(w->service);
+    mg_call_unpark(&w->park, grpc_code, message);
+    free(w);
 }
 
 static void watch_cancel(mg_call *call)
 {
-    mg_gateway *gw = mg_call_data(call);
-    if (gw && gw->health)
-        watcher_unlink(gw, call);
+    watcher *w = mg_call_data(call);
+    if (w)
+        watcher_drop(mg_call_gateway(call), w, -1, NULL);
 }
 
 static void watch_message(mg_call *call, const ProtobufCMessage *m)
@@ -99,11 +90,7 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     }
     resp.status = status_for(gw, req->service, 1);
     w->last = resp.status;
-    w->call = call;
-    mg_call_ref(call);
-    mg_call_set_data(call, gw);
-    w->next = gw->health->watchers;
-    gw->health->watchers = w;
+    mg_call_park(call, &w->park, &gw->health->watchers);
     gw->health->count++;
     mg_call_send(call, &resp.base);
 }
@@ -134,6 +121,7 @@ int mg_svc_health_init(mg_gateway *gw)
     gw->health = calloc(1, sizeof(*gw->health));
     if (gw->health == NULL)
         return MG_ERR_NOMEM;
+    mg_list_init(&gw->health->watchers);
     if ((rc = mg_gateway_add_method(gw, &check_method)) != 0 ||
         (rc = mg_gateway_add_method(gw, &watch_method)) != 0)
         return rc;
@@ -144,13 +132,14 @@ void mg_svc_health_notify(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;
-    for (watcher *w = gw->health->watchers; w; w = w->next) {
+    mg_list_foreach (&gw->health->watchers, node) {
+        watcher *w = mg_container_of(node, watcher, park.node);
         Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
         resp.status = status_for(gw, w->service, 1);
-        if ((int)resp.status == w->last || mg_call_done(w->call))
+        if ((int)resp.status == w->last || mg_call_done(w->park.call))
             continue;
         w->last = resp.status;
-        mg_call_send(w->call, &resp.base);
+        mg_call_send(w->park.call, &resp.base);
     }
 }
 
@@ -158,21 +147,18 @@ void mg_svc_health_close_watchers(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;
-    while (gw->health->watchers) {
-        mg_call *call = gw->health->watchers->call;
-        mg_call_ref(call);
-        watcher_unlink(gw, call);
-        mg_call_finish(call, MG_GRPC_UNAVAILABLE, "server shutting down");
-        mg_call_unref(call);
-    }
+    while (!mg_list_empty(&gw->health->watchers))
+        watcher_drop(gw, mg_container_of(mg_list_first(&gw->health->watchers), watcher, park.node),
+                     MG_GRPC_UNAVAILABLE, "server shutting down");
 }
 
 void mg_svc_health_free(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;
-    while (gw->health->watchers)
-        watcher_unlink(gw, gw->health->watchers->call);
+    while (!mg_list_empty(&gw->health->watchers))
+        watcher_drop(gw, mg_container_of(mg_list_first(&gw->health->watchers), watcher, park.node),
+                     -1, NULL);
     free(gw->health);
     gw->health = NULL;
 }

@@ -41,9 +41,8 @@ typedef struct note {
 struct topic;
 
 typedef struct watcher {
-    mg_call *call;
+    mg_parked park; /* in its topic's watchers */
     struct topic *t;
-    struct watcher *next;
 } watcher;
 
 typedef struct topic {
@@ -51,7 +50,7 @@ typedef struct topic {
     char name[TOPIC_MAX + 1];
     note *head, *tail;
     size_t queued;
-    watcher *watchers; /* oldest first */
+    mg_list watchers; /* oldest first */
     struct topic *next;
 } topic;
 
@@ -84,6 +83,7 @@ static topic *topic_find(struct mg_notify_svc *ns, const char *tenant, const cha
         return NULL;
     snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
     snprintf(t->name, sizeof(t->name), "%s", name);
+    mg_list_init(&t->watchers);
     t->next = ns->topics;
     ns->topics = t;
     return t;
@@ -93,7 +93,7 @@ static topic *topic_find(struct mg_notify_svc *ns, const char *tenant, const cha
 static void topic_gc(struct mg_notify_svc *ns, topic *t)
 {
     topic **pp;
-    if (t->head || t->watchers)
+    if (t->head || !mg_list_empty(&t->watchers))
         return;
     for (pp = &ns->topics; *pp && *pp != t; pp = &(*pp)->next)
         ;
@@ -127,12 +127,15 @@ static note *take(struct mg_notify_svc *ns, topic *t)
 /* Hands queued notes to t's watchers while they can take them. */
 static void feed(struct mg_notify_svc *ns, topic *t)
 {
-    for (watcher *w = t->watchers; w && t->head; w = w->next) {
-        while (t->head && mg_call_writable(w->call)) {
+    mg_list_foreach (&t->watchers, node) {
+        mg_call *call = mg_container_of(node, watcher, park.node)->park.call;
+        while (t->head && mg_call_writable(call)) {
             note *n = take(ns, t);
-            mg_call_send(w->call, &n->msg.base);
+            mg_call_send(call, &n->msg.base);
             note_free(n);
         }
+        if (t->head == NULL)
+            break;
     }
 }
 
@@ -208,7 +211,7 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__WatchRequest *req = (const void *)m;
     struct mg_notify_svc *ns = mg_call_gateway(call)->notify;
-    watcher *w, **pp;
+    watcher *w;
     topic *t;
     if (!topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
@@ -221,34 +224,27 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    w->call = call;
     w->t = t;
-    for (pp = &t->watchers; *pp; pp = &(*pp)->next)
-        ;
-    *pp = w; /* newest last: the longest waiting is fed first */
-    mg_call_ref(call);
-    mg_call_set_data(call, w);
+    mg_call_park(call, &w->park, &t->watchers); /* newest last: the longest waiting fed first */
     feed(ns, t);
 }
 
-static void watcher_drop(struct mg_notify_svc *ns, watcher *w)
+/* The watcher's call goes (finished with grpc_code >= 0 first, if asked); its topic too when
+ * it was the last reason to keep it. */
+static void watcher_drop(struct mg_notify_svc *ns, watcher *w, int grpc_code, const char *message)
 {
-    watcher **pp;
-    for (pp = &w->t->watchers; *pp && *pp != w; pp = &(*pp)->next)
-        ;
-    if (*pp)
-        *pp = w->next;
-    mg_call_set_data(w->call, NULL);
-    mg_call_unref(w->call);
-    topic_gc(ns, w->t);
+    topic *t = w->t;
+    mg_call_unpark(&w->park, grpc_code, message);
     free(w);
+    if (ns)
+        topic_gc(ns, t);
 }
 
 static void watch_cancel(mg_call *call)
 {
     watcher *w = mg_call_data(call);
     if (w)
-        watcher_drop(mg_call_gateway(call)->notify, w);
+        watcher_drop(mg_call_gateway(call)->notify, w, -1, NULL);
 }
 
 static void watch_writable(mg_call *call)
@@ -336,17 +332,10 @@ void mg_svc_notify_drain(mg_gateway *gw)
 {
     struct mg_notify_svc *ns = gw->notify;
     for (topic *t = ns ? ns->topics : NULL, *next; t; t = next) {
-        watcher *w = t->watchers;
         next = t->next;
-        t->watchers = NULL;
-        while (w) {
-            watcher *wn = w->next;
-            mg_call_set_data(w->call, NULL);
-            mg_call_finish(w->call, MG_GRPC_UNAVAILABLE, "the daemon is draining");
-            mg_call_unref(w->call);
-            free(w);
-            w = wn;
-        }
+        while (!mg_list_empty(&t->watchers))
+            watcher_drop(NULL, mg_container_of(mg_list_first(&t->watchers), watcher, park.node),
+                         MG_GRPC_UNAVAILABLE, "the daemon is draining");
         topic_gc(ns, t);
     }
 }
@@ -380,13 +369,9 @@ void mg_svc_notify_free(mg_gateway *gw)
         ns->topics = t->next;
         while (t->head)
             note_free(take(ns, t));
-        while (t->watchers) {
-            watcher *w = t->watchers;
-            t->watchers = w->next;
-            mg_call_set_data(w->call, NULL);
-            mg_call_unref(w->call);
-            free(w);
-        }
+        while (!mg_list_empty(&t->watchers))
+            watcher_drop(NULL, mg_container_of(mg_list_first(&t->watchers), watcher, park.node), -1,
+                         NULL);
         free(t);
     }
     free(ns);

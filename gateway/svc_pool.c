@@ -33,7 +33,7 @@ struct mg_pool_svc {
 
 /* A blocking acquire or an overflow lease the set answers later. */
 typedef struct pending {
-    mg_call *call;
+    mg_parked park; /* in no line: the pool set keeps the line */
     mg_gateway *gw;
     mg_pools_wait *wait;
     int waiting; /* in the pool's line (counted as a wait), not an overflow registration */
@@ -82,8 +82,7 @@ static void pending_end(pending *a)
 {
     if (a->waiting)
         mg_metrics_pool_wait(a->gw, (double)(mg_now_mono_ns() - a->t0_ns) / 1e9);
-    mg_call_set_data(a->call, NULL);
-    mg_call_unref(a->call);
+    mg_call_unpark(&a->park, -1, NULL);
     free(a);
 }
 
@@ -91,15 +90,15 @@ static void acquired(void *arg, int rc, mg_pool *pool, mg_lease *l, const char *
 {
     pending *a = arg;
     if (rc == 0 || rc == MG_LEASE_RETRY) {
-        if (!mg_call_done(a->call))
-            reply_lease(a->call, pool, l);
+        if (!mg_call_done(a->park.call))
+            reply_lease(a->park.call, pool, l);
         else if (rc == 0)
             mg_pools_release(a->gw->pools, pool, l); /* nobody is left to use it */
     } else if (rc == MG_ERR_TIMEOUT) {
-        mg_call_fail(a->call, rc, "%s (--max-wait %llu s)", err,
+        mg_call_fail(a->park.call, rc, "%s (--max-wait %llu s)", err,
                      (unsigned long long)a->gw->cfg->max_wait);
     } else {
-        mg_call_fail(a->call, rc, "%s", err);
+        mg_call_fail(a->park.call, rc, "%s", err);
     }
     pending_end(a);
 }
@@ -185,14 +184,12 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
     }
     rc = mg_pools_acquire(gw->pools, pool, &req, mg_now_mono_ms(), acquired, a, &wait, &l, err);
     if (rc == MG_POOLS_WAITING || rc == MG_POOLS_REGISTERING) {
-        a->call = call;
         a->gw = gw;
         a->wait = wait;
         a->waiting = rc == MG_POOLS_WAITING;
         a->t0_ns = mg_now_mono_ns();
         gw->pool_stats.waits_total += (uint64_t)a->waiting;
-        mg_call_ref(call);
-        mg_call_set_data(call, a);
+        mg_call_park(call, &a->park, NULL);
         return;
     }
     free(a);

@@ -26,6 +26,7 @@
 #include "mg_hash.h"
 #include "mg_log.h"
 #include "mg_pbcheck.h"
+#include "mg_peer_rpc.h"
 
 #include "mg_rdma_wire.h"
 
@@ -54,10 +55,6 @@
 #define POOL_IDLE      8              /* idle data connections kept per peer */
 #define MAX_PEERS      1024           /* peer directory entries (each a line in /metrics) */
 #define REQUEST_ID_MAX 128
-#define MAX_PARTS      8              /* a large request runs as up to this many parts */
-#define PART_MIN       (16ull << 20)  /* each of them at least this long */
-#define GROUP_MAX      64             /* small requests of a batch moved by one job */
-#define GROUP_BYTES    (4ull << 20)   /* "small": at most this long */
 #define NOTIFY_MAX     16
 #define TOPIC_MAX      128
 #define PAYLOAD_MAX    65536
@@ -89,21 +86,19 @@ typedef struct peer_ent {
     char key[MG_PEER_NAME_MAX + 1]; /* "tenant@addr": its name in the peer cache */
     mg_gateway *gw;
     int state;
-    int client_used; /* the control connection opened a session before: it may be stale */
-    int err_code;    /* MG_ERR_* of the failed session */
+    int err_code; /* MG_ERR_* of the failed session */
     char err[256];
     uint8_t token[MG_DF_TOKEN_BYTES];
     char data_host[128];
     int data_port;
     uint64_t epoch, expires_ms;
-    mg_client *client;
-    struct xfer_req *waiting;            /* requests waiting for the session */
-    mg_dp_pool idle;                     /* its idle data connections: workers take and give back */
-    unsigned jobs;                       /* parts of its requests on workers now */
-    unsigned restarts_seen;              /* epoch changes */
-    uint64_t bytes[2];                   /* moved by requests that completed, by op (1: write) */
-    uint64_t ended[2][2];                /* requests by op and result (1: failed) */
-    struct xfer_req *ready, *ready_tail; /* its requests waiting for a worker */
+    mg_peer_chan chan;        /* its control channel (mg_peer_rpc.h) */
+    struct xfer_req *waiting; /* requests waiting for the session */
+    mg_dp_pool idle;          /* its idle data connections: workers take and give back */
+    mg_xfer_line line;        /* its requests ready for a job slot (moongate/xfer.h) */
+    unsigned restarts_seen;   /* epoch changes */
+    uint64_t bytes[2];        /* moved by requests that completed, by op (1: write) */
+    uint64_t ended[2][2];     /* requests by op and result (1: failed) */
     /* RDMA: queue pairs to the peer (one connection, used by one job at a time). */
     int peer_rdma; /* the peer said it has RDMA devices */
     unsigned peer_rdma_devices;
@@ -164,30 +159,27 @@ typedef struct xfer_batch {
     xfer_note *notes;
     size_t nnotes;
     mg_batch_counts counts;  /* requests and notifications ended (moongate/batch.h) */
-    struct bwatch *watchers; /* Wait calls */
+    mg_list watchers;        /* Wait calls and Submits with `wait` (bwatch.park) */
     struct xfer_batch *next; /* newest first */
 } xfer_batch;
 
 typedef struct bwatch {
-    mg_call *call;
+    mg_parked park; /* in its batch's watchers */
     xfer_batch *b;
     int submit; /* a Submit with `wait`: no progress, one SubmitResponse at the end */
-    struct bwatch *next;
 } bwatch;
+
+static bwatch *bwatch_of(mg_list_node *node)
+{
+    return mg_container_of(node, bwatch, park.node);
+}
 
 typedef struct xfer_req {
     xfer_batch *b;
     mg_gateway *gw;
     int write;
-    int stop; /* MG_ERR_* asking the worker to stop (atomic) */
-    /* A large request runs as parts in parallel, each a job on its own connection. */
-    struct xfer_part {
-        mg_xfer_part m; /* what its job moves; m.next: the next small request of a group */
-        struct xfer_req *r;
-        uint64_t offset; /* within the request */
-        int grouped;     /* run in such a job (rc is set by it) */
-    } one, *parts;       /* parts: &one, or an array for a request in several */
-    unsigned nparts, parts_left;
+    int stop;          /* MG_ERR_* asking the worker to stop (atomic) */
+    mg_xfer_req x;     /* the request as the engine's scheduler moves it (moongate/xfer.h) */
     mg_segment *local; /* referenced until the request ends */
     void *local_lease; /* mg_pools_use token when the local side is a lease */
     uint8_t *local_addr;
@@ -211,16 +203,14 @@ typedef struct xfer_req {
     char data_host[128];
     int data_port;
     struct xfer_req *next_wait;
-    struct xfer_req *next_ready; /* in the line for a worker */
-    const char *peer_name;       /* during Submit only: the request's `peer` */
+    const char *peer_name; /* during Submit only: the request's `peer` */
 } xfer_req;
 
 struct mg_transfer_svc {
     mg_gateway *gw;
-    /* Requests ready to run wait in their peer's line for a job slot — of the transport threads
-     * (--io-threads) for peers, of the workers for copies on this daemon — so a large batch
-     * neither overflows a queue nor crowds out other work. jobs[1]: on the transport threads. */
-    unsigned jobs[2];
+    /* Requests ready to run wait in their peer's line (peer_ent.line) for a job slot of the
+     * engine's scheduler. */
+    mg_xfer_sched *sched;
     int closing; /* freeing: answers of peer calls are dropped */
     peer_ent *peers;
     size_t npeers;
@@ -252,10 +242,7 @@ static int batch_over(const xfer_batch *b)
 /* Bytes of r confirmed so far, all parts together. */
 static uint64_t req_progress(const xfer_req *r)
 {
-    uint64_t n = 0;
-    for (unsigned i = 0; i < r->nparts; i++)
-        n += __atomic_load_n(&r->parts[i].m.progress, __ATOMIC_RELAXED);
-    return n;
+    return mg_xfer_req_progress(&r->x);
 }
 
 /* What GetBatch says of r now (msg: r's own). */
@@ -347,26 +334,25 @@ static void batch_tell(xfer_batch *b)
 {
     batch_msg m;
     int over = batch_over(b);
-    if (b->watchers == NULL || batch_msg_fill(&m, b) != 0)
+    if (mg_list_empty(&b->watchers) || batch_msg_fill(&m, b) != 0)
         return;
-    for (bwatch *w = b->watchers, *next; w; w = next) {
-        next = w->next;
+    mg_list_foreach_safe(&b->watchers, node, next)
+    {
+        bwatch *w = bwatch_of(node);
+        mg_call *call = w->park.call;
         if (w->submit) {
             if (over)
-                submit_answer(w->call, b, &m);
-        } else if (over || mg_call_writable(w->call)) { /* a slow reader gets the latest later */
-            mg_call_send(w->call, &m.msg.base);
+                submit_answer(call, b, &m);
+        } else if (over || mg_call_writable(call)) { /* a slow reader gets the latest later */
+            mg_call_send(call, &m.msg.base);
         }
+        if (mg_call_data(call) != w)
+            continue; /* the answer was too large: the call ended, and w with it (wait_cancel) */
         if (over) {
-            if (!w->submit)
-                mg_call_finish(w->call, MG_GRPC_OK, NULL);
-            mg_call_set_data(w->call, NULL);
-            mg_call_unref(w->call);
+            mg_call_unpark(&w->park, w->submit ? -1 : MG_GRPC_OK, NULL);
             free(w);
         }
     }
-    if (over)
-        b->watchers = NULL;
     batch_msg_free(&m);
 }
 
@@ -380,7 +366,7 @@ static void wait_tick(evutil_socket_t fd, short what, void *arg)
 static void batch_notify(xfer_batch *b)
 {
     static const struct timeval tick = {0, WAIT_TICK_MS * 1000};
-    if (b->watchers == NULL)
+    if (mg_list_empty(&b->watchers))
         return;
     if (batch_over(b)) {
         if (b->wait_ev)
@@ -472,8 +458,7 @@ static void compact_cb(evutil_socket_t fd, short what, void *arg)
         xfer_req *r = &b->reqs[i];
         recs[i] = req_record(r);
         r->msg = NULL; /* the record has it now */
-        if (r->parts != &r->one)
-            free(r->parts);
+        mg_xfer_req_free(&r->x);
     }
     free(b->reqs);
     b->reqs = NULL;
@@ -498,18 +483,11 @@ static void batch_changed(xfer_batch *b)
  * Returns 1 if it was in one. */
 static int unqueue(xfer_req *r)
 {
-    xfer_req **pp, *prev = NULL;
+    xfer_req **pp;
     if (r->peer == NULL)
         return 0;
-    for (pp = &r->peer->ready; *pp && *pp != r; pp = &(*pp)->next_ready)
-        prev = *pp;
-    if (*pp) {
-        *pp = r->next_ready;
-        if (r->peer->ready_tail == r)
-            r->peer->ready_tail = prev;
-        r->next_ready = NULL;
+    if (mg_xfer_sched_remove(&r->x))
         return 1;
-    }
     for (pp = &r->peer->waiting; *pp && *pp != r; pp = &(*pp)->next_wait)
         ;
     if (*pp == NULL)
@@ -552,8 +530,7 @@ static void batch_free(xfer_batch *b)
     for (size_t i = 0; i < b->nnotes; i++)
         free(b->notes[i].payload);
     for (size_t i = 0; b->reqs && i < b->n; i++) {
-        if (b->reqs[i].parts != &b->reqs[i].one)
-            free(b->reqs[i].parts);
+        mg_xfer_req_free(&b->reqs[i].x);
         free(b->reqs[i].msg);
     }
     for (size_t i = 0; b->recs && i < b->n; i++)
@@ -564,61 +541,56 @@ static void batch_free(xfer_batch *b)
     free(b);
 }
 
-/* ---- workers: one request ---- */
-
-/* Worker: moves the part (and the parts grouped after it) by the request's transport. */
-static int part_work(void *arg)
-{
-    struct xfer_part *pt = arg;
-    xfer_req *r = pt->r;
-    const mg_config *cfg = r->gw->cfg;
-    mg_xfer_link link = {.stop = &r->stop, /* a batch's requests stop together */
-                         .slice_bytes = (uint32_t)cfg->slice_bytes,
-                         .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
-                         .crc = cfg->data_crc,
-                         .in_flight = &r->gw->xfer_stats.slices_in_flight,
-                         .peer = r->peer->addr,
-                         .idle = &r->peer->idle,
-                         .token = r->token,
-                         .host = r->data_host,
-                         .port = r->data_port};
-    if (r->rdma) {
-        link.conns = r->rref->c;
-        link.nconns = r->rref->n;
-        link.lock = &r->peer->rlock;
-    }
-    return mg_xfer_run(r->local_copy ? MG_XFER_COPY
-                       : r->rdma     ? MG_XFER_RDMA
-                                     : MG_XFER_TCP,
-                       &pt->m, &link);
-}
+/* ---- the engine's scheduler moves the requests (moongate/xfer.h) ---- */
 
 static void session_retry(xfer_req *r);
 static int watch_add(mg_call *call, xfer_batch *b, int submit);
 static void submit_go(mg_call *call, xfer_batch *b);
 static int remote_check(mg_call *call, xfer_batch *b);
-static void pump(struct mg_transfer_svc *ts);
-static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap);
 static void open_session(mg_gateway *gw, peer_ent *p);
+static void rref_release(peer_ent *p, rconn_ref *ref);
 
-/* A part ended with `result`: its request ends with its last part. */
-static void part_finish(struct xfer_part *pt, int result)
+static xfer_req *req_of(mg_xfer_req *x)
 {
-    xfer_req *r = pt->r;
+    return mg_container_of(x, xfer_req, x);
+}
+
+/* The request took a job slot. */
+static void req_started(void *arg, mg_xfer_req *x)
+{
+    (void)arg;
+    mg_req_start(&req_of(x)->life);
+}
+
+/* A job of head's goes to a worker, or came back: it holds the RDMA connection meanwhile. */
+static void job_started(void *arg, mg_xfer_req *head)
+{
+    xfer_req *r = req_of(head);
+    (void)arg;
+    if (r->rdma)
+        r->rref->users++;
+}
+
+static void job_ended(void *arg, mg_xfer_req *head)
+{
+    xfer_req *r = req_of(head);
+    (void)arg;
+    if (r->rdma)
+        rref_release(r->peer, r->rref);
+}
+
+/* The request's last part ended: it ends, or (a token the peer no longer knows, a data plane
+ * not where the session said: it may have restarted) asks its peer again, once. */
+static void req_moved(void *arg, mg_xfer_req *x, int result, const char *why)
+{
+    xfer_req *r = req_of(x);
     char msg[600];
-    pt->m.rc = result;
-    if (--r->parts_left > 0)
-        return;
-    result = 0;
-    for (unsigned i = 0; i < r->nparts && result == 0; i++) { /* the first failure speaks */
-        if ((result = r->parts[i].m.rc) != 0)
-            req_say(r, r->parts[i].m.msg);
-    }
+    (void)arg;
+    if (result != 0)
+        req_say(r, why);
     if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->life.requeued &&
         __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
-        /* The peer no longer knows our token, or its data plane is not where the session
-         * said: it may have restarted. Ask it again (a dead peer fails there, by name). */
-        session_retry(r);
+        session_retry(r); /* a dead peer fails there, by name */
         return;
     }
     if (result && r->msg && strstr(r->msg, r->peer->addr) == NULL)
@@ -626,163 +598,6 @@ static void part_finish(struct xfer_part *pt, int result)
     else
         snprintf(msg, sizeof(msg), "%.500s", r->msg ? r->msg : "");
     req_end(r, result, result ? msg : NULL);
-}
-
-static void rref_release(peer_ent *p, rconn_ref *ref);
-
-static void part_done(void *arg, int result)
-{
-    struct xfer_part *pt = arg;
-    peer_ent *p = pt->r->peer;
-    struct mg_transfer_svc *ts = pt->r->gw->transfer;
-    rconn_ref *ref = pt->r->rdma ? pt->r->rref : NULL;
-    ts->jobs[!pt->r->local_copy]--;
-    if (ref)
-        rref_release(p, ref);
-    p->jobs--;
-    if (pt->grouped) { /* each request of the group ends on its own */
-        for (struct xfer_part *q = pt, *next; q; q = next) {
-            next = q->m.next ? mg_container_of(q->m.next, struct xfer_part, m) : NULL;
-            q->m.next = NULL;
-            q->grouped = 0;
-            part_finish(q, q->m.rc);
-        }
-    } else {
-        part_finish(pt, result);
-    }
-    if (!ts->closing)
-        pump(ts);
-}
-
-/* Cuts r into parts (mg_xfer_plan): one, or for a large request up to --tcp-conns-per-peer of
- * at least PART_MIN bytes each, on slice boundaries. */
-static void req_plan(xfer_req *r, unsigned room)
-{
-    const mg_config *cfg = r->gw->cfg;
-    unsigned most = cfg->tcp_conns_per_peer < room ? (unsigned)cfg->tcp_conns_per_peer : room;
-    uint64_t each;
-    unsigned n = mg_xfer_plan(r->length, cfg->slice_bytes, most < MAX_PARTS ? most : MAX_PARTS,
-                              PART_MIN, r->rdma, &each);
-    if (r->parts != &r->one)
-        free(r->parts);
-    r->parts = n > 1 ? calloc(n, sizeof(*r->parts)) : NULL;
-    if (r->parts == NULL) {
-        r->parts = &r->one;
-        if (n > 1)
-            n = mg_xfer_plan(r->length, cfg->slice_bytes, 1, PART_MIN, r->rdma, &each);
-    }
-    r->nparts = 0;
-    for (uint64_t off = 0; off < r->length; off += each) {
-        struct xfer_part *pt = &r->parts[r->nparts++];
-        uint64_t len = r->length - off < each ? r->length - off : each;
-        memset(pt, 0, sizeof(*pt));
-        pt->r = r;
-        pt->offset = off;
-        pt->m = (mg_xfer_part){.write = r->write,
-                               .local = r->local_addr + off,
-                               .length = len,
-                               .other = r->other_addr ? r->other_addr + off : NULL,
-                               .lease = r->remote_lease,
-                               .target = r->remote_segment,
-                               .remote = (r->rdma ? r->raddr : r->remote_offset) + off,
-                               .lkeys = r->lkeys,
-                               .rkeys = r->rkeys};
-    }
-    r->parts_left = r->nparts;
-}
-
-/* Peers' jobs run on the transport threads, copies on this daemon ("" peer) on the workers. */
-static int on_io(const peer_ent *p)
-{
-    return p->addr[0] != '\0';
-}
-
-static unsigned slots(const struct mg_transfer_svc *ts, int io)
-{
-    return (unsigned)(io ? ts->gw->cfg->io_threads : ts->gw->cfg->workers);
-}
-
-/* Starts ready requests while job slots are free (all of a request's parts at once), each peer's
- * in order and up to its share: all slots of its kind but one, so a peer that stalls (until the
- * I/O timeout) cannot hold up the others, and copies leave a worker to registrations. */
-static void pump(struct mg_transfer_svc *ts)
-{
-    for (peer_ent *p = ts->peers; p; p = p->next) {
-        int io = on_io(p);
-        unsigned all = slots(ts, io), cap = all > 1 ? all - 1 : 1;
-        while (p->ready && p->jobs < cap && ts->jobs[io] < all)
-            req_run(ts, p, cap);
-    }
-}
-
-/* Takes the first request of p's line to the workers. */
-static void req_run(struct mg_transfer_svc *ts, peer_ent *p, unsigned cap)
-{
-    xfer_req *r = p->ready;
-    unsigned started = 0;
-    mg_engine *pool = on_io(p) && r->gw->io ? r->gw->io : r->gw->engine;
-    p->ready = r->next_ready;
-    if (p->ready == NULL)
-        p->ready_tail = NULL;
-    r->next_ready = NULL;
-    mg_req_start(&r->life);
-    req_plan(r, cap - p->jobs);
-    if (r->nparts == 1 && !r->local_copy && r->length <= GROUP_BYTES && p->ready &&
-        p->ready->b == r->b && p->ready->length <= GROUP_BYTES && p->ready->rdma == r->rdma) {
-        /* Small requests of the same batch follow: one job takes them all. */
-        mg_xfer_part **tail = &r->parts[0].m.next;
-        unsigned n = 1;
-        r->parts[0].grouped = 1;
-        while (n < GROUP_MAX && p->ready && p->ready->b == r->b &&
-               p->ready->length <= GROUP_BYTES && p->ready->rdma == r->rdma) {
-            xfer_req *q = p->ready;
-            p->ready = q->next_ready;
-            if (p->ready == NULL)
-                p->ready_tail = NULL;
-            q->next_ready = NULL;
-            mg_req_start(&q->life);
-            req_plan(q, 1);
-            q->parts[0].grouped = 1;
-            *tail = &q->parts[0].m;
-            tail = &q->parts[0].m.next;
-            n++;
-        }
-        if (mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[0]) == 0) {
-            if (r->rdma)
-                r->rref->users++;
-            ts->jobs[1]++;
-            p->jobs++;
-            return;
-        }
-        for (struct xfer_part *q = &r->parts[0], *next; q; q = next) {
-            next = q->m.next ? mg_container_of(q->m.next, struct xfer_part, m) : NULL;
-            q->m.next = NULL;
-            q->grouped = 0;
-            req_end(q->r, MG_ERR_FULL, "the engine's queue is full (--queue-depth)");
-        }
-        return;
-    }
-    for (unsigned i = 0; i < r->nparts; i++) {
-        int rc = mg_engine_submit(pool, r->gw->cq, part_work, part_done, &r->parts[i]);
-        if (rc == 0) {
-            if (r->rdma)
-                r->rref->users++;
-            ts->jobs[on_io(p)]++;
-            p->jobs++;
-            started++;
-            continue;
-        }
-        /* The engine's queue is full: the parts not started fail now. */
-        for (unsigned k = i; k < r->nparts; k++) {
-            r->parts[k].m.rc = rc;
-            snprintf(r->parts[k].m.msg, sizeof(r->parts[k].m.msg),
-                     "the engine's queue is full (--queue-depth)");
-        }
-        r->parts_left = started;
-        break;
-    }
-    if (started == 0)
-        req_end(r, r->parts[0].m.rc, r->parts[0].m.msg);
 }
 
 static int rdma_wanted(const peer_ent *p);
@@ -815,11 +630,43 @@ static void req_transport(xfer_req *r)
     r->raddr = d.rdma_addr + r->remote_offset;
 }
 
+/* What the scheduler and the movers need of r: its ranges and how its jobs reach the peer. */
+static void req_link(xfer_req *r)
+{
+    const mg_config *cfg = r->gw->cfg;
+    mg_xfer_req *x = &r->x;
+    x->kind = r->local_copy ? MG_XFER_COPY : r->rdma ? MG_XFER_RDMA : MG_XFER_TCP;
+    x->batch = r->b;
+    x->write = r->write;
+    x->local = r->local_addr;
+    x->other = r->other_addr;
+    x->length = r->length;
+    x->lease = r->remote_lease;
+    x->target = r->remote_segment;
+    x->remote = r->rdma ? r->raddr : r->remote_offset;
+    x->lkeys = r->lkeys;
+    x->rkeys = r->rkeys;
+    x->link = (mg_xfer_link){.stop = &r->stop, /* a batch's requests stop together */
+                             .slice_bytes = (uint32_t)cfg->slice_bytes,
+                             .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
+                             .crc = cfg->data_crc,
+                             .in_flight = &r->gw->xfer_stats.slices_in_flight,
+                             .peer = r->peer->addr,
+                             .idle = &r->peer->idle,
+                             .token = r->token,
+                             .host = r->data_host,
+                             .port = r->data_port};
+    if (r->rdma) {
+        x->link.conns = r->rref->c;
+        x->link.nconns = r->rref->n;
+        x->link.lock = &r->peer->rlock;
+    }
+}
+
 /* The session is open: the request takes its details and joins the line for a worker (after
  * the RDMA connection, while one is being set up). */
 static void req_start(xfer_req *r)
 {
-    struct mg_transfer_svc *ts = r->gw->transfer;
     peer_ent *p = r->peer;
     if (!r->local_copy && rdma_wanted(p) &&
         (p->rdma_state == RDMA_NONE || p->rdma_state == RDMA_SETUP)) {
@@ -833,13 +680,8 @@ static void req_start(xfer_req *r)
     memcpy(r->token, p->token, sizeof(r->token));
     snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
     r->data_port = p->data_port;
-    r->next_ready = NULL;
-    if (p->ready_tail)
-        p->ready_tail->next_ready = r;
-    else
-        p->ready = r;
-    p->ready_tail = r;
-    pump(ts);
+    req_link(r);
+    mg_xfer_sched_add(&p->line, &r->x);
 }
 
 /* ---- the peer directory: sessions ---- */
@@ -896,8 +738,7 @@ static int session_refusal(int status)
 static void reopen_cb(evutil_socket_t fd, short what, void *arg)
 {
     peer_ent *p = arg;
-    mg_client_del(p->client);
-    p->client = NULL;
+    mg_peer_chan_close(&p->chan);
     open_session(p->gw, p);
 }
 
@@ -905,10 +746,10 @@ static void open_answered(void *arg, int status, const char *message, ProtobufCM
 {
     peer_ent *p = arg;
     Moongate__V1__OpenSessionResponse *resp = (void *)m;
-    if (status == MG_GRPC_UNAVAILABLE && p->client_used) {
+    if (status == MG_GRPC_UNAVAILABLE && p->chan.used) {
         /* The connection served an earlier session; the peer may have restarted since. */
         static const struct timeval now = {0, 0};
-        p->client_used = 0;
+        p->chan.used = 0;
         if (event_base_once(p->gw->base, -1, EV_TIMEOUT, reopen_cb, p, &now) == 0)
             return;
     }
@@ -966,7 +807,7 @@ static void open_answered(void *arg, int status, const char *message, ProtobufCM
                                                                     : resp->expires_in_ms);
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
     p->state = PEER_OPEN;
-    p->client_used = 1;
+    p->chan.used = 1;
     mg_info("peer_session", "peer=%s data=%s:%d epoch=%016" PRIx64, p->addr, p->data_host,
             p->data_port, p->epoch);
     release_waiting(p);
@@ -977,8 +818,7 @@ static void session_retry(xfer_req *r)
 {
     peer_ent *p = r->peer;
     mg_req_requeue(&r->life);
-    for (unsigned i = 0; i < r->nparts; i++)
-        __atomic_store_n(&r->parts[i].m.progress, 0, __ATOMIC_RELAXED);
+    mg_xfer_req_reset(&r->x);
     if (p->state == PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
         mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64, p->addr, p->epoch);
         p->state = PEER_NONE; /* that token is dead: every request needs a new one */
@@ -991,110 +831,6 @@ static void session_retry(xfer_req *r)
         open_session(r->gw, p);
 }
 
-/* Starts a unary call on the peer's control channel (a new connection when the old one is
- * known to have failed) and sends `req`. Returns 0, or -1 with err set. */
-static int peer_call(mg_gateway *gw, peer_ent *p, const char *path, const ProtobufCMessage *req,
-                     const mg_rpc_handlers *h, void *arg, char *err, size_t errcap)
-{
-    size_t len = protobuf_c_message_get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    uint32_t timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000; /* as for the data plane */
-    /* This daemon's identity towards peers: --peer-cert, else its server certificate. */
-    const char *peer_cert = gw->cfg->peer_cert[0] ? gw->cfg->peer_cert : gw->cfg->tls_cert;
-    const char *peer_key = gw->cfg->peer_cert[0] ? gw->cfg->peer_key : gw->cfg->tls_key;
-    mg_rpc *rpc = NULL;
-    if (buf == NULL) {
-        snprintf(err, errcap, "out of memory");
-        return -1;
-    }
-    protobuf_c_message_pack(req, buf);
-    for (int attempt = 0; attempt < 2 && rpc == NULL; attempt++) {
-        if (p->client == NULL) {
-            mg_client_options o = {.target = p->addr,
-                                   .tls = gw->cfg->peer_tls,
-                                   .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
-                                   .cert_file = peer_cert[0] ? peer_cert : NULL,
-                                   .key_file = peer_cert[0] ? peer_key : NULL,
-                                   .connect_timeout_ms = timeout_ms};
-            p->client_used = 0;
-            if (mg_client_new(&p->client, gw->base, &o, err, errcap) != 0) {
-                p->client = NULL;
-                free(buf);
-                return -1;
-            }
-        }
-        rpc = mg_rpc_start(p->client, path, NULL, 0, timeout_ms, h, arg);
-        if (rpc == NULL) { /* its connection failed earlier: once more on a new one */
-            mg_client_del(p->client);
-            p->client = NULL;
-        }
-    }
-    if (rpc == NULL) {
-        snprintf(err, errcap, "its control connection failed");
-        free(buf);
-        return -1;
-    }
-    mg_rpc_send(rpc, buf, len);
-    mg_rpc_close_send(rpc);
-    free(buf);
-    return 0;
-}
-
-/* A unary call to a peer daemon whose one answer is decoded for its callback: `answered` gets
- * the call's status and message and the answer (NULL when the call failed or the answer is
- * malformed — not protobuf, or a string not whole (mg_pbcheck.h)), which it frees. */
-typedef void (*peer_answer_fn)(void *arg, int status, const char *message, ProtobufCMessage *m);
-
-typedef struct {
-    const ProtobufCMessageDescriptor *desc;
-    peer_answer_fn answered;
-    void *arg;
-    uint8_t *resp; /* the answer's bytes, until the call closes */
-    size_t len;
-} peer_unary_call;
-
-static void peer_unary_msg(mg_rpc *rpc, const uint8_t *m, size_t len, void *arg)
-{
-    peer_unary_call *u = arg;
-    free(u->resp);
-    u->resp = malloc(len ? len : 1);
-    u->len = len;
-    if (u->resp)
-        memcpy(u->resp, m, len);
-}
-
-static void peer_unary_closed(mg_rpc *rpc, int status, const char *message, void *arg)
-{
-    peer_unary_call *u = arg;
-    ProtobufCMessage *m = NULL;
-    char err[256];
-    if (status == 0 && u->resp &&
-        mg_pb_check_strings(u->desc, u->resp, u->len, err, sizeof(err)) == 0)
-        m = protobuf_c_message_unpack(u->desc, NULL, u->len, u->resp);
-    free(u->resp);
-    u->answered(u->arg, status, message, m);
-    free(u);
-}
-
-/* Returns 0 (`answered` will be called once), or -1 with err set. */
-static int peer_unary(mg_gateway *gw, peer_ent *p, const char *path, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *desc, peer_answer_fn answered, void *arg,
-                      char *err, size_t errcap)
-{
-    static const mg_rpc_handlers h = {peer_unary_msg, peer_unary_closed};
-    peer_unary_call *u = calloc(1, sizeof(*u));
-    if (u == NULL) {
-        snprintf(err, errcap, "out of memory");
-        return -1;
-    }
-    *u = (peer_unary_call){desc, answered, arg, NULL, 0};
-    if (peer_call(gw, p, path, req, &h, u, err, errcap) != 0) {
-        free(u);
-        return -1;
-    }
-    return 0;
-}
-
 static void open_session(mg_gateway *gw, peer_ent *p)
 {
     Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
@@ -1103,9 +839,9 @@ static void open_session(mg_gateway *gw, peer_ent *p)
     req.protocol_version = MG_DF_VERSION;
     req.min_protocol_version = MG_DF_VERSION_MIN;
     req.tenant = p->tenant; /* the peer serves this session only that tenant's targets */
-    if (peer_unary(gw, p, "/moongate.v1.Peer/OpenSession", &req.base,
-                   &moongate__v1__open_session_response__descriptor, open_answered, p, err,
-                   sizeof(err)) != 0)
+    if (mg_peer_unary(gw, &p->chan, p->addr, "/moongate.v1.Peer/OpenSession", &req.base,
+                      &moongate__v1__open_session_response__descriptor, open_answered, p, err,
+                      sizeof(err)) != 0)
         session_failed(p, err);
 }
 
@@ -1293,9 +1029,9 @@ static void rdma_setup_done(void *arg, int result)
         req.token.len = sizeof(p->token);
         req.endpoint = &w.msg;
         req.device = j->k; /* our device k with the peer's device k */
-        if (peer_unary(p->gw, p, "/moongate.v1.Peer/ConnectRdma", &req.base,
-                       &moongate__v1__connect_rdma_response__descriptor, connect_answered, j, err,
-                       sizeof(err)) != 0)
+        if (mg_peer_unary(p->gw, &p->chan, p->addr, "/moongate.v1.Peer/ConnectRdma", &req.base,
+                          &moongate__v1__connect_rdma_response__descriptor, connect_answered, j,
+                          err, sizeof(err)) != 0)
             rdma_setup_end(j, err);
         return;
     }
@@ -1400,8 +1136,8 @@ static void note_fire(xfer_note *n)
     req.batch_id = n->b->id;
     req.tenant = n->b->tenant; /* the topic is the batch tenant's on the peer */
     n->state = NOTE_SENDING;
-    if (peer_call(gw, n->peer, "/moongate.v1.Notify/Deliver", &req.base, &h, nc, err,
-                  sizeof(err)) != 0) {
+    if (mg_peer_call(gw, &n->peer->chan, n->peer->addr, "/moongate.v1.Notify/Deliver", &req.base,
+                     &h, nc, err, sizeof(err)) != 0) {
         free(nc);
         snprintf(why, sizeof(why), "peer %.80s: %.200s", n->peer->addr, err);
         note_end(n, NOTE_FAILED, MG_GRPC_UNAVAILABLE, why);
@@ -1444,6 +1180,7 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr, const ch
         p->expires_ms = UINT64_MAX;
     }
     mg_dp_pool_init(&p->idle, POOL_IDLE);
+    mg_xfer_line_init(ts->sched, &p->line, addr[0] != '\0');
     pthread_mutex_init(&p->rlock, NULL);
     p->next = ts->peers;
     ts->peers = p;
@@ -1815,9 +1552,10 @@ static int remote_check(mg_call *call, xfer_batch *b)
         }
         dc->sw = sw;
         dc->k = &fetch[i];
-        if (peer_unary(b->gw, fetch[i].p, "/moongate.v1.Peer/DescribeTarget", &dr.base,
-                       &moongate__v1__target_descriptor__descriptor, describe_answered, dc, err,
-                       sizeof(err)) != 0) {
+        if (mg_peer_unary(b->gw, &fetch[i].p->chan, fetch[i].p->addr,
+                          "/moongate.v1.Peer/DescribeTarget", &dr.base,
+                          &moongate__v1__target_descriptor__descriptor, describe_answered, dc, err,
+                          sizeof(err)) != 0) {
             free(dc);
             sw->pending--; /* unreachable: left to the data plane */
         }
@@ -1919,6 +1657,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
+    mg_list_init(&b->watchers);
     do {
         b->id = mg_mix64(++ts->counter);
     } while (b->id == 0);
@@ -2119,13 +1858,9 @@ static int watch_add(mg_call *call, xfer_batch *b, int submit)
     bwatch *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return -1;
-    w->call = call;
     w->b = b;
     w->submit = submit;
-    w->next = b->watchers;
-    b->watchers = w;
-    mg_call_ref(call);
-    mg_call_set_data(call, w);
+    mg_call_park(call, &w->park, &b->watchers);
     return 0;
 }
 
@@ -2152,15 +1887,10 @@ static void wait_message(mg_call *call, const ProtobufCMessage *m)
 
 static void wait_cancel(mg_call *call)
 {
-    bwatch *w = mg_call_data(call), **pp;
+    bwatch *w = mg_call_data(call);
     if (w == NULL)
         return;
-    for (pp = &w->b->watchers; *pp && *pp != w; pp = &(*pp)->next)
-        ;
-    if (*pp)
-        *pp = w->next;
-    mg_call_set_data(call, NULL);
-    mg_call_unref(call);
+    mg_call_unpark(&w->park, -1, NULL);
     free(w);
 }
 
@@ -2204,8 +1934,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
             continue; /* this daemon's own copies; another tenant's entry */
         for (xfer_req *r = p->waiting; r; r = r->next_wait)
             queued++;
-        for (xfer_req *r = p->ready; r; r = r->next_ready)
-            queued++;
+        queued += (unsigned)mg_xfer_line_ready(&p->line);
         moongate__v1__peer_status__init(&st[i]);
         st[i].address = p->addr;
         st[i].tenant = p->tenant;
@@ -2227,7 +1956,7 @@ static void list_peers_message(mg_call *call, const ProtobufCMessage *m)
                                                    : "not tried yet";
         st[i].last_error = p->state == PEER_FAILED ? p->err : "";
         st[i].idle_connections = mg_dp_pool_idle(&p->idle);
-        st[i].jobs = p->jobs;
+        st[i].jobs = p->line.jobs;
         st[i].queued = queued;
         st[i].session_expires_in_ms =
             p->state == PEER_OPEN && p->expires_ms > now ? p->expires_ms - now : 0;
@@ -2290,6 +2019,21 @@ int mg_svc_transfer_init(mg_gateway *gw)
     if (mg_peer_cache_new(&gw->transfer->descs, MAX_PEERS, 4096) != 0)
         return MG_ERR_NOMEM;
     {
+        mg_xfer_sched_config sc = {.workers = gw->engine,
+                                   .io = gw->io,
+                                   .cq = gw->cq,
+                                   .worker_slots = (unsigned)gw->cfg->workers,
+                                   .io_slots = (unsigned)gw->cfg->io_threads,
+                                   .max_parts = (unsigned)gw->cfg->tcp_conns_per_peer,
+                                   .slice_bytes = gw->cfg->slice_bytes,
+                                   .started = req_started,
+                                   .job_started = job_started,
+                                   .job_ended = job_ended,
+                                   .ended = req_moved};
+        if ((rc = mg_xfer_sched_new(&gw->transfer->sched, &sc)) != 0)
+            return rc;
+    }
+    {
         struct timeval every = {1, 0};
         gw->transfer->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw->transfer);
         if (gw->transfer->sweep == NULL || event_add(gw->transfer->sweep, &every) != 0)
@@ -2308,6 +2052,8 @@ void mg_svc_transfer_free(mg_gateway *gw)
     if (ts == NULL)
         return;
     ts->closing = 1; /* no new peer calls; answers to open ones are dropped */
+    if (ts->sched)
+        mg_xfer_sched_close(ts->sched); /* jobs coming back start no others */
     if (ts->sweep)
         event_free(ts->sweep);
     if (gw->cq)
@@ -2315,21 +2061,20 @@ void mg_svc_transfer_free(mg_gateway *gw)
     while (ts->peers) {
         peer_ent *p = ts->peers;
         ts->peers = p->next;
-        mg_client_del(p->client);
+        mg_peer_chan_close(&p->chan);
         if (p->rref) /* the workers have stopped: teardown here */
             conn_del_done(p->rref, 0);
         mg_dp_pool_free(&p->idle);
+        mg_xfer_line_del(&p->line);
         pthread_mutex_destroy(&p->rlock);
         free(p);
     }
     while (ts->batches) {
         xfer_batch *b = ts->batches;
         ts->batches = b->next;
-        while (b->watchers) {
-            bwatch *w = b->watchers;
-            b->watchers = w->next;
-            mg_call_set_data(w->call, NULL);
-            mg_call_unref(w->call);
+        while (!mg_list_empty(&b->watchers)) {
+            bwatch *w = bwatch_of(mg_list_first(&b->watchers));
+            mg_call_unpark(&w->park, -1, NULL);
             free(w);
         }
         for (size_t i = 0; b->reqs && i < b->n; i++)
@@ -2337,6 +2082,7 @@ void mg_svc_transfer_free(mg_gateway *gw)
         batch_free(b);
     }
     mg_peer_cache_del(ts->descs);
+    mg_xfer_sched_del(ts->sched);
     free(ts);
     gw->transfer = NULL;
 }
@@ -2392,7 +2138,7 @@ void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out)
                             "%d\n"
                             "moongate_peer_connections{peer=\"%s\",tenant=\"%s\",state=\"busy\"} "
                             "%u\n",
-                            p->addr, p->tenant, idle, p->addr, p->tenant, p->jobs);
+                            p->addr, p->tenant, idle, p->addr, p->tenant, p->line.jobs);
     }
 }
 
@@ -2402,20 +2148,18 @@ void mg_svc_transfer_drain(mg_gateway *gw)
 {
     for (xfer_batch *b = gw->transfer ? gw->transfer->batches : NULL; b; b = b->next) {
         batch_msg m;
-        int have = b->watchers && batch_msg_fill(&m, b) == 0;
-        while (b->watchers) {
-            bwatch *w = b->watchers;
-            b->watchers = w->next;
-            mg_call_set_data(w->call, NULL);
-            if (w->submit && have) { /* the batch id, and where it stands */
-                submit_answer(w->call, b, &m);
-            } else {
-                if (have && !w->submit)
-                    mg_call_send(w->call, &m.msg.base);
-                mg_call_finish(w->call, MG_GRPC_UNAVAILABLE,
-                               "the daemon is draining; the batch goes on until it stops");
-            }
-            mg_call_unref(w->call);
+        int have = !mg_list_empty(&b->watchers) && batch_msg_fill(&m, b) == 0;
+        while (!mg_list_empty(&b->watchers)) {
+            bwatch *w = bwatch_of(mg_list_first(&b->watchers));
+            int answered = w->submit && have; /* the batch id, and where it stands */
+            if (answered)
+                submit_answer(w->park.call, b, &m);
+            else if (have && !w->submit)
+                mg_call_send(w->park.call, &m.msg.base);
+            if (mg_list_first(&b->watchers) != &w->park.node)
+                continue; /* the call ended on its own, and w with it (wait_cancel) */
+            mg_call_unpark(&w->park, answered ? -1 : MG_GRPC_UNAVAILABLE,
+                           "the daemon is draining; the batch goes on until it stops");
             free(w);
         }
         if (have)
@@ -2501,11 +2245,10 @@ static void transfer_status(mg_gateway *gw, json_t *obj)
             continue;
         for (xfer_req *r = p->waiting; r; r = r->next_wait)
             queued++;
-        for (xfer_req *r = p->ready; r; r = r->next_ready)
-            queued++;
+        queued += (unsigned)mg_xfer_line_ready(&p->line);
         json_array_append_new(peers, json_pack("{s:s,s:s,s:i,s:i,s:s}", "address", p->addr, "state",
                                                states[p->state & 3], "queued", (int)queued, "jobs",
-                                               (int)p->jobs, "transport",
+                                               (int)p->line.jobs, "transport",
                                                p->rdma_state == RDMA_READY ? "rdma" : "tcp"));
     }
     json_object_set_new(

@@ -19,8 +19,18 @@
  * the loop can report it while the job runs. The loop stops a job by setting *stop to an
  * MG_ERR_*; the movers see it within 100 ms.
  *
+ * The scheduler (mg_xfer_sched) runs on the loop: requests ready to move wait in their peer's
+ * line (mg_xfer_line) for a job slot — of the transport threads for peers, of the workers for
+ * copies on this daemon — so a large batch neither overflows a queue nor crowds out other work.
+ * Each line takes at most all slots of its kind but one, so a peer that stalls (until the I/O
+ * timeout) cannot hold up the others, and copies leave a worker to registrations. A request
+ * starts all its parts at once; small requests of one batch that follow each other in a line
+ * run as one job (a group). The caller hears of each request once, when its last part ended,
+ * with the first failure's code and message.
+ *
  * Thread-safe as described: mg_xfer_run runs on a worker; everything it reads stays unchanged
- * by the loop until the job's completion runs, except *stop and the progress counters.
+ * by the loop until the job's completion runs, except *stop and the progress counters. The
+ * scheduler is the loop's.
  */
 #ifndef MOONGATE_XFER_H
 #define MOONGATE_XFER_H
@@ -29,8 +39,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mg_list.h"
 #include "moongate/dataframe.h"
 #include "moongate/dataplane.h"
+#include "moongate/engine.h"
 #include "moongate/mg_error.h"
 #include "moongate/rdma.h"
 
@@ -83,6 +95,102 @@ typedef struct mg_xfer_link {
 /* Worker. Moves the parts chained from `head` by `kind` over `link`. Each part gets its own rc
  * and msg; returns head's rc. */
 int mg_xfer_run(mg_xfer_kind kind, mg_xfer_part *head, const mg_xfer_link *link);
+
+/* ---- the scheduler (loop thread) ---- */
+
+#define MG_XFER_MAX_PARTS   8             /* a large request runs as this many parts at most */
+#define MG_XFER_PART_MIN    (16ull << 20) /* each of them at least this long */
+#define MG_XFER_GROUP_MAX   64            /* small requests of a batch moved by one job */
+#define MG_XFER_GROUP_BYTES (4ull << 20)  /* "small": at most this long */
+
+typedef struct mg_xfer_sched mg_xfer_sched;
+typedef struct mg_xfer_req mg_xfer_req;
+
+/* One peer's line of requests ready to move; embedded in the caller's peer entry. */
+typedef struct mg_xfer_line {
+    mg_list ready;     /* mg_xfer_req.node, in order */
+    unsigned jobs;     /* its jobs running */
+    int io;            /* its jobs run on the transport threads, else on the workers */
+    mg_list_node node; /* in the scheduler's lines */
+    mg_xfer_sched *s;
+} mg_xfer_line;
+
+/* A part of a request as a job: the range it moves and whose it is. */
+typedef struct mg_xfer_job_part {
+    mg_xfer_part m; /* m.next: the next small request's part in a group */
+    mg_xfer_req *r;
+    uint64_t offset; /* within the request */
+    int grouped;     /* run in a group's job (rc is set by it) */
+} mg_xfer_job_part;
+
+/* A request as the scheduler sees it; embedded in the caller's request. The caller sets the
+ * fields up to `link` before mg_xfer_sched_add; the rest is the scheduler's. */
+struct mg_xfer_req {
+    mg_xfer_kind kind;
+    const void *batch; /* grouping: small requests of one batch back to back run as one job */
+    int write;
+    uint8_t *local; /* the local range's first byte */
+    uint8_t *other; /* COPY: the other range's */
+    uint64_t length;
+    int lease;                     /* TCP: target is a lease */
+    uint64_t target;               /* TCP: the peer's segment or lease */
+    uint64_t remote;               /* TCP: the offset in it; RDMA: the remote address */
+    const uint32_t *lkeys, *rkeys; /* RDMA */
+    mg_xfer_link link;             /* how its jobs reach the other side; link.stop: its stop word */
+    mg_list_node node;             /* in its line while ready */
+    mg_xfer_line *line;
+    mg_xfer_job_part one, *parts; /* parts: &one, or an array for a request in several */
+    unsigned nparts, parts_left;
+};
+
+typedef struct mg_xfer_sched_config {
+    mg_engine *workers;    /* copies (COPY requests' lines) */
+    mg_engine *io;         /* peers' jobs; NULL: the workers */
+    mg_cq *cq;             /* the loop's completion queue */
+    unsigned worker_slots; /* jobs on the workers at most (--workers) */
+    unsigned io_slots;     /* on the transport threads (--io-threads) */
+    unsigned max_parts;    /* parts of one request (--tcp-conns-per-peer, <= MG_XFER_MAX_PARTS) */
+    uint64_t slice_bytes;  /* parts are cut on slice boundaries */
+    void *arg;
+    /* A request takes its slot (it runs now). */
+    void (*started)(void *arg, mg_xfer_req *r);
+    /* A job of `head`'s (one part, or a group led by head) goes to / came back from a worker. */
+    void (*job_started)(void *arg, mg_xfer_req *head);
+    void (*job_ended)(void *arg, mg_xfer_req *head);
+    /* The request's last part ended: rc 0 or the first failure's MG_ERR_* with its message. */
+    void (*ended)(void *arg, mg_xfer_req *r, int rc, const char *msg);
+    /* Optional: how jobs are submitted (mg_engine_submit when NULL); tests run them inline. */
+    int (*submit)(mg_engine *pool, mg_cq *cq, mg_work_fn work, mg_done_fn done, void *job);
+} mg_xfer_sched_config;
+
+/* Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */
+int mg_xfer_sched_new(mg_xfer_sched **out, const mg_xfer_sched_config *cfg);
+/* Accepts NULL. Jobs must all have come back. */
+void mg_xfer_sched_del(mg_xfer_sched *s);
+/* Jobs coming back start no others (the daemon stops). */
+void mg_xfer_sched_close(mg_xfer_sched *s);
+/* Jobs running now on the transport threads (io 1) or the workers (io 0). */
+unsigned mg_xfer_sched_jobs(const mg_xfer_sched *s, int io);
+
+/* A new, empty line of s. */
+void mg_xfer_line_init(mg_xfer_sched *s, mg_xfer_line *line, int io);
+/* Leaves s; the line must be empty and have no jobs. */
+void mg_xfer_line_del(mg_xfer_line *line);
+/* How many requests wait in the line. */
+size_t mg_xfer_line_ready(const mg_xfer_line *line);
+
+/* r joins the end of `line` and the scheduler starts what the slots allow. */
+void mg_xfer_sched_add(mg_xfer_line *line, mg_xfer_req *r);
+/* Takes r out of its line before it started. Returns 1 if it was waiting there. */
+int mg_xfer_sched_remove(mg_xfer_req *r);
+/* Starts ready requests while slots are free. */
+void mg_xfer_sched_pump(mg_xfer_sched *s);
+/* Bytes of r confirmed so far (its parts' progress). */
+uint64_t mg_xfer_req_progress(const mg_xfer_req *r);
+/* Forgets r's parts' progress (it runs again). */
+void mg_xfer_req_reset(mg_xfer_req *r);
+/* Frees r's parts (the request is gone). */
+void mg_xfer_req_free(mg_xfer_req *r);
 
 /* Loop. How many parts a request of `length` bytes runs as: up to `max_parts` of at least
  * `part_min` bytes each, 1 when `rdma` (one job posts the slices over every queue pair).
