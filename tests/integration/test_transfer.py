@@ -891,3 +891,22 @@ def test_notify_refuses_bad_topics_and_payloads(daemon):
         nb.Deliver(notify_pb2.Notification(topic="t", payload=b"ok"), timeout=5)
         got = nb.Poll(notify_pb2.PollRequest(topic="t"), timeout=5).notifications
         assert [n.payload for n in got] == [b"ok"]
+
+
+def test_a_submit_whose_answer_is_over_the_message_limit_fails_alone(make_daemon):
+    """Submit with `wait` answers with the batch's status at its end; when that answer is over
+    --max-message-bytes (long failure messages), the call ends RESOURCE_EXHAUSTED and the daemon
+    goes on: the call's end must not free the record the batch's loop still walks."""
+    a = make_daemon("--max-message-bytes", "1024")
+    one, two = register(a, "one", MiB), register(a, "two", MiB)
+    os.truncate(one.path, 0)  # every copy from it fails DATA_LOSS with a long message
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        reqs = [req(transfer_pb2.WRITE, one.id, "", two.id, 4096, i * 4096, i * 4096)
+                for i in range(16)]
+        with pytest.raises(grpc.RpcError) as e:
+            t.Submit(transfer_pb2.SubmitRequest(requests=reqs, wait=True), timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        bid = t.Submit(transfer_pb2.SubmitRequest(requests=reqs[:1])).batch_id
+        assert wait_batch(t, bid).state == transfer_pb2.FAILED
+    assert a.alive()
