@@ -2,13 +2,15 @@
  * mg_pool: leases over a registered region (see moongate/pool.h).
  *
  * Storage: leases in two chained hash tables of fixed size (a power of two >= max_leases), by
- * id and by (tenant, request id), and in one list. Ids are a bijective mix of a counter that
- * starts at a random value, like segment ids. A released lease that operations still use stays
+ * id (the id map the segment registry uses too: common/mg_idmap.h, which mints the ids) and by
+ * (tenant, request id), and in one list. A released lease that operations still use stays
  * in the tables, marked, until its last user ends; lookups do not see it.
  */
 #include "moongate/pool.h"
 
 #include "mg_hash.h"
+#include "mg_idmap.h"
+#include "mg_list.h"
 #include "mg_str.h"
 #include "moongate/alloc.h"
 
@@ -18,7 +20,7 @@
 #include <sys/random.h>
 
 struct mg_lease {
-    uint64_t id;
+    mg_idmap_node idn; /* its id, in the pool's id map */
     char tenant[MG_SEG_NAME_MAX + 1];
     char request_id[MG_SEG_NAME_MAX + 1];
     uint64_t offset, requested, reserved;
@@ -28,7 +30,7 @@ struct mg_lease {
     uint32_t users;
     int released;
     int remote_accessible;
-    struct mg_lease *id_next, *req_next, *prev, *next;
+    struct mg_lease *req_next, *prev, *next;
 };
 
 /* Live leases per tenant, for max_tenant_leases. A list: tenants are few. */
@@ -45,9 +47,9 @@ struct mg_pool {
     uint8_t *base;
     mg_alloc *alloc;
     mg_pool_config cfg;
-    uint64_t counter;
+    mg_idmap ids;
     size_t nbuckets;
-    mg_lease **by_id, **by_req;
+    mg_lease **by_req;
     mg_lease *all;
     uint64_t live;
     uint64_t acquired_total, released_total, expired_total, exhausted_total;
@@ -112,13 +114,12 @@ int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_
     while (nb < cfg->max_leases)
         nb <<= 1;
     p->nbuckets = nb;
-    p->by_id = calloc(nb, sizeof(*p->by_id));
     p->by_req = calloc(nb, sizeof(*p->by_req));
-    rc = p->by_id && p->by_req
+    rc = mg_idmap_init(&p->ids, nb) == 0 && p->by_req
              ? mg_alloc_new(&p->alloc, cfg->lease_bytes, MG_POOL_GRANULE, cfg->max_leases)
              : MG_ERR_NOMEM;
     if (rc != 0) {
-        free(p->by_id);
+        mg_idmap_free(&p->ids);
         free(p->by_req);
         free(p);
         return rc;
@@ -129,19 +130,14 @@ int mg_pool_new(mg_pool **out, mg_registry *reg, mg_segment *seg, const mg_pool_
     p->base = mg_segment_addr(seg);
     p->cfg = *cfg;
     p->cfg.name = p->name;
-    if (getrandom(&p->counter, sizeof(p->counter), 0) != sizeof(p->counter))
-        p->counter = (uint64_t)(uintptr_t)p;
     *out = p;
     return 0;
 }
 
 static void lease_free(mg_pool *p, mg_lease *l)
 {
-    mg_lease **pp = &p->by_id[mg_mix64(l->id) & (p->nbuckets - 1)];
-    while (*pp && *pp != l)
-        pp = &(*pp)->id_next;
-    if (*pp)
-        *pp = l->id_next;
+    mg_lease **pp;
+    mg_idmap_remove(&p->ids, &l->idn);
     if (l->request_id[0]) {
         pp = &p->by_req[mg_hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1)];
         while (*pp && *pp != l)
@@ -181,7 +177,7 @@ void mg_pool_del(mg_pool *p)
     }
     mg_alloc_del(p->alloc);
     mg_registry_put(p->reg, p->seg);
-    free(p->by_id);
+    mg_idmap_free(&p->ids);
     free(p->by_req);
     free(p);
 }
@@ -195,10 +191,8 @@ static void enter(mg_pool *p, mg_lease *l);
 
 static mg_lease *find_id(mg_pool *p, uint64_t id)
 {
-    mg_lease *l = p->by_id[mg_mix64(id) & (p->nbuckets - 1)];
-    while (l && l->id != id)
-        l = l->id_next;
-    return l;
+    mg_idmap_node *n = mg_idmap_find(&p->ids, id);
+    return n ? mg_container_of(n, mg_lease, idn) : NULL;
 }
 
 static mg_lease *find_req(mg_pool *p, const char *tenant, const char *req)
@@ -298,12 +292,7 @@ int mg_pool_acquire(mg_pool *p, const char *tenant, uint64_t size, uint64_t alig
 static void enter(mg_pool *p, mg_lease *l)
 {
     size_t b;
-    do {
-        l->id = mg_mix64(++p->counter);
-    } while (l->id == 0 || find_id(p, l->id));
-    b = mg_mix64(l->id) & (p->nbuckets - 1);
-    l->id_next = p->by_id[b];
-    p->by_id[b] = l;
+    mg_idmap_add(&p->ids, &l->idn);
     if (l->request_id[0]) {
         b = mg_hash_str2(l->tenant, l->request_id) & (p->nbuckets - 1);
         l->req_next = p->by_req[b];
@@ -437,7 +426,7 @@ void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out)
     mg_segment_info si;
     memset(out, 0, sizeof(*out));
     mg_segment_get_info(p->reg, l->own ? l->own : p->seg, &si);
-    out->id = l->id;
+    out->id = l->idn.id;
     mg_strlcpy(out->tenant, l->tenant, sizeof(out->tenant));
     out->segment_id = si.id;
     mg_strlcpy(out->path, si.path, sizeof(out->path));
@@ -452,7 +441,7 @@ void mg_lease_get_info(const mg_pool *p, const mg_lease *l, mg_lease_info *out)
 
 static int by_id(const void *a, const void *b)
 {
-    uint64_t x = (*(const mg_lease *const *)a)->id, y = (*(const mg_lease *const *)b)->id;
+    uint64_t x = (*(const mg_lease *const *)a)->idn.id, y = (*(const mg_lease *const *)b)->idn.id;
     return x < y ? -1 : x > y;
 }
 
@@ -464,7 +453,7 @@ size_t mg_pool_list(mg_pool *p, const char *tenant, uint64_t after, mg_lease_inf
     if (all == NULL)
         return 0;
     for (const mg_lease *l = p->all; l; l = l->next) {
-        if (!l->released && l->id > after && (tenant == NULL || strcmp(l->tenant, tenant) == 0))
+        if (!l->released && l->idn.id > after && (tenant == NULL || strcmp(l->tenant, tenant) == 0))
             all[n++] = l;
     }
     qsort(all, n, sizeof(*all), by_id);

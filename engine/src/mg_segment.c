@@ -2,8 +2,9 @@
  * mg_segment: the segment registry (see moongate/segment.h).
  *
  * Storage: two chained hash tables of fixed size (a power of two >= max_segments), one by id and
- * one by (tenant, name), plus a list of all segments. Ids are a bijective 64-bit mix of a counter
- * that starts at a random value, so they are unique, never 0 and not guessable from one another.
+ * one by (tenant, name), plus a list of all segments. The id table is common/mg_idmap.h, shared
+ * with the pools, which mints the ids: a bijective 64-bit mix of a counter that starts at a
+ * random value, so they are unique, never 0 and not guessable from one another.
  * The mutex guards the tables, the list, the counters and each segment's state and refs; it is
  * held for O(1) work except in mg_registry_list (O(n), n <= max_segments).
  *
@@ -19,6 +20,8 @@
 #include "moongate/rdma.h"
 
 #include "mg_hash.h"
+#include "mg_idmap.h"
+#include "mg_list.h"
 #include "mg_log.h"
 #include "mg_str.h"
 #include "moongate/engine.h"
@@ -42,7 +45,7 @@
 
 struct mg_segment {
     mg_registry *reg;
-    uint64_t id;
+    mg_idmap_node idn; /* its id, in the registry's id map */
     char tenant[MG_SEG_NAME_MAX + 1];
     char name[MG_SEG_NAME_MAX + 1];
     char file[MG_SEG_NAME_MAX + 1]; /* name inside shm_dir */
@@ -70,8 +73,8 @@ struct mg_segment {
     int provisioned; /* not counted in its tenant's bytes (mg_segment_spec.provisioned) */
     char share[MG_SEG_SHARE_LEN + 1]; /* other tenants that may use it, "a,b", or "" */
     char error[MG_SEG_ERROR_MAX];
-    struct mg_segment *id_next, *name_next, *req_next, *file_next; /* hash chains */
-    struct mg_segment *prev, *next;                                /* all segments */
+    struct mg_segment *name_next, *req_next, *file_next; /* hash chains */
+    struct mg_segment *prev, *next;                      /* all segments */
 };
 
 /* Segments and bytes entered per tenant, for max_tenant_segments and max_tenant_bytes. A list:
@@ -95,9 +98,9 @@ struct mg_registry {
     void *gate_arg;
     tenant_count *tenants;
     size_t nbuckets;
-    mg_segment **by_id, **by_name, **by_req, **by_file;
+    mg_idmap ids;
+    mg_segment **by_name, **by_req, **by_file;
     mg_segment *all;
-    uint64_t counter;
     uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
     uint64_t count, ready, registering, bytes, locked_bytes;
 };
@@ -265,20 +268,20 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
         nb <<= 1;
     reg->nbuckets = nb;
     reg->rdma = cfg->rdma;
-    reg->by_id = calloc(nb, sizeof(*reg->by_id));
+    mg_idmap_init(&reg->ids, nb);
     reg->by_name = calloc(nb, sizeof(*reg->by_name));
     reg->by_req = calloc(nb, sizeof(*reg->by_req));
     reg->by_file = calloc(nb, sizeof(*reg->by_file));
     reg->shm_dir = strdup(cfg->shm_dir);
-    if (reg->by_id == NULL || reg->by_name == NULL || reg->by_req == NULL || reg->by_file == NULL ||
-        reg->shm_dir == NULL)
+    if (reg->ids.buckets == NULL || reg->by_name == NULL || reg->by_req == NULL ||
+        reg->by_file == NULL || reg->shm_dir == NULL)
         goto fail_nomem;
     reg->dirfd = open(cfg->shm_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (reg->dirfd < 0 || fstat(reg->dirfd, &st) != 0) {
         mg_error("registry_config", "shm_dir=%s error=\"%s\"", cfg->shm_dir, strerror(errno));
         if (reg->dirfd >= 0)
             close(reg->dirfd);
-        free(reg->by_id);
+        mg_idmap_free(&reg->ids);
         free(reg->by_name);
         free(reg->by_req);
         free(reg->by_file);
@@ -293,15 +296,13 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     reg->max_segments = cfg->max_segments;
     reg->max_bytes = cfg->max_registered_bytes;
     reg->max_segment_bytes = cfg->max_segment_bytes;
-    if (getrandom(&reg->counter, sizeof(reg->counter), 0) != sizeof(reg->counter))
-        reg->counter = (uint64_t)getpid() << 32 ^ (uint64_t)st.st_ino;
     pthread_mutex_init(&reg->lock, NULL);
     remove_stale_files(reg);
     *out = reg;
     return 0;
 
 fail_nomem:
-    free(reg->by_id);
+    mg_idmap_free(&reg->ids);
     free(reg->by_name);
     free(reg->by_req);
     free(reg->by_file);
@@ -346,11 +347,8 @@ static size_t file_bucket(const mg_registry *reg, dev_t dev, ino_t ino)
 
 static void unlink_nolock(mg_registry *reg, mg_segment *seg)
 {
-    mg_segment **pp = &reg->by_id[mg_mix64(seg->id) & (reg->nbuckets - 1)];
-    while (*pp && *pp != seg)
-        pp = &(*pp)->id_next;
-    if (*pp)
-        *pp = seg->id_next;
+    mg_segment **pp;
+    mg_idmap_remove(&reg->ids, &seg->idn);
     pp = &reg->by_name[mg_hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1)];
     while (*pp && *pp != seg)
         pp = &(*pp)->name_next;
@@ -400,7 +398,7 @@ void mg_registry_del(mg_registry *reg)
     }
     close(reg->dirfd);
     pthread_mutex_destroy(&reg->lock);
-    free(reg->by_id);
+    mg_idmap_free(&reg->ids);
     free(reg->by_name);
     free(reg->by_req);
     free(reg->by_file);
@@ -440,12 +438,8 @@ static int valid_request_id(const char *s)
 
 static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
 {
-    mg_segment *s = reg->by_id[mg_mix64(id) & (reg->nbuckets - 1)];
-    for (; s; s = s->id_next) {
-        if (s->id == id)
-            return s;
-    }
-    return NULL;
+    mg_idmap_node *n = mg_idmap_find(&reg->ids, id);
+    return n ? mg_container_of(n, mg_segment, idn) : NULL;
 }
 
 /* The spec's own checks, before anything is locked. Returns 0 with loc set, or an MG_ERR_*. */
@@ -596,14 +590,10 @@ static int limits_nolock(mg_registry *reg, const mg_segment_spec *spec, const mg
 static void enter_nolock(mg_registry *reg, mg_segment *seg)
 {
     size_t b;
-    do {
-        seg->id = mg_mix64(++reg->counter);
-    } while (seg->id == 0 || find_id_nolock(reg, seg->id));
+    mg_idmap_add(&reg->ids, &seg->idn);
     if (seg->source == MG_SEG_ANON)
-        snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx", (unsigned long long)seg->id);
-    b = mg_mix64(seg->id) & (reg->nbuckets - 1);
-    seg->id_next = reg->by_id[b];
-    reg->by_id[b] = seg;
+        snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx",
+                 (unsigned long long)seg->idn.id);
     b = mg_hash_str2(seg->tenant, seg->name) & (reg->nbuckets - 1);
     seg->name_next = reg->by_name[b];
     reg->by_name[b] = seg;
@@ -866,7 +856,7 @@ static int lock_pages(mg_segment *seg)
     }
     if (seg->memlock == MG_MEMLOCK_TRY) {
         mg_warn("segment_mlock", "id=%llu bytes=%llu error=\"%s\" policy=try",
-                (unsigned long long)seg->id, (unsigned long long)seg->size, strerror(e));
+                (unsigned long long)seg->idn.id, (unsigned long long)seg->size, strerror(e));
         return 0;
     }
     getrlimit(RLIMIT_MEMLOCK, &rl);
@@ -1121,7 +1111,7 @@ void mg_registry_release(mg_registry *reg, mg_segment *seg)
 static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segment_info *out)
 {
     memset(out, 0, sizeof(*out));
-    out->id = seg->id;
+    out->id = seg->idn.id;
     memcpy(out->tenant, seg->tenant, sizeof(out->tenant));
     memcpy(out->name, seg->name, sizeof(out->name));
     memcpy(out->location, seg->location, sizeof(out->location));
@@ -1202,12 +1192,12 @@ size_t mg_registry_list(mg_registry *reg, const char *tenant, uint64_t after, mg
     /* Keep the `max` smallest ids above `after`, in order (insertion into a sorted page). */
     for (const mg_segment *s = reg->all; s; s = s->next) {
         size_t pos;
-        if (s->id <= after || (tenant && strcmp(s->tenant, tenant) != 0))
+        if (s->idn.id <= after || (tenant && strcmp(s->tenant, tenant) != 0))
             continue;
-        if (n == max && s->id >= out[n - 1].id)
+        if (n == max && s->idn.id >= out[n - 1].id)
             continue;
         pos = n < max ? n : max - 1;
-        while (pos > 0 && out[pos - 1].id > s->id) {
+        while (pos > 0 && out[pos - 1].id > s->idn.id) {
             if (pos < max)
                 out[pos] = out[pos - 1];
             pos--;

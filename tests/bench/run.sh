@@ -11,6 +11,9 @@
 #           against iperf3 and UCX's ucx_perftest over TCP (tag_bw, ucp_put_bw at 1 MiB).
 # report:   transfer, control and lease, then build/bench-report/report.md with gnuplot plots
 #           (tests/bench/report.py; `report -- --quick` shortens the control rounds).
+# compare REV: this revision against REV (built in a worktree under build/), alternated rounds of
+#           Health/Check, AcquireLease+ReleaseLease and three transfer shapes; medians, spread
+#           and ratios (tests/bench/compare.py; `compare REV -- --rounds 5`, `--quick`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -142,9 +145,21 @@ transfer)
         --iperf "$iperf" --tag "$tag" --put "$put"
     exit $rc
     ;;
+compare)
+    rev=${1:?usage: $0 compare REV [-- options]}
+    shift
+    [ "${1:-}" = "--" ] && shift
+    short=$(git rev-parse --short "$rev^{commit}")
+    wt=$build/compare-$short
+    [ -d "$wt/src" ] || git worktree add --detach "$wt/src" "$short" >/dev/null
+    cmake -S "$wt/src" -B "$wt/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake --build "$wt/build" -j "$(nproc)" >/dev/null
+    /usr/bin/python3 tests/bench/compare.py --old "$wt/build" --new "$build" \
+        --old-name "$short" --new-name "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$@"
+    ;;
 report)
     /usr/bin/python3 tests/bench/report.py --run "$root/tests/bench/run.sh" \
         --out "${MG_BENCH_OUT:-$build/bench-report}" "$@"
     ;;
-*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer|report] [-- options]" >&2; exit 64 ;;
+*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
 esac
