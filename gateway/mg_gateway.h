@@ -209,7 +209,6 @@ typedef struct mg_transfer_stats {
     uint64_t ended;
     double seconds_sum;
     uint64_t notes_sent, notes_failed; /* notifications to peers */
-    int64_t slices_in_flight;          /* data-plane slices sent, not answered (atomic) */
 } mg_transfer_stats;
 
 typedef struct mg_gateway_stats {
@@ -397,9 +396,6 @@ void mg_svc_reflection_free(mg_gateway *gw);
 int mg_svc_daemon_init(mg_gateway *gw);
 int mg_svc_debug_init(mg_gateway *gw);
 int mg_svc_memory_init(mg_gateway *gw);
-/* Unregisters a segment on a worker for the daemon itself (nobody waits for it); logs a failure.
- * Returns 0 or an MG_ERR_*. */
-int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why);
 /* svc_peer.c: moongate.v1.Peer and the TCP data-plane server (--data-listen). */
 int mg_svc_peer_init(mg_gateway *gw);
 void mg_svc_peer_free(mg_gateway *gw);

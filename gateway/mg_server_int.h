@@ -104,6 +104,11 @@ struct mg_call {
 
 /* A new request stream: the call, linked into the connection's list. NULL when out of memory. */
 mg_call *mg_call_open(mg_conn *conn, int32_t stream_id);
+/* mg_call.c, for mg_call_in.c: ends the call with code and message (on_cancel runs when
+ * cancel_handler is set); answers a plain HTTP request; submits the final frames. */
+void mg_call_end(mg_call *call, int code, const char *msg, int cancel_handler);
+void mg_call_http(mg_call *call, int status, const char *ctype, const char *body, size_t len);
+void mg_call_submit_final(mg_call *call);
 /* One request header field (request trailers are not passed). */
 void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const uint8_t *value,
                        size_t valuelen);

@@ -118,20 +118,6 @@ static int start_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
     return rc;
 }
 
-int mg_svc_memory_unregister(mg_gateway *gw, const char *tenant, uint64_t id, const char *why)
-{
-    mg_registry *reg = mg_engine_registry(gw->engine);
-    mg_segment *seg;
-    char err[MG_SEG_ERROR_MAX];
-    int rc = mg_registry_unregister(reg, tenant, id, &seg, err);
-    if (rc == 0)
-        rc = start_unmap(gw, seg, NULL); /* no worker: it stays, listed, until the daemon stops */
-    if (rc != 0)
-        mg_warn("segment_unregister_failed", "id=%" PRIu64 " reason=\"%s\" error=\"%s\"", id, why,
-                rc == MG_ERR_BUSY ? err : mg_strerror(rc));
-    return rc;
-}
-
 /* A registration ended: answer the call, or undo it when the caller is gone. */
 static void registered(void *arg, mg_segment *seg, int result, const char *why)
 {

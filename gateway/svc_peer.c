@@ -4,8 +4,8 @@
  * At start-up the gateway starts the data-plane server (moongate/dataplane.h) on --data-listen
  * over the engine's registry. A peer daemon first asks OpenSession here (a random 32-byte token,
  * valid --session-ttl, bound to the caller's tenant), then presents the token on the data plane,
- * whose connection threads check it through session_auth() — the one piece of state they share
- * with the loop, under its own mutex. DescribeTarget tells a peer a target's size and whether
+ * whose connection threads check it in the engine's session table (mg_dp_sessions) — the one
+ * piece of state they share with the loop. DescribeTarget tells a peer a target's size and whether
  * peers may reach it. Only authenticated peer daemons call here (mg_method.peer_only): they
  * name the tenant a session or a lookup is for, and get that tenant's targets only.
  */
@@ -28,28 +28,18 @@
 
 #include <event2/buffer.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #define MAX_SESSIONS 4096
 #define MAX_RCONNS   64 /* RDMA connections peers made here, all sessions together */
-
-typedef struct session {
-    uint8_t token[MG_DF_TOKEN_BYTES];
-    char tenant[MG_SEG_NAME_MAX + 1];
-    uint64_t expires_ms;
-} session;
 
 struct mg_peer_svc {
     mg_dp_server *server;
     char host[128];
     int port;
-    pthread_mutex_t lock; /* sessions: the loop adds, connection threads look up */
-    session sessions[MAX_SESSIONS];
-    size_t nsessions;
+    mg_dp_sessions *sessions; /* the loop adds, connection threads look up */
     /* RDMA connections peers asked for (ConnectRdma), alive with their session. Loop only. */
     struct rconn {
         uint8_t token[MG_DF_TOKEN_BYTES];
@@ -59,62 +49,6 @@ struct mg_peer_svc {
     size_t nrconns;
     unsigned rdma_jobs; /* ConnectRdma jobs on workers */
 };
-
-/* The live session of `token`: its tenant (MG_SEG_NAME_MAX + 1 bytes, may be NULL) and when it
- * expires. Returns 0 or MG_ERR_AUTH. Any thread. */
-static int session_find(struct mg_peer_svc *ps, const uint8_t *token, char *tenant,
-                        uint64_t *expires_ms)
-{
-    uint64_t now = mg_now_mono_ms();
-    int rc = MG_ERR_AUTH;
-    pthread_mutex_lock(&ps->lock);
-    for (size_t i = 0; i < ps->nsessions; i++) {
-        if (ps->sessions[i].expires_ms > now &&
-            memcmp(ps->sessions[i].token, token, MG_DF_TOKEN_BYTES) == 0) {
-            if (tenant)
-                snprintf(tenant, MG_SEG_NAME_MAX + 1, "%s", ps->sessions[i].tenant);
-            if (expires_ms)
-                *expires_ms = ps->sessions[i].expires_ms;
-            rc = 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&ps->lock);
-    return rc;
-}
-
-/* Connection threads: the tenant of a live session token. */
-static int session_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant)
-{
-    return session_find(arg, token, tenant, NULL);
-}
-
-/* Adds a session, dropping expired ones first. Returns 0 or MG_ERR_FULL. */
-static int session_add(struct mg_peer_svc *ps, const char *tenant, uint64_t ttl_ms,
-                       uint8_t token[MG_DF_TOKEN_BYTES])
-{
-    uint64_t now = mg_now_mono_ms();
-    int rc = 0;
-    if (getrandom(token, MG_DF_TOKEN_BYTES, 0) != MG_DF_TOKEN_BYTES)
-        return MG_ERR_SYSTEM;
-    pthread_mutex_lock(&ps->lock);
-    for (size_t i = 0; i < ps->nsessions;) {
-        if (ps->sessions[i].expires_ms <= now)
-            ps->sessions[i] = ps->sessions[--ps->nsessions];
-        else
-            i++;
-    }
-    if (ps->nsessions >= MAX_SESSIONS) {
-        rc = MG_ERR_FULL;
-    } else {
-        session *s = &ps->sessions[ps->nsessions++];
-        memcpy(s->token, token, MG_DF_TOKEN_BYTES);
-        snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
-        s->expires_ms = now + ttl_ms;
-    }
-    pthread_mutex_unlock(&ps->lock);
-    return rc;
-}
 
 /* The session's data-plane version: the newest both sides speak. A caller that names none speaks
  * version 1 only. Returns 0, or -1 when the ranges do not overlap (*out: the caller's newest). */
@@ -163,8 +97,8 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     }
     if (!peer_tenant(call, req->tenant))
         return;
-    rc = session_add(ps, req->tenant[0] ? req->tenant : "default", gw->cfg->session_ttl * 1000,
-                     token);
+    rc = mg_dp_sessions_add(ps->sessions, req->tenant[0] ? req->tenant : "default",
+                            mg_now_mono_ms(), gw->cfg->session_ttl * 1000, token);
     if (rc != 0) {
         if (rc == MG_ERR_FULL)
             mg_call_fail(call, rc, "%d data-plane sessions are open, the most a daemon keeps",
@@ -336,7 +270,7 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_INVALID, "the session token has %d bytes", MG_DF_TOKEN_BYTES);
         return;
     }
-    if (session_find(ps, req->token.data, NULL, &expires) != 0) {
+    if (mg_dp_sessions_find(ps->sessions, req->token.data, mg_now_mono_ms(), NULL, &expires) != 0) {
         mg_call_fail(call, MG_ERR_AUTH, "no such session (it expired, or this daemon restarted)");
         return;
     }
@@ -432,8 +366,9 @@ int mg_svc_peer_init(mg_gateway *gw)
     ps = calloc(1, sizeof(*ps));
     if (ps == NULL)
         return MG_ERR_NOMEM;
-    pthread_mutex_init(&ps->lock, NULL);
     gw->peer = ps;
+    if ((rc = mg_dp_sessions_new(&ps->sessions, MAX_SESSIONS)) != 0)
+        return rc;
     if (mg_split_host_port(gw->cfg->data_listen, ps->host, sizeof(ps->host), &ps->port) != 0) {
         mg_error("start_failed", "reason=\"--data-listen %s is not host:port\"",
                  gw->cfg->data_listen);
@@ -447,8 +382,8 @@ int mg_svc_peer_init(mg_gateway *gw)
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
-    dc.auth = session_auth;
-    dc.auth_arg = ps;
+    dc.auth = mg_dp_sessions_auth;
+    dc.auth_arg = ps->sessions;
     rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));
     if (rc != 0) {
         mg_error("listen_failed", "kind=data addr=%s error=\"%s\"", gw->cfg->data_listen, err);
@@ -467,7 +402,7 @@ void mg_svc_peer_free(mg_gateway *gw)
     mg_dp_server_stop(ps->server);           /* joins its threads: no slice runs after this */
     for (size_t i = 0; i < ps->nrconns; i++) /* the workers have stopped: teardown here */
         mg_rdma_conn_del(ps->rconns[i].c);
-    pthread_mutex_destroy(&ps->lock);
+    mg_dp_sessions_del(ps->sessions);
     free(ps);
     gw->peer = NULL;
 }

@@ -106,7 +106,6 @@ typedef struct peer_ent {
     char rdma_why[240];
     rconn_ref *rref; /* READY: the connection */
     unsigned rdma_qps;
-    pthread_mutex_t rlock;  /* jobs: one mg_rdma_move at a time */
     uint64_t rdma_bytes[2]; /* moved over RDMA by requests that completed, by op */
     struct peer_ent *next;
 } peer_ent;
@@ -178,7 +177,6 @@ typedef struct xfer_req {
     xfer_batch *b;
     mg_gateway *gw;
     int write;
-    int stop;          /* MG_ERR_* asking the worker to stop (atomic) */
     mg_xfer_req x;     /* the request as the engine's scheduler moves it (moongate/xfer.h) */
     mg_segment *local; /* referenced until the request ends */
     void *local_lease; /* mg_pools_use token when the local side is a lease */
@@ -505,7 +503,7 @@ static void batch_stop(xfer_batch *b, int err, const char *why)
         if (r->life.state == MG_REQ_PENDING && unqueue(r))
             req_end(r, err, why);
         else if (r->life.state == MG_REQ_RUNNING || r->life.state == MG_REQ_PENDING)
-            __atomic_store_n(&r->stop, err, __ATOMIC_RELEASE);
+            mg_xfer_req_stop(&r->x, err);
     }
 }
 
@@ -589,7 +587,7 @@ static void req_moved(void *arg, mg_xfer_req *x, int result, const char *why)
     if (result != 0)
         req_say(r, why);
     if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->life.requeued &&
-        __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) == 0) {
+        mg_xfer_req_stopped(&r->x) == 0) {
         session_retry(r); /* a dead peer fails there, by name */
         return;
     }
@@ -646,11 +644,10 @@ static void req_link(xfer_req *r)
     x->remote = r->rdma ? r->raddr : r->remote_offset;
     x->lkeys = r->lkeys;
     x->rkeys = r->rkeys;
-    x->link = (mg_xfer_link){.stop = &r->stop, /* a batch's requests stop together */
+    x->link = (mg_xfer_link){.stop = &x->stop,
                              .slice_bytes = (uint32_t)cfg->slice_bytes,
                              .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
                              .crc = cfg->data_crc,
-                             .in_flight = &r->gw->xfer_stats.slices_in_flight,
                              .peer = r->peer->addr,
                              .idle = &r->peer->idle,
                              .token = r->token,
@@ -659,7 +656,7 @@ static void req_link(xfer_req *r)
     if (r->rdma) {
         x->link.conns = r->rref->c;
         x->link.nconns = r->rref->n;
-        x->link.lock = &r->peer->rlock;
+        x->link.lock = &r->peer->line.rdma_lock;
     }
 }
 
@@ -1181,7 +1178,6 @@ static peer_ent *peer_get(struct mg_transfer_svc *ts, const char *addr, const ch
     }
     mg_dp_pool_init(&p->idle, POOL_IDLE);
     mg_xfer_line_init(ts->sched, &p->line, addr[0] != '\0');
-    pthread_mutex_init(&p->rlock, NULL);
     p->next = ts->peers;
     ts->peers = p;
     ts->npeers++;
@@ -2066,7 +2062,6 @@ void mg_svc_transfer_free(mg_gateway *gw)
             conn_del_done(p->rref, 0);
         mg_dp_pool_free(&p->idle);
         mg_xfer_line_del(&p->line);
-        pthread_mutex_destroy(&p->rlock);
         free(p);
     }
     while (ts->batches) {
@@ -2176,7 +2171,7 @@ void mg_svc_transfer_stop(mg_gateway *gw)
     for (xfer_batch *b = gw->transfer->batches; b; b = b->next) {
         for (size_t i = 0; i < b->n; i++) {
             if (b->reqs && b->reqs[i].life.state == MG_REQ_RUNNING)
-                __atomic_store_n(&b->reqs[i].stop, MG_ERR_SHUTDOWN, __ATOMIC_RELEASE);
+                mg_xfer_req_stop(&b->reqs[i].x, MG_ERR_SHUTDOWN);
         }
     }
 }
@@ -2196,23 +2191,24 @@ static void transfer_metrics(mg_gateway *gw, struct evbuffer *out)
                             "%llu\n",
                             ops[o], (unsigned long long)s->requests[o][0], ops[o],
                             (unsigned long long)s->requests[o][1]);
-    evbuffer_add_printf(out,
-                        "# HELP moongate_transfer_bytes_total Bytes moved by transfer requests "
-                        "that completed.\n# TYPE moongate_transfer_bytes_total counter\n"
-                        "moongate_transfer_bytes_total{op=\"read\"} %llu\n"
-                        "moongate_transfer_bytes_total{op=\"write\"} %llu\n"
-                        "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
-                        "# TYPE moongate_transfer_requests_in_flight gauge\n"
-                        "moongate_transfer_requests_in_flight %llu\n"
-                        "# HELP moongate_transfer_slices_in_flight Data-plane slices sent to "
-                        "peers and not yet answered.\n"
-                        "# TYPE moongate_transfer_slices_in_flight gauge\n"
-                        "moongate_transfer_slices_in_flight %lld\n"
-                        "# HELP moongate_transfer_failures_total Failed transfer requests, by "
-                        "code.\n# TYPE moongate_transfer_failures_total counter\n",
-                        (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
-                        (unsigned long long)s->in_flight,
-                        (long long)__atomic_load_n(&s->slices_in_flight, __ATOMIC_RELAXED));
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_transfer_bytes_total Bytes moved by transfer requests "
+        "that completed.\n# TYPE moongate_transfer_bytes_total counter\n"
+        "moongate_transfer_bytes_total{op=\"read\"} %llu\n"
+        "moongate_transfer_bytes_total{op=\"write\"} %llu\n"
+        "# HELP moongate_transfer_requests_in_flight Submitted, not ended.\n"
+        "# TYPE moongate_transfer_requests_in_flight gauge\n"
+        "moongate_transfer_requests_in_flight %llu\n"
+        "# HELP moongate_transfer_slices_in_flight Data-plane slices sent to "
+        "peers and not yet answered.\n"
+        "# TYPE moongate_transfer_slices_in_flight gauge\n"
+        "moongate_transfer_slices_in_flight %lld\n"
+        "# HELP moongate_transfer_failures_total Failed transfer requests, by "
+        "code.\n# TYPE moongate_transfer_failures_total counter\n",
+        (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
+        (unsigned long long)s->in_flight,
+        (long long)(gw->transfer ? mg_xfer_sched_slices_in_flight(gw->transfer->sched) : 0));
     for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
         if (s->failed_by_code[c])
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
@@ -2251,11 +2247,11 @@ static void transfer_status(mg_gateway *gw, json_t *obj)
                                                (int)p->line.jobs, "transport",
                                                p->rdma_state == RDMA_READY ? "rdma" : "tcp"));
     }
-    json_object_set_new(
-        obj, "transfers",
-        json_pack("{s:I,s:I,s:I}", "batches_running", (json_int_t)running, "requests_in_flight",
-                  (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
-                  (json_int_t)__atomic_load_n(&gw->xfer_stats.slices_in_flight, __ATOMIC_RELAXED)));
+    json_object_set_new(obj, "transfers",
+                        json_pack("{s:I,s:I,s:I}", "batches_running", (json_int_t)running,
+                                  "requests_in_flight", (json_int_t)gw->xfer_stats.in_flight,
+                                  "slices_in_flight",
+                                  (json_int_t)mg_xfer_sched_slices_in_flight(gw->transfer->sched)));
     json_object_set_new(obj, "peers", peers ? peers : json_array());
 }
 

@@ -10,8 +10,9 @@
 
 struct mg_xfer_sched {
     mg_xfer_sched_config cfg;
-    mg_list lines;    /* mg_xfer_line.node */
-    unsigned jobs[2]; /* running: [0] on the workers, [1] on the transport threads */
+    mg_list lines;            /* mg_xfer_line.node */
+    unsigned jobs[2];         /* running: [0] on the workers, [1] on the transport threads */
+    int64_t slices_in_flight; /* the jobs' data-plane slices not answered (atomic) */
     int closing;
 };
 
@@ -48,10 +49,26 @@ unsigned mg_xfer_sched_jobs(const mg_xfer_sched *s, int io)
     return s->jobs[io != 0];
 }
 
+int64_t mg_xfer_sched_slices_in_flight(const mg_xfer_sched *s)
+{
+    return __atomic_load_n(&s->slices_in_flight, __ATOMIC_RELAXED);
+}
+
+void mg_xfer_req_stop(mg_xfer_req *r, int err)
+{
+    __atomic_store_n(&r->stop, err, __ATOMIC_RELEASE);
+}
+
+int mg_xfer_req_stopped(const mg_xfer_req *r)
+{
+    return __atomic_load_n(&r->stop, __ATOMIC_ACQUIRE);
+}
+
 void mg_xfer_line_init(mg_xfer_sched *s, mg_xfer_line *line, int io)
 {
     memset(line, 0, sizeof(*line));
     mg_list_init(&line->ready);
+    pthread_mutex_init(&line->rdma_lock, NULL);
     line->io = io;
     line->s = s;
     mg_list_push_back(&s->lines, &line->node);
@@ -61,6 +78,7 @@ void mg_xfer_line_del(mg_xfer_line *line)
 {
     if (mg_list_linked(&line->node))
         mg_list_remove(&line->node);
+    pthread_mutex_destroy(&line->rdma_lock);
 }
 
 size_t mg_xfer_line_ready(const mg_xfer_line *line)
@@ -284,6 +302,10 @@ void mg_xfer_sched_pump(mg_xfer_sched *s)
 void mg_xfer_sched_add(mg_xfer_line *line, mg_xfer_req *r)
 {
     r->line = line;
+    if (r->link.stop == NULL)
+        r->link.stop = &r->stop;
+    if (r->link.in_flight == NULL)
+        r->link.in_flight = &line->s->slices_in_flight;
     mg_list_push_back(&line->ready, &r->node);
     mg_xfer_sched_pump(line->s);
 }

@@ -459,13 +459,47 @@ static void test_stop_word(void)
     free(buf);
 }
 
+/* Session tokens: random, bound to their tenant, dead after their TTL (the time passed in), at
+ * most `max` live at once (expired ones make room); a server checks them through
+ * mg_dp_sessions_auth. */
+static void test_sessions(void)
+{
+    mg_dp_sessions *t;
+    uint8_t a[MG_DF_TOKEN_BYTES], b[MG_DF_TOKEN_BYTES], c[MG_DF_TOKEN_BYTES];
+    char tenant[MG_SEG_NAME_MAX + 1];
+    uint64_t expires = 0;
+    CU_ASSERT_EQUAL(mg_dp_sessions_new(&t, 0), MG_ERR_INVALID);
+    CU_ASSERT_EQUAL_FATAL(mg_dp_sessions_new(&t, 2), 0);
+    CU_ASSERT_EQUAL(mg_dp_sessions_add(t, "t1", 1000, 500, a), 0);
+    CU_ASSERT_EQUAL(mg_dp_sessions_add(t, "t2", 1000, 5000, b), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(a, b, sizeof(a)), 0);
+    CU_ASSERT_EQUAL(mg_dp_sessions_find(t, a, 1499, tenant, &expires), 0);
+    CU_ASSERT_STRING_EQUAL(tenant, "t1");
+    CU_ASSERT_EQUAL(expires, 1500u);
+    CU_ASSERT_EQUAL(mg_dp_sessions_find(t, a, 1500, tenant, NULL), MG_ERR_AUTH); /* expired */
+    CU_ASSERT_EQUAL(mg_dp_sessions_add(t, "t3", 1400, 500, c), MG_ERR_FULL);
+    CU_ASSERT_EQUAL(mg_dp_sessions_add(t, "t3", 1500, 500, c), 0); /* a's room */
+    CU_ASSERT_EQUAL(mg_dp_sessions_find(t, c, 1600, tenant, NULL), 0);
+    CU_ASSERT_STRING_EQUAL(tenant, "t3");
+    CU_ASSERT_EQUAL(mg_dp_sessions_find(t, b, 1600, tenant, NULL), 0);
+    CU_ASSERT_STRING_EQUAL(tenant, "t2");
+    memset(a, 0, sizeof(a));
+    CU_ASSERT_EQUAL(mg_dp_sessions_auth(t, a, tenant), MG_ERR_AUTH);
+    mg_dp_sessions_del(t);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_bytes_land_and_come_back),   MG_TEST(test_refusals_keep_the_stream),
-        MG_TEST(test_auth_and_malformed_streams), MG_TEST(test_limits_unreachable_and_stop),
-        MG_TEST(test_leases_as_targets),          MG_TEST(test_stop_word),
-        MG_TEST(test_run_many_on_one_stream),     MG_TEST(test_idle_pool),
+        MG_TEST(test_bytes_land_and_come_back),
+        MG_TEST(test_refusals_keep_the_stream),
+        MG_TEST(test_auth_and_malformed_streams),
+        MG_TEST(test_limits_unreachable_and_stop),
+        MG_TEST(test_leases_as_targets),
+        MG_TEST(test_stop_word),
+        MG_TEST(test_run_many_on_one_stream),
+        MG_TEST(test_idle_pool),
+        MG_TEST(test_sessions),
     };
     return mg_test_run("dataplane", cases, sizeof(cases) / sizeof(cases[0]));
 }

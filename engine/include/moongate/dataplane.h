@@ -146,6 +146,30 @@ typedef struct mg_dp_op {
  * o->lease and o->progress are taken from each op. */
 int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *o);
 
+/* ---- sessions: the tokens this daemon gave peers (Peer/OpenSession) ----
+ *
+ * The loop issues a random token per session, bound to a tenant and valid for a TTL; the data
+ * plane's connection threads check the token a peer sends in HELLO (mg_dp_server_config.auth =
+ * mg_dp_sessions_auth, auth_arg = the table). Thread-safe: one mutex, scans of at most `max`
+ * entries. */
+typedef struct mg_dp_sessions mg_dp_sessions;
+
+/* A table of at most `max` live sessions. Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */
+int mg_dp_sessions_new(mg_dp_sessions **out, size_t max);
+/* Accepts NULL. */
+void mg_dp_sessions_del(mg_dp_sessions *t);
+/* A new session of `tenant` valid until now_ms + ttl_ms: its token (random) into `token`.
+ * Expired sessions go first. Returns 0, MG_ERR_FULL (max live sessions) or MG_ERR_SYSTEM (no
+ * random bytes). */
+int mg_dp_sessions_add(mg_dp_sessions *t, const char *tenant, uint64_t now_ms, uint64_t ttl_ms,
+                       uint8_t token[MG_DF_TOKEN_BYTES]);
+/* The session of `token` live at now_ms: its tenant (MG_SEG_NAME_MAX + 1 bytes; may be NULL)
+ * and expiry (may be NULL). Returns 0 or MG_ERR_AUTH. */
+int mg_dp_sessions_find(mg_dp_sessions *t, const uint8_t token[MG_DF_TOKEN_BYTES], uint64_t now_ms,
+                        char *tenant, uint64_t *expires_ms);
+/* mg_dp_server_config.auth over a table (`arg`), at the monotonic time now. */
+int mg_dp_sessions_auth(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant);
+
 /* The MG_ERR_* for a gRPC status code a peer answered with. */
 int mg_dp_status_err(uint32_t grpc_status);
 

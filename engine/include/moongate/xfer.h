@@ -108,10 +108,11 @@ typedef struct mg_xfer_req mg_xfer_req;
 
 /* One peer's line of requests ready to move; embedded in the caller's peer entry. */
 typedef struct mg_xfer_line {
-    mg_list ready;     /* mg_xfer_req.node, in order */
-    unsigned jobs;     /* its jobs running */
-    int io;            /* its jobs run on the transport threads, else on the workers */
-    mg_list_node node; /* in the scheduler's lines */
+    mg_list ready;             /* mg_xfer_req.node, in order */
+    pthread_mutex_t rdma_lock; /* its RDMA jobs take turns on the queue pairs (link.lock) */
+    unsigned jobs;             /* its jobs running */
+    int io;                    /* its jobs run on the transport threads, else on the workers */
+    mg_list_node node;         /* in the scheduler's lines */
     mg_xfer_sched *s;
 } mg_xfer_line;
 
@@ -136,8 +137,10 @@ struct mg_xfer_req {
     uint64_t target;               /* TCP: the peer's segment or lease */
     uint64_t remote;               /* TCP: the offset in it; RDMA: the remote address */
     const uint32_t *lkeys, *rkeys; /* RDMA */
-    mg_xfer_link link;             /* how its jobs reach the other side; link.stop: its stop word */
-    mg_list_node node;             /* in its line while ready */
+    mg_xfer_link link; /* how its jobs reach the other side (link.stop: &stop; link.in_flight:
+                        * the scheduler's counter when NULL) */
+    int stop;          /* its stop word: mg_xfer_req_stop */
+    mg_list_node node; /* in its line while ready */
     mg_xfer_line *line;
     mg_xfer_job_part one, *parts; /* parts: &one, or an array for a request in several */
     unsigned nparts, parts_left;
@@ -171,6 +174,8 @@ void mg_xfer_sched_del(mg_xfer_sched *s);
 void mg_xfer_sched_close(mg_xfer_sched *s);
 /* Jobs running now on the transport threads (io 1) or the workers (io 0). */
 unsigned mg_xfer_sched_jobs(const mg_xfer_sched *s, int io);
+/* Data-plane slices its jobs sent and the peers have not answered yet. */
+int64_t mg_xfer_sched_slices_in_flight(const mg_xfer_sched *s);
 
 /* A new, empty line of s. */
 void mg_xfer_line_init(mg_xfer_sched *s, mg_xfer_line *line, int io);
@@ -185,6 +190,11 @@ void mg_xfer_sched_add(mg_xfer_line *line, mg_xfer_req *r);
 int mg_xfer_sched_remove(mg_xfer_req *r);
 /* Starts ready requests while slots are free. */
 void mg_xfer_sched_pump(mg_xfer_sched *s);
+/* Asks r's jobs to stop with `err` (an MG_ERR_*; any thread): the movers see it within 100 ms
+ * and end with that code. */
+void mg_xfer_req_stop(mg_xfer_req *r, int err);
+/* r's stop word: 0, or the MG_ERR_* it was asked to stop with. */
+int mg_xfer_req_stopped(const mg_xfer_req *r);
 /* Bytes of r confirmed so far (its parts' progress). */
 uint64_t mg_xfer_req_progress(const mg_xfer_req *r);
 /* Forgets r's parts' progress (it runs again). */
