@@ -1,4 +1,4 @@
-/* Unit tests: admission verdicts (gateway/mg_admit) for every kind of caller, without a daemon:
+/* Unit tests: admission verdicts (gateway/core/mg_admit) for every kind of caller, without a daemon:
  * the peer gate, the caller gate (token, certificate, uid, anonymous, wrong credentials never
  * falling back) and the per-tenant rate. */
 #include "mg_admit.h"

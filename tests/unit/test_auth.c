@@ -1,4 +1,4 @@
-/* CUnit suite: the --auth-file parser and its lookups (gateway/mg_auth.c). */
+/* CUnit suite: the --auth-file parser and its lookups (gateway/core/mg_auth.c). */
 #include "mg_auth.h"
 #include "mg_test.h"
 

@@ -1,5 +1,5 @@
 /*
- * Unit tests for the RDMA handshake's wire form (gateway/mg_rdma_wire.h): an endpoint survives
+ * Unit tests for the RDMA handshake's wire form (gateway/svc/mg_rdma_wire.h): an endpoint survives
  * encode, pack, unpack and decode; every malformed field a peer could send is refused, naming
  * it, before anything reaches a verbs call.
  */
