@@ -46,6 +46,15 @@ int mg_batch_note_over(mg_batch_counts *c, int failed)
     return 0;
 }
 
+int mg_note_write_ended(mg_note_gate *g, size_t index, int failed)
+{
+    if (g->state != MG_NOTE_WAITING || g->writes_left == 0)
+        return 0;
+    if (failed && g->failed_write == 0)
+        g->failed_write = index + 1;
+    return --g->writes_left == 0;
+}
+
 int mg_batch_over(const mg_batch_counts *c)
 {
     return c->done + c->failed == c->n && c->notes_over == c->notes;

@@ -5,6 +5,7 @@
  * the nodes in insertion order for eviction (the oldest goes when the peer's table is full).
  */
 #include "moongate/peers.h"
+#include "moongate/segment.h"
 
 #include "mg_hash.h"
 
@@ -204,6 +205,28 @@ int mg_peer_cache_get(mg_peer_cache *c, const char *name, uint64_t id, int is_le
     *out = p->nodes[i].d;
     if (epoch)
         *epoch = p->info.epoch;
+    return 0;
+}
+
+int mg_peer_cache_check(mg_peer_cache *c, const char *name, const char *addr, uint64_t id,
+                        int is_lease, uint64_t offset, uint64_t length, uint64_t *size, char *why,
+                        size_t cap)
+{
+    const char *kind = is_lease ? "lease" : "segment";
+    mg_remote_desc d;
+    if (mg_peer_cache_get(c, name, id, is_lease, &d, NULL) != 0)
+        return MG_ERR_NOT_FOUND;
+    if (!d.remote_accessible) {
+        snprintf(why, cap, "%s %llu on peer %s is not remote-accessible", kind,
+                 (unsigned long long)id, addr);
+        return MG_ERR_PERMISSION;
+    }
+    if (mg_bounds_check(d.size, offset, length) != 0) {
+        snprintf(why, cap, "remote offset + length is outside %s %llu on peer %s (%llu bytes)",
+                 kind, (unsigned long long)id, addr, (unsigned long long)d.size);
+        return MG_ERR_RANGE;
+    }
+    *size = d.size;
     return 0;
 }
 

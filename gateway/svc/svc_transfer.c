@@ -65,7 +65,6 @@ enum { PEER_NONE, PEER_OPENING, PEER_OPEN, PEER_FAILED };
 /* RDMA to a peer: not tried yet (or torn down: set up on next use), being set up, connected,
  * or not used (rdma_why says why; tried again with the next session). */
 enum { RDMA_NONE, RDMA_SETUP, RDMA_READY, RDMA_OFF };
-enum { NOTE_WAITING, NOTE_SENDING, NOTE_SENT, NOTE_FAILED };
 
 struct xfer_req;
 
@@ -120,10 +119,8 @@ typedef struct xfer_note {
     char topic[TOPIC_MAX + 1];
     uint8_t *payload;
     size_t len;
-    size_t writes_left;  /* WRITEs of the batch to this peer not ended */
-    size_t failed_write; /* 1 + the index of the first that failed, or 0 */
-    int state;
-    int code; /* gRPC status when FAILED */
+    mg_note_gate g; /* when it is due (moongate/batch.h) */
+    int code;       /* gRPC status when FAILED */
     char msg[300];
 } xfer_note;
 
@@ -272,8 +269,8 @@ static int batch_msg_fill(batch_msg *m, const xfer_batch *b)
         moongate__v1__notify_status__init(&m->ns[i]);
         m->ns[i].peer = (char *)n->peer->addr;
         m->ns[i].topic = (char *)n->topic;
-        m->ns[i].state = (Moongate__V1__NotifyState)n->state;
-        m->ns[i].code = n->state == NOTE_FAILED ? n->code : 0;
+        m->ns[i].state = (Moongate__V1__NotifyState)n->g.state;
+        m->ns[i].code = n->g.state == MG_NOTE_FAILED ? n->code : 0;
         m->ns[i].message = (char *)n->msg;
         m->nptrs[i] = &m->ns[i];
     }
@@ -1068,13 +1065,13 @@ static void rdma_setup(peer_ent *p)
 
 /* ---- notifications: sent to a peer once the batch's WRITEs there are in place ---- */
 
-static void note_end(xfer_note *n, int state, int code, const char *msg)
+static void note_end(xfer_note *n, mg_note_state state, int code, const char *msg)
 {
-    n->state = state;
+    n->g.state = state;
     n->code = code;
     snprintf(n->msg, sizeof(n->msg), "%s", msg ? msg : "");
-    mg_batch_note_over(&n->b->counts, state == NOTE_FAILED);
-    if (state == NOTE_SENT)
+    mg_batch_note_over(&n->b->counts, state == MG_NOTE_FAILED);
+    if (state == MG_NOTE_SENT)
         n->peer->gw->xfer_stats.notes_sent++;
     else
         n->peer->gw->xfer_stats.notes_failed++;
@@ -1095,11 +1092,11 @@ static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *a
     if (closing)
         return;
     if (status == 0) {
-        note_end(n, NOTE_SENT, 0, NULL);
+        note_end(n, MG_NOTE_SENT, 0, NULL);
     } else {
         char why[300];
         snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", n->peer->addr, message);
-        note_end(n, NOTE_FAILED, status, why);
+        note_end(n, MG_NOTE_FAILED, status, why);
     }
 }
 
@@ -1111,18 +1108,18 @@ static void note_fire(xfer_note *n)
     note_call *nc;
     char err[256], why[300];
     if (gw->transfer->closing) {
-        note_end(n, NOTE_FAILED, MG_GRPC_UNAVAILABLE, "not sent: the daemon is stopping");
+        note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE, "not sent: the daemon is stopping");
         return;
     }
-    if (n->failed_write) {
+    if (n->g.failed_write) {
         snprintf(why, sizeof(why), "not sent: request %zu to this peer failed",
-                 n->failed_write - 1);
-        note_end(n, NOTE_FAILED, MG_GRPC_FAILED_PRECONDITION, why);
+                 n->g.failed_write - 1);
+        note_end(n, MG_NOTE_FAILED, MG_GRPC_FAILED_PRECONDITION, why);
         return;
     }
     nc = calloc(1, sizeof(*nc));
     if (nc == NULL) {
-        note_end(n, NOTE_FAILED, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        note_end(n, MG_NOTE_FAILED, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     nc->n = n;
@@ -1132,12 +1129,12 @@ static void note_fire(xfer_note *n)
     req.payload.len = n->len;
     req.batch_id = n->b->id;
     req.tenant = n->b->tenant; /* the topic is the batch tenant's on the peer */
-    n->state = NOTE_SENDING;
+    n->g.state = MG_NOTE_SENDING;
     if (mg_peer_call(gw, &n->peer->chan, n->peer->addr, "/moongate.v1.Notify/Deliver", &req.base,
                      &h, nc, err, sizeof(err)) != 0) {
         free(nc);
         snprintf(why, sizeof(why), "peer %.80s: %.200s", n->peer->addr, err);
-        note_end(n, NOTE_FAILED, MG_GRPC_UNAVAILABLE, why);
+        note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE, why);
     }
 }
 
@@ -1147,11 +1144,7 @@ static void notes_write_ended(xfer_req *r, int err)
     xfer_batch *b = r->b;
     for (size_t i = 0; i < b->nnotes; i++) {
         xfer_note *n = &b->notes[i];
-        if (n->peer != r->peer || n->state != NOTE_WAITING)
-            continue;
-        if (err && n->failed_write == 0)
-            n->failed_write = (size_t)(r - b->reqs) + 1;
-        if (--n->writes_left == 0)
+        if (n->peer == r->peer && mg_note_write_ended(&n->g, (size_t)(r - b->reqs), err != 0))
             note_fire(n);
     }
 }
@@ -1348,33 +1341,20 @@ static desc_key *key_find(desc_key *keys, size_t n, const xfer_req *r)
 static const char *remote_verdict(struct mg_transfer_svc *ts, const xfer_req *r, const desc_key *k,
                                   char *why, size_t cap, uint64_t *size)
 {
-    const char *kind = r->remote_lease ? "lease" : "segment";
-    mg_remote_desc d;
-    uint64_t epoch;
+    int rc;
     if (k && k->verdict == V_UNKNOWN)
         return NULL;
     if (k && k->verdict == V_MISSING) {
-        snprintf(why, cap, "peer %s has no %s%s %llu", r->peer->addr,
-                 r->remote_lease ? "remote-accessible " : "", kind,
+        snprintf(why, cap, "peer %s has no %s %llu", r->peer->addr,
+                 r->remote_lease ? "remote-accessible lease" : "segment",
                  (unsigned long long)r->remote_segment);
         return why;
     }
-    if (mg_peer_cache_get(ts->descs, r->peer->key, r->remote_segment, r->remote_lease, &d,
-                          &epoch) != 0)
+    rc = mg_peer_cache_check(ts->descs, r->peer->key, r->peer->addr, r->remote_segment,
+                             r->remote_lease, r->remote_offset, r->length, size, why, cap);
+    if (rc == MG_ERR_NOT_FOUND)
         return k ? NULL : "unknown"; /* first pass: ask the peer */
-    if (!d.remote_accessible) {
-        snprintf(why, cap, "%s %llu on peer %s is not remote-accessible", kind,
-                 (unsigned long long)r->remote_segment, r->peer->addr);
-        return why;
-    }
-    *size = d.size;
-    if (mg_bounds_check(d.size, r->remote_offset, r->length) != 0) {
-        snprintf(why, cap, "remote offset + length is outside %s %llu on peer %s (%llu bytes)",
-                 kind, (unsigned long long)r->remote_segment, r->peer->addr,
-                 (unsigned long long)d.size);
-        return why;
-    }
-    return NULL;
+    return rc ? why : NULL;
 }
 
 /* Every remote request of b against the descriptors; fails the call on the first that cannot
@@ -1561,57 +1541,43 @@ static int remote_check(mg_call *call, xfer_batch *b)
     return 1;
 }
 
-static void submit_message(mg_call *call, const ProtobufCMessage *m)
+/* A Submit with a request_id a batch of the tenant already has gets that batch (answered now,
+ * or at its end with `wait`); one still being checked is asked to come again. Returns 1 when
+ * the call was answered so. */
+static int submit_retry(mg_call *call, struct mg_transfer_svc *ts,
+                        const Moongate__V1__SubmitRequest *req)
 {
-    const Moongate__V1__SubmitRequest *req = (const void *)m;
-    mg_gateway *gw = mg_call_gateway(call);
-    struct mg_transfer_svc *ts = gw->transfer;
-    mg_registry *reg = mg_engine_registry(gw->engine);
-    xfer_batch *b;
-    item_iter it = {.req = req};
-    uint64_t last_segment = 0;
-    long count;
-    size_t i;
-    char holder[MG_SEG_HOLDER_MAX];
+    Moongate__V1__SubmitResponse again = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
+    for (xfer_batch *o = ts->batches; req->request_id[0] && o; o = o->next) {
+        if (strcmp(o->request_id, req->request_id) || strcmp(o->tenant, mg_call_tenant(call)))
+            continue;
+        again.batch_id = o->id;
+        if (req->wait && batch_over(o))
+            submit_answer_now(call, o);
+        else if (!req->wait || watch_add(call, o, 1) != 0)
+            mg_call_reply(call, &again.base);
+        return 1;
+    }
+    for (submit_wait *w = ts->waits; req->request_id[0] && w; w = w->next) {
+        if (!strcmp(w->b->request_id, req->request_id) &&
+            !strcmp(w->b->tenant, mg_call_tenant(call))) {
+            mg_call_fail(call, MG_ERR_BUSY,
+                         "a Submit with request_id \"%s\" is still being checked; ask again",
+                         req->request_id);
+            return 1;
+        }
+    }
+    return 0;
+}
 
-    if (ts == NULL || reg == NULL) {
-        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
-        return;
-    }
-    if ((count = submit_count(call, req, gw->cfg->max_transfer_requests)) < 0)
-        return;
-    if (strlen(req->request_id) > REQUEST_ID_MAX) {
-        mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes", REQUEST_ID_MAX);
-        return;
-    }
-    if (req->request_id[0]) { /* a retry gets the batch the first Submit made */
-        Moongate__V1__SubmitResponse again = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
-        for (xfer_batch *o = ts->batches; o; o = o->next) {
-            if (!strcmp(o->request_id, req->request_id) &&
-                !strcmp(o->tenant, mg_call_tenant(call))) {
-                again.batch_id = o->id;
-                if (req->wait && batch_over(o))
-                    submit_answer_now(call, o);
-                else if (!req->wait || watch_add(call, o, 1) != 0)
-                    mg_call_reply(call, &again.base);
-                return;
-            }
-        }
-        for (submit_wait *w = ts->waits; w; w = w->next) {
-            if (!strcmp(w->b->request_id, req->request_id) &&
-                !strcmp(w->b->tenant, mg_call_tenant(call))) {
-                mg_call_fail(call, MG_ERR_BUSY,
-                             "a Submit with request_id \"%s\" is still being checked; ask again",
-                             req->request_id);
-                return;
-            }
-        }
-    }
+/* The batch's notifications, checked. Returns 0, or -1 after failing the call. */
+static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
+{
     if (req->n_notify > NOTIFY_MAX) {
         mg_call_fail(call, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
-        return;
+        return -1;
     }
-    for (i = 0; i < req->n_notify; i++) {
+    for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
         const char *bad = NULL;
         size_t tl = strlen(np->topic);
@@ -1627,23 +1593,148 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         }
         if (bad) {
             mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
-            return;
+            return -1;
         }
     }
-    if (gw->cfg->max_tenant_batches) { /* batches of this tenant not over, checked ones too */
-        uint64_t running = 0;
-        for (xfer_batch *o = ts->batches; o; o = o->next)
-            running += !batch_over(o) && !strcmp(o->tenant, mg_call_tenant(call));
-        for (submit_wait *w = ts->waits; w; w = w->next)
-            running += !strcmp(w->b->tenant, mg_call_tenant(call));
-        if (running >= gw->cfg->max_tenant_batches) {
-            mg_call_fail(call, MG_ERR_QUOTA,
-                         "tenant \"%s\" has %llu batches running, its quota "
-                         "(--max-tenant-batches); nothing was moved",
-                         mg_call_tenant(call), (unsigned long long)running);
-            return;
+    return 0;
+}
+
+/* --max-tenant-batches: the tenant's batches not over, those being checked too. Returns 0, or
+ * -1 after failing the call. */
+static int quota_check(mg_call *call, struct mg_transfer_svc *ts)
+{
+    uint64_t running = 0, max = ts->gw->cfg->max_tenant_batches;
+    if (max == 0)
+        return 0;
+    for (xfer_batch *o = ts->batches; o; o = o->next)
+        running += !batch_over(o) && !strcmp(o->tenant, mg_call_tenant(call));
+    for (submit_wait *w = ts->waits; w; w = w->next)
+        running += !strcmp(w->b->tenant, mg_call_tenant(call));
+    if (running < max)
+        return 0;
+    mg_call_fail(call, MG_ERR_QUOTA,
+                 "tenant \"%s\" has %llu batches running, its quota (--max-tenant-batches); "
+                 "nothing was moved",
+                 mg_call_tenant(call), (unsigned long long)running);
+    return -1;
+}
+
+/* Request i of b from t: its fields, and its local range resolved and held. Returns NULL, or
+ * what is wrong with it. *last: the local segment of the request before (0: a lease). */
+static const char *req_fill(xfer_batch *b, size_t i, const Moongate__V1__TransferRequest *t,
+                            uint64_t *last, const char *holder)
+{
+    mg_gateway *gw = b->gw;
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    xfer_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
+    uint64_t base = 0, size = 0, same = *last;
+    const char *bad = NULL;
+    r->b = b;
+    r->gw = gw;
+    r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
+    r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
+    r->remote_lease = t->remote_lease != 0;
+    r->peer_name = t->peer;
+    r->remote_offset = t->remote_offset;
+    r->length = t->length;
+    *last = t->local_lease ? 0 : t->local_segment;
+    if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
+        return "op must be READ or WRITE";
+    if (t->length == 0)
+        return "length must be greater than 0";
+    if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
+        !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
+        return "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or \"\" "
+               "for this daemon";
+    if (t->remote_offset > UINT64_MAX - t->length)
+        return "remote offset + length overflows";
+    if ((t->local_segment != 0) == (t->local_lease != 0))
+        return "name the local memory: local_segment or local_lease, one of them";
+    if ((t->remote_segment != 0) == (t->remote_lease != 0))
+        return "name the remote target: remote_segment or remote_lease, one of them";
+    if (t->local_lease) {
+        if (mg_pools_use(gw->pools, b->tenant, t->local_lease, holder, &r->local, &base, &size,
+                         &r->local_lease) != 0)
+            return "no such local lease";
+        bad = "local offset + length is outside the local lease";
+    } else if (prev && prev->local && !prev->local_lease && t->local_segment == same) {
+        r->local = prev->local; /* the same segment as the request before */
+        mg_registry_hold(reg, r->local);
+    } else if (mg_registry_acquire(reg, b->tenant, t->local_segment, holder, &r->local) != 0) {
+        return "no such local segment";
+    }
+    if (!t->local_lease)
+        size = mg_segment_size(r->local);
+    if (mg_bounds_check(size, t->local_offset, t->length) != 0)
+        return bad ? bad : "local offset + length is outside the local segment";
+    r->local_addr = (uint8_t *)mg_segment_addr(r->local) + base + t->local_offset;
+    return t->peer[0] == '\0' ? resolve_other(gw, r, t, holder) : NULL; /* "": a copy here */
+}
+
+/* The batch's peers and notifications, while the request message is still here. Returns 0, or
+ * MG_ERR_NOMEM. */
+static int batch_peers(xfer_batch *b, const Moongate__V1__SubmitRequest *req)
+{
+    struct mg_transfer_svc *ts = b->gw->transfer;
+    for (size_t i = 0; i < b->n; i++) {
+        xfer_req *r = &b->reqs[i];
+        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
+                      ? b->reqs[i - 1].peer
+                      : peer_get(ts, r->peer_name, b->tenant);
+    }
+    for (size_t i = 0; i < b->n; i++)
+        b->reqs[i].peer_name = NULL; /* it points into the request message */
+    for (size_t i = 0; i < req->n_notify; i++) {
+        const Moongate__V1__NotifyPeer *np = req->notify[i];
+        xfer_note *n = &b->notes[i];
+        n->b = b;
+        n->peer = peer_get(ts, np->peer, b->tenant);
+        n->payload = malloc(np->payload.len ? np->payload.len : 1);
+        b->nnotes = i + 1;
+        if (n->peer == NULL || n->payload == NULL)
+            return MG_ERR_NOMEM;
+        memcpy(n->payload, np->payload.data, np->payload.len);
+        n->len = np->payload.len;
+        snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
+        for (size_t k = 0; k < b->n; k++) {
+            if (b->reqs[k].write && b->reqs[k].peer == n->peer)
+                n->g.writes_left++;
         }
     }
+    return 0;
+}
+
+/* A batch that never started: its local memory let go, then it. */
+static void batch_discard(xfer_batch *b, size_t filled)
+{
+    for (size_t k = 0; k < filled; k++)
+        req_release_local(&b->reqs[k]);
+    batch_free(b);
+}
+
+static void submit_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__SubmitRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_transfer_svc *ts = gw->transfer;
+    xfer_batch *b;
+    item_iter it = {.req = req};
+    uint64_t last_segment = 0;
+    long count;
+    char holder[MG_SEG_HOLDER_MAX];
+
+    if (ts == NULL || mg_engine_registry(gw->engine) == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
+        return;
+    }
+    if ((count = submit_count(call, req, gw->cfg->max_transfer_requests)) < 0)
+        return;
+    if (strlen(req->request_id) > REQUEST_ID_MAX) {
+        mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes", REQUEST_ID_MAX);
+        return;
+    }
+    if (submit_retry(call, ts, req) || notify_check(call, req) != 0 || quota_check(call, ts) != 0)
+        return;
     b = calloc(1, sizeof(*b));
     if (b == NULL || (b->reqs = calloc((size_t)count, sizeof(*b->reqs))) == NULL ||
         (b->notes = calloc(req->n_notify + 1, sizeof(*b->notes))) == NULL) {
@@ -1661,99 +1752,18 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     b->n = b->counts.n = (size_t)count;
     b->gw = gw;
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
-    /* The whole batch is checked before anything moves. */
-    for (i = 0; i < b->n; i++) {
-        const Moongate__V1__TransferRequest *t = item_next(&it);
-        xfer_req *r = &b->reqs[i];
-        const char *bad = NULL;
-        r->b = b;
-        r->gw = gw;
-        r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
-        r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
-        r->remote_lease = t->remote_lease != 0;
-        r->peer_name = t->peer;
-        r->remote_offset = t->remote_offset;
-        r->length = t->length;
-        if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
-            bad = "op must be READ or WRITE";
-        else if (t->length == 0)
-            bad = "length must be greater than 0";
-        else if (t->peer[0] && (i == 0 || strcmp(t->peer, b->reqs[i - 1].peer_name) != 0) &&
-                 !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
-            bad = "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or "
-                  "\"\" for this daemon";
-        else if (t->remote_offset > UINT64_MAX - t->length)
-            bad = "remote offset + length overflows";
-        else if ((t->local_segment != 0) == (t->local_lease != 0))
-            bad = "name the local memory: local_segment or local_lease, one of them";
-        else if ((t->remote_segment != 0) == (t->remote_lease != 0))
-            bad = "name the remote target: remote_segment or remote_lease, one of them";
-        else if (t->local_lease) {
-            uint64_t base, size;
-            if (mg_pools_use(gw->pools, b->tenant, t->local_lease, holder, &r->local, &base, &size,
-                             &r->local_lease) != 0)
-                bad = "no such local lease";
-            else if (mg_bounds_check(size, t->local_offset, t->length) != 0)
-                bad = "local offset + length is outside the local lease";
-            else
-                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + base + t->local_offset;
-        } else if (i > 0 && b->reqs[i - 1].local && !b->reqs[i - 1].local_lease &&
-                   t->local_segment == last_segment) { /* the same segment as the last one */
-            r->local = b->reqs[i - 1].local;
-            mg_registry_hold(reg, r->local);
-            if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
-                bad = "local offset + length is outside the local segment";
-            else
-                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
-        } else if (mg_registry_acquire(reg, b->tenant, t->local_segment, holder, &r->local) != 0) {
-            bad = "no such local segment";
-        } else {
-            if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
-                bad = "local offset + length is outside the local segment";
-            else
-                r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
-        }
-        last_segment = t->local_lease ? 0 : t->local_segment;
-        if (bad == NULL && t->peer[0] == '\0') /* a copy on this daemon */
-            bad = resolve_other(gw, r, t, holder);
+    for (size_t i = 0; i < b->n; i++) { /* the whole batch is checked before anything moves */
+        const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder);
         if (bad) {
-            for (size_t k = 0; k <= i; k++)
-                req_release_local(&b->reqs[k]);
-            batch_free(b);
+            batch_discard(b, i + 1);
             mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
             return;
         }
     }
-    /* Peers and notifications, while the request message is still here. */
-    for (i = 0; i < b->n; i++) {
-        xfer_req *r = &b->reqs[i];
-        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
-                      ? b->reqs[i - 1].peer
-                      : peer_get(ts, r->peer_name, b->tenant);
-    }
-    for (i = 0; i < b->n; i++)
-        b->reqs[i].peer_name = NULL; /* it points into the request message */
-    for (i = 0; i < req->n_notify; i++) {
-        const Moongate__V1__NotifyPeer *np = req->notify[i];
-        xfer_note *n = &b->notes[i];
-        n->b = b;
-        n->peer = peer_get(ts, np->peer, b->tenant);
-        n->payload = malloc(np->payload.len ? np->payload.len : 1);
-        if (n->peer == NULL || n->payload == NULL) {
-            for (size_t k = 0; k < b->n; k++)
-                req_release_local(&b->reqs[k]);
-            b->nnotes = i + 1;
-            batch_free(b);
-            mg_call_fail(call, MG_ERR_NOMEM, NULL);
-            return;
-        }
-        memcpy(n->payload, np->payload.data, np->payload.len);
-        n->len = np->payload.len;
-        snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
-        for (size_t k = 0; k < b->n; k++) {
-            if (b->reqs[k].write && b->reqs[k].peer == n->peer)
-                n->writes_left++;
-        }
+    if (batch_peers(b, req) != 0) {
+        batch_discard(b, b->n);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
     }
     b->nnotes = b->counts.notes = req->n_notify;
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
@@ -1809,7 +1819,7 @@ static void submit_go(mg_call *call, xfer_batch *b)
             open_session(gw, p);
     }
     for (i = 0; i < b->nnotes; i++) { /* no WRITE to wait for */
-        if (b->notes[i].state == NOTE_WAITING && b->notes[i].writes_left == 0)
+        if (b->notes[i].g.state == MG_NOTE_WAITING && b->notes[i].g.writes_left == 0)
             note_fire(&b->notes[i]);
     }
 }

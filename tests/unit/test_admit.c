@@ -1,6 +1,6 @@
-/* Unit tests: admission verdicts (gateway/core/mg_admit) for every kind of caller, without a daemon:
- * the peer gate, the caller gate (token, certificate, uid, anonymous, wrong credentials never
- * falling back) and the per-tenant rate. */
+/* Unit tests: admission verdicts (gateway/core/mg_admit) for every kind of caller, without a
+ * daemon: the peer gate, the caller gate (token, certificate, uid, anonymous, wrong credentials
+ * never falling back) and the per-tenant rate. */
 #include "mg_admit.h"
 #include "mg_server_int.h"
 #include "mg_test.h"

@@ -93,11 +93,47 @@ static void test_bounds_and_eviction(void)
     mg_peer_cache_del(c);
 }
 
+/* What Submit asks of the cache before a batch starts: a target it knows is checked for remote
+ * accessibility and bounds, with the reason named; one it does not know is to be asked for. */
+static void test_check(void)
+{
+    mg_peer_cache *c;
+    mg_remote_desc d = {.id = 7, .size = 4096, .remote_accessible = 1};
+    uint64_t size = 0;
+    char why[256];
+    CU_ASSERT_EQUAL_FATAL(mg_peer_cache_new(&c, 4, 16), 0);
+    CU_ASSERT_EQUAL(mg_peer_cache_epoch(c, "t@p:1", 9, 1), 1);
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", 7, 0, 0, 1, &size, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_peer_cache_put(c, "t@p:1", 9, &d), 0);
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", 7, 0, 96, 4000, &size, why, sizeof(why)),
+                    0);
+    CU_ASSERT_EQUAL(size, 4096u);
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", 7, 0, 97, 4000, &size, why, sizeof(why)),
+                    MG_ERR_RANGE);
+    CU_ASSERT_STRING_EQUAL(why,
+                           "remote offset + length is outside segment 7 on peer p:1 (4096 bytes)");
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", 7, 1, 0, 1, &size, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND); /* a lease 7 is another target */
+    d.id = 8;
+    d.is_lease = 1;
+    d.remote_accessible = 0;
+    CU_ASSERT_EQUAL(mg_peer_cache_put(c, "t@p:1", 9, &d), 0);
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", 8, 1, 0, 1, &size, why, sizeof(why)),
+                    MG_ERR_PERMISSION);
+    CU_ASSERT_STRING_EQUAL(why, "lease 8 on peer p:1 is not remote-accessible");
+    CU_ASSERT_EQUAL(mg_peer_cache_check(c, "t@p:1", "p:1", UINT64_MAX, 0, UINT64_MAX, 2, &size, why,
+                                        sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    mg_peer_cache_del(c);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_lookups_and_epochs),
         MG_TEST(test_bounds_and_eviction),
+        MG_TEST(test_check),
     };
     return mg_test_run("peers", cases, sizeof(cases) / sizeof(cases[0]));
 }

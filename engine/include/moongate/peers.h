@@ -60,6 +60,13 @@ int mg_peer_cache_put(mg_peer_cache *c, const char *peer, uint64_t epoch, const 
 /* Finds a descriptor. Returns 0 with it and the epoch it belongs to, or MG_ERR_NOT_FOUND. */
 int mg_peer_cache_get(mg_peer_cache *c, const char *peer, uint64_t id, int is_lease,
                       mg_remote_desc *out, uint64_t *epoch);
+/* Whether a transfer may target [offset, offset + length) of target `id` on peer `name` (shown
+ * as `addr` in why), as far as the cache knows: 0 (remote-accessible and inside it; *size its
+ * size), MG_ERR_NOT_FOUND (not in the cache: ask the peer), or MG_ERR_PERMISSION (not
+ * remote-accessible) or MG_ERR_RANGE (outside it), why saying so. */
+int mg_peer_cache_check(mg_peer_cache *c, const char *name, const char *addr, uint64_t id,
+                        int is_lease, uint64_t offset, uint64_t length, uint64_t *size, char *why,
+                        size_t cap);
 /* Forgets one descriptor (the peer said the id is unknown, or refused it). */
 void mg_peer_cache_forget(mg_peer_cache *c, const char *peer, uint64_t id, int is_lease);
 /* Known peers, in the order they were first seen. Returns how many were written. */
