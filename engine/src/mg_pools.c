@@ -703,6 +703,32 @@ void mg_pools_unuse(mg_pools *ps, void *token)
     }
 }
 
+int mg_pools_resolve(mg_pools *ps, mg_registry *reg, const char *tenant, uint64_t segment,
+                     uint64_t lease, uint64_t offset, uint64_t length, const char *holder,
+                     mg_segment **seg, void **token, uint8_t **addr)
+{
+    uint64_t base = 0, size = 0;
+    *seg = NULL;
+    *token = NULL;
+    if (lease) {
+        if (mg_pools_use(ps, tenant, lease, holder, seg, &base, &size, token) != 0)
+            return MG_ERR_NOT_FOUND;
+    } else if (mg_registry_acquire(reg, tenant, segment, holder, seg) != 0) {
+        return MG_ERR_NOT_FOUND;
+    } else {
+        size = mg_segment_size(*seg);
+    }
+    if (mg_bounds_check(size, offset, length) != 0) {
+        mg_registry_put(reg, *seg);
+        mg_pools_unuse(ps, *token);
+        *seg = NULL;
+        *token = NULL;
+        return MG_ERR_RANGE;
+    }
+    *addr = (uint8_t *)mg_segment_addr(*seg) + base + offset;
+    return 0;
+}
+
 /* ---- the set: pools, start-up, stats ---- */
 
 size_t mg_pools_count(const mg_pools *ps)

@@ -1220,22 +1220,14 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 static const char *resolve_other(mg_gateway *gw, xfer_req *r,
                                  const Moongate__V1__TransferRequest *t, const char *holder)
 {
-    uint64_t base = 0, size;
+    int rc = mg_pools_resolve(gw->pools, mg_engine_registry(gw->engine), r->b->tenant,
+                              t->remote_segment, t->remote_lease, t->remote_offset, t->length,
+                              holder, &r->other, &r->other_lease, &r->other_addr);
     r->local_copy = 1;
-    if (t->remote_lease) {
-        if (mg_pools_use(gw->pools, r->b->tenant, t->remote_lease, holder, &r->other, &base, &size,
-                         &r->other_lease) != 0)
-            return "no such lease on this daemon (peer \"\")";
-    } else if (mg_registry_acquire(mg_engine_registry(gw->engine), r->b->tenant, t->remote_segment,
-                                   holder, &r->other) != 0) {
-        return "no such segment on this daemon (peer \"\")";
-    } else {
-        size = mg_segment_size(r->other);
-    }
-    if (mg_bounds_check(size, t->remote_offset, t->length) != 0)
-        return "remote offset + length is outside the target on this daemon";
-    r->other_addr = (uint8_t *)mg_segment_addr(r->other) + base + t->remote_offset;
-    return NULL;
+    if (rc == MG_ERR_NOT_FOUND)
+        return t->remote_lease ? "no such lease on this daemon (peer \"\")"
+                               : "no such segment on this daemon (peer \"\")";
+    return rc ? "remote offset + length is outside the target on this daemon" : NULL;
 }
 
 /* The requests of a Submit one after another: `requests`, then each block of `blocks` spelled
@@ -1627,8 +1619,8 @@ static const char *req_fill(xfer_batch *b, size_t i, const Moongate__V1__Transfe
     mg_gateway *gw = b->gw;
     mg_registry *reg = mg_engine_registry(gw->engine);
     xfer_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
-    uint64_t base = 0, size = 0, same = *last;
-    const char *bad = NULL;
+    uint64_t same = *last;
+    int rc;
     r->b = b;
     r->gw = gw;
     r->write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE;
@@ -1652,22 +1644,20 @@ static const char *req_fill(xfer_batch *b, size_t i, const Moongate__V1__Transfe
         return "name the local memory: local_segment or local_lease, one of them";
     if ((t->remote_segment != 0) == (t->remote_lease != 0))
         return "name the remote target: remote_segment or remote_lease, one of them";
-    if (t->local_lease) {
-        if (mg_pools_use(gw->pools, b->tenant, t->local_lease, holder, &r->local, &base, &size,
-                         &r->local_lease) != 0)
-            return "no such local lease";
-        bad = "local offset + length is outside the local lease";
-    } else if (prev && prev->local && !prev->local_lease && t->local_segment == same) {
+    if (!t->local_lease && prev && prev->local && !prev->local_lease && t->local_segment == same) {
         r->local = prev->local; /* the same segment as the request before */
         mg_registry_hold(reg, r->local);
-    } else if (mg_registry_acquire(reg, b->tenant, t->local_segment, holder, &r->local) != 0) {
-        return "no such local segment";
+        if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
+            return "local offset + length is outside the local segment";
+        r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
+    } else if ((rc = mg_pools_resolve(gw->pools, reg, b->tenant, t->local_segment, t->local_lease,
+                                      t->local_offset, t->length, holder, &r->local,
+                                      &r->local_lease, &r->local_addr)) != 0) {
+        if (rc == MG_ERR_NOT_FOUND)
+            return t->local_lease ? "no such local lease" : "no such local segment";
+        return t->local_lease ? "local offset + length is outside the local lease"
+                              : "local offset + length is outside the local segment";
     }
-    if (!t->local_lease)
-        size = mg_segment_size(r->local);
-    if (mg_bounds_check(size, t->local_offset, t->length) != 0)
-        return bad ? bad : "local offset + length is outside the local segment";
-    r->local_addr = (uint8_t *)mg_segment_addr(r->local) + base + t->local_offset;
     return t->peer[0] == '\0' ? resolve_other(gw, r, t, holder) : NULL; /* "": a copy here */
 }
 

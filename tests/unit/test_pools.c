@@ -363,6 +363,59 @@ static void test_overflow(void)
     close_set(ps);
 }
 
+/* A tenant's segment or lease as a range to move: held while in use, refused by name for another
+ * tenant or outside it, and nothing held after a refusal. */
+static void test_resolve(void)
+{
+    mg_pools *ps = open_set(4 * MiB, 0, 0, 0);
+    int rc;
+    mg_pool *pool = mg_pools_for(ps, "t1", &rc);
+    mg_lease *l = take(ps, pool, "t1", 8192);
+    mg_lease_info li;
+    mg_segment_spec spec = {.tenant = "t1", .name = "own", .source = MG_SEG_ANON, .size = 65536};
+    mg_segment *seg, *got;
+    mg_segment_info si;
+    mg_registry_stats st;
+    void *token;
+    uint8_t *addr;
+    char err[MG_SEG_ERROR_MAX];
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &spec, &seg, err), 0);
+    mg_registry_commit(reg, seg, mg_segment_map(seg));
+    mg_segment_get_info(reg, seg, &si);
+    mg_lease_get_info(pool, l, &li);
+    CU_ASSERT_EQUAL(
+        mg_pools_resolve(ps, reg, "t1", si.id, 0, 100, 1000, "test", &got, &token, &addr), 0);
+    CU_ASSERT_PTR_EQUAL(addr, (uint8_t *)mg_segment_addr(seg) + 100);
+    CU_ASSERT_PTR_NULL(token);
+    mg_segment_get_info(reg, seg, &si);
+    CU_ASSERT_EQUAL(si.refs, 1u);
+    mg_registry_put(reg, got);
+    CU_ASSERT_EQUAL(
+        mg_pools_resolve(ps, reg, "t1", 0, li.id, 8000, 192, "test", &got, &token, &addr), 0);
+    CU_ASSERT_PTR_EQUAL(addr, mg_lease_addr(pool, l) + 8000);
+    CU_ASSERT_PTR_NOT_NULL(token);
+    mg_pools_unuse(ps, token);
+    mg_registry_put(reg, got);
+    CU_ASSERT_EQUAL(
+        mg_pools_resolve(ps, reg, "t1", 0, li.id, 8000, 193, "test", &got, &token, &addr),
+        MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(mg_pools_resolve(ps, reg, "t2", si.id, 0, 0, 1, "test", &got, &token, &addr),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_pools_resolve(ps, reg, "t2", 0, li.id, 0, 1, "test", &got, &token, &addr),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(
+        mg_pools_resolve(ps, reg, "t1", si.id, 0, 65000, 1000, "test", &got, &token, &addr),
+        MG_ERR_RANGE);
+    CU_ASSERT_PTR_NULL(got);
+    mg_segment_get_info(reg, seg, &si);
+    CU_ASSERT_EQUAL(si.refs, 0u); /* refusals hold nothing */
+    mg_lease_get_info(pool, l, &li);
+    CU_ASSERT_EQUAL(li.users, 0u);
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.segments, 2u);
+    close_set(ps);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -375,6 +428,7 @@ int main(void)
         MG_TEST(test_acquire_all_is_all_or_nothing),
         MG_TEST(test_list_merges_pools),
         MG_TEST(test_overflow),
+        MG_TEST(test_resolve),
     };
     return mg_test_run("pools", cases, sizeof(cases) / sizeof(cases[0]));
 }

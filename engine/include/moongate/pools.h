@@ -133,6 +133,14 @@ int mg_pools_use(mg_pools *ps, const char *tenant, uint64_t lease_id, const char
                  mg_segment **seg, uint64_t *offset, uint64_t *length, void **token);
 /* Accepts NULL tokens. */
 void mg_pools_unuse(mg_pools *ps, void *token);
+/* A tenant's range [offset, offset + length) of its segment `segment` or its lease `lease`
+ * (exactly one of them non-zero; ps may be NULL: no leases), held for `holder` as by
+ * mg_pools_use or mg_registry_acquire: *seg referenced, *token the lease's (NULL for a segment),
+ * *addr its first byte. Returns 0, MG_ERR_NOT_FOUND (the tenant has no such segment or lease)
+ * or MG_ERR_RANGE (outside it); on failure nothing is held. */
+int mg_pools_resolve(mg_pools *ps, mg_registry *reg, const char *tenant, uint64_t segment,
+                     uint64_t lease, uint64_t offset, uint64_t length, const char *holder,
+                     mg_segment **seg, void **token, uint8_t **addr);
 /* A published lease's own RDMA registration: where its bytes start and its key on each device
  * (rkeys: room for 8). Returns 0, or MG_ERR_NOT_FOUND when it has none (yet). */
 int mg_pools_lease_rdma(mg_pools *ps, uint64_t lease_id, uint64_t *addr, uint32_t *rkeys,
