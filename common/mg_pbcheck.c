@@ -79,7 +79,10 @@ static int walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uin
         const ProtobufCFieldDescriptor *f;
         char sub[256];
         unsigned idx;
-        if (varint(&p, end, &key) != 0 || key >> 3 == 0 || key >> 3 > UINT32_MAX)
+        /* Field 0 is no field of ours, but protobuf-c takes a key for it written in more than
+         * one byte (80 00) as an unknown field and decodes on: so must the check (the lookup
+         * below finds nothing and skips it). A key past 32 bits is one protobuf-c refuses. */
+        if (varint(&p, end, &key) != 0 || key >> 3 > UINT32_MAX)
             return 0;
         switch (key & 7) {
         case 0: /* varint */

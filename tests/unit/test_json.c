@@ -8,6 +8,7 @@
 #include "moongate/v1/daemon.pb-c.h"
 #include "moongate/v1/debug.pb-c.h"
 #include "moongate/v1/memory.pb-c.h"
+#include "moongate/v1/notify.pb-c.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +235,20 @@ static void test_strings_checked_before_decoding(void)
         mg_pb_check_strings(d, (const uint8_t *)"\xfa\x01\x02\x00\xff", 5, err, sizeof(err)), 0);
 }
 
+/* A key for field 0 written in two bytes (80 00) is an unknown field to protobuf-c, which goes
+ * on decoding; the check must go on too (found by fuzz_proto). */
+static void test_strings_checked_after_field_zero(void)
+{
+    const ProtobufCMessageDescriptor *d = &moongate__v1__notification__descriptor;
+    static const uint8_t msg[] = "\x80\x00\x18\x0a\x02\xc0\x80";
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, sizeof(msg) - 1, msg);
+    char err[256];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m); /* the decoder takes it: the check is all that stands */
+    protobuf_c_message_free_unpacked(m, NULL);
+    CU_ASSERT_EQUAL(mg_pb_check_strings(d, msg, sizeof(msg) - 1, err, sizeof(err)), -1);
+    CU_ASSERT_STRING_EQUAL(err, "field \"topic\": is not valid UTF-8");
+}
+
 /* Reals given for integer fields are range-checked before conversion (found by fuzz_json). */
 static void test_reals_for_integer_fields(void)
 {
@@ -305,6 +320,7 @@ int main(void)
         MG_TEST(test_oneof),
         MG_TEST(test_utf8),
         MG_TEST(test_strings_checked_before_decoding),
+        MG_TEST(test_strings_checked_after_field_zero),
     };
     return mg_test_run("json mapping", cases, sizeof(cases) / sizeof(cases[0]));
 }
