@@ -54,16 +54,29 @@ static inline mg_idmap_node *mg_idmap_find(const mg_idmap *m, uint64_t id)
     return n;
 }
 
+/* A fresh id, not yet entered (mg_idmap_insert): a record may need its id before it joins. */
+static inline uint64_t mg_idmap_mint(mg_idmap *m)
+{
+    uint64_t id;
+    do {
+        id = mg_mix64(++m->counter);
+    } while (id == 0 || mg_idmap_find(m, id));
+    return id;
+}
+
+/* Enters n under the id it has (minted by m). */
+static inline void mg_idmap_insert(mg_idmap *m, mg_idmap_node *n)
+{
+    mg_idmap_node **b = &m->buckets[mg_mix64(n->id) & m->mask];
+    n->next = *b;
+    *b = n;
+}
+
 /* Gives n a fresh id and enters it. Returns the id. */
 static inline uint64_t mg_idmap_add(mg_idmap *m, mg_idmap_node *n)
 {
-    mg_idmap_node **b;
-    do {
-        n->id = mg_mix64(++m->counter);
-    } while (n->id == 0 || mg_idmap_find(m, n->id));
-    b = &m->buckets[mg_mix64(n->id) & m->mask];
-    n->next = *b;
-    *b = n;
+    n->id = mg_idmap_mint(m);
+    mg_idmap_insert(m, n);
     return n->id;
 }
 

@@ -4,6 +4,12 @@
 #include "mg_peer_rpc.h"
 
 #include "mg_pbcheck.h"
+#include "mg_rdma_wire.h"
+#include "mg_time.h"
+
+#include "moongate/v1/peer.pb-c.h"
+
+#include <event2/event.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +31,7 @@ int mg_peer_call(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char 
         return -1;
     }
     protobuf_c_message_pack(req, buf);
+    ch->gw = gw;
     for (int attempt = 0; attempt < 2 && rpc == NULL; attempt++) {
         if (ch->client == NULL) {
             mg_client_options o = {.target = addr,
@@ -110,4 +117,136 @@ void mg_peer_chan_close(mg_peer_chan *ch)
 {
     mg_client_del(ch->client);
     ch->client = NULL;
+}
+
+/* ---- the calls the engine's peer directory asks for ---- */
+
+/* The entry's control channel (room the directory keeps in each entry for it). */
+static mg_peer_chan *chan_of(mg_xfer_peer *p)
+{
+    return p->front;
+}
+
+/* What a peer's refusal of OpenSession means for the requests: it does not trust this daemon
+ * (PERMISSION_DENIED, whichever of the two it said), speaks no version we do (UNIMPLEMENTED),
+ * or cannot be used now (UNAVAILABLE). */
+static int session_refusal(int status)
+{
+    switch (status) {
+    case MG_GRPC_UNAUTHENTICATED:
+    case MG_GRPC_PERMISSION_DENIED:
+        return MG_ERR_PERMISSION;
+    case MG_GRPC_UNIMPLEMENTED:
+        return MG_ERR_UNSUPPORTED;
+    default:
+        return MG_ERR_UNAVAILABLE;
+    }
+}
+
+/* A fresh control connection for a peer whose old one failed (outside the client's callbacks). */
+static void reopen_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_xfer_peer *p = arg;
+    (void)fd, (void)what;
+    mg_peer_chan_close(chan_of(p));
+    mg_peer_open_session(chan_of(p)->gw, p);
+}
+
+static void open_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
+{
+    mg_xfer_peer *p = arg;
+    Moongate__V1__OpenSessionResponse *resp = (void *)m;
+    mg_peer_session s;
+    if (status == MG_GRPC_UNAVAILABLE && chan_of(p)->used) {
+        /* The connection served an earlier session; the peer may have restarted since. */
+        static const struct timeval now = {0, 0};
+        chan_of(p)->used = 0;
+        if (event_base_once(chan_of(p)->gw->base, -1, EV_TIMEOUT, reopen_cb, p, &now) == 0)
+            return;
+    }
+    if (resp == NULL || resp->token.len != MG_DF_TOKEN_BYTES) {
+        if (resp)
+            moongate__v1__open_session_response__free_unpacked(resp, NULL);
+        mg_peerdir_failed(p, status ? session_refusal(status) : MG_ERR_UNAVAILABLE,
+                          status ? message : "a malformed OpenSession answer");
+        return;
+    }
+    if (resp->protocol_version < MG_DF_VERSION_MIN || resp->protocol_version > MG_DF_VERSION) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "it answered data-plane protocol version %u; this daemon speaks %u..%u",
+                 resp->protocol_version, MG_DF_VERSION_MIN, MG_DF_VERSION);
+        moongate__v1__open_session_response__free_unpacked(resp, NULL);
+        mg_peerdir_failed(p, MG_ERR_UNSUPPORTED, why);
+        return;
+    }
+    s = (mg_peer_session){.token = resp->token.data,
+                          .data_host = resp->data_host,
+                          .data_port = (int)resp->data_port,
+                          .epoch = resp->epoch,
+                          .expires_in_ms = resp->expires_in_ms,
+                          .rdma = resp->rdma,
+                          .rdma_devices = resp->rdma_devices};
+    chan_of(p)->used = 1;
+    mg_peerdir_opened(p, &s, mg_now_mono_ms());
+    moongate__v1__open_session_response__free_unpacked(resp, NULL);
+}
+
+void mg_peer_open_session(mg_gateway *gw, mg_xfer_peer *p)
+{
+    Moongate__V1__OpenSessionRequest req = MOONGATE__V1__OPEN_SESSION_REQUEST__INIT;
+    char err[256];
+    req.protocol_version = MG_DF_VERSION;
+    req.min_protocol_version = MG_DF_VERSION_MIN;
+    req.tenant = p->tenant; /* the peer serves this session only that tenant's targets */
+    if (mg_peer_unary(gw, chan_of(p), p->addr, "/moongate.v1.Peer/OpenSession", &req.base,
+                      &moongate__v1__open_session_response__descriptor, open_answered, p, err,
+                      sizeof(err)) != 0)
+        mg_peerdir_failed(p, MG_ERR_UNAVAILABLE, err);
+}
+
+typedef struct {
+    mg_xfer_peer *p;
+    void *job; /* the directory's RDMA set-up */
+} connect_call;
+
+static void connect_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
+{
+    connect_call cc = *(connect_call *)arg;
+    Moongate__V1__ConnectRdmaResponse *resp = (void *)m;
+    mg_rdma_ep remote;
+    char why[300];
+    free(arg);
+    if (resp == NULL)
+        snprintf(why, sizeof(why), "ConnectRdma: %.200s", status ? message : "a malformed answer");
+    else if (mg_rdma_wire_decode(resp->endpoint, &remote, why, sizeof(why)) == 0)
+        why[0] = '\0';
+    if (resp)
+        moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
+    mg_peerdir_rdma_answered(cc.job, why[0] ? NULL : &remote, why);
+}
+
+int mg_peer_connect_rdma(mg_gateway *gw, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
+                         void *job, char *why, size_t cap)
+{
+    Moongate__V1__ConnectRdmaRequest req = MOONGATE__V1__CONNECT_RDMA_REQUEST__INIT;
+    connect_call *cc = malloc(sizeof(*cc));
+    mg_rdma_wire w;
+    if (cc == NULL) {
+        snprintf(why, cap, "out of memory");
+        return -1;
+    }
+    *cc = (connect_call){p, job};
+    mg_rdma_wire_encode(local, &w);
+    req.token.data = p->token;
+    req.token.len = sizeof(p->token);
+    req.endpoint = &w.msg;
+    req.device = device; /* our device k with the peer's device k */
+    if (mg_peer_unary(gw, chan_of(p), p->addr, "/moongate.v1.Peer/ConnectRdma", &req.base,
+                      &moongate__v1__connect_rdma_response__descriptor, connect_answered, cc, why,
+                      cap) != 0) {
+        free(cc);
+        return -1;
+    }
+    return 0;
 }

@@ -11,11 +11,13 @@
 
 #include "mg_client.h"
 #include "mg_gateway.h"
+#include "moongate/peerdir.h"
 
 /* A peer's control channel. */
 typedef struct mg_peer_chan {
     mg_client *client; /* NULL until the first call, and after its connection failed */
     int used;          /* it carried a session before: it may be stale (the peer restarted) */
+    mg_gateway *gw;    /* whose loop it runs on (set by the first call) */
 } mg_peer_chan;
 
 /* Starts a unary call `path` on the channel to `addr` (a new connection when the old one is
@@ -36,5 +38,16 @@ int mg_peer_unary(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char
 
 /* Closes the channel's connection (a fresh one is opened by the next call). */
 void mg_peer_chan_close(mg_peer_chan *ch);
+
+/* The calls the engine's peer directory asks for (moongate/peerdir.h); each entry's p->front
+ * is its channel. OpenSession for p's tenant: answered with mg_peerdir_opened, or
+ * mg_peerdir_failed (a refusal by its meaning: not trusted, no common version, unavailable).
+ * A channel that carried an earlier session and fails is replaced once (the peer may have
+ * restarted). */
+void mg_peer_open_session(mg_gateway *gw, mg_xfer_peer *p);
+/* ConnectRdma: our endpoint of `device` to the peer, its own back through
+ * mg_peerdir_rdma_answered(job, ...). Returns 0, or -1 with why set (nothing sent). */
+int mg_peer_connect_rdma(mg_gateway *gw, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
+                         void *job, char *why, size_t cap);
 
 #endif

@@ -1,0 +1,420 @@
+/* mg_batches: the transfer batches a daemon holds (moongate/batches.h). */
+#include "moongate/batches.h"
+
+#include "mg_addr.h"
+#include "mg_log.h"
+#include "mg_time.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mg_batches {
+    mg_batches_config cfg;
+    mg_idmap ids;    /* the batches entered, by id */
+    mg_list batches; /* the same, newest first */
+    size_t n;
+};
+
+static const char *const transport_names[] = {"", "tcp", "rdma", "copy"};
+
+const char *mg_batch_transport_name(mg_batch_transport t)
+{
+    return (unsigned)t < 4 ? transport_names[t] : "";
+}
+
+int mg_batches_new(mg_batches **out, const mg_batches_config *cfg)
+{
+    mg_batches *s;
+    size_t nb = 64;
+    *out = NULL;
+    if (cfg->max_batches == 0 || cfg->request_ended == NULL || cfg->note_due == NULL ||
+        cfg->changed == NULL || cfg->freed == NULL)
+        return MG_ERR_INVALID;
+    while (nb < cfg->max_batches && nb < (1u << 16))
+        nb <<= 1;
+    s = calloc(1, sizeof(*s));
+    if (s == NULL || mg_idmap_init(&s->ids, nb) != 0) {
+        if (s)
+            mg_idmap_free(&s->ids);
+        free(s);
+        return MG_ERR_NOMEM;
+    }
+    s->cfg = *cfg;
+    mg_list_init(&s->batches);
+    *out = s;
+    return 0;
+}
+
+static mg_batch *batch_of(const mg_list_node *n)
+{
+    return mg_container_of(n, mg_batch, link);
+}
+
+/* Lets go of the request's local memory: the segment references, and the leases' use. */
+static void req_release_local(mg_batch_req *r)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    if (r->local)
+        mg_registry_put(cfg->reg, r->local);
+    if (r->local_lease)
+        mg_pools_unuse(cfg->pools, r->local_lease);
+    if (r->other)
+        mg_registry_put(cfg->reg, r->other);
+    if (r->other_lease)
+        mg_pools_unuse(cfg->pools, r->other_lease);
+    r->local = r->other = NULL;
+    r->local_lease = r->other_lease = NULL;
+}
+
+static void batch_free(mg_batch *b)
+{
+    if (b->front)
+        b->set->cfg.freed(b->set->cfg.arg, b);
+    for (size_t i = 0; i < b->nnotes; i++)
+        free(b->notes[i].payload);
+    for (size_t i = 0; b->reqs && i < b->n; i++) {
+        req_release_local(&b->reqs[i]);
+        mg_xfer_req_free(&b->reqs[i].x);
+        free(b->reqs[i].msg);
+    }
+    for (size_t i = 0; b->recs && i < b->n; i++)
+        free(b->recs[i].msg);
+    free(b->notes);
+    free(b->reqs);
+    free(b->recs);
+    free(b);
+}
+
+/* Takes b out of the set and frees it. */
+static void batch_forget(mg_batches *s, mg_batch *b)
+{
+    mg_idmap_remove(&s->ids, &b->node);
+    mg_list_remove(&b->link);
+    s->n--;
+    batch_free(b);
+}
+
+void mg_batches_del(mg_batches *s)
+{
+    if (s == NULL)
+        return;
+    while (!mg_list_empty(&s->batches))
+        batch_forget(s, batch_of(mg_list_first(&s->batches)));
+    mg_idmap_free(&s->ids);
+    free(s);
+}
+
+mg_batch *mg_batch_new(mg_batches *s, const char *tenant, size_t n, size_t nnotes)
+{
+    mg_batch *b = calloc(1, sizeof(*b));
+    if (b == NULL || (b->reqs = calloc(n ? n : 1, sizeof(*b->reqs))) == NULL ||
+        (b->notes = calloc(nnotes + 1, sizeof(*b->notes))) == NULL) {
+        if (b)
+            free(b->reqs);
+        free(b);
+        return NULL;
+    }
+    b->set = s;
+    b->id = b->node.id = mg_idmap_mint(&s->ids);
+    snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
+    b->n = b->counts.n = n;
+    b->nnotes = b->counts.notes = nnotes;
+    for (size_t i = 0; i < n; i++)
+        b->reqs[i].b = b;
+    for (size_t i = 0; i < nnotes; i++)
+        b->notes[i].b = b;
+    return b;
+}
+
+void mg_batch_discard(mg_batch *b)
+{
+    batch_free(b);
+}
+
+/* A request with peer "": its "remote" side is this daemon's own segment or lease, any of the
+ * caller's (remote accessibility is for peers). Returns NULL, or what is wrong. */
+static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const char *holder)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    int rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->remote_segment,
+                              t->remote_lease, t->remote_offset, t->length, holder, &r->other,
+                              &r->other_lease, &r->other_addr);
+    r->local_copy = 1;
+    if (rc == MG_ERR_NOT_FOUND)
+        return t->remote_lease ? "no such lease on this daemon (peer \"\")"
+                               : "no such segment on this daemon (peer \"\")";
+    return rc ? "remote offset + length is outside the target on this daemon" : NULL;
+}
+
+/* The local side of r, resolved and held. Returns NULL, or what is wrong. */
+static const char *resolve_local(mg_batch_req *r, const mg_batch_item *t, uint64_t same,
+                                 const char *holder)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    const mg_batch_req *prev = r > r->b->reqs ? r - 1 : NULL;
+    int rc;
+    if (!t->local_lease && prev && prev->local && !prev->local_lease && t->local_segment == same) {
+        r->local = prev->local; /* the same segment as the request before */
+        mg_registry_hold(cfg->reg, r->local);
+        if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
+            return "local offset + length is outside the local segment";
+        r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
+        return NULL;
+    }
+    rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->local_segment, t->local_lease,
+                          t->local_offset, t->length, holder, &r->local, &r->local_lease,
+                          &r->local_addr);
+    if (rc == MG_ERR_NOT_FOUND)
+        return t->local_lease ? "no such local lease" : "no such local segment";
+    if (rc)
+        return t->local_lease ? "local offset + length is outside the local lease"
+                              : "local offset + length is outside the local segment";
+    return NULL;
+}
+
+const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
+                          const char *holder)
+{
+    mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
+    uint64_t same = *last;
+    const char *bad;
+    r->write = t->write;
+    r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
+    r->remote_lease = t->remote_lease != 0;
+    r->peer_name = t->peer;
+    r->remote_offset = t->remote_offset;
+    r->length = t->length;
+    *last = t->local_lease ? 0 : t->local_segment;
+    if (t->length == 0)
+        return "length must be greater than 0";
+    if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
+        !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
+        return "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or \"\" "
+               "for this daemon";
+    if (t->remote_offset > UINT64_MAX - t->length)
+        return "remote offset + length overflows";
+    if ((t->local_segment != 0) == (t->local_lease != 0))
+        return "name the local memory: local_segment or local_lease, one of them";
+    if ((t->remote_segment != 0) == (t->remote_lease != 0))
+        return "name the remote target: remote_segment or remote_lease, one of them";
+    if ((bad = resolve_local(r, t, same, holder)) != NULL)
+        return bad;
+    return t->peer[0] == '\0' ? resolve_other(r, t, holder) : NULL; /* "": a copy here */
+}
+
+/* The oldest over batches go while more than `keep` are held; running ones always stay. */
+static void forget_oldest(mg_batches *s, size_t keep)
+{
+    mg_list_node *n = s->batches.prev; /* the oldest */
+    while (s->n > keep && n != &s->batches) {
+        mg_list_node *newer = n->prev;
+        if (mg_batch_is_over(batch_of(n)))
+            batch_forget(s, batch_of(n));
+        n = newer;
+    }
+}
+
+void mg_batches_add(mg_batches *s, mg_batch *b, uint64_t now_ns)
+{
+    b->t0_ns = now_ns;
+    mg_idmap_insert(&s->ids, &b->node);
+    mg_list_push_front(&s->batches, &b->link);
+    s->n++;
+    forget_oldest(s, s->cfg.max_batches);
+}
+
+void mg_batch_notes_start(mg_batch *b)
+{
+    for (size_t i = 0; i < b->nnotes; i++) {
+        if (b->notes[i].g.state == MG_NOTE_WAITING && b->notes[i].g.writes_left == 0)
+            b->set->cfg.note_due(b->set->cfg.arg, &b->notes[i]);
+    }
+}
+
+mg_batch *mg_batches_find(const mg_batches *s, uint64_t id)
+{
+    mg_idmap_node *n = mg_idmap_find(&s->ids, id);
+    return n ? mg_container_of(n, mg_batch, node) : NULL;
+}
+
+mg_batch *mg_batches_find_request(const mg_batches *s, const char *tenant, const char *request_id)
+{
+    if (request_id[0] == '\0')
+        return NULL;
+    mg_list_foreach (&s->batches, n) {
+        mg_batch *b = batch_of(n);
+        if (!strcmp(b->request_id, request_id) && !strcmp(b->tenant, tenant))
+            return b;
+    }
+    return NULL;
+}
+
+size_t mg_batches_running(const mg_batches *s, const char *tenant)
+{
+    size_t running = 0;
+    mg_list_foreach (&s->batches, n) {
+        const mg_batch *b = batch_of(n);
+        running += !mg_batch_is_over(b) && (tenant == NULL || !strcmp(b->tenant, tenant));
+    }
+    return running;
+}
+
+size_t mg_batches_count(const mg_batches *s)
+{
+    return s->n;
+}
+
+void *mg_batches_arg(const mg_batches *s)
+{
+    return s->cfg.arg;
+}
+
+mg_batch *mg_batches_first(const mg_batches *s)
+{
+    mg_list_node *n = mg_list_first(&s->batches);
+    return n ? batch_of(n) : NULL;
+}
+
+mg_batch *mg_batches_next(const mg_batches *s, const mg_batch *b)
+{
+    return b->link.next != &s->batches ? batch_of(b->link.next) : NULL;
+}
+
+void mg_batches_expire(mg_batches *s, uint64_t now_ms)
+{
+    mg_list_foreach_safe(&s->batches, n, next)
+    {
+        mg_batch *b = batch_of(n);
+        if (b->end_ms && b->end_ms + s->cfg.retention_ms <= now_ms)
+            batch_forget(s, b);
+    }
+}
+
+void mg_batches_stop_running(mg_batches *s, int err)
+{
+    mg_list_foreach (&s->batches, n) {
+        mg_batch *b = batch_of(n);
+        for (size_t i = 0; b->reqs && i < b->n; i++) {
+            if (b->reqs[i].life.state == MG_REQ_RUNNING)
+                mg_xfer_req_stop(&b->reqs[i].x, err);
+        }
+    }
+}
+
+int mg_batch_is_over(const mg_batch *b)
+{
+    return mg_batch_over(&b->counts);
+}
+
+/* The batch moved: it is over when its last request and notification ended. */
+static void batch_changed(mg_batch *b)
+{
+    if (mg_batch_is_over(b) && b->end_ms == 0)
+        b->end_ms = mg_now_mono_ms();
+    b->set->cfg.changed(b->set->cfg.arg, b);
+}
+
+void mg_batch_req_say(mg_batch_req *r, const char *text)
+{
+    char *copy = text && *text ? strdup(text) : NULL; /* text may be the old message */
+    free(r->msg);
+    r->msg = copy;
+}
+
+/* A WRITE of the batch ended: the notifications for its peer may be due now. */
+static void notes_write_ended(mg_batch_req *r, int err)
+{
+    mg_batch *b = r->b;
+    for (size_t i = 0; i < b->nnotes; i++) {
+        mg_batch_note *n = &b->notes[i];
+        if (n->peer == r->peer && mg_note_write_ended(&n->g, (size_t)(r - b->reqs), err != 0))
+            b->set->cfg.note_due(b->set->cfg.arg, n);
+    }
+}
+
+int mg_batch_req_end(mg_batch_req *r, int err, const char *msg)
+{
+    mg_batch *b = r->b;
+    if (mg_req_end(&r->life, &b->counts, err != 0) != 0) {
+        /* Never expected: counting it would end the batch before its requests. */
+        mg_error("transfer_state",
+                 "batch=%016" PRIx64 " request=%zu state=%d error=\"%s\" "
+                 "reason=\"ended twice, or succeeded without running\"",
+                 b->id, (size_t)(r - b->reqs), (int)r->life.state, mg_strerror(err));
+        return -1;
+    }
+    r->err = err;
+    mg_batch_req_say(r, msg);
+    req_release_local(r);
+    b->set->cfg.request_ended(b->set->cfg.arg, r);
+    if (r->write)
+        notes_write_ended(r, err);
+    batch_changed(b);
+    return 0;
+}
+
+int mg_batch_req_unqueue(mg_batch_req *r)
+{
+    if (mg_xfer_sched_remove(&r->x))
+        return 1;
+    if (!mg_list_linked(&r->wait))
+        return 0;
+    mg_list_remove(&r->wait);
+    return 1;
+}
+
+void mg_batch_note_end(mg_batch_note *n, mg_note_state state, int code, const char *msg)
+{
+    n->g.state = state;
+    n->code = code;
+    snprintf(n->msg, sizeof(n->msg), "%s", msg ? msg : "");
+    mg_batch_note_over(&n->b->counts, state == MG_NOTE_FAILED);
+    batch_changed(n->b);
+}
+
+void mg_batch_stop(mg_batch *b, int err, const char *why)
+{
+    for (size_t i = 0; b->reqs && i < b->n; i++) {
+        mg_batch_req *r = &b->reqs[i];
+        if (r->life.state == MG_REQ_PENDING && mg_batch_req_unqueue(r))
+            mg_batch_req_end(r, err, why);
+        else if (r->life.state == MG_REQ_RUNNING || r->life.state == MG_REQ_PENDING)
+            mg_xfer_req_stop(&r->x, err); /* running, or between lines: it ends when it looks */
+    }
+}
+
+mg_batch_rec mg_batch_record(const mg_batch *b, size_t i)
+{
+    const mg_batch_req *r;
+    mg_batch_rec rec;
+    if (b->reqs == NULL)
+        return b->recs[i];
+    r = &b->reqs[i];
+    rec.bytes = r->life.state == MG_REQ_DONE ? r->length : mg_xfer_req_progress(&r->x);
+    rec.msg = r->msg;
+    rec.err = r->err;
+    rec.state = (uint8_t)r->life.state;
+    rec.transport = r->local_copy                     ? MG_TR_COPY
+                    : r->rdma                         ? MG_TR_RDMA
+                    : r->life.state != MG_REQ_PENDING ? MG_TR_TCP
+                                                      : MG_TR_NONE;
+    return rec;
+}
+
+void mg_batch_compact(mg_batch *b)
+{
+    mg_batch_rec *recs;
+    if (b->reqs == NULL || !mg_batch_is_over(b) || (recs = calloc(b->n, sizeof(*recs))) == NULL)
+        return;
+    for (size_t i = 0; i < b->n; i++) {
+        mg_batch_req *r = &b->reqs[i];
+        recs[i] = mg_batch_record(b, i);
+        r->msg = NULL; /* the record has it now */
+        mg_xfer_req_free(&r->x);
+    }
+    free(b->reqs);
+    b->reqs = NULL;
+    b->recs = recs;
+}
