@@ -1,7 +1,6 @@
 /* mg_batches: the transfer batches a daemon holds (moongate/batches.h). */
-#include "moongate/batches.h"
+#include "mg_batches_int.h"
 
-#include "mg_addr.h"
 #include "mg_log.h"
 #include "mg_time.h"
 
@@ -9,13 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct mg_batches {
-    mg_batches_config cfg;
-    mg_idmap ids;    /* the batches entered, by id */
-    mg_list batches; /* the same, newest first */
-    size_t n;
-};
 
 static const char *const transport_names[] = {"", "tcp", "rdma", "copy"};
 
@@ -133,77 +125,6 @@ void mg_batch_discard(mg_batch *b)
     batch_free(b);
 }
 
-/* A request with peer "": its "remote" side is this daemon's own segment or lease, any of the
- * caller's (remote accessibility is for peers). Returns NULL, or what is wrong. */
-static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const char *holder)
-{
-    const mg_batches_config *cfg = &r->b->set->cfg;
-    int rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->remote_segment,
-                              t->remote_lease, t->remote_offset, t->length, holder, &r->other,
-                              &r->other_lease, &r->other_addr);
-    r->local_copy = 1;
-    if (rc == MG_ERR_NOT_FOUND)
-        return t->remote_lease ? "no such lease on this daemon (peer \"\")"
-                               : "no such segment on this daemon (peer \"\")";
-    return rc ? "remote offset + length is outside the target on this daemon" : NULL;
-}
-
-/* The local side of r, resolved and held. Returns NULL, or what is wrong. */
-static const char *resolve_local(mg_batch_req *r, const mg_batch_item *t, uint64_t same,
-                                 const char *holder)
-{
-    const mg_batches_config *cfg = &r->b->set->cfg;
-    const mg_batch_req *prev = r > r->b->reqs ? r - 1 : NULL;
-    int rc;
-    if (!t->local_lease && prev && prev->local && !prev->local_lease && t->local_segment == same) {
-        r->local = prev->local; /* the same segment as the request before */
-        mg_registry_hold(cfg->reg, r->local);
-        if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
-            return "local offset + length is outside the local segment";
-        r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
-        return NULL;
-    }
-    rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->local_segment, t->local_lease,
-                          t->local_offset, t->length, holder, &r->local, &r->local_lease,
-                          &r->local_addr);
-    if (rc == MG_ERR_NOT_FOUND)
-        return t->local_lease ? "no such local lease" : "no such local segment";
-    if (rc)
-        return t->local_lease ? "local offset + length is outside the local lease"
-                              : "local offset + length is outside the local segment";
-    return NULL;
-}
-
-const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
-                          const char *holder)
-{
-    mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
-    uint64_t same = *last;
-    const char *bad;
-    r->write = t->write;
-    r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
-    r->remote_lease = t->remote_lease != 0;
-    r->peer_name = t->peer;
-    r->remote_offset = t->remote_offset;
-    r->length = t->length;
-    *last = t->local_lease ? 0 : t->local_segment;
-    if (t->length == 0)
-        return "length must be greater than 0";
-    if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
-        !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
-        return "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or \"\" "
-               "for this daemon";
-    if (t->remote_offset > UINT64_MAX - t->length)
-        return "remote offset + length overflows";
-    if ((t->local_segment != 0) == (t->local_lease != 0))
-        return "name the local memory: local_segment or local_lease, one of them";
-    if ((t->remote_segment != 0) == (t->remote_lease != 0))
-        return "name the remote target: remote_segment or remote_lease, one of them";
-    if ((bad = resolve_local(r, t, same, holder)) != NULL)
-        return bad;
-    return t->peer[0] == '\0' ? resolve_other(r, t, holder) : NULL; /* "": a copy here */
-}
-
 /* The oldest over batches go while more than `keep` are held; running ones always stay. */
 static void forget_oldest(mg_batches *s, size_t keep)
 {
@@ -284,8 +205,7 @@ mg_batch *mg_batches_next(const mg_batches *s, const mg_batch *b)
 
 void mg_batches_expire(mg_batches *s, uint64_t now_ms)
 {
-    mg_list_foreach_safe(&s->batches, n, next)
-    {
+    mg_list_foreach_safe (&s->batches, n, next) {
         mg_batch *b = batch_of(n);
         if (b->end_ms && b->end_ms + s->cfg.retention_ms <= now_ms)
             batch_forget(s, b);

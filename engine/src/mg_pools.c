@@ -206,8 +206,7 @@ static void sweep_published(mg_pools *ps, int ended)
     size_t n;
     if (ps->cfg.leases == NULL)
         return;
-    mg_list_foreach_safe(&ps->published, node, next)
-    {
+    mg_list_foreach_safe (&ps->published, node, next) {
         published *p = mg_container_of(node, published, link);
         if (!ended || !mg_lease_released(p->l))
             continue;
@@ -640,8 +639,7 @@ int mg_pools_list(mg_pools *ps, const char *scope, uint64_t after, mg_lease_info
 /* Fails the waits in pe's line whose deadline passed. */
 static void expire_waits(pool_entry *pe, uint64_t now_ms)
 {
-    mg_list_foreach_safe(&pe->line, node, next)
-    {
+    mg_list_foreach_safe (&pe->line, node, next) {
         mg_pools_wait *w = mg_container_of(node, mg_pools_wait, link);
         char err[160];
         if (w->deadline_ms == 0 || now_ms < w->deadline_ms)
@@ -904,8 +902,8 @@ void mg_pools_del(mg_pools *ps)
     if (ps == NULL)
         return;
     mg_pools_drain(ps);
-    mg_list_foreach_safe(&ps->published, node, next)
-    { /* the data plane has stopped; the leases go with their pools */
+    mg_list_foreach_safe (&ps->published, node,
+                          next) { /* the data plane has stopped; the leases go with their pools */
         published *p = mg_container_of(node, published, link);
         mg_list_remove(&p->link);
         if (mg_lease_table_withdraw(ps->cfg.leases, p->id) == p)

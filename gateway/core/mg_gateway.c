@@ -389,8 +389,7 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     mg_gateway *gw = arg;
     gw->drain_phase = 2;
     each_service(gw, HOOK_DRAIN_FINAL);
-    mg_list_foreach_safe(&gw->conns, node, next)
-    {
+    mg_list_foreach_safe (&gw->conns, node, next) {
         mg_conn *c = mg_container_of(node, mg_conn, link); /* only c may be freed here */
         if (c->ng == NULL) {
             mg_conn_free(c);

@@ -408,9 +408,6 @@ void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
 int mg_svc_transfer_init(mg_gateway *gw);
 void mg_svc_transfer_free(mg_gateway *gw);
 void mg_svc_transfer_stop(mg_gateway *gw);
-void mg_svc_transfer_drain(mg_gateway *gw);
-struct evbuffer;
-void mg_svc_transfer_render_peers(mg_gateway *gw, struct evbuffer *out);
 /* svc_notify.c: notifications delivered by peers, watched and polled by local clients. */
 int mg_svc_notify_init(mg_gateway *gw);
 void mg_svc_notify_free(mg_gateway *gw);

@@ -121,12 +121,6 @@ void mg_peer_chan_close(mg_peer_chan *ch)
 
 /* ---- the calls the engine's peer directory asks for ---- */
 
-/* The entry's control channel (room the directory keeps in each entry for it). */
-static mg_peer_chan *chan_of(mg_xfer_peer *p)
-{
-    return p->front;
-}
-
 /* What a peer's refusal of OpenSession means for the requests: it does not trust this daemon
  * (PERMISSION_DENIED, whichever of the two it said), speaks no version we do (UNIMPLEMENTED),
  * or cannot be used now (UNAVAILABLE). */
@@ -148,8 +142,8 @@ static void reopen_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_xfer_peer *p = arg;
     (void)fd, (void)what;
-    mg_peer_chan_close(chan_of(p));
-    mg_peer_open_session(chan_of(p)->gw, p);
+    mg_peer_chan_close(mg_peer_chan_of(p));
+    mg_peer_open_session(mg_peer_chan_of(p)->gw, p);
 }
 
 static void open_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
@@ -157,11 +151,11 @@ static void open_answered(void *arg, int status, const char *message, ProtobufCM
     mg_xfer_peer *p = arg;
     Moongate__V1__OpenSessionResponse *resp = (void *)m;
     mg_peer_session s;
-    if (status == MG_GRPC_UNAVAILABLE && chan_of(p)->used) {
+    if (status == MG_GRPC_UNAVAILABLE && mg_peer_chan_of(p)->used) {
         /* The connection served an earlier session; the peer may have restarted since. */
         static const struct timeval now = {0, 0};
-        chan_of(p)->used = 0;
-        if (event_base_once(chan_of(p)->gw->base, -1, EV_TIMEOUT, reopen_cb, p, &now) == 0)
+        mg_peer_chan_of(p)->used = 0;
+        if (event_base_once(mg_peer_chan_of(p)->gw->base, -1, EV_TIMEOUT, reopen_cb, p, &now) == 0)
             return;
     }
     if (resp == NULL || resp->token.len != MG_DF_TOKEN_BYTES) {
@@ -187,7 +181,7 @@ static void open_answered(void *arg, int status, const char *message, ProtobufCM
                           .expires_in_ms = resp->expires_in_ms,
                           .rdma = resp->rdma,
                           .rdma_devices = resp->rdma_devices};
-    chan_of(p)->used = 1;
+    mg_peer_chan_of(p)->used = 1;
     mg_peerdir_opened(p, &s, mg_now_mono_ms());
     moongate__v1__open_session_response__free_unpacked(resp, NULL);
 }
@@ -199,7 +193,7 @@ void mg_peer_open_session(mg_gateway *gw, mg_xfer_peer *p)
     req.protocol_version = MG_DF_VERSION;
     req.min_protocol_version = MG_DF_VERSION_MIN;
     req.tenant = p->tenant; /* the peer serves this session only that tenant's targets */
-    if (mg_peer_unary(gw, chan_of(p), p->addr, "/moongate.v1.Peer/OpenSession", &req.base,
+    if (mg_peer_unary(gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Peer/OpenSession", &req.base,
                       &moongate__v1__open_session_response__descriptor, open_answered, p, err,
                       sizeof(err)) != 0)
         mg_peerdir_failed(p, MG_ERR_UNAVAILABLE, err);
@@ -242,10 +236,65 @@ int mg_peer_connect_rdma(mg_gateway *gw, mg_xfer_peer *p, unsigned device, const
     req.token.len = sizeof(p->token);
     req.endpoint = &w.msg;
     req.device = device; /* our device k with the peer's device k */
-    if (mg_peer_unary(gw, chan_of(p), p->addr, "/moongate.v1.Peer/ConnectRdma", &req.base,
+    if (mg_peer_unary(gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Peer/ConnectRdma", &req.base,
                       &moongate__v1__connect_rdma_response__descriptor, connect_answered, cc, why,
                       cap) != 0) {
         free(cc);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    mg_peer_described_fn described;
+    void *arg;
+} describe_call;
+
+static void describe_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
+{
+    describe_call dc = *(describe_call *)arg;
+    Moongate__V1__TargetDescriptor *d = (void *)m;
+    mg_remote_desc rd;
+    (void)message;
+    free(arg);
+    if (d == NULL) {
+        dc.described(dc.arg, NULL, 0, status ? status : MG_GRPC_INTERNAL);
+        return;
+    }
+    rd = (mg_remote_desc){.id = d->id,
+                          .is_lease = d->is_lease,
+                          .size = d->size,
+                          .remote_accessible = d->remote_accessible,
+                          .transports = 1u << MG_TRANSPORT_TCP};
+    for (size_t t = 0; t < d->n_transports; t++) {
+        if (!strcmp(d->transports[t], "rdma") && d->rdma_rkey) {
+            rd.transports |= 1u << MG_TRANSPORT_RDMA;
+            rd.rdma_addr = d->rdma_addr;
+            rd.rdma_rkey = d->rdma_rkey;
+            for (size_t k = 0; k < d->n_rdma_rkeys && k < 8; k++)
+                rd.rdma_rkeys[rd.rdma_nkeys++] = d->rdma_rkeys[k];
+        }
+    }
+    dc.described(dc.arg, &rd, d->epoch, 0);
+    moongate__v1__target_descriptor__free_unpacked(d, NULL);
+}
+
+int mg_peer_describe(mg_gateway *gw, mg_xfer_peer *p, uint64_t id, int is_lease,
+                     mg_peer_described_fn described, void *arg)
+{
+    Moongate__V1__DescribeTargetRequest req = MOONGATE__V1__DESCRIBE_TARGET_REQUEST__INIT;
+    describe_call *dc = malloc(sizeof(*dc));
+    char err[256];
+    if (dc == NULL)
+        return -1;
+    *dc = (describe_call){described, arg};
+    req.id = id;
+    req.is_lease = is_lease;
+    req.tenant = p->tenant;
+    if (mg_peer_unary(gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Peer/DescribeTarget",
+                      &req.base, &moongate__v1__target_descriptor__descriptor, describe_answered,
+                      dc, err, sizeof(err)) != 0) {
+        free(dc);
         return -1;
     }
     return 0;

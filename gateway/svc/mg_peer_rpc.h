@@ -36,6 +36,12 @@ int mg_peer_unary(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char
                   const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
                   mg_peer_answer_fn answered, void *arg, char *err, size_t errcap);
 
+/* A peer entry's channel: the room the engine's peer directory keeps in it for the front. */
+static inline mg_peer_chan *mg_peer_chan_of(mg_xfer_peer *p)
+{
+    return p->front;
+}
+
 /* Closes the channel's connection (a fresh one is opened by the next call). */
 void mg_peer_chan_close(mg_peer_chan *ch);
 
@@ -49,5 +55,14 @@ void mg_peer_open_session(mg_gateway *gw, mg_xfer_peer *p);
  * mg_peerdir_rdma_answered(job, ...). Returns 0, or -1 with why set (nothing sent). */
 int mg_peer_connect_rdma(mg_gateway *gw, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
                          void *job, char *why, size_t cap);
+
+/* DescribeTarget: what peer p says of its target `id` (a lease when is_lease) for p's tenant.
+ * `described` gets the descriptor and its epoch, or NULL and the gRPC status (NOT_FOUND: the
+ * peer has no such target; else it could not be asked). Returns 0 (described will be called
+ * once), or -1 (the call could not be started). */
+typedef void (*mg_peer_described_fn)(void *arg, const mg_remote_desc *d, uint64_t epoch,
+                                     int status);
+int mg_peer_describe(mg_gateway *gw, mg_xfer_peer *p, uint64_t id, int is_lease,
+                     mg_peer_described_fn described, void *arg);
 
 #endif

@@ -283,6 +283,62 @@ static void test_missing_target_forgotten(void)
     close_dir(d);
 }
 
+/* Before a batch starts, its remote targets are checked against what the peers described:
+ * unknown ones asked for once each, then a target the peer does not have, or a range outside
+ * one, refuses the batch by name; a peer that could not be asked leaves it to the data plane. */
+static void test_remote_targets(void)
+{
+    mg_peerdir *d = open_dir(8);
+    mg_xfer_peer *p = mg_peerdir_get(d, "10.0.0.2:7443", "t1");
+    mg_batch *b = batch(p, 4);
+    mg_peer_session s = session(token_a, 1);
+    mg_remote_desc seg7 = {.id = 7, .size = 8192, .remote_accessible = 1, .transports = 1};
+    mg_batch_target *ask = NULL;
+    size_t nask = 0, bad = 99;
+    char why[400];
+    mg_peerdir_opened(p, &s, 1000); /* the cache knows the peer's epoch */
+    b->reqs[2].remote_segment = 8;  /* reqs[0], [1]: segment 7 at 0 and 4096; [2]: segment 8 */
+    b->reqs[3].local_copy = 1;      /* a copy here: no peer to ask */
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, NULL, 0, &ask, &nask, &bad, why, sizeof(why)),
+                    0);
+    CU_ASSERT_EQUAL_FATAL(nask, 2u); /* each target once */
+    CU_ASSERT_EQUAL(ask[0].id, 7u);
+    CU_ASSERT_EQUAL(ask[1].id, 8u);
+    CU_ASSERT_EQUAL(ask[0].state, MG_TARGET_UNANSWERED);
+    mg_batch_target_answered(descs, &ask[0], &seg7, 1, 0, 1000);
+    mg_batch_target_answered(descs, &ask[1], NULL, 0, 0, 1000); /* unreachable */
+    CU_ASSERT_EQUAL(ask[0].state, MG_TARGET_KNOWN);
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, ask, nask, NULL, NULL, &bad, why, sizeof(why)),
+                    0);                                         /* 8 is left to the data plane */
+    mg_batch_target_answered(descs, &ask[1], NULL, 0, 1, 1000); /* the peer has no segment 8 */
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, ask, nask, NULL, NULL, &bad, why, sizeof(why)),
+                    MG_ERR_INVALID);
+    CU_ASSERT_EQUAL(bad, 2u);
+    CU_ASSERT_STRING_EQUAL(why, "peer 10.0.0.2:7443 has no segment 8");
+    b->reqs[2].remote_segment = 7;
+    b->reqs[1].remote_offset = 8192; /* past the end of segment 7 */
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, ask, nask, NULL, NULL, &bad, why, sizeof(why)),
+                    MG_ERR_INVALID);
+    CU_ASSERT_EQUAL(bad, 1u);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "10.0.0.2:7443"));
+    free(ask);
+    ask = NULL;
+    nask = 0;
+    b->reqs[1].remote_offset = 4096; /* a second batch: the cache answers for segment 7... */
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, NULL, 0, &ask, &nask, &bad, why, sizeof(why)),
+                    0);
+    CU_ASSERT_EQUAL(nask, 1u); /* ...but reqs[2] is outside it as known: asked again first */
+    free(ask);
+    ask = NULL;
+    nask = 0;
+    b->reqs[2].remote_offset = 0;
+    CU_ASSERT_EQUAL(mg_batch_check_remote(b, descs, NULL, 0, &ask, &nask, &bad, why, sizeof(why)),
+                    0);
+    CU_ASSERT_EQUAL(nask, 0u); /* all known and inside: nothing to ask */
+    free(ask);
+    close_dir(d);
+}
+
 /* One entry per peer and tenant, up to the limit; peer "" is this daemon, always open. */
 static void test_entries(void)
 {
@@ -309,9 +365,13 @@ static void test_entries(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_wait_for_session),         MG_TEST(test_session_refused_and_renewed),
-        MG_TEST(test_retry_after_epoch_change), MG_TEST(test_stopped_not_retried),
-        MG_TEST(test_missing_target_forgotten), MG_TEST(test_entries),
+        MG_TEST(test_wait_for_session),
+        MG_TEST(test_session_refused_and_renewed),
+        MG_TEST(test_retry_after_epoch_change),
+        MG_TEST(test_stopped_not_retried),
+        MG_TEST(test_missing_target_forgotten),
+        MG_TEST(test_remote_targets),
+        MG_TEST(test_entries),
     };
     return mg_test_run("peer directory", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -85,8 +85,7 @@ static void test_list(void)
     CU_ASSERT_EQUAL(n, 4);
     for (int i = 0; i < n; i++)
         CU_ASSERT_EQUAL(seen[i], i);
-    mg_list_foreach_safe(&l, node, next)
-    {
+    mg_list_foreach_safe (&l, node, next) {
         item *x = mg_container_of(node, item, link);
         if (x->v % 2)
             mg_list_remove(node); /* removing the current node is allowed */

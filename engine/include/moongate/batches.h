@@ -30,6 +30,7 @@
 #include "mg_idmap.h"
 #include "mg_list.h"
 #include "moongate/batch.h"
+#include "moongate/peers.h"
 #include "moongate/pools.h"
 #include "moongate/segment.h"
 #include "moongate/xfer.h"
@@ -171,6 +172,33 @@ typedef struct mg_batch_item {
  * (r->peer) before the items go. */
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder);
+/* A remote target of a batch, and what its peer said of it. */
+typedef enum {
+    MG_TARGET_UNANSWERED, /* not (yet) described: unreachable or refused, left to the data plane */
+    MG_TARGET_KNOWN,      /* described: in the peer cache */
+    MG_TARGET_MISSING,    /* the peer has no such target */
+} mg_target_state;
+
+typedef struct mg_batch_target {
+    struct mg_xfer_peer *peer;
+    uint64_t id; /* segment, or lease */
+    int is_lease;
+    mg_target_state state;
+} mg_batch_target;
+
+/* Checks every remote request of b against what `descs` knows of its target. First pass
+ * (answers NULL): targets not known (or known to be wrong: they are asked again once before
+ * the batch fails) are added to *ask (realloc'd; the caller frees it) and the others checked.
+ * Second pass (answers: what was asked, with what the peers said): every request is checked.
+ * Returns 0 (all may run, or wait for *ask), MG_ERR_INVALID (request *bad cannot run: why
+ * says why) or MG_ERR_NOMEM. */
+int mg_batch_check_remote(const mg_batch *b, mg_peer_cache *descs, mg_batch_target *answers,
+                          size_t nanswers, mg_batch_target **ask, size_t *nask, size_t *bad,
+                          char *why, size_t cap);
+/* A peer's answer for target t: its descriptor d under `epoch` (cached), or none (missing: the
+ * peer has no such target; else the peer could not be asked). */
+void mg_batch_target_answered(mg_peer_cache *descs, mg_batch_target *t, const mg_remote_desc *d,
+                              uint64_t epoch, int missing, uint64_t now_ms);
 /* Enters b (now_ns: mg_now_mono_ns()); forgets the oldest over batches past max_batches. */
 void mg_batches_add(mg_batches *s, mg_batch *b, uint64_t now_ns);
 /* Notifications of b with no WRITE to wait for are due now (after mg_batches_add). */

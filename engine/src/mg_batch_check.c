@@ -1,0 +1,181 @@
+/* mg_batch_check: a batch's requests checked before anything moves — their memory on this
+ * daemon resolved and held, their targets on peers against what the peers described
+ * (moongate/batches.h). */
+#include "mg_batches_int.h"
+
+#include "mg_addr.h"
+#include "moongate/peerdir.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A request with peer "": its "remote" side is this daemon's own segment or lease, any of the
+ * caller's (remote accessibility is for peers). Returns NULL, or what is wrong. */
+static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const char *holder)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    int rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->remote_segment,
+                              t->remote_lease, t->remote_offset, t->length, holder, &r->other,
+                              &r->other_lease, &r->other_addr);
+    r->local_copy = 1;
+    if (rc == MG_ERR_NOT_FOUND)
+        return t->remote_lease ? "no such lease on this daemon (peer \"\")"
+                               : "no such segment on this daemon (peer \"\")";
+    return rc ? "remote offset + length is outside the target on this daemon" : NULL;
+}
+
+/* The local side of r, resolved and held. Returns NULL, or what is wrong. */
+static const char *resolve_local(mg_batch_req *r, const mg_batch_item *t, uint64_t same,
+                                 const char *holder)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    const mg_batch_req *prev = r > r->b->reqs ? r - 1 : NULL;
+    int rc;
+    if (!t->local_lease && prev && prev->local && !prev->local_lease && t->local_segment == same) {
+        r->local = prev->local; /* the same segment as the request before */
+        mg_registry_hold(cfg->reg, r->local);
+        if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
+            return "local offset + length is outside the local segment";
+        r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
+        return NULL;
+    }
+    rc = mg_pools_resolve(cfg->pools, cfg->reg, r->b->tenant, t->local_segment, t->local_lease,
+                          t->local_offset, t->length, holder, &r->local, &r->local_lease,
+                          &r->local_addr);
+    if (rc == MG_ERR_NOT_FOUND)
+        return t->local_lease ? "no such local lease" : "no such local segment";
+    if (rc)
+        return t->local_lease ? "local offset + length is outside the local lease"
+                              : "local offset + length is outside the local segment";
+    return NULL;
+}
+
+const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
+                          const char *holder)
+{
+    mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
+    uint64_t same = *last;
+    const char *bad;
+    r->write = t->write;
+    r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
+    r->remote_lease = t->remote_lease != 0;
+    r->peer_name = t->peer;
+    r->remote_offset = t->remote_offset;
+    r->length = t->length;
+    *last = t->local_lease ? 0 : t->local_segment;
+    if (t->length == 0)
+        return "length must be greater than 0";
+    if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
+        !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
+        return "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or \"\" "
+               "for this daemon";
+    if (t->remote_offset > UINT64_MAX - t->length)
+        return "remote offset + length overflows";
+    if ((t->local_segment != 0) == (t->local_lease != 0))
+        return "name the local memory: local_segment or local_lease, one of them";
+    if ((t->remote_segment != 0) == (t->remote_lease != 0))
+        return "name the remote target: remote_segment or remote_lease, one of them";
+    if ((bad = resolve_local(r, t, same, holder)) != NULL)
+        return bad;
+    return t->peer[0] == '\0' ? resolve_other(r, t, holder) : NULL; /* "": a copy here */
+}
+
+/* ---- remote targets ---- */
+
+static mg_batch_target *target_find(mg_batch_target *ts, size_t n, const mg_batch_req *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (ts[i].peer == r->peer && ts[i].id == r->remote_segment &&
+            ts[i].is_lease == r->remote_lease)
+            return &ts[i];
+    }
+    return NULL;
+}
+
+/* Checks request r against what is known of its target (t: what its peer answered, or NULL on
+ * the first pass). Returns NULL when it may run (also when nothing could be learnt: the data
+ * plane checks every slice anyway), "" when its peer is to be asked, else why not. */
+static const char *verdict(mg_peer_cache *descs, const mg_batch_req *r, const mg_batch_target *t,
+                           char *why, size_t cap, uint64_t *size)
+{
+    int rc;
+    if (t && t->state == MG_TARGET_UNANSWERED)
+        return NULL;
+    if (t && t->state == MG_TARGET_MISSING) {
+        snprintf(why, cap, "peer %s has no %s %llu", r->peer->addr,
+                 r->remote_lease ? "remote-accessible lease" : "segment",
+                 (unsigned long long)r->remote_segment);
+        return why;
+    }
+    rc = mg_peer_cache_check(descs, r->peer->key, r->peer->addr, r->remote_segment, r->remote_lease,
+                             r->remote_offset, r->length, size, why, cap);
+    if (rc == MG_ERR_NOT_FOUND)
+        return t ? NULL : ""; /* first pass: ask the peer */
+    return rc ? why : NULL;
+}
+
+/* Adds r's target to *ask unless it is there. Returns 0 or MG_ERR_NOMEM. */
+static int ask_for(mg_batch_target **ask, size_t *nask, const mg_batch_req *r)
+{
+    mg_batch_target *grown;
+    if (target_find(*ask, *nask, r))
+        return 0;
+    grown = realloc(*ask, (*nask + 1) * sizeof(**ask));
+    if (grown == NULL)
+        return MG_ERR_NOMEM;
+    *ask = grown;
+    (*ask)[(*nask)++] =
+        (mg_batch_target){r->peer, r->remote_segment, r->remote_lease, MG_TARGET_UNANSWERED};
+    return 0;
+}
+
+int mg_batch_check_remote(const mg_batch *b, mg_peer_cache *descs, mg_batch_target *answers,
+                          size_t nanswers, mg_batch_target **ask, size_t *nask, size_t *bad,
+                          char *why, size_t cap)
+{
+    const mg_batch_req *last = NULL;
+    uint64_t last_size = 0; /* the size of last's target when it checked out, else 0 */
+    for (size_t i = 0; i < b->n; i++) {
+        const mg_batch_req *r = &b->reqs[i];
+        const char *no;
+        int same;
+        if (r->local_copy || r->peer == NULL)
+            continue;
+        same = last && last->peer == r->peer && last->remote_segment == r->remote_segment &&
+               last->remote_lease == r->remote_lease;
+        if (same && last_size && mg_bounds_check(last_size, r->remote_offset, r->length) == 0)
+            continue; /* the same target as the request before, and inside it */
+        if (same && !last_size && answers == NULL)
+            continue; /* that target is being asked for already */
+        last = r;
+        last_size = 0;
+        no = verdict(descs, r, answers ? target_find(answers, nanswers, r) : NULL, why, cap,
+                     &last_size);
+        if (no == NULL)
+            continue;
+        last_size = 0;
+        if (answers == NULL) { /* first pass: ask the peer, once per target */
+            if (ask_for(ask, nask, r) != 0)
+                return MG_ERR_NOMEM;
+            continue;
+        }
+        *bad = i;
+        return MG_ERR_INVALID;
+    }
+    return 0;
+}
+
+void mg_batch_target_answered(mg_peer_cache *descs, mg_batch_target *t, const mg_remote_desc *d,
+                              uint64_t epoch, int missing, uint64_t now_ms)
+{
+    if (d) {
+        /* A new epoch forgets what the peer's previous life said. */
+        if (mg_peer_cache_epoch(descs, t->peer->key, epoch, now_ms) >= 0 &&
+            mg_peer_cache_put(descs, t->peer->key, epoch, d) == 0)
+            t->state = MG_TARGET_KNOWN;
+    } else if (missing) {
+        t->state = MG_TARGET_MISSING;
+        mg_peer_cache_forget(descs, t->peer->key, t->id, t->is_lease);
+    } /* else unreachable or refused: left to the data plane, which fails it by name */
+}

@@ -1,0 +1,83 @@
+/*
+ * svc_transfer.h: what the transfer service's two files share. svc_transfer.c takes Submit,
+ * the engine's events and its calls to peers; svc_transfer_view.c shows what the engine holds
+ * (GetBatch, Wait streams, Cancel, ListPeers, the /metrics block and /status.json).
+ */
+#ifndef SVC_TRANSFER_H
+#define SVC_TRANSFER_H
+
+#include "mg_gateway.h"
+#include "moongate/batches.h"
+#include "moongate/peerdir.h"
+
+#include <jansson.h>
+
+struct event;
+struct evbuffer;
+
+/* What the front keeps of a batch (mg_batch.front): its Wait calls and its timers. */
+typedef struct batch_front {
+    mg_list watchers;         /* Wait calls and Submits with `wait` (bwatch.park) */
+    struct event *timer;      /* the batch's timeout */
+    struct event *wait_ev;    /* the next progress report to Wait calls */
+    struct event *compact_ev; /* compacts it after the callback that ended it */
+} batch_front;
+
+typedef struct bwatch {
+    mg_parked park; /* in its batch's watchers */
+    mg_batch *b;
+    int submit; /* a Submit with `wait`: no progress, one SubmitResponse at the end */
+} bwatch;
+
+static inline bwatch *bwatch_of(mg_list_node *node)
+{
+    return mg_container_of(node, bwatch, park.node);
+}
+
+static inline batch_front *front_of(const mg_batch *b)
+{
+    return b->front;
+}
+
+struct mg_transfer_svc {
+    mg_gateway *gw;
+    mg_batches *batches;  /* the batches and their requests (moongate/batches.h) */
+    mg_peerdir *dir;      /* the peers, and the scheduler of their lines (moongate/peerdir.h) */
+    int closing;          /* freeing: answers of peer calls are dropped */
+    struct event *sweep;  /* forgets batches past --batch-retention */
+    mg_peer_cache *descs; /* what peers said of their targets, per epoch */
+    struct submit_wait *waits;
+};
+
+static inline struct mg_transfer_svc *svc_of(const mg_batch *b)
+{
+    return mg_batches_arg(b->set);
+}
+
+static inline struct mg_transfer_svc *peer_svc(const mg_xfer_peer *p)
+{
+    return mg_peerdir_arg(p->dir);
+}
+
+/* ---- svc_transfer_view.c ---- */
+
+/* The batch changed / is freed (events of the engine's batches): Wait streams, timers. */
+void mg_xfer_svc_changed(void *arg, mg_batch *b);
+void mg_xfer_svc_freed(void *arg, mg_batch *b);
+/* call hears of b until it ends (Wait), or is answered then (Submit with `wait`, submit 1).
+ * Returns 0, or -1 when out of memory. */
+int mg_xfer_svc_watch(mg_call *call, mg_batch *b, int submit);
+/* A Submit with `wait` for a batch that is over: the batch id and the batch. */
+void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b);
+/* The handlers of GetBatch, Wait (and its cancel), Cancel and ListPeers. */
+void mg_xfer_svc_get(mg_call *call, const ProtobufCMessage *m);
+void mg_xfer_svc_wait(mg_call *call, const ProtobufCMessage *m);
+void mg_xfer_svc_wait_cancel(mg_call *call);
+void mg_xfer_svc_cancel(mg_call *call, const ProtobufCMessage *m);
+void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m);
+/* The service's hooks: drain (Wait calls end), /metrics and /status.json. */
+void mg_xfer_svc_drain(mg_gateway *gw);
+void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out);
+void mg_xfer_svc_status(mg_gateway *gw, json_t *obj);
+
+#endif
