@@ -5,6 +5,9 @@
 #include "mg_gateway.h"
 #include "mg_service.h"
 
+extern const mg_service mg_svc_health, mg_svc_daemon, mg_svc_memory, mg_svc_pool, mg_svc_peer,
+    mg_svc_notify, mg_svc_transfer, mg_svc_reflection, mg_svc_debug;
+
 const mg_service *const mg_services[] = {
     &mg_svc_health, &mg_svc_debug,  &mg_svc_daemon,   &mg_svc_memory,     &mg_svc_pool,
     &mg_svc_peer,   &mg_svc_notify, &mg_svc_transfer, &mg_svc_reflection,

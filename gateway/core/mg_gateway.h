@@ -267,10 +267,11 @@ struct mg_gateway {
     struct mg_ops *ops;
     struct mg_health *health;
     struct mg_reflection *reflection;
-    struct mg_hold *hold;             /* Debug/HoldRegistrations gate, with --debug-service */
-    struct mg_pools *pools;           /* the buffer pools (engine), or NULL without a pool */
-    struct mg_pool_svc *pool;         /* the pool service's timer */
-    struct mg_peer_svc *peer;         /* the data plane and its sessions; NULL without */
+    struct mg_hold *hold;     /* Debug/HoldRegistrations gate, with --debug-service */
+    struct mg_pools *pools;   /* the buffer pools (engine), or NULL without a pool */
+    struct mg_pool_svc *pool; /* the pool service's timer */
+    struct mg_peer_svc *peer; /* the data plane and its sessions; NULL without */
+    char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
     struct mg_transfer_svc *transfer; /* batches and the peer directory */
     struct mg_lease_table *leases;    /* remote-accessible leases, for the data plane */
     struct mg_notify_svc *notify;     /* notification topics */
@@ -380,41 +381,5 @@ void mg_ops_stop(mg_gateway *gw);
 void mg_ops_accepting(mg_gateway *gw, int on);
 /* Shared by the ops port and the control port's GET routes: fills status and body. */
 int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
-
-/* Services: each one's descriptor (mg_service.h), listed in mg_services.c. */
-struct mg_service;
-extern const struct mg_service mg_svc_health, mg_svc_daemon, mg_svc_memory, mg_svc_pool,
-    mg_svc_peer, mg_svc_notify, mg_svc_transfer, mg_svc_reflection, mg_svc_debug;
-int mg_svc_health_init(mg_gateway *gw);
-void mg_svc_health_free(mg_gateway *gw);
-/* Tells Watch streams the serving state changed. */
-void mg_svc_health_notify(mg_gateway *gw);
-/* Ends open Watch streams with UNAVAILABLE (final phase of a drain). */
-void mg_svc_health_close_watchers(mg_gateway *gw);
-int mg_svc_reflection_init(mg_gateway *gw);
-void mg_svc_reflection_free(mg_gateway *gw);
-int mg_svc_daemon_init(mg_gateway *gw);
-int mg_svc_debug_init(mg_gateway *gw);
-int mg_svc_memory_init(mg_gateway *gw);
-/* svc_peer.c: moongate.v1.Peer and the TCP data-plane server (--data-listen). */
-int mg_svc_peer_init(mg_gateway *gw);
-void mg_svc_peer_free(mg_gateway *gw);
-/* "host:port" of the data plane into out. Returns 0, or -1 without one. */
-int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap);
-struct mg_dp_server_stats;
-void mg_svc_peer_get_stats(mg_gateway *gw, struct mg_dp_server_stats *out);
-/* svc_transfer.c: moongate.v1.Transfer. Free after the engine stopped: it first runs the
- * completions of the jobs the workers gave up, while every service is still there. */
-int mg_svc_transfer_init(mg_gateway *gw);
-void mg_svc_transfer_free(mg_gateway *gw);
-void mg_svc_transfer_stop(mg_gateway *gw);
-/* svc_notify.c: notifications delivered by peers, watched and polled by local clients. */
-int mg_svc_notify_init(mg_gateway *gw);
-void mg_svc_notify_free(mg_gateway *gw);
-void mg_svc_notify_drain(mg_gateway *gw);
-void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
-                             uint64_t *delivered, uint64_t *refused);
-/* svc_memory_io.c: ReadSegment and WriteSegment (called by mg_svc_memory_init). */
-int mg_svc_memory_io_init(mg_gateway *gw);
 
 #endif

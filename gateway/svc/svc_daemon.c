@@ -23,7 +23,7 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     char *features[10];
     size_t nf = 0;
     mg_engine_stats es;
-    char state[16], endpoint[160];
+    char state[16];
 
     features[nf++] = gw->ssl_ctx ? "tls" : "no-tls";
     features[nf++] = "h2c";
@@ -48,9 +48,9 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     resp.features = features;
     resp.n_features = nf;
     tcp.name = "tcp";
-    if (mg_svc_peer_endpoint(gw, endpoint, sizeof(endpoint)) == 0) {
+    if (gw->data_endpoint[0]) {
         tcp.available = 1;
-        tcp.endpoint = endpoint;
+        tcp.endpoint = gw->data_endpoint;
     } else {
         tcp.available = 0;
         tcp.reason = "no data-plane listener (--data-listen \"\")";
@@ -80,7 +80,7 @@ static const mg_method info_method =
     MG_UNARY("/moongate.v1.Daemon/Info", &moongate__v1__info_request__descriptor,
              &moongate__v1__info_response__descriptor, info_message);
 
-int mg_svc_daemon_init(mg_gateway *gw)
+static int mg_svc_daemon_init(mg_gateway *gw)
 {
     return mg_gateway_add_method(gw, &info_method);
 }

@@ -312,7 +312,7 @@ static const mg_method debug_methods[] = {
              &moongate__v1__hold_response__descriptor, hold_message),
 };
 
-int mg_svc_debug_init(mg_gateway *gw)
+static int mg_svc_debug_init(mg_gateway *gw)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
     for (size_t i = 0; i < sizeof(debug_methods) / sizeof(debug_methods[0]); i++) {

@@ -115,7 +115,7 @@ static const mg_method watch_method = {
     .open = 1,
 };
 
-int mg_svc_health_init(mg_gateway *gw)
+static int mg_svc_health_init(mg_gateway *gw)
 {
     int rc;
     gw->health = calloc(1, sizeof(*gw->health));
@@ -128,7 +128,7 @@ int mg_svc_health_init(mg_gateway *gw)
     return 0;
 }
 
-void mg_svc_health_notify(mg_gateway *gw)
+static void mg_svc_health_notify(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;
@@ -143,7 +143,7 @@ void mg_svc_health_notify(mg_gateway *gw)
     }
 }
 
-void mg_svc_health_close_watchers(mg_gateway *gw)
+static void mg_svc_health_close_watchers(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;
@@ -152,7 +152,7 @@ void mg_svc_health_close_watchers(mg_gateway *gw)
                      MG_GRPC_UNAVAILABLE, "server shutting down");
 }
 
-void mg_svc_health_free(mg_gateway *gw)
+static void mg_svc_health_free(mg_gateway *gw)
 {
     if (gw->health == NULL)
         return;

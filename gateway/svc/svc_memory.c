@@ -10,7 +10,7 @@
  * asked for. Every segment belongs to the caller's tenant (mg_call_tenant); another tenant's id
  * is NOT_FOUND, as if it did not exist, except to admins (mg_call_scope).
  */
-#include "mg_gateway.h"
+#include "svc_memory.h"
 #include "mg_service.h"
 
 #include "mg_log.h"
@@ -650,7 +650,7 @@ static const mg_route memory_routes[] = {
     {"DELETE", "/v1/segments", 1, "/moongate.v1.Memory/UnregisterSegment"},
 };
 
-int mg_svc_memory_init(mg_gateway *gw)
+static int mg_svc_memory_init(mg_gateway *gw)
 {
     if (mg_engine_registry(gw->engine) == NULL)
         return 0; /* an engine without a registry serves no memory calls */

@@ -13,7 +13,7 @@
  * Both hold a reference on the segment while they run: it cannot be unregistered under them.
  * The loop only does bookkeeping; every byte is copied on a worker.
  */
-#include "mg_gateway.h"
+#include "svc_memory.h"
 
 #include "moongate/fault.h"
 #include "moongate/pools.h"

@@ -298,8 +298,8 @@ static void poll_message(mg_call *call, const ProtobufCMessage *m)
 }
 
 /* Queued notifications and watchers, for /metrics. */
-void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
-                             uint64_t *delivered, uint64_t *refused)
+static void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
+                                    uint64_t *delivered, uint64_t *refused)
 {
     struct mg_notify_svc *ns = gw->notify;
     *queued = *queued_bytes = *delivered = *refused = 0;
@@ -328,7 +328,7 @@ static const mg_method notify_methods[] = {
 
 /* Drain: Watch calls end (UNAVAILABLE) so their connections can close; queued notes stay
  * for Poll until the daemon exits. */
-void mg_svc_notify_drain(mg_gateway *gw)
+static void mg_svc_notify_drain(mg_gateway *gw)
 {
     struct mg_notify_svc *ns = gw->notify;
     for (topic *t = ns ? ns->topics : NULL, *next; t; t = next) {
@@ -344,7 +344,7 @@ static const mg_route notify_routes[] = {
     {"GET", "/v1/notifications", 0, "/moongate.v1.Notify/Poll"},
 };
 
-int mg_svc_notify_init(mg_gateway *gw)
+static int mg_svc_notify_init(mg_gateway *gw)
 {
     int rc;
     for (size_t i = 0; i < sizeof(notify_methods) / sizeof(notify_methods[0]); i++) {
@@ -359,7 +359,7 @@ int mg_svc_notify_init(mg_gateway *gw)
     return gw->notify ? 0 : MG_ERR_NOMEM;
 }
 
-void mg_svc_notify_free(mg_gateway *gw)
+static void mg_svc_notify_free(mg_gateway *gw)
 {
     struct mg_notify_svc *ns = gw->notify;
     if (ns == NULL)

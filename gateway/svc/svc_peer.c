@@ -325,16 +325,7 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
     ps->rdma_jobs++;
 }
 
-int mg_svc_peer_endpoint(mg_gateway *gw, char *out, size_t cap)
-{
-    if (gw->peer == NULL || gw->peer->server == NULL)
-        return -1;
-    snprintf(out, cap, "%s%s%s:%d", strchr(gw->peer->host, ':') ? "[" : "", gw->peer->host,
-             strchr(gw->peer->host, ':') ? "]" : "", gw->peer->port);
-    return 0;
-}
-
-void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
+static void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
 {
     memset(out, 0, sizeof(*out));
     if (gw->peer && gw->peer->server)
@@ -351,7 +342,7 @@ static const mg_method peer_methods[] = {
                   &moongate__v1__connect_rdma_response__descriptor, connect_rdma_message),
 };
 
-int mg_svc_peer_init(mg_gateway *gw)
+static int mg_svc_peer_init(mg_gateway *gw)
 {
     struct mg_peer_svc *ps;
     mg_dp_server_config dc;
@@ -390,11 +381,14 @@ int mg_svc_peer_init(mg_gateway *gw)
         return rc;
     }
     ps->port = mg_dp_server_port(ps->server);
+    snprintf(gw->data_endpoint, sizeof(gw->data_endpoint), "%s%s%s:%d",
+             strchr(ps->host, ':') ? "[" : "", ps->host, strchr(ps->host, ':') ? "]" : "",
+             ps->port);
     mg_info("listen", "addr=%s kind=data port=%d", gw->cfg->data_listen, ps->port);
     return 0;
 }
 
-void mg_svc_peer_free(mg_gateway *gw)
+static void mg_svc_peer_free(mg_gateway *gw)
 {
     struct mg_peer_svc *ps = gw->peer;
     if (ps == NULL)

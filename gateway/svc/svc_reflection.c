@@ -291,7 +291,7 @@ static void refl_half_close(mg_call *call)
 
 static const mg_method refl_methods[] = {REFLECTION_METHOD("v1"), REFLECTION_METHOD("v1alpha")};
 
-int mg_svc_reflection_init(mg_gateway *gw)
+static int mg_svc_reflection_init(mg_gateway *gw)
 {
     int rc;
     gw->reflection = calloc(1, sizeof(*gw->reflection));
@@ -306,7 +306,7 @@ int mg_svc_reflection_init(mg_gateway *gw)
     return 0;
 }
 
-void mg_svc_reflection_free(mg_gateway *gw)
+static void mg_svc_reflection_free(mg_gateway *gw)
 {
     struct mg_reflection *r = gw->reflection;
     if (r == NULL)

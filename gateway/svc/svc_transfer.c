@@ -586,7 +586,7 @@ static const mg_route transfer_routes[] = {
     {"GET", "/v1/peers", 0, "/moongate.v1.Transfer/ListPeers"},
 };
 
-int mg_svc_transfer_init(mg_gateway *gw)
+static int mg_svc_transfer_init(mg_gateway *gw)
 {
     int rc;
     for (size_t i = 0; i < sizeof(transfer_methods) / sizeof(transfer_methods[0]); i++) {
@@ -653,7 +653,7 @@ int mg_svc_transfer_init(mg_gateway *gw)
 }
 
 /* After the engine stopped (no job runs). */
-void mg_svc_transfer_free(mg_gateway *gw)
+static void mg_svc_transfer_free(mg_gateway *gw)
 {
     struct mg_transfer_svc *ts = gw->transfer;
     if (ts == NULL)
@@ -676,7 +676,7 @@ void mg_svc_transfer_free(mg_gateway *gw)
 
 /* Before the engine stops: running transfers end now (UNAVAILABLE: shutting down) instead of
  * holding a worker until their peer answers. */
-void mg_svc_transfer_stop(mg_gateway *gw)
+static void mg_svc_transfer_stop(mg_gateway *gw)
 {
     if (gw->transfer)
         mg_batches_stop_running(gw->transfer->batches, MG_ERR_SHUTDOWN);
