@@ -436,3 +436,12 @@ void mg_gateway_drain(mg_gateway *gw)
     evtimer_add(gw->drain_timer, &rtt);
     evtimer_add(gw->grace_timer, &grace);
 }
+
+void **mg_gateway_state(mg_gateway *gw, const mg_service *svc)
+{
+    for (size_t i = 0; i < mg_n_services; i++) {
+        if (mg_services[i] == svc)
+            return &gw->service_state[i];
+    }
+    abort(); /* not a service of the list: a programming error */
+}

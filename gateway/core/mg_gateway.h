@@ -265,19 +265,13 @@ struct mg_gateway {
     struct mg_listener *listeners; /* control-port listeners */
     mg_list conns;                 /* all open connections (mg_conn.link) */
     struct mg_ops *ops;
-    struct mg_health *health;
-    struct mg_reflection *reflection;
-    struct mg_hold *hold;     /* Debug/HoldRegistrations gate, with --debug-service */
-    struct mg_pools *pools;   /* the buffer pools (engine), or NULL without a pool */
-    struct mg_pool_svc *pool; /* the pool service's timer */
-    struct mg_peer_svc *peer; /* the data plane and its sessions; NULL without */
+    struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
+    struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
-    struct mg_transfer_svc *transfer; /* batches and the peer directory */
-    struct mg_lease_table *leases;    /* remote-accessible leases, for the data plane */
-    struct mg_notify_svc *notify;     /* notification topics */
-    unsigned starting_jobs;           /* start-up work (the pool) before the daemon may serve */
-    int serve_wanted;                 /* mg_gateway_set_serving() was called */
-    unsigned char started[16];        /* services whose init ran, by index in mg_services */
+    unsigned starting_jobs;  /* start-up work (the pool) before the daemon may serve */
+    int serve_wanted;        /* mg_gateway_set_serving() was called */
+    unsigned char started[16]; /* services whose init ran, by index in mg_services */
+    void *service_state[16];   /* each service's own state, by the same index (mg_gateway_state) */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -312,6 +306,10 @@ void mg_gateway_del(mg_gateway *gw);
  * the daemon serves (once main asked it to); a failed one (rc != 0, the service logged why)
  * ends the loop and the daemon exits 1. */
 void mg_gateway_hold_start(mg_gateway *gw);
+struct mg_service;
+/* Service svc's state slot (svc: its descriptor, one of mg_services): where its init keeps
+ * what it made, NULL until then. */
+void **mg_gateway_state(mg_gateway *gw, const struct mg_service *svc);
 void mg_gateway_start_done(mg_gateway *gw, int rc);
 /* Runs every service's stop hook: the engine's workers are about to stop. Accepts NULL. */
 void mg_gateway_stop_services(mg_gateway *gw);

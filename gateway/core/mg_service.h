@@ -4,7 +4,9 @@
  * through that list and names none of them. All hooks run on the loop thread.
  *
  *   init        at start, in list order: registers the service's methods and routes and makes
- *               its state. 0 or an MG_ERR_*; the gateway is then freed (every free hook runs).
+ *               its state, kept in its slot of the gateway (mg_gateway_state: the core holds
+ *               it without knowing its type). 0 or an MG_ERR_*; the gateway is then freed
+ *               (every free hook runs).
  *   state       the daemon's state changed (starting -> serving -> draining).
  *   drain       a drain began: stop taking new work, fail what waits.
  *   drain_final the drain's last phase: end long-lived streams.

@@ -129,9 +129,9 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
                   (json_int_t)gw->stats.conns_active, "streams",
                   (json_int_t)gw->stats.streams_active, "engine", "workers", (int)es.workers,
                   "in_flight", (int)es.in_flight, "queue_depth", (int)es.queue_depth, "transports",
-                  "tcp", gw->peer ? "available" : "off", "rdma", rdma, "segments", "ready",
-                  (json_int_t)rs.segments, "registering", (json_int_t)rs.registering, "bytes",
-                  (json_int_t)rs.bytes);
+                  "tcp", gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "segments",
+                  "ready", (json_int_t)rs.segments, "registering", (json_int_t)rs.registering,
+                  "bytes", (json_int_t)rs.bytes);
     if (j)
         pools_status(gw, j);
     for (size_t i = 0; j && i < mg_n_services; i++) { /* each service's own members */

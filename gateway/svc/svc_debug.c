@@ -244,6 +244,14 @@ struct mg_hold {
     unsigned waiting;
 };
 
+extern const mg_service mg_svc_debug;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static struct mg_hold *hold_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_debug);
+}
+
 /* Sets the hold; returns how many jobs wait on it. */
 static unsigned hold_set(struct mg_hold *h, int hold, int after_map)
 {
@@ -279,7 +287,7 @@ static void hold_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__HoldRequest *req = (const void *)m;
     Moongate__V1__HoldResponse resp = MOONGATE__V1__HOLD_RESPONSE__INIT;
-    resp.held = hold_set(mg_call_gateway(call)->hold, req->hold, req->after_map);
+    resp.held = hold_set(hold_of(mg_call_gateway(call)), req->hold, req->after_map);
     mg_call_reply(call, &resp.base);
 }
 
@@ -322,31 +330,31 @@ static int mg_svc_debug_init(mg_gateway *gw)
     }
     if (reg == NULL)
         return 0;
-    gw->hold = calloc(1, sizeof(*gw->hold));
-    if (gw->hold == NULL)
+    *mg_gateway_state(gw, &mg_svc_debug) = calloc(1, sizeof(*hold_of(gw)));
+    if (hold_of(gw) == NULL)
         return MG_ERR_NOMEM;
-    pthread_mutex_init(&gw->hold->lock, NULL);
-    pthread_cond_init(&gw->hold->cond, NULL);
-    mg_registry_set_gate(reg, hold_gate, gw->hold); /* before any registration job runs */
+    pthread_mutex_init(&hold_of(gw)->lock, NULL);
+    pthread_cond_init(&hold_of(gw)->cond, NULL);
+    mg_registry_set_gate(reg, hold_gate, hold_of(gw)); /* before any registration job runs */
     return 0;
 }
 
 /* The workers are about to stop: a hold must not keep them. */
 static void debug_stop(mg_gateway *gw)
 {
-    hold_set(gw->hold, 0, 0);
+    hold_set(hold_of(gw), 0, 0);
 }
 
 /* After the engine stopped: no job passes the gate any more. */
 static void debug_free(mg_gateway *gw)
 {
-    if (gw->hold == NULL)
+    if (hold_of(gw) == NULL)
         return;
     mg_registry_set_gate(mg_engine_registry(gw->engine), NULL, NULL);
-    pthread_cond_destroy(&gw->hold->cond);
-    pthread_mutex_destroy(&gw->hold->lock);
-    free(gw->hold);
-    gw->hold = NULL;
+    pthread_cond_destroy(&hold_of(gw)->cond);
+    pthread_mutex_destroy(&hold_of(gw)->lock);
+    free(hold_of(gw));
+    *mg_gateway_state(gw, &mg_svc_debug) = NULL;
 }
 
 static int debug_wanted(const mg_config *cfg)

@@ -25,6 +25,14 @@ struct mg_health {
     size_t count;
 };
 
+extern const mg_service mg_svc_health;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static struct mg_health *health_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_health);
+}
+
 static int status_for(mg_gateway *gw, const char *service, int watch)
 {
     int known = 1;
@@ -57,7 +65,7 @@ static void check_message(mg_call *call, const ProtobufCMessage *m)
 /* The watcher's call goes, finished with grpc_code (>= 0) and message first if asked. */
 static void watcher_drop(mg_gateway *gw, watcher *w, int grpc_code, const char *message)
 {
-    gw->health->count--;
+    health_of(gw)->count--;
     free(w->service);
     mg_call_unpark(&w->park, grpc_code, message);
     free(w);
@@ -77,9 +85,10 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     mg_gateway *gw = mg_call_gateway(call);
     watcher *w;
 
-    if (gw->health->count >= gw->cfg->max_watchers) {
+    if (health_of(gw)->count >= gw->cfg->max_watchers) {
         mg_call_finish(call, MG_GRPC_RESOURCE_EXHAUSTED,
-                       "%zu Watch streams are open, the limit (--max-watchers)", gw->health->count);
+                       "%zu Watch streams are open, the limit (--max-watchers)",
+                       health_of(gw)->count);
         return;
     }
     w = calloc(1, sizeof(*w));
@@ -90,8 +99,8 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     }
     resp.status = status_for(gw, req->service, 1);
     w->last = resp.status;
-    mg_call_park(call, &w->park, &gw->health->watchers);
-    gw->health->count++;
+    mg_call_park(call, &w->park, &health_of(gw)->watchers);
+    health_of(gw)->count++;
     mg_call_send(call, &resp.base);
 }
 
@@ -118,10 +127,10 @@ static const mg_method watch_method = {
 static int mg_svc_health_init(mg_gateway *gw)
 {
     int rc;
-    gw->health = calloc(1, sizeof(*gw->health));
-    if (gw->health == NULL)
+    *mg_gateway_state(gw, &mg_svc_health) = calloc(1, sizeof(*health_of(gw)));
+    if (health_of(gw) == NULL)
         return MG_ERR_NOMEM;
-    mg_list_init(&gw->health->watchers);
+    mg_list_init(&health_of(gw)->watchers);
     if ((rc = mg_gateway_add_method(gw, &check_method)) != 0 ||
         (rc = mg_gateway_add_method(gw, &watch_method)) != 0)
         return rc;
@@ -130,9 +139,9 @@ static int mg_svc_health_init(mg_gateway *gw)
 
 static void mg_svc_health_notify(mg_gateway *gw)
 {
-    if (gw->health == NULL)
+    if (health_of(gw) == NULL)
         return;
-    mg_list_foreach (&gw->health->watchers, node) {
+    mg_list_foreach (&health_of(gw)->watchers, node) {
         watcher *w = mg_container_of(node, watcher, park.node);
         Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
         resp.status = status_for(gw, w->service, 1);
@@ -145,22 +154,24 @@ static void mg_svc_health_notify(mg_gateway *gw)
 
 static void mg_svc_health_close_watchers(mg_gateway *gw)
 {
-    if (gw->health == NULL)
+    if (health_of(gw) == NULL)
         return;
-    while (!mg_list_empty(&gw->health->watchers))
-        watcher_drop(gw, mg_container_of(mg_list_first(&gw->health->watchers), watcher, park.node),
+    while (!mg_list_empty(&health_of(gw)->watchers))
+        watcher_drop(gw,
+                     mg_container_of(mg_list_first(&health_of(gw)->watchers), watcher, park.node),
                      MG_GRPC_UNAVAILABLE, "server shutting down");
 }
 
 static void mg_svc_health_free(mg_gateway *gw)
 {
-    if (gw->health == NULL)
+    if (health_of(gw) == NULL)
         return;
-    while (!mg_list_empty(&gw->health->watchers))
-        watcher_drop(gw, mg_container_of(mg_list_first(&gw->health->watchers), watcher, park.node),
+    while (!mg_list_empty(&health_of(gw)->watchers))
+        watcher_drop(gw,
+                     mg_container_of(mg_list_first(&health_of(gw)->watchers), watcher, park.node),
                      -1, NULL);
-    free(gw->health);
-    gw->health = NULL;
+    free(health_of(gw));
+    *mg_gateway_state(gw, &mg_svc_health) = NULL;
 }
 
 const mg_service mg_svc_health = {.name = "health",

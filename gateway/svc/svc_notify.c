@@ -60,6 +60,14 @@ struct mg_notify_svc {
     uint64_t delivered_total, refused_total;
 };
 
+extern const mg_service mg_svc_notify;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static struct mg_notify_svc *notify_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_notify);
+}
+
 static int topic_ok(const char *s)
 {
     size_t n = strlen(s);
@@ -143,7 +151,7 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__Notification *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_notify_svc *ns = gw->notify;
+    struct mg_notify_svc *ns = notify_of(gw);
     Moongate__V1__DeliverResponse resp = MOONGATE__V1__DELIVER_RESPONSE__INIT;
     note *n;
     topic *t;
@@ -210,7 +218,7 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
 static void watch_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__WatchRequest *req = (const void *)m;
-    struct mg_notify_svc *ns = mg_call_gateway(call)->notify;
+    struct mg_notify_svc *ns = notify_of(mg_call_gateway(call));
     watcher *w;
     topic *t;
     if (!topic_ok(req->topic)) {
@@ -244,20 +252,20 @@ static void watch_cancel(mg_call *call)
 {
     watcher *w = mg_call_data(call);
     if (w)
-        watcher_drop(mg_call_gateway(call)->notify, w, -1, NULL);
+        watcher_drop(notify_of(mg_call_gateway(call)), w, -1, NULL);
 }
 
 static void watch_writable(mg_call *call)
 {
     watcher *w = mg_call_data(call);
     if (w)
-        feed(mg_call_gateway(call)->notify, w->t);
+        feed(notify_of(mg_call_gateway(call)), w->t);
 }
 
 static void poll_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__PollRequest *req = (const void *)m;
-    struct mg_notify_svc *ns = mg_call_gateway(call)->notify;
+    struct mg_notify_svc *ns = notify_of(mg_call_gateway(call));
     Moongate__V1__PollResponse resp = MOONGATE__V1__POLL_RESPONSE__INIT;
     size_t max = req->max ? req->max : 100, n = 0;
     uint64_t bytes = 0, cap = mg_call_gateway(call)->cfg->max_message_bytes / 2;
@@ -301,7 +309,7 @@ static void poll_message(mg_call *call, const ProtobufCMessage *m)
 static void mg_svc_notify_get_stats(mg_gateway *gw, uint64_t *queued, uint64_t *queued_bytes,
                                     uint64_t *delivered, uint64_t *refused)
 {
-    struct mg_notify_svc *ns = gw->notify;
+    struct mg_notify_svc *ns = notify_of(gw);
     *queued = *queued_bytes = *delivered = *refused = 0;
     if (ns == NULL)
         return;
@@ -330,7 +338,7 @@ static const mg_method notify_methods[] = {
  * for Poll until the daemon exits. */
 static void mg_svc_notify_drain(mg_gateway *gw)
 {
-    struct mg_notify_svc *ns = gw->notify;
+    struct mg_notify_svc *ns = notify_of(gw);
     for (topic *t = ns ? ns->topics : NULL, *next; t; t = next) {
         next = t->next;
         while (!mg_list_empty(&t->watchers))
@@ -355,13 +363,13 @@ static int mg_svc_notify_init(mg_gateway *gw)
         if ((rc = mg_gateway_add_route(gw, &notify_routes[i])) != 0)
             return rc;
     }
-    gw->notify = calloc(1, sizeof(*gw->notify));
-    return gw->notify ? 0 : MG_ERR_NOMEM;
+    *mg_gateway_state(gw, &mg_svc_notify) = calloc(1, sizeof(*notify_of(gw)));
+    return notify_of(gw) ? 0 : MG_ERR_NOMEM;
 }
 
 static void mg_svc_notify_free(mg_gateway *gw)
 {
-    struct mg_notify_svc *ns = gw->notify;
+    struct mg_notify_svc *ns = notify_of(gw);
     if (ns == NULL)
         return;
     while (ns->topics) {
@@ -375,7 +383,7 @@ static void mg_svc_notify_free(mg_gateway *gw)
         free(t);
     }
     free(ns);
-    gw->notify = NULL;
+    *mg_gateway_state(gw, &mg_svc_notify) = NULL;
 }
 
 /* /metrics: notifications peers delivered here. */

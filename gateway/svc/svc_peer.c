@@ -50,6 +50,14 @@ struct mg_peer_svc {
     unsigned rdma_jobs; /* ConnectRdma jobs on workers */
 };
 
+extern const mg_service mg_svc_peer;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static struct mg_peer_svc *peer_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_peer);
+}
+
 /* The session's data-plane version: the newest both sides speak. A caller that names none speaks
  * version 1 only. Returns 0, or -1 when the ranges do not overlap (*out: the caller's newest). */
 static int version_pick(const Moongate__V1__OpenSessionRequest *req, uint32_t *out)
@@ -77,7 +85,7 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__OpenSessionRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_peer_svc *ps = gw->peer;
+    struct mg_peer_svc *ps = peer_of(gw);
     Moongate__V1__OpenSessionResponse resp = MOONGATE__V1__OPEN_SESSION_RESPONSE__INIT;
     uint8_t token[MG_DF_TOKEN_BYTES];
     uint32_t version;
@@ -219,7 +227,7 @@ static int rdma_work(void *arg)
 static void rdma_done(void *arg, int result)
 {
     rdma_job *j = arg;
-    struct mg_peer_svc *ps = j->gw->peer;
+    struct mg_peer_svc *ps = peer_of(j->gw);
     ps->rdma_jobs--;
     for (size_t i = 0; !j->ran && i < j->nold; i++) /* shutting down: teardown here */
         mg_rdma_conn_del(j->old[i]);
@@ -257,7 +265,7 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__ConnectRdmaRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_peer_svc *ps = gw->peer;
+    struct mg_peer_svc *ps = peer_of(gw);
     uint64_t now = mg_now_mono_ms(), expires = 0;
     rdma_job *j;
     int rc;
@@ -328,8 +336,8 @@ static void connect_rdma_message(mg_call *call, const ProtobufCMessage *m)
 static void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
 {
     memset(out, 0, sizeof(*out));
-    if (gw->peer && gw->peer->server)
-        mg_dp_server_get_stats(gw->peer->server, out);
+    if (peer_of(gw) && peer_of(gw)->server)
+        mg_dp_server_get_stats(peer_of(gw)->server, out);
 }
 
 static const mg_method peer_methods[] = {
@@ -357,7 +365,7 @@ static int mg_svc_peer_init(mg_gateway *gw)
     ps = calloc(1, sizeof(*ps));
     if (ps == NULL)
         return MG_ERR_NOMEM;
-    gw->peer = ps;
+    *mg_gateway_state(gw, &mg_svc_peer) = ps;
     if ((rc = mg_dp_sessions_new(&ps->sessions, MAX_SESSIONS)) != 0)
         return rc;
     if (mg_split_host_port(gw->cfg->data_listen, ps->host, sizeof(ps->host), &ps->port) != 0) {
@@ -390,7 +398,7 @@ static int mg_svc_peer_init(mg_gateway *gw)
 
 static void mg_svc_peer_free(mg_gateway *gw)
 {
-    struct mg_peer_svc *ps = gw->peer;
+    struct mg_peer_svc *ps = peer_of(gw);
     if (ps == NULL)
         return;
     mg_dp_server_stop(ps->server);           /* joins its threads: no slice runs after this */
@@ -398,7 +406,7 @@ static void mg_svc_peer_free(mg_gateway *gw)
         mg_rdma_conn_del(ps->rconns[i].c);
     mg_dp_sessions_del(ps->sessions);
     free(ps);
-    gw->peer = NULL;
+    *mg_gateway_state(gw, &mg_svc_peer) = NULL;
 }
 
 /* /metrics: the data plane. */

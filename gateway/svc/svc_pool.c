@@ -27,9 +27,8 @@
 #define LIST_MAX     1000
 #define TICK_MS      250
 
-struct mg_pool_svc {
-    struct event *tick;
-};
+/* The service's state (its slot of the gateway, mg_gateway_state): the set's tick, an event. */
+extern const mg_service mg_svc_pool;
 
 /* A blocking acquire or an overflow lease the set answers later. */
 typedef struct pending {
@@ -440,6 +439,7 @@ static const mg_route pool_routes[] = {
 static int pool_init(mg_gateway *gw)
 {
     struct timeval tv = {0, TICK_MS * 1000};
+    struct event *tick;
     unsigned starting = 0;
     int rc;
     for (size_t i = 0; i < sizeof(pool_methods) / sizeof(pool_methods[0]); i++) {
@@ -452,10 +452,9 @@ static int pool_init(mg_gateway *gw)
     }
     if (gw->pools == NULL)
         return 0;
-    if ((gw->pool = calloc(1, sizeof(*gw->pool))) == NULL)
-        return MG_ERR_NOMEM;
-    gw->pool->tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
-    if (gw->pool->tick == NULL || event_add(gw->pool->tick, &tv) != 0)
+    tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
+    *mg_gateway_state(gw, &mg_svc_pool) = tick;
+    if (tick == NULL || event_add(tick, &tv) != 0)
         return MG_ERR_NOMEM;
     rc = mg_pools_start(gw->pools, pool_started, gw, &starting);
     while (starting-- > 0) /* each pool's registration reports through pool_started */
@@ -465,11 +464,11 @@ static int pool_init(mg_gateway *gw)
 
 static void pool_free(mg_gateway *gw)
 {
+    void **tick = mg_gateway_state(gw, &mg_svc_pool);
     mg_pools_drain(gw->pools); /* the set itself goes with the gateway's engine parts */
-    if (gw->pool && gw->pool->tick)
-        event_free(gw->pool->tick);
-    free(gw->pool);
-    gw->pool = NULL;
+    if (*tick)
+        event_free(*tick);
+    *tick = NULL;
 }
 
 /* The pool service's own block: the acquires that waited in line. */

@@ -39,6 +39,14 @@ struct mg_reflection {
     size_t n_symbols, cap_symbols;
 };
 
+extern const mg_service mg_svc_reflection;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static struct mg_reflection *reflection_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_reflection);
+}
+
 typedef Grpc__Reflection__V1__ServerReflectionRequest refl_req;
 typedef Grpc__Reflection__V1__ServerReflectionResponse refl_resp;
 
@@ -166,7 +174,7 @@ static void refl_message(mg_call *call, const ProtobufCMessage *m)
 {
     const refl_req *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_reflection *r = gw->reflection;
+    struct mg_reflection *r = reflection_of(gw);
     refl_stream *st = mg_call_data(call);
     refl_resp resp = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
     Grpc__Reflection__V1__FileDescriptorResponse fdr =
@@ -294,10 +302,10 @@ static const mg_method refl_methods[] = {REFLECTION_METHOD("v1"), REFLECTION_MET
 static int mg_svc_reflection_init(mg_gateway *gw)
 {
     int rc;
-    gw->reflection = calloc(1, sizeof(*gw->reflection));
-    if (gw->reflection == NULL)
+    *mg_gateway_state(gw, &mg_svc_reflection) = calloc(1, sizeof(*reflection_of(gw)));
+    if (reflection_of(gw) == NULL)
         return MG_ERR_NOMEM;
-    if ((rc = reflection_index(gw->reflection)) != 0)
+    if ((rc = reflection_index(reflection_of(gw))) != 0)
         return rc;
     for (size_t i = 0; i < sizeof(refl_methods) / sizeof(refl_methods[0]); i++) {
         if ((rc = mg_gateway_add_method(gw, &refl_methods[i])) != 0)
@@ -308,7 +316,7 @@ static int mg_svc_reflection_init(mg_gateway *gw)
 
 static void mg_svc_reflection_free(mg_gateway *gw)
 {
-    struct mg_reflection *r = gw->reflection;
+    struct mg_reflection *r = reflection_of(gw);
     if (r == NULL)
         return;
     for (size_t i = 0; i < r->n_symbols; i++)
@@ -320,7 +328,7 @@ static void mg_svc_reflection_free(mg_gateway *gw)
     if (r->set)
         google__protobuf__file_descriptor_set__free_unpacked(r->set, NULL);
     free(r);
-    gw->reflection = NULL;
+    *mg_gateway_state(gw, &mg_svc_reflection) = NULL;
 }
 
 const mg_service mg_svc_reflection = {

@@ -117,7 +117,7 @@ static void note_fire(mg_batch_note *n)
     mg_gateway *gw = peer_svc(n->peer)->gw;
     note_call *nc;
     char err[256], why[300];
-    if (gw->transfer->closing) {
+    if (transfer_of(gw)->closing) {
         note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE, "not sent: the daemon is stopping");
         return;
     }
@@ -133,7 +133,7 @@ static void note_fire(mg_batch_note *n)
         return;
     }
     nc->n = n;
-    nc->ts = gw->transfer;
+    nc->ts = transfer_of(gw);
     req.topic = n->topic;
     req.payload.data = n->payload;
     req.payload.len = n->len;
@@ -479,7 +479,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__SubmitRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_transfer_svc *ts = gw->transfer;
+    struct mg_transfer_svc *ts = transfer_of(gw);
     mg_batch *b;
     item_iter it = {.req = req};
     uint64_t last_segment = 0;
@@ -599,23 +599,23 @@ static int mg_svc_transfer_init(mg_gateway *gw)
     }
     if (mg_engine_registry(gw->engine) == NULL)
         return 0;
-    gw->transfer = calloc(1, sizeof(*gw->transfer));
-    if (gw->transfer == NULL)
+    *mg_gateway_state(gw, &mg_svc_transfer) = calloc(1, sizeof(*transfer_of(gw)));
+    if (transfer_of(gw) == NULL)
         return MG_ERR_NOMEM;
-    gw->transfer->gw = gw;
-    if (mg_peer_cache_new(&gw->transfer->descs, MAX_PEERS, 4096) != 0)
+    transfer_of(gw)->gw = gw;
+    if (mg_peer_cache_new(&transfer_of(gw)->descs, MAX_PEERS, 4096) != 0)
         return MG_ERR_NOMEM;
     {
         mg_batches_config bc = {.reg = mg_engine_registry(gw->engine),
                                 .pools = gw->pools,
                                 .max_batches = gw->cfg->max_batches,
                                 .retention_ms = gw->cfg->batch_retention * 1000,
-                                .arg = gw->transfer,
+                                .arg = transfer_of(gw),
                                 .request_ended = request_ended,
                                 .note_due = note_due,
                                 .changed = mg_xfer_svc_changed,
                                 .freed = mg_xfer_svc_freed};
-        if ((rc = mg_batches_new(&gw->transfer->batches, &bc)) != 0)
+        if ((rc = mg_batches_new(&transfer_of(gw)->batches, &bc)) != 0)
             return rc;
     }
     {
@@ -629,7 +629,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                           .io_slots = (unsigned)cfg->io_threads,
                                           .max_parts = (unsigned)cfg->tcp_conns_per_peer,
                                           .slice_bytes = cfg->slice_bytes},
-                                .descs = gw->transfer->descs,
+                                .descs = transfer_of(gw)->descs,
                                 .engine = gw->engine,
                                 .cq = gw->cq,
                                 .rdma = gw->rdma,
@@ -637,16 +637,16 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .rdma_qps = (unsigned)cfg->rdma_qps_per_peer,
                                 .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
                                 .crc = cfg->data_crc,
-                                .arg = gw->transfer,
+                                .arg = transfer_of(gw),
                                 .open_session = open_session,
                                 .connect_rdma = connect_rdma};
-        if ((rc = mg_peerdir_new(&gw->transfer->dir, &pc)) != 0)
+        if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }
     {
         struct timeval every = {1, 0};
-        gw->transfer->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, gw->transfer);
-        if (gw->transfer->sweep == NULL || event_add(gw->transfer->sweep, &every) != 0)
+        transfer_of(gw)->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, transfer_of(gw));
+        if (transfer_of(gw)->sweep == NULL || event_add(transfer_of(gw)->sweep, &every) != 0)
             return MG_ERR_NOMEM;
     }
     return 0;
@@ -655,7 +655,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
 /* After the engine stopped (no job runs). */
 static void mg_svc_transfer_free(mg_gateway *gw)
 {
-    struct mg_transfer_svc *ts = gw->transfer;
+    struct mg_transfer_svc *ts = transfer_of(gw);
     if (ts == NULL)
         return;
     ts->closing = 1; /* no new peer calls; answers to open ones are dropped */
@@ -671,15 +671,15 @@ static void mg_svc_transfer_free(mg_gateway *gw)
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
     mg_peer_cache_del(ts->descs);
     free(ts);
-    gw->transfer = NULL;
+    *mg_gateway_state(gw, &mg_svc_transfer) = NULL;
 }
 
 /* Before the engine stops: running transfers end now (UNAVAILABLE: shutting down) instead of
  * holding a worker until their peer answers. */
 static void mg_svc_transfer_stop(mg_gateway *gw)
 {
-    if (gw->transfer)
-        mg_batches_stop_running(gw->transfer->batches, MG_ERR_SHUTDOWN);
+    if (transfer_of(gw))
+        mg_batches_stop_running(transfer_of(gw)->batches, MG_ERR_SHUTDOWN);
 }
 
 /* Its free runs after the engine stopped: it first runs the completions of the jobs the

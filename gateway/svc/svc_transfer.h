@@ -7,6 +7,8 @@
 #define SVC_TRANSFER_H
 
 #include "mg_gateway.h"
+#include "mg_service.h"
+#include "mg_service.h"
 #include "moongate/batches.h"
 #include "moongate/peerdir.h"
 
@@ -48,6 +50,14 @@ struct mg_transfer_svc {
     mg_peer_cache *descs; /* what peers said of their targets, per epoch */
     struct submit_wait *waits;
 };
+
+extern const mg_service mg_svc_transfer;
+
+/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
+static inline struct mg_transfer_svc *transfer_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_transfer);
+}
 
 static inline struct mg_transfer_svc *svc_of(const mg_batch *b)
 {

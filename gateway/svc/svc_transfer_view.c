@@ -199,7 +199,7 @@ void mg_xfer_svc_freed(void *arg, mg_batch *b)
 static mg_batch *batch_for(mg_call *call, uint64_t id)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    mg_batch *b = gw->transfer ? mg_batches_find(gw->transfer->batches, id) : NULL;
+    mg_batch *b = transfer_of(gw) ? mg_batches_find(transfer_of(gw)->batches, id) : NULL;
     if (b == NULL || (mg_call_scope(call) && strcmp(b->tenant, mg_call_scope(call)) != 0)) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no batch %" PRIu64, id);
         return NULL;
@@ -288,7 +288,7 @@ void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m)
     char(*data)[160], (*rdma_ready)[32];
     uint64_t now = mg_now_mono_ms();
     const char *scope = mg_call_scope(call);
-    mg_peerdir_foreach (gw->transfer ? gw->transfer->dir : NULL, p)
+    mg_peerdir_foreach (transfer_of(gw) ? transfer_of(gw)->dir : NULL, p)
         n += p->addr[0] != '\0' && (scope == NULL || strcmp(p->tenant, scope) == 0);
     st = calloc(n + 1, sizeof(*st));
     ptrs = calloc(n + 1, sizeof(*ptrs));
@@ -302,7 +302,7 @@ void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    mg_peerdir_foreach (gw->transfer ? gw->transfer->dir : NULL, p) {
+    mg_peerdir_foreach (transfer_of(gw) ? transfer_of(gw)->dir : NULL, p) {
         unsigned queued = (unsigned)mg_peerdir_queued(p);
         if (p->addr[0] == '\0' || (scope && strcmp(p->tenant, scope) != 0))
             continue; /* this daemon's own copies; another tenant's entry */
@@ -347,12 +347,12 @@ void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m)
 static void render_peers(mg_gateway *gw, struct evbuffer *out)
 {
     static const char *const ops[] = {"read", "write"};
-    if (gw->transfer == NULL)
+    if (transfer_of(gw) == NULL)
         return;
     evbuffer_add_printf(out, "# HELP moongate_peer_bytes_total Bytes moved with a peer by "
                              "requests that completed, by op and transport.\n"
                              "# TYPE moongate_peer_bytes_total counter\n");
-    mg_peerdir_foreach (gw->transfer->dir, p) {
+    mg_peerdir_foreach (transfer_of(gw)->dir, p) {
         for (int o = 0; o < 2; o++) {
             evbuffer_add_printf(out,
                                 "moongate_peer_bytes_total{peer=\"%s\",tenant=\"%s\",op=\"%s\","
@@ -370,7 +370,7 @@ static void render_peers(mg_gateway *gw, struct evbuffer *out)
     evbuffer_add_printf(out, "# HELP moongate_peer_requests_total Requests with a peer that "
                              "ended, by op and result.\n"
                              "# TYPE moongate_peer_requests_total counter\n");
-    mg_peerdir_foreach (gw->transfer->dir, p) {
+    mg_peerdir_foreach (transfer_of(gw)->dir, p) {
         for (int o = 0; o < 2; o++)
             evbuffer_add_printf(out,
                                 "moongate_peer_requests_total{peer=\"%s\",tenant=\"%s\",op=\"%s\","
@@ -384,7 +384,7 @@ static void render_peers(mg_gateway *gw, struct evbuffer *out)
     evbuffer_add_printf(out, "# HELP moongate_peer_connections Data-plane connections to a peer, "
                              "by state (busy: carrying a part of a request now).\n"
                              "# TYPE moongate_peer_connections gauge\n");
-    mg_peerdir_foreach (gw->transfer->dir, p) {
+    mg_peerdir_foreach (transfer_of(gw)->dir, p) {
         int idle;
         if (p->addr[0] == '\0')
             continue;
@@ -402,7 +402,7 @@ static void render_peers(mg_gateway *gw, struct evbuffer *out)
  * close; the batches themselves go on until the daemon stops. */
 void mg_xfer_svc_drain(mg_gateway *gw)
 {
-    mg_batches *set = gw->transfer ? gw->transfer->batches : NULL;
+    mg_batches *set = transfer_of(gw) ? transfer_of(gw)->batches : NULL;
     for (mg_batch *b = set ? mg_batches_first(set) : NULL; b; b = mg_batches_next(set, b)) {
         mg_list *watchers = &front_of(b)->watchers;
         batch_msg m;
@@ -456,9 +456,9 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
                         "code.\n# TYPE moongate_transfer_failures_total counter\n",
                         (unsigned long long)s->bytes[0], (unsigned long long)s->bytes[1],
                         (unsigned long long)s->in_flight,
-                        (long long)(gw->transfer ? mg_xfer_sched_slices_in_flight(
-                                                       mg_peerdir_sched(gw->transfer->dir))
-                                                 : 0));
+                        (long long)(transfer_of(gw) ? mg_xfer_sched_slices_in_flight(
+                                                          mg_peerdir_sched(transfer_of(gw)->dir))
+                                                    : 0));
     for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
         if (s->failed_by_code[c])
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
@@ -481,9 +481,9 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
 void mg_xfer_svc_status(mg_gateway *gw, json_t *obj)
 {
     static const char *const states[] = {"new", "opening", "open", "failed"};
-    size_t running = mg_batches_running(gw->transfer->batches, NULL);
+    size_t running = mg_batches_running(transfer_of(gw)->batches, NULL);
     json_t *peers = json_array();
-    mg_peerdir_foreach (peers ? gw->transfer->dir : NULL, p) {
+    mg_peerdir_foreach (peers ? transfer_of(gw)->dir : NULL, p) {
         unsigned queued = (unsigned)mg_peerdir_queued(p);
         if (p->addr[0] == '\0')
             continue;
@@ -494,8 +494,9 @@ void mg_xfer_svc_status(mg_gateway *gw, json_t *obj)
     }
     json_object_set_new(
         obj, "transfers",
-        json_pack("{s:I,s:I,s:I}", "batches_running", (json_int_t)running, "requests_in_flight",
-                  (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
-                  (json_int_t)mg_xfer_sched_slices_in_flight(mg_peerdir_sched(gw->transfer->dir))));
+        json_pack(
+            "{s:I,s:I,s:I}", "batches_running", (json_int_t)running, "requests_in_flight",
+            (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
+            (json_int_t)mg_xfer_sched_slices_in_flight(mg_peerdir_sched(transfer_of(gw)->dir))));
     json_object_set_new(obj, "peers", peers ? peers : json_array());
 }
