@@ -200,17 +200,6 @@ typedef struct mg_pool_wait_stats {
     double seconds_sum;
 } mg_pool_wait_stats;
 
-typedef struct mg_transfer_stats {
-    uint64_t requests[2][2]; /* [op: 0 read, 1 write][0 done, 1 failed] */
-    uint64_t bytes[2];       /* moved, by op */
-    uint64_t failed_by_code[MG_GRPC_CODE_COUNT];
-    uint64_t in_flight;   /* requests submitted and not ended */
-    uint64_t buckets[12]; /* seconds from submit to end, see mg_metrics.c */
-    uint64_t ended;
-    double seconds_sum;
-    uint64_t notes_sent, notes_failed; /* notifications to peers */
-} mg_transfer_stats;
-
 typedef struct mg_gateway_stats {
     uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
     uint64_t conns_active;
@@ -260,7 +249,6 @@ struct mg_gateway {
     mg_gateway_stats stats;
     mg_segment_stats seg_stats;
     mg_pool_wait_stats pool_stats;
-    mg_transfer_stats xfer_stats;
 
     struct mg_listener *listeners; /* control-port listeners */
     mg_list conns;                 /* all open connections (mg_conn.link) */
@@ -366,9 +354,8 @@ void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double secon
 /* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
  * spent `seconds` there), 0 when it was refused before. */
 void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker);
-/* A transfer request ended: op 0 read / 1 write, err 0 or MG_ERR_*, bytes moved, seconds since
- * its batch was submitted. */
-void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, double seconds);
+/* One observation into a histogram of the registration buckets (for mg_metrics_render_seconds). */
+void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds);
 /* A blocked acquire stopped waiting after `seconds`. */
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds);
 

@@ -55,18 +55,9 @@ void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
     observe(bucket_le, s->buckets, &s->seconds_sum, seconds);
 }
 
-void mg_metrics_transfer(mg_gateway *gw, int write, int err, uint64_t bytes, double seconds)
+void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds)
 {
-    mg_transfer_stats *s = &gw->xfer_stats;
-    s->requests[write != 0][err != 0]++;
-    if (err)
-        s->failed_by_code[mg_err_grpc(err)]++;
-    else
-        s->bytes[write != 0] += bytes;
-    if (s->in_flight)
-        s->in_flight--;
-    s->ended++;
-    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
+    observe(reg_le, buckets, sum, seconds);
 }
 
 void mg_metrics_pool_wait(mg_gateway *gw, double seconds)

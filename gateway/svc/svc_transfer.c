@@ -41,10 +41,7 @@
 /* Request r ended (an event of the engine's batches): metrics, and its peer's counts. */
 static void request_ended(void *arg, mg_batch_req *r)
 {
-    struct mg_transfer_svc *ts = arg;
-    int err = r->err;
-    mg_metrics_transfer(ts->gw, r->write, err, r->length,
-                        (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
+    mg_xfer_svc_count(arg, r);
     if (r->peer)
         mg_peerdir_request_ended(r);
 }
@@ -62,7 +59,6 @@ static void batch_timeout(evutil_socket_t fd, short what, void *arg)
 /* ---- the peer directory's calls to peers (moongate/peerdir.h) ---- */
 
 static void submit_go(mg_call *call, mg_batch *b);
-static int remote_check(mg_call *call, mg_batch *b);
 
 /* The directory's ops: the calls over svc/mg_peer_rpc.c. */
 static void open_session(void *arg, mg_xfer_peer *p)
@@ -82,9 +78,9 @@ static int connect_rdma(void *arg, mg_xfer_peer *p, unsigned device, const mg_rd
 static void note_end(mg_batch_note *n, mg_note_state state, int code, const char *msg)
 {
     if (state == MG_NOTE_SENT)
-        peer_svc(n->peer)->gw->xfer_stats.notes_sent++;
+        peer_svc(n->peer)->stats.notes_sent++;
     else
-        peer_svc(n->peer)->gw->xfer_stats.notes_failed++;
+        peer_svc(n->peer)->stats.notes_failed++;
     mg_batch_note_end(n, state, code, msg);
 }
 
@@ -543,7 +539,7 @@ static void submit_go(mg_call *call, mg_batch *b)
     mg_list_init(&f->watchers);
     b->front = f;
     evtimer_add(f->timer, &tv);
-    gw->xfer_stats.in_flight += b->n;
+    ts->stats.in_flight += b->n;
     mg_batches_add(ts->batches, b, mg_now_mono_ns());
     resp.batch_id = b->id;
     if (!b->wait || mg_xfer_svc_watch(call, b, 1) != 0) /* out of memory: the id now, at least */

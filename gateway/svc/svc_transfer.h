@@ -41,6 +41,18 @@ static inline batch_front *front_of(const mg_batch *b)
     return b->front;
 }
 
+/* What /metrics counts of transfers. */
+typedef struct mg_transfer_stats {
+    uint64_t requests[2][2]; /* [op: 0 read, 1 write][0 done, 1 failed] */
+    uint64_t bytes[2];       /* moved, by op */
+    uint64_t failed_by_code[MG_GRPC_CODE_COUNT];
+    uint64_t in_flight;   /* requests submitted and not ended */
+    uint64_t buckets[12]; /* seconds from submit to end (mg_metrics_render_seconds) */
+    uint64_t ended;
+    double seconds_sum;
+    uint64_t notes_sent, notes_failed; /* notifications to peers */
+} mg_transfer_stats;
+
 struct mg_transfer_svc {
     mg_gateway *gw;
     mg_batches *batches;  /* the batches and their requests (moongate/batches.h) */
@@ -49,6 +61,7 @@ struct mg_transfer_svc {
     struct event *sweep;  /* forgets batches past --batch-retention */
     mg_peer_cache *descs; /* what peers said of their targets, per epoch */
     struct submit_wait *waits;
+    mg_transfer_stats stats;
 };
 
 extern const mg_service mg_svc_transfer;
@@ -85,6 +98,8 @@ void mg_xfer_svc_wait(mg_call *call, const ProtobufCMessage *m);
 void mg_xfer_svc_wait_cancel(mg_call *call);
 void mg_xfer_svc_cancel(mg_call *call, const ProtobufCMessage *m);
 void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m);
+/* Request r ended: it is counted for /metrics. */
+void mg_xfer_svc_count(struct mg_transfer_svc *ts, const mg_batch_req *r);
 /* The service's hooks: drain (Wait calls end), /metrics and /status.json. */
 void mg_xfer_svc_drain(mg_gateway *gw);
 void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out);

@@ -425,10 +425,27 @@ void mg_xfer_svc_drain(mg_gateway *gw)
     }
 }
 
+void mg_xfer_svc_count(struct mg_transfer_svc *ts, const mg_batch_req *r)
+{
+    mg_transfer_stats *s = &ts->stats;
+    int err = r->err;
+    s->requests[r->write != 0][err != 0]++;
+    if (err)
+        s->failed_by_code[mg_err_grpc(err)]++;
+    else
+        s->bytes[r->write != 0] += r->length;
+    if (s->in_flight)
+        s->in_flight--;
+    s->ended++;
+    mg_metrics_observe_seconds(s->buckets, &s->seconds_sum,
+                               (double)(mg_now_mono_ns() - r->b->t0_ns) / 1e9);
+}
+
 /* /metrics: the transfers' block. */
 void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
 {
-    const mg_transfer_stats *s = &gw->xfer_stats;
+    static const mg_transfer_stats none;
+    const mg_transfer_stats *s = transfer_of(gw) ? &transfer_of(gw)->stats : &none;
     static const char *const ops[] = {"read", "write"};
     evbuffer_add_printf(out, "# HELP moongate_transfer_requests_total Transfer requests that "
                              "ended, by op and result.\n"
@@ -481,8 +498,12 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
 void mg_xfer_svc_status(mg_gateway *gw, json_t *obj)
 {
     static const char *const states[] = {"new", "opening", "open", "failed"};
-    size_t running = mg_batches_running(transfer_of(gw)->batches, NULL);
-    json_t *peers = json_array();
+    size_t running;
+    json_t *peers;
+    if (transfer_of(gw) == NULL)
+        return; /* a daemon without a segment registry transfers nothing */
+    running = mg_batches_running(transfer_of(gw)->batches, NULL);
+    peers = json_array();
     mg_peerdir_foreach (peers ? transfer_of(gw)->dir : NULL, p) {
         unsigned queued = (unsigned)mg_peerdir_queued(p);
         if (p->addr[0] == '\0')
@@ -496,7 +517,7 @@ void mg_xfer_svc_status(mg_gateway *gw, json_t *obj)
         obj, "transfers",
         json_pack(
             "{s:I,s:I,s:I}", "batches_running", (json_int_t)running, "requests_in_flight",
-            (json_int_t)gw->xfer_stats.in_flight, "slices_in_flight",
+            (json_int_t)transfer_of(gw)->stats.in_flight, "slices_in_flight",
             (json_int_t)mg_xfer_sched_slices_in_flight(mg_peerdir_sched(transfer_of(gw)->dir))));
     json_object_set_new(obj, "peers", peers ? peers : json_array());
 }
