@@ -34,6 +34,8 @@ int mg_batches_new(mg_batches **out, const mg_batches_config *cfg)
         return MG_ERR_NOMEM;
     }
     s->cfg = *cfg;
+    if (s->cfg.now_ms == NULL)
+        s->cfg.now_ms = mg_now_mono_ms;
     mg_list_init(&s->batches);
     *out = s;
     return 0;
@@ -232,7 +234,7 @@ int mg_batch_is_over(const mg_batch *b)
 static void batch_changed(mg_batch *b)
 {
     if (mg_batch_is_over(b) && b->end_ms == 0)
-        b->end_ms = mg_now_mono_ms();
+        b->end_ms = b->set->cfg.now_ms();
     b->set->cfg.changed(b->set->cfg.arg, b);
 }
 

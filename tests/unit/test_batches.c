@@ -55,6 +55,13 @@ static uint32_t seg_refs(void)
     return info.refs;
 }
 
+/* The set's clock: the test says what time it is. */
+static uint64_t clock_ms = 1;
+static uint64_t test_clock(void)
+{
+    return clock_ms;
+}
+
 static mg_batches *open_set(size_t max_batches, uint64_t retention_ms)
 {
     mg_registry_config rc = {.shm_dir = dir, .file_mode = 0600, .max_segments = 4};
@@ -66,6 +73,7 @@ static mg_batches *open_set(size_t max_batches, uint64_t retention_ms)
                             .memlock = MG_MEMLOCK_OFF};
     mg_batches_config c = {.max_batches = max_batches,
                            .retention_ms = retention_ms,
+                           .now_ms = test_clock,
                            .request_ended = on_request_ended,
                            .note_due = on_note_due,
                            .changed = on_changed,
@@ -337,14 +345,15 @@ static void test_notes_after_writes(void)
     close_set(s);
 }
 
-/* Ends every request of b (one run and done, the others failed). */
+/* Ends every request of b (one run and done, the others failed) at end_ms. */
 static void finish(mg_batch *b, uint64_t end_ms)
 {
+    clock_ms = end_ms;
     mg_req_start(&b->reqs[0].life);
     mg_batch_req_end(&b->reqs[0], 0, NULL);
     for (size_t i = 1; i < b->n; i++)
         mg_batch_req_end(&b->reqs[i], MG_ERR_CANCELLED, NULL);
-    b->end_ms = end_ms; /* as if it ended then */
+    CU_ASSERT_EQUAL(b->end_ms, end_ms);
 }
 
 /* --max-batches forgets the oldest over batches first and never a running one;

@@ -115,7 +115,7 @@ struct mg_batch {
     uint64_t id;
     mg_batches *set;
     uint64_t t0_ns;  /* entered (mg_now_mono_ns) */
-    uint64_t end_ms; /* when it was over (mg_now_mono_ms; 0: not yet) */
+    uint64_t end_ms; /* when it was over (the set's clock, now_ms; 0: not yet) */
     uint32_t timeout_ms;
     char request_id[MG_BATCH_REQUEST_ID_MAX + 1]; /* the client's, or "" */
     char tenant[MG_SEG_NAME_MAX + 1];
@@ -131,10 +131,11 @@ struct mg_batch {
 };
 
 typedef struct mg_batches_config {
-    mg_registry *reg;      /* the requests' local segments are referenced in it */
-    mg_pools *pools;       /* and their leases used in it */
-    size_t max_batches;    /* kept at most (--max-batches; over ones are forgotten first) */
-    uint64_t retention_ms; /* an over batch is kept this long (--batch-retention) */
+    mg_registry *reg;         /* the requests' local segments are referenced in it */
+    mg_pools *pools;          /* and their leases used in it */
+    size_t max_batches;       /* kept at most (--max-batches; over ones are forgotten first) */
+    uint64_t retention_ms;    /* an over batch is kept this long (--batch-retention) */
+    uint64_t (*now_ms)(void); /* the clock a batch's end is read from (NULL: mg_now_mono_ms) */
     void *arg;
     /* Request r ended (its err and msg say how); its local memory is let go already. */
     void (*request_ended)(void *arg, mg_batch_req *r);
