@@ -63,6 +63,21 @@ int mg_gateway_add_route(mg_gateway *gw, const mg_route *r)
     return 0;
 }
 
+int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
+                           const mg_route *routes, size_t nr)
+{
+    int rc;
+    for (size_t i = 0; i < n; i++) {
+        if ((rc = mg_gateway_add_method(gw, &methods[i])) != 0)
+            return rc;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        if ((rc = mg_gateway_add_route(gw, &routes[i])) != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m)
 {
     for (size_t i = 0; i < gw->n_methods; i++) {

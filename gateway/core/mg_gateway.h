@@ -307,6 +307,11 @@ const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, 
                                         int *service_known);
 /* Registers a readable route (at start-up). Returns 0 or MG_ERR_FULL. */
 int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
+/* A service's table: its n methods, then its nr routes (routes may be NULL). Returns 0 or the
+ * first error of mg_gateway_add_method / _add_route. */
+int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
+                           const mg_route *routes, size_t nr);
+#define MG_NELEM(a) (sizeof(a) / sizeof((a)[0]))
 /* Moves to SERVING (readiness true) once the start-up jobs are done, or starts the graceful
  * drain. */
 void mg_gateway_set_serving(mg_gateway *gw);

@@ -323,11 +323,9 @@ static const mg_method debug_methods[] = {
 static int mg_svc_debug_init(mg_gateway *gw)
 {
     mg_registry *reg = mg_engine_registry(gw->engine);
-    for (size_t i = 0; i < sizeof(debug_methods) / sizeof(debug_methods[0]); i++) {
-        int rc = mg_gateway_add_method(gw, &debug_methods[i]);
-        if (rc != 0)
-            return rc;
-    }
+    int rc = mg_gateway_add_methods(gw, debug_methods, MG_NELEM(debug_methods), NULL, 0);
+    if (rc != 0)
+        return rc;
     if (reg == NULL)
         return 0;
     *mg_gateway_state(gw, &mg_svc_debug) = calloc(1, sizeof(*hold_of(gw)));

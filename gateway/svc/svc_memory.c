@@ -654,17 +654,9 @@ static int mg_svc_memory_init(mg_gateway *gw)
 {
     if (mg_engine_registry(gw->engine) == NULL)
         return 0; /* an engine without a registry serves no memory calls */
-    for (size_t i = 0; i < sizeof(memory_methods) / sizeof(memory_methods[0]); i++) {
-        int rc = mg_gateway_add_method(gw, &memory_methods[i]);
-        if (rc != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < sizeof(memory_routes) / sizeof(memory_routes[0]); i++) {
-        int rc = mg_gateway_add_route(gw, &memory_routes[i]);
-        if (rc != 0)
-            return rc;
-    }
-    return mg_svc_memory_io_init(gw);
+    int rc = mg_gateway_add_methods(gw, memory_methods, MG_NELEM(memory_methods), memory_routes,
+                                    MG_NELEM(memory_routes));
+    return rc != 0 ? rc : mg_svc_memory_io_init(gw);
 }
 
 const mg_service mg_svc_memory = {.name = "memory", .init = mg_svc_memory_init};

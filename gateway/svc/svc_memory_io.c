@@ -591,10 +591,5 @@ static const mg_method io_methods[] = {
 
 int mg_svc_memory_io_init(mg_gateway *gw)
 {
-    for (size_t i = 0; i < sizeof(io_methods) / sizeof(io_methods[0]); i++) {
-        int rc = mg_gateway_add_method(gw, &io_methods[i]);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
+    return mg_gateway_add_methods(gw, io_methods, MG_NELEM(io_methods), NULL, 0);
 }

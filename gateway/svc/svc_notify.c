@@ -354,15 +354,10 @@ static const mg_route notify_routes[] = {
 
 static int mg_svc_notify_init(mg_gateway *gw)
 {
-    int rc;
-    for (size_t i = 0; i < sizeof(notify_methods) / sizeof(notify_methods[0]); i++) {
-        if ((rc = mg_gateway_add_method(gw, &notify_methods[i])) != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < sizeof(notify_routes) / sizeof(notify_routes[0]); i++) {
-        if ((rc = mg_gateway_add_route(gw, &notify_routes[i])) != 0)
-            return rc;
-    }
+    int rc = mg_gateway_add_methods(gw, notify_methods, MG_NELEM(notify_methods), notify_routes,
+                                    MG_NELEM(notify_routes));
+    if (rc != 0)
+        return rc;
     *mg_gateway_state(gw, &mg_svc_notify) = calloc(1, sizeof(*notify_of(gw)));
     return notify_of(gw) ? 0 : MG_ERR_NOMEM;
 }

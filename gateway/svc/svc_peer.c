@@ -356,10 +356,8 @@ static int mg_svc_peer_init(mg_gateway *gw)
     mg_dp_server_config dc;
     char err[256];
     int rc;
-    for (size_t i = 0; i < sizeof(peer_methods) / sizeof(peer_methods[0]); i++) {
-        if ((rc = mg_gateway_add_method(gw, &peer_methods[i])) != 0)
-            return rc;
-    }
+    if ((rc = mg_gateway_add_methods(gw, peer_methods, MG_NELEM(peer_methods), NULL, 0)) != 0)
+        return rc;
     if (gw->cfg->data_listen[0] == '\0' || mg_engine_registry(gw->engine) == NULL)
         return 0;
     ps = calloc(1, sizeof(*ps));

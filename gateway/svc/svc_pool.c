@@ -442,14 +442,10 @@ static int pool_init(mg_gateway *gw)
     struct event *tick;
     unsigned starting = 0;
     int rc;
-    for (size_t i = 0; i < sizeof(pool_methods) / sizeof(pool_methods[0]); i++) {
-        if ((rc = mg_gateway_add_method(gw, &pool_methods[i])) != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < sizeof(pool_routes) / sizeof(pool_routes[0]); i++) {
-        if ((rc = mg_gateway_add_route(gw, &pool_routes[i])) != 0)
-            return rc;
-    }
+    rc = mg_gateway_add_methods(gw, pool_methods, MG_NELEM(pool_methods), pool_routes,
+                                MG_NELEM(pool_routes));
+    if (rc != 0)
+        return rc;
     if (gw->pools == NULL)
         return 0;
     tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);

@@ -307,11 +307,7 @@ static int mg_svc_reflection_init(mg_gateway *gw)
         return MG_ERR_NOMEM;
     if ((rc = reflection_index(reflection_of(gw))) != 0)
         return rc;
-    for (size_t i = 0; i < sizeof(refl_methods) / sizeof(refl_methods[0]); i++) {
-        if ((rc = mg_gateway_add_method(gw, &refl_methods[i])) != 0)
-            return rc;
-    }
-    return 0;
+    return mg_gateway_add_methods(gw, refl_methods, MG_NELEM(refl_methods), NULL, 0);
 }
 
 static void mg_svc_reflection_free(mg_gateway *gw)

@@ -584,15 +584,10 @@ static const mg_route transfer_routes[] = {
 
 static int mg_svc_transfer_init(mg_gateway *gw)
 {
-    int rc;
-    for (size_t i = 0; i < sizeof(transfer_methods) / sizeof(transfer_methods[0]); i++) {
-        if ((rc = mg_gateway_add_method(gw, &transfer_methods[i])) != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < sizeof(transfer_routes) / sizeof(transfer_routes[0]); i++) {
-        if ((rc = mg_gateway_add_route(gw, &transfer_routes[i])) != 0)
-            return rc;
-    }
+    int rc = mg_gateway_add_methods(gw, transfer_methods, MG_NELEM(transfer_methods),
+                                    transfer_routes, MG_NELEM(transfer_routes));
+    if (rc != 0)
+        return rc;
     if (mg_engine_registry(gw->engine) == NULL)
         return 0;
     *mg_gateway_state(gw, &mg_svc_transfer) = calloc(1, sizeof(*transfer_of(gw)));
