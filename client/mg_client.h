@@ -94,4 +94,18 @@ int mg_client_unary(const mg_client_options *opts, const char *path, const uint8
                     size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
                     int *status, char **message, char *err, size_t errcap);
 
+/* ---- memory the program has, passed as a descriptor (docs/api.md) ---- */
+
+/* The fd socket of a "unix:/path" target: "/path.fd" (the daemon's --fd-socket auto). Returns
+ * 0, or -1 for another kind of target or a path longer than cap. */
+int mg_fd_socket_of(const char *target, char *out, size_t cap);
+/* Passes descriptor `fd` (a memfd, tmpfs file, any regular file open O_RDWR) to the daemon on
+ * its fd socket and waits for the answer (a local socket: microseconds). On 0, *handle names
+ * the descriptor for one RegisterSegment (source FD, fd_handle) made by this process, as the
+ * same tenant (`token`: the bearer token its calls send, or NULL), within *ttl_ms. On -1,
+ * *status is the gRPC code (UNAVAILABLE: no fd socket there) and err says why. The caller
+ * keeps its descriptor; the daemon has its own. */
+int mg_fd_pass(const char *fd_socket, int fd, const char *token, uint64_t *handle, uint64_t *ttl_ms,
+               int *status, char *err, size_t errcap);
+
 #endif

@@ -20,12 +20,18 @@ Errors are mg.Error (a grpc.RpcError's code and details; a failed transfer's fir
 request); `code` is a grpc.StatusCode. AsyncClient has the same methods as coroutines (and
 notifications as an async iterator), on grpc.aio.
 
+Memory the program already has — a memfd, a tmpfs file — is registered by descriptor, where it
+lies: `c.register_fd("kv1", fd, offset=0, size=n)` passes the descriptor on the daemon's fd socket
+(the Unix socket's path with ".fd" appended; fd_socket= to name another) and registers it; the
+program's own mapping and the daemon's see the same bytes.
+
 Credentials: token= (sent as "authorization: Bearer TOKEN"), or cert=/key= (a client
 certificate), or the Unix socket's uid; ca= for TLS targets (host:port); plaintext=True for a
 loopback h2c listener. See docs/security.md.
 """
 import mmap
 import os
+import socket
 import sys
 
 import grpc
@@ -39,7 +45,7 @@ sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
 from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc,  # noqa: E402
                          pool_pb2, pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
-__all__ = ["Client", "AsyncClient", "Error", "read", "write", "notify"]
+__all__ = ["Client", "AsyncClient", "Error", "read", "write", "notify", "pass_fd"]
 
 
 class Error(Exception):
@@ -56,6 +62,33 @@ def _code(value):
         if c.value[0] == value:
             return c
     return grpc.StatusCode.UNKNOWN
+
+
+def pass_fd(fd_socket, fd, token=None):
+    """Passes descriptor `fd` to the daemon on its fd socket (SOCK_SEQPACKET, SCM_RIGHTS) and
+    returns (handle, ttl_ms): RegisterSegment(source=FD, fd_handle=handle) in this process, as the
+    same tenant, within ttl_ms, registers it. The caller keeps its own descriptor."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(fd_socket)
+        socket.send_fds(s, [b"PUT " + token.encode() if token else b"PUT"], [fd])
+        words = s.recv(1024).decode(errors="replace").split(" ", 2)
+    if words[0] == "OK" and len(words) == 3:
+        return int(words[1]), int(words[2])
+    if words[0] == "ERR" and len(words) == 3 and words[1] in grpc.StatusCode.__members__:
+        raise Error(grpc.StatusCode[words[1]], words[2])
+    raise Error(grpc.StatusCode.INTERNAL, "fd socket answered %r" % " ".join(words))
+
+
+def _fd_socket(target, fd_socket):
+    if fd_socket:
+        return fd_socket
+    return target[len("unix:"):] + ".fd" if target.startswith("unix:") else None
+
+
+def _fd_request(name, handle, offset, size, remote_accessible, share_with, kw):
+    return memory_pb2.RegisterRequest(
+        name=name, source=memory_pb2.FD, fd_handle=handle, offset=offset, size=size,
+        remote_accessible=remote_accessible, share_with=list(share_with), **kw)
 
 
 def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
@@ -187,9 +220,11 @@ class Client:
     """A synchronous client of one daemon."""
 
     def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
-                 token=None, plaintext=False, timeout=30.0):
+                 token=None, plaintext=False, timeout=30.0, fd_socket=None):
         self.timeout = timeout
         self.md = [("authorization", "Bearer " + token)] if token else None
+        self._token = token
+        self.fd_socket = _fd_socket(target, fd_socket)
         self._ch = _channel(target, ca, cert, key, plaintext, aio=False)
         self.memory = memory_pb2_grpc.MemoryStub(self._ch)
         self.pool = pool_pb2_grpc.PoolStub(self._ch)
@@ -218,6 +253,17 @@ class Client:
         return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote_accessible,
             share_with=list(share_with), **kw)).segment
+
+    def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False, share_with=(),
+                    **kw):
+        """Registers [offset, offset + size) of the file `fd` is open on (size 0: to its end):
+        a memfd, a tmpfs file, any regular file open O_RDWR. The caller keeps its descriptor."""
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "descriptors are passed on a Unix socket: connect with unix:PATH")
+        handle, _ = pass_fd(self.fd_socket, fd, self._token)
+        return self._call(self.memory.RegisterSegment, _fd_request(
+            name, handle, offset, size, remote_accessible, share_with, kw)).segment
 
     def unregister(self, segment_id):
         self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))
@@ -318,9 +364,11 @@ class AsyncClient:
     iterator; lease() is an async context manager."""
 
     def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
-                 token=None, plaintext=False, timeout=30.0):
+                 token=None, plaintext=False, timeout=30.0, fd_socket=None):
         self.timeout = timeout
         self.md = [("authorization", "Bearer " + token)] if token else None
+        self._token = token
+        self.fd_socket = _fd_socket(target, fd_socket)
         self._ch = _channel(target, ca, cert, key, plaintext, aio=True)
         self.memory = memory_pb2_grpc.MemoryStub(self._ch)
         self.pool = pool_pb2_grpc.PoolStub(self._ch)
@@ -348,6 +396,15 @@ class AsyncClient:
         return (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote_accessible,
             share_with=list(share_with), **kw))).segment
+
+    async def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False,
+                          share_with=(), **kw):
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "descriptors are passed on a Unix socket: connect with unix:PATH")
+        handle, _ = pass_fd(self.fd_socket, fd, self._token)  # a local socket: no waiting
+        return (await self._call(self.memory.RegisterSegment, _fd_request(
+            name, handle, offset, size, remote_accessible, share_with, kw))).segment
 
     async def unregister(self, segment_id):
         await self._call(self.memory.UnregisterSegment,

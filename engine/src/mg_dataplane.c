@@ -745,12 +745,18 @@ static int run_fail(run_state *r, int code, int stopped)
     return run_failed(r->c, r->ops, r->n, code, stopped, r->why);
 }
 
-/* A read or write on the connection failed with `err` (its errno): stopped (ECANCELED) or the
- * peer is unreachable. */
+/* A read or write on the connection failed with `err` (its errno): stopped (ECANCELED), the
+ * local memory is gone (EFAULT: DATA_LOSS), or the peer is unreachable. */
 static int run_io_failed(run_state *r, int err)
 {
     if (err == ECANCELED)
         return run_fail(r, *r->o.stop, 1);
+    if (err == EFAULT) { /* the local bytes are not there: a client shrank the file under them */
+        size_t l = strlen(r->why);
+        snprintf(r->why + l, sizeof(r->why) - l,
+                 " (the local segment's file is shorter than registered: shrunk under it)");
+        return run_fail(r, MG_ERR_DATA_LOSS, 0);
+    }
     return run_fail(r, MG_ERR_UNAVAILABLE, 0);
 }
 

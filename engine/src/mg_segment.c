@@ -14,6 +14,10 @@
  * file must belong to the caller's uid (the daemon opens it with its own rights), and a third
  * hash table by (st_dev, st_ino) keeps one file to one tenant: whatever name, link or rename
  * reaches an inode, a tenant other than the one that registered it first is refused.
+ *
+ * A descriptor a client passed (MG_SEG_FD) needs no name and no owner check: holding it open
+ * for reading and writing is the right to its bytes. The worker checks what it is, maps the
+ * range asked for (from the page it starts in) and closes it, like every other source.
  */
 #include "moongate/segment.h"
 #include "moongate/fault.h"
@@ -35,9 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define FILE_PREFIX "moongate-seg-"
@@ -52,7 +58,8 @@ struct mg_segment {
     char request_id[MG_SEG_NAME_MAX + 1];
     char location[16];
     mg_seg_source source;
-    uint64_t size; /* 0 for an shm segment of unknown size until mapped */
+    uint64_t size;   /* 0 for an shm or fd segment of unknown size until mapped */
+    uint64_t offset; /* fd: where the segment starts in the file */
     int remote_accessible;
     mg_memlock memlock;
     int prefault;
@@ -67,7 +74,10 @@ struct mg_segment {
     int has_file_id;     /* dev and ino are set and the segment is in by_file */
     dev_t dev;
     ino_t ino;
-    void *addr;
+    void *addr;     /* the segment's first byte */
+    void *map_base; /* the mapping: addr rounded down to its page, or to a huge page */
+    uint64_t map_len;
+    uint64_t page; /* the mapping's page size: the system's, or a hugetlbfs file's */
     int locked;
     int created;     /* the daemon created the file: it removes it */
     int provisioned; /* not counted in its tenant's bytes (mg_segment_spec.provisioned) */
@@ -493,8 +503,19 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
                      "descriptor, or register an ANON segment");
             return MG_ERR_PERMISSION;
         }
+    } else if (spec->source == MG_SEG_FD) {
+        if (spec->fd < 0) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "no descriptor: an fd segment needs the file's "
+                     "descriptor, passed on the daemon's fd socket");
+            return MG_ERR_INVALID;
+        }
     } else {
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon or shm");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm or fd");
+        return MG_ERR_INVALID;
+    }
+    if (spec->offset != 0 && spec->source != MG_SEG_FD) {
+        snprintf(err, MG_SEG_ERROR_MAX, "offset is for segments of a passed descriptor only");
         return MG_ERR_INVALID;
     }
     if (reg->max_segment_bytes && spec->size > reg->max_segment_bytes) {
@@ -612,7 +633,7 @@ static void enter_nolock(mg_registry *reg, mg_segment *seg)
     reg->registering++;
 }
 
-int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+static int reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
 {
     mg_segment *seg;
     tenant_count *tc = NULL;
@@ -628,7 +649,8 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
         return MG_ERR_NOMEM;
     }
     seg->reg = reg;
-    seg->fd = -1;
+    seg->fd = spec->source == MG_SEG_FD ? spec->fd : -1;
+    seg->offset = spec->offset;
     snprintf(seg->tenant, sizeof(seg->tenant), "%s", spec->tenant);
     snprintf(seg->name, sizeof(seg->name), "%s", spec->name);
     memcpy(seg->location, loc, sizeof(loc));
@@ -664,6 +686,15 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
     return 0;
 }
 
+int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err)
+{
+    int rc = reserve(reg, spec, out, err);
+    /* A passed descriptor is the registry's: the segment entered holds it, else it is closed. */
+    if (rc != 0 && spec->source == MG_SEG_FD && spec->fd >= 0)
+        close(spec->fd);
+    return rc;
+}
+
 /* Worker: an shm segment of size 0 learns its size from the file; account for it now. */
 static int grow_reservation(mg_segment *seg, uint64_t size)
 {
@@ -697,17 +728,28 @@ static int grow_reservation(mg_segment *seg, uint64_t size)
     return rc;
 }
 
+/* "moongate-seg-1 in /dev/shm/moongate" or "the passed file", for messages. */
+static const char *describe(const mg_segment *seg, char *buf, size_t cap)
+{
+    if (seg->source == MG_SEG_FD)
+        return "the passed file";
+    snprintf(buf, cap, "%s in %s", seg->file, seg->reg->shm_dir);
+    return buf;
+}
+
 /* Worker: allocates the file's blocks now. A tmpfs (or a pod's memory-backed emptyDir) that
  * is full would otherwise accept the size and fail only when a page is first touched — with
  * SIGBUS, in whichever process touches it. Filesystems without fallocate are left as they are. */
 static int reserve_blocks(mg_segment *seg)
 {
-    mg_registry *reg = seg->reg;
-    if (fallocate(seg->fd, 0, 0, (off_t)seg->size) == 0 || errno == EOPNOTSUPP)
+    char what[MG_SEG_NAME_MAX + 4096];
+    int e;
+    if (fallocate(seg->fd, 0, (off_t)seg->offset, (off_t)seg->size) == 0 || errno == EOPNOTSUPP)
         return 0;
-    set_error(seg, "cannot reserve %llu bytes for %s in %s: %s", (unsigned long long)seg->size,
-              seg->file, reg->shm_dir, strerror(errno));
-    return errno == ENOSPC || errno == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
+    e = errno;
+    set_error(seg, "cannot reserve %llu bytes for %s: %s", (unsigned long long)seg->size,
+              describe(seg, what, sizeof(what)), strerror(e));
+    return e == ENOSPC || e == EFBIG ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
 }
 
 /* Worker: enters the open file's (st_dev, st_ino) in by_file. Returns 0, or MG_ERR_PERMISSION
@@ -716,14 +758,15 @@ static int claim_file(mg_segment *seg, const struct stat *st)
 {
     mg_registry *reg = seg->reg;
     size_t b = file_bucket(reg, st->st_dev, st->st_ino);
+    char what[MG_SEG_NAME_MAX + 4096];
     pthread_mutex_lock(&reg->lock);
     for (mg_segment *s = reg->by_file[b]; s; s = s->file_next) {
         if (s->dev == st->st_dev && s->ino == st->st_ino && strcmp(s->tenant, seg->tenant) != 0) {
             pthread_mutex_unlock(&reg->lock);
             set_error(seg,
-                      "%s in %s is another tenant's segment; its owner shares it by share_with, "
+                      "%s is another tenant's segment; its owner shares it by share_with, "
                       "and it is never registered again for another tenant",
-                      seg->file, reg->shm_dir);
+                      describe(seg, what, sizeof(what)));
             return MG_ERR_PERMISSION;
         }
     }
@@ -736,11 +779,103 @@ static int claim_file(mg_segment *seg, const struct stat *st)
     return 0;
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "directory"
+           : S_ISFIFO(m) ? "pipe"
+           : S_ISSOCK(m) ? "socket"
+           : S_ISCHR(m)  ? "character device"
+           : S_ISBLK(m)  ? "block device"
+                         : "file of another kind";
+}
+
+/* Worker: what a passed descriptor may be (see mg_segment_spec.fd). Returns 0 with
+ * [offset, offset + size) known to lie in the file, or an MG_ERR_* with the reason set. */
+static int check_passed_fd(mg_segment *seg, struct stat *st)
+{
+    int fl = fcntl(seg->fd, F_GETFL), seals;
+    uint64_t fsize;
+    struct statfs fs;
+
+    if (fl < 0 || fstat(seg->fd, st) != 0) {
+        set_error(seg, "cannot inspect the passed descriptor: %s", strerror(errno));
+        return MG_ERR_SYSTEM;
+    }
+    if (fl & O_PATH) {
+        set_error(seg, "the descriptor was opened with O_PATH: it names a file but cannot map "
+                       "it; pass one opened O_RDWR");
+        return MG_ERR_INVALID;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        set_error(seg,
+                  "the descriptor is a %s, not memory: pass a memfd, a tmpfs or hugetlbfs "
+                  "file, or another regular file",
+                  file_kind(st->st_mode));
+        return MG_ERR_INVALID;
+    }
+    if ((fl & O_ACCMODE) != O_RDWR) {
+        set_error(seg, "the descriptor is open %s; a segment is read and written: open it O_RDWR",
+                  (fl & O_ACCMODE) == O_WRONLY ? "write-only" : "read-only");
+        return MG_ERR_INVALID;
+    }
+    seals = fcntl(seg->fd, F_GET_SEALS);
+    if (seals > 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))) {
+        set_error(seg, "the memfd is sealed against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE); "
+                       "a segment is written");
+        return MG_ERR_INVALID;
+    }
+    if (seg->remote_accessible && mg_rdma_device_count(seg->reg->rdma) > 0 &&
+        (seals < 0 || !(seals & F_SEAL_SHRINK))) {
+        set_error(seg,
+                  "a remote-accessible segment is registered with this daemon's RDMA devices, "
+                  "which keep the pages a shrink takes from the file, so peers would write where "
+                  "the client no longer sees: pass a memfd sealed with F_SEAL_SHRINK "
+                  "(fcntl F_ADD_SEALS), or register it without remote access");
+        return MG_ERR_BUSY;
+    }
+    fsize = st->st_size > 0 ? (uint64_t)st->st_size : 0;
+    if (seg->offset >= fsize) {
+        set_error(seg, "offset %llu is not inside the file (%llu bytes)",
+                  (unsigned long long)seg->offset, (unsigned long long)fsize);
+        return MG_ERR_RANGE;
+    }
+    if (seg->size != 0 && mg_bounds_check(fsize, seg->offset, seg->size) != 0) {
+        set_error(seg, "%llu bytes from offset %llu run past the end of the file (%llu bytes)",
+                  (unsigned long long)seg->size, (unsigned long long)seg->offset,
+                  (unsigned long long)fsize);
+        return MG_ERR_RANGE;
+    }
+    seg->page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (fstatfs(seg->fd, &fs) == 0 && (unsigned long)fs.f_type == HUGETLBFS_MAGIC) {
+        uint64_t size = seg->size ? seg->size : fsize - seg->offset;
+        seg->page = (uint64_t)fs.f_bsize;
+        if (seg->offset % seg->page != 0 || size % seg->page != 0) {
+            set_error(seg,
+                      "a hugetlbfs file maps in whole huge pages of %llu bytes: offset %llu and "
+                      "size %llu must be multiples of it",
+                      (unsigned long long)seg->page, (unsigned long long)seg->offset,
+                      (unsigned long long)size);
+            return MG_ERR_INVALID;
+        }
+    }
+    if (claim_file(seg, st) != 0)
+        return MG_ERR_PERMISSION;
+    if (seg->size == 0) {
+        int rc = grow_reservation(seg, fsize - seg->offset);
+        if (rc != 0)
+            return rc;
+    }
+    return reserve_blocks(seg);
+}
+
 static int open_file(mg_segment *seg)
 {
     mg_registry *reg = seg->reg;
     struct stat st;
 
+    seg->page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (seg->source == MG_SEG_FD)
+        return check_passed_fd(seg, &st);
     if (seg->source == MG_SEG_ANON) {
         seg->fd = openat(reg->dirfd, seg->file, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                          reg->file_mode);
@@ -930,12 +1065,21 @@ int mg_segment_map(mg_segment *seg)
     rc = open_file(seg);
     if (rc != 0)
         goto fail;
-    seg->addr = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);
-    if (seg->addr == MAP_FAILED) {
-        seg->addr = NULL;
-        set_error(seg, "cannot map %llu bytes: %s", (unsigned long long)seg->size, strerror(errno));
-        rc = errno == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
-        goto fail;
+    {
+        /* From the page the segment starts in: a passed file's offset need not be aligned. */
+        uint64_t skip = seg->offset % seg->page;
+        void *base;
+        seg->map_len = seg->size + skip;
+        base = mmap(NULL, seg->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd,
+                    (off_t)(seg->offset - skip));
+        if (base == MAP_FAILED) {
+            int e = errno;
+            set_error(seg, "cannot map %llu bytes: %s", (unsigned long long)seg->size, strerror(e));
+            rc = e == ENOMEM ? MG_ERR_NOMEM : MG_ERR_SYSTEM;
+            goto fail;
+        }
+        seg->map_base = base;
+        seg->addr = (char *)base + skip;
     }
     /* The mapping keeps the file; a descriptor per segment would make the open-files limit,
      * not --max-segments, the bound on registrations. */
@@ -997,10 +1141,14 @@ static void unmap_files(mg_segment *seg)
         seg->mr = NULL;
         memset(&seg->transports[MG_TRANSPORT_RDMA], 0, sizeof(seg->transports[0]));
     }
-    if (seg->addr) {
-        /* In chunks, so the mmap lock is released between them (see lock_pages). */
-        for (uint64_t off = 0; off < seg->size; off += CHUNK)
-            munmap((char *)seg->addr + off, seg->size - off < CHUNK ? seg->size - off : CHUNK);
+    if (seg->map_base) {
+        /* In chunks, so the mmap lock is released between them (see lock_pages); whole huge
+         * pages of a hugetlbfs file. */
+        uint64_t step = seg->page > CHUNK ? seg->page : CHUNK;
+        for (uint64_t off = 0; off < seg->map_len; off += step)
+            munmap((char *)seg->map_base + off,
+                   seg->map_len - off < step ? seg->map_len - off : step);
+        seg->map_base = NULL;
         seg->addr = NULL;
     }
     if (seg->fd >= 0) {
@@ -1115,7 +1263,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     memcpy(out->tenant, seg->tenant, sizeof(out->tenant));
     memcpy(out->name, seg->name, sizeof(out->name));
     memcpy(out->location, seg->location, sizeof(out->location));
-    {
+    if (seg->source != MG_SEG_FD) {
         /* shm_dir "/" file, as snprintf "%s/%s" would (this runs for every lease reply) */
         size_t d = strnlen(reg->shm_dir, sizeof(out->path) - 2);
         memcpy(out->path, reg->shm_dir, d);
@@ -1123,6 +1271,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
         mg_strlcpy(out->path + d, seg->file, sizeof(out->path) - d);
     }
     out->source = seg->source;
+    out->offset = seg->offset;
     out->size = seg->size;
     out->remote_accessible = seg->remote_accessible;
     out->locked = seg->locked;

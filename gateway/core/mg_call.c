@@ -146,6 +146,16 @@ int mg_call_socket_uid(const mg_call *call, uint32_t *uid)
     return 1;
 }
 
+int mg_call_socket_cred(const mg_call *call, uint32_t *uid, int32_t *pid)
+{
+    const mg_conn *conn = call->conn;
+    if (conn == NULL || conn->kind != CONN_UNIX || !conn->has_uid)
+        return 0;
+    *uid = conn->uid;
+    *pid = conn->pid;
+    return 1;
+}
+
 int mg_call_admin(const mg_call *call)
 {
     return call->who.admin;

@@ -41,6 +41,17 @@ static const opt_def opts[] = {
     {"unix-socket-group", T_STR, O(unix_socket_group), "", 0, 0,
      "group (name or number) the Unix socket is given to, so that its members may connect with "
      "mode 0660; empty keeps the daemon's group"},
+    {"fd-socket", T_STR, O(fd_socket), "auto", 0, 0,
+     "SOCK_SEQPACKET Unix socket where local clients pass file descriptors (memfd, tmpfs files) "
+     "to register them (docs/api.md); auto: --unix-socket with \".fd\" appended, same mode and "
+     "group; empty disables"},
+    {"max-unclaimed-fds", T_UINT, O(max_unclaimed_fds), "16", 1, 4096,
+     "descriptors one fd-socket connection may have passed that no registration has named yet"},
+    {"max-fd-handles", T_UINT, O(max_fd_handles), "1024", 1, 65536,
+     "descriptors the daemon holds for registrations at once, from all connections"},
+    {"fd-handle-ttl", T_UINT, O(fd_handle_ttl), "10000", 10, 600000,
+     "milliseconds a passed descriptor waits for the RegisterSegment that names it; then it is "
+     "closed"},
     {"ops-listen", T_STR, O(ops_listen), "[::]:7080", 0, 0,
      "plaintext HTTP/1.1 ops listeners (/livez /readyz /metrics /); empty disables"},
     {"ops-header-timeout", T_UINT, O(ops_header_timeout), "10", 1, 600,

@@ -18,6 +18,10 @@ typedef struct mg_config {
     char *unix_socket;            /* h2c on a Unix-domain socket; "" disables */
     uint64_t unix_socket_mode;    /* permission bits of the socket */
     char *unix_socket_group;      /* group (name or number) the socket is given to; "" keeps ours */
+    char *fd_socket;              /* where clients pass descriptors: "auto", a path, "" (none) */
+    uint64_t max_unclaimed_fds;   /* descriptors one fd-socket connection holds unregistered */
+    uint64_t max_fd_handles;      /* descriptors held unregistered in all */
+    uint64_t fd_handle_ttl;       /* ms a passed descriptor waits for its registration */
     char *ops_listen;             /* plaintext HTTP/1.1 ops listeners; "" disables */
     uint64_t ops_header_timeout;  /* seconds for a whole request on the ops port */
     uint64_t ops_max_connections; /* ops-port connections at once */

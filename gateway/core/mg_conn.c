@@ -10,6 +10,7 @@
  * Loop thread only.
  */
 #include "mg_server_int.h"
+#include "mg_fdsock.h"
 
 #include "mg_bev.h"
 #include "mg_bev_err.h"
@@ -453,6 +454,7 @@ static void peer_name(mg_conn *conn, char *dst, size_t cap, evutil_socket_t fd,
             snprintf(dst, cap, "uid:%u pid:%d", (unsigned)cred.uid, (int)cred.pid);
             conn->has_uid = 1;
             conn->uid = (uint32_t)cred.uid;
+            conn->pid = (int32_t)cred.pid;
         } else
             snprintf(dst, cap, "unix");
         return;
@@ -700,6 +702,7 @@ static void listeners_enable(mg_gateway *gw, int on)
             evconnlistener_disable(l->lev);
     }
     mg_ops_accepting(gw, on);
+    mg_fdsock_accepting(gw, on);
 }
 
 static void accept_timer_cb(evutil_socket_t fd, short what, void *arg)

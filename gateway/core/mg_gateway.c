@@ -10,6 +10,7 @@
 #include "mg_server_int.h"
 
 #include "mg_admit.h"
+#include "mg_fdsock.h"
 
 #include "mg_log.h"
 #include "mg_service.h"
@@ -244,6 +245,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     if (*cfg->unix_socket && (rc = mg_listener_add_unix(gw, cfg->unix_socket)) != 0)
         goto fail;
+    if ((rc = mg_fdsock_start(gw)) != 0)
+        goto fail;
     if (*cfg->ops_listen && (rc = mg_ops_start(gw, cfg->ops_listen)) != 0)
         goto fail;
     *out = gw;
@@ -263,6 +266,7 @@ void mg_gateway_del(mg_gateway *gw)
     if (gw->cq)
         mg_cq_settle(gw->cq);
     mg_listeners_free(gw);
+    mg_fdsock_stop(gw);
     while (!mg_list_empty(&gw->conns))
         mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
     mg_ops_stop(gw);

@@ -161,6 +161,9 @@ const char *mg_call_tenant(const mg_call *call);
  * socket (--allow-anonymous). Zero for token and certificate callers, wherever they connect:
  * their tenant is not the uid's. */
 int mg_call_socket_uid(const mg_call *call, uint32_t *uid);
+/* Non-zero, with *uid and *pid set, when the call came on the Unix socket and the kernel told
+ * who is at the other end (SO_PEERCRED, at connect), whatever principal it was admitted as. */
+int mg_call_socket_cred(const mg_call *call, uint32_t *uid, int32_t *pid);
 /* Non-zero when the caller has the admin role: it may list and revoke every tenant's
  * resources. */
 int mg_call_admin(const mg_call *call);
@@ -253,6 +256,7 @@ struct mg_gateway {
     struct mg_listener *listeners; /* control-port listeners */
     mg_list conns;                 /* all open connections (mg_conn.link) */
     struct mg_ops *ops;
+    struct mg_fdsock *fdsock;      /* the fd socket (mg_fdsock.h), or NULL */
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */

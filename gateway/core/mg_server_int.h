@@ -35,8 +35,9 @@ typedef struct mg_conn {
     conn_kind kind;
     char peer[128];
     mg_tls_id id; /* TLS: the client certificate, once the handshake is done */
-    int has_uid;  /* Unix socket: the kernel told the caller's user id */
+    int has_uid;  /* Unix socket: the kernel told the caller's user id and process id */
     uint32_t uid;
+    int32_t pid;         /* 0: a process in another pid namespace */
     struct event *timer; /* handshake, then idle */
     struct event *flush_ev;
     struct event *read_ev; /* h2c and unix: the socket read directly (conn_plain_read_cb) */

@@ -6,6 +6,7 @@
 #include "mg_gateway.h"
 
 #include "mg_auth.h"
+#include "mg_fdsock.h"
 #include "mg_service.h"
 
 #include "moongate/pools.h"
@@ -314,6 +315,31 @@ static void render_segments(mg_gateway *gw, struct evbuffer *out)
     }
 }
 
+/* Descriptors passed on the fd socket (mg_fdsock.h), when the daemon has one. */
+static void render_fd_handles(mg_gateway *gw, struct evbuffer *out)
+{
+    mg_fd_handles *t = mg_fdsock_handles(gw);
+    mg_fd_handles_stats st;
+    if (t == NULL)
+        return;
+    mg_fd_handles_get_stats(t, &st);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_fd_handles Passed descriptors waiting for the "
+                        "registration that names them.\n"
+                        "# TYPE moongate_fd_handles gauge\n"
+                        "moongate_fd_handles{state=\"held\"} %llu\n"
+                        "# HELP moongate_fd_handles_total Descriptors passed on the fd socket, "
+                        "by what became of them.\n"
+                        "# TYPE moongate_fd_handles_total counter\n"
+                        "moongate_fd_handles_total{event=\"passed\"} %llu\n"
+                        "moongate_fd_handles_total{event=\"claimed\"} %llu\n"
+                        "moongate_fd_handles_total{event=\"expired\"} %llu\n"
+                        "moongate_fd_handles_total{event=\"refused\"} %llu\n",
+                        (unsigned long long)st.held, (unsigned long long)st.passed,
+                        (unsigned long long)st.claimed, (unsigned long long)st.expired,
+                        (unsigned long long)st.refused);
+}
+
 /* The engine's workers, the RDMA devices and the transport threads. */
 static void render_engine(mg_gateway *gw, struct evbuffer *out)
 {
@@ -448,6 +474,7 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
     render_methods(gw, out);
     render_segments(gw, out);
     render_pools(gw, out);
+    render_fd_handles(gw, out);
     for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
         if (gw->started[i] && mg_services[i]->metrics)
             mg_services[i]->metrics(gw, out);

@@ -15,6 +15,8 @@
 
 #include "mg_log.h"
 
+#include "mg_fdsock.h"
+#include "mg_str.h"
 #include "moongate/segment.h"
 #include "moongate/v1/memory.pb-c.h"
 
@@ -27,7 +29,7 @@
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 
-static const char *const source_names[] = {"anon", "shm"};
+static const char *const source_names[] = {"anon", "shm", "fd"};
 /* One Segment message with its strings. */
 typedef struct {
     Moongate__V1__Segment msg;
@@ -50,8 +52,10 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
     m->msg.size = in->size;
     m->msg.location = m->location;
     m->msg.path = m->path;
-    m->msg.source = in->source == MG_SEG_SHM ? MOONGATE__V1__SEGMENT_SOURCE__SHM
-                                             : MOONGATE__V1__SEGMENT_SOURCE__ANON;
+    m->msg.source = in->source == MG_SEG_SHM  ? MOONGATE__V1__SEGMENT_SOURCE__SHM
+                    : in->source == MG_SEG_FD ? MOONGATE__V1__SEGMENT_SOURCE__FD
+                                              : MOONGATE__V1__SEGMENT_SOURCE__ANON;
+    m->msg.offset = in->offset;
     m->msg.remote_accessible = in->remote_accessible;
     m->msg.locked = in->locked;
     m->msg.state = (Moongate__V1__SegmentState)in->state;
@@ -168,6 +172,29 @@ out:
 
 /* ---- handlers ---- */
 
+/* The descriptor `handle` names, if the caller is the process and tenant that passed it: the
+ * last check before the registry takes it (it is used up whatever follows). Returns 0 with *fd
+ * set, or an MG_ERR_* with err set. */
+static int take_fd(mg_call *call, uint64_t handle, int *fd, char *err)
+{
+    mg_fd_handles *t = mg_fdsock_handles(mg_call_gateway(call));
+    mg_fd_owner who;
+    if (t == NULL) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "this daemon takes no descriptors: it runs without an fd socket (--fd-socket)");
+        return MG_ERR_UNSUPPORTED;
+    }
+    if (!mg_call_socket_cred(call, &who.uid, &who.pid)) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "a passed descriptor is registered by the process that passed it, calling on the "
+                 "Unix socket; this call came over the network");
+        return MG_ERR_PERMISSION;
+    }
+    mg_strlcpy(who.tenant, mg_call_tenant(call), sizeof(who.tenant));
+    return mg_fd_handles_take(t, handle, &who, mg_now_mono_ns() / 1000000u, fd, err,
+                              MG_SEG_ERROR_MAX);
+}
+
 /* Checks a request of `call` and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
 static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__RegisterRequest *req,
                    int memlock_policy, mg_segment **seg, char *err)
@@ -175,16 +202,30 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     const char *tenant = mg_call_tenant(call);
     mg_segment_spec spec;
     char share[MG_SEG_SHARE_LEN + 1] = "";
-    if (req->source != MOONGATE__V1__SEGMENT_SOURCE__ANON &&
-        req->source != MOONGATE__V1__SEGMENT_SOURCE__SHM) {
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON or SHM");
+    int rc;
+    memset(&spec, 0, sizeof(spec));
+    switch (req->source) {
+    case MOONGATE__V1__SEGMENT_SOURCE__ANON:
+        spec.source = MG_SEG_ANON;
+        break;
+    case MOONGATE__V1__SEGMENT_SOURCE__SHM:
+        spec.source = MG_SEG_SHM;
+        break;
+    case MOONGATE__V1__SEGMENT_SOURCE__FD:
+        spec.source = MG_SEG_FD;
+        break;
+    default:
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM or FD");
         return MG_ERR_INVALID;
     }
-    memset(&spec, 0, sizeof(spec));
+    if (spec.source != MG_SEG_FD && (req->fd_handle || req->offset)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "fd_handle and offset are for source FD only");
+        return MG_ERR_INVALID;
+    }
     spec.tenant = tenant;
     spec.name = req->name;
-    spec.source = req->source == MOONGATE__V1__SEGMENT_SOURCE__SHM ? MG_SEG_SHM : MG_SEG_ANON;
     spec.size = req->size;
+    spec.offset = req->offset;
     spec.shm_file = req->shm_file;
     spec.caller_uid_known = mg_call_socket_uid(call, &spec.caller_uid);
     spec.location = req->location;
@@ -222,6 +263,8 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
                                  req->share_with[i]);
     }
     spec.share = share;
+    if (spec.source == MG_SEG_FD && (rc = take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
+        return rc;
     return mg_registry_reserve(reg, &spec, seg, err);
 }
 

@@ -9,6 +9,7 @@
 #include "moongate/segment.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -874,6 +876,175 @@ static void test_memlock_policy_and_limit(void)
     remove_dir();
 }
 
+/* ---- segments of a passed descriptor ---- */
+
+static int closed(int fd)
+{
+    return fcntl(fd, F_GETFD) == -1 && errno == EBADF;
+}
+
+static mg_segment_spec fd_spec(const char *name, int fd, uint64_t offset, uint64_t size)
+{
+    mg_segment_spec s = anon("t", name, size);
+    s.source = MG_SEG_FD;
+    s.fd = fd;
+    s.offset = offset;
+    return s;
+}
+
+/* Registers fd (which the registry takes) and expects `code` with `needle` in the reason. */
+static void expect_fd(mg_registry *reg, int fd, uint64_t offset, uint64_t size, int code,
+                      const char *needle)
+{
+    mg_segment_spec s = fd_spec("bad", fd, offset, size);
+    char err[MG_SEG_ERROR_MAX] = "";
+    mg_registry_stats st;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), code);
+    if (strstr(err, needle) == NULL)
+        fprintf(stderr, "expected \"%s\" in \"%s\"\n", needle, err);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, needle));
+    CU_ASSERT(closed(fd)); /* taken and closed: nothing held, nothing leaked */
+    mg_registry_get_stats(reg, &st);
+    CU_ASSERT_EQUAL(st.registering + st.segments, 0);
+    CU_ASSERT_EQUAL(st.bytes, 0);
+}
+
+static int memfd(size_t size, unsigned flags)
+{
+    int fd = (int)syscall(SYS_memfd_create, "mgtest", flags | MFD_CLOEXEC);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_EQUAL_FATAL(ftruncate(fd, (off_t)size), 0);
+    return fd;
+}
+
+/* The segment is the client's own bytes, where they lie: from an unaligned offset, to the end
+ * of the file with size 0, and the descriptor is closed once mapped. */
+static void test_fd_segment_is_the_clients_memory(void)
+{
+    mg_registry *reg;
+    mg_segment *seg = NULL;
+    mg_segment_info info;
+    mg_segment_spec s;
+    char err[MG_SEG_ERROR_MAX];
+    int fd, keep;
+    char *mine;
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    fd = memfd(3 * 4096, MFD_ALLOW_SEALING);
+    keep = dup(fd);
+    mine = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, keep, 0);
+    CU_ASSERT_FATAL(mine != MAP_FAILED);
+    memcpy(mine + 4096 + 100, "client bytes", 12);
+    s = fd_spec("mine", fd, 4096 + 100, 1000);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    CU_ASSERT(closed(fd));
+    CU_ASSERT_EQUAL(memcmp(mg_segment_addr(seg), "client bytes", 12), 0);
+    memcpy((char *)mg_segment_addr(seg) + 999, "!", 1); /* the daemon writes: the client sees */
+    CU_ASSERT_EQUAL(mine[4096 + 100 + 999], '!');
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(info.source, MG_SEG_FD);
+    CU_ASSERT_EQUAL(info.offset, 4096 + 100);
+    CU_ASSERT_EQUAL(info.size, 1000);
+    CU_ASSERT_STRING_EQUAL(info.path, "");
+    unreg(reg, "t", info.id);
+    CU_ASSERT_EQUAL(mine[4096 + 100], 'c'); /* unregistering leaves the client's file alone */
+    /* size 0: from the offset to the end of the file. */
+    s = fd_spec("rest", dup(keep), 4096, 0);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(info.size, 2 * 4096);
+    CU_ASSERT_EQUAL(memcmp((char *)mg_segment_addr(seg) + 100, "client bytes", 12), 0);
+    unreg(reg, "t", info.id);
+    munmap(mine, 3 * 4096);
+    close(keep);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+/* What is not mappable memory, or not the caller's to write, is refused by name. */
+static void test_fd_segment_checks(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s;
+    int p[2], sv[2], fd;
+    char path[128];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    /* No descriptor, and an offset for another source. */
+    s = fd_spec("none", -1, 0, 0);
+    expect_reserve(reg, &s, MG_ERR_INVALID, "no descriptor");
+    s = anon("t", "x", 4096);
+    s.offset = 4096;
+    expect_reserve(reg, &s, MG_ERR_INVALID, "offset is for");
+    CU_ASSERT_EQUAL_FATAL(pipe(p), 0);
+    close(p[1]);
+    expect_fd(reg, p[0], 0, 0, MG_ERR_INVALID, "is a pipe");
+    CU_ASSERT_EQUAL_FATAL(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    close(sv[1]);
+    expect_fd(reg, sv[0], 0, 0, MG_ERR_INVALID, "is a socket");
+    expect_fd(reg, open(dir, O_RDONLY | O_DIRECTORY), 0, 0, MG_ERR_INVALID, "is a directory");
+    write_file("plain", 8192);
+    snprintf(path, sizeof(path), "%s/plain", dir);
+    expect_fd(reg, open(path, O_PATH), 0, 0, MG_ERR_INVALID, "O_PATH");
+    expect_fd(reg, open(path, O_WRONLY), 0, 0, MG_ERR_INVALID, "write-only");
+    expect_fd(reg, open(path, O_RDONLY), 0, 0, MG_ERR_INVALID, "read-only");
+    expect_fd(reg, open(path, O_RDWR), 8192, 0, MG_ERR_RANGE, "not inside the file");
+    expect_fd(reg, open(path, O_RDWR), 4096, 4097, MG_ERR_RANGE, "run past the end");
+    expect_fd(reg, open(path, O_RDWR), UINT64_MAX - 10, 0, MG_ERR_RANGE, "not inside");
+    expect_fd(reg, open(path, O_RDWR), 1, UINT64_MAX, MG_ERR_RANGE, "run past the end");
+    fd = memfd(4096, MFD_ALLOW_SEALING);
+    CU_ASSERT_EQUAL(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
+    expect_fd(reg, fd, 0, 0, MG_ERR_INVALID, "sealed against writes");
+    expect_fd(reg, memfd(0, 0), 0, 0, MG_ERR_RANGE, "not inside the file (0 bytes)");
+    /* A regular file that is no memfd maps like one. */
+    s = fd_spec("plain", open(path, O_RDWR), 0, 0);
+    {
+        mg_segment *seg = NULL;
+        mg_segment_info info;
+        char err[MG_SEG_ERROR_MAX];
+        CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+        CU_ASSERT_EQUAL(memcmp(mg_segment_addr(seg), "hello", 5), 0);
+        mg_segment_get_info(reg, seg, &info);
+        unreg(reg, "t", info.id);
+    }
+    mg_registry_del(reg);
+    remove_dir();
+}
+
+/* A hugetlbfs memfd maps in whole huge pages. Where the machine has huge pages reserved, one is
+ * registered; the alignment check needs none. */
+static void test_fd_segment_huge_pages(void)
+{
+    const uint64_t huge = 2ULL << 20;
+    mg_registry *reg;
+    mg_segment_spec s;
+    mg_segment *seg = NULL;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    int fd = (int)syscall(SYS_memfd_create, "mghuge", MFD_HUGETLB | MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)(2 * huge)) != 0) {
+        fprintf(stderr, "  (no hugetlbfs memfd here: %s)\n", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    expect_fd(reg, dup(fd), 4096, 0, MG_ERR_INVALID, "whole huge pages of 2097152 bytes");
+    expect_fd(reg, dup(fd), huge, 4096, MG_ERR_INVALID, "whole huge pages");
+    s = fd_spec("huge", fd, huge, huge);
+    if (reg_segment(reg, &s, &seg, err) == 0) {
+        mg_segment_get_info(reg, seg, &info);
+        CU_ASSERT_EQUAL(info.size, huge);
+        unreg(reg, "t", info.id);
+    } else {
+        fprintf(stderr, "  (no huge page to register here: %s)\n", err);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot reserve"));
+    }
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static void test_bad_registry_config(void)
 {
     mg_registry *reg = NULL;
@@ -909,6 +1080,9 @@ int main(void)
         MG_TEST(test_restart_removes_old_daemon_files),
         MG_TEST(test_memlock_policy_and_limit),
         MG_TEST(test_bad_registry_config),
+        MG_TEST(test_fd_segment_is_the_clients_memory),
+        MG_TEST(test_fd_segment_checks),
+        MG_TEST(test_fd_segment_huge_pages),
     };
     return mg_test_run("segment registry", cases, sizeof(cases) / sizeof(cases[0]));
 }

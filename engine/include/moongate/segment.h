@@ -1,9 +1,11 @@
 /*
  * moongate segments: registered memory regions and their registry.
  *
- * A segment is a file in the registry's shm directory, mapped shared by the daemon so that local
- * clients can map the same bytes: `anon` segments are files the daemon creates (and removes),
- * `shm` segments are files a local client made there. Each has an opaque 64-bit id, a name unique
+ * A segment is a range of a file, mapped shared by the daemon so that local clients can map the
+ * same bytes: `anon` segments are files the daemon creates in its shm directory (and removes),
+ * `shm` segments are files a local client made there, and `fd` segments are a range of a file a
+ * client passed as a descriptor (a memfd, a tmpfs or hugetlbfs file, any regular file it could
+ * open for reading and writing). Each has an opaque 64-bit id, a name unique
  * per tenant, an owner tenant, a size, a location ("cpu:N"), a remote-accessible flag, a state
  * and a reference count (leases and transfers in flight hold references; a segment in use cannot
  * be unregistered).
@@ -38,7 +40,7 @@ extern "C" {
 typedef struct mg_registry mg_registry;
 typedef struct mg_segment mg_segment;
 
-typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1 } mg_seg_source;
+typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1, MG_SEG_FD = 2 } mg_seg_source;
 typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
@@ -68,6 +70,14 @@ typedef struct mg_segment_spec {
     mg_seg_source source;
     uint64_t size;        /* anon: bytes (> 0). shm: 0 = the whole file, else at most its size */
     const char *shm_file; /* shm: a file name inside shm_dir (no '/', not "." or "..") */
+    /* fd: a descriptor of the file, which the registry takes: from mg_registry_reserve() on it
+     * is the registry's to close, whatever that returns. The worker checks it: a regular file
+     * (memfd, tmpfs, hugetlbfs, any filesystem that maps), opened for reading and writing, not
+     * O_PATH, [offset, offset + size) inside it (size 0: to its end), hugetlbfs offsets and
+     * sizes whole huge pages, and, for a remote-accessible segment of a daemon with RDMA
+     * devices, sealed with F_SEAL_SHRINK. offset need not be page-aligned. */
+    int fd;
+    uint64_t offset;
     /* shm: the caller's user id, as the kernel reported it for its Unix-socket connection. A
      * file is registered by name only for its owner: caller_uid_known must be set, the file
      * must belong to caller_uid and its mode must let the owner read and write it. */
@@ -105,8 +115,9 @@ typedef struct mg_segment_info {
     char tenant[MG_SEG_NAME_MAX + 1];
     char name[MG_SEG_NAME_MAX + 1];
     char location[16];
-    char path[4096 + 1];
+    char path[4096 + 1]; /* "" for an fd segment: the client has the file */
     mg_seg_source source;
+    uint64_t offset; /* fd: where the segment starts in the file */
     uint64_t size;
     int remote_accessible;
     int locked; /* pages are locked in memory */
@@ -132,14 +143,15 @@ void mg_registry_del(mg_registry *reg);
 /* Loop. Checks spec and limits and enters the segment as REGISTERING. Returns 0 and the
  * segment; MG_SEG_RETRY and the READY segment an earlier request with the same request id
  * registered (nothing new is entered); or: MG_ERR_INVALID (bad name, tenant, size, location,
- * shm file name, request id, or a request id used for another name), MG_ERR_UNAVAILABLE (the
- * request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
+ * shm file name, descriptor, request id, or a request id used for another name), MG_ERR_UNAVAILABLE
+ * (the request id's first registration is still running), MG_ERR_EXISTS (the tenant has a segment
  * of that name), MG_ERR_QUOTA (max_tenant_bytes, max_tenant_segments), MG_ERR_FULL (max_segments,
  * max_registered_bytes or max_segment_bytes; err says which). err (MG_SEG_ERROR_MAX bytes) says
  * what was wrong. */
 int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **out, char *err);
-/* Worker. Creates (anon) or opens (shm) the file, sizes, maps, locks and prefaults it, then
- * registers a remote-accessible segment with the transports (TCP: a record, nothing more).
+/* Worker. Creates (anon), opens (shm) or checks (fd) the file, sizes, maps, locks and prefaults
+ * it, then registers a remote-accessible segment with the transports (TCP: a record, nothing
+ * more).
  * Returns 0 or an MG_ERR_*; on error the segment's error text says why and nothing stays
  * mapped or created. */
 int mg_segment_map(mg_segment *seg);

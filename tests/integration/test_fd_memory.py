@@ -1,0 +1,292 @@
+"""Memory the client already has, registered by descriptor: a memfd or a tmpfs file passed on the
+daemon's fd socket (SOCK_SEQPACKET, SCM_RIGHTS) from Python (socket.send_fds) and from C
+(mg_fd_pass, client/example_register_fd.c), then registered by the one-time handle. Bytes the
+client writes through its own mapping move to a peer daemon and back into the same mapping,
+with no copy through the pool. Every bad input gets its gRPC code and reason, and the daemon
+keeps serving: descriptors of a pipe, socket, directory, O_PATH or write-only file; a handle
+used twice, by another process, after its ttl or over TCP; a range past the file; a file shrunk
+after registration (DATA_LOSS); the socket's protocol errors and limits; an unsealed memfd for
+a remote-accessible region of a daemon with RDMA devices."""
+import fcntl
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+import conftest
+from conftest import BUILD, h2c_channel, register, req
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402
+from mgstd import health_pb2, health_pb2_grpc  # noqa: E402
+from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2  # noqa: E402
+
+MiB = 1 << 20
+EMU = os.path.join(BUILD, "libmgverbs_emu.so")
+
+
+def memfd(size, flags=0):
+    fd = os.memfd_create("mgtest", flags)
+    os.ftruncate(fd, size)
+    return fd
+
+
+def client(d, **kw):
+    return mg.Client("unix:" + d.sock, **kw)
+
+
+def read_segment(d, seg_id, length, offset=0):
+    with h2c_channel(d) as ch:
+        return b"".join(c.data for c in memory_pb2_grpc.MemoryStub(ch).ReadSegment(
+            memory_pb2.ReadSegmentRequest(id=seg_id, offset=offset, length=length), timeout=20))
+
+
+def serving(d):
+    with h2c_channel(d) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                   timeout=10).status == 1
+
+
+def raw_put(path, fds, text=b"PUT"):
+    """One request on the fd socket with `fds` attached; the reply's text (or "" if closed)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(path)
+        socket.send_fds(s, [text], fds)
+        return s.recv(1024).decode()
+
+
+def test_memfd_bytes_move_where_they_lie(make_daemon):
+    a = make_daemon("--peer-tls=false", "--pool-bytes", "8M")
+    b = make_daemon("--peer-tls=false")
+    fd = memfd(MiB, os.MFD_ALLOW_SEALING)
+    mine = mmap.mmap(fd, MiB)
+    pattern = os.urandom(64 * 1024)
+    mine[:len(pattern)] = pattern  # written through the client's own mapping
+    dst = register(b, "dst", MiB, remote=True)
+    leases_before = a.metric("moongate_pool_lease_events_total", pool="default", event="acquired")
+    with client(a) as c:
+        seg = c.register_fd("kv", fd)  # size 0: the whole file
+        assert seg.source == memory_pb2.FD and seg.size == MiB and seg.path == ""
+        # one batch each: the requests of a batch run in parallel
+        c.transfer([req(transfer_pb2.WRITE, seg.id, b.h2c, dst.id, len(pattern))])
+        c.transfer([req(transfer_pb2.READ, seg.id, b.h2c, dst.id, len(pattern),
+                        local_offset=512 * 1024)])
+        # the peer has the bytes, and the READ landed in the client's mapping, where it lies
+        assert read_segment(b, dst.id, len(pattern)) == pattern
+        assert mine[512 * 1024:512 * 1024 + len(pattern)] == pattern
+        c.unregister(seg.id)
+    # nothing went through the pool or an inline copy
+    assert a.metric("moongate_pool_lease_events_total", pool="default",
+                    event="acquired") == leases_before
+    assert not a.metric("moongate_segment_inline_bytes_total", op="read")
+    assert not a.metric("moongate_segment_inline_bytes_total", op="write")
+    mine.close()
+    os.close(fd)
+    assert a.metric("moongate_fd_handles", state="held") == 0
+    assert a.metric("moongate_fd_handles_total", event="claimed") == 1
+
+
+def test_tmpfs_file_from_an_unaligned_offset(make_daemon):
+    d = make_daemon()
+    path = "/dev/shm/mgtest-fd-%d" % os.getpid()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, 3 * 4096)
+        os.pwrite(fd, b"tmpfs bytes", 4096 + 7)
+        with client(d) as c:
+            seg = c.register_fd("tmp", fd, offset=4096 + 7, size=100)
+            assert seg.offset == 4096 + 7 and seg.size == 100
+            assert read_segment(d, seg.id, 11) == b"tmpfs bytes"
+            # the daemon's writes are the file's bytes too
+            c.memory.WriteSegment(iter([memory_pb2.WriteSegmentRequest(
+                id=seg.id, offset=90, data=b"0123456789")]), timeout=10)
+            assert os.pread(fd, 10, 4096 + 7 + 90) == b"0123456789"
+            with pytest.raises(grpc.RpcError) as e:  # the range is the segment: not past it
+                read_segment(d, seg.id, 10, offset=95)
+            assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            c.unregister(seg.id)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_from_c(make_daemon):
+    d = make_daemon()
+    out = subprocess.run([os.path.join(BUILD, "example_register_fd"), "unix:" + d.sock],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    seg_id = int(out.stdout.split()[1])
+    # the program exited; the daemon holds the memfd: its bytes are the segment's
+    assert read_segment(d, seg_id, 12) == b"hello from C"
+
+
+def test_bad_descriptors_are_refused_by_name(make_daemon, tmp_path):
+    d = make_daemon()
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x" * 8192)
+    r, w = os.pipe()
+    s1, s2 = socket.socketpair()
+    cases = [
+        (r, "is a pipe"),
+        (s1.fileno(), "is a socket"),
+        (os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY), "is a directory"),
+        (os.open(str(plain), os.O_PATH), "O_PATH"),
+        (os.open(str(plain), os.O_WRONLY), "write-only"),
+        (os.open(str(plain), os.O_RDONLY), "read-only"),
+    ]
+    with client(d) as c:
+        for i, (fd, reason) in enumerate(cases):
+            with pytest.raises(mg.Error) as e:
+                c.register_fd("bad%d" % i, fd)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, (reason, e.value)
+            assert reason in e.value.message
+        fd = os.open(str(plain), os.O_RDWR)
+        with pytest.raises(mg.Error) as e:
+            c.register_fd("past", fd, offset=4096, size=4097)
+        assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
+        assert "run past the end of the file (8192 bytes)" in e.value.message
+        assert c.register_fd("ok", fd, offset=4096).size == 4096
+    for f, _ in cases[2:]:
+        os.close(f)
+    for f in (r, w, fd):
+        os.close(f)
+    s1.close()
+    s2.close()
+    assert serving(d)
+    assert d.metric("moongate_fd_handles", state="held") == 0  # every one taken and closed
+
+
+def test_handles_go_once_to_the_process_that_passed_them(make_daemon):
+    d = make_daemon()
+    fd = memfd(MiB)
+    with client(d) as c:
+        handle, ttl = mg.pass_fd(c.fd_socket, fd)
+        assert ttl == 10000
+        req_ = memory_pb2.RegisterRequest(name="once", source=memory_pb2.FD, fd_handle=handle)
+        # over TCP: not the process that passed it, as far as the daemon can tell
+        with h2c_channel(d) as ch, pytest.raises(grpc.RpcError) as e:
+            memory_pb2_grpc.MemoryStub(ch).RegisterSegment(req_, timeout=10)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "came over the network" in e.value.details()
+        c.memory.RegisterSegment(req_, timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            c.memory.RegisterSegment(req_, timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "was used already" in e.value.details()
+        # another process passes a descriptor; this one may not use its handle
+        code = ("import os, sys; sys.path.insert(0, %r); import moongate_client as mg; "
+                "fd = os.memfd_create('x'); os.ftruncate(fd, 4096); "
+                "print(mg.pass_fd(%r, fd)[0])") % (os.path.dirname(mg.__file__), c.fd_socket)
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=60, env=dict(os.environ))
+        assert other.returncode == 0, other.stderr
+        req_ = memory_pb2.RegisterRequest(name="theirs", source=memory_pb2.FD,
+                                          fd_handle=int(other.stdout))
+        with pytest.raises(grpc.RpcError) as e:
+            c.memory.RegisterSegment(req_, timeout=10)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "only that process may register it" in e.value.details()
+        req_ = memory_pb2.RegisterRequest(name="none", source=memory_pb2.FD, fd_handle=12345)
+        with pytest.raises(grpc.RpcError) as e:
+            c.memory.RegisterSegment(req_, timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no fd handle 12345" in e.value.details()
+    os.close(fd)
+
+
+def test_handles_expire_and_their_descriptors_close(make_daemon):
+    d = make_daemon("--fd-handle-ttl", "50")
+    fd = memfd(4096)
+    with client(d) as c:
+        handle, ttl = mg.pass_fd(c.fd_socket, fd)
+        assert ttl == 50
+        deadline = time.monotonic() + 30  # the expiry tick closes it, however busy the machine
+        while d.metric("moongate_fd_handles", state="held") != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert d.metric("moongate_fd_handles", state="held") == 0
+        assert d.metric("moongate_fd_handles_total", event="expired") == 1
+        with pytest.raises(grpc.RpcError) as e:
+            c.memory.RegisterSegment(memory_pb2.RegisterRequest(
+                name="late", source=memory_pb2.FD, fd_handle=handle), timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "expired" in e.value.details() and "50 ms" in e.value.details()
+    os.close(fd)
+
+
+def test_the_fd_socket_protocol_and_limits(make_daemon):
+    d = make_daemon("--max-unclaimed-fds", "2")
+    path = d.sock + ".fd"
+    fd = memfd(4096)
+    assert raw_put(path, [fd], b"HELLO").startswith("ERR INVALID_ARGUMENT the request is")
+    assert raw_put(path, []).startswith("ERR INVALID_ARGUMENT 0 descriptors")
+    assert raw_put(path, [fd, fd]).startswith("ERR INVALID_ARGUMENT 2 descriptors")
+    assert raw_put(path, [fd], b"PUT not-a-token").startswith("ERR UNAUTHENTICATED")
+    # more descriptors than a request may bring: MSG_CTRUNC, a protocol error that ends it
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(path)
+        socket.send_fds(s, [b"PUT"], [fd] * 12)
+        assert s.recv(1024).decode().startswith(
+            "ERR INVALID_ARGUMENT the descriptors did not fit (MSG_CTRUNC)")
+        assert s.recv(1024) == b""  # closed
+    # at most --max-unclaimed-fds descriptors per connection wait for a registration
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(path)
+        for want in ("OK ", "OK ", "ERR RESOURCE_EXHAUSTED this connection passed 2"):
+            socket.send_fds(s, [b"PUT"], [fd])
+            assert s.recv(1024).decode().startswith(want)
+    assert d.metric("moongate_fd_handles", state="held") == 2
+    assert d.metric("moongate_fd_handles_total", event="refused") == 1
+    os.close(fd)
+    assert serving(d)
+
+
+def test_without_an_fd_socket(make_daemon):
+    d = make_daemon("--fd-socket", "")
+    assert not os.path.exists(d.sock + ".fd")
+    with client(d) as c:
+        c.fd_socket = None
+        with pytest.raises(grpc.RpcError) as e:
+            c.memory.RegisterSegment(memory_pb2.RegisterRequest(
+                name="x", source=memory_pb2.FD, fd_handle=1), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "--fd-socket" in e.value.details()
+
+
+def test_a_file_shrunk_after_registration_is_data_loss(make_daemon):
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    fd = memfd(MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    with client(a) as c:
+        seg = c.register_fd("shrinks", fd)
+        os.ftruncate(fd, 0)  # the client takes the pages back
+        with pytest.raises(grpc.RpcError) as e:
+            read_segment(a, seg.id, 4096)
+        assert e.value.code() == grpc.StatusCode.DATA_LOSS
+        batch = c.transfer([req(transfer_pb2.WRITE, seg.id, b.h2c, dst.id, 64 * 1024)],
+                           check=False)
+        assert batch.state == transfer_pb2.FAILED
+        assert batch.requests[0].code == grpc.StatusCode.DATA_LOSS.value[0], batch
+        c.unregister(seg.id)
+    os.close(fd)
+    assert serving(a) and serving(b)
+
+
+def test_rdma_regions_need_a_shrink_seal(make_daemon):
+    d = make_daemon("--ibverbs-lib", EMU)
+    with client(d) as c:
+        fd = memfd(MiB, os.MFD_ALLOW_SEALING)
+        with pytest.raises(mg.Error) as e:
+            c.register_fd("unsealed", fd, remote_accessible=True)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "F_SEAL_SHRINK" in e.value.message
+        assert c.register_fd("local-only", fd).transports == []  # no remote access: no seal
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        seg = c.register_fd("sealed", fd, remote_accessible=True)
+        assert list(seg.transports) == ["tcp", "rdma"]
+    os.close(fd)
