@@ -944,3 +944,13 @@ int mg_client_unary(const mg_client_options *opts, const char *path, const uint8
     *message = strdup(msg);
     return 0;
 }
+
+const char *mg_client_target(const mg_client *c)
+{
+    return c->target;
+}
+
+const char *mg_client_token(const mg_client *c)
+{
+    return c->bearer[0] ? c->bearer + 7 : NULL; /* after "Bearer " */
+}

@@ -108,4 +108,26 @@ int mg_fd_socket_of(const char *target, char *out, size_t cap);
 int mg_fd_pass(const char *fd_socket, int fd, const char *token, uint64_t *handle, uint64_t *ttl_ms,
                int *status, char *err, size_t errcap);
 
+/* The target a client was made for ("unix:/path", "host:port"), and its bearer token or NULL. */
+const char *mg_client_target(const mg_client *c);
+const char *mg_client_token(const mg_client *c);
+
+/* Memory for transfers that this library allocates and the daemon registers where it lies:
+ * a memfd sealed against shrinking and growing (safe for RDMA), mapped here, passed on the fd
+ * socket and registered with its address, in one call. Transfers name it by segment_id or,
+ * from this process, by address (TransferRequest.local_address). */
+typedef struct mg_buffer {
+    void *addr; /* its first byte in this process */
+    size_t size;
+    uint64_t segment_id; /* the registered segment */
+} mg_buffer;
+/* Allocates and registers `size` bytes over c (a "unix:" target, used as mg_client_call does:
+ * not from its callbacks) as segment `name` (NULL: "buffer-PID-N"), remote-accessible if asked.
+ * Returns 0 with *out set, or -1 with *status (a gRPC code) and err set; nothing is left then. */
+int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char *name,
+                    mg_buffer *out, int *status, char *err, size_t errcap);
+/* Unregisters and unmaps a buffer. Returns 0, or -1 with *status and err (the mapping is gone
+ * either way; a segment the daemon still holds is unregistered by its id later). */
+int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap);
+
 #endif

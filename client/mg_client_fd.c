@@ -1,11 +1,16 @@
-/* mg_client_fd: passing a descriptor on the daemon's fd socket (mg_client.h, mg_fd_pass). */
+/* mg_client_fd: memory the program has — a descriptor passed on the daemon's fd socket
+ * (mg_fd_pass), and buffers allocated here and registered where they lie (mg_buffer_alloc). */
 #include "mg_client.h"
 #include "mg_fdproto.h"
 
+#include "moongate/v1/memory.pb-c.h"
+
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -70,4 +75,127 @@ int mg_fd_pass(const char *fd_socket, int fd, const char *token, uint64_t *handl
     close(s);
     rep[n] = '\0';
     return mg_fdproto_reply(rep, handle, ttl_ms, status, err, errcap);
+}
+
+/* ---- buffers: memory allocated here, registered where it lies ---- */
+
+static unsigned long buffer_seq;
+
+/* A memfd of `size` bytes sealed against shrinking and growing, mapped here. Returns its
+ * descriptor and *addr, or -1 with err set. */
+static int buffer_memory(size_t size, void **addr, char *err, size_t errcap)
+{
+    int fd = memfd_create("moongate-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (*addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        snprintf(err, errcap, "cannot allocate a buffer of %zu bytes: %s", size, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* RegisterSegment of a passed descriptor with its address here. Returns 0 and *id, or -1. */
+static int register_buffer(mg_client *c, const char *name, uint64_t handle, size_t size,
+                           int remote_accessible, void *addr, uint64_t *id, int *status, char *err,
+                           size_t errcap)
+{
+    Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    Moongate__V1__RegisterResponse *r;
+    uint8_t *buf, *resp = NULL;
+    size_t n, resp_len = 0;
+    req.name = (char *)name;
+    req.source = MOONGATE__V1__SEGMENT_SOURCE__FD;
+    req.fd_handle = handle;
+    req.size = size;
+    req.remote_accessible = remote_accessible != 0;
+    req.client_address = (uint64_t)(uintptr_t)addr;
+    n = moongate__v1__register_request__get_packed_size(&req);
+    if ((buf = malloc(n ? n : 1)) == NULL) {
+        *status = MG_GRPC_RESOURCE_EXHAUSTED;
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    moongate__v1__register_request__pack(&req, buf);
+    if (mg_client_call(c, "/moongate.v1.Memory/RegisterSegment", buf, n, 30000, &resp, &resp_len,
+                       status, err, errcap) != 0) {
+        *status = MG_GRPC_UNAVAILABLE;
+        free(buf);
+        return -1;
+    }
+    free(buf);
+    if (*status != MG_GRPC_OK)
+        return -1;
+    r = moongate__v1__register_response__unpack(NULL, resp_len, resp);
+    free(resp);
+    if (r == NULL || r->segment == NULL) {
+        *status = MG_GRPC_INTERNAL;
+        snprintf(err, errcap, "the daemon's answer is not a RegisterResponse");
+        moongate__v1__register_response__free_unpacked(r, NULL);
+        return -1;
+    }
+    *id = r->segment->id;
+    moongate__v1__register_response__free_unpacked(r, NULL);
+    return 0;
+}
+
+int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char *name,
+                    mg_buffer *out, int *status, char *err, size_t errcap)
+{
+    char sock[128], fallback[64];
+    uint64_t handle, ttl_ms, id;
+    void *addr = NULL;
+    int fd;
+    *status = MG_GRPC_INVALID_ARGUMENT;
+    if (mg_fd_socket_of(mg_client_target(c), sock, sizeof(sock)) != 0) {
+        snprintf(err, errcap,
+                 "buffers are registered over the daemon's Unix socket: connect "
+                 "to a unix:PATH target");
+        return -1;
+    }
+    if (size == 0) {
+        snprintf(err, errcap, "a buffer needs a size");
+        return -1;
+    }
+    *status = MG_GRPC_RESOURCE_EXHAUSTED;
+    if ((fd = buffer_memory(size, &addr, err, errcap)) < 0)
+        return -1;
+    if (name == NULL) {
+        snprintf(fallback, sizeof(fallback), "buffer-%d-%lu", (int)getpid(),
+                 __atomic_add_fetch(&buffer_seq, 1, __ATOMIC_RELAXED));
+        name = fallback;
+    }
+    if (mg_fd_pass(sock, fd, mg_client_token(c), &handle, &ttl_ms, status, err, errcap) != 0 ||
+        register_buffer(c, name, handle, size, remote_accessible, addr, &id, status, err, errcap) !=
+            0) {
+        munmap(addr, size);
+        close(fd);
+        return -1;
+    }
+    close(fd); /* the mapping here and the daemon's keep the memory */
+    out->addr = addr;
+    out->size = size;
+    out->segment_id = id;
+    return 0;
+}
+
+int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap)
+{
+    Moongate__V1__UnregisterRequest req = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+    uint8_t buf[16], *resp = NULL;
+    size_t n, resp_len = 0;
+    int rc;
+    req.id = b->segment_id;
+    n = moongate__v1__unregister_request__pack(&req, buf);
+    rc = mg_client_call(c, "/moongate.v1.Memory/UnregisterSegment", buf, n, 30000, &resp, &resp_len,
+                        status, err, errcap);
+    free(resp);
+    if (b->addr)
+        munmap(b->addr, b->size);
+    b->addr = NULL;
+    if (rc != 0)
+        *status = MG_GRPC_UNAVAILABLE;
+    return rc != 0 || *status != MG_GRPC_OK ? -1 : 0;
 }

@@ -29,6 +29,9 @@ Credentials: token= (sent as "authorization: Bearer TOKEN"), or cert=/key= (a cl
 certificate), or the Unix socket's uid; ca= for TLS targets (host:port); plaintext=True for a
 loopback h2c listener. See docs/security.md.
 """
+import ctypes
+import fcntl
+import itertools
 import mmap
 import os
 import socket
@@ -45,7 +48,8 @@ sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
 from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc,  # noqa: E402
                          pool_pb2, pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
-__all__ = ["Client", "AsyncClient", "Error", "read", "write", "notify", "pass_fd"]
+__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd"]
+_names = itertools.count(1)
 
 
 class Error(Exception):
@@ -92,30 +96,103 @@ def _fd_request(name, handle, offset, size, remote_accessible, share_with, kw):
 
 
 def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
-             length):
-    if (segment is None) == (lease is None):
-        raise ValueError("name the local memory: segment= or lease=, one of them")
+             length, address):
+    if (segment is None) + (lease is None) + (address is None) != 2:
+        raise ValueError("name the local memory: segment=, lease= or address=, one of them")
     if (remote_segment is None) == (remote_lease is None):
         raise ValueError("name the target: remote_segment= or remote_lease=, one of them")
     return transfer_pb2.TransferRequest(
         op=op, local_segment=segment or 0, local_lease=lease or 0, local_offset=offset,
         peer=peer, remote_segment=remote_segment or 0, remote_lease=remote_lease or 0,
-        remote_offset=remote_offset, length=length)
+        remote_offset=remote_offset, length=length, local_address=address or 0)
 
 
 def write(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
-          remote_offset=0, length=0):
-    """A WRITE: local bytes (a segment or a lease of the caller) to a peer's segment or lease
-    (peer "" is this daemon)."""
+          remote_offset=0, length=0, address=None):
+    """A WRITE: local bytes (a segment or a lease of the caller, or `address` in a region this
+    process registered with its address, e.g. a Buffer's) to a peer's segment or lease (peer ""
+    is this daemon)."""
     return _request(transfer_pb2.WRITE, segment, lease, offset, peer, remote_segment,
-                    remote_lease, remote_offset, length)
+                    remote_lease, remote_offset, length, address)
 
 
 def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
-         remote_offset=0, length=0):
+         remote_offset=0, length=0, address=None):
     """A READ: a peer's bytes into local memory."""
     return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
-                    remote_lease, remote_offset, length)
+                    remote_lease, remote_offset, length, address)
+
+
+def _address(mm):
+    """The address of an mmap object's first byte in this process."""
+    c = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c  # an exported buffer would keep the mapping from closing
+
+
+class Buffer:
+    """Memory this client allocated and the daemon registered where it lies (allocate_buffer):
+    `address` (its first byte in this process), `view` (a writable memoryview of it), `size`,
+    `segment` (the registered Segment). Transfers name it by segment id or by address. free()
+    (or the end of a `with` block) unregisters and unmaps it."""
+
+    def __init__(self, client, mm, segment):
+        self._client, self._mm = client, mm
+        self.segment = segment
+        self.size = segment.size
+        self.address = segment.client_address
+        self.view = memoryview(mm)
+
+    def free(self):
+        if self._mm is None:
+            return
+        try:
+            self._client.unregister(self.segment.id)
+        finally:
+            self.view.release()
+            self._mm.close()
+            self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+class _AsyncBuffer(Buffer):
+    async def free(self):
+        if self._mm is None:
+            return
+        try:
+            await self._client.unregister(self.segment.id)
+        finally:
+            self.view.release()
+            self._mm.close()
+            self._mm = None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.free()
+
+
+def _buffer_memory(size, name):
+    """A memfd of `size` bytes that can neither shrink nor grow (safe to register for RDMA),
+    mapped here. Returns (fd, mmap, address)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        mm = mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, mm, _address(mm)
 
 
 def notify(peer, topic, payload=b""):
@@ -265,6 +342,22 @@ class Client:
         return self._call(self.memory.RegisterSegment, _fd_request(
             name, handle, offset, size, remote_accessible, share_with, kw)).segment
 
+    def allocate_buffer(self, size, remote_accessible=False, name=None, **kw):
+        """Memory for transfers, allocated here and registered in one call: a sealed memfd
+        mapped in this process and registered by descriptor with its address. Returns a Buffer
+        (address, writable view, segment); free() it, or use it in a `with` block."""
+        name = name or "buffer-%d-%d" % (os.getpid(), next(_names))
+        fd, mm, address = _buffer_memory(size, name)
+        try:
+            seg = self.register_fd(name, fd, size=size, remote_accessible=remote_accessible,
+                                   client_address=address, **kw)
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)  # the mapping and the daemon keep the memory
+        return Buffer(self, mm, seg)
+
     def unregister(self, segment_id):
         self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))
 
@@ -405,6 +498,21 @@ class AsyncClient:
         handle, _ = pass_fd(self.fd_socket, fd, self._token)  # a local socket: no waiting
         return (await self._call(self.memory.RegisterSegment, _fd_request(
             name, handle, offset, size, remote_accessible, share_with, kw))).segment
+
+    async def allocate_buffer(self, size, remote_accessible=False, name=None, **kw):
+        """Client.allocate_buffer as a coroutine; `await b.free()`, or `async with` it."""
+        name = name or "buffer-%d-%d" % (os.getpid(), next(_names))
+        fd, mm, address = _buffer_memory(size, name)
+        try:
+            seg = await self.register_fd(name, fd, size=size,
+                                         remote_accessible=remote_accessible,
+                                         client_address=address, **kw)
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)
+        return _AsyncBuffer(self, mm, seg)
 
     async def unregister(self, segment_id):
         await self._call(self.memory.UnregisterSegment,

@@ -51,19 +51,61 @@ static const char *resolve_local(mg_batch_req *r, const mg_batch_item *t, uint64
     return NULL;
 }
 
+/* A request naming its local bytes by address, as one naming a segment and offset (in *u).
+ * Returns NULL, or what is wrong (in r->msg when it names the regions). */
+static const char *resolve_address(mg_batch_req *r, const mg_batch_item *t, uint64_t same,
+                                   mg_batch_item *u)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    const mg_batch_req *prev = r > r->b->reqs ? r - 1 : NULL;
+    char err[MG_SEG_ERROR_MAX];
+    uint64_t base, addr;
+    if (t->local_segment || t->local_lease)
+        return "name the local memory one way: local_address (plus local_offset), or "
+               "local_segment or local_lease";
+    if (t->local_offset > UINT64_MAX - t->local_address)
+        return "local_address + local_offset overflows";
+    if (t->proc == NULL || t->proc->pid <= 0)
+        return "local_address is a local process's: submit on the Unix socket, from the process "
+               "that registered the region";
+    *u = *t;
+    addr = t->local_address + t->local_offset;
+    u->local_address = 0;
+    /* Blocks in the region of the request before need no search. */
+    if (prev && prev->local && !prev->local_lease && same &&
+        (base = mg_segment_client_addr(prev->local, t->proc)) != 0 && addr >= base &&
+        t->length <= mg_segment_size(prev->local) &&
+        addr - base <= mg_segment_size(prev->local) - t->length) {
+        u->local_segment = same;
+        u->local_offset = addr - base;
+        return NULL;
+    }
+    if (mg_registry_resolve(cfg->reg, r->b->tenant, t->proc, addr, t->length, &u->local_segment,
+                            &u->local_offset, err) == 0)
+        return NULL;
+    free(r->msg);
+    r->msg = strdup(err);
+    return r->msg ? r->msg : "local_address: no such region";
+}
+
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder)
 {
     mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
     uint64_t same = *last;
+    mg_batch_item u;
     const char *bad;
+    *last = 0;
+    if (t->local_address && t->length && (bad = resolve_address(r, t, same, &u)) != NULL)
+        return bad;
+    if (t->local_address && t->length)
+        t = &u;
     r->write = t->write;
     r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
     r->remote_lease = t->remote_lease != 0;
     r->peer_name = t->peer;
     r->remote_offset = t->remote_offset;
     r->length = t->length;
-    *last = t->local_lease ? 0 : t->local_segment;
     if (t->length == 0)
         return "length must be greater than 0";
     if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
@@ -78,6 +120,7 @@ const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_
         return "name the remote target: remote_segment or remote_lease, one of them";
     if ((bad = resolve_local(r, t, same, holder)) != NULL)
         return bad;
+    *last = t->local_lease ? 0 : t->local_segment;
     return t->peer[0] == '\0' ? resolve_other(r, t, holder) : NULL; /* "": a copy here */
 }
 

@@ -158,12 +158,14 @@ int mg_fd_handles_take(mg_fd_handles *t, uint64_t handle, const mg_fd_owner *who
                  (unsigned long long)handle);
         return MG_ERR_NOT_FOUND;
     }
-    if (e->owner.uid != who->uid || e->owner.pid != who->pid) {
+    if (e->owner.uid != who->uid || e->owner.proc.pid != who->proc.pid ||
+        e->owner.proc.start != who->proc.start) {
         snprintf(err, cap,
                  "fd handle %llu was passed by uid %u pid %d; only that process may register "
-                 "it (this call: uid %u pid %d)",
-                 (unsigned long long)handle, (unsigned)e->owner.uid, (int)e->owner.pid,
-                 (unsigned)who->uid, (int)who->pid);
+                 "it (this call: uid %u pid %d%s)",
+                 (unsigned long long)handle, (unsigned)e->owner.uid, (int)e->owner.proc.pid,
+                 (unsigned)who->uid, (int)who->proc.pid,
+                 e->owner.proc.pid == who->proc.pid ? ", another process with the same pid" : "");
         return MG_ERR_PERMISSION;
     }
     if (strcmp(e->owner.tenant, who->tenant) != 0) {

@@ -15,6 +15,11 @@
  * hash table by (st_dev, st_ino) keeps one file to one tenant: whatever name, link or rename
  * reaches an inode, a tenant other than the one that registered it first is refused.
  *
+ * Segments registered with the registering process's address of them (client_addr) are also in
+ * an array sorted by (pid, start time, address), searched by halving: mg_registry_resolve turns
+ * a process's address into a segment and offset, and a new range of a process is checked there
+ * against the ranges it has.
+ *
  * A descriptor a client passed (MG_SEG_FD) needs no name and no owner check: holding it open
  * for reading and writing is the right to its bytes. The worker checks what it is, maps the
  * range asked for (from the page it starts in) and closes it, like every other source.
@@ -58,8 +63,11 @@ struct mg_segment {
     char request_id[MG_SEG_NAME_MAX + 1];
     char location[16];
     mg_seg_source source;
-    uint64_t size;   /* 0 for an shm or fd segment of unknown size until mapped */
-    uint64_t offset; /* fd: where the segment starts in the file */
+    uint64_t size;        /* 0 for an shm or fd segment of unknown size until mapped */
+    uint64_t offset;      /* fd: where the segment starts in the file */
+    uint64_t client_addr; /* where the registering process has it (0: not known) */
+    mg_proc client;
+    int in_addrs; /* in reg->addrs */
     int remote_accessible;
     mg_memlock memlock;
     int prefault;
@@ -111,6 +119,8 @@ struct mg_registry {
     mg_idmap ids;
     mg_segment **by_name, **by_req, **by_file;
     mg_segment *all;
+    mg_segment **addrs; /* segments with a client address, by (pid, start, client_addr) */
+    size_t naddrs, addrs_cap;
     uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
     uint64_t count, ready, registering, bytes, locked_bytes;
 };
@@ -228,6 +238,7 @@ static void set_error(mg_segment *seg, const char *fmt, ...)
 /* ------------------------------------------------------------------ registry */
 
 static void unmap_files(mg_segment *seg);
+static void addrs_remove_nolock(mg_registry *reg, mg_segment *seg);
 
 /* Counts a registration job and whether it runs where it must: on an engine worker. */
 static void count_job(mg_registry *reg)
@@ -371,6 +382,7 @@ static void unlink_nolock(mg_registry *reg, mg_segment *seg)
         if (*pp)
             *pp = seg->req_next;
     }
+    addrs_remove_nolock(reg, seg);
     if (seg->has_file_id) {
         pp = &reg->by_file[file_bucket(reg, seg->dev, seg->ino)];
         while (*pp && *pp != seg)
@@ -407,6 +419,7 @@ void mg_registry_del(mg_registry *reg)
         free(seg);
     }
     close(reg->dirfd);
+    free(reg->addrs);
     pthread_mutex_destroy(&reg->lock);
     mg_idmap_free(&reg->ids);
     free(reg->by_name);
@@ -450,6 +463,144 @@ static mg_segment *find_id_nolock(mg_registry *reg, uint64_t id)
 {
     mg_idmap_node *n = mg_idmap_find(&reg->ids, id);
     return n ? mg_container_of(n, mg_segment, idn) : NULL;
+}
+
+/* ---- the registering processes' addresses (reg->addrs) ---- */
+
+static int same_proc(const mg_proc *p, const mg_segment *s)
+{
+    return s->client.pid == p->pid && s->client.start == p->start;
+}
+
+/* How process p's address a sorts against segment s's: -1, 0 or 1. */
+static int addr_cmp(const mg_proc *p, uint64_t a, const mg_segment *s)
+{
+    if (p->pid != s->client.pid)
+        return p->pid < s->client.pid ? -1 : 1;
+    if (p->start != s->client.start)
+        return p->start < s->client.start ? -1 : 1;
+    return a == s->client_addr ? 0 : a < s->client_addr ? -1 : 1;
+}
+
+/* How many entries of reg->addrs sort at or before (p, a). */
+static size_t addrs_upper(const mg_registry *reg, const mg_proc *p, uint64_t a)
+{
+    size_t lo = 0, hi = reg->naddrs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (addr_cmp(p, a, reg->addrs[mid]) >= 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* A range of process p that overlaps [a, a + n), or NULL. */
+static mg_segment *overlap_nolock(const mg_registry *reg, const mg_proc *p, uint64_t a, uint64_t n)
+{
+    size_t i = addrs_upper(reg, p, a);
+    if (i > 0 && same_proc(p, reg->addrs[i - 1]) &&
+        a - reg->addrs[i - 1]->client_addr < reg->addrs[i - 1]->size)
+        return reg->addrs[i - 1];
+    if (i < reg->naddrs && same_proc(p, reg->addrs[i]) && reg->addrs[i]->client_addr - a < n)
+        return reg->addrs[i];
+    return NULL;
+}
+
+/* Enters seg (its client address set) in reg->addrs, unless it overlaps a range of the same
+ * process. Returns 0, MG_ERR_EXISTS or MG_ERR_NOMEM, with err set. */
+static int addrs_insert_nolock(mg_registry *reg, mg_segment *seg, char *err)
+{
+    mg_segment *o = overlap_nolock(reg, &seg->client, seg->client_addr, seg->size);
+    size_t i;
+    if (o) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "[0x%llx, 0x%llx) overlaps segment %llu (\"%s\", [0x%llx, 0x%llx)) this process "
+                 "registered; unregister it first",
+                 (unsigned long long)seg->client_addr,
+                 (unsigned long long)(seg->client_addr + seg->size), (unsigned long long)o->idn.id,
+                 o->name, (unsigned long long)o->client_addr,
+                 (unsigned long long)(o->client_addr + o->size));
+        return MG_ERR_EXISTS;
+    }
+    if (reg->naddrs == reg->addrs_cap) {
+        size_t cap = reg->addrs_cap ? reg->addrs_cap * 2 : 64;
+        mg_segment **a = realloc(reg->addrs, cap * sizeof(*a));
+        if (a == NULL) {
+            snprintf(err, MG_SEG_ERROR_MAX, "out of memory");
+            return MG_ERR_NOMEM;
+        }
+        reg->addrs = a;
+        reg->addrs_cap = cap;
+    }
+    i = addrs_upper(reg, &seg->client, seg->client_addr);
+    memmove(&reg->addrs[i + 1], &reg->addrs[i], (reg->naddrs - i) * sizeof(*reg->addrs));
+    reg->addrs[i] = seg;
+    reg->naddrs++;
+    seg->in_addrs = 1;
+    return 0;
+}
+
+static void addrs_remove_nolock(mg_registry *reg, mg_segment *seg)
+{
+    size_t i = addrs_upper(reg, &seg->client, seg->client_addr);
+    if (!seg->in_addrs || i == 0 || reg->addrs[i - 1] != seg)
+        return;
+    memmove(&reg->addrs[i - 1], &reg->addrs[i], (reg->naddrs - i) * sizeof(*reg->addrs));
+    reg->naddrs--;
+    seg->in_addrs = 0;
+}
+
+int mg_registry_resolve(mg_registry *reg, const char *tenant, const mg_proc *proc, uint64_t addr,
+                        uint64_t len, uint64_t *id, uint64_t *offset, char *err)
+{
+    const mg_segment *s, *next;
+    size_t i;
+    pthread_mutex_lock(&reg->lock);
+    i = addrs_upper(reg, proc, addr);
+    s = i > 0 ? reg->addrs[i - 1] : NULL;
+    if (s == NULL || !same_proc(proc, s) || addr - s->client_addr >= s->size ||
+        s->state != MG_SEG_READY || strcmp(s->tenant, tenant) != 0) {
+        pthread_mutex_unlock(&reg->lock);
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "no region this process registered holds address 0x%llx (regions are "
+                 "registered with client_address; an address of an earlier registration is "
+                 "gone with it)",
+                 (unsigned long long)addr);
+        return MG_ERR_NOT_FOUND;
+    }
+    *offset = addr - s->client_addr;
+    if (len > s->size - *offset) {
+        next = i < reg->naddrs && same_proc(proc, reg->addrs[i]) &&
+                       reg->addrs[i]->client_addr - addr < len
+                   ? reg->addrs[i]
+                   : NULL;
+        if (next)
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "[0x%llx, +%llu) crosses from segment %llu (\"%s\") into segment %llu "
+                     "(\"%s\"); a request's range lies in one region",
+                     (unsigned long long)addr, (unsigned long long)len,
+                     (unsigned long long)s->idn.id, s->name, (unsigned long long)next->idn.id,
+                     next->name);
+        else
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "[0x%llx, +%llu) runs past the end of segment %llu (\"%s\", [0x%llx, "
+                     "0x%llx))",
+                     (unsigned long long)addr, (unsigned long long)len,
+                     (unsigned long long)s->idn.id, s->name, (unsigned long long)s->client_addr,
+                     (unsigned long long)(s->client_addr + s->size));
+        pthread_mutex_unlock(&reg->lock);
+        return MG_ERR_RANGE;
+    }
+    *id = s->idn.id;
+    pthread_mutex_unlock(&reg->lock);
+    return 0;
+}
+
+uint64_t mg_segment_client_addr(const mg_segment *seg, const mg_proc *proc)
+{
+    return seg->client_addr && same_proc(proc, seg) ? seg->client_addr : 0;
 }
 
 /* The spec's own checks, before anything is locked. Returns 0 with loc set, or an MG_ERR_*. */
@@ -512,6 +663,19 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
         }
     } else {
         snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm or fd");
+        return MG_ERR_INVALID;
+    }
+    if (spec->client_addr != 0 && spec->client.pid <= 0) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "a client address is a local process's: register it on "
+                 "the Unix socket, from the process that has the memory");
+        return MG_ERR_INVALID;
+    }
+    if (spec->client_addr != 0 &&
+        (spec->size == 0 || spec->size > UINT64_MAX - spec->client_addr)) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "a region with a client address needs its size (and "
+                 "address + size within 64 bits)");
         return MG_ERR_INVALID;
     }
     if (spec->offset != 0 && spec->source != MG_SEG_FD) {
@@ -651,6 +815,9 @@ static int reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **o
     seg->reg = reg;
     seg->fd = spec->source == MG_SEG_FD ? spec->fd : -1;
     seg->offset = spec->offset;
+    seg->client_addr = spec->client_addr;
+    if (spec->client_addr)
+        seg->client = spec->client;
     snprintf(seg->tenant, sizeof(seg->tenant), "%s", spec->tenant);
     snprintf(seg->name, sizeof(seg->name), "%s", spec->name);
     memcpy(seg->location, loc, sizeof(loc));
@@ -672,6 +839,8 @@ static int reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **o
     rc = seg->request_id[0] ? earlier_request_nolock(reg, seg, out, err) : 0;
     if (rc == 0)
         rc = limits_nolock(reg, spec, seg, &tc, err);
+    if (rc == 0 && seg->client_addr)
+        rc = addrs_insert_nolock(reg, seg, err);
     if (rc != 0) {
         pthread_mutex_unlock(&reg->lock);
         free(seg);
@@ -1272,6 +1441,8 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     }
     out->source = seg->source;
     out->offset = seg->offset;
+    out->client_addr = seg->client_addr;
+    out->client_pid = seg->client.pid;
     out->size = seg->size;
     out->remote_accessible = seg->remote_accessible;
     out->locked = seg->locked;

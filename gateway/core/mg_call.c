@@ -146,13 +146,13 @@ int mg_call_socket_uid(const mg_call *call, uint32_t *uid)
     return 1;
 }
 
-int mg_call_socket_cred(const mg_call *call, uint32_t *uid, int32_t *pid)
+int mg_call_socket_cred(const mg_call *call, uint32_t *uid, mg_proc *proc)
 {
     const mg_conn *conn = call->conn;
     if (conn == NULL || conn->kind != CONN_UNIX || !conn->has_uid)
         return 0;
     *uid = conn->uid;
-    *pid = conn->pid;
+    *proc = conn->proc;
     return 1;
 }
 

@@ -29,7 +29,7 @@ typedef struct fd_conn {
     int fd;
     uint64_t key; /* its descriptors' key in the table */
     uint32_t uid;
-    int32_t pid;
+    mg_proc proc;
     struct event *ev;
     mg_list_node link;
 } fd_conn;
@@ -129,7 +129,7 @@ static int admit(fd_conn *c, const char *token, mg_fd_owner *who)
         return -1;
     }
     who->uid = c->uid;
-    who->pid = c->pid;
+    who->proc = c->proc;
     mg_strlcpy(who->tenant, p.tenant, sizeof(who->tenant));
     return 0;
 }
@@ -153,7 +153,7 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
                      "exactly one (SCM_RIGHTS)",
                      nfds);
     }
-    if (c->pid == 0) { /* a handle bound to pid 0 would be any such process's */
+    if (c->proc.pid == 0) { /* a handle bound to pid 0 would be any such process's */
         close(fds[0]);
         return reply(c, "ERR PERMISSION_DENIED the kernel names no process for this client (it "
                         "runs in a pid namespace the daemon cannot see): run the daemon in the "
@@ -168,7 +168,8 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
         close(fds[0]);
         return reply(c, "ERR RESOURCE_EXHAUSTED %s", err);
     }
-    mg_debug("fd_passed", "uid=%u pid=%d tenant=%s", (unsigned)who.uid, (int)who.pid, who.tenant);
+    mg_debug("fd_passed", "uid=%u pid=%d tenant=%s", (unsigned)who.uid, (int)who.proc.pid,
+             who.tenant);
     return reply(c, "OK %" PRIu64 " %" PRIu64, handle, mg_fd_handles_ttl_ms(fs->handles));
 }
 
@@ -201,7 +202,7 @@ static void conn_read_cb(evutil_socket_t sock, short what, void *arg)
             if (nfds <= FDS_MAX)
                 close_all(fds, nfds);
             mg_warn("fd_socket_protocol", "uid=%u pid=%d reason=\"%s\"", (unsigned)c->uid,
-                    (int)c->pid,
+                    (int)c->proc.pid,
                     msg.msg_flags & MSG_TRUNC ? "message too long" : "control message truncated");
             reply(c, "ERR INVALID_ARGUMENT %s; the connection is closed",
                   msg.msg_flags & MSG_TRUNC ? "the request is longer than PUT and a token"
@@ -221,8 +222,8 @@ static void accept_cb(evutil_socket_t sock, short what, void *arg)
     mg_fdsock *fs = arg;
     (void)what;
     for (;;) {
-        struct ucred cred;
-        socklen_t len = sizeof(cred);
+        uint32_t uid;
+        mg_proc proc;
         fd_conn *c;
         int fd = accept4(sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -232,8 +233,7 @@ static void accept_cb(evutil_socket_t sock, short what, void *arg)
         }
         mg_accept_ok(fs->gw);
         if (fs->gw->state == MG_STATE_DRAINING || fs->nconns >= CONNS_MAX ||
-            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-            (c = calloc(1, sizeof(*c))) == NULL) {
+            mg_unix_peer(fd, &uid, &proc) != 0 || (c = calloc(1, sizeof(*c))) == NULL) {
             if (fs->nconns >= CONNS_MAX)
                 mg_warn("fd_socket_full", "conns=%u", fs->nconns);
             close(fd);
@@ -241,8 +241,8 @@ static void accept_cb(evutil_socket_t sock, short what, void *arg)
         }
         c->fs = fs;
         c->fd = fd;
-        c->uid = (uint32_t)cred.uid;
-        c->pid = (int32_t)cred.pid;
+        c->uid = uid;
+        c->proc = proc;
         c->key = ++fs->next_key;
         c->ev = event_new(fs->gw->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
         if (c->ev == NULL || event_add(c->ev, NULL) != 0) {

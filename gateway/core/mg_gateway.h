@@ -27,6 +27,7 @@
 #include "mg_list.h"
 #include "mg_time.h"
 #include "moongate/engine.h"
+#include "moongate/segment.h"
 
 struct evbuffer;
 
@@ -161,9 +162,10 @@ const char *mg_call_tenant(const mg_call *call);
  * socket (--allow-anonymous). Zero for token and certificate callers, wherever they connect:
  * their tenant is not the uid's. */
 int mg_call_socket_uid(const mg_call *call, uint32_t *uid);
-/* Non-zero, with *uid and *pid set, when the call came on the Unix socket and the kernel told
- * who is at the other end (SO_PEERCRED, at connect), whatever principal it was admitted as. */
-int mg_call_socket_cred(const mg_call *call, uint32_t *uid, int32_t *pid);
+/* Non-zero, with *uid and *proc set, when the call came on the Unix socket and the kernel told
+ * who is at the other end (SO_PEERCRED and the process's start time, at connect), whatever
+ * principal it was admitted as. proc->pid is 0 for a process the daemon cannot see. */
+int mg_call_socket_cred(const mg_call *call, uint32_t *uid, mg_proc *proc);
 /* Non-zero when the caller has the admin role: it may list and revoke every tenant's
  * resources. */
 int mg_call_admin(const mg_call *call);

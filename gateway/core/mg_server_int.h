@@ -37,7 +37,7 @@ typedef struct mg_conn {
     mg_tls_id id; /* TLS: the client certificate, once the handshake is done */
     int has_uid;  /* Unix socket: the kernel told the caller's user id and process id */
     uint32_t uid;
-    int32_t pid;         /* 0: a process in another pid namespace */
+    mg_proc proc;        /* the process (pid 0: in a pid namespace the daemon cannot see) */
     struct event *timer; /* handshake, then idle */
     struct event *flush_ev;
     struct event *read_ev; /* h2c and unix: the socket read directly (conn_plain_read_cb) */
@@ -138,6 +138,9 @@ void mg_conn_free(mg_conn *conn);
 int mg_listeners_add(mg_gateway *gw, conn_kind kind, const char *list);
 int mg_listener_add_unix(mg_gateway *gw, const char *path);
 void mg_listeners_free(mg_gateway *gw);
+/* The process behind a Unix-socket connection: its pid (SO_PEERCRED) and start time. Returns 0
+ * with *uid and *proc set (pid 0 when the kernel names none), or -1. */
+int mg_unix_peer(int fd, uint32_t *uid, mg_proc *proc);
 /* When a listener's accept fails for want of a descriptor (EMFILE, ENFILE, ENOBUFS, ENOMEM),
  * the connection stays in the kernel's queue and an enabled listener would wake the loop again
  * at once, forever. mg_accept_failed() disables every listener of the gateway (control, h2c,

@@ -56,6 +56,7 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
                     : in->source == MG_SEG_FD ? MOONGATE__V1__SEGMENT_SOURCE__FD
                                               : MOONGATE__V1__SEGMENT_SOURCE__ANON;
     m->msg.offset = in->offset;
+    m->msg.client_address = in->client_addr;
     m->msg.remote_accessible = in->remote_accessible;
     m->msg.locked = in->locked;
     m->msg.state = (Moongate__V1__SegmentState)in->state;
@@ -184,7 +185,7 @@ static int take_fd(mg_call *call, uint64_t handle, int *fd, char *err)
                  "this daemon takes no descriptors: it runs without an fd socket (--fd-socket)");
         return MG_ERR_UNSUPPORTED;
     }
-    if (!mg_call_socket_cred(call, &who.uid, &who.pid)) {
+    if (!mg_call_socket_cred(call, &who.uid, &who.proc)) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "a passed descriptor is registered by the process that passed it, calling on the "
                  "Unix socket; this call came over the network");
@@ -226,6 +227,11 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     spec.name = req->name;
     spec.size = req->size;
     spec.offset = req->offset;
+    if ((spec.client_addr = req->client_address) != 0) {
+        uint32_t uid;
+        if (!mg_call_socket_cred(call, &uid, &spec.client))
+            spec.client.pid = 0; /* the registry says why an address needs a local process */
+    }
     spec.shm_file = req->shm_file;
     spec.caller_uid_known = mg_call_socket_uid(call, &spec.caller_uid);
     spec.location = req->location;

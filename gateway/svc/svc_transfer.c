@@ -184,6 +184,7 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
     it->tmp.op = bl->op;
     it->tmp.local_segment = bl->local_segment;
     it->tmp.local_lease = bl->local_lease;
+    it->tmp.local_address = bl->local_address;
     it->tmp.peer = bl->peer;
     it->tmp.remote_segment = bl->remote_segment;
     it->tmp.remote_lease = bl->remote_lease;
@@ -424,7 +425,7 @@ static int quota_check(mg_call *call, struct mg_transfer_svc *ts)
 
 /* Request i of b from t (see mg_batch_fill). Returns NULL, or what is wrong with it. */
 static const char *req_fill(mg_batch *b, size_t i, const Moongate__V1__TransferRequest *t,
-                            uint64_t *last, const char *holder)
+                            uint64_t *last, const char *holder, const mg_proc *proc)
 {
     mg_batch_item item = {.write = t->op == MOONGATE__V1__TRANSFER_OP__WRITE,
                           .local_segment = t->local_segment,
@@ -434,7 +435,9 @@ static const char *req_fill(mg_batch *b, size_t i, const Moongate__V1__TransferR
                           .remote_segment = t->remote_segment,
                           .remote_lease = t->remote_lease,
                           .remote_offset = t->remote_offset,
-                          .length = t->length};
+                          .length = t->length,
+                          .local_address = t->local_address,
+                          .proc = proc};
     if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
         return "op must be READ or WRITE";
     return mg_batch_fill(b, i, &item, last, holder);
@@ -479,6 +482,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     mg_batch *b;
     item_iter it = {.req = req};
     uint64_t last_segment = 0;
+    uint32_t uid;
+    mg_proc proc;
     long count;
     char holder[MG_SEG_HOLDER_MAX];
 
@@ -501,11 +506,13 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
+    if (!mg_call_socket_cred(call, &uid, &proc))
+        proc.pid = 0;                   /* not a local process: no local addresses */
     for (size_t i = 0; i < b->n; i++) { /* the whole batch is checked before anything moves */
-        const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder);
-        if (bad) {
-            mg_batch_discard(b);
+        const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
+        if (bad) { /* it may be the request's own text, which goes with the batch */
             mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
+            mg_batch_discard(b);
             return;
         }
     }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|fd|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
-# fd:       a 1 GiB memfd passed by descriptor and registered against a daemon-made segment.
+# memory:   a 1 GiB memfd passed by descriptor and registered against a daemon-made segment;
+#           64 KiB WRITEs to a peer with local memory named by address against by segment id.
 # lease:    destination memory per read: register + unregister against lease + release;
 #           then acquire + release alone over TCP and the Unix socket, sleeping and polling.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
@@ -39,8 +40,8 @@ register)
 batch)
     /usr/bin/python3 tests/bench/bench_batch.py --moongate "$build/moongate" "$@"
     ;;
-fd)
-    /usr/bin/python3 tests/bench/bench_fd.py --moongate "$build/moongate" "$@"
+memory)
+    /usr/bin/python3 tests/bench/bench_memory.py --moongate "$build/moongate" "$@"
     ;;
 lease)
     # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.

@@ -290,3 +290,117 @@ def test_rdma_regions_need_a_shrink_seal(make_daemon):
         seg = c.register_fd("sealed", fd, remote_accessible=True)
         assert list(seg.transports) == ["tcp", "rdma"]
     os.close(fd)
+
+
+# ---- buffers the client allocates, and local memory named by address ----
+
+def test_buffers_move_by_address_into_the_clients_mapping(make_daemon):
+    a = make_daemon("--peer-tls=false", "--pool-bytes", "8M")
+    b = make_daemon("--peer-tls=false")
+    dst = register(b, "dst", MiB, remote=True)
+    pattern = os.urandom(64 * 1024)
+    with client(a) as c:
+        src, land = c.allocate_buffer(MiB), c.allocate_buffer(MiB)
+        assert src.segment.client_address == src.address != 0
+        assert src.segment.source == memory_pb2.FD and src.segment.size == MiB
+        src.view[4096:4096 + len(pattern)] = pattern  # the client's own memory
+        c.transfer([mg.write(address=src.address + 4096, peer=b.h2c, remote_segment=dst.id,
+                             length=len(pattern))])
+        assert read_segment(b, dst.id, len(pattern)) == pattern
+        c.transfer([mg.read(address=land.address, offset=128 * 1024, peer=b.h2c,
+                            remote_segment=dst.id, length=len(pattern))])
+        assert bytes(land.view[128 * 1024:128 * 1024 + len(pattern)]) == pattern
+        # many blocks by address: Blocks.local_address + local_offsets
+        blocks = transfer_pb2.Blocks(op=transfer_pb2.WRITE, local_address=src.address,
+                                     peer=b.h2c, remote_segment=dst.id,
+                                     local_offsets=[4096 + k * 4096 for k in range(16)],
+                                     remote_offsets=[512 * 1024 + k * 4096 for k in range(16)],
+                                     lengths=[4096] * 16)
+        resp = c.transfers.Submit(transfer_pb2.SubmitRequest(blocks=[blocks], wait=True),
+                                  timeout=30)
+        assert resp.batch.state == transfer_pb2.DONE, resp
+        assert read_segment(b, dst.id, len(pattern), offset=512 * 1024) == pattern
+        gone = src.address
+        src.free()
+        land.free()
+        # the address went with its region
+        with pytest.raises(mg.Error) as e:
+            c.transfer([mg.write(address=gone, peer=b.h2c, remote_segment=dst.id, length=8)])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no region this process registered holds address 0x%x" % gone in e.value.message
+    assert not a.metric("moongate_pool_lease_events_total", pool="default", event="acquired")
+    assert not a.metric("moongate_segment_inline_bytes_total", op="write")
+    assert a.metric("moongate_segments", state="ready") == 1  # the pool: free() unregistered both
+
+
+def test_from_c_buffers(make_daemon):
+    d = make_daemon()
+    out = subprocess.run([os.path.join(BUILD, "example_buffer"), "unix:" + d.sock],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok 65536 bytes from 0x")
+    assert d.metric("moongate_segments", state="ready") == 0
+
+
+def test_addresses_resolve_within_one_region_of_the_calling_process(make_daemon):
+    d = make_daemon()
+    fd = memfd(MiB)
+    base = 0x7f0000000000  # the daemon takes the client's word for where it has its memory
+    with client(d) as c:
+        one = c.register_fd("one", fd, size=64 * 1024, client_address=base)
+        c.register_fd("two", fd, offset=64 * 1024, size=64 * 1024,
+                      client_address=base + 64 * 1024)
+        with pytest.raises(mg.Error) as e:  # overlapping ranges of one process
+            c.register_fd("three", fd, size=4096, client_address=base + 60 * 1024)
+        assert e.value.code == grpc.StatusCode.ALREADY_EXISTS
+        assert 'overlaps segment %d ("one"' % one.id in e.value.message
+        with pytest.raises(mg.Error) as e:  # an address needs a size
+            c.register_fd("nosize", fd, client_address=base + MiB)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "needs its size" in e.value.message
+        other = c.register("other", 64 * 1024)
+        with pytest.raises(mg.Error) as e:  # a range crossing two regions
+            c.transfer([mg.write(address=base + 60 * 1024, peer="", remote_segment=other.id,
+                                 length=8192)])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert 'crosses from segment %d ("one") into segment' % one.id in e.value.message
+        with pytest.raises(mg.Error) as e:  # both an address and a segment
+            c.transfer([transfer_pb2.TransferRequest(
+                op=transfer_pb2.WRITE, local_address=base, local_segment=other.id,
+                remote_segment=other.id, length=8)])
+        assert "name the local memory one way" in e.value.message
+        # re-registered elsewhere: the old address is stale
+        c.unregister(one.id)
+        c.register_fd("one-again", fd, size=64 * 1024, client_address=base + MiB)
+        with pytest.raises(mg.Error) as e:
+            c.transfer([mg.write(address=base, peer="", remote_segment=other.id, length=8)])
+        assert "no region this process registered holds address" in e.value.message
+        c.transfer([mg.write(address=base + MiB, peer="", remote_segment=other.id, length=8)])
+    # another process of the same tenant: the addresses are not its own
+    with h2c_channel(d) as ch, pytest.raises(grpc.RpcError) as e:
+        from moongate.v1 import transfer_pb2_grpc
+        transfer_pb2_grpc.TransferStub(ch).Submit(transfer_pb2.SubmitRequest(requests=[
+            mg.write(address=base + MiB, peer="", remote_segment=other.id, length=8)]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "submit on the Unix socket" in e.value.details()
+    code = ("import os, sys; sys.path.insert(0, %r); import moongate_client as mg; "
+            "c = mg.Client('unix:%s'); "
+            "c.transfer([mg.write(address=%d, peer='', remote_segment=%d, length=8)])") % (
+        os.path.dirname(mg.__file__), d.sock, base + MiB, other.id)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "no region this process registered holds address" in p.stderr
+    os.close(fd)
+    assert serving(d)
+
+
+def test_async_buffers(make_daemon):
+    import asyncio
+    d = make_daemon()
+
+    async def run():
+        async with mg.AsyncClient("unix:" + d.sock) as c:
+            async with await c.allocate_buffer(MiB) as buf:
+                buf.view[:5] = b"async"
+                assert read_segment(d, buf.segment.id, 5) == b"async"
+    asyncio.run(run())
+    assert d.metric("moongate_segments", state="ready") == 0

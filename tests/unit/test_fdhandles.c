@@ -32,17 +32,18 @@ static mg_fd_handles *table(uint32_t max, uint32_t per_key, uint64_t ttl)
     return t;
 }
 
-static const mg_fd_owner alice = {.uid = 1000, .pid = 42, .tenant = "team-a"};
+static const mg_fd_owner alice = {.uid = 1000, .proc = {.pid = 42, .start = 7}, .tenant = "team-a"};
 
 static void test_handle_goes_once_to_its_owner(void)
 {
     mg_fd_handles *t = table(8, 4, 1000);
-    mg_fd_owner other_pid = alice, other_uid = alice, other_tenant = alice;
+    mg_fd_owner other_pid = alice, other_uid = alice, other_tenant = alice, reused = alice;
     mg_fd_handles_stats st;
     uint64_t h = 0, h2 = 0;
     char err[256];
     int fd = open_fd(), got = -1;
-    other_pid.pid = 43;
+    other_pid.proc.pid = 43;
+    reused.proc.start = 8; /* the same pid, another process */
     other_uid.uid = 1001;
     snprintf(other_tenant.tenant, sizeof(other_tenant.tenant), "team-b");
 
@@ -56,6 +57,9 @@ static void test_handle_goes_once_to_its_owner(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "passed by uid 1000 pid 42"));
     CU_ASSERT_EQUAL(mg_fd_handles_take(t, h, &other_uid, 10, &got, err, sizeof(err)),
                     MG_ERR_PERMISSION);
+    CU_ASSERT_EQUAL(mg_fd_handles_take(t, h, &reused, 10, &got, err, sizeof(err)),
+                    MG_ERR_PERMISSION);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "another process with the same pid"));
     CU_ASSERT_EQUAL(mg_fd_handles_take(t, h, &other_tenant, 10, &got, err, sizeof(err)),
                     MG_ERR_PERMISSION);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "tenant \"team-a\""));

@@ -1045,6 +1045,81 @@ static void test_fd_segment_huge_pages(void)
     remove_dir();
 }
 
+/* Regions registered with the process's own address of them: one process's ranges never
+ * overlap, an address resolves within the calling process (the same pid with another start time
+ * is another process) and its tenant, to one region only. */
+static void test_client_addresses(void)
+{
+    const mg_proc a = {.pid = 100, .start = 5}, a_reused = {.pid = 100, .start = 6};
+    mg_registry *reg;
+    mg_segment *s1 = NULL, *s3 = NULL;
+    mg_segment_spec s;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    uint64_t id, off;
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    s = anon("t", "one", 8192);
+    s.client_addr = 0x10000;
+    s.client = a;
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &s1, err), 0);
+    mg_segment_get_info(reg, s1, &info);
+    CU_ASSERT_EQUAL(info.client_addr, 0x10000);
+    CU_ASSERT_EQUAL(info.client_pid, 100);
+    s.name = "overlaps";
+    s.client_addr = 0x11000;
+    expect_reserve(reg, &s, MG_ERR_EXISTS, "overlaps segment");
+    s.client_addr = 0xf000; /* ends inside "one" */
+    expect_reserve(reg, &s, MG_ERR_EXISTS, "(\"one\", [0x10000, 0x12000))");
+    s.client = a_reused; /* another process with the same pid: its own ranges */
+    s.client_addr = 0x11000;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    s = anon("t", "three", 4096);
+    s.client_addr = 0x12000; /* right after "one" */
+    s.client = a;
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &s3, err), 0);
+    /* Resolution. */
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x10000 + 100, 50, &id, &off, err), 0);
+    mg_segment_get_info(reg, s1, &info);
+    CU_ASSERT_EQUAL(id, info.id);
+    CU_ASSERT_EQUAL(off, 100);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x11f00, 0x200, &id, &off, err),
+                    MG_ERR_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "crosses from segment"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "into segment"));
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x12f00, 0x200, &id, &off, err),
+                    MG_ERR_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "runs past the end of segment"));
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x12f00, UINT64_MAX, &id, &off, err),
+                    MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x20000, 1, &id, &off, err),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0xffff, 1, &id, &off, err), MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "other", &a, 0x10000, 1, &id, &off, err),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a_reused, 0x11000, 1, &id, &off, err), 0);
+    /* Unregistered: its address resolves no more, and the range is free again. */
+    unreg(reg, "t", info.id);
+    CU_ASSERT_EQUAL(mg_registry_resolve(reg, "t", &a, 0x10000, 1, &id, &off, err),
+                    MG_ERR_NOT_FOUND);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "no region this process registered holds address 0x10000"));
+    s = anon("t", "again", 8192);
+    s.client_addr = 0x10000;
+    s.client = a;
+    CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    /* An address needs a process and a size. */
+    s = anon("t", "nopid", 4096);
+    s.client_addr = 0x40000;
+    expect_reserve(reg, &s, MG_ERR_INVALID, "local process's");
+    s = fd_spec("nosize", -1, 0, 0);
+    s.fd = open("/dev/null", O_RDONLY);
+    s.client_addr = 0x40000;
+    s.client = a;
+    expect_reserve(reg, &s, MG_ERR_INVALID, "needs its size");
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static void test_bad_registry_config(void)
 {
     mg_registry *reg = NULL;
@@ -1083,6 +1158,7 @@ int main(void)
         MG_TEST(test_fd_segment_is_the_clients_memory),
         MG_TEST(test_fd_segment_checks),
         MG_TEST(test_fd_segment_huge_pages),
+        MG_TEST(test_client_addresses),
     };
     return mg_test_run("segment registry", cases, sizeof(cases) / sizeof(cases[0]));
 }

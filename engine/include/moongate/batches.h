@@ -164,10 +164,15 @@ typedef struct mg_batch_item {
     const char *peer; /* "host:port" (numeric), or "" for this daemon (a copy) */
     uint64_t remote_segment, remote_lease, remote_offset; /* one of segment and lease */
     uint64_t length;
+    /* Instead of local_segment: the address of the local bytes (plus local_offset) in process
+     * `proc` (the caller), in a region it registered with its address (mg_registry_resolve). */
+    uint64_t local_address;
+    const mg_proc *proc;
 } mg_batch_item;
 
 /* Request i of b from t: its fields, and its local memory (and the other side's, for peer "")
- * resolved in the tenant's segments and leases and held for `holder`. Returns NULL, or what is
+ * resolved in the tenant's segments and leases (or the caller's addresses) and held for
+ * `holder`. Returns NULL, or what is
  * wrong with it (what it holds is let go with the batch). *last: the local segment of the
  * request before (0: a lease), for the next. Peer strings are not copied: resolve them
  * (r->peer) before the items go. */

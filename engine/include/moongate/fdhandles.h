@@ -31,7 +31,7 @@ typedef struct mg_fd_handles mg_fd_handles;
 
 typedef struct mg_fd_owner {
     uint32_t uid; /* SO_PEERCRED of the sender's connection */
-    int32_t pid;
+    mg_proc proc; /* its process: pid and start time */
     char tenant[MG_SEG_NAME_MAX + 1];
 } mg_fd_owner;
 

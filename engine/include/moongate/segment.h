@@ -50,6 +50,14 @@ typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 
 #define MG_SEG_ERROR_MAX  512
 #define MG_SEG_HOLDER_MAX 160 /* bytes of a holder's description */
 
+/* A local process as the kernel named it when it connected: its pid, and its start time (clock
+ * ticks after boot, /proc/PID/stat) so that a pid the system gives to another process later is
+ * not the same process. pid 0: none. */
+typedef struct mg_proc {
+    int32_t pid;
+    uint64_t start;
+} mg_proc;
+
 typedef struct mg_registry_config {
     const char *shm_dir;           /* where segment files live; must exist */
     unsigned file_mode;            /* mode of files the daemon creates, e.g. 0600 */
@@ -78,6 +86,11 @@ typedef struct mg_segment_spec {
      * devices, sealed with F_SEAL_SHRINK. offset need not be page-aligned. */
     int fd;
     uint64_t offset;
+    /* Optional: where the region starts in the registering process's memory (its mapping of
+     * the file), so that process may name its bytes by address (mg_registry_resolve). Needs
+     * `client` and a size; ranges one process registered may not overlap (MG_ERR_EXISTS). */
+    uint64_t client_addr;
+    mg_proc client;
     /* shm: the caller's user id, as the kernel reported it for its Unix-socket connection. A
      * file is registered by name only for its owner: caller_uid_known must be set, the file
      * must belong to caller_uid and its mode must let the owner read and write it. */
@@ -117,7 +130,9 @@ typedef struct mg_segment_info {
     char location[16];
     char path[4096 + 1]; /* "" for an fd segment: the client has the file */
     mg_seg_source source;
-    uint64_t offset; /* fd: where the segment starts in the file */
+    uint64_t offset;      /* fd: where the segment starts in the file */
+    uint64_t client_addr; /* where the registering process has it, or 0 */
+    int32_t client_pid;
     uint64_t size;
     int remote_accessible;
     int locked; /* pages are locked in memory */
@@ -226,6 +241,17 @@ void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_inf
 void *mg_segment_addr(const mg_segment *seg);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
+
+/* Loop. The READY segment of `tenant` that process `proc` registered at an address range holding
+ * [addr, addr + len): returns 0 with *id and *offset (of addr in the segment), or with err
+ * (MG_SEG_ERROR_MAX bytes) set: MG_ERR_NOT_FOUND (no range of the process holds addr) or
+ * MG_ERR_RANGE (the range runs past the end of the region that holds addr; err names it and
+ * the region after, if the range crosses into one). */
+int mg_registry_resolve(mg_registry *reg, const char *tenant, const mg_proc *proc, uint64_t addr,
+                        uint64_t len, uint64_t *id, uint64_t *offset, char *err);
+/* Where process `proc` has the segment, if it registered it with its address; else 0. Fixed
+ * once registered. */
+uint64_t mg_segment_client_addr(const mg_segment *seg, const mg_proc *proc);
 
 /* Lists the tenant's segments (all tenants when tenant is NULL) whose id is greater than
  * `after`, in id order, at most `max`. Returns how many were written. */

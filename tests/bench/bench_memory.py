@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""Memory the client has, against the daemon's own, same daemons, same run.
+
+1. Registration: each round registers --size bytes both ways, alternating which goes first, and
+   unregisters them: a daemon-made ANON segment (RegisterSegment) and a memfd the client made
+   (pass_fd on the fd socket, then RegisterSegment source FD), each with prefault (the pages
+   allocated and mapped: a region ready for transfers) and without. The client's wall time per
+   registration, medians of --rounds, and the ratio fd / anon.
+2. Naming local memory by address: WRITEs of --block-bytes blocks (one Submit with wait of
+   --blocks blocks, the compact Blocks form) from a buffer the client allocated
+   (allocate_buffer) to a peer daemon over the TCP data plane, the local side named by segment id
+   and by address, alternating, --transfer-rounds each. Medians of the throughput and the ratio
+   address / id.
+
+Usage: bench_memory.py --moongate BIN [--size BYTES] [--rounds N] [--transfer-rounds N]
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python"))
+import moongate_client as mg  # noqa: E402
+from moongate.v1 import transfer_pb2  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(moongate, work, name, h2c=None):
+    """A daemon with its Unix socket in work/name (and an h2c listener for peers)."""
+    os.mkdir(os.path.join(work, name))
+    sock = os.path.join(work, name, "moongate.sock")
+    log = open(os.path.join(work, name, "moongate.log"), "w")
+    p = subprocess.Popen([moongate, "--allow-anonymous", "--listen", "", "--ops-listen", "",
+                          "--h2c-listen", h2c or "", "--peer-tls=false", "--peer-anonymous",
+                          "--data-listen", "127.0.0.1:0" if h2c else "", "--unix-socket", sock,
+                          "--shm-dir", os.path.join(work, name), "--pool-bytes", "0",
+                          "--access-log=false", "--max-registered-bytes", "64G"],
+                         stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        if os.path.exists(sock + ".fd"):
+            return p, sock
+        time.sleep(0.05)
+    raise SystemExit("moongate did not start; see " + log.name)
+
+
+def one(c, way, size, prefault, n):
+    """Seconds one registration took, as the client sees it; unregisters it after."""
+    if way == "anon":
+        t0 = time.perf_counter()
+        seg = c.register("anon%d" % n, size, prefault=prefault)
+        t = time.perf_counter() - t0
+    else:
+        fd = os.memfd_create("bench")
+        os.ftruncate(fd, size)
+        t0 = time.perf_counter()
+        seg = c.register_fd("fd%d" % n, fd, prefault=prefault)
+        t = time.perf_counter() - t0
+        os.close(fd)
+    c.unregister(seg.id)
+    return t
+
+
+def registration(c, a):
+    one(c, "anon", 1 << 20, True, 0)  # warm the connection and the workers
+    print("registration of %d MiB, %d rounds (medians; ratio fd/anon)" % (a.size >> 20, a.rounds))
+    n = 1
+    for prefault in (True, False):
+        t = {"anon": [], "fd": []}
+        for r in range(a.rounds):
+            for way in (("anon", "fd") if r % 2 == 0 else ("fd", "anon")):
+                t[way].append(one(c, way, a.size, prefault, n))
+                n += 1
+        ma, mf = statistics.median(t["anon"]), statistics.median(t["fd"])
+        print("  %-12s anon %9.3f ms   fd %9.3f ms   ratio %.3f   (anon %s, fd %s)" %
+              ("prefault" if prefault else "no prefault", ma * 1e3, mf * 1e3, mf / ma,
+               " ".join("%.1f" % (x * 1e3) for x in t["anon"]),
+               " ".join("%.1f" % (x * 1e3) for x in t["fd"])))
+
+
+def by_address(c, peer, a):
+    total = a.blocks * a.block_bytes
+    buf = c.allocate_buffer(total)
+    buf.view[:] = os.urandom(1 << 20) * (total >> 20)
+    dst = peer.register("dst", total, remote_accessible=True)
+    offsets = [k * a.block_bytes for k in range(a.blocks)]
+
+    def submit(way):
+        bl = transfer_pb2.Blocks(op=transfer_pb2.WRITE, peer=a.peer, remote_segment=dst.id,
+                                 local_offsets=offsets, remote_offsets=offsets,
+                                 lengths=[a.block_bytes] * a.blocks)
+        if way == "id":
+            bl.local_segment = buf.segment.id
+        else:
+            bl.local_address = buf.address
+        t0 = time.perf_counter()
+        r = c.transfers.Submit(transfer_pb2.SubmitRequest(blocks=[bl], wait=True), timeout=300)
+        t = time.perf_counter() - t0
+        assert r.batch.state == transfer_pb2.DONE, r.batch
+        return total / t / 1e9
+
+    submit("id")  # the session and the data-plane connections
+    gb = {"id": [], "address": []}
+    for r in range(a.transfer_rounds):
+        for way in (("id", "address") if r % 2 == 0 else ("address", "id")):
+            gb[way].append(submit(way))
+    mi, ma = statistics.median(gb["id"]), statistics.median(gb["address"])
+    print("WRITE of %d blocks of %d KiB (%d MiB) to a peer over TCP, %d rounds (medians)" %
+          (a.blocks, a.block_bytes >> 10, total >> 20, a.transfer_rounds))
+    print("  by segment id %6.2f GB/s   by address %6.2f GB/s   ratio %.3f" % (mi, ma, ma / mi))
+    print("  (id %s; address %s)" % (" ".join("%.2f" % x for x in gb["id"]),
+                                      " ".join("%.2f" % x for x in gb["address"])))
+    buf.free()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--moongate", required=True)
+    ap.add_argument("--size", type=int, default=1 << 30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=1024)
+    ap.add_argument("--block-bytes", type=int, default=64 << 10)
+    ap.add_argument("--transfer-rounds", type=int, default=9)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as work:
+        a.peer = "127.0.0.1:%d" % free_port()
+        p, sock = start(a.moongate, work, "a")
+        q, _ = start(a.moongate, work, "b", h2c=a.peer)
+        try:
+            with mg.Client("unix:" + sock, timeout=300) as c, \
+                    mg.Client(a.peer, plaintext=True, timeout=300) as peer:
+                registration(c, a)
+                by_address(c, peer, a)
+        finally:
+            for d in (p, q):
+                d.terminate()
+                d.wait()
+
+
+if __name__ == "__main__":
+    main()
