@@ -53,8 +53,9 @@ int mg_err_grpc(int err)
         MG_GRPC_UNAUTHENTICATED,     /* MG_ERR_AUTH */
         MG_GRPC_DATA_LOSS,           /* MG_ERR_DATA_LOSS */
         MG_GRPC_RESOURCE_EXHAUSTED,  /* MG_ERR_QUOTA */
+        MG_GRPC_FAILED_PRECONDITION, /* MG_ERR_STATE */
     };
-    _Static_assert(-MG_ERR_QUOTA == MG_ERR_COUNT - 1, "a new MG_ERR_* needs its gRPC status here");
+    _Static_assert(-MG_ERR_STATE == MG_ERR_COUNT - 1, "a new MG_ERR_* needs its gRPC status here");
     if (err > 0 || -err >= MG_ERR_COUNT)
         return MG_GRPC_UNKNOWN;
     return grpc[-err];

@@ -48,7 +48,8 @@ sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
 from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc,  # noqa: E402
                          pool_pb2, pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
-__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd"]
+__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
+           "address_of"]
 _names = itertools.count(1)
 
 
@@ -121,6 +122,19 @@ def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remot
     """A READ: a peer's bytes into local memory."""
     return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
                     remote_lease, remote_offset, length, address)
+
+
+def address_of(buf):
+    """(address, size) of a writable buffer of this process: a bytearray, an mmap, a
+    memoryview, a numpy array. The buffer must stay alive (and unmoved: do not resize a
+    bytearray) while the daemon may reach it."""
+    view = memoryview(buf)
+    c = (ctypes.c_char * view.nbytes).from_buffer(view)
+    try:
+        return ctypes.addressof(c), view.nbytes
+    finally:
+        del c
+        view.release()
 
 
 def _address(mm):
@@ -357,6 +371,15 @@ class Client:
         finally:
             os.close(fd)  # the mapping and the daemon keep the memory
         return Buffer(self, mm, seg)
+
+    def register_memory(self, name, address, size, **kw):
+        """Registers memory this process allocated itself (a bytearray, a numpy array: see
+        address_of) where it lies, with no file: the daemon reads and writes it with
+        process_vm_readv/writev (copy and TCP paths; never RDMA). Transfers name it by segment id
+        or by address. Keep the memory alive until it is unregistered."""
+        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, source=memory_pb2.PROCESS, client_address=address, size=size,
+            **kw)).segment
 
     def unregister(self, segment_id):
         self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))

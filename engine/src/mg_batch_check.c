@@ -22,6 +22,9 @@ static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const 
     if (rc == MG_ERR_NOT_FOUND)
         return t->remote_lease ? "no such lease on this daemon (peer \"\")"
                                : "no such segment on this daemon (peer \"\")";
+    if (rc == 0 && mg_segment_procmem(r->other))
+        return "the target is a process's memory (reached with process_vm): it is the local "
+               "side of a request only";
     return rc ? "remote offset + length is outside the target on this daemon" : NULL;
 }
 

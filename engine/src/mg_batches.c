@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const transport_names[] = {"", "tcp", "rdma", "copy"};
+static const char *const transport_names[] = {"", "tcp", "rdma", "copy", "process_vm"};
 
 const char *mg_batch_transport_name(mg_batch_transport t)
 {
-    return (unsigned)t < 4 ? transport_names[t] : "";
+    return (unsigned)t < 5 ? transport_names[t] : "";
 }
 
 int mg_batches_new(mg_batches **out, const mg_batches_config *cfg)
@@ -318,7 +318,8 @@ mg_batch_rec mg_batch_record(const mg_batch *b, size_t i)
     rec.msg = r->msg;
     rec.err = r->err;
     rec.state = (uint8_t)r->life.state;
-    rec.transport = r->local_copy                     ? MG_TR_COPY
+    rec.transport = r->x.pm                           ? MG_TR_PROCESS_VM
+                    : r->local_copy                   ? MG_TR_COPY
                     : r->rdma                         ? MG_TR_RDMA
                     : r->life.state != MG_REQ_PENDING ? MG_TR_TCP
                                                       : MG_TR_NONE;

@@ -21,6 +21,7 @@ static const char *const table[MG_ERR_COUNT] = {
     "unauthenticated",
     "data loss",
     "quota exceeded",
+    "failed precondition",
 };
 
 const char *mg_strerror(int err)

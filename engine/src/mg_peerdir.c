@@ -231,6 +231,7 @@ static void req_link(mg_batch_req *r)
     x->batch = r->b;
     x->write = r->write;
     x->local = r->local_addr;
+    x->pm = r->local ? mg_segment_procmem(r->local) : NULL; /* a client process's memory */
     x->other = r->other_addr;
     x->length = r->length;
     x->lease = r->remote_lease;

@@ -26,6 +26,7 @@
  */
 #include "moongate/segment.h"
 #include "moongate/fault.h"
+#include "moongate/procmem.h"
 #include "moongate/rdma.h"
 
 #include "mg_hash.h"
@@ -67,7 +68,8 @@ struct mg_segment {
     uint64_t offset;      /* fd: where the segment starts in the file */
     uint64_t client_addr; /* where the registering process has it (0: not known) */
     mg_proc client;
-    int in_addrs; /* in reg->addrs */
+    int in_addrs;   /* in reg->addrs */
+    mg_procmem *pm; /* process: its process, once mapped */
     int remote_accessible;
     mg_memlock memlock;
     int prefault;
@@ -654,6 +656,19 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
                      "descriptor, or register an ANON segment");
             return MG_ERR_PERMISSION;
         }
+    } else if (spec->source == MG_SEG_PROCESS) {
+        if (spec->client_addr == 0 || spec->size == 0 || !spec->caller_uid_known) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "process memory is named by its address and size (client_address, size), "
+                     "by the process that has it, on the Unix socket");
+            return MG_ERR_INVALID;
+        }
+        if (spec->remote_accessible || (spec->share && spec->share[0])) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "process memory is reached by this daemon only, with process_vm: it is "
+                     "never remote-accessible nor shared (register it by descriptor for that)");
+            return MG_ERR_INVALID;
+        }
     } else if (spec->source == MG_SEG_FD) {
         if (spec->fd < 0) {
             snprintf(err, MG_SEG_ERROR_MAX,
@@ -662,7 +677,7 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
             return MG_ERR_INVALID;
         }
     } else {
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm or fd");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm, fd or process");
         return MG_ERR_INVALID;
     }
     if (spec->client_addr != 0 && spec->client.pid <= 0) {
@@ -832,6 +847,8 @@ static int reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **o
         snprintf(seg->file, sizeof(seg->file), "%s", spec->shm_file);
         seg->caller_uid = spec->caller_uid;
     }
+    if (spec->source == MG_SEG_PROCESS)
+        seg->caller_uid = spec->caller_uid;
     if (spec->request_id)
         snprintf(seg->request_id, sizeof(seg->request_id), "%s", spec->request_id);
 
@@ -1000,7 +1017,7 @@ static int check_passed_fd(mg_segment *seg, struct stat *st)
                   "which keep the pages a shrink takes from the file, so peers would write where "
                   "the client no longer sees: pass a memfd sealed with F_SEAL_SHRINK "
                   "(fcntl F_ADD_SEALS), or register it without remote access");
-        return MG_ERR_BUSY;
+        return MG_ERR_STATE;
     }
     fsize = st->st_size > 0 ? (uint64_t)st->st_size : 0;
     if (seg->offset >= fsize) {
@@ -1224,6 +1241,23 @@ static int prefault(mg_segment *seg)
     return 0;
 }
 
+/* Worker: a process segment maps nothing: its process is opened and every page of the range
+ * checked to be memory the daemon can reach there. */
+static int open_process(mg_segment *seg)
+{
+    int rc =
+        mg_procmem_open(&seg->pm, &seg->client, seg->caller_uid, seg->error, sizeof(seg->error));
+    if (rc == 0)
+        rc = mg_procmem_probe(seg->pm, seg->client_addr, seg->size, seg->error, sizeof(seg->error));
+    if (rc != 0) {
+        mg_procmem_close(seg->pm);
+        seg->pm = NULL;
+        return rc;
+    }
+    seg->addr = (void *)(uintptr_t)seg->client_addr;
+    return 0;
+}
+
 int mg_segment_map(mg_segment *seg)
 {
     int rc;
@@ -1231,6 +1265,8 @@ int mg_segment_map(mg_segment *seg)
     seg->error[0] = '\0';
     if (cancelled(seg))
         return MG_ERR_CANCELLED;
+    if (seg->source == MG_SEG_PROCESS)
+        return open_process(seg);
     rc = open_file(seg);
     if (rc != 0)
         goto fail;
@@ -1309,6 +1345,11 @@ static void unmap_files(mg_segment *seg)
         mg_rdma_dereg(seg->mr);
         seg->mr = NULL;
         memset(&seg->transports[MG_TRANSPORT_RDMA], 0, sizeof(seg->transports[0]));
+    }
+    if (seg->pm) {
+        mg_procmem_close(seg->pm);
+        seg->pm = NULL;
+        seg->addr = NULL;
     }
     if (seg->map_base) {
         /* In chunks, so the mmap lock is released between them (see lock_pages); whole huge
@@ -1432,7 +1473,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
     memcpy(out->tenant, seg->tenant, sizeof(out->tenant));
     memcpy(out->name, seg->name, sizeof(out->name));
     memcpy(out->location, seg->location, sizeof(out->location));
-    if (seg->source != MG_SEG_FD) {
+    if (seg->source == MG_SEG_ANON || seg->source == MG_SEG_SHM) {
         /* shm_dir "/" file, as snprintf "%s/%s" would (this runs for every lease reply) */
         size_t d = strnlen(reg->shm_dir, sizeof(out->path) - 2);
         memcpy(out->path, reg->shm_dir, d);
@@ -1495,6 +1536,11 @@ int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segme
 void *mg_segment_addr(const mg_segment *seg)
 {
     return seg->addr;
+}
+
+mg_procmem *mg_segment_procmem(const mg_segment *seg)
+{
+    return seg->pm;
 }
 
 uint64_t mg_segment_size(const mg_segment *seg)

@@ -6,11 +6,22 @@
 
 #include "mg_log.h"
 #include "moongate/fault.h"
+#include "moongate/procmem.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #define COPY_STEP (8u << 20) /* a copy sees a stop between steps this long */
+
+/* One step of a copy whose local side is a client process's memory (pt->pm): straight between
+ * the process and the other range's mapping. Returns 0 or an MG_ERR_* with pt->msg set. */
+static int step_process(mg_xfer_part *pt, uint64_t done, uint64_t step)
+{
+    uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
+    return pt->write
+               ? mg_procmem_read(pt->pm, pt->other + done, addr, step, pt->msg, sizeof(pt->msg))
+               : mg_procmem_write(pt->pm, addr, pt->other + done, step, pt->msg, sizeof(pt->msg));
+}
 
 /* A part of a copy between two ranges of this daemon, in COPY_STEP steps. */
 static int part_copy(mg_xfer_part *pt, const int *stop_word)
@@ -18,13 +29,19 @@ static int part_copy(mg_xfer_part *pt, const int *stop_word)
     uint8_t *from = pt->write ? pt->local : pt->other;
     uint8_t *to = pt->write ? pt->other : pt->local;
     for (uint64_t done = 0, step; done < pt->length; done += step) {
-        int stop = __atomic_load_n(stop_word, __ATOMIC_ACQUIRE);
+        int stop = __atomic_load_n(stop_word, __ATOMIC_ACQUIRE), rc;
         if (stop) {
             snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) with %llu of %llu bytes copied",
                      mg_strerror(stop), (unsigned long long)done, (unsigned long long)pt->length);
             return pt->rc = stop;
         }
         step = pt->length - done < COPY_STEP ? pt->length - done : COPY_STEP;
+        if (pt->pm && (rc = step_process(pt, done, step)) != 0)
+            return pt->rc = rc;
+        if (pt->pm) {
+            __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
+            continue;
+        }
         if (mg_guarded_copy(to + done, from + done, step) != 0) {
             snprintf(pt->msg, sizeof(pt->msg),
                      "a segment's file is shorter than registered (a client truncated it): "
@@ -87,7 +104,8 @@ static void ops_run(mg_dp_op *ops, size_t n, const mg_dp_options *o, const mg_xf
     }
 }
 
-/* The parts chained from `head` as one stream of slices on one connection (mg_dp_run). */
+/* The parts chained from `head` as one stream of slices on one connection (mg_dp_run); parts
+ * of a client process's memory are left to part_tcp_process. */
 static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
 {
     mg_dp_options o = {.slice_bytes = link->slice_bytes,
@@ -98,11 +116,15 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     size_t n = 0, i = 0;
     mg_dp_op *ops;
     for (mg_xfer_part *pt = head; pt; pt = pt->next)
-        n++;
+        n += pt->pm == NULL;
+    if (n == 0)
+        return head->rc;
     if (n > 1)
         o.window = 32; /* small slices: more of them in flight */
     ops = calloc(n, sizeof(*ops));
-    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
+    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
+        if (pt->pm)
+            continue;
         pt->rc = ops ? 0 : MG_ERR_NOMEM;
         snprintf(pt->msg, sizeof(pt->msg), "%s", ops ? "" : "out of memory");
         if (ops)
@@ -115,15 +137,63 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
                                 .progress = &pt->progress,
                                 .err = pt->msg,
                                 .errcap = sizeof(pt->msg)};
+        i++;
     }
     if (ops == NULL)
         return MG_ERR_NOMEM;
-    ops_run(ops, n, &o, link, head->msg, sizeof(head->msg));
+    ops_run(ops, n, &o, link, ops[0].err, ops[0].errcap);
     i = 0;
-    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++)
-        pt->rc = ops[i].rc;
+    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
+        if (pt->pm == NULL)
+            pt->rc = ops[i++].rc;
+    }
     free(ops);
     return head->rc;
+}
+
+/* A part whose local side is a client process's memory, over TCP: staged through a buffer of
+ * the daemon's in COPY_STEP steps (process_vm_readv, then the slices; or the slices, then
+ * process_vm_writev), one step on the connection at a time. */
+static int part_tcp_process(mg_xfer_part *pt, const mg_xfer_link *link)
+{
+    mg_dp_options o = {.slice_bytes = link->slice_bytes,
+                       .window = 16,
+                       .crc = link->crc,
+                       .stop = link->stop,
+                       .in_flight = link->in_flight};
+    uint64_t cap = pt->length < COPY_STEP ? pt->length : COPY_STEP, progress;
+    uint8_t *stage = malloc(cap ? cap : 1);
+    __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
+    if (stage == NULL) {
+        snprintf(pt->msg, sizeof(pt->msg), "out of memory");
+        return pt->rc = MG_ERR_NOMEM;
+    }
+    pt->rc = 0;
+    for (uint64_t done = 0, step; done < pt->length && pt->rc == 0; done += step) {
+        uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
+        mg_dp_op op = {.write = pt->write,
+                       .lease = pt->lease,
+                       .target = pt->target,
+                       .offset = pt->remote + done,
+                       .buf = stage,
+                       .progress = &progress,
+                       .err = pt->msg,
+                       .errcap = sizeof(pt->msg)};
+        step = pt->length - done < cap ? pt->length - done : cap;
+        op.len = step;
+        if (pt->write &&
+            (pt->rc = mg_procmem_read(pt->pm, stage, addr, step, pt->msg, sizeof(pt->msg))) != 0)
+            break;
+        ops_run(&op, 1, &o, link, pt->msg, sizeof(pt->msg));
+        if ((pt->rc = op.rc) != 0)
+            break;
+        if (!pt->write &&
+            (pt->rc = mg_procmem_write(pt->pm, addr, stage, step, pt->msg, sizeof(pt->msg))) != 0)
+            break;
+        __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
+    }
+    free(stage);
+    return pt->rc;
 }
 
 /* The parts over the peer's RDMA queue pairs, one after another. */
@@ -151,7 +221,12 @@ int mg_xfer_run(mg_xfer_kind kind, mg_xfer_part *head, const mg_xfer_link *link)
     case MG_XFER_RDMA:
         return parts_rdma(head, link);
     default:
-        return parts_tcp(head, link);
+        for (mg_xfer_part *pt = head; pt; pt = pt->next) {
+            if (pt->pm)
+                part_tcp_process(pt, link);
+        }
+        parts_tcp(head, link);
+        return head->rc;
     }
 }
 

@@ -216,7 +216,8 @@ static void req_plan(mg_xfer_sched *s, mg_xfer_req *r, unsigned room)
                                .target = r->target,
                                .remote = r->remote + off,
                                .lkeys = r->lkeys,
-                               .rkeys = r->rkeys};
+                               .rkeys = r->rkeys,
+                               .pm = r->pm};
     }
     r->parts_left = r->nparts;
 }

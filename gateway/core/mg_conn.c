@@ -11,6 +11,7 @@
  */
 #include "mg_server_int.h"
 #include "mg_fdsock.h"
+#include "moongate/procmem.h"
 
 #include "mg_bev.h"
 #include "mg_bev_err.h"
@@ -18,7 +19,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -445,33 +445,6 @@ void mg_conn_free(mg_conn *conn)
     mg_gateway_check_drained(gw);
 }
 
-/* Field 22 of /proc/PID/stat: when the process started, in clock ticks after boot. A read of
- * procfs, which never waits for a device. 0 when it cannot be read (the process is gone). */
-static uint64_t proc_start(int32_t pid)
-{
-    char path[32], buf[1024], *p;
-    unsigned long long start = 0;
-    ssize_t n;
-    int fd;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    p = strrchr(buf, ')'); /* after the command name, which may hold anything */
-    if (p == NULL)
-        return 0;
-    for (int field = 2; field < 22 && p; field++)
-        p = strchr(p + 1, ' ');
-    if (p)
-        sscanf(p + 1, "%llu", &start);
-    return start;
-}
-
 int mg_unix_peer(int fd, uint32_t *uid, mg_proc *proc)
 {
     struct ucred cred;
@@ -480,7 +453,7 @@ int mg_unix_peer(int fd, uint32_t *uid, mg_proc *proc)
         return -1;
     *uid = (uint32_t)cred.uid;
     proc->pid = cred.pid > 0 ? (int32_t)cred.pid : 0;
-    proc->start = proc->pid ? proc_start(proc->pid) : 0;
+    proc->start = proc->pid ? mg_proc_start_time(proc->pid) : 0;
     return 0;
 }
 

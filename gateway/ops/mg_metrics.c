@@ -7,6 +7,7 @@
 
 #include "mg_auth.h"
 #include "mg_fdsock.h"
+#include "moongate/procmem.h"
 #include "mg_service.h"
 
 #include "moongate/pools.h"
@@ -315,6 +316,20 @@ static void render_segments(mg_gateway *gw, struct evbuffer *out)
     }
 }
 
+/* Client processes' own memory moved with process_vm (moongate/procmem.h). */
+static void render_process_vm(struct evbuffer *out)
+{
+    uint64_t rd, wr;
+    mg_procmem_bytes(&rd, &wr);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_process_vm_bytes_total Bytes read from (op read) and "
+                        "written into (op write) client processes' own memory.\n"
+                        "# TYPE moongate_process_vm_bytes_total counter\n"
+                        "moongate_process_vm_bytes_total{op=\"read\"} %llu\n"
+                        "moongate_process_vm_bytes_total{op=\"write\"} %llu\n",
+                        (unsigned long long)rd, (unsigned long long)wr);
+}
+
 /* Descriptors passed on the fd socket (mg_fdsock.h), when the daemon has one. */
 static void render_fd_handles(mg_gateway *gw, struct evbuffer *out)
 {
@@ -475,6 +490,7 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
     render_segments(gw, out);
     render_pools(gw, out);
     render_fd_handles(gw, out);
+    render_process_vm(out);
     for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
         if (gw->started[i] && mg_services[i]->metrics)
             mg_services[i]->metrics(gw, out);

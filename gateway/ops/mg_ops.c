@@ -19,6 +19,7 @@
 #include "mg_addr.h"
 #include "mg_log.h"
 #include "moongate/pools.h"
+#include "moongate/procmem.h"
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
 
@@ -115,23 +116,25 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
     mg_engine_stats es;
     mg_registry_stats rs = {0};
     mg_registry *reg = mg_engine_registry(gw->engine);
-    char rdma[400], epoch[21];
+    char rdma[400], epoch[21], pvm[300];
     json_t *j;
     char *text;
     mg_engine_get_stats(gw->engine, &es);
     if (reg)
         mg_registry_get_stats(reg, &rs);
     rdma_line(gw, rdma, sizeof(rdma));
+    if (mg_procmem_available(pvm, sizeof(pvm)) && pvm[0] == '\0')
+        snprintf(pvm, sizeof(pvm), "available");
     snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)gw->epoch); /* as Info's JSON */
-    j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s},s:{s:I,s:I,s:I}}",
+    j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s,s:s},s:{s:I,s:I,s:I}}",
                   "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,
                   "uptime_s", (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9, "connections",
                   (json_int_t)gw->stats.conns_active, "streams",
                   (json_int_t)gw->stats.streams_active, "engine", "workers", (int)es.workers,
                   "in_flight", (int)es.in_flight, "queue_depth", (int)es.queue_depth, "transports",
-                  "tcp", gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "segments",
-                  "ready", (json_int_t)rs.segments, "registering", (json_int_t)rs.registering,
-                  "bytes", (json_int_t)rs.bytes);
+                  "tcp", gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "process_vm",
+                  pvm, "segments", "ready", (json_int_t)rs.segments, "registering",
+                  (json_int_t)rs.registering, "bytes", (json_int_t)rs.bytes);
     if (j)
         pools_status(gw, j);
     for (size_t i = 0; j && i < mg_n_services; i++) { /* each service's own members */

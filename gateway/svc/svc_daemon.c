@@ -5,6 +5,7 @@
 #include "mg_gateway.h"
 #include "mg_service.h"
 
+#include "moongate/procmem.h"
 #include "moongate/rdma.h"
 #include "moongate/v1/daemon.pb-c.h"
 
@@ -19,7 +20,9 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__TransportInfo rdma = MOONGATE__V1__TRANSPORT_INFO__INIT;
     char devs[MG_RDMA_MAX_DEVICES][160], *devp[MG_RDMA_MAX_DEVICES];
     int ndev;
-    Moongate__V1__TransportInfo *transports[2] = {&tcp, &rdma};
+    Moongate__V1__TransportInfo pvm = MOONGATE__V1__TRANSPORT_INFO__INIT;
+    Moongate__V1__TransportInfo *transports[3] = {&tcp, &rdma, &pvm};
+    char pvm_why[300];
     char *features[10];
     size_t nf = 0;
     mg_engine_stats es;
@@ -68,8 +71,11 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     rdma.devices = devp;
     rdma.n_devices = (size_t)ndev;
     rdma.reason = ndev ? "" : gw->rdma_why;
+    pvm.name = "process_vm"; /* clients' own memory, on this host (moongate/procmem.h) */
+    pvm.available = mg_procmem_available(pvm_why, sizeof(pvm_why));
+    pvm.reason = pvm_why;
     resp.transports = transports;
-    resp.n_transports = 2;
+    resp.n_transports = 3;
     resp.workers = es.workers;
     resp.worker_queue_depth = es.queue_depth;
     resp.open_files_limit = gw->open_files_limit;

@@ -29,7 +29,7 @@
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 
-static const char *const source_names[] = {"anon", "shm", "fd"};
+static const char *const source_names[] = {"anon", "shm", "fd", "process"};
 /* One Segment message with its strings. */
 typedef struct {
     Moongate__V1__Segment msg;
@@ -52,9 +52,10 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
     m->msg.size = in->size;
     m->msg.location = m->location;
     m->msg.path = m->path;
-    m->msg.source = in->source == MG_SEG_SHM  ? MOONGATE__V1__SEGMENT_SOURCE__SHM
-                    : in->source == MG_SEG_FD ? MOONGATE__V1__SEGMENT_SOURCE__FD
-                                              : MOONGATE__V1__SEGMENT_SOURCE__ANON;
+    m->msg.source = in->source == MG_SEG_SHM       ? MOONGATE__V1__SEGMENT_SOURCE__SHM
+                    : in->source == MG_SEG_FD      ? MOONGATE__V1__SEGMENT_SOURCE__FD
+                    : in->source == MG_SEG_PROCESS ? MOONGATE__V1__SEGMENT_SOURCE__PROCESS
+                                                   : MOONGATE__V1__SEGMENT_SOURCE__ANON;
     m->msg.offset = in->offset;
     m->msg.client_address = in->client_addr;
     m->msg.remote_accessible = in->remote_accessible;
@@ -215,8 +216,11 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     case MOONGATE__V1__SEGMENT_SOURCE__FD:
         spec.source = MG_SEG_FD;
         break;
+    case MOONGATE__V1__SEGMENT_SOURCE__PROCESS:
+        spec.source = MG_SEG_PROCESS;
+        break;
     default:
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM or FD");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD or PROCESS");
         return MG_ERR_INVALID;
     }
     if (spec.source != MG_SEG_FD && (req->fd_handle || req->offset)) {
@@ -227,13 +231,17 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     spec.name = req->name;
     spec.size = req->size;
     spec.offset = req->offset;
-    if ((spec.client_addr = req->client_address) != 0) {
-        uint32_t uid;
-        if (!mg_call_socket_cred(call, &uid, &spec.client))
-            spec.client.pid = 0; /* the registry says why an address needs a local process */
-    }
     spec.shm_file = req->shm_file;
     spec.caller_uid_known = mg_call_socket_uid(call, &spec.caller_uid);
+    if ((spec.client_addr = req->client_address) != 0) {
+        uint32_t uid;
+        if (!mg_call_socket_cred(call, &uid, &spec.client)) {
+            spec.client.pid = 0; /* the registry says why an address needs a local process */
+        } else if (spec.source == MG_SEG_PROCESS) {
+            spec.caller_uid_known = 1; /* the memory's process must run as the socket's uid */
+            spec.caller_uid = uid;
+        }
+    }
     spec.location = req->location;
     spec.remote_accessible = req->remote_accessible;
     switch (req->memlock) {

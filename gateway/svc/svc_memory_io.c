@@ -28,6 +28,10 @@
 /* ---- ReadSegment: chunks copied and framed on workers, handed to the call as they come ---- */
 
 #define READ_CHUNK_DEFAULT (1u << 20)
+/* A process segment has no mapping here to copy inline from or to. */
+#define PROCESS_INLINE                                                                          \
+    "the segment is a process's memory (reached with process_vm on transfers): it is not read " \
+    "or written inline; move it with a transfer (peer \"\" to a segment here)"
 
 typedef struct {
     mg_call *call;
@@ -226,6 +230,11 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
         }
         mg_segment_get_info(reg, seg, &info);
         size = info.size;
+        if (info.source == MG_SEG_PROCESS) {
+            mg_registry_put(reg, seg);
+            mg_call_fail(call, MG_ERR_STATE, "%s", PROCESS_INLINE);
+            return;
+        }
     }
     length = req->length ? req->length : (req->offset <= size ? size - req->offset : 0);
     if (mg_bounds_check(size, req->offset, length) != 0) {
@@ -408,7 +417,7 @@ static void write_done(void *arg, int result)
     if (st->seg == NULL) { /* the first message: look its segment or lease up, then copy */
         mg_segment_info info;
         uint64_t id = j->req->id, lease_id = j->req->lease_id;
-        char holder[MG_SEG_HOLDER_MAX], why[128];
+        char holder[MG_SEG_HOLDER_MAX], why[256];
         int rc = 0;
         if ((id == 0) == (lease_id == 0)) {
             rc = MG_ERR_INVALID;
@@ -432,6 +441,11 @@ static void write_done(void *arg, int result)
             } else {
                 mg_segment_get_info(reg, st->seg, &info);
                 st->limit = info.size;
+                if (info.source == MG_SEG_PROCESS) {
+                    mg_registry_put(reg, st->seg);
+                    rc = MG_ERR_STATE;
+                    snprintf(why, sizeof(why), "%s", PROCESS_INLINE);
+                }
             }
             st->id = id;
         }

@@ -7,7 +7,9 @@ keeps serving: descriptors of a pipe, socket, directory, O_PATH or write-only fi
 used twice, by another process, after its ttl or over TCP; a range past the file; a file shrunk
 after registration (DATA_LOSS); the socket's protocol errors and limits; an unsealed memfd for
 a remote-accessible region of a daemon with RDMA devices."""
+import ctypes
 import fcntl
+import json
 import mmap
 import os
 import socket
@@ -404,3 +406,146 @@ def test_async_buffers(make_daemon):
                 assert read_segment(d, buf.segment.id, 5) == b"async"
     asyncio.run(run())
     assert d.metric("moongate_segments", state="ready") == 0
+
+
+# ---- memory a process allocated itself: process_vm ----
+
+def test_malloced_memory_moves_with_process_vm(make_daemon):
+    a = make_daemon("--peer-tls=false", "--pool-bytes", "8M")
+    b = make_daemon("--peer-tls=false")
+    dst = register(b, "dst", MiB, remote=True)
+    mine = bytearray(os.urandom(256 * 1024))  # malloc'd by Python, no file behind it
+    addr, size = mg.address_of(mine)
+    with client(a) as c:
+        seg = c.register_memory("heap", addr, size)
+        assert seg.source == memory_pb2.PROCESS and seg.client_address == addr
+        assert list(seg.transports) == [] and seg.path == ""
+        # WRITE from it and READ into it, over TCP
+        batch = c.transfer([mg.write(address=addr, peer=b.h2c, remote_segment=dst.id,
+                                     length=size)])
+        assert batch.requests[0].transport == "process_vm"
+        assert read_segment(b, dst.id, size) == bytes(mine)
+        expect = bytes(mine[:4096])
+        mine[:] = bytes(size)
+        c.transfer([mg.read(segment=seg.id, offset=8192, peer=b.h2c, remote_segment=dst.id,
+                            length=4096)])
+        assert bytes(mine[8192:8192 + 4096]) == expect
+        # the copy path: to and from a segment of this daemon
+        here = c.register("here", MiB)
+        c.transfer([mg.write(address=addr + 8192, peer="", remote_segment=here.id,
+                             length=4096)])
+        assert read_segment(a, here.id, 4096) == expect
+        mine[:4096] = bytes(4096)
+        c.transfer([mg.read(address=addr, peer="", remote_segment=here.id, length=4096)])
+        assert bytes(mine[:4096]) == expect
+        # not inline, not a target, not remote-accessible
+        with pytest.raises(grpc.RpcError) as e:
+            read_segment(a, seg.id, 16)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "process_vm" in e.value.details()
+        with pytest.raises(mg.Error) as e:
+            c.transfer([mg.write(segment=here.id, peer="", remote_segment=seg.id, length=8)])
+        assert "local side of a request only" in e.value.message
+        with pytest.raises(mg.Error) as e:
+            c.register_memory("remote", addr, size, remote_accessible=True)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "never remote-accessible" in e.value.message
+        c.unregister(seg.id)
+    assert a.metric("moongate_process_vm_bytes_total", op="read") >= size + 4096
+    assert a.metric("moongate_process_vm_bytes_total", op="write") >= 2 * 4096
+    assert not a.metric("moongate_pool_lease_events_total", pool="default", event="acquired")
+    status = json.loads(a.ops_get("/status.json")[1])
+    assert status["transports"]["process_vm"] == "available"  # root, no Yama here
+
+
+def test_process_memory_is_checked_at_registration(make_daemon):
+    d = make_daemon()
+    with client(d) as c:
+        gone = mmap.mmap(-1, 8192)
+        addr, _ = mg.address_of(gone)
+        gone.close()  # unmapped: not memory the daemon can reach there
+        for bad in (addr, 0x1000):
+            with pytest.raises(mg.Error) as e:
+                c.register_memory("gpu-like", bad, 8192)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert "is not memory the daemon can reach in process %d" % os.getpid() \
+                in e.value.message
+            assert "GPU" in e.value.message
+        half = mmap.mmap(-1, 3 * 4096)
+        addr, _ = mg.address_of(half)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        assert libc.munmap(addr + 8192, 4096) == 0  # a hole after two pages
+        with pytest.raises(mg.Error) as e:  # runs into the hole
+            c.register_memory("past", addr, 3 * 4096)
+        assert "0x%x" % (addr + 8192) in e.value.message
+        half.close()
+    with h2c_channel(d) as ch, pytest.raises(grpc.RpcError) as e:  # over TCP: no process
+        memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
+            name="tcp", source=memory_pb2.PROCESS, client_address=0x10000, size=4096),
+            timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert serving(d)
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, %(path)r)
+import moongate_client as mg
+from moongate.v1 import transfer_pb2
+c = mg.Client("unix:%(sock)s")
+list(c.segments())  # the connection is made as root
+mine = bytearray(%(size)d)
+addr, size = mg.address_of(mine)
+%(body)s
+"""
+
+
+def child(d, size, body, timeout=120):
+    code = CHILD % dict(path=os.path.dirname(mg.__file__), sock=d.sock, size=size, body=body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_memory_of_another_uid_is_refused(make_daemon):
+    d = make_daemon()
+    # the process connected as root, then became nobody: its memory is not root's any more
+    p = child(d, 4096, "os.setresuid(65534, 65534, 65534)\n"
+                       "try:\n"
+                       "    c.register_memory('theirs', addr, size)\n"
+                       "except mg.Error as e:\n"
+                       "    print(e.code.name, e.message)\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("PERMISSION_DENIED")
+    assert "runs as uid 65534 (effective 65534, saved 65534), not as the caller's uid 0" \
+        in p.stdout
+    assert serving(d)
+
+
+def test_a_process_that_exits_mid_transfer_fails_its_requests_only(make_daemon):
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    size = 512 * MiB
+    dst = register(b, "dst", size, remote=True)
+    other = register(b, "other", MiB, remote=True)
+    # the child registers its heap, submits a WRITE of all of it and exits at once
+    p = child(a, size, "seg = c.register_memory('heap', addr, size)\n"
+                       "bid = c.submit([mg.write(address=addr, peer=%r, remote_segment=%d, "
+                       "length=size)])\n"
+                       "print(bid, seg.id, flush=True)\n"
+                       "os._exit(0)\n" % (b.h2c, dst.id))
+    assert p.returncode == 0, p.stderr
+    bid, seg_id = (int(x) for x in p.stdout.split())
+    with client(a) as c:
+        here = c.register("here", MiB)
+        batch = c.wait(bid, check=False)
+        assert batch.state == transfer_pb2.FAILED
+        r = batch.requests[0]
+        assert r.code == grpc.StatusCode.FAILED_PRECONDITION.value[0], batch
+        assert "exited" in r.message and r.transport == "process_vm"
+        # nothing else: the daemon serves, other transfers move, the segment can go
+        done = c.transfer([mg.write(segment=here.id, peer=b.h2c, remote_segment=other.id,
+                                    length=MiB)])
+        assert done.state == transfer_pb2.DONE
+        c.unregister(seg_id)
+    assert serving(a) and serving(b)

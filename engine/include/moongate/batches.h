@@ -46,9 +46,15 @@ extern "C" {
 #define MG_BATCH_TOPIC_MAX      128 /* bytes of a notification's topic */
 
 /* How a request moved (GetBatch's `transport`). */
-typedef enum { MG_TR_NONE, MG_TR_TCP, MG_TR_RDMA, MG_TR_COPY } mg_batch_transport;
+typedef enum {
+    MG_TR_NONE,
+    MG_TR_TCP,
+    MG_TR_RDMA,
+    MG_TR_COPY,
+    MG_TR_PROCESS_VM /* the local side is a client process's memory (moongate/procmem.h) */
+} mg_batch_transport;
 
-/* "", "tcp", "rdma", "copy". */
+/* "", "tcp", "rdma", "copy", "process_vm". */
 const char *mg_batch_transport_name(mg_batch_transport t);
 
 struct mg_xfer_peer; /* the peer directory's entry of a request's peer */

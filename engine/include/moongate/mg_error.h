@@ -30,8 +30,9 @@ enum {
     MG_ERR_AUTH = -16,        /* UNAUTHENTICATED */
     MG_ERR_DATA_LOSS = -17,   /* DATA_LOSS */
     MG_ERR_QUOTA = -18,       /* RESOURCE_EXHAUSTED: a tenant's quota; waiting does not help */
+    MG_ERR_STATE = -19,       /* FAILED_PRECONDITION: the memory is not in a state it needs */
 };
-#define MG_ERR_COUNT 19
+#define MG_ERR_COUNT 20
 
 /* Text for a code ("invalid argument"); "unknown error" out of range. */
 const char *mg_strerror(int err);

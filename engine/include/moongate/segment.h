@@ -5,7 +5,10 @@
  * same bytes: `anon` segments are files the daemon creates in its shm directory (and removes),
  * `shm` segments are files a local client made there, and `fd` segments are a range of a file a
  * client passed as a descriptor (a memfd, a tmpfs or hugetlbfs file, any regular file it could
- * open for reading and writing). Each has an opaque 64-bit id, a name unique
+ * open for reading and writing). `process` segments are memory a local client allocated itself
+ * (malloc'd, CPU tensors) with no file to pass: the daemon maps nothing and reaches the bytes
+ * in the client process with process_vm_readv/writev (moongate/procmem.h), on the copy and TCP
+ * paths only — never RDMA, never a peer's target. Each has an opaque 64-bit id, a name unique
  * per tenant, an owner tenant, a size, a location ("cpu:N"), a remote-accessible flag, a state
  * and a reference count (leases and transfers in flight hold references; a segment in use cannot
  * be unregistered).
@@ -40,7 +43,7 @@ extern "C" {
 typedef struct mg_registry mg_registry;
 typedef struct mg_segment mg_segment;
 
-typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1, MG_SEG_FD = 2 } mg_seg_source;
+typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1, MG_SEG_FD = 2, MG_SEG_PROCESS = 3 } mg_seg_source;
 typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
@@ -88,12 +91,14 @@ typedef struct mg_segment_spec {
     uint64_t offset;
     /* Optional: where the region starts in the registering process's memory (its mapping of
      * the file), so that process may name its bytes by address (mg_registry_resolve). Needs
-     * `client` and a size; ranges one process registered may not overlap (MG_ERR_EXISTS). */
+     * `client` and a size; ranges one process registered may not overlap (MG_ERR_EXISTS).
+     * process: required; the bytes themselves, in process `client`. */
     uint64_t client_addr;
     mg_proc client;
     /* shm: the caller's user id, as the kernel reported it for its Unix-socket connection. A
      * file is registered by name only for its owner: caller_uid_known must be set, the file
-     * must belong to caller_uid and its mode must let the owner read and write it. */
+     * must belong to caller_uid and its mode must let the owner read and write it.
+     * process: the memory's process (`client`) must run as caller_uid. */
     int caller_uid_known;
     uint32_t caller_uid;
     const char *location; /* "cpu:N" with N < 4096; NULL or "" means "cpu:0" */
@@ -237,8 +242,13 @@ int mg_registry_find_target(mg_registry *reg, const char *tenant, uint64_t id,
                             mg_segment_info *out);
 /* Snapshot of one segment. */
 void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_info *out);
-/* The mapped bytes (NULL before mapping); stable while the caller holds a reference. */
+/* The mapped bytes (NULL before mapping); stable while the caller holds a reference. For a
+ * process segment: the client's address, never to be dereferenced here (see
+ * mg_segment_procmem). */
 void *mg_segment_addr(const mg_segment *seg);
+struct mg_procmem;
+/* A process segment's process (moongate/procmem.h); NULL for every other source. */
+struct mg_procmem *mg_segment_procmem(const mg_segment *seg);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
 

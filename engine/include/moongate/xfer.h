@@ -57,15 +57,18 @@ typedef enum { MG_XFER_COPY = 0, MG_XFER_TCP = 1, MG_XFER_RDMA = 2 } mg_xfer_kin
 /* A range one job moves: a part of a request, or a whole small request in a group. */
 typedef struct mg_xfer_part {
     /* Set by the loop before the job starts. */
-    int write;                 /* 1: local -> the other side; 0: the other side -> local */
-    uint8_t *local;            /* the local range's first byte */
-    uint64_t length;           /* bytes */
-    uint8_t *other;            /* COPY: the other range's first byte, on this daemon */
-    int lease;                 /* TCP: `target` is a remote-accessible lease's id */
-    uint64_t target;           /* TCP: the peer's segment (or lease) */
-    uint64_t remote;           /* TCP: the offset in it; RDMA: the remote range's address */
-    const uint32_t *lkeys;     /* RDMA: the local range's key on each device */
-    const uint32_t *rkeys;     /* RDMA: the remote range's key on each of the peer's devices */
+    int write;             /* 1: local -> the other side; 0: the other side -> local */
+    uint8_t *local;        /* the local range's first byte */
+    uint64_t length;       /* bytes */
+    uint8_t *other;        /* COPY: the other range's first byte, on this daemon */
+    int lease;             /* TCP: `target` is a remote-accessible lease's id */
+    uint64_t target;       /* TCP: the peer's segment (or lease) */
+    uint64_t remote;       /* TCP: the offset in it; RDMA: the remote range's address */
+    const uint32_t *lkeys; /* RDMA: the local range's key on each device */
+    const uint32_t *rkeys; /* RDMA: the remote range's key on each of the peer's devices */
+    /* COPY and TCP: the local range is this process's memory at address `local` (another
+     * process's, moongate/procmem.h), not the daemon's; NULL: the daemon's own mapping. */
+    struct mg_procmem *pm;
     struct mg_xfer_part *next; /* the next part of the same job, or NULL */
     /* Results. */
     uint64_t progress;         /* bytes confirmed (atomic) */
@@ -137,6 +140,7 @@ struct mg_xfer_req {
     uint64_t target;               /* TCP: the peer's segment or lease */
     uint64_t remote;               /* TCP: the offset in it; RDMA: the remote address */
     const uint32_t *lkeys, *rkeys; /* RDMA */
+    struct mg_procmem *pm;         /* the local range is this process's (mg_xfer_part.pm) */
     mg_xfer_link link; /* how its jobs reach the other side (link.stop: &stop; link.in_flight:
                         * the scheduler's counter when NULL) */
     int stop;          /* its stop word: mg_xfer_req_stop */

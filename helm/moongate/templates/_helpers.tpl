@@ -69,17 +69,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "moongate.containerSecurityContext" -}}
 {{- if .Values.containerSecurityContext }}
 {{- toYaml .Values.containerSecurityContext }}
-{{- else if .Values.rdma.enabled }}
+{{- else if or .Values.rdma.enabled .Values.processMemory.enabled }}
 runAsUser: 0
 runAsNonRoot: false
-privileged: {{ .Values.rdma.hostDevMount }}
-allowPrivilegeEscalation: {{ .Values.rdma.hostDevMount }}
+privileged: {{ and .Values.rdma.enabled .Values.rdma.hostDevMount }}
+allowPrivilegeEscalation: {{ and .Values.rdma.enabled .Values.rdma.hostDevMount }}
 readOnlyRootFilesystem: true
 capabilities:
   drop:
     - ALL
   add:
+    {{- if .Values.rdma.enabled }}
     {{- toYaml .Values.rdma.capabilities | nindent 4 }}
+    {{- end }}
+    {{- if .Values.processMemory.enabled }}
+    - SYS_PTRACE
+    {{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- else }}
