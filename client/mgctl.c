@@ -22,6 +22,7 @@
 #include "moongate/v1/transfer.pb-c.h"
 
 #include <event2/event.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -56,6 +57,10 @@ static void usage(FILE *f)
                "                              peers) and says what to fix\n"
                "  segments [list]             the caller's segments (an admin: everyone's)\n"
                "  segments get ID | unregister ID | register NAME SIZE [--remote]\n"
+               "  segments register-file NAME PATH [--remote]  a file this user can open\n"
+               "                              read-write (tmpfs, a memfd's /proc/PID/fd/N),\n"
+               "                              passed as a descriptor and registered where it\n"
+               "                              lies (unix: targets)\n"
                "  leases [list]               the caller's leases\n"
                "  leases get ID | release ID | acquire SIZE [--ttl MS] [--remote]\n"
                "  pools                       buffer pool usage\n"

@@ -267,6 +267,36 @@ static int size_arg(const char *s, char out[32])
     return 0;
 }
 
+/* segments register-file NAME PATH: the file opened here and passed to the daemon on its fd
+ * socket, then registered by the handle (the daemon maps the same pages; docs/api.md). */
+static int register_file(const ctl *c, const char *name, const char *path, int remote, json_t **j)
+{
+    char sock[128], err[512], handle_s[24];
+    uint64_t handle, ttl_ms;
+    int status, fd;
+    if (mg_fd_socket_of(c->copt.target, sock, sizeof(sock)) != 0) {
+        fprintf(stderr, "mgctl: register-file passes the file's descriptor on the daemon's fd "
+                        "socket: use a unix:PATH target\n");
+        return EXIT_USAGE;
+    }
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "mgctl: cannot open %s for reading and writing: %s\n", path,
+                strerror(errno));
+        return 1;
+    }
+    if (mg_fd_pass(sock, fd, c->copt.token, &handle, &ttl_ms, &status, err, sizeof(err)) != 0) {
+        close(fd);
+        return report_error(c, status, err);
+    }
+    close(fd); /* the daemon has its own */
+    snprintf(handle_s, sizeof(handle_s), "%llu", (unsigned long long)handle);
+    return call_json(c, "Memory/RegisterSegment",
+                     json_pack("{s:s,s:s,s:s,s:b}", "name", name, "source", "FD", "fdHandle",
+                               handle_s, "remoteAccessible", remote),
+                     j);
+}
+
 static int cmd_segments(const ctl *c, const char *verb, const char *a1, const char *a2, int remote)
 {
     json_t *j;
@@ -285,6 +315,10 @@ static int cmd_segments(const ctl *c, const char *verb, const char *a1, const ch
             json_pack("{s:s,s:s,s:b}", "name", a1, "size", size, "remoteAccessible", remote), &j);
         return show(c, st_, j, "segment", seg_cols, NCOLS(seg_cols), 1);
     }
+    if (!strcmp(verb, "register-file") && a1 && a2) {
+        int st_ = register_file(c, a1, a2, remote, &j);
+        return show(c, st_, j, "segment", seg_cols, NCOLS(seg_cols), 1);
+    }
     if (!strcmp(verb, "unregister") && need_id(a1, "segments unregister") == 0) {
         int st = call_json(c, "Memory/UnregisterSegment", json_pack("{s:s}", "id", a1), &j);
         if (st == MG_GRPC_OK && !c->json)
@@ -292,7 +326,7 @@ static int cmd_segments(const ctl *c, const char *verb, const char *a1, const ch
         return show(c, st, j, NULL, NULL, 0, c->json ? 1 : -1);
     }
     fprintf(stderr, "mgctl: segments [list | get ID | register NAME SIZE [--remote] | "
-                    "unregister ID]\n");
+                    "register-file NAME PATH [--remote] | unregister ID]\n");
     return EXIT_USAGE;
 }
 

@@ -11,6 +11,8 @@
    (allocate_buffer) to a peer daemon over the TCP data plane, the local side named by segment id
    and by address, alternating, --transfer-rounds each. Medians of the throughput and the ratio
    address / id.
+3. The same WRITE from memory the client allocated itself (a bytearray registered as PROCESS,
+   read with process_vm_readv and staged over TCP) against the buffer by address.
 
 Usage: bench_memory.py --moongate BIN [--size BYTES] [--rounds N] [--transfer-rounds N]
 """
@@ -71,7 +73,8 @@ def one(c, way, size, prefault, n):
 
 
 def registration(c, a):
-    one(c, "anon", 1 << 20, True, 0)  # warm the connection and the workers
+    for way in ("anon", "fd"):  # warm up: the connection, the workers, the first GiB of tmpfs
+        one(c, way, a.size, True, 0)
     print("registration of %d MiB, %d rounds (medians; ratio fd/anon)" % (a.size >> 20, a.rounds))
     n = 1
     for prefault in (True, False):
@@ -94,12 +97,18 @@ def by_address(c, peer, a):
     dst = peer.register("dst", total, remote_accessible=True)
     offsets = [k * a.block_bytes for k in range(a.blocks)]
 
+    heap = bytearray(bytes(buf.view))
+    heap_addr, _ = mg.address_of(heap)
+    heap_seg = c.register_memory("heap", heap_addr, total)
+
     def submit(way):
         bl = transfer_pb2.Blocks(op=transfer_pb2.WRITE, peer=a.peer, remote_segment=dst.id,
                                  local_offsets=offsets, remote_offsets=offsets,
                                  lengths=[a.block_bytes] * a.blocks)
         if way == "id":
             bl.local_segment = buf.segment.id
+        elif way == "process":
+            bl.local_address = heap_addr
         else:
             bl.local_address = buf.address
         t0 = time.perf_counter()
@@ -119,6 +128,14 @@ def by_address(c, peer, a):
     print("  by segment id %6.2f GB/s   by address %6.2f GB/s   ratio %.3f" % (mi, ma, ma / mi))
     print("  (id %s; address %s)" % (" ".join("%.2f" % x for x in gb["id"]),
                                       " ".join("%.2f" % x for x in gb["address"])))
+    gb = {"address": [], "process": []}
+    for r in range(a.transfer_rounds):
+        for way in (("address", "process") if r % 2 == 0 else ("process", "address")):
+            gb[way].append(submit(way))
+    ma, mp = statistics.median(gb["address"]), statistics.median(gb["process"])
+    print("the same from the process's own memory (process_vm, staged) against the buffer")
+    print("  buffer %6.2f GB/s   process_vm %6.2f GB/s   ratio %.3f" % (ma, mp, mp / ma))
+    c.unregister(heap_seg.id)
     buf.free()
 
 
@@ -126,7 +143,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--moongate", required=True)
     ap.add_argument("--size", type=int, default=1 << 30)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=1024)
     ap.add_argument("--block-bytes", type=int, default=64 << 10)
     ap.add_argument("--transfer-rounds", type=int, default=9)

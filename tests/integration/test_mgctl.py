@@ -181,3 +181,27 @@ def test_doctor_names_an_expired_certificate(make_daemon, tmp_path):
     time.sleep(1.1)
     rc, out, err = mgctl("--target", d.h2c, "--plaintext", "--ca", pem, "doctor")
     assert rc == 9 and "expired" in out and pem in out, (out, err)
+
+
+def test_register_file_passes_the_descriptor(make_daemon, tmp_path):
+    """segments register-file: a file opened by mgctl, passed on the fd socket and registered
+    where it lies; refusals keep their gRPC code as the exit code."""
+    d = make_daemon()
+    path = "/dev/shm/mgctl-fd-%d" % os.getpid()
+    with open(path, "wb") as f:
+        f.write(b"from mgctl" + bytes(4096 - 10))
+    try:
+        t = ["--target", "unix:" + d.sock]
+        rc, out, err = mgctl(*t, "--json", "segments", "register-file", "tmpfs", path)
+        assert rc == 0, err
+        seg = json.loads(out)["segment"]
+        assert seg["source"] == "FD" and seg["size"] == "4096" and seg.get("path", "") == ""
+        rc, out, err = mgctl(*t, "segments", "register-file", "again", path)
+        assert rc == 0, err  # the same tenant may register its file again
+        rc, out, err = mgctl(*t, "segments", "register-file", "dir", str(tmp_path))
+        assert rc == 1 and "cannot open" in err
+        rc, out, err = mgctl("--target", d.h2c, "--plaintext", "segments", "register-file",
+                             "tcp", path)
+        assert rc == 64 and "unix:PATH target" in err
+    finally:
+        os.unlink(path)
