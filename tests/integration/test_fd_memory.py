@@ -549,3 +549,24 @@ def test_a_process_that_exits_mid_transfer_fails_its_requests_only(make_daemon):
         assert done.state == transfer_pb2.DONE
         c.unregister(seg_id)
     assert serving(a) and serving(b)
+
+
+def test_a_batch_registration_names_its_handles(make_daemon):
+    d = make_daemon()
+    fds = [memfd(MiB), memfd(MiB)]
+    with client(d) as c:
+        handles = [mg.pass_fd(c.fd_socket, fd)[0] for fd in fds]
+        items = [memory_pb2.RegisterRequest(name="b%d" % i, source=memory_pb2.FD, fd_handle=h)
+                 for i, h in enumerate(handles)]
+        items.append(memory_pb2.RegisterRequest(name="b2", source=memory_pb2.FD,
+                                                fd_handle=handles[0]))  # used by item 0
+        resp = c.memory.RegisterSegments(memory_pb2.RegisterSegmentsRequest(items=items),
+                                         timeout=30)
+        codes = [r.status.code for r in resp.results]
+        assert codes[:2] == [0, 0], resp
+        assert codes[2] == grpc.StatusCode.NOT_FOUND.value[0]
+        assert "was used already" in resp.results[2].status.message
+        assert all(r.segment.size == MiB for r in resp.results[:2])
+    for fd in fds:
+        os.close(fd)
+    assert d.metric("moongate_fd_handles", state="held") == 0
