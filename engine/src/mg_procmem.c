@@ -131,6 +131,11 @@ const mg_proc *mg_procmem_proc(const mg_procmem *pm)
     return &pm->proc;
 }
 
+int mg_procmem_pidfd(const mg_procmem *pm)
+{
+    return pm->pidfd;
+}
+
 /* Yama's ptrace_scope ("" without Yama) and whether the daemon has CAP_SYS_PTRACE. */
 static int ptrace_rules(char scope[32])
 {

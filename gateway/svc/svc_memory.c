@@ -100,9 +100,9 @@ static void unregistered(void *arg, const mg_segment_info *info)
     free(j);
 }
 
-/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done.
- * Returns 0, or an MG_ERR_* with the segment still registered. */
-static int start_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
+/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done
+ * (svc_memory.h). */
+int mg_memory_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
 {
     seg_job *j = calloc(1, sizeof(*j));
     int rc;
@@ -145,7 +145,7 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         /* The caller is gone: undo, so no segment is left that nobody asked for. */
         mg_segment *gone;
         if (mg_registry_unregister(reg, info.tenant, info.id, &gone, err) == 0 &&
-            start_unmap(gw, gone, NULL) != 0) {
+            mg_memory_unmap(gw, gone, NULL) != 0) {
             /* No worker slot: the loop does not unmap. The segment stays, listed. */
             mg_warn("segment_rollback_failed",
                     "id=%" PRIu64 " name=%s reason=\"caller gone, engine queue full\"", info.id,
@@ -162,6 +162,7 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         seg_msg_fill(&m, &info);
         resp.segment = &m.msg;
         mg_call_reply(j->call, &resp.base);
+        mg_memory_watch_exit(gw, seg); /* a process's memory goes with its process */
         mg_info("segment_registered",
                 "id=%" PRIu64 " name=%s source=%s bytes=%" PRIu64 " locked=%d ms=%.3f", info.id,
                 info.name, source_names[info.source], info.size, info.locked,
@@ -352,7 +353,7 @@ static void unregister_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, rc, "%s", err);
         return;
     }
-    rc = start_unmap(gw, seg, call);
+    rc = mg_memory_unmap(gw, seg, call);
     if (rc != 0) { /* still registered */
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth); try again",
                      (unsigned)gw->cfg->queue_depth);
@@ -522,7 +523,7 @@ static void batch_finish(batch *b)
                 mg_registry_unregister(reg, b->items[i].info.tenant, b->items[i].info.id, &gone,
                                        err) != 0)
                 continue;
-            start_unmap(b->gw, gone, NULL); /* no worker: it stays, listed */
+            mg_memory_unmap(b->gw, gone, NULL); /* no worker: it stays, listed */
         }
         mg_info("segments_rolled_back", "items=%zu reason=\"caller gone\"", b->n);
     }
@@ -552,8 +553,10 @@ static void batch_registered(void *arg, mg_segment *seg, int result, const char 
     mg_metrics_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     if (result != 0)
         item_fail(it, result, why);
-    else
+    else {
         mg_segment_get_info(mg_engine_registry(b->gw->engine), seg, &it->info);
+        mg_memory_watch_exit(b->gw, seg);
+    }
     free(j);
     if (--b->pending == 0)
         batch_finish(b);
@@ -716,4 +719,5 @@ static int mg_svc_memory_init(mg_gateway *gw)
     return rc != 0 ? rc : mg_svc_memory_io_init(gw);
 }
 
-const mg_service mg_svc_memory = {.name = "memory", .init = mg_svc_memory_init};
+const mg_service mg_svc_memory = {
+    .name = "memory", .init = mg_svc_memory_init, .free = mg_memory_watches_free};

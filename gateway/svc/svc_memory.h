@@ -8,4 +8,14 @@
 /* Adds ReadSegment and WriteSegment (called by the memory service's init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
 
+struct mg_segment;
+/* Unmaps a segment already marked UNREGISTERING on a worker, answering `call` (NULL: nobody
+ * waits). Returns 0, or an MG_ERR_* with the segment still registered. */
+int mg_memory_unmap(mg_gateway *gw, struct mg_segment *seg, mg_call *call);
+/* svc_memory_exit.c: a registered process segment is released (unregistered) by the daemon
+ * once its process has exited and nothing holds it. */
+void mg_memory_watch_exit(mg_gateway *gw, struct mg_segment *seg);
+/* Drops every watch (the service's free). */
+void mg_memory_watches_free(mg_gateway *gw);
+
 #endif

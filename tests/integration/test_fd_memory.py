@@ -547,8 +547,40 @@ def test_a_process_that_exits_mid_transfer_fails_its_requests_only(make_daemon):
         done = c.transfer([mg.write(segment=here.id, peer=b.h2c, remote_segment=other.id,
                                     length=MiB)])
         assert done.state == transfer_pb2.DONE
-        c.unregister(seg_id)
+        # its segment is released once the failed request let go of it
+        assert wait_gone(c, seg_id)
+    assert "event=segments_released pid=" in a.read_log()
     assert serving(a) and serving(b)
+
+
+def wait_gone(c, seg_id, timeout=30):
+    deadline = time.monotonic() + timeout  # the daemon's pace does not matter, only its end
+    while time.monotonic() < deadline:
+        if seg_id not in [s.id for s in c.segments()]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_process_segments_go_with_their_process(make_daemon):
+    d = make_daemon()
+    p = child(d, 4096, "a = c.register_memory('one', addr, 2048)\n"
+                       "b = c.register_memory('two', addr + 2048, 2048)\n"
+                       "print(a.id, b.id, flush=True)\n")
+    assert p.returncode == 0, p.stderr
+    ids = [int(x) for x in p.stdout.split()]
+    with client(d) as c:
+        assert all(wait_gone(c, i) for i in ids)
+        # a living process keeps its segments, and unregistering them first is fine
+        heap = bytearray(4096)
+        addr, size = mg.address_of(heap)
+        seg = c.register_memory("mine", addr, size)
+        time.sleep(0.2)
+        assert seg.id in [s.id for s in c.segments()]
+        c.unregister(seg.id)
+    assert "count=2 reason=\"its process exited\"" in d.read_log()
+    assert d.metric("moongate_segments", state="ready") == 0
+    assert serving(d)
 
 
 def test_a_batch_registration_names_its_handles(make_daemon):

@@ -41,6 +41,8 @@ int mg_procmem_open(mg_procmem **out, const mg_proc *proc, uint32_t uid, char *w
 void mg_procmem_close(mg_procmem *pm);
 /* The process, as opened. */
 const mg_proc *mg_procmem_proc(const mg_procmem *pm);
+/* Its pidfd: readable once the process has exited (poll it; do not close it). */
+int mg_procmem_pidfd(const mg_procmem *pm);
 
 /* Worker. Copies len bytes from the process's address `addr` to `dst` (read) or from `src` to
  * it (write). Returns 0, or with why set: MG_ERR_STATE (the process exited), MG_ERR_DATA_LOSS

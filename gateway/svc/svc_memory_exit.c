@@ -1,0 +1,148 @@
+/*
+ * svc_memory_exit: process segments outlive nothing of their process. A segment registered as a
+ * process's own memory (source PROCESS) can serve no request once that process has exited, so
+ * the daemon releases it then: one watch per process (a duplicate of the segment's pidfd,
+ * readable when the process ends) holds the ids of its segments; when it fires each is
+ * unregistered, and one still held by a request (which fails, the process being gone) is tried
+ * again a second later. A segment unregistered before is simply not found. Loop thread only.
+ */
+#include "svc_memory.h"
+#include "mg_service.h"
+
+#include "mg_log.h"
+
+#include "moongate/procmem.h"
+#include "moongate/segment.h"
+
+#include <event2/event.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern const mg_service mg_svc_memory;
+
+typedef struct exit_watch {
+    mg_gateway *gw;
+    mg_proc proc;
+    int pidfd; /* our own duplicate */
+    struct event *ev;
+    uint64_t *ids; /* its segments */
+    size_t n, cap;
+    struct exit_watch *next;
+} exit_watch;
+
+static exit_watch **watches(mg_gateway *gw)
+{
+    return (exit_watch **)mg_gateway_state(gw, &mg_svc_memory);
+}
+
+static void watch_free(exit_watch *w)
+{
+    exit_watch **pp = watches(w->gw);
+    while (*pp && *pp != w)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = w->next;
+    if (w->ev)
+        event_free(w->ev);
+    close(w->pidfd);
+    free(w->ids);
+    free(w);
+}
+
+/* The process exited (or a second passed since a segment was still held): release what can be. */
+static void exited(evutil_socket_t fd, short what, void *arg)
+{
+    exit_watch *w = arg;
+    mg_registry *reg = mg_engine_registry(w->gw->engine);
+    size_t kept = 0, released = 0;
+    (void)fd;
+    (void)what;
+    for (size_t i = 0; i < w->n; i++) {
+        char err[MG_SEG_ERROR_MAX];
+        mg_segment *seg;
+        int rc = mg_registry_unregister(reg, NULL, w->ids[i], &seg, err);
+        if (rc == 0 && mg_memory_unmap(w->gw, seg, NULL) == 0)
+            released++;
+        else if (rc == MG_ERR_BUSY || rc == 0) /* held, or no worker slot: later */
+            w->ids[kept++] = w->ids[i];
+    }
+    if (released)
+        mg_info("segments_released", "pid=%d count=%zu reason=\"its process exited\"",
+                (int)w->proc.pid, released);
+    w->n = kept;
+    if (kept == 0) {
+        watch_free(w);
+        return;
+    }
+    {
+        struct timeval again = {1, 0};
+        event_free(w->ev);
+        w->ev = evtimer_new(w->gw->base, exited, w);
+        if (w->ev == NULL || evtimer_add(w->ev, &again) != 0)
+            mg_warn("segments_release_failed", "pid=%d count=%zu reason=\"out of memory\"",
+                    (int)w->proc.pid, kept);
+    }
+}
+
+/* The watch of proc, made when it has none. */
+static exit_watch *watch_of(mg_gateway *gw, const mg_procmem *pm)
+{
+    const mg_proc *proc = mg_procmem_proc(pm);
+    exit_watch *w;
+    for (w = *watches(gw); w; w = w->next) {
+        if (w->proc.pid == proc->pid && w->proc.start == proc->start)
+            return w;
+    }
+    if ((w = calloc(1, sizeof(*w))) == NULL)
+        return NULL;
+    w->gw = gw;
+    w->proc = *proc;
+    w->pidfd = fcntl(mg_procmem_pidfd(pm), F_DUPFD_CLOEXEC, 0);
+    w->ev = w->pidfd >= 0 ? event_new(gw->base, w->pidfd, EV_READ, exited, w) : NULL;
+    if (w->ev == NULL || event_add(w->ev, NULL) != 0) {
+        if (w->ev)
+            event_free(w->ev);
+        if (w->pidfd >= 0)
+            close(w->pidfd);
+        free(w);
+        return NULL;
+    }
+    w->next = *watches(gw);
+    *watches(gw) = w;
+    return w;
+}
+
+void mg_memory_watch_exit(mg_gateway *gw, mg_segment *seg)
+{
+    mg_procmem *pm = mg_segment_procmem(seg);
+    mg_segment_info info;
+    exit_watch *w;
+    if (pm == NULL)
+        return;
+    mg_segment_get_info(mg_engine_registry(gw->engine), seg, &info);
+    w = watch_of(gw, pm);
+    if (w && w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 4;
+        uint64_t *ids = realloc(w->ids, cap * sizeof(*ids));
+        if (ids) {
+            w->ids = ids;
+            w->cap = cap;
+        }
+    }
+    if (w == NULL || w->n == w->cap) {
+        mg_warn("segment_exit_watch_failed",
+                "id=%" PRIu64 " reason=\"out of memory: released only when unregistered\"",
+                info.id);
+        return;
+    }
+    w->ids[w->n++] = info.id;
+}
+
+void mg_memory_watches_free(mg_gateway *gw)
+{
+    while (*watches(gw))
+        watch_free(*watches(gw));
+}
