@@ -133,17 +133,8 @@ def address_of(buf):
     try:
         return ctypes.addressof(c), view.nbytes
     finally:
-        del c
+        del c  # an exported buffer would keep an mmap from closing
         view.release()
-
-
-def _address(mm):
-    """The address of an mmap object's first byte in this process."""
-    c = ctypes.c_char.from_buffer(mm)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c  # an exported buffer would keep the mapping from closing
 
 
 class Buffer:
@@ -206,7 +197,7 @@ def _buffer_memory(size, name):
     except BaseException:
         os.close(fd)
         raise
-    return fd, mm, _address(mm)
+    return fd, mm, address_of(mm)[0]
 
 
 def notify(peer, topic, payload=b""):

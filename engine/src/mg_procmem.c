@@ -20,19 +20,27 @@ struct mg_procmem {
     int pidfd;
 };
 
+/* A small procfs file, NUL-terminated in buf (cap bytes). Returns 0, or -1 when it cannot be
+ * read or is empty. */
+static int read_proc(const char *path, char *buf, size_t cap)
+{
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    buf[0] = '\0';
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, cap - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    return n > 0 ? 0 : -1;
+}
+
 /* The first line of `path` that starts with `key`, copied to out. Returns 0 or -1. */
 static int proc_line(const char *path, const char *key, char *out, size_t cap)
 {
     char buf[4096], *p;
-    ssize_t n;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (read_proc(path, buf, sizeof(buf)) != 0)
         return -1;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
     for (p = buf; p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
         if (strncmp(p, key, strlen(key)) == 0) {
             size_t l = strcspn(p, "\n");
@@ -47,17 +55,9 @@ uint64_t mg_proc_start_time(int32_t pid)
 {
     char path[32], buf[1024], *p;
     unsigned long long start = 0;
-    ssize_t n;
-    int fd;
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (read_proc(path, buf, sizeof(buf)) != 0)
         return 0;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
     p = strrchr(buf, ')'); /* after the command name, which may hold anything */
     for (int field = 2; field < 22 && p; field++)
         p = strchr(p + 1, ' ');
@@ -141,14 +141,8 @@ static int ptrace_rules(char scope[32])
 {
     char caps[128] = "";
     unsigned long long eff = 0;
-    int fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC);
-    scope[0] = '\0';
-    if (fd >= 0) {
-        ssize_t n = read(fd, scope, 31);
-        scope[n > 0 ? n : 0] = '\0';
-        scope[strcspn(scope, "\n")] = '\0';
-        close(fd);
-    }
+    read_proc("/proc/sys/kernel/yama/ptrace_scope", scope, 32); /* "" without Yama */
+    scope[strcspn(scope, "\n")] = '\0';
     if (proc_line("/proc/self/status", "CapEff:", caps, sizeof(caps)) == 0)
         sscanf(caps, "CapEff: %llx", &eff);
     return (eff & (1ULL << 19)) != 0; /* CAP_SYS_PTRACE */

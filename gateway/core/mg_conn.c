@@ -620,10 +620,44 @@ static int add_listener(mg_gateway *gw, conn_kind kind, const char *addr)
     return 0;
 }
 
+int mg_unix_path_clear(const char *path, const char *what)
+{
+    struct stat st;
+    /* Remove a stale socket of an earlier run, never any other kind of file. */
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            mg_error("listen_failed", "%s=%s reason=\"exists and is not a socket\"", what, path);
+            return MG_ERR_EXISTS;
+        }
+        unlink(path);
+    }
+    return 0;
+}
+
+int mg_unix_path_own(mg_gateway *gw, const char *path, const char *what)
+{
+    /* The group first: until the mode is set the socket has the umask's bits. */
+    if (gw->cfg->unix_socket_group[0]) {
+        unsigned gid;
+        const char *why = NULL;
+        if (mg_config_group(gw->cfg->unix_socket_group, &gid) != 0)
+            why = "no such group";
+        else if (chown(path, (uid_t)-1, (gid_t)gid) != 0)
+            why = strerror(errno);
+        if (why) {
+            mg_error("listen_failed", "%s=%s unix_socket_group=%s reason=\"%s\"", what, path,
+                     gw->cfg->unix_socket_group, why);
+            return MG_ERR_SYSTEM;
+        }
+    }
+    if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
+        mg_warn("unix_socket_mode", "path=%s error=\"%s\"", path, strerror(errno));
+    return 0;
+}
+
 int mg_listener_add_unix(mg_gateway *gw, const char *path)
 {
     struct sockaddr_un sun;
-    struct stat st;
     mg_listener *l;
     char dir[sizeof(sun.sun_path)];
     char *slash;
@@ -643,14 +677,8 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
             return MG_ERR_SYSTEM;
         }
     }
-    /* Remove a stale socket of an earlier run, never any other kind of file. */
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            mg_error("listen_failed", "unix=%s reason=\"exists and is not a socket\"", path);
-            return MG_ERR_EXISTS;
-        }
-        unlink(path);
-    }
+    if (mg_unix_path_clear(path, "unix") != 0)
+        return MG_ERR_EXISTS;
     memset(&sun, 0, sizeof(sun));
     sun.sun_family = AF_UNIX;
     memcpy(sun.sun_path, path, strlen(path) + 1);
@@ -672,26 +700,13 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
         free(l);
         return MG_ERR_SYSTEM;
     }
-    /* The group first: until the mode is set the socket has the umask's bits. */
-    if (gw->cfg->unix_socket_group[0]) {
-        unsigned gid;
-        const char *why = NULL;
-        if (mg_config_group(gw->cfg->unix_socket_group, &gid) != 0)
-            why = "no such group";
-        else if (chown(path, (uid_t)-1, (gid_t)gid) != 0)
-            why = strerror(errno);
-        if (why) {
-            mg_error("listen_failed", "unix=%s unix_socket_group=%s reason=\"%s\"", path,
-                     gw->cfg->unix_socket_group, why);
-            evconnlistener_free(l->lev);
-            unlink(path);
-            free(l->unix_path);
-            free(l);
-            return MG_ERR_SYSTEM;
-        }
+    if (mg_unix_path_own(gw, path, "unix") != 0) {
+        evconnlistener_free(l->lev);
+        unlink(path);
+        free(l->unix_path);
+        free(l);
+        return MG_ERR_SYSTEM;
     }
-    if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
-        mg_warn("unix_socket_mode", "path=%s error=\"%s\"", path, strerror(errno));
     evconnlistener_set_error_cb(l->lev, listener_error_cb);
     l->next = gw->listeners;
     gw->listeners = l;

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -45,11 +44,6 @@ typedef struct mg_fdsock {
     unsigned nconns;
     uint64_t next_key;
 } mg_fdsock;
-
-static uint64_t now_ms(void)
-{
-    return mg_now_mono_ns() / 1000000u;
-}
 
 static void conn_close(fd_conn *c)
 {
@@ -163,8 +157,8 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
         close(fds[0]);
         return 0;
     }
-    if (mg_fd_handles_put(fs->handles, fds[0], &who, c->key, now_ms(), &handle, err, sizeof(err)) !=
-        0) {
+    if (mg_fd_handles_put(fs->handles, fds[0], &who, c->key, mg_now_mono_ms(), &handle, err,
+                          sizeof(err)) != 0) {
         close(fds[0]);
         return reply(c, "ERR RESOURCE_EXHAUSTED %s", err);
     }
@@ -260,7 +254,7 @@ static void accept_cb(evutil_socket_t sock, short what, void *arg)
 static void expire_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_fdsock *fs = arg;
-    size_t n = mg_fd_handles_expire(fs->handles, now_ms());
+    size_t n = mg_fd_handles_expire(fs->handles, mg_now_mono_ms());
     (void)fd;
     (void)what;
     if (n)
@@ -273,7 +267,6 @@ static void expire_cb(evutil_socket_t fd, short what, void *arg)
 static int open_socket(mg_gateway *gw, const char *path)
 {
     struct sockaddr_un sun;
-    struct stat st;
     int fd;
     memset(&sun, 0, sizeof(sun));
     sun.sun_family = AF_UNIX;
@@ -283,13 +276,8 @@ static int open_socket(mg_gateway *gw, const char *path)
         return -1;
     }
     memcpy(sun.sun_path, path, strlen(path) + 1);
-    if (lstat(path, &st) == 0) { /* a stale socket of an earlier run, never another file */
-        if (!S_ISSOCK(st.st_mode)) {
-            mg_error("listen_failed", "fd_socket=%s reason=\"exists and is not a socket\"", path);
-            return -1;
-        }
-        unlink(path);
-    }
+    if (mg_unix_path_clear(path, "fd_socket") != 0)
+        return -1;
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0 || listen(fd, 128) != 0) {
         mg_error("listen_failed", "fd_socket=%s reason=\"%s\"", path, strerror(errno));
@@ -297,21 +285,11 @@ static int open_socket(mg_gateway *gw, const char *path)
             close(fd);
         return -1;
     }
-    if (gw->cfg->unix_socket_group[0]) {
-        unsigned gid;
-        if (mg_config_group(gw->cfg->unix_socket_group, &gid) != 0 ||
-            chown(path, (uid_t)-1, (gid_t)gid) != 0) {
-            mg_error("listen_failed",
-                     "fd_socket=%s unix_socket_group=%s reason=\"cannot give it "
-                     "to the group\"",
-                     path, gw->cfg->unix_socket_group);
-            close(fd);
-            unlink(path);
-            return -1;
-        }
+    if (mg_unix_path_own(gw, path, "fd_socket") != 0) {
+        close(fd);
+        unlink(path);
+        return -1;
     }
-    if (chmod(path, (mode_t)gw->cfg->unix_socket_mode) != 0)
-        mg_warn("unix_socket_mode", "path=%s error=\"%s\"", path, strerror(errno));
     return fd;
 }
 

@@ -16,6 +16,7 @@
 #include "mg_service.h"
 #include "moongate/lease_table.h"
 #include "moongate/pools.h"
+#include "moongate/procmem.h"
 
 #include <arpa/inet.h>
 #include <event2/event.h>
@@ -171,6 +172,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     gw->io = parts->io;
     gw->rdma = parts->rdma;
     snprintf(gw->rdma_why, sizeof(gw->rdma_why), "%s", parts->rdma_why ? parts->rdma_why : "");
+    /* procfs reads, done here once rather than on the loop at every Info or status call */
+    gw->process_vm = mg_procmem_available(gw->process_vm_why, sizeof(gw->process_vm_why));
     gw->state = MG_STATE_STARTING;
     gw->start_unix_ms = mg_now_unix_ms();
     gw->start_mono_ns = mg_now_mono_ns();

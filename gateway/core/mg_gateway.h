@@ -231,6 +231,8 @@ struct mg_gateway {
     mg_engine *io;        /* the transport threads (--io-threads): data-plane jobs of transfers */
     struct mg_rdma *rdma; /* the RDMA devices, or NULL (rdma_why says why) */
     char rdma_why[300];
+    int process_vm;           /* clients' own memory can be reached (moongate/procmem.h) */
+    char process_vm_why[300]; /* when not, or only partly, why: read once at start */
     mg_cq *cq;
     struct event *cq_event;
     void *ssl_ctx;        /* SSL_CTX, NULL when TLS is off; swapped when its files change */

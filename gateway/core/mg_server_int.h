@@ -137,6 +137,11 @@ void mg_conn_free(mg_conn *conn);
 /* Listeners: control-port TLS, h2c TCP (loopback unless allowed) and the Unix socket. */
 int mg_listeners_add(mg_gateway *gw, conn_kind kind, const char *list);
 int mg_listener_add_unix(mg_gateway *gw, const char *path);
+/* A Unix socket's path: a stale socket there removed (any other file: MG_ERR_EXISTS), and once
+ * bound, given --unix-socket-group and --unix-socket-mode (MG_ERR_SYSTEM when the group cannot
+ * be). `what` names the socket in the log ("unix", "fd_socket"). */
+int mg_unix_path_clear(const char *path, const char *what);
+int mg_unix_path_own(mg_gateway *gw, const char *path, const char *what);
 void mg_listeners_free(mg_gateway *gw);
 /* The process behind a Unix-socket connection: its pid (SO_PEERCRED) and start time. Returns 0
  * with *uid and *proc set (pid 0 when the kernel names none), or -1. */

@@ -19,7 +19,6 @@
 #include "mg_addr.h"
 #include "mg_log.h"
 #include "moongate/pools.h"
-#include "moongate/procmem.h"
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
 
@@ -123,8 +122,8 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
     if (reg)
         mg_registry_get_stats(reg, &rs);
     rdma_line(gw, rdma, sizeof(rdma));
-    if (mg_procmem_available(pvm, sizeof(pvm)) && pvm[0] == '\0')
-        snprintf(pvm, sizeof(pvm), "available");
+    snprintf(pvm, sizeof(pvm), "%s",
+             gw->process_vm && !gw->process_vm_why[0] ? "available" : gw->process_vm_why);
     snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)gw->epoch); /* as Info's JSON */
     j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s,s:s},s:{s:I,s:I,s:I}}",
                   "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,

@@ -5,7 +5,6 @@
 #include "mg_gateway.h"
 #include "mg_service.h"
 
-#include "moongate/procmem.h"
 #include "moongate/rdma.h"
 #include "moongate/v1/daemon.pb-c.h"
 
@@ -22,7 +21,6 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     int ndev;
     Moongate__V1__TransportInfo pvm = MOONGATE__V1__TRANSPORT_INFO__INIT;
     Moongate__V1__TransportInfo *transports[3] = {&tcp, &rdma, &pvm};
-    char pvm_why[300];
     char *features[10];
     size_t nf = 0;
     mg_engine_stats es;
@@ -72,8 +70,8 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     rdma.n_devices = (size_t)ndev;
     rdma.reason = ndev ? "" : gw->rdma_why;
     pvm.name = "process_vm"; /* clients' own memory, on this host (moongate/procmem.h) */
-    pvm.available = mg_procmem_available(pvm_why, sizeof(pvm_why));
-    pvm.reason = pvm_why;
+    pvm.available = gw->process_vm;
+    pvm.reason = gw->process_vm_why;
     resp.transports = transports;
     resp.n_transports = 3;
     resp.workers = es.workers;

@@ -194,8 +194,7 @@ static int take_fd(mg_call *call, uint64_t handle, int *fd, char *err)
         return MG_ERR_PERMISSION;
     }
     mg_strlcpy(who.tenant, mg_call_tenant(call), sizeof(who.tenant));
-    return mg_fd_handles_take(t, handle, &who, mg_now_mono_ns() / 1000000u, fd, err,
-                              MG_SEG_ERROR_MAX);
+    return mg_fd_handles_take(t, handle, &who, mg_now_mono_ms(), fd, err, MG_SEG_ERROR_MAX);
 }
 
 /* Checks a request of `call` and reserves its segment. Returns 0, or an MG_ERR_* with err set. */

@@ -178,10 +178,10 @@ typedef struct mg_batch_item {
 
 /* Request i of b from t: its fields, and its local memory (and the other side's, for peer "")
  * resolved in the tenant's segments and leases (or the caller's addresses) and held for
- * `holder`. Returns NULL, or what is
- * wrong with it (what it holds is let go with the batch). *last: the local segment of the
- * request before (0: a lease), for the next. Peer strings are not copied: resolve them
- * (r->peer) before the items go. */
+ * `holder`. Returns NULL, or what is wrong with it (what it holds is let go with the batch; the
+ * text may be the request's own, freed with the batch: use it before mg_batch_discard). *last:
+ * the local segment of the request before (0: a lease), for the next. Peer strings are not
+ * copied: resolve them (r->peer) before the items go. */
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder);
 /* A remote target of a batch, and what its peer said of it. */
