@@ -22,6 +22,7 @@ PROTOS = [
     ("moongate/v1/peer.proto", "moongate/v1/peer.proto"),
     ("moongate/v1/transfer.proto", "moongate/v1/transfer.proto"),
     ("moongate/v1/notify.proto", "moongate/v1/notify.proto"),
+    ("moongate/v1/agent.proto", "moongate/v1/agent.proto"),
     ("grpc/health/v1/health.proto", "mgstd/health.proto"),
     ("grpc/reflection/v1/reflection.proto", "mgstd/reflection_v1.proto"),
     ("grpc/reflection/v1alpha/reflection.proto", "mgstd/reflection_v1alpha.proto"),

@@ -45,8 +45,9 @@ from gen_stubs import generate  # noqa: E402
 
 sys.path.insert(0, generate(os.environ.get("MOONGATE_PYGEN") or os.path.join(
     _here, "..", "..", "build", "pygen")))
-from moongate.v1 import (memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc,  # noqa: E402
-                         pool_pb2, pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
+from moongate.v1 import (agent_pb2, agent_pb2_grpc, memory_pb2, memory_pb2_grpc,  # noqa: E402
+                         notify_pb2, notify_pb2_grpc, pool_pb2, pool_pb2_grpc, transfer_pb2,
+                         transfer_pb2_grpc)
 
 __all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
            "address_of"]
@@ -97,31 +98,34 @@ def _fd_request(name, handle, offset, size, remote_accessible, share_with, kw):
 
 
 def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
-             length, address):
+             length, address, agent, remote_address):
     if (segment is None) + (lease is None) + (address is None) != 2:
         raise ValueError("name the local memory: segment=, lease= or address=, one of them")
-    if (remote_segment is None) == (remote_lease is None):
-        raise ValueError("name the target: remote_segment= or remote_lease=, one of them")
+    if (remote_segment is None) + (remote_lease is None) + (agent is None) != 2:
+        raise ValueError("name the target: remote_segment=, remote_lease= or agent= (with "
+                         "remote_address=), one of them")
     return transfer_pb2.TransferRequest(
         op=op, local_segment=segment or 0, local_lease=lease or 0, local_offset=offset,
         peer=peer, remote_segment=remote_segment or 0, remote_lease=remote_lease or 0,
-        remote_offset=remote_offset, length=length, local_address=address or 0)
+        remote_offset=remote_offset, length=length, local_address=address or 0,
+        remote_agent=agent or "", remote_address=remote_address)
 
 
 def write(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
-          remote_offset=0, length=0, address=None):
+          remote_offset=0, length=0, address=None, agent=None, remote_address=0):
     """A WRITE: local bytes (a segment or a lease of the caller, or `address` in a region this
     process registered with its address, e.g. a Buffer's) to a peer's segment or lease (peer ""
-    is this daemon)."""
+    is this daemon), or to `remote_address` in the process of `agent`: its one-string form
+    "host:port", or its name on `peer`."""
     return _request(transfer_pb2.WRITE, segment, lease, offset, peer, remote_segment,
-                    remote_lease, remote_offset, length, address)
+                    remote_lease, remote_offset, length, address, agent, remote_address)
 
 
 def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
-         remote_offset=0, length=0, address=None):
-    """A READ: a peer's bytes into local memory."""
+         remote_offset=0, length=0, address=None, agent=None, remote_address=0):
+    """A READ: a peer's bytes (or an agent's, as in write) into local memory."""
     return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
-                    remote_lease, remote_offset, length, address)
+                    remote_lease, remote_offset, length, address, agent, remote_address)
 
 
 def address_of(buf):
@@ -312,6 +316,7 @@ class Client:
         self.pool = pool_pb2_grpc.PoolStub(self._ch)
         self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
         self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self.agent = agent_pb2_grpc.AgentStub(self._ch)
         self._maps = _Maps()
 
     def __enter__(self):
@@ -329,6 +334,42 @@ class Client:
             return fn(req, metadata=self.md, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             raise Error(e.code(), e.details()) from None
+
+    # agents
+    def register_agent(self, name, port=0):
+        """Names this client an agent of its tenant on the daemon, with `port` (0: one the
+        daemon assigns): "host:port" then names it. It lives as long as this client's
+        connection; the regions this process registered with their address are its regions.
+        Returns the AgentInfo (.port is the port)."""
+        return self._call(self.agent.RegisterAgent,
+                          agent_pb2.RegisterAgentRequest(name=name, port=port))
+
+    def unregister_agent(self, name):
+        self._call(self.agent.UnregisterAgent, agent_pb2.UnregisterAgentRequest(name=name))
+
+    def describe_agent(self, agent, peer=""):
+        """An agent's port, epoch and regions: "host:port", or a name on `peer` ("" here)."""
+        return self._call(self.agent.DescribeAgent,
+                          agent_pb2.DescribeAgentRequest(agent=agent, peer=peer))
+
+    def first_buffer_address(self, agent, peer=""):
+        """The address of the agent's first region (Mooncake's get_first_buffer_address)."""
+        return self.describe_agent(agent, peer).first_address
+
+    def agents(self):
+        return list(self._call(self.agent.ListAgents, agent_pb2.ListAgentsRequest()).agents)
+
+    def export_agent(self, name, endpoint=""):
+        """The agent's descriptor: bytes another process hands to import_agent (endpoint: this
+        daemon's control endpoint as peers reach it; "" for its --advertise)."""
+        return self._call(self.agent.ExportAgent, agent_pb2.ExportAgentRequest(
+            name=name, endpoint=endpoint)).descriptor
+
+    def import_agent(self, descriptor):
+        """Checks a descriptor with the daemon it names; returns the agent as that daemon
+        describes it now (AgentInfo: .peer and .name name it in transfers)."""
+        return self._call(self.agent.ImportAgent,
+                          agent_pb2.ImportAgentRequest(descriptor=descriptor))
 
     # segments
     def register(self, name, size, remote_accessible=False, share_with=(), **kw):
@@ -450,6 +491,13 @@ class Client:
         finally:
             call.cancel()
 
+    def send(self, topic, payload=b"", peer="", agent=""):
+        """A notification to `topic` on a peer daemon (peer, or the daemon of agent
+        "host:port"), without a transfer; after this client's earlier notifications to that
+        peer and topic (its batches' included). Returns once the peer queued it."""
+        self._call(self._notify.Send, notify_pb2.SendRequest(peer=peer, agent=agent, topic=topic,
+                                                             payload=payload))
+
     def poll(self, topic, max=100):
         return list(self._call(self._notify.Poll, notify_pb2.PollRequest(topic=topic, max=max))
                     .notifications)
@@ -481,6 +529,7 @@ class AsyncClient:
         self.pool = pool_pb2_grpc.PoolStub(self._ch)
         self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
         self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self.agent = agent_pb2_grpc.AgentStub(self._ch)
         self._maps = _Maps()
 
     async def __aenter__(self):

@@ -11,12 +11,12 @@ int mg_req_start(mg_req_life *r)
     return 0;
 }
 
-int mg_req_requeue(mg_req_life *r)
+int mg_req_requeue(mg_req_life *r, unsigned cause)
 {
-    if (r->state != MG_REQ_RUNNING || r->requeued)
+    if (r->state != MG_REQ_RUNNING || (r->requeued & cause))
         return -1;
     r->state = MG_REQ_PENDING;
-    r->requeued = 1;
+    r->requeued |= cause;
     return 0;
 }
 

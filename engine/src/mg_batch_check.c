@@ -91,18 +91,98 @@ static const char *resolve_address(mg_batch_req *r, const mg_batch_item *t, uint
     return r->msg ? r->msg : "local_address: no such region";
 }
 
+/* Keeps text as r's message and returns it. */
+static const char *say(mg_batch_req *r, const char *text)
+{
+    free(r->msg);
+    r->msg = strdup(text);
+    return r->msg ? r->msg : "out of memory";
+}
+
+static int ref_eq(const mg_agent_ref *a, const mg_agent_ref *b)
+{
+    return a->port == b->port && !strcmp(a->name, b->name) && !strcmp(a->peer, b->peer);
+}
+
+/* The remote agent of request r on this daemon: its region holding the range, now (in *v). */
+static const char *resolve_agent_here(mg_batch_req *r, const mg_batch_item *t,
+                                      const mg_agent_ref *ref, mg_batch_item *v)
+{
+    const mg_batches_config *cfg = &r->b->set->cfg;
+    const mg_agent *ag = NULL;
+    char err[MG_SEG_ERROR_MAX], who[MG_AGENT_NAME_MAX + 32];
+    if (cfg->agents)
+        ag = ref->name[0] ? mg_agents_by_name(cfg->agents, r->b->tenant, ref->name)
+                          : mg_agents_by_port(cfg->agents, r->b->tenant, ref->port);
+    if (ag == NULL || ag->proc.pid <= 0) {
+        r->err = MG_ERR_NOT_FOUND;
+        snprintf(err, sizeof(err), "no %s with regions on this daemon",
+                 mg_agent_ref_str(ref, who, sizeof(who)));
+        return say(r, err);
+    }
+    if ((r->err = mg_registry_resolve(cfg->reg, r->b->tenant, &ag->proc, v->remote_address,
+                                      t->length, &v->remote_segment, &v->remote_offset, err)) != 0)
+        return say(r, err);
+    return NULL;
+}
+
+/* A request naming its remote bytes by (agent, address), as one naming a segment (*v): an
+ * agent here is resolved now; one on a peer is entered in b->agents, to be resolved with what
+ * the peer says (mg_batch_resolve_agents). Returns NULL, or what is wrong (r->err set when it
+ * is not INVALID_ARGUMENT). */
+static const char *resolve_agent(mg_batch_req *r, const mg_batch_item *t, mg_batch_item *v)
+{
+    mg_batch *b = r->b;
+    const mg_batch_req *prev = r > b->reqs ? r - 1 : NULL;
+    mg_agent_ref ref, **grown;
+    char why[300];
+    if (t->remote_segment || t->remote_lease)
+        return "name the remote memory one way: remote_agent and remote_address, or "
+               "remote_segment or remote_lease";
+    if (t->remote_offset > UINT64_MAX - t->remote_address)
+        return "remote_address + remote_offset overflows";
+    if (mg_agent_ref_parse(t->peer, t->remote_agent, b->set->cfg.peer_port, &ref, why,
+                           sizeof(why)) != 0)
+        return say(r, why);
+    *v = *t;
+    v->remote_agent = NULL;
+    v->remote_address = t->remote_address + t->remote_offset;
+    v->remote_offset = 0;
+    if (ref.peer[0] == '\0')
+        return resolve_agent_here(r, t, &ref, v);
+    if (prev && prev->agent && ref_eq(b->agents[prev->agent - 1], &ref)) {
+        r->agent = prev->agent;
+    } else {
+        if ((grown = realloc(b->agents, (b->nagents + 1) * sizeof(*grown))) == NULL)
+            return "out of memory";
+        b->agents = grown;
+        if ((b->agents[b->nagents] = malloc(sizeof(ref))) == NULL)
+            return "out of memory";
+        *b->agents[b->nagents++] = ref;
+        r->agent = (uint32_t)b->nagents;
+    }
+    r->remote_address = v->remote_address;
+    v->peer = b->agents[r->agent - 1]->peer;
+    return NULL;
+}
+
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder)
 {
     mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
     uint64_t same = *last;
-    mg_batch_item u;
+    mg_batch_item u, v;
     const char *bad;
     *last = 0;
     if (t->local_address && t->length && (bad = resolve_address(r, t, same, &u)) != NULL)
         return bad;
     if (t->local_address && t->length)
         t = &u;
+    if (t->remote_agent && t->remote_agent[0] && t->length) {
+        if ((bad = resolve_agent(r, t, &v)) != NULL)
+            return bad;
+        t = &v;
+    }
     r->write = t->write;
     r->remote_segment = t->remote_lease ? t->remote_lease : t->remote_segment;
     r->remote_lease = t->remote_lease != 0;
@@ -119,7 +199,7 @@ const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_
         return "remote offset + length overflows";
     if ((t->local_segment != 0) == (t->local_lease != 0))
         return "name the local memory: local_segment or local_lease, one of them";
-    if ((t->remote_segment != 0) == (t->remote_lease != 0))
+    if (!r->agent && (t->remote_segment != 0) == (t->remote_lease != 0))
         return "name the remote target: remote_segment or remote_lease, one of them";
     if ((bad = resolve_local(r, t, same, holder)) != NULL)
         return bad;
@@ -224,4 +304,47 @@ void mg_batch_target_answered(mg_peer_cache *descs, mg_batch_target *t, const mg
         t->state = MG_TARGET_MISSING;
         mg_peer_cache_forget(descs, t->peer->key, t->id, t->is_lease);
     } /* else unreachable or refused: left to the data plane, which fails it by name */
+}
+
+/* ---- remote agents ---- */
+
+int mg_batch_resolve_agents(mg_batch *b, mg_agent_cache *cache, mg_peer_cache *descs, int answered,
+                            mg_batch_agent_ask **ask, size_t *nask, size_t *bad, char *why,
+                            size_t cap)
+{
+    const mg_agent_ref *asked = NULL; /* the agent asked for last */
+    for (size_t i = 0; i < b->n; i++) {
+        mg_batch_req *r = &b->reqs[i];
+        const mg_agent_ref *ref;
+        mg_batch_agent_ask *grown;
+        int rc;
+        if (!r->agent || r->peer == NULL)
+            continue;
+        ref = b->agents[r->agent - 1];
+        rc = mg_agent_cache_resolve(
+            cache, r->peer->key, mg_peer_cache_epoch_of(descs, r->peer->key), ref,
+            r->remote_address, r->length, &r->remote_segment, &r->remote_offset, why, cap);
+        if (rc == 0 || (!answered && ref == asked))
+            continue;
+        if (answered) {
+            char who[MG_AGENT_NAME_MAX + 32];
+            if (rc == MG_ERR_NOT_FOUND)
+                snprintf(why, cap, "peer %s has no %s", r->peer->addr,
+                         mg_agent_ref_str(ref, who, sizeof(who)));
+            *bad = i;
+            return rc == MG_ERR_RANGE ? MG_ERR_RANGE : MG_ERR_NOT_FOUND;
+        }
+        for (size_t k = 0; k < *nask && asked != ref; k++) {
+            if ((*ask)[k].peer == r->peer && ref_eq((*ask)[k].ref, ref))
+                asked = ref; /* the same agent, named again further on */
+        }
+        if (asked == ref)
+            continue;
+        if ((grown = realloc(*ask, (*nask + 1) * sizeof(**ask))) == NULL)
+            return MG_ERR_NOMEM;
+        *ask = grown;
+        (*ask)[(*nask)++] = (mg_batch_agent_ask){r->peer, ref};
+        asked = ref;
+    }
+    return 0;
 }

@@ -75,6 +75,9 @@ static void batch_free(mg_batch *b)
     }
     for (size_t i = 0; b->recs && i < b->n; i++)
         free(b->recs[i].msg);
+    for (size_t i = 0; i < b->nagents; i++)
+        free(b->agents[i]);
+    free(b->agents);
     free(b->notes);
     free(b->reqs);
     free(b->recs);

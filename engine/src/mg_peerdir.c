@@ -59,7 +59,7 @@ static void job_ended(void *arg, mg_xfer_req *head)
 static void session_retry(mg_batch_req *r)
 {
     mg_xfer_peer *p = r->peer;
-    mg_req_requeue(&r->life);
+    mg_req_requeue(&r->life, MG_REQUEUE_SESSION);
     mg_xfer_req_reset(&r->x);
     if (p->state == MG_PEER_OPEN && !memcmp(p->token, r->token, sizeof(r->token))) {
         mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64, p->addr, p->epoch);
@@ -83,9 +83,17 @@ static void req_moved(void *arg, mg_xfer_req *x, int result, const char *why)
     (void)arg;
     if (result != 0) /* a mover that said nothing still names what failed */
         mg_batch_req_say(r, why && *why ? why : mg_strerror(result));
-    if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) && !r->life.requeued &&
-        mg_xfer_req_stopped(&r->x) == 0) {
+    if ((result == MG_ERR_AUTH || result == MG_ERR_UNAVAILABLE) &&
+        !(r->life.requeued & MG_REQUEUE_SESSION) && mg_xfer_req_stopped(&r->x) == 0) {
         session_retry(r); /* a dead peer fails there, by name */
+        return;
+    }
+    if (result == MG_ERR_NOT_FOUND && r->agent && !(r->life.requeued & MG_REQUEUE_TARGET) &&
+        r->peer->dir->cfg.agent_stale && mg_xfer_req_stopped(&r->x) == 0) {
+        mg_peer_cache_forget(r->peer->dir->cfg.descs, r->peer->key, r->remote_segment, 0);
+        mg_req_requeue(&r->life, MG_REQUEUE_TARGET);
+        mg_xfer_req_reset(&r->x);
+        r->peer->dir->cfg.agent_stale(r->peer->dir->cfg.arg, r); /* where it is now */
         return;
     }
     if (result && r->msg && strstr(r->msg, r->peer->addr) == NULL)
@@ -319,7 +327,8 @@ static void release_waiting(mg_xfer_peer *p)
         mg_list_remove(&r->wait);
         if (p->state == MG_PEER_OPEN) {
             req_go(r);
-        } else if (r->life.requeued && r->msg) { /* both: why it asked again, and what then */
+        } else if ((r->life.requeued & MG_REQUEUE_SESSION) &&
+                   r->msg) { /* both: why it asked again, and what then */
             char both[600];
             snprintf(both, sizeof(both), "%.180s; then a new session: %.200s", r->msg, p->err);
             mg_batch_req_end(r, p->err_code, both);

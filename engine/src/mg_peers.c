@@ -165,6 +165,12 @@ static void remove_node(mg_peer_cache *c, peer *p, uint32_t i)
     p->info.descs--;
 }
 
+uint64_t mg_peer_cache_epoch_of(const mg_peer_cache *c, const char *name)
+{
+    const peer *p = find_peer(c, name);
+    return p ? p->info.epoch : 0;
+}
+
 int mg_peer_cache_put(mg_peer_cache *c, const char *name, uint64_t epoch, const mg_remote_desc *d)
 {
     peer *p = find_peer(c, name);

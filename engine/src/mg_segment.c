@@ -600,6 +600,22 @@ int mg_registry_resolve(mg_registry *reg, const char *tenant, const mg_proc *pro
     return 0;
 }
 
+size_t mg_registry_regions(mg_registry *reg, const char *tenant, const mg_proc *proc,
+                           uint64_t after, mg_region *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&reg->lock);
+    for (size_t i = addrs_upper(reg, proc, after); i < reg->naddrs && n < max; i++) {
+        const mg_segment *s = reg->addrs[i];
+        if (!same_proc(proc, s))
+            break;
+        if (s->state == MG_SEG_READY && !strcmp(s->tenant, tenant))
+            out[n++] = (mg_region){s->idn.id, s->client_addr, s->size, s->remote_accessible};
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return n;
+}
+
 uint64_t mg_segment_client_addr(const mg_segment *seg, const mg_proc *proc)
 {
     return seg->client_addr && same_proc(proc, seg) ? seg->client_addr : 0;

@@ -156,6 +156,36 @@ int mg_call_socket_cred(const mg_call *call, uint32_t *uid, mg_proc *proc)
     return 1;
 }
 
+int mg_call_bind(mg_call *call, mg_conn_bind *b)
+{
+    if (call->conn == NULL)
+        return -1;
+    mg_list_push_back(&call->conn->binds, &b->node);
+    return 0;
+}
+
+uint64_t mg_call_conn_id(const mg_call *call)
+{
+    return call->conn ? call->conn->serial : 0;
+}
+
+int mg_call_bound(const mg_call *call, const mg_conn_bind *b)
+{
+    if (call->conn == NULL)
+        return 0;
+    for (const mg_list_node *n = call->conn->binds.next; n != &call->conn->binds; n = n->next) {
+        if (n == &b->node)
+            return 1;
+    }
+    return 0;
+}
+
+void mg_unbind(mg_conn_bind *b)
+{
+    if (mg_list_linked(&b->node))
+        mg_list_remove(&b->node);
+}
+
 int mg_call_admin(const mg_call *call)
 {
     return call->who.admin;

@@ -127,6 +127,15 @@ static const opt_def opts[] = {
      "seconds a data-plane slice may stall before its connection is dropped"},
     {"session-ttl", T_UINT, O(session_ttl), "3600", 1, 604800,
      "seconds a data-plane session token stays valid"},
+    {"peer-port", T_UINT, O(peer_port), "7443", 1, 65535,
+     "the control port of peer daemons: the one-string form \"host:port\" of an agent names "
+     "the agent with that port on the daemon at host and this port (docs/api.md)"},
+    {"advertise", T_STR, O(advertise), "", 0, 0,
+     "host:port where peers reach this daemon's control port, as agent descriptors carry it; "
+     "empty: this host's name and --peer-port"},
+    {"agent-ports", T_STR, O(agent_ports), "20000-29999", 0, 0,
+     "the range LO-HI of the ports the daemon assigns agents that ask for none"},
+    {"max-agents", T_UINT, O(max_agents), "4096", 1, 65536, "agents alive at once at most"},
     {"peer-tls", T_BOOL, O(peer_tls), "true", 0, 1,
      "call peer daemons' control endpoints over TLS (false: h2c, for loopback and tests)"},
     {"peer-ca", T_STR, O(peer_ca), "", 0, 0,
@@ -150,6 +159,9 @@ static const opt_def opts[] = {
     {"data-crc", T_BOOL, O(data_crc), "false", 0, 1, "CRC32C on every data-plane slice"},
     {"transfer-timeout", T_UINT, O(transfer_timeout), "300", 1, 86400,
      "seconds a transfer batch may take unless it asks for its own timeout"},
+    {"notify-line", T_UINT, O(notify_line), "1024", 1, 1 << 20,
+     "Send calls one connection may have waiting in line for one peer and topic (behind "
+     "earlier notifications); more get RESOURCE_EXHAUSTED"},
     {"notify-queue", T_UINT, O(notify_queue), "1024", 1, 1 << 20,
      "notifications a topic holds for its readers at most"},
     {"notify-max-bytes", T_SIZE, O(notify_max_bytes), "64M", 65536, 64 * GiB,

@@ -57,6 +57,10 @@ typedef struct mg_config {
     uint64_t data_max_conns;
     uint64_t data_io_timeout; /* seconds */
     uint64_t session_ttl;     /* seconds */
+    uint64_t peer_port;       /* peers' control port, in agents' one-string form */
+    char *agent_ports;        /* "LO-HI" */
+    char *advertise;          /* our control endpoint for peers, in agent descriptors */
+    uint64_t max_agents;
     int peer_tls;
     char *peer_ca;
     char *peer_cert; /* presented to peers ("": --tls-cert) */
@@ -71,6 +75,7 @@ typedef struct mg_config {
     uint64_t tcp_conns_per_peer;
     uint64_t batch_retention; /* seconds */
     uint64_t notify_queue;
+    uint64_t notify_line; /* Sends waiting per connection, peer and topic */
     uint64_t notify_max_bytes;
     uint64_t workers;
     uint64_t io_threads;

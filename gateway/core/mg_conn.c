@@ -402,8 +402,8 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
         mg_conn_free(conn);
         return;
     }
-    if (conn->nstreams > 0)
-        return;
+    if (conn->nstreams > 0 || !mg_list_empty(&conn->binds))
+        return; /* busy, or something lives as long as it (an agent) */
     mg_debug("conn_idle", "peer=%s kind=%s", conn->peer, mg_conn_kind_names[conn->kind]);
     nghttp2_submit_goaway(conn->ng, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(conn->ng), NGHTTP2_NO_ERROR,
@@ -419,6 +419,11 @@ void mg_conn_free(mg_conn *conn)
         if (conn->ng)
             nghttp2_session_set_stream_user_data(conn->ng, call->stream_id, NULL);
         mg_call_detach(call, "connection closed before the call finished");
+    }
+    while (!mg_list_empty(&conn->binds)) { /* agents and the like end with it */
+        mg_conn_bind *b = mg_container_of(mg_list_first(&conn->binds), mg_conn_bind, node);
+        mg_list_remove(&b->node);
+        b->closed(b);
     }
     if (conn->ng)
         nghttp2_session_del(conn->ng);
@@ -505,6 +510,8 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
         return;
     }
     conn->gw = gw;
+    mg_list_init(&conn->binds);
+    conn->serial = ++gw->conns_opened;
     conn->kind = l->kind;
     peer_name(conn, conn->peer, sizeof(conn->peer), fd, sa, l->kind);
     if (l->kind != CONN_UNIX)

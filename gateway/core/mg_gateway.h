@@ -166,6 +166,21 @@ int mg_call_socket_uid(const mg_call *call, uint32_t *uid);
  * who is at the other end (SO_PEERCRED and the process's start time, at connect), whatever
  * principal it was admitted as. proc->pid is 0 for a process the daemon cannot see. */
 int mg_call_socket_cred(const mg_call *call, uint32_t *uid, mg_proc *proc);
+/* Something a service keeps for as long as the caller's connection lives (an agent): while
+ * bound, the connection is never closed for being idle; when it closes, `closed` runs once
+ * (after its calls were detached) and the binding is gone. mg_call_bind links b into the
+ * connection of the call (0), or returns -1 when the connection is gone. mg_unbind takes it
+ * out first (closed does not run); it accepts a binding that is in no connection. */
+typedef struct mg_conn_bind {
+    mg_list_node node;
+    void (*closed)(struct mg_conn_bind *b);
+} mg_conn_bind;
+int mg_call_bind(mg_call *call, mg_conn_bind *b);
+void mg_unbind(mg_conn_bind *b);
+/* The id of the call's connection: unique in the daemon's life; 0 once it is gone. */
+uint64_t mg_call_conn_id(const mg_call *call);
+/* Non-zero when b is bound to the connection of the call. */
+int mg_call_bound(const mg_call *call, const mg_conn_bind *b);
 /* Non-zero when the caller has the admin role: it may list and revoke every tenant's
  * resources. */
 int mg_call_admin(const mg_call *call);
@@ -244,6 +259,7 @@ struct mg_gateway {
     mg_state state;
     int memlock; /* --memlock as an mg_memlock: what MEMLOCK_DEFAULT means */
     uint64_t epoch;
+    uint64_t conns_opened; /* the last connection's id (mg_call_conn_id) */
     uint64_t start_unix_ms;
     uint64_t start_mono_ns;
 

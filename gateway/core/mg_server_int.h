@@ -33,6 +33,7 @@ typedef struct mg_conn {
     struct evbuffer *stage; /* output written straight to the socket (h2c, unix); mg_bev.h */
     nghttp2_session *ng;
     conn_kind kind;
+    uint64_t serial; /* gw->conns_opened when it opened */
     char peer[128];
     mg_tls_id id; /* TLS: the client certificate, once the handshake is done */
     int has_uid;  /* Unix socket: the kernel told the caller's user id and process id */
@@ -46,6 +47,7 @@ typedef struct mg_conn {
     int read_paused;
     int in_send;
     mg_call *calls;
+    mg_list binds;     /* what services bound to the connection (mg_call_bind) */
     mg_list_node link; /* in gw->conns */
 } mg_conn;
 

@@ -250,6 +250,24 @@ typedef struct {
     void *arg;
 } describe_call;
 
+void mg_peer_desc_of(const Moongate__V1__TargetDescriptor *d, mg_remote_desc *out)
+{
+    *out = (mg_remote_desc){.id = d->id,
+                            .is_lease = d->is_lease,
+                            .size = d->size,
+                            .remote_accessible = d->remote_accessible,
+                            .transports = 1u << MG_TRANSPORT_TCP};
+    for (size_t t = 0; t < d->n_transports; t++) {
+        if (!strcmp(d->transports[t], "rdma") && d->rdma_rkey) {
+            out->transports |= 1u << MG_TRANSPORT_RDMA;
+            out->rdma_addr = d->rdma_addr;
+            out->rdma_rkey = d->rdma_rkey;
+            for (size_t k = 0; k < d->n_rdma_rkeys && k < 8; k++)
+                out->rdma_rkeys[out->rdma_nkeys++] = d->rdma_rkeys[k];
+        }
+    }
+}
+
 static void describe_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
 {
     describe_call dc = *(describe_call *)arg;
@@ -261,20 +279,7 @@ static void describe_answered(void *arg, int status, const char *message, Protob
         dc.described(dc.arg, NULL, 0, status ? status : MG_GRPC_INTERNAL);
         return;
     }
-    rd = (mg_remote_desc){.id = d->id,
-                          .is_lease = d->is_lease,
-                          .size = d->size,
-                          .remote_accessible = d->remote_accessible,
-                          .transports = 1u << MG_TRANSPORT_TCP};
-    for (size_t t = 0; t < d->n_transports; t++) {
-        if (!strcmp(d->transports[t], "rdma") && d->rdma_rkey) {
-            rd.transports |= 1u << MG_TRANSPORT_RDMA;
-            rd.rdma_addr = d->rdma_addr;
-            rd.rdma_rkey = d->rdma_rkey;
-            for (size_t k = 0; k < d->n_rdma_rkeys && k < 8; k++)
-                rd.rdma_rkeys[rd.rdma_nkeys++] = d->rdma_rkeys[k];
-        }
-    }
+    mg_peer_desc_of(d, &rd);
     dc.described(dc.arg, &rd, d->epoch, 0);
     moongate__v1__target_descriptor__free_unpacked(d, NULL);
 }

@@ -64,5 +64,8 @@ typedef void (*mg_peer_described_fn)(void *arg, const mg_remote_desc *d, uint64_
                                      int status);
 int mg_peer_describe(mg_gateway *gw, mg_xfer_peer *p, uint64_t id, int is_lease,
                      mg_peer_described_fn described, void *arg);
+/* What a peer's TargetDescriptor says, as the peer cache keeps it. */
+struct Moongate__V1__TargetDescriptor;
+void mg_peer_desc_of(const struct Moongate__V1__TargetDescriptor *d, mg_remote_desc *out);
 
 #endif

@@ -15,6 +15,10 @@ int mg_memory_unmap(mg_gateway *gw, struct mg_segment *seg, mg_call *call);
 /* svc_memory_exit.c: a registered process segment is released (unregistered) by the daemon
  * once its process has exited and nothing holds it. */
 void mg_memory_watch_exit(mg_gateway *gw, struct mg_segment *seg);
+/* Unregisters segments `ids` of process `proc` (each once nobody holds it; tried again every
+ * second), logging `reason` (a static string). Those already gone are simply not found. */
+void mg_memory_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
+                       const char *reason);
 /* Drops every watch (the service's free). */
 void mg_memory_watches_free(mg_gateway *gw);
 

@@ -4,7 +4,8 @@
  * the daemon releases it then: one watch per process (a duplicate of the segment's pidfd,
  * readable when the process ends) holds the ids of its segments; when it fires each is
  * unregistered, and one still held by a request (which fails, the process being gone) is tried
- * again a second later. A segment unregistered before is simply not found. Loop thread only.
+ * again a second later. A segment unregistered before is simply not found. The regions of an
+ * agent that ended go the same way (mg_memory_release), without the pidfd. Loop thread only.
  */
 #include "svc_memory.h"
 #include "mg_service.h"
@@ -30,6 +31,7 @@ typedef struct exit_watch {
     struct event *ev;
     uint64_t *ids; /* its segments */
     size_t n, cap;
+    const char *reason; /* why they go (a static string) */
     struct exit_watch *next;
 } exit_watch;
 
@@ -47,7 +49,8 @@ static void watch_free(exit_watch *w)
         *pp = w->next;
     if (w->ev)
         event_free(w->ev);
-    close(w->pidfd);
+    if (w->pidfd >= 0)
+        close(w->pidfd);
     free(w->ids);
     free(w);
 }
@@ -70,8 +73,8 @@ static void exited(evutil_socket_t fd, short what, void *arg)
             w->ids[kept++] = w->ids[i];
     }
     if (released)
-        mg_info("segments_released", "pid=%d count=%zu reason=\"its process exited\"",
-                (int)w->proc.pid, released);
+        mg_info("segments_released", "pid=%d count=%zu reason=\"%s\"", (int)w->proc.pid, released,
+                w->reason);
     w->n = kept;
     if (kept == 0) {
         watch_free(w);
@@ -79,7 +82,8 @@ static void exited(evutil_socket_t fd, short what, void *arg)
     }
     {
         struct timeval again = {1, 0};
-        event_free(w->ev);
+        if (w->ev)
+            event_free(w->ev);
         w->ev = evtimer_new(w->gw->base, exited, w);
         if (w->ev == NULL || evtimer_add(w->ev, &again) != 0)
             mg_warn("segments_release_failed", "pid=%d count=%zu reason=\"out of memory\"",
@@ -100,6 +104,7 @@ static exit_watch *watch_of(mg_gateway *gw, const mg_procmem *pm)
         return NULL;
     w->gw = gw;
     w->proc = *proc;
+    w->reason = "its process exited";
     w->pidfd = fcntl(mg_procmem_pidfd(pm), F_DUPFD_CLOEXEC, 0);
     w->ev = w->pidfd >= 0 ? event_new(gw->base, w->pidfd, EV_READ, exited, w) : NULL;
     if (w->ev == NULL || event_add(w->ev, NULL) != 0) {
@@ -145,4 +150,25 @@ void mg_memory_watches_free(mg_gateway *gw)
 {
     while (*watches(gw))
         watch_free(*watches(gw));
+}
+
+void mg_memory_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
+                       const char *reason)
+{
+    exit_watch *w = calloc(1, sizeof(*w));
+    if (w == NULL || (w->ids = malloc((n ? n : 1) * sizeof(*ids))) == NULL) {
+        free(w);
+        mg_warn("segments_release_failed", "pid=%d count=%zu reason=\"out of memory\"",
+                (int)proc->pid, n);
+        return;
+    }
+    memcpy(w->ids, ids, n * sizeof(*ids));
+    w->n = w->cap = n;
+    w->gw = gw;
+    w->proc = *proc;
+    w->pidfd = -1;
+    w->reason = reason;
+    w->next = *watches(gw);
+    *watches(gw) = w;
+    exited(-1, 0, w); /* what nobody holds goes now; the rest a second later */
 }

@@ -11,6 +11,7 @@
  */
 #include "mg_gateway.h"
 #include "mg_service.h"
+#include "svc_agent.h"
 #include "moongate/pools.h"
 
 #include "mg_auth.h"
@@ -130,6 +131,27 @@ static void open_session_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_reply(call, &resp.base);
 }
 
+/* What DescribeTarget says of a ready segment (its RDMA key for this authenticated peer). */
+static void segment_desc(mg_gateway *gw, mg_segment_info *info,
+                         Moongate__V1__TargetDescriptor *resp, char **transports)
+{
+    resp->id = info->id;
+    resp->size = info->size;
+    resp->remote_accessible = info->remote_accessible;
+    resp->transports = transports;
+    for (int t = 0; t < MG_TRANSPORT_COUNT; t++) {
+        if (info->transports[t].registered)
+            transports[resp->n_transports++] = (char *)mg_transport_names[t];
+    }
+    if (info->transports[MG_TRANSPORT_RDMA].registered) {
+        resp->rdma_addr = info->transports[MG_TRANSPORT_RDMA].addr;
+        resp->rdma_rkey = info->transports[MG_TRANSPORT_RDMA].rkey;
+        resp->rdma_rkeys = info->rdma_rkeys;
+        resp->n_rdma_rkeys = info->rdma_ndev;
+    }
+    resp->epoch = gw->epoch;
+}
+
 static void describe_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__DescribeTargetRequest *req = (const void *)m;
@@ -173,22 +195,76 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
         return;
     }
-    resp.id = info.id;
-    resp.size = info.size;
-    resp.remote_accessible = info.remote_accessible;
-    resp.transports = transports;
-    for (int t = 0; t < MG_TRANSPORT_COUNT; t++) {
-        if (info.transports[t].registered)
-            transports[resp.n_transports++] = (char *)mg_transport_names[t];
-    }
-    if (info.transports[MG_TRANSPORT_RDMA].registered) { /* for this authenticated peer only */
-        resp.rdma_addr = info.transports[MG_TRANSPORT_RDMA].addr;
-        resp.rdma_rkey = info.transports[MG_TRANSPORT_RDMA].rkey;
-        resp.rdma_rkeys = info.rdma_rkeys;
-        resp.n_rdma_rkeys = info.rdma_ndev;
-    }
-    resp.epoch = gw->epoch;
+    segment_desc(gw, &info, &resp, transports);
     mg_call_reply(call, &resp.base);
+}
+
+/* An agent of a tenant here, by name or port, with its regions' descriptors. */
+static void describe_agent_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__PeerAgentRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__PeerAgent resp = MOONGATE__V1__PEER_AGENT__INIT;
+    const char *tenant = req->tenant[0] ? req->tenant : "default";
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_agent_ref ref = {.port = req->port};
+    const mg_agent *ag;
+    struct agent_region {
+        Moongate__V1__PeerAgentRegion r;
+        Moongate__V1__PeerAgentRegion *rp;
+        Moongate__V1__TargetDescriptor t;
+        char *transports[MG_TRANSPORT_COUNT];
+        mg_segment_info info;
+    } *v = NULL;
+    mg_region regions[64];
+    size_t n = 0, got;
+    uint64_t after = 0;
+    if (!peer_tenant(call, req->tenant))
+        return;
+    snprintf(ref.name, sizeof(ref.name), "%.*s", MG_AGENT_NAME_MAX, req->name);
+    if ((ag = mg_agent_find(gw, tenant, &ref)) == NULL) { /* another tenant's: the same */
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no agent %s%s%s%.0u here", req->name[0] ? "\"" : "",
+                     req->name, req->name[0] ? "\"" : "at port ", req->port);
+        return;
+    }
+    resp.name = (char *)ag->name;
+    resp.port = ag->port;
+    resp.epoch = gw->epoch;
+    resp.agent_id = ag->id;
+    while (reg && ag->proc.pid > 0 && n <= MG_AGENT_REGIONS_MAX &&
+           (got = mg_registry_regions(reg, tenant, &ag->proc, after, regions, 64)) > 0) {
+        struct agent_region *grown = realloc(v, (n + got) * sizeof(*v));
+        if (grown == NULL) {
+            free(v);
+            mg_call_fail(call, MG_ERR_NOMEM, NULL);
+            return;
+        }
+        v = grown;
+        for (size_t i = 0; i < got; i++) {
+            if (mg_registry_find_target(reg, tenant, regions[i].id, &v[n].info) == 0)
+                n++; /* unregistered since: left out */
+        }
+        after = regions[got - 1].address;
+    }
+    resp.truncated = n > MG_AGENT_REGIONS_MAX;
+    resp.n_regions = resp.truncated ? MG_AGENT_REGIONS_MAX : n;
+    resp.regions = calloc(resp.n_regions + 1, sizeof(*resp.regions));
+    if (resp.regions == NULL) {
+        free(v);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    for (size_t i = 0; i < resp.n_regions; i++) {
+        moongate__v1__peer_agent_region__init(&v[i].r);
+        moongate__v1__target_descriptor__init(&v[i].t);
+        segment_desc(gw, &v[i].info, &v[i].t, v[i].transports);
+        v[i].r.address = v[i].info.client_addr;
+        v[i].r.target = &v[i].t;
+        resp.regions[i] = &v[i].r;
+    }
+    mg_call_reply(call, &resp.base);
+    free(resp.regions);
+    free(v);
 }
 
 /* ---- ConnectRdma: queue pairs for a peer's session, made and connected on a worker ---- */
@@ -348,6 +424,8 @@ static const mg_method peer_methods[] = {
                   &moongate__v1__target_descriptor__descriptor, describe_message),
     MG_PEER_UNARY("/moongate.v1.Peer/ConnectRdma", &moongate__v1__connect_rdma_request__descriptor,
                   &moongate__v1__connect_rdma_response__descriptor, connect_rdma_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/DescribeAgent", &moongate__v1__peer_agent_request__descriptor,
+                  &moongate__v1__peer_agent__descriptor, describe_agent_message),
 };
 
 static int mg_svc_peer_init(mg_gateway *gw)

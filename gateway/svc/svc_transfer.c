@@ -13,6 +13,7 @@
  * retention sweep.
  */
 #include "svc_transfer.h"
+#include "svc_agent.h"
 
 #include "mg_service.h"
 
@@ -33,7 +34,6 @@
 /* clang-format off */
 #define MAX_PEERS      1024           /* peer directory entries (each a line in /metrics) */
 #define NOTIFY_MAX     16
-#define PAYLOAD_MAX    65536
 /* clang-format on */
 
 /* ---- requests finishing ---- */
@@ -59,6 +59,7 @@ static void batch_timeout(evutil_socket_t fd, short what, void *arg)
 /* ---- the peer directory's calls to peers (moongate/peerdir.h) ---- */
 
 static void submit_go(mg_call *call, mg_batch *b);
+static void submit_checked(mg_call *call, mg_batch *b);
 
 /* The directory's ops: the calls over svc/mg_peer_rpc.c. */
 static void open_session(void *arg, mg_xfer_peer *p)
@@ -71,84 +72,6 @@ static int connect_rdma(void *arg, mg_xfer_peer *p, unsigned device, const mg_rd
 {
     return mg_peer_connect_rdma(((struct mg_transfer_svc *)arg)->gw, p, device, local, job, why,
                                 cap);
-}
-
-/* ---- notifications: sent to a peer once the batch's WRITEs there are in place ---- */
-
-static void note_end(mg_batch_note *n, mg_note_state state, int code, const char *msg)
-{
-    if (state == MG_NOTE_SENT)
-        peer_svc(n->peer)->stats.notes_sent++;
-    else
-        peer_svc(n->peer)->stats.notes_failed++;
-    mg_batch_note_end(n, state, code, msg);
-}
-
-typedef struct {
-    mg_batch_note *n;
-    struct mg_transfer_svc *ts;
-} note_call;
-
-static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *arg)
-{
-    note_call *nc = arg;
-    mg_batch_note *n = nc->n;
-    int closing = nc->ts->closing;
-    free(nc);
-    if (closing)
-        return;
-    if (status == 0) {
-        note_end(n, MG_NOTE_SENT, 0, NULL);
-    } else {
-        char why[300];
-        snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", n->peer->addr, message);
-        note_end(n, MG_NOTE_FAILED, status, why);
-    }
-}
-
-static void note_fire(mg_batch_note *n)
-{
-    static const mg_rpc_handlers h = {NULL, deliver_closed};
-    Moongate__V1__Notification req = MOONGATE__V1__NOTIFICATION__INIT;
-    mg_gateway *gw = peer_svc(n->peer)->gw;
-    note_call *nc;
-    char err[256], why[300];
-    if (transfer_of(gw)->closing) {
-        note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE, "not sent: the daemon is stopping");
-        return;
-    }
-    if (n->g.failed_write) {
-        snprintf(why, sizeof(why), "not sent: request %zu to this peer failed",
-                 n->g.failed_write - 1);
-        note_end(n, MG_NOTE_FAILED, MG_GRPC_FAILED_PRECONDITION, why);
-        return;
-    }
-    nc = calloc(1, sizeof(*nc));
-    if (nc == NULL) {
-        note_end(n, MG_NOTE_FAILED, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    nc->n = n;
-    nc->ts = transfer_of(gw);
-    req.topic = n->topic;
-    req.payload.data = n->payload;
-    req.payload.len = n->len;
-    req.batch_id = n->b->id;
-    req.tenant = n->b->tenant; /* the topic is the batch tenant's on the peer */
-    n->g.state = MG_NOTE_SENDING;
-    if (mg_peer_call(gw, mg_peer_chan_of(n->peer), n->peer->addr, "/moongate.v1.Notify/Deliver",
-                     &req.base, &h, nc, err, sizeof(err)) != 0) {
-        free(nc);
-        snprintf(why, sizeof(why), "peer %.80s: %.200s", n->peer->addr, err);
-        note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE, why);
-    }
-}
-
-/* A notification is due (an event of the engine's batches). */
-static void note_due(void *arg, mg_batch_note *n)
-{
-    (void)arg;
-    note_fire(n);
 }
 
 /* ---- handlers ---- */
@@ -188,6 +111,8 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
     it->tmp.peer = bl->peer;
     it->tmp.remote_segment = bl->remote_segment;
     it->tmp.remote_lease = bl->remote_lease;
+    it->tmp.remote_agent = bl->remote_agent;
+    it->tmp.remote_address = bl->remote_address;
     it->tmp.local_offset = bl->n_local_offsets ? bl->local_offsets[it->k] : 0;
     it->tmp.remote_offset = bl->n_remote_offsets ? bl->remote_offsets[it->k] : 0;
     it->tmp.length = bl->lengths[it->k];
@@ -384,18 +309,9 @@ static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
     }
     for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
-        const char *bad = NULL;
-        size_t tl = strlen(np->topic);
-        if (!mg_is_numeric_host_port(np->peer))
-            bad = "peer must be a numeric host:port";
-        else if (tl == 0 || tl > MG_BATCH_TOPIC_MAX)
-            bad = "topic must be 1..128 printable characters";
-        else if (np->payload.len > PAYLOAD_MAX)
-            bad = "payload is over 65536 bytes";
-        for (size_t k = 0; k < tl && bad == NULL; k++) {
-            if ((unsigned char)np->topic[k] < 0x20 || (unsigned char)np->topic[k] > 0x7e)
-                bad = "topic must be 1..128 printable characters";
-        }
+        const char *bad = mg_is_numeric_host_port(np->peer)
+                              ? mg_xfer_note_bad(np->topic, np->payload.len)
+                              : "peer must be a numeric host:port";
         if (bad) {
             mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
             return -1;
@@ -437,7 +353,9 @@ static const char *req_fill(mg_batch *b, size_t i, const Moongate__V1__TransferR
                           .remote_offset = t->remote_offset,
                           .length = t->length,
                           .local_address = t->local_address,
-                          .proc = proc};
+                          .proc = proc,
+                          .remote_agent = t->remote_agent,
+                          .remote_address = t->remote_address};
     if (t->op != MOONGATE__V1__TRANSFER_OP__READ && t->op != MOONGATE__V1__TRANSFER_OP__WRITE)
         return "op must be READ or WRITE";
     return mg_batch_fill(b, i, &item, last, holder);
@@ -511,7 +429,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     for (size_t i = 0; i < b->n; i++) { /* the whole batch is checked before anything moves */
         const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
         if (bad) { /* it may be the request's own text, which goes with the batch */
-            mg_call_fail(call, MG_ERR_INVALID, "request %zu: %s; nothing was moved", i, bad);
+            mg_call_fail(call, b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID,
+                         "request %zu: %s; nothing was moved", i, bad);
             mg_batch_discard(b);
             return;
         }
@@ -522,8 +441,16 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
+    b->conn = mg_call_conn_id(call);
     b->wait = req->wait;
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
+    if (mg_xfer_agents_resolve(call, b, submit_checked) == 0)
+        submit_checked(call, b);
+}
+
+/* Every request names its target by id now: checked against what the peers said of them. */
+static void submit_checked(mg_call *call, mg_batch *b)
+{
     if (remote_check(call, b) == 0)
         submit_go(call, b);
 }
@@ -547,6 +474,7 @@ static void submit_go(mg_call *call, mg_batch *b)
     b->front = f;
     evtimer_add(f->timer, &tv);
     ts->stats.in_flight += b->n;
+    mg_xfer_notes_enter(b);
     mg_batches_add(ts->batches, b, mg_now_mono_ns());
     resp.batch_id = b->id;
     if (!b->wait || mg_xfer_svc_watch(call, b, 1) != 0) /* out of memory: the id now, at least */
@@ -559,7 +487,7 @@ static void submit_go(mg_call *call, mg_batch *b)
         else
             mg_peerdir_start(r, mg_now_mono_ms());
     }
-    mg_batch_notes_start(b); /* those with no WRITE to wait for */
+    mg_batch_notes_start(b); /* those with no WRITE to wait for (in line: mg_xfer_notes_enter) */
 }
 
 static const mg_method transfer_methods[] = {
@@ -571,6 +499,8 @@ static const mg_method transfer_methods[] = {
      .out = &moongate__v1__submit_response__descriptor,
      .on_message = submit_message,
      .on_cancel = mg_xfer_svc_wait_cancel}, /* with `wait` */
+    MG_UNARY("/moongate.v1.Notify/Send", &moongate__v1__send_request__descriptor,
+             &moongate__v1__send_response__descriptor, mg_xfer_svc_send),
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
              &moongate__v1__batch__descriptor, mg_xfer_svc_get),
     MG_UNARY("/moongate.v1.Transfer/Cancel", &moongate__v1__get_batch_request__descriptor,
@@ -601,16 +531,19 @@ static int mg_svc_transfer_init(mg_gateway *gw)
     if (transfer_of(gw) == NULL)
         return MG_ERR_NOMEM;
     transfer_of(gw)->gw = gw;
-    if (mg_peer_cache_new(&transfer_of(gw)->descs, MAX_PEERS, 4096) != 0)
+    if (mg_peer_cache_new(&transfer_of(gw)->descs, MAX_PEERS, 4096) != 0 ||
+        mg_agent_cache_new(&transfer_of(gw)->agents, 1024) != 0)
         return MG_ERR_NOMEM;
     {
         mg_batches_config bc = {.reg = mg_engine_registry(gw->engine),
                                 .pools = gw->pools,
+                                .agents = mg_agent_table(gw),
+                                .peer_port = (int)gw->cfg->peer_port,
                                 .max_batches = gw->cfg->max_batches,
                                 .retention_ms = gw->cfg->batch_retention * 1000,
                                 .arg = transfer_of(gw),
                                 .request_ended = request_ended,
-                                .note_due = note_due,
+                                .note_due = mg_xfer_note_due,
                                 .changed = mg_xfer_svc_changed,
                                 .freed = mg_xfer_svc_freed};
         if ((rc = mg_batches_new(&transfer_of(gw)->batches, &bc)) != 0)
@@ -637,7 +570,8 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .crc = cfg->data_crc,
                                 .arg = transfer_of(gw),
                                 .open_session = open_session,
-                                .connect_rdma = connect_rdma};
+                                .connect_rdma = connect_rdma,
+                                .agent_stale = mg_xfer_agent_stale};
         if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }
@@ -665,9 +599,11 @@ static void mg_svc_transfer_free(mg_gateway *gw)
         mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
     mg_peerdir_foreach (ts->dir, p)
         mg_peer_chan_close(mg_peer_chan_of(p));
+    mg_xfer_notes_free(ts); /* before the batches whose notifications wait in line */
     mg_peerdir_del(ts->dir);
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
     mg_peer_cache_del(ts->descs);
+    mg_agent_cache_del(ts->agents);
     free(ts);
     *mg_gateway_state(gw, &mg_svc_transfer) = NULL;
 }

@@ -8,7 +8,6 @@
 
 #include "mg_gateway.h"
 #include "mg_service.h"
-#include "mg_service.h"
 #include "moongate/batches.h"
 #include "moongate/peerdir.h"
 
@@ -61,6 +60,9 @@ struct mg_transfer_svc {
     struct event *sweep;  /* forgets batches past --batch-retention */
     mg_peer_cache *descs; /* what peers said of their targets, per epoch */
     struct submit_wait *waits;
+    mg_agent_cache *agents;     /* what peers said of their agents, per epoch */
+    struct relookup *relookups; /* agents asked again while their requests wait */
+    struct note_line *lines;    /* notifications in order per (connection, peer, topic) */
     mg_transfer_stats stats;
 };
 
@@ -81,6 +83,37 @@ static inline struct mg_transfer_svc *peer_svc(const mg_xfer_peer *p)
 {
     return mg_peerdir_arg(p->dir);
 }
+
+/* ---- svc_transfer_agent.c ---- */
+
+struct Moongate__V1__PeerAgent;
+/* What a peer said of one of its agents: code 0 and a (kept in the caches already), or a gRPC
+ * code and why. `peer` is the peer's control endpoint. */
+typedef void (*mg_xfer_agent_fn)(void *arg, int code, const char *msg,
+                                 const struct Moongate__V1__PeerAgent *a, const char *peer);
+/* Asks the peer ref->peer for its agent `ref` of `tenant` (Peer/DescribeAgent). Returns 0 (fn
+ * will be called once), or -1 with why set. */
+int mg_xfer_agent_ask(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
+                      mg_xfer_agent_fn fn, void *arg, char *why, size_t cap);
+/* Resolves b's requests naming (agent, address) on peers. Returns 0 (resolved: go on), -1 (the
+ * call failed, b discarded) or 1 (peers are asked; `then` continues with b once they answered
+ * and every request resolved, else the call fails). */
+int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, mg_batch *));
+/* The peer directory's agent_stale: r's region was refused; asks where its address is now. */
+void mg_xfer_agent_stale(void *arg, mg_batch_req *r);
+
+/* ---- svc_transfer_notes.c ---- */
+
+/* b's notifications take their places in line (when b is entered). */
+void mg_xfer_notes_enter(mg_batch *b);
+/* The engine's note_due: a notification may go when its turn comes. */
+void mg_xfer_note_due(void *arg, mg_batch_note *n);
+/* What is wrong with a notification's topic or payload size, or NULL. */
+const char *mg_xfer_note_bad(const char *topic, size_t payload_len);
+/* Notify/Send. */
+void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m);
+/* Frees the lines (the service's free; what waits there is not sent). */
+void mg_xfer_notes_free(struct mg_transfer_svc *ts);
 
 /* ---- svc_transfer_view.c ---- */
 

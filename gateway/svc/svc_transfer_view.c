@@ -486,7 +486,8 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
                               s->buckets, s->ended, s->seconds_sum);
     evbuffer_add_printf(
         out,
-        "# HELP moongate_transfer_notifications_total Notifications this daemon's batches "
+        "# HELP moongate_transfer_notifications_total Notifications this daemon's batches and Send "
+        "calls "
         "sent to peers, by result.\n# TYPE moongate_transfer_notifications_total counter\n"
         "moongate_transfer_notifications_total{result=\"sent\"} %llu\n"
         "moongate_transfer_notifications_total{result=\"failed\"} %llu\n",

@@ -18,11 +18,14 @@ static void test_request_life(void)
     CU_ASSERT_EQUAL(mg_req_start(&a), 0);
     CU_ASSERT_EQUAL(a.state, MG_REQ_RUNNING);
     CU_ASSERT_EQUAL(mg_req_start(&a), -1); /* already running */
-    CU_ASSERT_EQUAL(mg_req_requeue(&a), 0);
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_SESSION), 0);
     CU_ASSERT_EQUAL(a.state, MG_REQ_PENDING);
-    CU_ASSERT_EQUAL(mg_req_requeue(&a), -1); /* not running */
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_TARGET), -1); /* not running */
     CU_ASSERT_EQUAL(mg_req_start(&a), 0);
-    CU_ASSERT_EQUAL(mg_req_requeue(&a), -1); /* once only */
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_SESSION), -1); /* once for each cause */
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_TARGET), 0);
+    CU_ASSERT_EQUAL(mg_req_start(&a), 0);
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_TARGET), -1);
     CU_ASSERT_EQUAL(a.state, MG_REQ_RUNNING);
     CU_ASSERT_EQUAL(mg_req_end(&a, &c, 0), 0);
     CU_ASSERT_EQUAL(a.state, MG_REQ_DONE);
@@ -31,7 +34,7 @@ static void test_request_life(void)
     CU_ASSERT_EQUAL(mg_req_end(&a, &c, 1), -1);
     CU_ASSERT_EQUAL(mg_req_end(&a, &c, 0), -1);
     CU_ASSERT_EQUAL(mg_req_start(&a), -1);
-    CU_ASSERT_EQUAL(mg_req_requeue(&a), -1);
+    CU_ASSERT_EQUAL(mg_req_requeue(&a, MG_REQUEUE_SESSION), -1);
     CU_ASSERT_EQUAL(a.state, MG_REQ_DONE);
     CU_ASSERT_EQUAL(c.done, 1);
     CU_ASSERT_EQUAL(c.failed, 0);
@@ -108,8 +111,9 @@ static void test_random_walk(void)
             CU_ASSERT_EQUAL(rc == 0, before.state == MG_REQ_PENDING);
             break;
         case 1:
-            rc = mg_req_requeue(&r[i]);
-            CU_ASSERT_EQUAL(rc == 0, before.state == MG_REQ_RUNNING && !before.requeued);
+            rc = mg_req_requeue(&r[i], 1u << (step & 1));
+            CU_ASSERT_EQUAL(rc == 0, before.state == MG_REQ_RUNNING &&
+                                         !(before.requeued & (1u << (step & 1))));
             break;
         case 2:
             rc = mg_req_end(&r[i], &c, 0);

@@ -7,11 +7,12 @@
  *      +-----requeue------+   `--end(err)--> FAILED
  *   PENDING --end(err)--> FAILED          (cancelled or timed out before it ran)
  *
- * A request goes back from RUNNING to PENDING at most once (its peer restarted: a new session
- * is asked for). An ended request never changes again: a second end is refused, so the batch's
- * counts cannot run ahead of its requests. The batch is over when every request has ended and
- * every notification it carries was sent or failed; it then says FAILED if any of them failed,
- * DONE otherwise, and RUNNING until then.
+ * A request goes back from RUNNING to PENDING at most once for each cause: its peer restarted
+ * (a new session is asked for), or the region an agent's address named was registered again
+ * (the peer is asked where the address is now). An ended request never changes again: a second end
+ * is refused, so the batch's counts cannot run ahead of its requests. The batch is over when every
+ * request has ended and every notification it carries was sent or failed; it then says FAILED if
+ * any of them failed, DONE otherwise, and RUNNING until then.
  */
 #ifndef MOONGATE_BATCH_H
 #define MOONGATE_BATCH_H
@@ -32,7 +33,7 @@ typedef enum {
 
 typedef struct mg_req_life {
     mg_req_state state;
-    int requeued; /* went back to PENDING once */
+    unsigned requeued; /* why it went back to PENDING: MG_REQUEUE_* bits, each once */
 } mg_req_life;
 
 typedef struct mg_batch_counts {
@@ -44,7 +45,11 @@ typedef struct mg_batch_counts {
 
 /* Each returns 0, or -1 (nothing changed) when the request is not in a state that allows it. */
 int mg_req_start(mg_req_life *r);
-int mg_req_requeue(mg_req_life *r);
+/* Back to PENDING for `cause` (one MG_REQUEUE_* bit): refused when r is not running, or went
+ * back for that cause before. */
+#define MG_REQUEUE_SESSION 1u /* its peer refused the session's token: a new session */
+#define MG_REQUEUE_TARGET  2u /* its peer refused the segment an agent's address named */
+int mg_req_requeue(mg_req_life *r, unsigned cause);
 /* Ends r: DONE when failed is 0, else FAILED; counts it in c. */
 int mg_req_end(mg_req_life *r, mg_batch_counts *c, int failed);
 /* A notification of the batch was sent (failed 0) or failed. -1 when all are already over. */

@@ -29,6 +29,7 @@
 
 #include "mg_idmap.h"
 #include "mg_list.h"
+#include "moongate/agentcache.h"
 #include "moongate/batch.h"
 #include "moongate/peers.h"
 #include "moongate/pools.h"
@@ -76,6 +77,10 @@ typedef struct mg_batch_req {
     uint8_t *other_addr;
     uint64_t remote_segment, remote_offset, length; /* remote_segment: or the lease's id */
     int remote_lease;
+    /* A remote side named by (agent, address) on a peer: 1 + the agent's index in b->agents,
+     * and the address; remote_segment and remote_offset are set once it is resolved. */
+    uint32_t agent;
+    uint64_t remote_address;
     struct mg_xfer_peer *peer;
     const char *peer_name; /* while the batch is filled only: the request's `peer` */
     /* Its life. */
@@ -114,6 +119,7 @@ typedef struct mg_batch_note {
     mg_note_gate g; /* when it is due (moongate/batch.h) */
     int code;       /* gRPC status when FAILED */
     char msg[300];
+    void *front; /* the front's state of it (its place in line) */
 } mg_batch_note;
 
 struct mg_batch {
@@ -125,20 +131,25 @@ struct mg_batch {
     uint32_t timeout_ms;
     char request_id[MG_BATCH_REQUEST_ID_MAX + 1]; /* the client's, or "" */
     char tenant[MG_SEG_NAME_MAX + 1];
-    int wait; /* its Submit answers at the end */
+    uint64_t conn; /* the front's id of the connection it came on (notifications keep order) */
+    int wait;      /* its Submit answers at the end */
     size_t n;
     mg_batch_req *reqs; /* NULL once over and compacted into recs */
     mg_batch_rec *recs;
     mg_batch_note *notes;
     size_t nnotes;
     mg_batch_counts counts; /* requests and notifications ended */
-    void *front;            /* the front's state of it (Wait calls, timers) */
-    mg_list_node link;      /* in the set, newest first */
+    mg_agent_ref **agents;  /* the remote agents its requests name */
+    size_t nagents;
+    void *front;       /* the front's state of it (Wait calls, timers) */
+    mg_list_node link; /* in the set, newest first */
 };
 
 typedef struct mg_batches_config {
     mg_registry *reg;         /* the requests' local segments are referenced in it */
     mg_pools *pools;          /* and their leases used in it */
+    const mg_agents *agents;  /* this daemon's agents (NULL: none), for requests naming them */
+    int peer_port;            /* peers' control port, in an agent's one-string form */
     size_t max_batches;       /* kept at most (--max-batches; over ones are forgotten first) */
     uint64_t retention_ms;    /* an over batch is kept this long (--batch-retention) */
     uint64_t (*now_ms)(void); /* the clock a batch's end is read from (NULL: mg_now_mono_ms) */
@@ -174,6 +185,10 @@ typedef struct mg_batch_item {
      * `proc` (the caller), in a region it registered with its address (mg_registry_resolve). */
     uint64_t local_address;
     const mg_proc *proc;
+    /* Instead of remote_segment and remote_lease: the remote bytes at remote_address (plus
+     * remote_offset) in the process of agent remote_agent (moongate/agentcache.h). */
+    const char *remote_agent;
+    uint64_t remote_address;
 } mg_batch_item;
 
 /* Request i of b from t: its fields, and its local memory (and the other side's, for peer "")
@@ -184,6 +199,21 @@ typedef struct mg_batch_item {
  * copied: resolve them (r->peer) before the items go. */
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder);
+/* An agent a batch names on a peer, to be asked for (mg_batch_resolve_agents). */
+typedef struct mg_batch_agent_ask {
+    struct mg_xfer_peer *peer;
+    const mg_agent_ref *ref;
+} mg_batch_agent_ask;
+/* Resolves the requests of b naming (agent, address) on peers through what `cache` knows (under
+ * the peers' epochs in `descs`). First pass (answered 0): an agent not known, or known without
+ * a region holding the request's range (it may have registered one since), is added to *ask
+ * (realloc'd; the caller frees it). Second pass (answered 1, after the peers said what they
+ * have): every request must resolve. Returns 0 (resolved, or *ask to be asked), or with *bad
+ * and why set MG_ERR_NOT_FOUND (no such agent, or no region at the address) or MG_ERR_RANGE
+ * (the range runs out of its region); MG_ERR_NOMEM. */
+int mg_batch_resolve_agents(mg_batch *b, mg_agent_cache *cache, mg_peer_cache *descs, int answered,
+                            mg_batch_agent_ask **ask, size_t *nask, size_t *bad, char *why,
+                            size_t cap);
 /* A remote target of a batch, and what its peer said of it. */
 typedef enum {
     MG_TARGET_UNANSWERED, /* not (yet) described: unreachable or refused, left to the data plane */

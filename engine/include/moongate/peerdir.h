@@ -18,7 +18,9 @@
  *
  * A request whose job ends with a token the peer no longer knows, or a data plane that is not
  * where the session said (the peer restarted: a new epoch), goes back to its entry once while
- * a new session is opened; the second failure ends it with both reasons.
+ * a new session is opened; the second failure ends it with both reasons. One naming (agent,
+ * address) whose segment the peer no longer has goes back to the front once (agent_stale),
+ * which asks the peer where that address is now.
  *
  * The front speaks to peers: the directory asks through ops (open a session, hand over RDMA
  * endpoints) and the front answers with mg_peerdir_opened/_failed/_rdma_answered, on the loop.
@@ -125,6 +127,10 @@ typedef struct mg_peerdir_config {
      * with mg_peerdir_rdma_answered(job, ...). Returns 0, or -1 with why set (not sent). */
     int (*connect_rdma)(void *arg, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
                         void *job, char *why, size_t cap);
+    /* Request r names (agent, address) and the peer refused the segment it was resolved to
+     * (unregistered, perhaps registered again): r is PENDING again, in no line (requeued once);
+     * the front resolves it anew and starts it (mg_peerdir_start) or ends it. NULL: it ends. */
+    void (*agent_stale)(void *arg, mg_batch_req *r);
 } mg_peerdir_config;
 
 /* Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */

@@ -54,6 +54,8 @@ void mg_peer_cache_del(mg_peer_cache *c);
  * a restart: the peer's descriptors were forgotten), 0 when it was known, MG_ERR_FULL when the
  * peer is new and max_peers are known, MG_ERR_INVALID for a bad name or epoch 0. */
 int mg_peer_cache_epoch(mg_peer_cache *c, const char *peer, uint64_t epoch, uint64_t now_ms);
+/* The peer's epoch as last told, or 0 when it is not known. */
+uint64_t mg_peer_cache_epoch_of(const mg_peer_cache *c, const char *peer);
 /* Stores a descriptor the peer gave under `epoch`. Returns 0, or MG_ERR_NOT_FOUND when the peer
  * is unknown or its epoch is no longer `epoch` (an answer from its previous life: dropped). */
 int mg_peer_cache_put(mg_peer_cache *c, const char *peer, uint64_t epoch, const mg_remote_desc *d);

@@ -259,6 +259,17 @@ uint64_t mg_segment_size(const mg_segment *seg);
  * the region after, if the range crosses into one). */
 int mg_registry_resolve(mg_registry *reg, const char *tenant, const mg_proc *proc, uint64_t addr,
                         uint64_t len, uint64_t *id, uint64_t *offset, char *err);
+/* A region a process registered with its address: what its agent shows peers. */
+typedef struct mg_region {
+    uint64_t id;
+    uint64_t address; /* in the process */
+    uint64_t size;
+    int remote_accessible;
+} mg_region;
+/* Loop. The READY segments of `tenant` process `proc` registered with an address above
+ * `after`, in address order, at most max. Returns how many were written. */
+size_t mg_registry_regions(mg_registry *reg, const char *tenant, const mg_proc *proc,
+                           uint64_t after, mg_region *out, size_t max);
 /* Where process `proc` has the segment, if it registered it with its address; else 0. Fixed
  * once registered. */
 uint64_t mg_segment_client_addr(const mg_segment *seg, const mg_proc *proc);

@@ -1,0 +1,67 @@
+/* mg_agentdesc: agent descriptors decoded and checked (see mg_agentdesc.h). */
+#include "mg_agentdesc.h"
+
+#include "mg_addr.h"
+#include "mg_pbcheck.h"
+#include "moongate/agentcache.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* What is wrong with the decoded descriptor's fields, or NULL. */
+static const char *problem(const Moongate__V1__AgentDescriptor *d)
+{
+    char host[256];
+    int port;
+    if (d->version != MG_AGENTDESC_VERSION)
+        return "version must be 1";
+    if (strlen(d->endpoint) > MG_PEER_NAME_MAX ||
+        mg_split_host_port(d->endpoint, host, sizeof(host), &port) != 0 || port == 0)
+        return "endpoint must be host:port";
+    if (!mg_agent_name_ok(d->tenant) || strlen(d->tenant) > MG_SEG_NAME_MAX)
+        return "tenant is not a tenant's name";
+    if (!mg_agent_name_ok(d->name))
+        return "name is not an agent's name";
+    if (d->port == 0 || d->port > 65535)
+        return "port must be 1..65535";
+    if (d->epoch == 0 || d->agent_id == 0)
+        return "epoch and agent_id must be set";
+    if (d->n_regions > MG_AGENT_REGIONS_MAX)
+        return "it has more than 1024 regions";
+    for (size_t i = 0; i < d->n_regions; i++) {
+        const Moongate__V1__AgentRegion *r = d->regions[i];
+        if (r->length == 0 || r->address > UINT64_MAX - r->length)
+            return "a region is empty or wraps";
+        if (i > 0 && d->regions[i - 1]->address + d->regions[i - 1]->length > r->address)
+            return "regions are out of order or overlap";
+    }
+    return NULL;
+}
+
+Moongate__V1__AgentDescriptor *mg_agentdesc_decode(const uint8_t *buf, size_t len, char *why,
+                                                   size_t cap)
+{
+    Moongate__V1__AgentDescriptor *d;
+    const char *bad;
+    char err[200];
+    if (len == 0 || len > MG_AGENTDESC_MAX) {
+        snprintf(why, cap, "a descriptor has 1..%d bytes, not %zu", MG_AGENTDESC_MAX, len);
+        return NULL;
+    }
+    if (mg_pb_check_strings(&moongate__v1__agent_descriptor__descriptor, buf, len, err,
+                            sizeof(err)) != 0) {
+        snprintf(why, cap, "not an agent descriptor: %s", err);
+        return NULL;
+    }
+    d = moongate__v1__agent_descriptor__unpack(NULL, len, buf);
+    if (d == NULL) {
+        snprintf(why, cap, "not an agent descriptor (moongate.v1.AgentDescriptor)");
+        return NULL;
+    }
+    if ((bad = problem(d)) != NULL) {
+        snprintf(why, cap, "not an agent descriptor: %s", bad);
+        moongate__v1__agent_descriptor__free_unpacked(d, NULL);
+        return NULL;
+    }
+    return d;
+}

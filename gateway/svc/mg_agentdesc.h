@@ -1,0 +1,23 @@
+/*
+ * mg_agentdesc: agent descriptors (moongate.v1.AgentDescriptor), the blob ExportAgent gives
+ * and ImportAgent takes, decoded and checked before anything trusts a field of it.
+ */
+#ifndef MG_AGENTDESC_H
+#define MG_AGENTDESC_H
+
+#include "moongate/v1/agent.pb-c.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MG_AGENTDESC_VERSION 1
+#define MG_AGENTDESC_MAX     (128 * 1024) /* bytes a descriptor may have */
+
+/* Decodes and checks a descriptor: its size, strings (no NUL, UTF-8), version 1, an endpoint
+ * "host:port", a valid tenant and agent name, a port 1..65535, epoch and agent_id set, at most
+ * 1024 regions, each non-empty, not wrapping, in address order without overlap. Returns the
+ * message (moongate__v1__agent_descriptor__free_unpacked) or NULL with why set. */
+Moongate__V1__AgentDescriptor *mg_agentdesc_decode(const uint8_t *buf, size_t len, char *why,
+                                                   size_t cap);
+
+#endif

@@ -1,0 +1,307 @@
+/*
+ * svc_transfer_notes: the notifications this daemon sends peers — those of batches, due once
+ * the batch's WRITEs to that peer are in place, and those clients Send on their own.
+ *
+ * They keep their order per (connection, peer, topic): each waits in its line (note_line) until
+ * every one before it was sent or failed, and goes when it is due as well. A batch's note takes
+ * its place when the batch is entered and is due when the engine says so (note_due); a Send is
+ * due at once. One Deliver call per line is in flight at a time, so the peer queues them in
+ * line order. A Send whose call ended before its turn is dropped (not sent). Loop thread only.
+ */
+#include "svc_transfer.h"
+
+#include "mg_peer_rpc.h"
+
+#include "mg_addr.h"
+#include "mg_log.h"
+
+#include "moongate/v1/notify.pb-c.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PAYLOAD_MAX 65536
+
+typedef struct note_line {
+    uint64_t conn;
+    mg_xfer_peer *p;
+    char topic[MG_BATCH_TOPIC_MAX + 1];
+    mg_list items; /* note_item.node, in order */
+    size_t sends;  /* Sends in it */
+    int pumping;
+    struct note_line *next;
+} note_line;
+
+typedef struct note_item {
+    mg_list_node node;
+    note_line *line;
+    mg_batch_note *n; /* a batch's; NULL for a Send */
+    int due;
+    int sending;
+    mg_call *call; /* a Send: its call (referenced) and payload */
+    uint8_t *payload;
+    size_t len;
+} note_item;
+
+const char *mg_xfer_note_bad(const char *topic, size_t payload_len)
+{
+    size_t tl = strlen(topic);
+    if (tl == 0 || tl > MG_BATCH_TOPIC_MAX)
+        return "topic must be 1..128 printable characters";
+    for (size_t k = 0; k < tl; k++) {
+        if ((unsigned char)topic[k] < 0x20 || (unsigned char)topic[k] > 0x7e)
+            return "topic must be 1..128 printable characters";
+    }
+    return payload_len > PAYLOAD_MAX ? "payload is over 65536 bytes" : NULL;
+}
+
+/* The line of (conn, p, topic), made when new; NULL when out of memory. */
+static note_line *line_get(struct mg_transfer_svc *ts, uint64_t conn, mg_xfer_peer *p,
+                           const char *topic)
+{
+    note_line *l;
+    for (l = ts->lines; l; l = l->next) {
+        if (l->conn == conn && l->p == p && !strcmp(l->topic, topic))
+            return l;
+    }
+    if ((l = calloc(1, sizeof(*l))) == NULL)
+        return NULL;
+    l->conn = conn;
+    l->p = p;
+    snprintf(l->topic, sizeof(l->topic), "%s", topic);
+    mg_list_init(&l->items);
+    l->next = ts->lines;
+    ts->lines = l;
+    return l;
+}
+
+static void line_free(struct mg_transfer_svc *ts, note_line *l)
+{
+    note_line **pp;
+    for (pp = &ts->lines; *pp && *pp != l; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = l->next;
+    free(l);
+}
+
+static void item_free(note_item *it)
+{
+    if (mg_list_linked(&it->node))
+        mg_list_remove(&it->node);
+    if (it->n)
+        it->n->front = NULL;
+    else
+        it->line->sends--;
+    if (it->call)
+        mg_call_unref(it->call);
+    free(it->payload);
+    free(it);
+}
+
+static void pump(struct mg_transfer_svc *ts, note_line *l);
+
+/* An item was sent (code 0) or failed: its batch or its caller hears, the next may go. */
+static void item_over(struct mg_transfer_svc *ts, note_item *it, int code, const char *why)
+{
+    note_line *l = it->line;
+    if (code == 0)
+        ts->stats.notes_sent++;
+    else
+        ts->stats.notes_failed++;
+    if (it->n) {
+        mg_batch_note *n = it->n;
+        item_free(it);
+        mg_batch_note_end(n, code ? MG_NOTE_FAILED : MG_NOTE_SENT, code, why);
+    } else {
+        Moongate__V1__SendResponse resp = MOONGATE__V1__SEND_RESPONSE__INIT;
+        if (mg_call_done(it->call))
+            ;
+        else if (code)
+            mg_call_finish(it->call, code, "%s", why);
+        else
+            mg_call_reply(it->call, &resp.base);
+        item_free(it);
+    }
+    pump(ts, l);
+}
+
+typedef struct {
+    struct mg_transfer_svc *ts;
+    note_item *it;
+} deliver_call;
+
+static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    deliver_call dc = *(deliver_call *)arg;
+    char why[300];
+    (void)rpc;
+    free(arg);
+    if (dc.ts->closing)
+        return; /* the lines went with the service */
+    snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", dc.it->line->p->addr, message);
+    item_over(dc.ts, dc.it, status, status ? why : NULL);
+}
+
+/* Sends the item at the head of its line (or fails it, saying why). */
+static void fire(struct mg_transfer_svc *ts, note_item *it)
+{
+    static const mg_rpc_handlers h = {NULL, deliver_closed};
+    Moongate__V1__Notification req = MOONGATE__V1__NOTIFICATION__INIT;
+    mg_xfer_peer *p = it->line->p;
+    deliver_call *dc;
+    char err[256], why[300];
+    if (it->n && it->n->g.failed_write) {
+        snprintf(why, sizeof(why), "not sent: request %zu to this peer failed",
+                 it->n->g.failed_write - 1);
+        item_over(ts, it, MG_GRPC_FAILED_PRECONDITION, why);
+        return;
+    }
+    if ((dc = calloc(1, sizeof(*dc))) == NULL) {
+        item_over(ts, it, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    *dc = (deliver_call){ts, it};
+    req.topic = it->line->topic;
+    req.payload.data = it->n ? it->n->payload : it->payload;
+    req.payload.len = it->n ? it->n->len : it->len;
+    req.batch_id = it->n ? it->n->b->id : 0;
+    req.tenant = p->tenant; /* the topic is the sender tenant's on the peer */
+    it->sending = 1;
+    if (it->n)
+        it->n->g.state = MG_NOTE_SENDING;
+    if (mg_peer_call(ts->gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Notify/Deliver", &req.base,
+                     &h, dc, err, sizeof(err)) != 0) {
+        free(dc);
+        snprintf(why, sizeof(why), "peer %.80s: %.200s", p->addr, err);
+        item_over(ts, it, MG_GRPC_UNAVAILABLE, why);
+    }
+}
+
+/* Starts the head of the line when it is due and none is on its way; an empty line goes. */
+static void pump(struct mg_transfer_svc *ts, note_line *l)
+{
+    if (l->pumping)
+        return; /* an item over while firing: the loop below goes on */
+    l->pumping = 1;
+    while (!mg_list_empty(&l->items)) {
+        note_item *it = mg_container_of(mg_list_first(&l->items), note_item, node);
+        if (!it->due || it->sending)
+            break;
+        if (it->call && mg_call_done(it->call)) { /* its caller left: not sent */
+            item_free(it);
+            continue;
+        }
+        fire(ts, it);
+    }
+    l->pumping = 0;
+    if (mg_list_empty(&l->items))
+        line_free(ts, l);
+}
+
+void mg_xfer_notes_enter(mg_batch *b)
+{
+    struct mg_transfer_svc *ts = svc_of(b);
+    for (size_t i = 0; i < b->nnotes; i++) {
+        mg_batch_note *n = &b->notes[i];
+        note_item *it = calloc(1, sizeof(*it));
+        note_line *l = it ? line_get(ts, b->conn, n->peer, n->topic) : NULL;
+        if (l == NULL) { /* out of memory: it goes when due, out of line */
+            free(it);
+            continue;
+        }
+        it->line = l;
+        it->n = n;
+        n->front = it;
+        mg_list_push_back(&l->items, &it->node);
+    }
+}
+
+void mg_xfer_note_due(void *arg, mg_batch_note *n)
+{
+    struct mg_transfer_svc *ts = arg;
+    note_item *it = n->front;
+    if (ts->closing) {
+        mg_batch_note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE,
+                          "not sent: the daemon is stopping");
+        return;
+    }
+    if (it == NULL) { /* it found no place in line */
+        ts->stats.notes_failed++;
+        mg_batch_note_end(n, MG_NOTE_FAILED, MG_GRPC_RESOURCE_EXHAUSTED, "not sent: out of memory");
+        return;
+    }
+    it->due = 1;
+    pump(ts, it->line);
+}
+
+void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__SendRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    struct mg_transfer_svc *ts = transfer_of(gw);
+    const char *bad = mg_xfer_note_bad(req->topic, req->payload.len), *peer = req->peer;
+    mg_agent_ref ref;
+    mg_xfer_peer *p;
+    note_line *l;
+    note_item *it;
+    char why[300];
+    if (ts == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
+        return;
+    }
+    if (bad == NULL && req->agent[0]) {
+        if (req->peer[0])
+            bad = "name the peer one way: peer, or agent";
+        else if (mg_agent_ref_parse("", req->agent, (int)gw->cfg->peer_port, &ref, why,
+                                    sizeof(why)) != 0 ||
+                 ref.port == 0)
+            bad = "agent must be the one-string form \"host:port\"";
+        else
+            peer = ref.peer;
+    }
+    if (bad == NULL && !mg_is_numeric_host_port(peer))
+        bad = "peer must be a numeric host:port (\"10.0.0.2:7443\")";
+    if (bad) {
+        mg_call_fail(call, MG_ERR_INVALID, "%s", bad);
+        return;
+    }
+    p = mg_peerdir_get(ts->dir, peer, mg_call_tenant(call));
+    l = p ? line_get(ts, mg_call_conn_id(call), p, req->topic) : NULL;
+    if (l && l->sends >= gw->cfg->notify_line) {
+        mg_call_fail(call, MG_ERR_FULL,
+                     "%zu Sends of this connection wait in line for peer %s, topic \"%s\" "
+                     "(--notify-line)",
+                     l->sends, peer, req->topic);
+        return;
+    }
+    it = l ? calloc(1, sizeof(*it)) : NULL;
+    if (it == NULL || (it->payload = malloc(req->payload.len + 1)) == NULL) {
+        free(it);
+        if (l && mg_list_empty(&l->items))
+            line_free(ts, l);
+        mg_call_fail(call, p ? MG_ERR_NOMEM : MG_ERR_FULL,
+                     p ? NULL : "this daemon already knows its limit of peers");
+        return;
+    }
+    memcpy(it->payload, req->payload.data, req->payload.len);
+    it->len = req->payload.len;
+    it->line = l;
+    it->due = 1;
+    it->call = call;
+    mg_call_ref(call);
+    l->sends++;
+    mg_list_push_back(&l->items, &it->node);
+    pump(ts, l);
+}
+
+void mg_xfer_notes_free(struct mg_transfer_svc *ts)
+{
+    while (ts->lines) {
+        note_line *l = ts->lines;
+        while (!mg_list_empty(&l->items))
+            item_free(mg_container_of(mg_list_first(&l->items), note_item, node));
+        line_free(ts, l);
+    }
+}
