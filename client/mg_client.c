@@ -573,6 +573,12 @@ static void event_body(struct bufferevent *bev, short events, mg_client *c, int 
             snprintf(why, sizeof(why), "connection closed by the server");
         else /* a failed TLS handshake is reported as EOF too */
             mg_bev_error_reason(e, sock_err, why, sizeof(why));
+        if (c->tls && bufferevent_openssl_get_ssl(bev) &&
+            SSL_get_verify_result(bufferevent_openssl_get_ssl(bev)) != X509_V_OK) {
+            size_t n = strlen(why); /* which check failed: the name, the chain, the dates */
+            long v = SSL_get_verify_result(bufferevent_openssl_get_ssl(bev));
+            snprintf(why + n, sizeof(why) - n, " (%s)", X509_verify_cert_error_string(v));
+        }
         client_fail(c, why);
     }
 }

@@ -11,5 +11,9 @@
 int mg_split_host_port(const char *s, char *host, size_t cap, int *port);
 /* Non-zero for "ip:port" or "[v6]:port" with a numeric address (nothing to resolve). */
 int mg_is_numeric_host_port(const char *s);
+/* Non-zero for "host:port" with a port 1..65535 and a host that is a numeric address or a DNS
+ * name (labels of [A-Za-z0-9-]): a peer a daemon may be asked to reach (names resolved off the
+ * loop). */
+int mg_is_host_port(const char *s);
 
 #endif

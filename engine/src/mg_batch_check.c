@@ -192,9 +192,9 @@ const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_
     if (t->length == 0)
         return "length must be greater than 0";
     if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
-        !mg_is_numeric_host_port(t->peer)) /* the loop must not resolve names */
-        return "peer must be a numeric host:port (\"10.0.0.2:7443\", \"[::1]:7443\"), or \"\" "
-               "for this daemon";
+        !mg_is_host_port(t->peer)) /* names are looked up later, on a worker */
+        return "peer must be host:port (\"10.0.0.2:7443\", \"[::1]:7443\", "
+               "\"node-b.moongate.svc:7443\"), or \"\" for this daemon";
     if (t->remote_offset > UINT64_MAX - t->length)
         return "remote offset + length overflows";
     if ((t->local_segment != 0) == (t->local_lease != 0))

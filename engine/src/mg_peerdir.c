@@ -353,7 +353,8 @@ static void data_endpoint(mg_xfer_peer *p, const mg_peer_session *s)
     if (s->data_host[0] == '\0' || !strcmp(s->data_host, "::") ||
         !strcmp(s->data_host, "0.0.0.0")) {
         int port;
-        if (mg_split_host_port(p->addr, p->data_host, sizeof(p->data_host), &port) != 0)
+        if (mg_split_host_port(s->via ? s->via : p->addr, p->data_host, sizeof(p->data_host),
+                               &port) != 0)
             p->data_host[0] = '\0';
     } else {
         snprintf(p->data_host, sizeof(p->data_host), "%s", s->data_host);

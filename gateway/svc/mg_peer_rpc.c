@@ -3,6 +3,8 @@
  */
 #include "mg_peer_rpc.h"
 
+#include "mg_addr.h"
+#include "mg_log.h"
 #include "mg_pbcheck.h"
 #include "mg_rdma_wire.h"
 #include "mg_time.h"
@@ -11,39 +13,46 @@
 
 #include <event2/event.h>
 
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-int mg_peer_call(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char *path,
-                 const ProtobufCMessage *req, const mg_rpc_handlers *h, void *arg, char *err,
-                 size_t errcap)
+/* The call started on the channel's connection (a new one when the old one is known to have
+ * failed): to `addr`, or for a name to where it was looked up. Returns 0, 1 when the name must
+ * be looked up first (nothing started), or -1 with err set. */
+static int call_now(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char *path,
+                    const uint8_t *buf, size_t len, const mg_rpc_handlers *h, void *arg, char *err,
+                    size_t errcap)
 {
-    size_t len = protobuf_c_message_get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
     uint32_t timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000; /* as for the data plane */
     /* This daemon's identity towards peers: --peer-cert, else its server certificate. */
     const char *peer_cert = gw->cfg->peer_cert[0] ? gw->cfg->peer_cert : gw->cfg->tls_cert;
     const char *peer_key = gw->cfg->peer_cert[0] ? gw->cfg->peer_key : gw->cfg->tls_key;
+    int named = !mg_is_numeric_host_port(addr);
+    char name[256];
+    int port;
     mg_rpc *rpc = NULL;
-    if (buf == NULL) {
-        snprintf(err, errcap, "out of memory");
-        return -1;
-    }
-    protobuf_c_message_pack(req, buf);
     ch->gw = gw;
     for (int attempt = 0; attempt < 2 && rpc == NULL; attempt++) {
         if (ch->client == NULL) {
-            mg_client_options o = {.target = addr,
+            mg_client_options o = {.target = named ? ch->resolved : addr,
                                    .tls = gw->cfg->peer_tls,
                                    .ca_file = gw->cfg->peer_ca[0] ? gw->cfg->peer_ca : NULL,
                                    .cert_file = peer_cert[0] ? peer_cert : NULL,
                                    .key_file = peer_cert[0] ? peer_key : NULL,
                                    .connect_timeout_ms = timeout_ms};
+            if (named && ch->resolved[0] == '\0')
+                return 1;
+            if (named && mg_split_host_port(addr, name, sizeof(name), &port) == 0)
+                o.server_name = name; /* SNI, and the name its certificate must carry */
             ch->used = 0;
             if (mg_client_new(&ch->client, gw->base, &o, err, errcap) != 0) {
                 ch->client = NULL;
-                free(buf);
                 return -1;
             }
         }
@@ -53,13 +62,182 @@ int mg_peer_call(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char 
     }
     if (rpc == NULL) {
         snprintf(err, errcap, "its control connection failed");
-        free(buf);
         return -1;
     }
     mg_rpc_send(rpc, buf, len);
     mg_rpc_close_send(rpc);
-    free(buf);
     return 0;
+}
+
+/* ---- peers by name: looked up on a worker ---- */
+
+typedef struct mg_peer_pending {
+    char path[64];
+    uint8_t *buf;
+    size_t len;
+    const mg_rpc_handlers *h;
+    void *arg;
+    char addr[MG_PEER_NAME_MAX + 1];
+    struct mg_peer_pending *next;
+} mg_peer_pending;
+
+typedef struct lookup_job {
+    mg_peer_chan *ch;
+    char host[256], port[8];
+    uint32_t timeout_ms;
+    int ran;
+    char found[80]; /* "ip:port" that took a connection, or "" */
+    char why[300];
+} lookup_job;
+
+/* Connects to a (non-blocking, at most timeout_ms). Returns 0, or an errno. */
+static int probe(const struct addrinfo *a, uint32_t timeout_ms)
+{
+    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), err = 0;
+    socklen_t sl = sizeof(err);
+    struct pollfd pfd;
+    if (fd < 0)
+        return errno;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        err = errno;
+    } else {
+        pfd = (struct pollfd){.fd = fd, .events = POLLOUT};
+        if (poll(&pfd, 1, (int)timeout_ms) != 1)
+            err = ETIMEDOUT;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0)
+            err = errno;
+    }
+    close(fd);
+    return err;
+}
+
+/* Worker: the name's addresses, each tried in turn until one takes a connection. */
+static int lookup_work(void *arg)
+{
+    lookup_job *j = arg;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    char ip[INET6_ADDRSTRLEN], last[200] = "";
+    int rc, n = 0;
+    j->ran = 1;
+    rc = getaddrinfo(j->host, j->port, &hints, &ai);
+    if (rc != 0) {
+        snprintf(j->why, sizeof(j->why), "cannot resolve \"%s\": %s", j->host,
+                 rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+        return MG_ERR_UNAVAILABLE;
+    }
+    for (const struct addrinfo *a = ai; a && j->found[0] == '\0'; a = a->ai_next, n++) {
+        int err;
+        if (getnameinfo(a->ai_addr, a->ai_addrlen, ip, sizeof(ip), NULL, 0, NI_NUMERICHOST) != 0)
+            continue;
+        if ((err = probe(a, j->timeout_ms)) == 0)
+            snprintf(j->found, sizeof(j->found), "%s%s%s:%s", a->ai_family == AF_INET6 ? "[" : "",
+                     ip, a->ai_family == AF_INET6 ? "]" : "", j->port);
+        else
+            snprintf(last, sizeof(last), "%s: %s", ip, strerror(err));
+    }
+    freeaddrinfo(ai);
+    if (j->found[0])
+        return 0;
+    snprintf(j->why, sizeof(j->why), "\"%.100s\" has %d address%s; none took a connection (%.120s)",
+             j->host, n, n == 1 ? "" : "es", last);
+    return MG_ERR_UNAVAILABLE;
+}
+
+/* Loop: the lookup is over; the calls that waited for it start, or end saying why not. */
+static void lookup_done(void *arg, int result)
+{
+    lookup_job *j = arg;
+    mg_peer_chan *ch = j->ch;
+    mg_peer_pending *list = ch->pending;
+    ch->pending = NULL;
+    ch->resolving = 0;
+    ch->lookups++;
+    if (!j->ran)
+        snprintf(j->why, sizeof(j->why), "the daemon is stopping");
+    if (result == 0 && j->ran) {
+        snprintf(ch->resolved, sizeof(ch->resolved), "%s", j->found);
+        mg_info("peer_resolved", "name=%s:%s addr=%s", j->host, j->port, j->found);
+    } else {
+        ch->lookup_failures++;
+        mg_warn("peer_resolve_failed", "name=%s:%s error=\"%s\"", j->host, j->port, j->why);
+    }
+    while (list) {
+        mg_peer_pending *pc = list;
+        char err[300];
+        int rc = -1;
+        list = pc->next;
+        if (ch->resolved[0])
+            rc = call_now(ch->gw, ch, pc->addr, pc->path, pc->buf, pc->len, pc->h, pc->arg, err,
+                          sizeof(err));
+        if (rc != 0)
+            pc->h->on_close(NULL, MG_GRPC_UNAVAILABLE, rc == -1 && ch->resolved[0] ? err : j->why,
+                            pc->arg);
+        free(pc->buf);
+        free(pc);
+    }
+    free(j);
+}
+
+/* The call waits for the lookup of addr's name (started unless one runs). Returns 0, or -1
+ * with err set. */
+static int pend(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char *path,
+                const uint8_t *buf, size_t len, const mg_rpc_handlers *h, void *arg, char *err,
+                size_t errcap)
+{
+    mg_peer_pending *pc = calloc(1, sizeof(*pc)), **tail;
+    lookup_job *j = NULL;
+    int port;
+    if (pc == NULL || (pc->buf = malloc(len ? len : 1)) == NULL ||
+        (!ch->resolving && (j = calloc(1, sizeof(*j))) == NULL)) {
+        if (pc)
+            free(pc->buf);
+        free(pc);
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    memcpy(pc->buf, buf, len);
+    *pc = (mg_peer_pending){.buf = pc->buf, .len = len, .h = h, .arg = arg};
+    snprintf(pc->path, sizeof(pc->path), "%s", path);
+    snprintf(pc->addr, sizeof(pc->addr), "%s", addr);
+    if (j) {
+        j->ch = ch;
+        j->timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
+        if (mg_split_host_port(addr, j->host, sizeof(j->host), &port) == 0)
+            snprintf(j->port, sizeof(j->port), "%d", port); /* before the worker may run */
+        if (j->port[0] == '\0' ||
+            mg_engine_submit(gw->engine, gw->cq, lookup_work, lookup_done, j) != 0) {
+            snprintf(err, errcap, "its name cannot be looked up now (the engine's queue is full)");
+            free(j);
+            free(pc->buf);
+            free(pc);
+            return -1;
+        }
+        ch->resolving = 1;
+    }
+    for (tail = &ch->pending; *tail; tail = &(*tail)->next)
+        ;
+    *tail = pc;
+    return 0;
+}
+
+int mg_peer_call(mg_gateway *gw, mg_peer_chan *ch, const char *addr, const char *path,
+                 const ProtobufCMessage *req, const mg_rpc_handlers *h, void *arg, char *err,
+                 size_t errcap)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    int rc;
+    if (buf == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    protobuf_c_message_pack(req, buf);
+    ch->gw = gw;
+    rc = ch->resolving ? 1 : call_now(gw, ch, addr, path, buf, len, h, arg, err, errcap);
+    if (rc == 1) /* a name not looked up (again) yet */
+        rc = pend(gw, ch, addr, path, buf, len, h, arg, err, errcap);
+    free(buf);
+    return rc;
 }
 
 typedef struct {
@@ -117,6 +295,19 @@ void mg_peer_chan_close(mg_peer_chan *ch)
 {
     mg_client_del(ch->client);
     ch->client = NULL;
+    ch->resolved[0] = '\0'; /* a name is looked up again for the next connection */
+}
+
+void mg_peer_chan_free(mg_peer_chan *ch)
+{
+    mg_peer_chan_close(ch);
+    while (ch->pending) {
+        mg_peer_pending *pc = ch->pending;
+        ch->pending = pc->next;
+        pc->h->on_close(NULL, MG_GRPC_CANCELLED, "the daemon is stopping", pc->arg);
+        free(pc->buf);
+        free(pc);
+    }
 }
 
 /* ---- the calls the engine's peer directory asks for ---- */
@@ -180,7 +371,9 @@ static void open_answered(void *arg, int status, const char *message, ProtobufCM
                           .epoch = resp->epoch,
                           .expires_in_ms = resp->expires_in_ms,
                           .rdma = resp->rdma,
-                          .rdma_devices = resp->rdma_devices};
+                          .rdma_devices = resp->rdma_devices,
+                          .via = mg_peer_chan_of(p)->resolved[0] ? mg_peer_chan_of(p)->resolved
+                                                                 : NULL};
     mg_peer_chan_of(p)->used = 1;
     mg_peerdir_opened(p, &s, mg_now_mono_ms());
     moongate__v1__open_session_response__free_unpacked(resp, NULL);

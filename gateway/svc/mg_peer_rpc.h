@@ -13,11 +13,22 @@
 #include "mg_gateway.h"
 #include "moongate/peerdir.h"
 
-/* A peer's control channel. */
+struct mg_peer_pending;
+
+/* A peer's control channel. A peer named by a DNS name ("node-b.moongate.svc:7443") is looked
+ * up on an engine worker (getaddrinfo: /etc/hosts and nsswitch as they are at that moment),
+ * which also tries each of its addresses in turn until one takes a TCP connection; the channel
+ * then connects there, with the name as TLS server name (SNI) and as the name its certificate
+ * must carry. Calls made meanwhile wait in `pending`. The name is looked up again whenever a
+ * connection has to be made anew (the last one failed, or the peer restarted). */
 typedef struct mg_peer_chan {
     mg_client *client; /* NULL until the first call, and after its connection failed */
     int used;          /* it carried a session before: it may be stale (the peer restarted) */
     mg_gateway *gw;    /* whose loop it runs on (set by the first call) */
+    char resolved[80]; /* a name's address now ("ip:port"; "": not looked up) */
+    int resolving;
+    struct mg_peer_pending *pending; /* calls waiting for the lookup, in order */
+    uint64_t lookups, lookup_failures;
 } mg_peer_chan;
 
 /* Starts a unary call `path` on the channel to `addr` (a new connection when the old one is
@@ -42,8 +53,11 @@ static inline mg_peer_chan *mg_peer_chan_of(mg_xfer_peer *p)
     return p->front;
 }
 
-/* Closes the channel's connection (a fresh one is opened by the next call). */
+/* Closes the channel's connection (a fresh one is opened by the next call, to where the
+ * peer's name leads then). */
 void mg_peer_chan_close(mg_peer_chan *ch);
+/* At the end: closes it and ends the calls waiting for a lookup (CANCELLED). */
+void mg_peer_chan_free(mg_peer_chan *ch);
 
 /* The calls the engine's peer directory asks for (moongate/peerdir.h); each entry's p->front
  * is its channel. OpenSession for p's tenant: answered with mg_peerdir_opened, or

@@ -278,8 +278,8 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         reply_local(call, ag);
         return;
     }
-    if (!mg_is_numeric_host_port(ref.peer)) {
-        mg_call_fail(call, MG_ERR_INVALID, "peer \"%s\" must be a numeric host:port", ref.peer);
+    if (!mg_is_host_port(ref.peer)) {
+        mg_call_fail(call, MG_ERR_INVALID, "peer \"%s\" must be host:port", ref.peer);
         return;
     }
     mg_call_ref(call);
@@ -430,9 +430,8 @@ static void import_message(mg_call *call, const ProtobufCMessage *m)
     }
     if (strcmp(d->tenant, mg_call_tenant(call)) != 0) {
         mg_call_fail(call, MG_ERR_PERMISSION, "the descriptor is another tenant's agent");
-    } else if (!mg_is_numeric_host_port(d->endpoint)) {
-        mg_call_fail(call, MG_ERR_INVALID, "endpoint \"%s\" must be a numeric host:port",
-                     d->endpoint);
+    } else if (!mg_is_host_port(d->endpoint)) {
+        mg_call_fail(call, MG_ERR_INVALID, "endpoint \"%s\" must be host:port", d->endpoint);
     } else if ((ic = calloc(1, sizeof(*ic))) == NULL) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
     } else {

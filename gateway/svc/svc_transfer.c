@@ -309,9 +309,8 @@ static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
     }
     for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
-        const char *bad = mg_is_numeric_host_port(np->peer)
-                              ? mg_xfer_note_bad(np->topic, np->payload.len)
-                              : "peer must be a numeric host:port";
+        const char *bad = mg_is_host_port(np->peer) ? mg_xfer_note_bad(np->topic, np->payload.len)
+                                                    : "peer must be host:port";
         if (bad) {
             mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
             return -1;
@@ -598,7 +597,7 @@ static void mg_svc_transfer_free(mg_gateway *gw)
     if (gw->cq)
         mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
     mg_peerdir_foreach (ts->dir, p)
-        mg_peer_chan_close(mg_peer_chan_of(p));
+        mg_peer_chan_free(mg_peer_chan_of(p));
     mg_xfer_notes_free(ts); /* before the batches whose notifications wait in line */
     mg_peerdir_del(ts->dir);
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */

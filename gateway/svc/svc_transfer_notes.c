@@ -261,8 +261,8 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
         else
             peer = ref.peer;
     }
-    if (bad == NULL && !mg_is_numeric_host_port(peer))
-        bad = "peer must be a numeric host:port (\"10.0.0.2:7443\")";
+    if (bad == NULL && !mg_is_host_port(peer))
+        bad = "peer must be host:port (\"10.0.0.2:7443\", \"node-b.moongate.svc:7443\")";
     if (bad) {
         mg_call_fail(call, MG_ERR_INVALID, "%s", bad);
         return;

@@ -6,6 +6,7 @@
 #include "svc_transfer.h"
 
 #include "mg_service.h"
+#include "mg_peer_rpc.h"
 
 #include "moongate/v1/transfer.pb-c.h"
 
@@ -326,6 +327,9 @@ void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m)
                      : p->rdma_why[0]                      ? p->rdma_why
                                                            : "not tried yet";
         st[i].last_error = p->state == MG_PEER_FAILED ? p->err : "";
+        st[i].resolved = mg_peer_chan_of(p)->resolved;
+        st[i].lookups = mg_peer_chan_of(p)->lookups;
+        st[i].lookup_failures = mg_peer_chan_of(p)->lookup_failures;
         st[i].idle_connections = mg_dp_pool_idle(&p->idle);
         st[i].jobs = p->line.jobs;
         st[i].queued = queued;
@@ -380,6 +384,20 @@ static void render_peers(mg_gateway *gw, struct evbuffer *out)
                                 p->addr[0] ? p->addr : "local", p->tenant, ops[o],
                                 (unsigned long long)p->ended[o][0], p->addr[0] ? p->addr : "local",
                                 p->tenant, ops[o], (unsigned long long)p->ended[o][1]);
+    }
+    evbuffer_add_printf(out, "# HELP moongate_peer_lookups_total Lookups of a peer's DNS name, "
+                             "by result.\n# TYPE moongate_peer_lookups_total counter\n");
+    mg_peerdir_foreach (transfer_of(gw)->dir, p) {
+        const mg_peer_chan *ch = mg_peer_chan_of(p);
+        if (ch->lookups)
+            evbuffer_add_printf(out,
+                                "moongate_peer_lookups_total{peer=\"%s\",tenant=\"%s\",result="
+                                "\"ok\"} %llu\n"
+                                "moongate_peer_lookups_total{peer=\"%s\",tenant=\"%s\",result="
+                                "\"failed\"} %llu\n",
+                                p->addr, p->tenant,
+                                (unsigned long long)(ch->lookups - ch->lookup_failures), p->addr,
+                                p->tenant, (unsigned long long)ch->lookup_failures);
     }
     evbuffer_add_printf(out, "# HELP moongate_peer_connections Data-plane connections to a peer, "
                              "by state (busy: carrying a part of a request now).\n"

@@ -37,7 +37,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(moongate, work, name, h2c=None):
+def start(moongate, work, name, h2c=None, extra=()):
     """A daemon with its Unix socket in work/name (and an h2c listener for peers)."""
     os.mkdir(os.path.join(work, name))
     sock = os.path.join(work, name, "moongate.sock")
@@ -46,7 +46,7 @@ def start(moongate, work, name, h2c=None):
                           "--h2c-listen", h2c or "", "--peer-tls=false", "--peer-anonymous",
                           "--data-listen", "127.0.0.1:0" if h2c else "", "--unix-socket", sock,
                           "--shm-dir", os.path.join(work, name), "--pool-bytes", "0",
-                          "--access-log=false", "--max-registered-bytes", "64G"],
+                          "--access-log=false", "--max-registered-bytes", "64G"] + list(extra),
                          stdout=log, stderr=subprocess.STDOUT)
     for _ in range(200):
         if os.path.exists(sock + ".fd"):

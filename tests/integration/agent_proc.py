@@ -3,6 +3,8 @@ a remote-accessible buffer, says where it is (one JSON line) and then obeys line
 
   dump OFF LEN    prints the buffer's bytes there, in hex
   fill OFF HEX    writes them
+  put AGENT ADDR LEN [PEER]   WRITEs its buffer's first LEN bytes to ADDR of AGENT
+  get AGENT ADDR LEN [PEER]   READs them from there into its buffer
   again           frees the buffer and allocates another (a re-registration)
   quit            exits (its connection closes: the agent ends)
 
@@ -36,6 +38,16 @@ def main():
             data = bytes.fromhex(cmd[2])
             buf.view[int(cmd[1]):int(cmd[1]) + len(data)] = data
             print("ok", flush=True)
+        elif cmd[0] in ("put", "get"):  # its buffer's first LEN bytes to / from an agent
+            agent, addr, n = cmd[1], int(cmd[2]), int(cmd[3])
+            peer = cmd[4] if len(cmd) > 4 else ""
+            op = mg.write if cmd[0] == "put" else mg.read
+            try:
+                c.transfer([op(address=buf.address, peer=peer, agent=agent, remote_address=addr,
+                               length=n)])
+                print("ok", flush=True)
+            except mg.Error as e:
+                print("err %s %s" % (e.code.name, e.message), flush=True)
         elif cmd[0] == "again":
             buf.free()
             buf = c.allocate_buffer(size, remote_accessible=True)

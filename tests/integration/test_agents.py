@@ -54,6 +54,12 @@ class Agent:
     def fill(self, off, data):
         assert self._ask("fill %d %s" % (off, data.hex())) == "ok"
 
+    def put(self, agent, addr, n, peer=""):
+        return self._ask("put %s %d %d %s" % (agent, addr, n, peer))
+
+    def get(self, agent, addr, n, peer=""):
+        return self._ask("get %s %d %d %s" % (agent, addr, n, peer))
+
     def again(self):
         self.p.stdin.write("again\n")
         self.p.stdin.flush()
@@ -94,7 +100,7 @@ def pair(make_daemon):
 def test_write_and_read_by_agent_and_address(make_daemon, agents):
     a, b = pair(make_daemon)
     b1, b2 = agents(b, "decode-0"), agents(b, "decode-1", port=23456)
-    a1 = agents(a, "prefill-0")
+    a1, a2 = agents(a, "prefill-0"), agents(a, "prefill-1")
     assert b2.port == 23456 and b1.port != 23456 and b1.port >= 20000
     pattern = os.urandom(256 * 1024)
     with client(a) as c:
@@ -131,6 +137,14 @@ def test_write_and_read_by_agent_and_address(make_daemon, agents):
         c.transfer([mg.write(address=src.address, agent="prefill-0", remote_address=a1.address,
                              length=4096)])
         assert a1.dump(0, 4096) == pattern[:4096]
+        # agent to agent: prefill-1 on a writes into decode-1 on b by its one-string form, and
+        # decode-0 on b reads from prefill-1 by name and a's endpoint
+        note = os.urandom(8192)
+        a2.fill(0, note)
+        assert a2.put("127.0.0.1:%d" % b2.port, b2.address + 65536, len(note)) == "ok"
+        assert b2.dump(65536, len(note)) == note
+        assert b1.get("prefill-1", a2.address, len(note), a.h2c) == "ok"
+        assert b1.dump(0, len(note)) == note
         # lookups: here, on the peer by name and by "host:port"
         mine = c.describe_agent("prefill-0")
         assert (mine.name, mine.tenant, mine.peer) == ("prefill-0", "default", "")

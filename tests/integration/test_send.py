@@ -104,7 +104,7 @@ def test_sends_keep_their_tenant_and_bounds(make_daemon, tmp_path):
                         ({"topic": "x" * 129, "peer": b.h2c}, "topic"),
                         ({"topic": "t\n", "peer": b.h2c}, "topic"),
                         ({"topic": "t", "payload": bytes(65537), "peer": b.h2c}, "payload"),
-                        ({"topic": "t", "peer": "localhost:1"}, "numeric"),
+                        ({"topic": "t", "peer": "local_host:1"}, "host:port"),
                         ({"topic": "t", "peer": b.h2c, "agent": "127.0.0.1:5"}, "one way"),
                         ({"topic": "t", "agent": "name"}, "one-string")):
             with pytest.raises(mg.Error) as e:

@@ -73,7 +73,7 @@ def test_write_and_read_between_two_daemons(make_daemon):
 
 @pytest.mark.parametrize("mutate,needle", [
     (dict(length=0), "request 1: length must be greater than 0"),
-    (dict(peer="peer.example:7443"), "request 1: peer must be a numeric host:port"),
+    (dict(peer="peer_example:7443"), "request 1: peer must be host:port"),
     (dict(local_segment=12345), "request 1: no such local segment"),
     (dict(local_offset=MiB), "request 1: local offset + length is outside"),
     (dict(remote_offset=2**64 - 1), "request 1: remote offset + length overflows"),
@@ -672,7 +672,7 @@ def test_notification_not_sent_when_a_write_fails_and_bounded_queues(make_daemon
         assert [x.payload for x in rest] == [b"two"]
         assert b.metric("moongate_notifications_queued") == 0
         # Bad notifications are refused with the batch.
-        for np, needle in [(dict(peer="b.example:1", topic="t"), "numeric"),
+        for np, needle in [(dict(peer="b_example:1", topic="t"), "host:port"),
                            (dict(peer=b.h2c, topic=""), "topic"),
                            (dict(peer=b.h2c, topic="t", payload=b"x" * 65537), "65536")]:
             with pytest.raises(grpc.RpcError) as e:

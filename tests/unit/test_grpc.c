@@ -283,6 +283,18 @@ static void test_host_port(void)
     CU_ASSERT_FALSE(mg_is_numeric_host_port("peer.example:7443"));
     CU_ASSERT_FALSE(mg_is_numeric_host_port("127.0.0.1"));
     CU_ASSERT_FALSE(mg_is_numeric_host_port("999.0.0.1:80"));
+    CU_ASSERT_TRUE(mg_is_host_port("node-b.moongate.svc:7443"));
+    CU_ASSERT_TRUE(mg_is_host_port("localhost:1"));
+    CU_ASSERT_TRUE(mg_is_host_port("node-b.:7443"));
+    CU_ASSERT_TRUE(mg_is_host_port("[::1]:7443"));
+    CU_ASSERT_FALSE(mg_is_host_port("node-b:0"));
+    CU_ASSERT_FALSE(mg_is_host_port("-node:1"));
+    CU_ASSERT_FALSE(mg_is_host_port("node-.b:1"));
+    CU_ASSERT_FALSE(mg_is_host_port("a..b:1"));
+    CU_ASSERT_FALSE(mg_is_host_port("a_b:1"));
+    CU_ASSERT_FALSE(mg_is_host_port("a b:1"));
+    CU_ASSERT_FALSE(mg_is_host_port(":1"));
+    CU_ASSERT_FALSE(mg_is_host_port("[node]:1"));
 }
 
 int main(void)

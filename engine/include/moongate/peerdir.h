@@ -101,6 +101,8 @@ struct mg_xfer_peer {
 typedef struct mg_peer_session {
     const uint8_t *token;  /* MG_DF_TOKEN_BYTES */
     const char *data_host; /* "", "::" or "0.0.0.0": the host of the control endpoint */
+    const char *via;       /* where the control endpoint was reached ("ip:port": its name's
+                            * address), or NULL: as it is named */
     int data_port;
     uint64_t epoch;
     uint64_t expires_in_ms;
