@@ -13,6 +13,7 @@
 #include "mg_json.h"
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "moongate/v1/agent.pb-c.h"
 #include "moongate/v1/daemon.pb-c.h"
 #include "moongate/v1/debug.pb-c.h"
 #include "moongate/v1/memory.pb-c.h"
@@ -36,6 +37,7 @@ static const ProtobufCServiceDescriptor *const services[] = {
     &moongate__v1__memory__descriptor,     &moongate__v1__pool__descriptor,
     &moongate__v1__transfer__descriptor,   &moongate__v1__notify__descriptor,
     &moongate__v1__peer__descriptor,       &moongate__v1__debug__descriptor,
+    &moongate__v1__agent__descriptor,
 };
 
 typedef struct {
@@ -65,6 +67,9 @@ static void usage(FILE *f)
                "  leases get ID | release ID | acquire SIZE [--ttl MS] [--remote]\n"
                "  pools                       buffer pool usage\n"
                "  peers                       peer daemons this one talks to\n"
+               "  agents [list]               the tenant's agents on this daemon\n"
+               "  agents describe AGENT [PEER]  an agent (\"host:port\", or a name on PEER) and\n"
+               "                              its regions\n"
                "  transfers get ID | cancel ID | wait ID\n"
                "                              a batch; wait follows it with a progress bar\n"
                "  watch TOPIC                 notifications of TOPIC as they arrive\n"
@@ -500,6 +505,8 @@ int main(int argc, char **argv)
         return cmd_pools(&c);
     if (!strcmp(args[0], "peers") && nargs == 1)
         return cmd_peers(&c);
+    if (!strcmp(args[0], "agents") && nargs <= 4)
+        return cmd_agents(&c, args[1], args[2], args[3]);
     if (!strcmp(args[0], "transfers"))
         return cmd_transfers(&c, args[1], args[2]);
     if (!strcmp(args[0], "watch") && nargs == 2)

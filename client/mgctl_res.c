@@ -187,6 +187,18 @@ static const col peer_cols[] = {
     {"QUEUED", "queued", TEXT},     {"JOBS", "jobs", TEXT},
     {"RDMA", "rdma", TEXT},         {"LAST ERROR", "lastError", TEXT},
 };
+static const col agent_cols[] = {
+    {"NAME", "name", TEXT},
+    {"PORT", "port", TEXT},
+    {"TENANT", "tenant", TEXT},
+    {"ID", "agentId", TEXT},
+};
+static const col region_cols[] = {
+    {"ADDRESS", "address", TEXT},
+    {"LENGTH", "length", BYTES},
+    {"SEGMENT", "segment", TEXT},
+    {"REMOTE", "remoteAccessible", BOOL},
+};
 static const col req_cols[] = {
     {"#", "index", TEXT},   {"STATE", "state", TEXT},     {"DONE", "bytesDone", BYTES},
     {"CODE", "code", TEXT}, {"MESSAGE", "message", TEXT},
@@ -376,6 +388,33 @@ static int cmd_peers(const ctl *c)
         int st_ = call_json(c, "Transfer/ListPeers", json_object(), &j);
         return show(c, st_, j, "peers", peer_cols, NCOLS(peer_cols), 0);
     }
+}
+
+/* Agents: the tenant's here, or one (here or on a peer) with its regions. */
+static int cmd_agents(const ctl *c, const char *verb, const char *agent, const char *peer)
+{
+    json_t *j;
+    int st;
+    if (verb == NULL || !strcmp(verb, "list")) {
+        st = call_json(c, "Agent/ListAgents", json_object(), &j);
+        return show(c, st, j, "agents", agent_cols, NCOLS(agent_cols), 0);
+    }
+    if (strcmp(verb, "describe") != 0 || agent == NULL) {
+        fprintf(stderr, "mgctl: agents [list] | agents describe AGENT [PEER]\n");
+        return EXIT_USAGE;
+    }
+    st = call_json(c, "Agent/DescribeAgent",
+                   json_pack("{s:s,s:s}", "agent", agent, "peer", peer ? peer : ""), &j);
+    if (st != MG_GRPC_OK || c->json)
+        return show(c, st, j, NULL, agent_cols, NCOLS(agent_cols), 1);
+    fields(j, agent_cols, NCOLS(agent_cols));
+    printf("epoch       %s\nfirst       %s\n", json_string_value(json_object_get(j, "epoch")),
+           json_string_value(json_object_get(j, "firstAddress"))
+               ? json_string_value(json_object_get(j, "firstAddress"))
+               : "0");
+    table(json_object_get(j, "regions"), region_cols, NCOLS(region_cols));
+    json_decref(j);
+    return 0;
 }
 
 /* A batch: its state line, then its requests (numbered). */

@@ -3,6 +3,7 @@ and JSON output, and exit codes that follow the gRPC status."""
 import json
 import os
 import subprocess
+import time
 
 from conftest import MGCTL, free_port, register
 
@@ -205,3 +206,30 @@ def test_register_file_passes_the_descriptor(make_daemon, tmp_path):
         assert rc == 64 and "unix:PATH target" in err
     finally:
         os.unlink(path)
+
+
+def test_agents(make_daemon):
+    """agents: the tenant's agents here, and one described with its regions."""
+    import conftest
+    os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+    import moongate_client as mg
+    d = make_daemon()
+    t = ["--target", "unix:" + d.sock]
+    with mg.Client("unix:" + d.sock) as c:
+        c.register_agent("decode-0", port=22222)
+        buf = c.allocate_buffer(1 << 20, remote_accessible=True)
+        rc, out, err = mgctl(*t, "agents")
+        assert rc == 0, err
+        assert "decode-0" in out and "22222" in out
+        rc, out, err = mgctl(*t, "agents", "describe", "decode-0")
+        assert rc == 0, err
+        assert str(buf.address) in out and "1.0 MiB" in out, out
+        rc, out, err = mgctl(*t, "--json", "agents", "describe", "decode-0")
+        assert rc == 0 and json.loads(out)["firstAddress"] == str(buf.address), err
+        rc, out, err = mgctl(*t, "agents", "describe", "nobody")
+        assert rc == 5 and "no agent" in err, (rc, err)
+    deadline = time.monotonic() + 20  # the client's connection closed: the agent ends
+    while "decode-0" in mgctl(*t, "agents")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rc, out, err = mgctl(*t, "agents")
+    assert rc == 0 and "decode-0" not in out
