@@ -15,6 +15,8 @@ static const char *problem(const Moongate__V1__AgentDescriptor *d)
     int port;
     if (d->version != MG_AGENTDESC_VERSION)
         return "version must be 1";
+    if (d->base.n_unknown_fields)
+        return "it has fields version 1 does not";
     if (strlen(d->endpoint) > MG_PEER_NAME_MAX ||
         mg_split_host_port(d->endpoint, host, sizeof(host), &port) != 0 || port == 0)
         return "endpoint must be host:port";
@@ -30,6 +32,8 @@ static const char *problem(const Moongate__V1__AgentDescriptor *d)
         return "it has more than 1024 regions";
     for (size_t i = 0; i < d->n_regions; i++) {
         const Moongate__V1__AgentRegion *r = d->regions[i];
+        if (r->base.n_unknown_fields)
+            return "a region has fields version 1 does not";
         if (r->length == 0 || r->address > UINT64_MAX - r->length)
             return "a region is empty or wraps";
         if (i > 0 && d->regions[i - 1]->address + d->regions[i - 1]->length > r->address)

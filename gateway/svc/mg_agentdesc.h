@@ -13,7 +13,8 @@
 #define MG_AGENTDESC_VERSION 1
 #define MG_AGENTDESC_MAX     (128 * 1024) /* bytes a descriptor may have */
 
-/* Decodes and checks a descriptor: its size, strings (no NUL, UTF-8), version 1, an endpoint
+/* Decodes and checks a descriptor: its size, strings (no NUL, UTF-8), version 1 and no field
+ * version 1 does not have (the message is repacked and kept nowhere else), an endpoint
  * "host:port", a valid tenant and agent name, a port 1..65535, epoch and agent_id set, at most
  * 1024 regions, each non-empty, not wrapping, in address order without overlap. Returns the
  * message (moongate__v1__agent_descriptor__free_unpacked) or NULL with why set. */

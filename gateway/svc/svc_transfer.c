@@ -380,7 +380,8 @@ static int batch_peers(mg_batch *b, const Moongate__V1__SubmitRequest *req)
         n->payload = malloc(np->payload.len ? np->payload.len : 1);
         if (n->peer == NULL || n->payload == NULL)
             return MG_ERR_NOMEM;
-        memcpy(n->payload, np->payload.data, np->payload.len);
+        if (np->payload.len) /* an empty payload has no data pointer */
+            memcpy(n->payload, np->payload.data, np->payload.len);
         n->len = np->payload.len;
         snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
         for (size_t k = 0; k < b->n; k++) {

@@ -285,7 +285,8 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
                      p ? NULL : "this daemon already knows its limit of peers");
         return;
     }
-    memcpy(it->payload, req->payload.data, req->payload.len);
+    if (req->payload.len) /* an empty payload has no data pointer */
+        memcpy(it->payload, req->payload.data, req->payload.len);
     it->len = req->payload.len;
     it->line = l;
     it->due = 1;

@@ -50,7 +50,8 @@ def test_send_goes_after_the_batch_notifications_before_it(make_daemon):
         try:
             bid = c.submit([mg.write(address=src.address, peer=b.h2c, remote_segment=dst.id,
                                      length=8 * MiB)],
-                           notify=[mg.notify(b.h2c, "kv", b"batch")])
+                           notify=[mg.notify(b.h2c, "kv", b"batch"),
+                                   mg.notify(b.h2c, "empty", b"")])
             t, out = in_thread(c.send, "kv", b"send", peer=b.h2c)
             # another connection's line is its own: not behind that batch
             t2, out2 = in_thread(other.send, "kv", b"other", agent="127.0.0.1:1")
@@ -64,6 +65,7 @@ def test_send_goes_after_the_batch_notifications_before_it(make_daemon):
         assert c.wait(bid).state == 2
     with client(b) as cb:
         got = [n.payload for n in cb.poll("kv")]
+        assert [n.payload for n in cb.poll("empty")] == [b""]
     assert got.index(b"batch") < got.index(b"send"), got
     assert sorted(got) == [b"batch", b"other", b"send"]
     notes = {n.payload: n for n in client(b).poll("kv")}  # taken already: none left
