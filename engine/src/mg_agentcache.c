@@ -149,9 +149,9 @@ int mg_agent_cache_get(mg_agent_cache *c, const char *peer, uint64_t epoch, cons
     return 0;
 }
 
-int mg_agent_cache_resolve(mg_agent_cache *c, const char *peer, uint64_t epoch,
-                           const mg_agent_ref *ref, uint64_t addr, uint64_t len, uint64_t *id,
-                           uint64_t *offset, char *why, size_t cap)
+int mg_agent_cache_region(mg_agent_cache *c, const char *peer, uint64_t epoch,
+                          const mg_agent_ref *ref, uint64_t addr, uint64_t len,
+                          mg_remote_region *region, char *why, size_t cap)
 {
     entry *e = find(c, peer, epoch, ref);
     size_t lo = 0, hi;
@@ -182,9 +182,21 @@ int mg_agent_cache_resolve(mg_agent_cache *c, const char *peer, uint64_t epoch,
                  (unsigned long long)r->address, (unsigned long long)(r->address + r->size), peer);
         return MG_ERR_RANGE;
     }
-    *id = r->id;
-    *offset = addr - r->address;
+    *region = *r;
     return 0;
+}
+
+int mg_agent_cache_resolve(mg_agent_cache *c, const char *peer, uint64_t epoch,
+                           const mg_agent_ref *ref, uint64_t addr, uint64_t len, uint64_t *id,
+                           uint64_t *offset, char *why, size_t cap)
+{
+    mg_remote_region r;
+    int rc = mg_agent_cache_region(c, peer, epoch, ref, addr, len, &r, why, cap);
+    if (rc == 0) {
+        *id = r.id;
+        *offset = addr - r.address;
+    }
+    return rc;
 }
 
 void mg_agent_cache_forget(mg_agent_cache *c, const char *peer, const mg_agent_ref *ref)

@@ -141,13 +141,21 @@ static const char *resolve_agent(mg_batch_req *r, const mg_batch_item *t, mg_bat
                "remote_segment or remote_lease";
     if (t->remote_offset > UINT64_MAX - t->remote_address)
         return "remote_address + remote_offset overflows";
-    if (mg_agent_ref_parse(t->peer, t->remote_agent, b->set->cfg.peer_port, &ref, why,
-                           sizeof(why)) != 0)
-        return say(r, why);
     *v = *t;
     v->remote_agent = NULL;
     v->remote_address = t->remote_address + t->remote_offset;
     v->remote_offset = 0;
+    r->agent_arg = t->remote_agent;
+    r->peer_arg = t->peer;
+    if (prev && prev->agent && prev->agent_arg == t->remote_agent && prev->peer_arg == t->peer) {
+        r->agent = prev->agent; /* the same strings (blocks of one group): nothing to parse */
+        r->remote_address = v->remote_address;
+        v->peer = b->agents[r->agent - 1]->peer;
+        return NULL;
+    }
+    if (mg_agent_ref_parse(t->peer, t->remote_agent, b->set->cfg.peer_port, &ref, why,
+                           sizeof(why)) != 0)
+        return say(r, why);
     if (ref.peer[0] == '\0')
         return resolve_agent_here(r, t, &ref, v);
     if (prev && prev->agent && ref_eq(b->agents[prev->agent - 1], &ref)) {
@@ -312,7 +320,9 @@ int mg_batch_resolve_agents(mg_batch *b, mg_agent_cache *cache, mg_peer_cache *d
                             mg_batch_agent_ask **ask, size_t *nask, size_t *bad, char *why,
                             size_t cap)
 {
-    const mg_agent_ref *asked = NULL; /* the agent asked for last */
+    const mg_agent_ref *asked = NULL;  /* the agent asked for last */
+    mg_remote_region last = {0, 0, 0}; /* the region the request before resolved into */
+    uint32_t last_agent = 0;
     for (size_t i = 0; i < b->n; i++) {
         mg_batch_req *r = &b->reqs[i];
         const mg_agent_ref *ref;
@@ -321,10 +331,22 @@ int mg_batch_resolve_agents(mg_batch *b, mg_agent_cache *cache, mg_peer_cache *d
         if (!r->agent || r->peer == NULL)
             continue;
         ref = b->agents[r->agent - 1];
-        rc = mg_agent_cache_resolve(
-            cache, r->peer->key, mg_peer_cache_epoch_of(descs, r->peer->key), ref,
-            r->remote_address, r->length, &r->remote_segment, &r->remote_offset, why, cap);
-        if (rc == 0 || (!answered && ref == asked))
+        if (r->agent == last_agent && r->remote_address >= last.address && /* the same region */
+            r->length <= last.size && r->remote_address - last.address <= last.size - r->length) {
+            r->remote_segment = last.id;
+            r->remote_offset = r->remote_address - last.address;
+            continue;
+        }
+        last_agent = 0;
+        rc = mg_agent_cache_region(cache, r->peer->key, mg_peer_cache_epoch_of(descs, r->peer->key),
+                                   ref, r->remote_address, r->length, &last, why, cap);
+        if (rc == 0) {
+            last_agent = r->agent;
+            r->remote_segment = last.id;
+            r->remote_offset = r->remote_address - last.address;
+            continue;
+        }
+        if (!answered && ref == asked)
             continue;
         if (answered) {
             char who[MG_AGENT_NAME_MAX + 32];

@@ -371,8 +371,8 @@ static int batch_peers(mg_batch *b, const Moongate__V1__SubmitRequest *req)
                       ? b->reqs[i - 1].peer
                       : mg_peerdir_get(ts->dir, r->peer_name, b->tenant);
     }
-    for (size_t i = 0; i < b->n; i++)
-        b->reqs[i].peer_name = NULL; /* it points into the request message */
+    for (size_t i = 0; i < b->n; i++) /* they point into the request message */
+        b->reqs[i].peer_name = b->reqs[i].agent_arg = b->reqs[i].peer_arg = NULL;
     for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
         mg_batch_note *n = &b->notes[i];

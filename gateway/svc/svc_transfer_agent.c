@@ -161,7 +161,7 @@ static void agent_answered(void *arg, int code, const char *msg, const Moongate_
     agents_wait *w = arg;
     (void)a;
     if (code && w->code == 0) {
-        w->code = code == MG_GRPC_NOT_FOUND ? MG_GRPC_NOT_FOUND : code;
+        w->code = code;
         snprintf(w->msg, sizeof(w->msg), "peer %.80s: %.300s", peer,
                  msg && *msg ? msg : "no answer");
     }
@@ -184,7 +184,10 @@ int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, m
         free(ask);
         if (rc == 0 && nask == 0)
             return 0;
-        mg_call_fail(call, rc ? rc : MG_ERR_NOMEM, rc == MG_ERR_NOMEM ? NULL : "%s", why);
+        if (rc == 0 || rc == MG_ERR_NOMEM)
+            mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        else
+            mg_call_fail(call, rc, "request %zu: %s; nothing was moved", bad, why);
         mg_batch_discard(b);
         return -1;
     }

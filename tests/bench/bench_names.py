@@ -9,7 +9,9 @@
    address, the same WRITE.
 3. One small WRITE (--small bytes, Submit with wait), by id and by (agent, address): what a
    resolved (cached) agent costs a latency-bound caller. Medians of the microseconds.
-4. A notification on its own (Notify/Send, answered once the peer queued it) against the same
+4. The Submit of 4096 blocks of 16 bytes (answered before they move): what resolving each
+   block's (agent, address) costs against ids.
+5. A notification on its own (Notify/Send, answered once the peer queued it) against the same
    notification carried by a batch of one --small WRITE (Submit with wait).
 
 Usage: bench_names.py --moongate BIN [--rounds N] [--blocks N] [--block-bytes N]
@@ -109,6 +111,33 @@ def small(c, a, buf, dst, kv):
     line("by (agent, address)", us["agent"], "us", us["id"])
 
 
+def submit_cost(c, a, buf, kv):
+    """What naming 4096 blocks by agent costs the Submit itself (answered before they move)."""
+    n = 4096
+    offs = [k * 16 for k in range(n)]
+
+    def one(way):
+        bl = transfer_pb2.Blocks(op=transfer_pb2.WRITE, local_address=buf.address, peer=a.peer,
+                                 local_offsets=offs, remote_offsets=offs, lengths=[16] * n)
+        if way == "id":
+            bl.remote_segment = kv.segment.id
+        else:
+            bl.remote_agent, bl.remote_address = "bench", kv.address
+        r = []
+        t = timed(lambda: r.append(c.transfers.Submit(
+            transfer_pb2.SubmitRequest(blocks=[bl]), timeout=60)))
+        c.wait(r[0].batch_id)
+        return t * 1e3
+
+    for w in ("id", "agent"):
+        one(w)
+    ms = alternate(["id", "agent"], a.rounds * 2, one)
+    print("Submit of %d blocks of 16 bytes, answered before they move, %d rounds (medians, ms)"
+          % (n, a.rounds * 2))
+    line("by segment id", ms["id"], "ms")
+    line("by (agent, address)", ms["agent"], "ms", ms["id"])
+
+
 def notes(c, a, buf, dst, peer_c):
     def one(way):
         if way == "send":
@@ -153,6 +182,7 @@ def main():
                 buf.view[:] = os.urandom(1 << 20) * (total >> 20)
                 bulk(c, a, buf, dst, kv, port)
                 small(c, a, buf, dst, kv)
+                submit_cost(c, a, buf, kv)
                 notes(c, a, buf, dst, peer_c)
         finally:
             for d in (p, q):

@@ -74,6 +74,10 @@ int mg_agent_cache_put(mg_agent_cache *c, const char *peer, uint64_t epoch,
 int mg_agent_cache_resolve(mg_agent_cache *c, const char *peer, uint64_t epoch,
                            const mg_agent_ref *ref, uint64_t addr, uint64_t len, uint64_t *id,
                            uint64_t *offset, char *why, size_t cap);
+/* The same, answering the whole region that holds the range. */
+int mg_agent_cache_region(mg_agent_cache *c, const char *peer, uint64_t epoch,
+                          const mg_agent_ref *ref, uint64_t addr, uint64_t len,
+                          mg_remote_region *region, char *why, size_t cap);
 /* What the cache knows of the agent under `epoch`: 0 with *out (its regions stay the cache's
  * until the next put or forget), or MG_ERR_NOT_FOUND. */
 int mg_agent_cache_get(mg_agent_cache *c, const char *peer, uint64_t epoch, const mg_agent_ref *ref,

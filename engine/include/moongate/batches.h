@@ -82,7 +82,9 @@ typedef struct mg_batch_req {
     uint32_t agent;
     uint64_t remote_address;
     struct mg_xfer_peer *peer;
-    const char *peer_name; /* while the batch is filled only: the request's `peer` */
+    const char *peer_name;            /* while the batch is filled only: the request's `peer` */
+    const char *agent_arg, *peer_arg; /* and then its remote_agent and peer as the caller gave
+                                       * them (blocks of one group share them) */
     /* Its life. */
     mg_req_life life;  /* PENDING, RUNNING, DONE or FAILED; requeued once at most */
     int err;           /* MG_ERR_* when failed */
