@@ -180,7 +180,8 @@ void mg_batch_discard(mg_batch *b);
 typedef struct mg_batch_item {
     int write;                                         /* 1: WRITE local -> remote; 0: READ */
     uint64_t local_segment, local_lease, local_offset; /* one of segment and lease */
-    const char *peer; /* "host:port" (numeric), or "" for this daemon (a copy) */
+    const char *peer; /* "host:port" (a name is looked up later, off the loop), or "" for this
+                       * daemon (a copy) */
     uint64_t remote_segment, remote_lease, remote_offset; /* one of segment and lease */
     uint64_t length;
     /* Instead of local_segment: the address of the local bytes (plus local_offset) in process
