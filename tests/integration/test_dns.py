@@ -8,6 +8,7 @@ that never answers while Health and other peers keep being served; the peer's ce
 checked against the name (SNI and hostname). Skipped, saying why, where a mount namespace
 cannot be made (no root)."""
 import os
+import random
 import socket
 import subprocess
 import threading
@@ -111,9 +112,17 @@ def test_unresolvable_and_hung_names_block_nothing(make_daemon, names):
     hosts, resolv, wrap = names
     b = at(make_daemon, "127.0.0.2", None, "--peer-tls=false")
     hosts.write_text("127.0.0.1 localhost\n127.0.0.2 node-b.test\n")
-    # a resolver that never answers: queries to 127.0.0.9:53 are read and dropped
+    # a resolver that never answers: queries to it are read and dropped. Its address is one of
+    # 127.0.9.0/24 nobody else holds (another run of the suite on this machine may have one).
     hole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    hole.bind(("127.0.0.9", 53))
+    for n in random.sample(range(1, 255), 254):
+        try:
+            hole.bind(("127.0.9.%d" % n, 53))
+            break
+        except OSError:
+            continue
+    ns = hole.getsockname()[0]
+    resolv.write_text("nameserver %s\noptions timeout:1 attempts:1\n" % ns)
     a = make_daemon("--peer-tls=false", wrap=wrap)
     src = register(a, "src", MiB)
     dst = register(b, "dst", MiB, remote=True)
@@ -126,7 +135,7 @@ def test_unresolvable_and_hung_names_block_nothing(make_daemon, names):
             assert r.code == grpc.StatusCode.UNAVAILABLE.value[0], r
             assert "cannot resolve \"nobody.test\"" in r.message, r.message
         # while a lookup hangs on the resolver, the daemon serves others
-        resolv.write_text("nameserver 127.0.0.9\noptions timeout:5 attempts:1\n")
+        resolv.write_text("nameserver %s\noptions timeout:5 attempts:1\n" % ns)
         asked = threading.Event()
 
         def listen():  # reads the queries, answers none
