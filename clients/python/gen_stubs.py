@@ -31,6 +31,10 @@ PROTOS = [
 
 def generate(out):
     stamp = os.path.join(out, ".stamp")
+    # moongate itself is the client's package (clients/python/moongate), which finds
+    # moongate/v1 here: an __init__.py here (older trees made one) would hide it.
+    if os.path.exists(os.path.join(out, "moongate", "__init__.py")):
+        os.unlink(os.path.join(out, "moongate", "__init__.py"))
     newest = max(os.path.getmtime(os.path.join(ROOT, "proto", p)) for p, _ in PROTOS)
     if os.path.exists(stamp) and os.path.getmtime(stamp) >= newest:
         return out
@@ -43,7 +47,7 @@ def generate(out):
         subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I" + src,
                         "--python_out=" + out, "--grpc_python_out=" + out]
                        + [d for _, d in PROTOS], check=True)
-        for d in ("moongate", "moongate/v1", "mgstd"):
+        for d in ("moongate/v1", "mgstd"):
             open(os.path.join(out, d, "__init__.py"), "a").close()
         open(stamp, "w").close()
     finally:

@@ -77,6 +77,7 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     resp.workers = es.workers;
     resp.worker_queue_depth = es.queue_depth;
     resp.open_files_limit = gw->open_files_limit;
+    resp.max_wait_ms = (uint64_t)gw->cfg->max_wait * 1000;
     mg_call_reply(call, &resp.base);
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -8,6 +8,8 @@
 #           64 KiB WRITEs to a peer with local memory named by address against by segment id.
 # names:    remote memory by (agent, address) and by "host:port", a peer by DNS name, against
 #           by segment id and numeric address; Notify/Send against a batch's notification.
+# pool:     1024 1 MiB READs into leases through the BufferPool shape (moongate.pool), the
+#           native lease API and register-per-read.
 # lease:    destination memory per read: register + unregister against lease + release;
 #           then acquire + release alone over TCP and the Unix socket, sleeping and polling.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
@@ -47,6 +49,9 @@ memory)
     ;;
 names)
     /usr/bin/python3 tests/bench/bench_names.py --moongate "$build/moongate" "$@"
+    ;;
+pool)
+    /usr/bin/python3 tests/bench/bench_pool.py --moongate "$build/moongate" "$@"
     ;;
 lease)
     # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.

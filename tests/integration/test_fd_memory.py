@@ -29,6 +29,7 @@ from mgstd import health_pb2, health_pb2_grpc  # noqa: E402
 from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2  # noqa: E402
 
 MiB = 1 << 20
+CLIENT_DIR = os.path.join(conftest.ROOT, "clients", "python")  # where moongate_client is
 EMU = os.path.join(BUILD, "libmgverbs_emu.so")
 
 
@@ -183,7 +184,7 @@ def test_handles_go_once_to_the_process_that_passed_them(make_daemon):
         # another process passes a descriptor; this one may not use its handle
         code = ("import os, sys; sys.path.insert(0, %r); import moongate_client as mg; "
                 "fd = os.memfd_create('x'); os.ftruncate(fd, 4096); "
-                "print(mg.pass_fd(%r, fd)[0])") % (os.path.dirname(mg.__file__), c.fd_socket)
+                "print(mg.pass_fd(%r, fd)[0])") % (CLIENT_DIR, c.fd_socket)
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                timeout=60, env=dict(os.environ))
         assert other.returncode == 0, other.stderr
@@ -388,7 +389,7 @@ def test_addresses_resolve_within_one_region_of_the_calling_process(make_daemon)
     code = ("import os, sys; sys.path.insert(0, %r); import moongate_client as mg; "
             "c = mg.Client('unix:%s'); "
             "c.transfer([mg.write(address=%d, peer='', remote_segment=%d, length=8)])") % (
-        os.path.dirname(mg.__file__), d.sock, base + MiB, other.id)
+        CLIENT_DIR, d.sock, base + MiB, other.id)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "no region this process registered holds address" in p.stderr
     os.close(fd)
@@ -502,7 +503,7 @@ addr, size = mg.address_of(mine)
 
 
 def child(d, size, body, timeout=120):
-    code = CHILD % dict(path=os.path.dirname(mg.__file__), sock=d.sock, size=size, body=body)
+    code = CHILD % dict(path=CLIENT_DIR, sock=d.sock, size=size, body=body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout)
 

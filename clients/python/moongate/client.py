@@ -1,0 +1,634 @@
+"""moongate.client (also importable as `moongate` and `moongate_client`): a Python client for
+the moongate daemon, on grpcio stubs generated from moongate's protos (python3-grpcio and
+python3-grpc-tools from Debian; shipped inside the installed package, generated at first use in
+a source tree).
+
+    import moongate as mg                                          # or moongate_client
+
+    with mg.Client("unix:/run/moongate/moongate.sock") as c:        # or "host:7443", ca=...
+        seg = c.register("kv0", 1 << 20, remote_accessible=True)
+        with c.map(seg) as buf:                                      # a memoryview of its file
+            buf[:5] = b"hello"
+        with c.lease(1 << 20) as lease:                              # released on exit
+            lease.buffer[:5] = b"world"                              # the pool file, mapped
+            batch = c.transfer([mg.write(lease=lease.id, peer="10.0.0.2:7443",
+                                         remote_segment=42, length=5)],
+                               notify=[mg.notify("10.0.0.2:7443", "kv", b"ready")])
+        for note in c.notifications("kv", timeout=10):               # Watch, as they arrive
+            print(note.payload)
+        c.unregister(seg.id)
+
+Errors are mg.Error (a grpc.RpcError's code and details; a failed transfer's first failed
+request); `code` is a grpc.StatusCode. AsyncClient has the same methods as coroutines (and
+notifications as an async iterator), on grpc.aio.
+
+Memory the program already has — a memfd, a tmpfs file — is registered by descriptor, where it
+lies: `c.register_fd("kv1", fd, offset=0, size=n)` passes the descriptor on the daemon's fd socket
+(the Unix socket's path with ".fd" appended; fd_socket= to name another) and registers it; the
+program's own mapping and the daemon's see the same bytes.
+
+Credentials: token= (sent as "authorization: Bearer TOKEN"), or cert=/key= (a client
+certificate), or the Unix socket's uid; ca= for TLS targets (host:port); plaintext=True for a
+loopback h2c listener. See docs/security.md.
+"""
+import ctypes
+import fcntl
+import itertools
+import mmap
+import os
+import socket
+
+import grpc
+
+from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,  # noqa: E402
+                         memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc, pool_pb2,
+                         pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
+
+__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
+           "address_of"]
+_names = itertools.count(1)
+
+
+class Error(Exception):
+    """A call or a transfer that failed: `code` (grpc.StatusCode) and `message`."""
+
+    def __init__(self, code, message):
+        super().__init__("%s: %s" % (code.name, message))
+        self.code = code
+        self.message = message
+
+
+def _code(value):
+    for c in grpc.StatusCode:
+        if c.value[0] == value:
+            return c
+    return grpc.StatusCode.UNKNOWN
+
+
+def pass_fd(fd_socket, fd, token=None):
+    """Passes descriptor `fd` to the daemon on its fd socket (SOCK_SEQPACKET, SCM_RIGHTS) and
+    returns (handle, ttl_ms): RegisterSegment(source=FD, fd_handle=handle) in this process, as the
+    same tenant, within ttl_ms, registers it. The caller keeps its own descriptor."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(fd_socket)
+        socket.send_fds(s, [b"PUT " + token.encode() if token else b"PUT"], [fd])
+        words = s.recv(1024).decode(errors="replace").split(" ", 2)
+    if words[0] == "OK" and len(words) == 3:
+        return int(words[1]), int(words[2])
+    if words[0] == "ERR" and len(words) == 3 and words[1] in grpc.StatusCode.__members__:
+        raise Error(grpc.StatusCode[words[1]], words[2])
+    raise Error(grpc.StatusCode.INTERNAL, "fd socket answered %r" % " ".join(words))
+
+
+def _fd_socket(target, fd_socket):
+    if fd_socket:
+        return fd_socket
+    return target[len("unix:"):] + ".fd" if target.startswith("unix:") else None
+
+
+def _fd_request(name, handle, offset, size, remote_accessible, share_with, kw):
+    return memory_pb2.RegisterRequest(
+        name=name, source=memory_pb2.FD, fd_handle=handle, offset=offset, size=size,
+        remote_accessible=remote_accessible, share_with=list(share_with), **kw)
+
+
+def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
+             length, address, agent, remote_address):
+    if (segment is None) + (lease is None) + (address is None) != 2:
+        raise ValueError("name the local memory: segment=, lease= or address=, one of them")
+    if (remote_segment is None) + (remote_lease is None) + (agent is None) != 2:
+        raise ValueError("name the target: remote_segment=, remote_lease= or agent= (with "
+                         "remote_address=), one of them")
+    return transfer_pb2.TransferRequest(
+        op=op, local_segment=segment or 0, local_lease=lease or 0, local_offset=offset,
+        peer=peer, remote_segment=remote_segment or 0, remote_lease=remote_lease or 0,
+        remote_offset=remote_offset, length=length, local_address=address or 0,
+        remote_agent=agent or "", remote_address=remote_address)
+
+
+def write(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
+          remote_offset=0, length=0, address=None, agent=None, remote_address=0):
+    """A WRITE: local bytes (a segment or a lease of the caller, or `address` in a region this
+    process registered with its address, e.g. a Buffer's) to a peer's segment or lease (peer ""
+    is this daemon), or to `remote_address` in the process of `agent`: its one-string form
+    "host:port", or its name on `peer`."""
+    return _request(transfer_pb2.WRITE, segment, lease, offset, peer, remote_segment,
+                    remote_lease, remote_offset, length, address, agent, remote_address)
+
+
+def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remote_lease=None,
+         remote_offset=0, length=0, address=None, agent=None, remote_address=0):
+    """A READ: a peer's bytes (or an agent's, as in write) into local memory."""
+    return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
+                    remote_lease, remote_offset, length, address, agent, remote_address)
+
+
+def address_of(buf):
+    """(address, size) of a writable buffer of this process: a bytearray, an mmap, a
+    memoryview, a numpy array. The buffer must stay alive (and unmoved: do not resize a
+    bytearray) while the daemon may reach it."""
+    view = memoryview(buf)
+    c = (ctypes.c_char * view.nbytes).from_buffer(view)
+    try:
+        return ctypes.addressof(c), view.nbytes
+    finally:
+        del c  # an exported buffer would keep an mmap from closing
+        view.release()
+
+
+class Buffer:
+    """Memory this client allocated and the daemon registered where it lies (allocate_buffer):
+    `address` (its first byte in this process), `view` (a writable memoryview of it), `size`,
+    `segment` (the registered Segment). Transfers name it by segment id or by address. free()
+    (or the end of a `with` block) unregisters and unmaps it."""
+
+    def __init__(self, client, mm, segment):
+        self._client, self._mm = client, mm
+        self.segment = segment
+        self.size = segment.size
+        self.address = segment.client_address
+        self.view = memoryview(mm)
+
+    def free(self):
+        if self._mm is None:
+            return
+        try:
+            self._client.unregister(self.segment.id)
+        finally:
+            self.view.release()
+            self._mm.close()
+            self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+class _AsyncBuffer(Buffer):
+    async def free(self):
+        if self._mm is None:
+            return
+        try:
+            await self._client.unregister(self.segment.id)
+        finally:
+            self.view.release()
+            self._mm.close()
+            self._mm = None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.free()
+
+
+def _buffer_memory(size, name):
+    """A memfd of `size` bytes that can neither shrink nor grow (safe to register for RDMA),
+    mapped here. Returns (fd, mmap, address)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        mm = mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, mm, address_of(mm)[0]
+
+
+def notify(peer, topic, payload=b""):
+    """A notification for `peer`'s readers of `topic`, sent once the batch's WRITEs there are
+    in place."""
+    return transfer_pb2.NotifyPeer(peer=peer, topic=topic, payload=payload)
+
+
+def _channel(target, ca, cert, key, plaintext, aio):
+    """h2c for unix: targets and with plaintext (a loopback --h2c-listen), else TLS."""
+    g = grpc.aio if aio else grpc
+    opts = [("grpc.max_receive_message_length", 16 << 20),
+            ("grpc.max_send_message_length", 16 << 20),
+            # never closed for idleness: an agent lives as long as its connection
+            ("grpc.client_idle_timeout_ms", 2**31 - 1)]
+    if target.startswith("unix:") or plaintext:
+        return g.insecure_channel(target, options=opts)
+
+    def read_file(p):
+        with open(p, "rb") as f:
+            return f.read()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read_file(ca) if ca else None,
+        private_key=read_file(key) if key else None,
+        certificate_chain=read_file(cert) if cert else None)
+    return g.secure_channel(target, creds, options=opts)
+
+
+class _Maps:
+    """One shared mapping per file, reference-counted: a lease's buffer is a slice of it."""
+
+    def __init__(self):
+        self.files = {}  # path -> [mmap, users]
+
+    def view(self, path, offset, length):
+        ent = self.files.get(path)
+        if ent is None:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                ent = self.files[path] = [mmap.mmap(fd, 0), 0]
+            finally:
+                os.close(fd)
+        ent[1] += 1
+        return memoryview(ent[0])[offset:offset + length]
+
+    def done(self, path, view):
+        view.release()
+        ent = self.files.get(path)
+        if ent is not None:
+            ent[1] -= 1
+            if ent[1] == 0:
+                ent[0].close()
+                del self.files[path]
+
+    def close(self):
+        for m, _ in self.files.values():
+            try:
+                m.close()
+            except BufferError:
+                pass  # a buffer still exported: the mapping goes with it
+        self.files.clear()
+
+
+class Lease:
+    """A leased slice of the buffer pool: `id`, `size` (requested), `offset` and `path` of the
+    pool file, and `buffer`, a writable memoryview of exactly those bytes (valid until the lease
+    is released: leaving the `with` block releases both)."""
+
+    def __init__(self, client, msg):
+        self._client = client
+        self.msg = msg
+        self.id, self.size, self.offset, self.path = msg.id, msg.requested, msg.offset, msg.path
+        self.buffer = client._maps.view(msg.path, msg.offset, msg.requested)
+
+    def _drop_view(self):
+        if self.buffer is not None:
+            self._client._maps.done(self.path, self.buffer)
+            self.buffer = None
+
+
+class _Mapped:
+    def __init__(self, maps, path, offset, length):
+        self.maps, self.path = maps, path
+        self.view = maps.view(path, offset, length)
+
+    def __enter__(self):
+        return self.view
+
+    def __exit__(self, *exc):
+        self.maps.done(self.path, self.view)
+
+
+def _batch_error(b):
+    for r in b.requests:
+        if r.state == transfer_pb2.FAILED:
+            return Error(_code(r.code), r.message)
+    for n in b.notify:
+        if n.code:
+            return Error(_code(n.code), "notification: " + n.message)
+    return Error(grpc.StatusCode.UNKNOWN, "batch %d failed" % b.id)
+
+
+class Client:
+    """A synchronous client of one daemon."""
+
+    def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
+                 token=None, plaintext=False, timeout=30.0, fd_socket=None):
+        self.timeout = timeout
+        self.md = [("authorization", "Bearer " + token)] if token else None
+        self._token = token
+        self.fd_socket = _fd_socket(target, fd_socket)
+        self._ch = _channel(target, ca, cert, key, plaintext, aio=False)
+        self.memory = memory_pb2_grpc.MemoryStub(self._ch)
+        self.pool = pool_pb2_grpc.PoolStub(self._ch)
+        self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
+        self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self.agent = agent_pb2_grpc.AgentStub(self._ch)
+        self.daemon = daemon_pb2_grpc.DaemonStub(self._ch)
+        self._maps = _Maps()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._maps.close()
+        self._ch.close()
+
+    def _call(self, fn, req, timeout=None):
+        try:
+            return fn(req, metadata=self.md, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+
+    def info(self):
+        """The daemon's Daemon/Info: version, epoch, transports, max_wait_ms, ..."""
+        return self._call(self.daemon.Info, daemon_pb2.InfoRequest())
+
+    # agents
+    def register_agent(self, name, port=0):
+        """Names this client an agent of its tenant on the daemon, with `port` (0: one the
+        daemon assigns): "host:port" then names it. It lives as long as this client's
+        connection; the regions this process registered with their address are its regions.
+        Returns the AgentInfo (.port is the port)."""
+        return self._call(self.agent.RegisterAgent,
+                          agent_pb2.RegisterAgentRequest(name=name, port=port))
+
+    def unregister_agent(self, name):
+        self._call(self.agent.UnregisterAgent, agent_pb2.UnregisterAgentRequest(name=name))
+
+    def describe_agent(self, agent, peer=""):
+        """An agent's port, epoch and regions: "host:port", or a name on `peer` ("" here)."""
+        return self._call(self.agent.DescribeAgent,
+                          agent_pb2.DescribeAgentRequest(agent=agent, peer=peer))
+
+    def first_buffer_address(self, agent, peer=""):
+        """The address of the agent's first region (Mooncake's get_first_buffer_address)."""
+        return self.describe_agent(agent, peer).first_address
+
+    def agents(self):
+        return list(self._call(self.agent.ListAgents, agent_pb2.ListAgentsRequest()).agents)
+
+    def export_agent(self, name, endpoint=""):
+        """The agent's descriptor: bytes another process hands to import_agent (endpoint: this
+        daemon's control endpoint as peers reach it; "" for its --advertise)."""
+        return self._call(self.agent.ExportAgent, agent_pb2.ExportAgentRequest(
+            name=name, endpoint=endpoint)).descriptor
+
+    def import_agent(self, descriptor):
+        """Checks a descriptor with the daemon it names; returns the agent as that daemon
+        describes it now (AgentInfo: .peer and .name name it in transfers)."""
+        return self._call(self.agent.ImportAgent,
+                          agent_pb2.ImportAgentRequest(descriptor=descriptor))
+
+    # segments
+    def register(self, name, size, remote_accessible=False, share_with=(), **kw):
+        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote_accessible,
+            share_with=list(share_with), **kw)).segment
+
+    def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False, share_with=(),
+                    **kw):
+        """Registers [offset, offset + size) of the file `fd` is open on (size 0: to its end):
+        a memfd, a tmpfs file, any regular file open O_RDWR. The caller keeps its descriptor."""
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "descriptors are passed on a Unix socket: connect with unix:PATH")
+        handle, _ = pass_fd(self.fd_socket, fd, self._token)
+        return self._call(self.memory.RegisterSegment, _fd_request(
+            name, handle, offset, size, remote_accessible, share_with, kw)).segment
+
+    def allocate_buffer(self, size, remote_accessible=False, name=None, **kw):
+        """Memory for transfers, allocated here and registered in one call: a sealed memfd
+        mapped in this process and registered by descriptor with its address. Returns a Buffer
+        (address, writable view, segment); free() it, or use it in a `with` block."""
+        name = name or "buffer-%d-%d" % (os.getpid(), next(_names))
+        fd, mm, address = _buffer_memory(size, name)
+        try:
+            seg = self.register_fd(name, fd, size=size, remote_accessible=remote_accessible,
+                                   client_address=address, **kw)
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)  # the mapping and the daemon keep the memory
+        return Buffer(self, mm, seg)
+
+    def register_memory(self, name, address, size, **kw):
+        """Registers memory this process allocated itself (a bytearray, a numpy array: see
+        address_of) where it lies, with no file: the daemon reads and writes it with
+        process_vm_readv/writev (copy and TCP paths; never RDMA). Transfers name it by segment id
+        or by address. Keep the memory alive until it is unregistered."""
+        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, source=memory_pb2.PROCESS, client_address=address, size=size,
+            **kw)).segment
+
+    def unregister(self, segment_id):
+        self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))
+
+    def segments(self):
+        token = ""
+        while True:
+            page = self._call(self.memory.ListSegments,
+                              memory_pb2.ListSegmentsRequest(page_token=token))
+            yield from page.segments
+            token = page.next_page_token
+            if not token:
+                return
+
+    def map(self, segment):
+        """The segment's file as a writable memoryview, in a `with` block."""
+        return _Mapped(self._maps, segment.path, 0, segment.size)
+
+    # leases
+    def lease(self, size, ttl_ms=0, block=False, remote_accessible=False, timeout=None):
+        """Acquires a lease; use it in a `with` block (released on exit) or call release()."""
+        msg = self._call(self.pool.AcquireLease, pool_pb2.AcquireLeaseRequest(
+            size=size, ttl_ms=ttl_ms, block=block, remote_accessible=remote_accessible),
+            timeout)
+        return _SyncLease(self, msg)
+
+    def release(self, lease):
+        lid = lease.id if isinstance(lease, Lease) else lease
+        if isinstance(lease, Lease):
+            lease._drop_view()
+        self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
+
+    # transfers
+    def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+        """Submits a batch and waits for its end (one call: Submit with wait). Returns the
+        Batch; with check, raises Error for the first failed request or notification."""
+        resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id, wait=True),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+        if check and resp.batch.state != transfer_pb2.DONE:
+            raise _batch_error(resp.batch)
+        return resp.batch
+
+    def submit(self, requests, notify=(), timeout_ms=0, request_id=""):
+        """Submits a batch without waiting; returns its id (see wait())."""
+        return self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id)).batch_id
+
+    def wait(self, batch_id, progress=None, check=True):
+        """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report."""
+        last = None
+        try:
+            for b in self.transfers.Wait(transfer_pb2.GetBatchRequest(id=batch_id),
+                                         metadata=self.md):
+                last = b
+                if progress:
+                    progress(b)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+        if check and last is not None and last.state != transfer_pb2.DONE:
+            raise _batch_error(last)
+        return last
+
+    # notifications
+    def notifications(self, topic, timeout=None):
+        """Notifications of `topic` as they arrive (Notify/Watch); ends after `timeout`
+        seconds (None: never) without raising."""
+        call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
+                                  timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Error(e.code(), e.details()) from None
+        finally:
+            call.cancel()
+
+    def send(self, topic, payload=b"", peer="", agent=""):
+        """A notification to `topic` on a peer daemon (peer, or the daemon of agent
+        "host:port"), without a transfer; after this client's earlier notifications to that
+        peer and topic (its batches' included). Returns once the peer queued it."""
+        self._call(self._notify.Send, notify_pb2.SendRequest(peer=peer, agent=agent, topic=topic,
+                                                             payload=payload))
+
+    def poll(self, topic, max=100):
+        return list(self._call(self._notify.Poll, notify_pb2.PollRequest(topic=topic, max=max))
+                    .notifications)
+
+
+class _SyncLease(Lease):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._client.release(self)
+
+    def release(self):
+        self._client.release(self)
+
+
+class AsyncClient:
+    """The same on grpc.aio: every method is a coroutine; notifications is an async
+    iterator; lease() is an async context manager."""
+
+    def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
+                 token=None, plaintext=False, timeout=30.0, fd_socket=None):
+        self.timeout = timeout
+        self.md = [("authorization", "Bearer " + token)] if token else None
+        self._token = token
+        self.fd_socket = _fd_socket(target, fd_socket)
+        self._ch = _channel(target, ca, cert, key, plaintext, aio=True)
+        self.memory = memory_pb2_grpc.MemoryStub(self._ch)
+        self.pool = pool_pb2_grpc.PoolStub(self._ch)
+        self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
+        self._notify = notify_pb2_grpc.NotifyStub(self._ch)
+        self.agent = agent_pb2_grpc.AgentStub(self._ch)
+        self._maps = _Maps()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self):
+        self._maps.close()
+        await self._ch.close()
+
+    async def _call(self, fn, req, timeout=None):
+        try:
+            return await fn(req, metadata=self.md, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise Error(e.code(), e.details()) from None
+
+    async def register(self, name, size, remote_accessible=False, share_with=(), **kw):
+        return (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+            name=name, size=size, remote_accessible=remote_accessible,
+            share_with=list(share_with), **kw))).segment
+
+    async def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False,
+                          share_with=(), **kw):
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "descriptors are passed on a Unix socket: connect with unix:PATH")
+        handle, _ = pass_fd(self.fd_socket, fd, self._token)  # a local socket: no waiting
+        return (await self._call(self.memory.RegisterSegment, _fd_request(
+            name, handle, offset, size, remote_accessible, share_with, kw))).segment
+
+    async def allocate_buffer(self, size, remote_accessible=False, name=None, **kw):
+        """Client.allocate_buffer as a coroutine; `await b.free()`, or `async with` it."""
+        name = name or "buffer-%d-%d" % (os.getpid(), next(_names))
+        fd, mm, address = _buffer_memory(size, name)
+        try:
+            seg = await self.register_fd(name, fd, size=size,
+                                         remote_accessible=remote_accessible,
+                                         client_address=address, **kw)
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)
+        return _AsyncBuffer(self, mm, seg)
+
+    async def unregister(self, segment_id):
+        await self._call(self.memory.UnregisterSegment,
+                         memory_pb2.UnregisterRequest(id=segment_id))
+
+    def map(self, segment):
+        return _Mapped(self._maps, segment.path, 0, segment.size)
+
+    def lease(self, size, ttl_ms=0, block=False, remote_accessible=False, timeout=None):
+        return _AsyncLeaseCtx(self, pool_pb2.AcquireLeaseRequest(
+            size=size, ttl_ms=ttl_ms, block=block, remote_accessible=remote_accessible), timeout)
+
+    async def release(self, lease):
+        lid = lease.id if isinstance(lease, Lease) else lease
+        if isinstance(lease, Lease):
+            lease._drop_view()
+        await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
+
+    async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+        resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            request_id=request_id, wait=True),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+        if check and resp.batch.state != transfer_pb2.DONE:
+            raise _batch_error(resp.batch)
+        return resp.batch
+
+    async def notifications(self, topic, timeout=None):
+        call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
+                                  timeout=timeout)
+        try:
+            async for n in call:
+                yield n
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Error(e.code(), e.details()) from None
+        finally:
+            call.cancel()
+
+
+class _AsyncLeaseCtx:
+    def __init__(self, client, req, timeout):
+        self.client, self.req, self.timeout, self.lease = client, req, timeout, None
+
+    def __await__(self):  # `lease = await c.lease(...)`: released with c.release(lease)
+        return self.__aenter__().__await__()
+
+    async def __aenter__(self):
+        msg = await self.client._call(self.client.pool.AcquireLease, self.req, self.timeout)
+        self.lease = Lease(self.client, msg)
+        return self.lease
+
+    async def __aexit__(self, *exc):
+        await self.client.release(self.lease)

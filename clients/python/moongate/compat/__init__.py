@@ -1,0 +1,1 @@
+"""APIs of other transfer libraries on moongate: mooncake (Mooncake's TransferEngine)."""

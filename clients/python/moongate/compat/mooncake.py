@@ -1,0 +1,615 @@
+"""Mooncake's Transfer Engine, Python API (mooncake.engine.TransferEngine), on moongate.
+
+Code written for Mooncake runs unchanged with this directory first on PYTHONPATH:
+
+    export PYTHONPATH=$(python3 -m moongate.compat.mooncake --pythonpath)
+    from mooncake.engine import TransferEngine        # this module, under Mooncake's name
+
+or imports it by its own name: `from moongate.compat.mooncake import TransferEngine`.
+
+The methods, arguments and return codes are Mooncake's (docs/migrating.md lists each and what
+differs). An engine is an agent of this process on the node's moongate daemon, found through
+MOONGATE_SOCKET (default /run/moongate/moongate.sock) with the token of MOONGATE_TOKEN or of the
+file MOONGATE_TOKEN_FILE, if the daemon asks for one. Its name, "host:port", is what peers pass as
+target_hostname: host is local_hostname's, port the agent's (get_rpc_port). Remote addresses are
+addresses in the target process, as with Mooncake. Calls that wait release the GIL (grpcio does);
+a synchronous transfer ends within MC_TRANSFER_TIMEOUT seconds (30, at least 5) plus 1 ns per
+byte, as Mooncake's.
+
+Memory: allocate_managed_buffer memory is a memfd this library maps and the daemon registers by
+descriptor: peers may read and write it and RDMA reaches it. register_memory of memory the caller
+allocated itself registers it as process memory: the local side of transfers (TCP and copies,
+never RDMA, never a peer's target); it says so once, and memory_kind(addr) tells which.
+"""
+import ctypes
+import enum
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+
+import grpc
+
+from moongate import client as mg
+from moongate.v1 import transfer_pb2
+
+log = logging.getLogger("moongate.compat.mooncake")
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+ERR_INVALID_ARGUMENT = -1
+ERR_ADDRESS_NOT_REGISTERED = -3
+ERR_ADDRESS_OVERLAPPED = -7
+_PAGE = 4096
+_names = itertools.count(1)
+_said = set()
+_said_lock = threading.Lock()
+
+
+def say_once(key, level, fmt, *args):
+    """Logs a message the first time `key` is seen in this process."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    log.log(level, fmt, *args)
+
+
+class TransferOpcode(enum.IntEnum):
+    Read = 0
+    Write = 1
+
+
+class TransferNotify:
+    """A notification: `name` and `msg`, as the sender gave them."""
+
+    def __init__(self, name="", msg=""):
+        self.name, self.msg = name, msg
+
+    def __eq__(self, other):
+        return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name,
+                                                                                 other.msg)
+
+    def __repr__(self):
+        return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
+
+
+def daemon_target():
+    """The daemon this library talks to: unix:$MOONGATE_SOCKET."""
+    return "unix:" + os.environ.get("MOONGATE_SOCKET", "/run/moongate/moongate.sock")
+
+
+def daemon_token():
+    """$MOONGATE_TOKEN, else the first line of $MOONGATE_TOKEN_FILE, else None."""
+    if os.environ.get("MOONGATE_TOKEN"):
+        return os.environ["MOONGATE_TOKEN"]
+    path = os.environ.get("MOONGATE_TOKEN_FILE")
+    if path:
+        with open(path) as f:
+            return f.readline().strip() or None
+    return None
+
+
+def transfer_timeout_s():
+    """Mooncake's MC_TRANSFER_TIMEOUT: seconds, at least 5, default 30."""
+    try:
+        return max(5, int(os.environ.get("MC_TRANSFER_TIMEOUT", "30")))
+    except ValueError:
+        return 30
+
+
+def split_host_port(name):
+    """("host", port) of "host:port" or "[v6]:port"; port None when there is none."""
+    if name.startswith("["):
+        host, _, rest = name[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    host, sep, port = name.rpartition(":")
+    if sep and port.isdigit() and ":" not in host:
+        return host, int(port)
+    return name, None
+
+
+def notify_topic(port):
+    """The daemon topic an engine's notifications arrive on: one per agent port."""
+    return "mooncake.notify.%d" % port
+
+
+class TransferEngine:
+    """Mooncake's TransferEngine on moongate: one agent of this process on its daemon."""
+
+    TransferOpcode = TransferOpcode
+
+    def __init__(self):
+        self._c = None
+        self._lock = threading.Lock()
+        self._host, self._port, self._name = "", 0, ""
+        self._managed = {}     # address -> mg.Buffer (allocate_managed_buffer)
+        self._regions = {}     # address -> (size, segment id or None: inside a managed buffer)
+        self._batches = {}     # async batch id -> "timeout" once it timed out, else None
+        self._targets = set()  # target names a peer has answered for
+        self._timeout_s = transfer_timeout_s()
+
+    # setup
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "")
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
+                       metadata_type):
+        if self._c is not None:
+            log.error("initialize: this engine is initialized already (%s)", self.session)
+            return -1
+        host, port = split_host_port(local_hostname or "")
+        if metadata_server == P2PHANDSHAKE:
+            port, name = 0, "mooncake-%d-%d" % (os.getpid(), next(_names))
+        else:
+            say_once("metadata", logging.INFO, "metadata server %r (%s) not needed: peers are "
+                     "found through their daemons", metadata_server, metadata_type or "etcd")
+            name = local_hostname
+            if port is None:
+                say_once("bare:" + name, logging.WARNING, "local_hostname %r has no port: peers "
+                         "reach this engine as host:port with the port get_rpc_port() gives",
+                         name)
+        say_once("proto", logging.INFO, "protocol %r, devices %r: the daemon chooses the "
+                 "transport (RDMA where both daemons have a device, else TCP)", protocol,
+                 device_name)
+        try:
+            c = mg.Client(daemon_target(), token=daemon_token(), timeout=self._timeout_s + 5)
+        except (OSError, mg.Error) as e:
+            log.error("initialize: %s", e)
+            return -1
+        try:
+            info = c.register_agent(name, port or 0)
+        except mg.Error as e:
+            c.close()
+            log.error("initialize: no moongate daemon answers at %s (MOONGATE_SOCKET): %s"
+                      if e.code in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED) else
+                      "initialize: the daemon at %s refused the agent: %s",
+                      daemon_target(), e)
+            return -1
+        self._c, self._name, self._port = c, name, info.port
+        self._host = host or socket.gethostname()
+        return 0
+
+    @property
+    def session(self):
+        """This engine's name for peers: "host:port"."""
+        host = "[%s]" % self._host if ":" in self._host else self._host
+        return "%s:%d" % (host, self._port)
+
+    def get_rpc_port(self):
+        return self._port
+
+    def close(self):
+        """Frees the managed buffers, unregisters the memory and ends the agent (moongate's;
+        Mooncake frees on destruction)."""
+        c, self._c = self._c, None
+        if c is None:
+            return
+        for buf in self._managed.values():
+            try:
+                buf.free()
+            except mg.Error as e:
+                log.warning("close: %s", e)
+        self._managed.clear()
+        self._regions.clear()
+        c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _ready(self, what):
+        if self._c is None:
+            log.error("%s: the engine is not initialized (initialize() failed or was not "
+                      "called)", what)
+            return False
+        return True
+
+    # memory
+    def allocate_managed_buffer(self, length):
+        if not self._ready("allocate_managed_buffer"):
+            return 0
+        size = max(_PAGE, -(-length // _PAGE) * _PAGE)
+        try:
+            buf = self._c.allocate_buffer(size, remote_accessible=True)
+        except mg.Error as e:
+            log.error("allocate_managed_buffer(%d): %s", length, e)
+            return 0
+        with self._lock:
+            self._managed[buf.address] = buf
+        return buf.address
+
+    def free_managed_buffer(self, buffer_addr, length):
+        with self._lock:
+            buf = self._managed.pop(buffer_addr, None)
+            for a in [a for a in self._regions
+                      if buf and buf.address <= a < buf.address + buf.size]:
+                del self._regions[a]
+        if buf is None:
+            log.error("free_managed_buffer(0x%x): not a buffer allocate_managed_buffer gave",
+                      buffer_addr)
+            return -1
+        try:
+            buf.free()
+        except mg.Error as e:
+            log.error("free_managed_buffer(0x%x): %s", buffer_addr, e)
+            return -1
+        return 0
+
+    def _managed_of(self, addr, size):
+        for buf in self._managed.values():
+            if buf.address <= addr and addr + size <= buf.address + buf.size:
+                return buf
+        return None
+
+    def memory_kind(self, addr):
+        """"descriptor" (managed memory), "process" (memory the caller registered) or None."""
+        with self._lock:
+            if self._managed_of(addr, 1):
+                return "descriptor"
+            for a, (size, _) in self._regions.items():
+                if a <= addr < a + size:
+                    return "process"
+        return None
+
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        if not self._ready("register_memory"):
+            return -1
+        return self._register(buffer_addr, capacity)
+
+    def _register(self, addr, size):
+        if size == 0:
+            log.error("register_memory(0x%x): length 0", addr)
+            return ERR_INVALID_ARGUMENT
+        with self._lock:
+            if self._managed_of(addr, size):
+                self._regions[addr] = (size, None)  # registered already, by descriptor
+                return 0
+            for a, (n, _) in self._regions.items():
+                if a < addr + size and addr < a + n:
+                    log.error("register_memory(0x%x, %d): overlaps [0x%x, 0x%x) registered "
+                              "before", addr, size, a, a + n)
+                    return ERR_ADDRESS_OVERLAPPED
+        try:
+            seg = self._c.register_memory("mooncake-%x" % addr, addr, size)
+        except mg.Error as e:
+            log.error("register_memory(0x%x, %d): %s", addr, size, e)
+            return ERR_ADDRESS_OVERLAPPED if e.code == grpc.StatusCode.ALREADY_EXISTS else -1
+        say_once("process-memory", logging.INFO, "register_memory: memory this process "
+                 "allocated is registered as process memory: the local side of transfers (TCP "
+                 "and copies, never RDMA); peers cannot name it as a target. Memory from "
+                 "allocate_managed_buffer is registered by descriptor and can be both.")
+        with self._lock:
+            self._regions[addr] = (size, seg.id)
+        return 0
+
+    def unregister_memory(self, buffer_addr):
+        if not self._ready("unregister_memory"):
+            return -1
+        with self._lock:
+            ent = self._regions.pop(buffer_addr, None)
+        if ent is None:
+            log.error("unregister_memory(0x%x): not registered", buffer_addr)
+            return ERR_ADDRESS_NOT_REGISTERED
+        if ent[1] is not None:
+            try:
+                self._c.unregister(ent[1])
+            except mg.Error as e:
+                log.error("unregister_memory(0x%x): %s", buffer_addr, e)
+                return -1
+        return 0
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """All or nothing, as Mooncake's."""
+        if not self._ready("batch_register_memory"):
+            return -1
+        if len(buffer_addresses) != len(capacities):
+            log.error("batch_register_memory: %d addresses, %d capacities",
+                      len(buffer_addresses), len(capacities))
+            return ERR_INVALID_ARGUMENT
+        done = []
+        for addr, size in zip(buffer_addresses, capacities):
+            rc = self._register(addr, size)
+            if rc:
+                for a in done:
+                    self.unregister_memory(a)
+                return rc
+            done.append(addr)
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses):
+        rc = 0
+        for addr in buffer_addresses:
+            rc = self.unregister_memory(addr) or rc
+        return rc
+
+    def _check_range(self, what, addr, length):
+        with self._lock:
+            if self._managed_of(addr, length):
+                return True
+            for a, (n, _) in self._regions.items():
+                if a <= addr and addr + length <= a + n:
+                    return True
+        log.error("%s(0x%x, %d): not in memory this engine allocated or registered", what, addr,
+                  length)
+        return False
+
+    def write_bytes_to_buffer(self, dest_address, src, length):
+        """Copies `length` bytes of `src` to dest_address (checked, unlike Mooncake's: the range
+        must lie in memory this engine allocated or registered)."""
+        if length > len(src) or not self._check_range("write_bytes_to_buffer", dest_address,
+                                                      length):
+            return -1
+        ctypes.memmove(dest_address, bytes(src[:length]), length)
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        if not self._check_range("read_bytes_from_buffer", source_address, length):
+            raise ValueError("read_bytes_from_buffer(0x%x, %d): not in memory this engine "
+                             "allocated or registered" % (source_address, length))
+        return ctypes.string_at(source_address, length)
+
+    # transfers
+    def _deadline_ms(self, nbytes):
+        return self._timeout_s * 1000 + nbytes // 1000000 + 1
+
+    def _open(self, target):
+        """Mooncake's openSegment: the peer answers for the target once; cached."""
+        if target in self._targets:
+            return True
+        try:
+            self._c.describe_agent(target)
+        except mg.Error as e:
+            log.error("target %r: %s", target, e)
+            return False
+        with self._lock:
+            self._targets.add(target)
+        return True
+
+    def _blocks(self, what, target, buffers, peer_addresses, lengths, opcode):
+        """The batch as one compact group, or None (logged) when it cannot be one."""
+        if not self._ready(what):
+            return None
+        if not (len(buffers) == len(peer_addresses) == len(lengths)) or not buffers:
+            log.error("%s: %d buffers, %d peer addresses and %d lengths", what, len(buffers),
+                      len(peer_addresses), len(lengths))
+            return None
+        if not self._open(target):
+            return None
+        lo, ro = min(buffers), min(peer_addresses)
+        op = transfer_pb2.WRITE if int(opcode) == TransferOpcode.Write else transfer_pb2.READ
+        return transfer_pb2.Blocks(
+            op=op, local_address=lo, local_offsets=[b - lo for b in buffers],
+            remote_agent=target, remote_address=ro,
+            remote_offsets=[p - ro for p in peer_addresses], lengths=list(lengths))
+
+    def _forget(self, target, err):
+        if err.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+            with self._lock:
+                self._targets.discard(target)
+
+    def _sync(self, what, target, buffers, peer_addresses, lengths, opcode, notify):
+        blocks = self._blocks(what, target, buffers, peer_addresses, lengths, opcode)
+        if blocks is None:
+            return -1
+        timeout_ms = self._deadline_ms(sum(lengths))
+        try:
+            resp = self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
+                blocks=[blocks], timeout_ms=timeout_ms, wait=True),
+                timeout=timeout_ms / 1000.0 + 5)
+            if resp.batch.state != transfer_pb2.DONE:
+                raise mg._batch_error(resp.batch)
+        except mg.Error as e:
+            log.error("%s to %s: %s", what, target, e)
+            self._forget(target, e)
+            return -1
+        if notify is not None:
+            return self._notify(what, target, notify)
+        return 0
+
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
+        return self._sync("transfer_sync_write", target_hostname, [buffer],
+                          [peer_buffer_address], [length], TransferOpcode.Write, None)
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint=""):
+        return self._sync("transfer_sync_read", target_hostname, [buffer],
+                          [peer_buffer_address], [length], TransferOpcode.Read, None)
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
+                          [length], opcode, notify)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self._sync("batch_transfer_sync_write", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, TransferOpcode.Write, None)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                 lengths, transport_hint=""):
+        return self._sync("batch_transfer_sync_read", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, TransferOpcode.Read, None)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify=None, transport_hint=""):
+        return self._sync("batch_transfer_sync", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, opcode, notify)
+
+    def _async(self, what, target, buffers, peer_addresses, lengths, opcode):
+        blocks = self._blocks(what, target, buffers, peer_addresses, lengths, opcode)
+        if blocks is None:
+            return 0
+        try:
+            bid = self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
+                blocks=[blocks], timeout_ms=self._deadline_ms(sum(lengths)))).batch_id
+        except mg.Error as e:
+            log.error("%s to %s: %s", what, target, e)
+            self._forget(target, e)
+            return 0
+        with self._lock:
+            self._batches[bid] = None
+        return bid
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        return self._async("batch_transfer_async_write", target_hostname, buffers,
+                           peer_buffer_addresses, lengths, TransferOpcode.Write)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self._async("batch_transfer_async_read", target_hostname, buffers,
+                           peer_buffer_addresses, lengths, TransferOpcode.Read)
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint=""):
+        return self._async("batch_transfer_async", target_hostname, buffers,
+                           peer_buffer_addresses, lengths, opcode)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        return self._async("transfer_submit_write", target_hostname, [buffer],
+                           [peer_buffer_address], [length], TransferOpcode.Write)
+
+    def _known(self, what, bid):
+        with self._lock:
+            if bid in self._batches:
+                return True
+        log.error("%s: batch %d is not one of this engine's (unknown or ended and freed)",
+                  what, bid)
+        return False
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Waits for every batch; 0 when all are done, else -1. Frees them all."""
+        if not self._ready("get_batch_transfer_status"):
+            return -1
+        rc = 0
+        for bid in batch_ids:
+            if not self._known("get_batch_transfer_status", bid):
+                rc = -1
+                continue
+            try:
+                self._c.wait(bid)
+            except mg.Error as e:
+                log.error("batch %d: %s", bid, e)
+                rc = -1
+            with self._lock:
+                self._batches.pop(bid, None)
+        return rc
+
+    def transfer_check_status(self, batch_id):
+        """1 done (freed), 0 running, -1 failed (freed), -2 timed out."""
+        if not self._ready("transfer_check_status") or not self._known(
+                "transfer_check_status", batch_id):
+            return -1
+        try:
+            b = self._c._call(self._c.transfers.GetBatch,
+                              transfer_pb2.GetBatchRequest(id=batch_id))
+        except mg.Error as e:
+            log.error("transfer_check_status(%d): %s", batch_id, e)
+            return -1
+        if b.state == transfer_pb2.DONE:
+            with self._lock:
+                self._batches.pop(batch_id, None)
+            return 1
+        if b.state != transfer_pb2.FAILED:
+            return 0
+        if any(r.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] for r in b.requests):
+            return -2
+        log.error("batch %d: %s", batch_id, mg._batch_error(b))
+        with self._lock:
+            self._batches.pop(batch_id, None)
+        return -1
+
+    # names and notifications
+    def get_first_buffer_address(self, segment_name):
+        if not self._ready("get_first_buffer_address"):
+            return 0
+        try:
+            return self._c.first_buffer_address(segment_name)
+        except mg.Error as e:
+            log.error("get_first_buffer_address(%r): %s", segment_name, e)
+            return 0
+
+    def send_probe(self, peer_server_name):
+        """0 when the peer's daemon answers for the engine, else -1."""
+        if not self._ready("send_probe"):
+            return -1
+        try:
+            self._c.describe_agent(peer_server_name)
+        except mg.Error as e:
+            log.info("send_probe(%r): %s", peer_server_name, e)
+            return -1
+        return 0
+
+    def _notify(self, what, target, notify):
+        _, port = split_host_port(target)
+        if port is None:
+            log.error("%s: a notification goes to a \"host:port\" engine, not %r", what, target)
+            return -1
+        payload = json.dumps({"name": notify.name, "msg": notify.msg}).encode()
+        try:
+            self._c.send(notify_topic(port), payload, agent=target)
+        except mg.Error as e:
+            log.error("%s: notification to %s: %s", what, target, e)
+            return -1
+        return 0
+
+    def get_notifies(self):
+        """The notifications sent to this engine since the last call, oldest first."""
+        if not self._ready("get_notifies"):
+            return []
+        out = []
+        while True:
+            try:
+                got = self._c.poll(notify_topic(self._port), max=100)
+            except mg.Error as e:
+                log.error("get_notifies: %s", e)
+                return out
+            for n in got:
+                try:
+                    d = json.loads(n.payload)
+                    out.append(TransferNotify(d["name"], d["msg"]))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("get_notifies: a notification not from a TransferEngine (%d "
+                                "bytes) skipped", len(n.payload))
+            if len(got) < 100:
+                return out
+
+    # what has no meaning on moongate
+    def get_local_topology(self, device_name=None):
+        say_once("topology", logging.WARNING, "get_local_topology: the daemon owns the devices; "
+                 "`mgctl doctor` and Daemon/Info show them. Returns \"{}\".")
+        return "{}"
+
+    def warmup_efa_segment(self, segment_name):
+        say_once("efa", logging.INFO, "warmup_efa_segment: no EFA transport on moongate; 0")
+        return 0
+
+    def get_engine(self):
+        raise NotImplementedError("moongate has no in-process engine: transfers run in the "
+                                  "node's daemon")
+
+    get_engine_ptr = get_engine
+
+
+def _main():
+    if sys.argv[1:] == ["--pythonpath"]:  # the shim, then where the moongate package lies
+        here = os.path.dirname(os.path.abspath(__file__))
+        print(os.pathsep.join([os.path.join(here, "shim"),
+                               os.path.dirname(os.path.dirname(here))]))
+        return 0
+    print("usage: python3 -m moongate.compat.mooncake --pythonpath\n"
+          "  prints the directory to put first on PYTHONPATH for `from mooncake.engine import "
+          "TransferEngine` to load this module")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

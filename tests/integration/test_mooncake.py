@@ -1,0 +1,205 @@
+"""Mooncake's Python API on moongate: a target process and an initiator process written as
+Mooncake's users write them (`from mooncake.engine import TransferEngine`, moongate's shim first
+on PYTHONPATH), each on its own daemon, over TCP and over the verbs emulator; the GIL released
+while a synchronous transfer waits; failing soft with no daemon."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import conftest
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402,F401  (the package, with stubs)
+from moongate.compat import mooncake  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.join(conftest.ROOT, "clients", "python")
+SHIM = os.path.join(CLIENT, "moongate", "compat", "shim")
+EMU = os.path.join(conftest.BUILD, "libmgverbs_emu.so")
+MiB = 1 << 20
+
+
+def env_for(d):
+    env = dict(os.environ, MOONGATE_SOCKET=d.sock, MOONGATE_PYGEN=conftest.GEN,
+               PYTHONPATH=os.pathsep.join([SHIM, CLIENT]))
+    env.pop("MOONGATE_TOKEN", None)
+    return env
+
+
+class Target:
+    def __init__(self, d, host="127.0.0.1", size=MiB):
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "mooncake", "target.py"),
+                                   host, str(size)], env=env_for(d), text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("target failed: " + self.p.stderr.read())
+        w = json.loads(line)
+        assert w["rc"] == 0, w
+        self.session, self.address = w["session"], w["address"]
+
+    def ask(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def dump(self, off, n):
+        return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        self.p.wait(timeout=20)
+
+
+@pytest.fixture
+def target():
+    made = []
+
+    def make(*a, **kw):
+        made.append(Target(*a, **kw))
+        return made[-1]
+    yield make
+    for t in made:
+        if t.p.poll() is None:
+            t.p.kill()
+        t.p.wait()
+
+
+def pair(make_daemon, *flags):
+    """Daemons a (the initiator's) and b (the target's): a reaches b's engines as
+    "127.0.0.1:port" (its --peer-port is b's)."""
+    b = make_daemon("--peer-tls=false", *flags)
+    a = make_daemon("--peer-tls=false", "--peer-port", str(b.h2c_port), *flags)
+    return a, b
+
+
+EXPECTED = {
+    "initialize": 0, "allocated": True, "write_bytes": 0, "read_bytes_same": True,
+    "sync_write": 0, "sync_read": 0, "sync_same": True,
+    "batch_sync_write": 0, "batch_sync_read": 0, "batch_same": True,
+    "async_write_id": True, "batch_status": 0, "check_status": 1,
+    "check_status_after_free": -1, "async_same": True, "submit_write": 1,
+    "sync_notify": 0, "batch_notify": 0,
+    "first_buffer": True, "probe": 0, "probe_unknown": -1,
+    "unknown_sync": -1, "unknown_async": 0, "beyond_region": -1, "mismatch": -1,
+    "register": 0, "kind": ["process", "descriptor"], "overlap": -7, "heap_write": 0,
+    "unregister": 0, "unregister_again": -3, "free": 0,
+}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_target_and_initiator_processes(make_daemon, target, transport):
+    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if transport == "rdma" else []))
+    t = target(b)
+    assert t.ask("fill 0 " + "00" * 16) == "0"
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
+                          t.session, str(t.address)], env=env_for(a), text=True,
+                         capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got == EXPECTED, run.stderr
+    # what the initiator's calls left in the target's memory, and told it
+    heap = t.dump(MiB - 64 * 1024, 64 * 1024)
+    assert t.dump(0, 4096) == heap[:4096]  # the notified 4 KiB write and the heap write agree
+    assert json.loads(t.ask("notifies")) == [["req-1", "written"], ["req-2", "read"]]
+    assert json.loads(t.ask("notifies")) == []  # drained
+    # the failures were said, with what failed
+    assert "target '127.0.0.1:1'" in run.stderr, run.stderr
+    assert "transfer_sync_read to %s: OUT_OF_RANGE" % t.session in run.stderr, run.stderr
+    if transport == "rdma":  # managed memory moved over the verbs emulator, heap over TCP
+        assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                        transport="rdma") > 0
+        assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="read",
+                        transport="rdma") > 0
+    t.close()
+
+
+def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, monkeypatch):
+    """The initiator's daemon is stopped (SIGSTOP) before a transfer_sync_write: the call waits
+    for its answer. A second thread, which can only run if the waiting call let go of the GIL,
+    sees the request waiting in the daemon's socket and resumes the daemon. If the GIL were
+    held, nothing would resume it and the call would fail at its deadline."""
+    a, b = pair(make_daemon)
+    t = target(b)
+    monkeypatch.setenv("MOONGATE_SOCKET", a.sock)
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "120")
+    e = mooncake.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src = e.allocate_managed_buffer(MiB)
+    assert e.transfer_sync_write(t.session, src, t.address, 4096) == 0  # target opened
+    order = []
+
+    def queued():
+        out = subprocess.run(["ss", "-xH", "src", a.sock], capture_output=True, text=True)
+        return sum(int(line.split()[2]) for line in out.stdout.splitlines()
+                   if len(line.split()) > 2)
+
+    def second():
+        while queued() == 0:  # runs only while the main thread waits without the GIL
+            pass
+        order.append("second thread ran")
+        a.signal(signal.SIGCONT)
+
+    base = queued()
+    assert base == 0
+    th = threading.Thread(target=second)
+    a.signal(signal.SIGSTOP)
+    try:
+        th.start()
+        rc = e.transfer_sync_write(t.session, src, t.address, MiB)
+        order.append("sync call returned %d" % rc)
+    finally:
+        a.signal(signal.SIGCONT)
+        th.join(timeout=60)
+    assert order == ["second thread ran", "sync call returned 0"]
+    e.close()
+
+
+def test_no_daemon_fails_soft(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MOONGATE_SOCKET", str(tmp_path / "none.sock"))
+    e = mooncake.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1
+    assert "no moongate daemon answers at unix:%s" % (tmp_path / "none.sock") in caplog.text
+    assert e.allocate_managed_buffer(4096) == 0
+    assert e.transfer_sync_write("127.0.0.1:20000", 4096, 4096, 10) == -1
+    assert e.batch_transfer_async_read("127.0.0.1:20000", [1], [1], [1]) == 0
+    assert e.get_notifies() == []
+    assert "not initialized" in caplog.text
+
+
+def test_names_chosen_ports_and_what_has_no_meaning(make_daemon, monkeypatch, caplog):
+    a = make_daemon("--peer-tls=false")
+    monkeypatch.setenv("MOONGATE_SOCKET", a.sock)
+    caplog.set_level(logging.INFO, logger="moongate.compat.mooncake")
+    port = conftest.free_port()
+    e = mooncake.TransferEngine()
+    # a local_server_name with a port and a metadata server: the name, on that port
+    assert e.initialize("127.0.0.1:%d" % port, "127.0.0.1:2379", "tcp", "") == 0
+    assert e.get_rpc_port() == port
+    assert "not needed" in caplog.text
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1  # once
+    twin = mooncake.TransferEngine()
+    assert twin.initialize("127.0.0.1:%d" % port, "P2PHANDSHAKE", "tcp", "") == 0
+    assert twin.get_rpc_port() != port  # P2PHANDSHAKE: the daemon assigns the port
+    same = mooncake.TransferEngine()
+    assert same.initialize("127.0.0.1:%d" % port, "etcd://x", "tcp", "") == -1  # taken
+    assert "refused the agent" in caplog.text
+    assert e.get_local_topology() == "{}" and "daemon owns the devices" in caplog.text
+    assert e.warmup_efa_segment("x") == 0
+    with pytest.raises(NotImplementedError):
+        e.get_engine()
+    assert e.write_bytes_to_buffer(4096, b"x", 1) == -1  # not its memory: refused, no crash
+    with pytest.raises(ValueError):
+        e.read_bytes_from_buffer(4096, 1)
+    assert e.register_memory(4096, 0) == -1
+    for x in (e, twin):
+        x.close()
