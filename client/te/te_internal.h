@@ -1,0 +1,127 @@
+/*
+ * libtransfer_engine internals: an engine is one connection to the daemon (mg_client), run by a
+ * thread of its own (its libevent loop). Callers' threads hand it calls (te_call) and wait for
+ * their answers; transfer statuses come from Wait streams the loop keeps open for every submit,
+ * into a snapshot that getTransferStatus reads under the engine's lock (no call per poll).
+ */
+#ifndef TE_INTERNAL_H
+#define TE_INTERNAL_H
+
+#include "mg_client.h"
+#include "transfer_engine_c.h"
+
+#include <protobuf-c/protobuf-c.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct event;
+
+typedef struct te_task {
+    int status; /* STATUS_* */
+    uint64_t bytes;
+} te_task;
+
+enum { TE_NOTE_NONE, TE_NOTE_WAITING, TE_NOTE_SENDING, TE_NOTE_SENT, TE_NOTE_FAILED };
+
+typedef struct te_batch {
+    uint32_t gen; /* 0: a free slot */
+    size_t cap, n;
+    te_task *tasks;
+    int streams;        /* submits not yet ended (Submit in flight or its Wait stream open) */
+    char *note_to;      /* the agent told once every task is done (submitTransferWithNotify) */
+    char *note_payload; /* {"name":..., "msg":...} */
+    int note_state;     /* TE_NOTE_* */
+} te_batch;
+
+typedef struct te_region {
+    uintptr_t addr;
+    size_t len;
+    uint64_t segment;
+} te_region;
+
+typedef struct te_call te_call;
+
+typedef struct te_engine {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    struct event_base *base;
+    struct event *wake;
+    int efd;
+    mg_client *client;
+    char target[4200];
+    char token[1025];
+    int stopping, running;
+    te_call *queue;
+    char name[129]; /* the agent's name on the daemon */
+    char host[256];
+    uint32_t port;
+    te_batch *batches;
+    size_t n_batches;
+    uint32_t next_gen;
+    char **segs; /* segment id k + 1: its name (NULL once removed) */
+    size_t n_segs;
+    te_region *regions;
+    size_t n_regions;
+} te_engine;
+
+/* One unary call, made on the engine's loop. */
+struct te_call {
+    te_engine *e;
+    const char *path;
+    uint8_t *req;
+    size_t req_len;
+    uint64_t timeout_ms;
+    uint8_t *resp; /* the answer's bytes when status is 0 */
+    size_t resp_len;
+    int status; /* gRPC code */
+    char msg[512];
+    int done;
+    int detached; /* nobody waits: the loop frees it */
+    int note;     /* the notification of batch `slot`: its outcome goes there */
+    /* Submit: the batch slot, generation and task range its Wait stream updates */
+    int watch;
+    size_t slot;
+    uint32_t gen;
+    size_t first, count;
+    te_call *next;
+};
+
+/* Logs one line to stderr, prefixed "moongate transfer_engine: ". */
+void te_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define TE_LOG_ONCE(...)                                       \
+    do {                                                       \
+        static int said_;                                      \
+        if (!__atomic_exchange_n(&said_, 1, __ATOMIC_RELAXED)) \
+            te_log(__VA_ARGS__);                               \
+    } while (0)
+
+/* Starts the engine's loop thread and connection. Returns 0, or -1 (logged). */
+int te_start(te_engine *e);
+/* Stops the loop thread and frees the connection. */
+void te_stop(te_engine *e);
+
+/* A call from a caller's thread: packs `req`, hands it to the loop and waits for the answer.
+ * Returns the gRPC status (0: OK, with *resp and *resp_len set when asked for; free *resp),
+ * and msg. */
+int te_call_run(te_engine *e, const char *path, const ProtobufCMessage *req, uint64_t timeout_ms,
+                uint8_t **resp, size_t *resp_len, char *msg, size_t msgcap);
+/* The same for a Submit whose Wait stream updates tasks [first, first + count) of a batch. */
+int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint32_t gen,
+                   size_t first, size_t count, char *msg, size_t msgcap);
+
+/* The batch a handle names, or NULL. With e->mu held. */
+te_batch *te_batch_find(te_engine *e, uint64_t id, size_t *slot);
+/* What a task reports (the notification a batch carries holds COMPLETED back until sent). */
+int te_task_status(const te_batch *b, size_t k);
+/* A notification's payload: {"name": name, "msg": msg} (malloc'd), or NULL. */
+char *te_note_payload(const char *name, const char *msg);
+/* The topic an engine's notifications arrive on (shared with moongate.compat.mooncake). */
+void te_note_topic(char *out, size_t cap, uint32_t port);
+/* With e->mu held: once every submit of the batch has ended, sends its notification when every
+ * task completed (else marks it failed). */
+void te_batch_settle(te_engine *e, te_batch *b);
+
+#endif

@@ -1,0 +1,419 @@
+/*
+ * The engine's loop thread: the connection to the daemon, the calls callers hand it, and the
+ * Wait streams that keep the transfer statuses current (te_internal.h).
+ */
+#include "te_internal.h"
+
+#include "moongate/v1/notify.pb-c.h"
+#include "moongate/v1/transfer.pb-c.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+void te_log(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "moongate transfer_engine: %s\n", line);
+}
+
+/* ---- a task's state from moongate's request state ---- */
+
+static int task_state(const Moongate__V1__RequestStatus *r)
+{
+    if (r->state == MOONGATE__V1__REQUEST_STATE__DONE)
+        return STATUS_COMPLETED;
+    if (r->state == MOONGATE__V1__REQUEST_STATE__RUNNING)
+        return STATUS_PENDING;
+    if (r->state != MOONGATE__V1__REQUEST_STATE__FAILED)
+        return STATUS_WAITING;
+    if (r->code == MG_GRPC_DEADLINE_EXCEEDED)
+        return STATUS_TIMEOUT;
+    return r->code == MG_GRPC_CANCELLED ? STATUS_CANCELED : STATUS_FAILED;
+}
+
+static int terminal(int status)
+{
+    return status >= STATUS_CANCELED;
+}
+
+int te_task_status(const te_batch *b, size_t k)
+{
+    int s = b->tasks[k].status;
+    if (s == STATUS_COMPLETED && b->note_state == TE_NOTE_FAILED)
+        return STATUS_FAILED; /* in place, but the peer was not told */
+    if (s == STATUS_COMPLETED && b->note_state != TE_NOTE_NONE && b->note_state != TE_NOTE_SENT)
+        return STATUS_PENDING;
+    return s;
+}
+
+/* ---- Wait streams ---- */
+
+typedef struct te_watch {
+    te_engine *e;
+    size_t slot, first, count;
+    uint32_t gen;
+} te_watch;
+
+static te_batch *watched(te_watch *w)
+{
+    te_engine *e = w->e;
+    if (w->slot < e->n_batches && e->batches[w->slot].gen == w->gen)
+        return &e->batches[w->slot];
+    return NULL;
+}
+
+static void watch_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
+{
+    te_watch *w = arg;
+    Moongate__V1__Batch *b = moongate__v1__batch__unpack(NULL, len, msg);
+    te_batch *tb;
+    if (b == NULL)
+        return;
+    pthread_mutex_lock(&w->e->mu);
+    tb = watched(w);
+    for (size_t k = 0; tb != NULL && k < b->n_requests && k < w->count; k++) {
+        tb->tasks[w->first + k].status = task_state(b->requests[k]);
+        tb->tasks[w->first + k].bytes = b->requests[k]->bytes_done;
+    }
+    pthread_mutex_unlock(&w->e->mu);
+    moongate__v1__batch__free_unpacked(b, NULL);
+}
+
+static void watch_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    te_watch *w = arg;
+    te_batch *tb;
+    pthread_mutex_lock(&w->e->mu);
+    tb = watched(w);
+    if (tb != NULL) {
+        for (size_t k = w->first; k < w->first + w->count; k++)
+            if (!terminal(tb->tasks[k].status)) /* the stream ended first: say so */
+                tb->tasks[k].status = STATUS_FAILED;
+        if (status != 0)
+            te_log("following a batch: %s", message);
+        tb->streams--;
+        te_batch_settle(w->e, tb);
+    }
+    pthread_mutex_unlock(&w->e->mu);
+    free(w);
+}
+
+static void watch_start(te_engine *e, const te_call *c, uint64_t batch_id)
+{
+    static const mg_rpc_handlers h = {.on_message = watch_message, .on_close = watch_close};
+    Moongate__V1__GetBatchRequest q = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
+    uint8_t buf[16];
+    te_watch *w = calloc(1, sizeof(*w));
+    mg_rpc *rpc = NULL;
+    if (w != NULL) {
+        *w = (te_watch){
+            .e = e, .slot = c->slot, .first = c->first, .count = c->count, .gen = c->gen};
+        q.id = batch_id;
+        rpc = mg_rpc_start(e->client, "/moongate.v1.Transfer/Wait", NULL, 0, 0, &h, w);
+    }
+    if (rpc == NULL) { /* no stream: the tasks cannot be followed */
+        te_watch gone = {
+            .e = e, .slot = c->slot, .first = c->first, .count = c->count, .gen = c->gen};
+        free(w);
+        w = malloc(sizeof(*w));
+        if (w != NULL) {
+            *w = gone;
+            watch_close(NULL, MG_GRPC_UNAVAILABLE, "the connection to the daemon is gone", w);
+        }
+        return;
+    }
+    mg_rpc_send(rpc, buf, moongate__v1__get_batch_request__pack(&q, buf));
+    mg_rpc_close_send(rpc);
+}
+
+/* ---- calls ---- */
+
+static void call_free(te_call *c)
+{
+    free(c->req);
+    free(c->resp);
+    free(c);
+}
+
+static void call_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
+{
+    te_call *c = arg;
+    free(c->resp);
+    c->resp = malloc(len ? len : 1);
+    c->resp_len = c->resp ? len : 0;
+    if (c->resp)
+        memcpy(c->resp, msg, len);
+}
+
+static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
+{
+    te_call *c = arg;
+    te_engine *e = c->e;
+    if (status == 0 && c->watch) {
+        Moongate__V1__SubmitResponse *r =
+            moongate__v1__submit_response__unpack(NULL, c->resp_len, c->resp);
+        if (r == NULL) {
+            status = MG_GRPC_INTERNAL;
+            message = "the daemon's answer to Submit did not decode";
+        } else {
+            watch_start(e, c, r->batch_id);
+            moongate__v1__submit_response__free_unpacked(r, NULL);
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    c->status = status;
+    snprintf(c->msg, sizeof(c->msg), "%s", message);
+    c->done = 1;
+    if (c->note && c->slot < e->n_batches && e->batches[c->slot].gen == c->gen)
+        e->batches[c->slot].note_state = status == 0 ? TE_NOTE_SENT : TE_NOTE_FAILED;
+    if (c->detached) {
+        if (status != 0)
+            te_log("%s: %s", c->path, message);
+        pthread_mutex_unlock(&e->mu);
+        call_free(c);
+        return;
+    }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void call_start(te_engine *e, te_call *c)
+{
+    static const mg_rpc_handlers h = {.on_message = call_message, .on_close = call_close};
+    mg_rpc *rpc =
+        e->client ? mg_rpc_start(e->client, c->path, NULL, 0, c->timeout_ms, &h, c) : NULL;
+    if (rpc == NULL) {
+        call_close(NULL, MG_GRPC_UNAVAILABLE, "the connection to the daemon is gone", c);
+        return;
+    }
+    mg_rpc_send(rpc, c->req, c->req_len);
+    mg_rpc_close_send(rpc);
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    te_engine *e = arg;
+    uint64_t n;
+    te_call *q, *next, *oldest = NULL;
+    int stop;
+    if (read(e->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+        te_log("wake: %s", strerror(errno));
+    pthread_mutex_lock(&e->mu);
+    q = e->queue;
+    e->queue = NULL;
+    stop = e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    for (; q != NULL; q = next) { /* handed over newest first */
+        next = q->next;
+        q->next = oldest;
+        oldest = q;
+    }
+    for (q = oldest; q != NULL; q = next) {
+        next = q->next;
+        call_start(e, q);
+    }
+    if (stop) {
+        mg_client_del(e->client);
+        e->client = NULL;
+        event_base_loopbreak(e->base);
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    te_engine *e = arg;
+    event_base_loop(e->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+static void poke(te_engine *e)
+{
+    uint64_t one = 1;
+    if (write(e->efd, &one, sizeof(one)) < 0)
+        te_log("wake: %s", strerror(errno));
+}
+
+/* With e->mu held: queues c for the loop and wakes it. */
+static void hand_over(te_engine *e, te_call *c)
+{
+    c->next = e->queue;
+    e->queue = c;
+    poke(e);
+}
+
+int te_start(te_engine *e)
+{
+    mg_client_options o = {.target = e->target, .token = e->token[0] ? e->token : NULL};
+    char err[512];
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->base = e->efd >= 0 ? event_base_new() : NULL;
+    e->wake = e->base ? event_new(e->base, e->efd, EV_READ | EV_PERSIST, wake_cb, e) : NULL;
+    if (e->wake == NULL || event_add(e->wake, NULL) != 0) {
+        te_log("the engine's loop: %s", strerror(errno));
+        return -1;
+    }
+    if (mg_client_new(&e->client, e->base, &o, err, sizeof(err)) != 0) {
+        te_log("no moongate daemon at %s (MOONGATE_SOCKET): %s", e->target, err);
+        return -1;
+    }
+    if (pthread_create(&e->thread, NULL, loop_main, e) != 0) {
+        te_log("the engine's thread: %s", strerror(errno));
+        return -1;
+    }
+    e->running = 1;
+    return 0;
+}
+
+void te_stop(te_engine *e)
+{
+    if (e->running) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = 1;
+        poke(e);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+        event_base_loop(e->base, EVLOOP_NONBLOCK); /* the connection's last resources */
+    } else {
+        mg_client_del(e->client);
+    }
+    if (e->wake)
+        event_free(e->wake);
+    if (e->base)
+        event_base_free(e->base);
+    if (e->efd >= 0)
+        close(e->efd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+}
+
+static te_call *call_new(te_engine *e, const char *path, const ProtobufCMessage *req,
+                         uint64_t timeout_ms)
+{
+    te_call *c = calloc(1, sizeof(*c));
+    size_t n = protobuf_c_message_get_packed_size(req);
+    if (c == NULL || (c->req = malloc(n ? n : 1)) == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->e = e;
+    c->path = path;
+    c->req_len = protobuf_c_message_pack(req, c->req);
+    c->timeout_ms = timeout_ms;
+    return c;
+}
+
+/* Hands c to the loop and waits for its end; returns its status (c is then the caller's). */
+static int call_wait(te_engine *e, te_call *c)
+{
+    pthread_mutex_lock(&e->mu);
+    hand_over(e, c);
+    while (!c->done)
+        pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return c->status;
+}
+
+int te_call_run(te_engine *e, const char *path, const ProtobufCMessage *req, uint64_t timeout_ms,
+                uint8_t **resp, size_t *resp_len, char *msg, size_t msgcap)
+{
+    te_call *c = call_new(e, path, req, timeout_ms);
+    int status;
+    if (c == NULL) {
+        snprintf(msg, msgcap, "out of memory");
+        return MG_GRPC_RESOURCE_EXHAUSTED;
+    }
+    status = call_wait(e, c);
+    snprintf(msg, msgcap, "%s", c->msg);
+    if (status == 0 && resp != NULL) {
+        *resp = c->resp;
+        *resp_len = c->resp_len;
+        c->resp = NULL;
+    }
+    call_free(c);
+    return status;
+}
+
+int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint32_t gen,
+                   size_t first, size_t count, char *msg, size_t msgcap)
+{
+    te_call *c = call_new(e, "/moongate.v1.Transfer/Submit", req, 0);
+    int status;
+    if (c == NULL) {
+        snprintf(msg, msgcap, "out of memory");
+        return MG_GRPC_RESOURCE_EXHAUSTED;
+    }
+    c->watch = 1;
+    c->slot = slot;
+    c->gen = gen;
+    c->first = first;
+    c->count = count;
+    status = call_wait(e, c);
+    snprintf(msg, msgcap, "%s", c->msg);
+    call_free(c);
+    return status;
+}
+
+/* ---- notifications ---- */
+
+char *te_note_payload(const char *name, const char *msg)
+{
+    json_t *o = json_pack("{s:s, s:s}", "name", name ? name : "", "msg", msg ? msg : "");
+    char *out = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return out;
+}
+
+void te_note_topic(char *out, size_t cap, uint32_t port)
+{
+    snprintf(out, cap, "mooncake.notify.%u", port);
+}
+
+void te_batch_settle(te_engine *e, te_batch *b)
+{
+    Moongate__V1__SendRequest q = MOONGATE__V1__SEND_REQUEST__INIT;
+    char topic[64];
+    uint32_t port = 0;
+    const char *colon = b->note_to ? strrchr(b->note_to, ':') : NULL;
+    te_call *c;
+    int all_done = 1;
+    if (b->streams > 0 || b->note_state != TE_NOTE_WAITING)
+        return;
+    for (size_t k = 0; k < b->n; k++)
+        all_done &= b->tasks[k].status == STATUS_COMPLETED;
+    if (!all_done) {
+        te_log("a notification to %s not sent: a transfer of its batch failed", b->note_to);
+        b->note_state = TE_NOTE_FAILED;
+        return;
+    }
+    if (colon != NULL)
+        port = (uint32_t)strtoul(colon + 1, NULL, 10);
+    te_note_topic(topic, sizeof(topic), port);
+    q.agent = b->note_to;
+    q.topic = topic;
+    q.payload.data = (uint8_t *)b->note_payload;
+    q.payload.len = strlen(b->note_payload);
+    c = call_new(e, "/moongate.v1.Notify/Send", &q.base, 30000);
+    if (c == NULL) {
+        b->note_state = TE_NOTE_FAILED;
+        return;
+    }
+    c->note = 1;
+    c->detached = 1;
+    c->slot = (size_t)(b - e->batches);
+    c->gen = b->gen;
+    b->note_state = TE_NOTE_SENDING;
+    hand_over(e, c); /* started by the loop once this callback returns */
+}

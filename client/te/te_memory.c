@@ -1,0 +1,254 @@
+/*
+ * Memory registration (registerLocalMemory and its batch forms). Memory the caller mapped from a
+ * file it shares (a memfd it keeps open, shm_open, a /dev/shm or hugetlbfs file) is registered
+ * by descriptor, where it lies: peers may read and write it, and RDMA reaches it (where the
+ * daemon has devices, a remote-accessible file must be sealed against shrinking: a memfd with
+ * F_SEAL_SHRINK). Any other memory (malloc, the stack, a private mapping) is
+ * registered as process memory: the local side of transfers, over TCP and copies, never RDMA
+ * and never a peer's target. Which one it was is logged, once each.
+ */
+#include "te_internal.h"
+
+#include "moongate/v1/memory.pb-c.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#define ERR_INVALID_ARGUMENT       (-1)
+#define ERR_ADDRESS_NOT_REGISTERED (-3)
+#define ERR_ADDRESS_OVERLAPPED     (-7)
+
+/* A descriptor open on the file with this device and inode, found among this process's open
+ * descriptors (a memfd the program keeps open), or -1. */
+static int open_fd_of(dev_t dev, ino_t ino)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *de;
+    char path[300];
+    int fd = -1;
+    while (d != NULL && fd < 0 && (de = readdir(d)) != NULL) {
+        struct stat st;
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        if (de->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+            st.st_dev == dev && st.st_ino == ino)
+            fd = open(path, O_RDWR | O_CLOEXEC);
+    }
+    if (d != NULL)
+        closedir(d);
+    return fd;
+}
+
+/* A descriptor (O_RDWR) of the shared file mapping [addr, addr + len) lies in, with the file
+ * offset of addr; -1 when the range is not inside one such mapping or the file cannot be
+ * opened again: by a descriptor the process holds, by its path, or by /proc/self/map_files. */
+static int file_of(uintptr_t addr, size_t len, uint64_t *offset)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4400], perms[8], path[4096];
+    unsigned long start, end, off, ino;
+    unsigned int major, minor;
+    int fd = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        path[0] = '\0';
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %4095[^\n]", &start, &end, perms, &off, &major,
+                   &minor, &ino, path) < 7 ||
+            addr < start || addr >= end)
+            continue;
+        if (addr + len > end || len > end - start || strncmp(perms, "rw", 2) != 0 ||
+            perms[3] != 's' || ino == 0)
+            break;
+        fd = open_fd_of(makedev(major, minor), (ino_t)ino);
+        if (fd < 0 && path[0] == '/' && strstr(path, " (deleted)") == NULL)
+            fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) { /* where the kernel lets this process open its mappings */
+            snprintf(path, sizeof(path), "/proc/self/map_files/%lx-%lx", start, end);
+            fd = open(path, O_RDWR | O_CLOEXEC);
+        }
+        *offset = off + (addr - start);
+        break;
+    }
+    if (f != NULL)
+        fclose(f);
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    return fd;
+}
+
+/* Fills q to register the range by descriptor (1) or as process memory (0); -1 on failure. */
+static int describe_memory(te_engine *e, uintptr_t addr, size_t len, int remote,
+                           Moongate__V1__RegisterRequest *q)
+{
+    uint64_t offset = 0, handle = 0, ttl = 0;
+    char sock[4200], err[512];
+    int fd = file_of(addr, len, &offset), st = 0;
+    q->client_address = addr;
+    q->size = len;
+    if (fd < 0) {
+        q->source = MOONGATE__V1__SEGMENT_SOURCE__PROCESS;
+        return 0;
+    }
+    if (mg_fd_socket_of(e->target, sock, sizeof(sock)) != 0 ||
+        mg_fd_pass(sock, fd, e->token[0] ? e->token : NULL, &handle, &ttl, &st, err, sizeof(err)) !=
+            0) {
+        te_log("registerLocalMemory(%#lx): passing its file: %s", (unsigned long)addr, err);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    q->source = MOONGATE__V1__SEGMENT_SOURCE__FD;
+    q->fd_handle = handle;
+    q->offset = offset;
+    q->remote_accessible = remote != 0;
+    return 1;
+}
+
+static int overlaps(te_engine *e, uintptr_t addr, size_t len)
+{
+    for (size_t i = 0; i < e->n_regions; i++)
+        if (e->regions[i].addr < addr + len && addr < e->regions[i].addr + e->regions[i].len)
+            return 1;
+    return 0;
+}
+
+/* One RegisterSegment of the range, by descriptor or as process memory (*kind 1 or 0). */
+static int register_call(te_engine *e, uintptr_t a, size_t length, int remote, char *name,
+                         int *kind, uint8_t **resp, size_t *len, char *msg, size_t msgcap)
+{
+    Moongate__V1__RegisterRequest q = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    if ((*kind = describe_memory(e, a, length, remote, &q)) < 0) {
+        snprintf(msg, msgcap, "its file could not be passed");
+        return MG_GRPC_UNAVAILABLE;
+    }
+    q.name = name;
+    return te_call_run(e, "/moongate.v1.Memory/RegisterSegment", &q.base, 60000, resp, len, msg,
+                       msgcap);
+}
+
+static int register_one(te_engine *e, void *addr, size_t length, int remote_accessible)
+{
+    Moongate__V1__RegisterResponse *r;
+    uintptr_t a = (uintptr_t)addr;
+    char name[64], msg[512];
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    int kind, st, busy;
+    if (e == NULL || addr == NULL || length == 0)
+        return ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&e->mu);
+    busy = overlaps(e, a, length);
+    pthread_mutex_unlock(&e->mu);
+    if (busy) {
+        te_log("registerLocalMemory(%p, %zu): overlaps memory registered before", addr, length);
+        return ERR_ADDRESS_OVERLAPPED;
+    }
+    snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)a);
+    st = register_call(e, a, length, remote_accessible, name, &kind, &resp, &len, msg, sizeof(msg));
+    if (st == MG_GRPC_FAILED_PRECONDITION && kind == 1 && remote_accessible) {
+        /* a file that may shrink, with RDMA devices on the daemon: this process's use only */
+        TE_LOG_ONCE("registerLocalMemory(%p): %s; registered for this process's transfers "
+                    "only (map a memfd sealed with F_SEAL_SHRINK for peers to reach it)",
+                    addr, msg);
+        st = register_call(e, a, length, 0, name, &kind, &resp, &len, msg, sizeof(msg));
+    }
+    if (st != 0) {
+        te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);
+        return st == MG_GRPC_ALREADY_EXISTS ? ERR_ADDRESS_OVERLAPPED : -1;
+    }
+    if (kind == 0 && remote_accessible)
+        TE_LOG_ONCE("registerLocalMemory: memory of no shared file is process memory: the local "
+                    "side of transfers (TCP and copies, never RDMA); peers cannot name it as a "
+                    "target. Memory mapped from a shared file (shm_open, /dev/shm, a memfd) is "
+                    "registered by descriptor and can be both.");
+    else if (kind == 1)
+        TE_LOG_ONCE("registerLocalMemory: memory mapped from a shared file is registered by "
+                    "descriptor: peers may read and write it, RDMA reaches it");
+    r = moongate__v1__register_response__unpack(NULL, len, resp);
+    free(resp);
+    pthread_mutex_lock(&e->mu);
+    st = -1;
+    if (r != NULL && r->segment != NULL) {
+        te_region *grown = realloc(e->regions, (e->n_regions + 1) * sizeof(*grown));
+        if (grown != NULL) {
+            e->regions = grown;
+            grown[e->n_regions++] =
+                (te_region){.addr = a, .len = length, .segment = r->segment->id};
+            st = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (r != NULL)
+        moongate__v1__register_response__free_unpacked(r, NULL);
+    return st;
+}
+
+int registerLocalMemory(transfer_engine_t engine, void *addr, size_t length, const char *location,
+                        int remote_accessible)
+{
+    return register_one(engine, addr, length, remote_accessible);
+}
+
+int unregisterLocalMemory(transfer_engine_t engine, void *addr)
+{
+    te_engine *e = engine;
+    Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+    char msg[512];
+    int found = 0, st;
+    if (e == NULL)
+        return ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&e->mu);
+    for (size_t i = 0; i < e->n_regions && !found; i++)
+        if (e->regions[i].addr == (uintptr_t)addr) {
+            q.id = e->regions[i].segment;
+            e->regions[i] = e->regions[--e->n_regions];
+            found = 1;
+        }
+    pthread_mutex_unlock(&e->mu);
+    if (!found) {
+        te_log("unregisterLocalMemory(%p): not registered", addr);
+        return ERR_ADDRESS_NOT_REGISTERED;
+    }
+    st = te_call_run(e, "/moongate.v1.Memory/UnregisterSegment", &q.base, 60000, NULL, NULL, msg,
+                     sizeof(msg));
+    if (st != 0)
+        te_log("unregisterLocalMemory(%p): %s", addr, msg);
+    return st == 0 ? 0 : -1;
+}
+
+int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_list,
+                             size_t buffer_len, const char *location)
+{
+    int rc = 0;
+    size_t i;
+    if (engine == NULL || (buffer_list == NULL && buffer_len > 0))
+        return ERR_INVALID_ARGUMENT;
+    for (i = 0; i < buffer_len && rc == 0; i++)
+        rc = register_one(engine, buffer_list[i].addr, buffer_list[i].length, 1);
+    if (rc != 0) /* all or nothing, as Mooncake's */
+        for (size_t k = 0; k + 1 < i; k++)
+            unregisterLocalMemory(engine, buffer_list[k].addr);
+    return rc;
+}
+
+int unregisterLocalMemoryBatch(transfer_engine_t engine, void **addr_list, size_t addr_len)
+{
+    int rc = 0;
+    if (engine == NULL || (addr_list == NULL && addr_len > 0))
+        return ERR_INVALID_ARGUMENT;
+    for (size_t i = 0; i < addr_len; i++) {
+        int one = unregisterLocalMemory(engine, addr_list[i]);
+        if (rc == 0)
+            rc = one;
+    }
+    return rc;
+}

@@ -1,0 +1,135 @@
+"""Mooncake's C API on moongate (libtransfer_engine.so): a program carrying its own copy of
+transfer_engine_c.h's layouts loads the library with dlopen (tests/te/te_harness.c), as a target
+process and as an initiator process on two daemons, over TCP and over the verbs emulator: batches
+filled by several submits, statuses polled in tight loops (from a snapshot: no call per poll),
+notifications with a batch and on their own, refusals with Mooncake's codes; a Python initiator
+(Mooncake's Python API) against the C target; no daemon: createTransferEngine answers NULL."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import conftest
+from test_mooncake import EXPECTED, env_for, pair
+
+HARNESS = os.path.join(conftest.BUILD, "te_harness")
+LIB = os.path.join(conftest.BUILD, "libtransfer_engine.so")
+EMU = os.path.join(conftest.BUILD, "libmgverbs_emu.so")
+HERE = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+K64 = 65536
+
+
+class CTarget:
+    def __init__(self, d, size=MiB):
+        self.p = subprocess.Popen([HARNESS, LIB, "target", str(size)], env=env_for(d),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("target failed: " + self.p.stderr.read())
+        w = json.loads(line)
+        self.session, self.address = w["session"], w["address"]
+
+    def ask(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("target ended: " + self.p.stderr.read())
+        return line.strip()
+
+    def dump(self, off, n):
+        return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        self.p.wait(timeout=20)
+        return self.p.stderr.read()
+
+
+@pytest.fixture
+def ctarget():
+    made = []
+
+    def make(*a, **kw):
+        made.append(CTarget(*a, **kw))
+        return made[-1]
+    yield make
+    for t in made:
+        if t.p.poll() is None:
+            t.p.kill()
+        t.p.wait()
+
+
+C_EXPECTED = {
+    "where": 1, "register": 0, "register_batch": 0, "overlap": -7, "open": 1,
+    "open_unknown": -1, "transport": 1,
+    "submit_1": 0, "submit_2": 0, "too_many": 2, "completed": 4, "bytes": K64,
+    "task_out_of_range": 1, "free": 0, "free_again": 1,
+    "read": 0, "read_completed": 4, "read_same": 1,
+    "heap_write": 0, "heap_completed": 1,
+    "notify_submit": 0, "notify_completed": 1, "gen_notify": 0,
+    "unregistered_source": 3, "unknown_segment": 1, "past_the_region": 3,
+    "past_the_region_state": 0, "forged_batch": 1, "no_meaning": 1,
+    "unregister": 0, "unregister_again": -3,
+}
+
+
+def pattern(n, start=0):
+    return bytes(((start + i) * 7 + 3) & 0xff for i in range(n))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_c_target_and_initiator(make_daemon, ctarget, transport):
+    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if transport == "rdma" else []))
+    t = ctarget(b)
+    run = subprocess.run([HARNESS, LIB, "initiator", t.session, str(t.address)], env=env_for(a),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    polls = got.pop("polls")
+    assert got == C_EXPECTED, run.stderr
+    # what landed: four 64 KiB writes from two submits, the heap's bytes, the notified write
+    assert t.dump(0, 4 * K64) == pattern(4 * K64)
+    assert t.dump(5 * K64, K64) == b"\x5a" * K64
+    assert t.dump(6 * K64, 4096) == pattern(4096)
+    assert json.loads(t.ask("notifs")) == [["kv-7", "written"], ["gen", "hello"]]
+    # statuses came from the snapshot the Wait streams keep: not one GetBatch for the polls
+    assert polls >= 15
+    assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
+                    grpc_method="GetBatch") == 0
+    assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
+                    grpc_method="Wait") == 5  # one per accepted submit
+    # the refusals were said, with what was wrong
+    assert "no region this process registered holds address" in run.stderr, run.stderr
+    assert "no segment opened with id 99" in run.stderr, run.stderr
+    assert "4 more tasks" not in run.stderr and "1 more tasks in a batch of 4" in run.stderr
+    if transport == "rdma":
+        assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                        transport="rdma") >= 4 * K64
+    assert "registered by descriptor" in t.close()
+
+
+def test_python_initiator_against_a_c_target(make_daemon, ctarget):
+    a, b = pair(make_daemon)
+    t = ctarget(b)
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
+                          t.session, str(t.address)], env=env_for(a), text=True,
+                         capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == EXPECTED, run.stderr
+    assert json.loads(t.ask("notifs")) == [["req-1", "written"], ["req-2", "read"]]
+
+
+def test_no_daemon_answers_null(tmp_path):
+    env = dict(os.environ, MOONGATE_SOCKET=str(tmp_path / "none.sock"))
+    run = subprocess.run([HARNESS, LIB, "initiator", "127.0.0.1:20000", "4096"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stdout == "", run.stdout
+    assert "moongate transfer_engine: no moongate daemon" in run.stderr, run.stderr
+    assert str(tmp_path / "none.sock") in run.stderr

@@ -1,0 +1,363 @@
+/*
+ * A program written against Mooncake's C API, as TensorRT-LLM's transfer agent and NIXL's Mooncake
+ * plugin are: it carries its own copy of the documented types and struct layouts (checked below,
+ * x86-64 and aarch64 LP64), loads libtransfer_engine.so with dlopen (as TensorRT-LLM loads its
+ * wrapper) and finds every function of transfer_engine_c.h by name.
+ *
+ *   te_harness LIB target SIZE
+ *       an engine (P2PHANDSHAKE) with SIZE bytes of shared memory (shm_open) registered; prints
+ *       {"session": "host:port", "address": N}, then obeys stdin: "dump OFF LEN" (hex),
+ *       "notifs" ([[name, msg], ...]), "quit".
+ *   te_harness LIB initiator SESSION ADDRESS
+ *       the calls those users make, against the target: one JSON object of outcomes on stdout.
+ *
+ * Environment: MOONGATE_SOCKET, as for any program using the library.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---- the documented types, copied (not included) ---- */
+struct transfer_request {
+    int opcode;
+    void *source;
+    int32_t target_id;
+    uint64_t target_offset;
+    uint64_t length;
+};
+struct transfer_status {
+    int status;
+    uint64_t transferred_bytes;
+};
+struct notify_msg {
+    char *name;
+    char *msg;
+};
+struct buffer_entry {
+    void *addr;
+    size_t length;
+};
+struct segment_desc {
+    int type;
+    union {
+        struct {
+            void *addr;
+            uint64_t size;
+            const char *location;
+        } rdma;
+        struct {
+            const char *file_path, *subsystem_name, *proto, *ip;
+            uint64_t port;
+        } nvmeof;
+    } desc_;
+};
+_Static_assert(sizeof(struct transfer_request) == 40, "transfer_request");
+_Static_assert(offsetof(struct transfer_request, source) == 8, "source");
+_Static_assert(offsetof(struct transfer_request, target_id) == 16, "target_id");
+_Static_assert(offsetof(struct transfer_request, target_offset) == 24, "target_offset");
+_Static_assert(offsetof(struct transfer_request, length) == 32, "length");
+_Static_assert(sizeof(struct transfer_status) == 16, "transfer_status");
+_Static_assert(offsetof(struct transfer_status, transferred_bytes) == 8, "transferred_bytes");
+_Static_assert(sizeof(struct notify_msg) == 16 && offsetof(struct notify_msg, msg) == 8, "notify");
+_Static_assert(sizeof(struct buffer_entry) == 16, "buffer_entry");
+_Static_assert(sizeof(struct segment_desc) == 48 && offsetof(struct segment_desc, desc_) == 8,
+               "segment_desc");
+
+#define OPCODE_READ      0
+#define OPCODE_WRITE     1
+#define STATUS_COMPLETED 4
+#define INVALID_BATCH    UINT64_MAX
+
+typedef struct notify_msg notify_msg_t;
+typedef void *engine_t;
+
+/* ---- every function of the header, by name ---- */
+static struct {
+    engine_t (*createTransferEngine)(const char *, const char *, const char *, uint64_t, int);
+    void (*destroyTransferEngine)(engine_t);
+    int (*discoverTopology)(engine_t);
+    int (*getLocalIpAndPort)(engine_t, char *, size_t);
+    void *(*installTransport)(engine_t, const char *, void **);
+    int (*uninstallTransport)(engine_t, const char *);
+    int32_t (*openSegment)(engine_t, const char *);
+    int32_t (*openSegmentNoCache)(engine_t, const char *);
+    int (*closeSegment)(engine_t, int32_t);
+    int (*removeLocalSegment)(engine_t, const char *);
+    int (*syncSegmentCache)(engine_t);
+    int (*registerLocalMemory)(engine_t, void *, size_t, const char *, int);
+    int (*unregisterLocalMemory)(engine_t, void *);
+    int (*registerLocalMemoryBatch)(engine_t, struct buffer_entry *, size_t, const char *);
+    int (*unregisterLocalMemoryBatch)(engine_t, void **, size_t);
+    uint64_t (*allocateBatchID)(engine_t, size_t);
+    int (*submitTransfer)(engine_t, uint64_t, struct transfer_request *, size_t);
+    int (*submitTransferWithNotify)(engine_t, uint64_t, struct transfer_request *, size_t,
+                                    notify_msg_t);
+    int (*getTransferStatus)(engine_t, uint64_t, size_t, struct transfer_status *);
+    int (*freeBatchID)(engine_t, uint64_t);
+    notify_msg_t *(*getNotifsFromEngine)(engine_t, int *);
+    int (*freeNotifsMsgBuf)(notify_msg_t *, int);
+    int (*genNotifyInEngine)(engine_t, uint64_t, notify_msg_t);
+    int (*getNicLoadStats)(engine_t, void *, size_t *);
+    int (*enableGracefulShutdown)(engine_t);
+    int (*showLinks)(engine_t, char *, size_t, int);
+    int (*warmupEfaSegment)(engine_t, const char *);
+} te;
+
+#define FN(name)                 \
+    {                            \
+#name, (void **)&te.name \
+    }
+static const struct {
+    const char *name;
+    void **slot;
+} fns[] = {
+    FN(createTransferEngine),
+    FN(destroyTransferEngine),
+    FN(discoverTopology),
+    FN(getLocalIpAndPort),
+    FN(installTransport),
+    FN(uninstallTransport),
+    FN(openSegment),
+    FN(openSegmentNoCache),
+    FN(closeSegment),
+    FN(removeLocalSegment),
+    FN(syncSegmentCache),
+    FN(registerLocalMemory),
+    FN(unregisterLocalMemory),
+    FN(registerLocalMemoryBatch),
+    FN(unregisterLocalMemoryBatch),
+    FN(allocateBatchID),
+    FN(submitTransfer),
+    FN(submitTransferWithNotify),
+    FN(getTransferStatus),
+    FN(freeBatchID),
+    FN(getNotifsFromEngine),
+    FN(freeNotifsMsgBuf),
+    FN(genNotifyInEngine),
+    FN(getNicLoadStats),
+    FN(enableGracefulShutdown),
+    FN(showLinks),
+    FN(warmupEfaSegment),
+};
+
+static int load(const char *lib)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
+        if ((*fns[i].slot = dlsym(h, fns[i].name)) == NULL) {
+            fprintf(stderr, "missing: %s\n", fns[i].name);
+            return -1;
+        }
+    return 0;
+}
+
+static char shm_names[4][64];
+static int n_shm;
+
+static void shm_cleanup(void)
+{
+    for (int i = 0; i < n_shm; i++)
+        shm_unlink(shm_names[i]);
+}
+
+/* SIZE bytes of a shared file (shm_open), as programs sharing buffers between processes make
+ * them; `keep`: its name stays until exit (else only the mapping holds it). */
+static void *shared_memory(size_t size, int keep)
+{
+    char *name = shm_names[n_shm];
+    int fd;
+    void *p;
+    snprintf(name, sizeof(shm_names[0]), "/te-harness-%d-%d", (int)getpid(), n_shm);
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
+        return NULL;
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (keep && n_shm++ == 0)
+        atexit(shm_cleanup);
+    else if (!keep)
+        shm_unlink(name);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* SIZE bytes of a memfd sealed against shrinking and growing, kept open: memory peers may
+ * reach over RDMA too. */
+static void *sealed_memory(size_t size)
+{
+    int fd = memfd_create("te-harness", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void *p;
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        return NULL;
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p; /* fd stays open, as a program keeps its memfd */
+}
+
+static int target(size_t size)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
+    char where[128], line[256];
+    uint8_t *mem = sealed_memory(size);
+    if (e == NULL || mem == NULL || te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
+        te.registerLocalMemory(e, mem, size, "cpu:0", 1) != 0)
+        return 1;
+    printf("{\"session\": \"%s\", \"address\": %llu}\n", where, (unsigned long long)(uintptr_t)mem);
+    fflush(stdout);
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        size_t off, len;
+        if (sscanf(line, "dump %zu %zu", &off, &len) == 2 && off + len <= size) {
+            for (size_t i = 0; i < len; i++)
+                printf("%02x", mem[off + i]);
+            printf("\n");
+        } else if (strncmp(line, "notifs", 6) == 0) {
+            int n = 0;
+            notify_msg_t *m = te.getNotifsFromEngine(e, &n);
+            printf("[");
+            for (int i = 0; i < n; i++)
+                printf("%s[\"%s\", \"%s\"]", i ? ", " : "", m[i].name, m[i].msg);
+            printf("]\n");
+            te.freeNotifsMsgBuf(m, n);
+        } else if (strncmp(line, "quit", 4) == 0) {
+            break;
+        }
+        fflush(stdout);
+    }
+    te.destroyTransferEngine(e);
+    return 0;
+}
+
+/* Polls every task of a batch until each is terminal; returns how many completed. */
+static size_t wait_tasks(engine_t e, uint64_t batch, size_t n, unsigned long *polls)
+{
+    size_t done = 0;
+    for (size_t k = 0; k < n; k++) {
+        struct transfer_status s = {0};
+        do { /* the tight loop callers write: no call to the daemon per poll */
+            if (te.getTransferStatus(e, batch, k, &s) != 0)
+                return done;
+            (*polls)++;
+        } while (s.status < 3);
+        done += s.status == STATUS_COMPLETED;
+    }
+    return done;
+}
+
+#define OUT(key, fmt, ...) printf("%s\"%s\": " fmt, first++ ? ", " : "{", key, __VA_ARGS__)
+
+static int initiator(const char *session, uint64_t taddr)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    size_t size = 1 << 20, first = 0;
+    uint8_t *src = shared_memory(size, 1), *dst = shared_memory(size, 0), *heap = malloc(65536);
+    struct transfer_request r[8];
+    struct transfer_status st;
+    unsigned long polls = 0;
+    char where[128];
+    int32_t seg;
+    uint64_t b;
+    if (e == NULL || src == NULL || dst == NULL || heap == NULL) {
+        free(heap);
+        return 1;
+    }
+    for (size_t i = 0; i < size; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    OUT("where", "%d",
+        te.getLocalIpAndPort(e, where, sizeof(where)) == 0 &&
+            strncmp(where, "127.0.0.1:", 10) == 0);
+    OUT("register", "%d", te.registerLocalMemory(e, src, size, "cpu:0", 1));
+    OUT("register_batch", "%d",
+        te.registerLocalMemoryBatch(e, (struct buffer_entry[]){{dst, size}, {heap, 65536}}, 2,
+                                    "*"));
+    OUT("overlap", "%d", te.registerLocalMemory(e, src + 4096, 4096, "cpu:0", 1));
+    seg = te.openSegment(e, session);
+    OUT("open", "%d", seg >= 1 && te.openSegment(e, session) == seg);
+    OUT("open_unknown", "%d", te.openSegment(e, "127.0.0.1:1"));
+    OUT("transport", "%d", te.installTransport(e, "rdma", NULL) != NULL);
+
+    /* one batch filled by two submits: tasks 0-1, then 2-3 */
+    b = te.allocateBatchID(e, 4);
+    for (int i = 0; i < 4; i++)
+        r[i] =
+            (struct transfer_request){OPCODE_WRITE, src + i * 65536, seg, taddr + i * 65536, 65536};
+    OUT("submit_1", "%d", te.submitTransfer(e, b, r, 2));
+    OUT("submit_2", "%d", te.submitTransfer(e, b, r + 2, 2));
+    OUT("too_many", "%d", te.submitTransfer(e, b, r, 1));
+    OUT("completed", "%zu", wait_tasks(e, b, 4, &polls));
+    OUT("bytes", "%d", te.getTransferStatus(e, b, 3, &st) == 0 ? (int)st.transferred_bytes : -1);
+    OUT("task_out_of_range", "%d", te.getTransferStatus(e, b, 4, &st));
+    OUT("free", "%d", te.freeBatchID(e, b));
+    OUT("free_again", "%d", te.freeBatchID(e, b));
+
+    /* read it all back, in one submit of four */
+    b = te.allocateBatchID(e, 4);
+    for (int i = 0; i < 4; i++)
+        r[i] = (struct transfer_request){OPCODE_READ, dst + (3 - i) * 65536, seg, taddr + i * 65536,
+                                         65536};
+    OUT("read", "%d", te.submitTransfer(e, b, r, 4));
+    OUT("read_completed", "%zu", wait_tasks(e, b, 4, &polls));
+    OUT("read_same", "%d",
+        memcmp(dst, src + 3 * 65536, 65536) == 0 && memcmp(dst + 3 * 65536, src, 65536) == 0);
+    te.freeBatchID(e, b);
+
+    /* memory of no shared file (malloc): the local side of a transfer */
+    memset(heap, 0x5a, 65536);
+    b = te.allocateBatchID(e, 1);
+    r[0] = (struct transfer_request){OPCODE_WRITE, heap, seg, taddr + 5 * 65536, 65536};
+    OUT("heap_write", "%d", te.submitTransfer(e, b, r, 1));
+    OUT("heap_completed", "%zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+
+    /* notifications: with a batch, and on their own */
+    b = te.allocateBatchID(e, 1);
+    r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + 6 * 65536, 4096};
+    OUT("notify_submit", "%d",
+        te.submitTransferWithNotify(e, b, r, 1, (notify_msg_t){"kv-7", "written"}));
+    OUT("notify_completed", "%zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+    OUT("gen_notify", "%d", te.genNotifyInEngine(e, (uint64_t)seg, (notify_msg_t){"gen", "hello"}));
+
+    /* refusals */
+    b = te.allocateBatchID(e, 2);
+    r[0] = (struct transfer_request){OPCODE_WRITE, (uint8_t *)&polls, seg, taddr, 8};
+    OUT("unregistered_source", "%d", te.submitTransfer(e, b, r, 1));
+    r[0] = (struct transfer_request){OPCODE_WRITE, src, 99, taddr, 8};
+    OUT("unknown_segment", "%d", te.submitTransfer(e, b, r, 1));
+    r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + size - 8, 4096};
+    OUT("past_the_region", "%d", te.submitTransfer(e, b, r, 1));
+    OUT("past_the_region_state", "%zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+    OUT("forged_batch", "%d", te.getTransferStatus(e, 0x1234567800000001ull, 0, &st));
+    OUT("polls", "%lu", polls);
+    OUT("no_meaning", "%d",
+        te.getNicLoadStats(e, NULL, &(size_t){8}) == -1 &&
+            te.showLinks(e, where, sizeof(where), 1) == -1 && te.warmupEfaSegment(e, session) == 0);
+    OUT("unregister", "%d", te.unregisterLocalMemoryBatch(e, (void *[]){src, dst, heap}, 3));
+    OUT("unregister_again", "%d", te.unregisterLocalMemory(e, src));
+    printf("}\n");
+    te.destroyTransferEngine(e);
+    free(heap);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4 || load(argv[1]) != 0) {
+        fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS\n");
+        return 2;
+    }
+    if (strcmp(argv[2], "target") == 0)
+        return target(strtoull(argv[3], NULL, 0));
+    if (strcmp(argv[2], "initiator") == 0 && argc > 4)
+        return initiator(argv[3], strtoull(argv[4], NULL, 0));
+    return 2;
+}
