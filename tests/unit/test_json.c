@@ -61,7 +61,8 @@ static void test_encode_info(void)
     s = dump(&r.base);
     CU_ASSERT_STRING_EQUAL(
         s, "{\"epoch\":\"18446744073709551615\",\"features\":[\"tls\",\"json\"],"
-           "\"openFilesLimit\":\"0\",\"startUnixMs\":\"0\",\"state\":\"\",\"transports\":[{"
+           "\"maxWaitMs\":\"0\",\"openFilesLimit\":\"0\",\"startUnixMs\":\"0\",\"state\":\"\","
+           "\"transports\":[{"
            "\"available\":true,"
            "\"devices\":[],\"endpoint\":\"\",\"name\":\"tcp\",\"reason\":\"\"}],\"uptimeMs\":\"5\","
            "\"version\":"
