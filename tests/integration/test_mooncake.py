@@ -33,31 +33,43 @@ def env_for(d):
 
 
 class Target:
-    def __init__(self, d, host="127.0.0.1", size=MiB):
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "mooncake", "target.py"),
-                                   host, str(size)], env=env_for(d), text=True,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+    """A target process (argv) on daemon d: it says {"session", "address"} in one JSON line,
+    then answers "dump OFF LEN" in hex, its notifications as JSON, and "quit"."""
+
+    def __init__(self, d, argv=None, notes="notifies"):
+        argv = argv or [sys.executable, os.path.join(HERE, "mooncake", "target.py"),
+                        "127.0.0.1", str(MiB)]
+        self.notes = notes
+        self.p = subprocess.Popen(argv, env=env_for(d), text=True, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        w = json.loads(self._line("target failed: "))
+        assert w.get("rc", 0) == 0, w
+        self.session, self.address = w["session"], w["address"]
+
+    def _line(self, why):
         line = self.p.stdout.readline()
         if not line:
-            raise RuntimeError("target failed: " + self.p.stderr.read())
-        w = json.loads(line)
-        assert w["rc"] == 0, w
-        self.session, self.address = w["session"], w["address"]
+            raise RuntimeError(why + self.p.stderr.read())
+        return line.strip()
 
     def ask(self, text):
         self.p.stdin.write(text + "\n")
         self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
+        return self._line("target ended: ")
 
     def dump(self, off, n):
         return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
 
+    def notifications(self):
+        return json.loads(self.ask(self.notes))
+
     def close(self):
+        """Ends the process; returns what it said on stderr."""
         if self.p.poll() is None:
             self.p.stdin.write("quit\n")
             self.p.stdin.flush()
         self.p.wait(timeout=20)
+        return self.p.stderr.read()
 
 
 @pytest.fixture
@@ -110,8 +122,8 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     # what the initiator's calls left in the target's memory, and told it
     heap = t.dump(MiB - 64 * 1024, 64 * 1024)
     assert t.dump(0, 4096) == heap[:4096]  # the notified 4 KiB write and the heap write agree
-    assert json.loads(t.ask("notifies")) == [["req-1", "written"], ["req-2", "read"]]
-    assert json.loads(t.ask("notifies")) == []  # drained
+    assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
+    assert t.notifications() == []  # drained
     # the failures were said, with what failed
     assert "target '127.0.0.1:1'" in run.stderr, run.stderr
     assert "transfer_sync_read to %s: OUT_OF_RANGE" % t.session in run.stderr, run.stderr

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import conftest
-from test_mooncake import EXPECTED, env_for, pair
+from test_mooncake import EXPECTED, env_for, pair, target  # noqa: F401 (a fixture)
 
 HARNESS = os.path.join(conftest.BUILD, "te_harness")
 LIB = os.path.join(conftest.BUILD, "libtransfer_engine.so")
@@ -22,48 +22,9 @@ MiB = 1 << 20
 K64 = 65536
 
 
-class CTarget:
-    def __init__(self, d, size=MiB):
-        self.p = subprocess.Popen([HARNESS, LIB, "target", str(size)], env=env_for(d),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError("target failed: " + self.p.stderr.read())
-        w = json.loads(line)
-        self.session, self.address = w["session"], w["address"]
-
-    def ask(self, text):
-        self.p.stdin.write(text + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError("target ended: " + self.p.stderr.read())
-        return line.strip()
-
-    def dump(self, off, n):
-        return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.flush()
-        self.p.wait(timeout=20)
-        return self.p.stderr.read()
-
-
-@pytest.fixture
-def ctarget():
-    made = []
-
-    def make(*a, **kw):
-        made.append(CTarget(*a, **kw))
-        return made[-1]
-    yield make
-    for t in made:
-        if t.p.poll() is None:
-            t.p.kill()
-        t.p.wait()
+def c_target(make_target, d, size=MiB):
+    """The C harness as a target process on daemon d."""
+    return make_target(d, [HARNESS, LIB, "target", str(size)], notes="notifs")
 
 
 C_EXPECTED = {
@@ -85,9 +46,9 @@ def pattern(n, start=0):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
-def test_c_target_and_initiator(make_daemon, ctarget, transport):
+def test_c_target_and_initiator(make_daemon, target, transport):
     a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if transport == "rdma" else []))
-    t = ctarget(b)
+    t = c_target(target, b)
     run = subprocess.run([HARNESS, LIB, "initiator", t.session, str(t.address)], env=env_for(a),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -98,7 +59,7 @@ def test_c_target_and_initiator(make_daemon, ctarget, transport):
     assert t.dump(0, 4 * K64) == pattern(4 * K64)
     assert t.dump(5 * K64, K64) == b"\x5a" * K64
     assert t.dump(6 * K64, 4096) == pattern(4096)
-    assert json.loads(t.ask("notifs")) == [["kv-7", "written"], ["gen", "hello"]]
+    assert t.notifications() == [["kv-7", "written"], ["gen", "hello"]]
     # statuses came from the snapshot the Wait streams keep: not one GetBatch for the polls
     assert polls >= 15
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
@@ -115,15 +76,15 @@ def test_c_target_and_initiator(make_daemon, ctarget, transport):
     assert "registered by descriptor" in t.close()
 
 
-def test_python_initiator_against_a_c_target(make_daemon, ctarget):
+def test_python_initiator_against_a_c_target(make_daemon, target):
     a, b = pair(make_daemon)
-    t = ctarget(b)
+    t = c_target(target, b)
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
                           t.session, str(t.address)], env=env_for(a), text=True,
                          capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == EXPECTED, run.stderr
-    assert json.loads(t.ask("notifs")) == [["req-1", "written"], ["req-2", "read"]]
+    assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
 
 
 def test_no_daemon_answers_null(tmp_path):
@@ -133,3 +94,29 @@ def test_no_daemon_answers_null(tmp_path):
     assert run.returncode == 1 and run.stdout == "", run.stdout
     assert "moongate transfer_engine: no moongate daemon" in run.stderr, run.stderr
     assert str(tmp_path / "none.sock") in run.stderr
+
+
+def test_the_token_file_reaches_the_daemon(make_daemon, tmp_path):
+    """Python and C engines send the token of MOONGATE_TOKEN_FILE; without one the daemon
+    refuses them (said, and -1 / NULL)."""
+    import hashlib
+    auth, token = tmp_path / "auth", tmp_path / "token"
+    auth.write_text("token sha256:%s team-te\n" % hashlib.sha256(b"te-token-42").hexdigest())
+    token.write_text("te-token-42\n")
+    d = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    env = dict(env_for(d), MOONGATE_TOKEN_FILE=str(token))
+    py = ("from mooncake.engine import TransferEngine\ne = TransferEngine()\n"
+          "print(e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', ''), "
+          "bool(e.allocate_managed_buffer(4096)))")
+    for env_ in (env, env_for(d)):
+        run = subprocess.run([sys.executable, "-c", py], env=env_, capture_output=True,
+                             text=True, timeout=60)
+        assert run.stdout.strip() == ("0 True" if env_ is env else "-1 False"), run.stderr
+    assert "refused the agent: UNAUTHENTICATED" in run.stderr, run.stderr
+    with subprocess.Popen([HARNESS, LIB, "target", str(MiB)], env=env, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        assert json.loads(p.stdout.readline())["address"] > 0
+        p.stdin.write("quit\n")
+    run = subprocess.run([HARNESS, LIB, "target", str(MiB)], env=env_for(d), input="quit\n",
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "refused the engine: no credentials" in run.stderr, run.stderr

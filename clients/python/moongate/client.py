@@ -45,7 +45,7 @@ from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
 __all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
-           "address_of"]
+           "address_of", "default_target", "default_token"]
 _names = itertools.count(1)
 
 
@@ -56,6 +56,22 @@ class Error(Exception):
         super().__init__("%s: %s" % (code.name, message))
         self.code = code
         self.message = message
+
+
+def default_target():
+    """The node's daemon: unix:$MOONGATE_SOCKET (default /run/moongate/moongate.sock)."""
+    return "unix:" + (os.environ.get("MOONGATE_SOCKET") or "/run/moongate/moongate.sock")
+
+
+def default_token():
+    """$MOONGATE_TOKEN, else the first line of the file $MOONGATE_TOKEN_FILE, else None."""
+    if os.environ.get("MOONGATE_TOKEN"):
+        return os.environ["MOONGATE_TOKEN"]
+    path = os.environ.get("MOONGATE_TOKEN_FILE")
+    if path:
+        with open(path) as f:
+            return f.readline().strip() or None
+    return None
 
 
 def _code(value):

@@ -87,16 +87,14 @@ class PoolLease:
 
 class BufferPool:
     """Leases of up to max_bytes in all, from the daemon of `client` (else a client of
-    unix:$MOONGATE_SOCKET, token $MOONGATE_TOKEN)."""
+    unix:$MOONGATE_SOCKET, with $MOONGATE_TOKEN or the token in $MOONGATE_TOKEN_FILE)."""
 
     def __init__(self, max_bytes, client=None, remote_accessible=False, ttl_ms=0):
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         self.max_bytes, self.remote_accessible, self.ttl_ms = max_bytes, remote_accessible, ttl_ms
         self._own = client is None
-        self._c = client or mg.Client(
-            "unix:" + os.environ.get("MOONGATE_SOCKET", "/run/moongate/moongate.sock"),
-            token=os.environ.get("MOONGATE_TOKEN") or None)
+        self._c = client or mg.Client(mg.default_target(), token=mg.default_token())
         self._cv = threading.Condition()
         self._held = 0            # bytes of leases not yet given back (deferred included)
         self._leases = {}         # id -> PoolLease

@@ -76,22 +76,6 @@ class TransferNotify:
         return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
 
 
-def daemon_target():
-    """The daemon this library talks to: unix:$MOONGATE_SOCKET."""
-    return "unix:" + os.environ.get("MOONGATE_SOCKET", "/run/moongate/moongate.sock")
-
-
-def daemon_token():
-    """$MOONGATE_TOKEN, else the first line of $MOONGATE_TOKEN_FILE, else None."""
-    if os.environ.get("MOONGATE_TOKEN"):
-        return os.environ["MOONGATE_TOKEN"]
-    path = os.environ.get("MOONGATE_TOKEN_FILE")
-    if path:
-        with open(path) as f:
-            return f.readline().strip() or None
-    return None
-
-
 def transfer_timeout_s():
     """Mooncake's MC_TRANSFER_TIMEOUT: seconds, at least 5, default 30."""
     try:
@@ -155,7 +139,8 @@ class TransferEngine:
                  "transport (RDMA where both daemons have a device, else TCP)", protocol,
                  device_name)
         try:
-            c = mg.Client(daemon_target(), token=daemon_token(), timeout=self._timeout_s + 5)
+            c = mg.Client(mg.default_target(), token=mg.default_token(),
+                          timeout=self._timeout_s + 5)
         except (OSError, mg.Error) as e:
             log.error("initialize: %s", e)
             return -1
@@ -167,7 +152,7 @@ class TransferEngine:
                       if e.code in (grpc.StatusCode.UNAVAILABLE,
                                     grpc.StatusCode.DEADLINE_EXCEEDED) else
                       "initialize: the daemon at %s refused the agent: %s",
-                      daemon_target(), e)
+                      mg.default_target(), e)
             return -1
         self._c, self._name, self._port = c, name, info.port
         self._host = host or socket.gethostname()
