@@ -44,7 +44,8 @@ class Target:
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         w = json.loads(self._line("target failed: "))
         assert w.get("rc", 0) == 0, w
-        self.session, self.address = w["session"], w["address"]
+        self.session, self.address, self.shared = w["session"], w["address"], w.get("shared")
+        self.shared_kind = w.get("shared_kind")
 
     def _line(self, why):
         line = self.p.stdout.readline()
@@ -108,6 +109,16 @@ EXPECTED = {
 }
 
 
+SHARED_WRITE = """
+from mooncake.engine import TransferEngine
+e = TransferEngine()
+assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+src = e.allocate_managed_buffer(4096)
+e.write_bytes_to_buffer(src, b"hello", 5)
+print(e.transfer_sync_write(%r, src, %d + 100, 5))
+"""
+
+
 @pytest.mark.parametrize("transport", ["tcp", "rdma"])
 def test_target_and_initiator_processes(make_daemon, target, transport):
     a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if transport == "rdma" else []))
@@ -124,6 +135,12 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     assert t.dump(0, 4096) == heap[:4096]  # the notified 4 KiB write and the heap write agree
     assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
     assert t.notifications() == []  # drained
+    # memory the target mapped itself from a shared file: registered by descriptor, a target
+    assert t.shared_kind == "descriptor"
+    e = subprocess.run([sys.executable, "-c", SHARED_WRITE % (t.session, t.shared)],
+                       env=env_for(a), capture_output=True, text=True, timeout=120)
+    assert e.stdout.strip() == "0", e.stderr
+    assert bytes.fromhex(t.ask("peek %d 5" % (t.shared + 100))) == b"hello"
     # the failures were said, with what failed
     assert "target '127.0.0.1:1'" in run.stderr, run.stderr
     assert "transfer_sync_read to %s: OUT_OF_RANGE" % t.session in run.stderr, run.stderr

@@ -18,8 +18,10 @@ byte, as Mooncake's.
 
 Memory: allocate_managed_buffer memory is a memfd this library maps and the daemon registers by
 descriptor: peers may read and write it and RDMA reaches it. register_memory of memory the caller
-allocated itself registers it as process memory: the local side of transfers (TCP and copies,
-never RDMA, never a peer's target); it says so once, and memory_kind(addr) tells which.
+mapped from a shared file (a memfd it keeps open, a /dev/shm file) registers that file by
+descriptor too; of any other memory (a bytearray, a NumPy array) as process memory: the local
+side of transfers (TCP and copies, never RDMA, never a peer's target). It says which once, and
+memory_kind(addr) tells.
 """
 import ctypes
 import enum
@@ -28,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import threading
 
@@ -55,6 +58,43 @@ def say_once(key, level, fmt, *args):
             return
         _said.add(key)
     log.log(level, fmt, *args)
+
+
+def shared_file_of(addr, size):
+    """(fd, offset) of the shared file mapping [addr, addr + size) lies in — a memfd this process
+    keeps open, a /dev/shm or hugetlbfs file — opened again for reading and writing; None when the
+    range is not inside one such mapping or its file cannot be opened (the caller closes fd)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if not lo <= addr < hi:
+                continue
+            if addr + size > hi or not parts[1].startswith("rw") or parts[1][3] != "s" or \
+                    parts[4] == "0":
+                return None
+            major, minor = (int(x, 16) for x in parts[3].split(":"))
+            path = parts[5].strip() if len(parts) > 5 else ""
+            fd = _open_file(os.makedev(major, minor), int(parts[4]), path, lo, hi)
+            return None if fd is None else (fd, int(parts[2], 16) + addr - lo)
+    return None
+
+
+def _open_file(dev, ino, path, lo, hi):
+    """The mapped file opened again: by a descriptor this process holds, by its path, or by
+    /proc/self/map_files where the kernel allows it."""
+    tries = ["/proc/self/fd/" + n for n in os.listdir("/proc/self/fd")]
+    if path.startswith("/") and not path.endswith(" (deleted)"):
+        tries.append(path)
+    tries.append("/proc/self/map_files/%x-%x" % (lo, hi))
+    for p in tries:
+        try:
+            st = os.stat(p)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (dev, ino):
+                return os.open(p, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+    return None
 
 
 class TransferOpcode(enum.IntEnum):
@@ -233,13 +273,14 @@ class TransferEngine:
         return None
 
     def memory_kind(self, addr):
-        """"descriptor" (managed memory), "process" (memory the caller registered) or None."""
+        """"descriptor" (managed memory, or a shared file's mapping), "process" (other memory
+        the caller registered) or None."""
         with self._lock:
             if self._managed_of(addr, 1):
                 return "descriptor"
-            for a, (size, _) in self._regions.items():
+            for a, (size, _, kind) in self._regions.items():
                 if a <= addr < a + size:
-                    return "process"
+                    return kind
         return None
 
     def register_memory(self, buffer_addr, capacity, location="*"):
@@ -253,25 +294,53 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         with self._lock:
             if self._managed_of(addr, size):
-                self._regions[addr] = (size, None)  # registered already, by descriptor
+                self._regions[addr] = (size, None, "descriptor")  # registered already
                 return 0
-            for a, (n, _) in self._regions.items():
+            for a, (n, _, _) in self._regions.items():
                 if a < addr + size and addr < a + n:
                     log.error("register_memory(0x%x, %d): overlaps [0x%x, 0x%x) registered "
                               "before", addr, size, a, a + n)
                     return ERR_ADDRESS_OVERLAPPED
+        name = "mooncake-%d-%x" % (os.getpid(), addr)
         try:
-            seg = self._c.register_memory("mooncake-%x" % addr, addr, size)
+            shared = shared_file_of(addr, size)
+            if shared is not None:
+                seg, kind = self._register_shared(name, addr, size, *shared), "descriptor"
+            else:
+                seg, kind = self._c.register_memory(name, addr, size), "process"
         except mg.Error as e:
             log.error("register_memory(0x%x, %d): %s", addr, size, e)
             return ERR_ADDRESS_OVERLAPPED if e.code == grpc.StatusCode.ALREADY_EXISTS else -1
-        say_once("process-memory", logging.INFO, "register_memory: memory this process "
-                 "allocated is registered as process memory: the local side of transfers (TCP "
-                 "and copies, never RDMA); peers cannot name it as a target. Memory from "
-                 "allocate_managed_buffer is registered by descriptor and can be both.")
+        if kind == "process":
+            say_once("process-memory", logging.INFO, "register_memory: memory of no shared "
+                     "file is registered as process memory: the local side of transfers (TCP "
+                     "and copies, never RDMA); peers cannot name it as a target. Memory from "
+                     "allocate_managed_buffer, or mapped from a shared file (a memfd kept open, "
+                     "/dev/shm), is registered by descriptor and can be both.")
+        else:
+            say_once("shared-memory", logging.INFO, "register_memory: memory mapped from a "
+                     "shared file is registered by descriptor: peers may read and write it, "
+                     "RDMA reaches it")
         with self._lock:
-            self._regions[addr] = (size, seg.id)
+            self._regions[addr] = (size, seg.id, kind)
         return 0
+
+    def _register_shared(self, name, addr, size, fd, offset):
+        try:
+            try:
+                return self._c.register_fd(name, fd, offset=offset, size=size,
+                                           remote_accessible=True, client_address=addr)
+            except mg.Error as e:
+                if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                # a file that may shrink, with RDMA devices on the daemon: this process's use
+                say_once("unsealed", logging.WARNING, "register_memory(0x%x): %s; registered "
+                         "for this process's transfers only (a memfd sealed with F_SEAL_SHRINK "
+                         "can be a peer's target)", addr, e.message)
+                return self._c.register_fd(name, fd, offset=offset, size=size,
+                                           client_address=addr)
+        finally:
+            os.close(fd)
 
     def unregister_memory(self, buffer_addr):
         if not self._ready("unregister_memory"):
@@ -317,7 +386,7 @@ class TransferEngine:
         with self._lock:
             if self._managed_of(addr, length):
                 return True
-            for a, (n, _) in self._regions.items():
+            for a, (n, _, _) in self._regions.items():
                 if a <= addr and addr + length <= a + n:
                     return True
         log.error("%s(0x%x, %d): not in memory this engine allocated or registered", what, addr,
