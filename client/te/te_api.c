@@ -322,34 +322,88 @@ static int submit_status(int st, const char *msg)
     return ST_INVALID_ARGUMENT;
 }
 
-/* The Submit of entries as tasks [first, first + count) of batch `slot`. */
+/* Entries of one opcode and one target go as one compact Blocks group (its blocks are numbered
+ * in entry order, as requests would be): 1, or 0 when they differ. */
+static int one_group(const struct transfer_request *entries, size_t count)
+{
+    for (size_t i = 1; i < count; i++)
+        if (entries[i].opcode != entries[0].opcode || entries[i].target_id != entries[0].target_id)
+            return 0;
+    return count > 1;
+}
+
+static int fill_blocks(Moongate__V1__Blocks *g, const struct transfer_request *entries,
+                       size_t count, char *agent)
+{
+    uint64_t lo = UINT64_MAX, ro = UINT64_MAX;
+    g->local_offsets = calloc(count, sizeof(uint64_t));
+    g->remote_offsets = calloc(count, sizeof(uint64_t));
+    g->lengths = calloc(count, sizeof(uint64_t));
+    if (g->local_offsets == NULL || g->remote_offsets == NULL || g->lengths == NULL)
+        return -1;
+    for (size_t i = 0; i < count; i++) {
+        lo = (uint64_t)(uintptr_t)entries[i].source < lo ? (uint64_t)(uintptr_t)entries[i].source
+                                                         : lo;
+        ro = entries[i].target_offset < ro ? entries[i].target_offset : ro;
+    }
+    for (size_t i = 0; i < count; i++) {
+        g->local_offsets[i] = (uint64_t)(uintptr_t)entries[i].source - lo;
+        g->remote_offsets[i] = entries[i].target_offset - ro;
+        g->lengths[i] = entries[i].length;
+    }
+    g->n_local_offsets = g->n_remote_offsets = g->n_lengths = count;
+    g->op = entries[0].opcode == OPCODE_WRITE ? MOONGATE__V1__TRANSFER_OP__WRITE
+                                              : MOONGATE__V1__TRANSFER_OP__READ;
+    g->local_address = lo;
+    g->remote_agent = agent;
+    g->remote_address = ro;
+    return 0;
+}
+
+static int fill_requests(te_engine *e, Moongate__V1__TransferRequest *reqs,
+                         Moongate__V1__TransferRequest **rp, const struct transfer_request *entries,
+                         size_t count, char **names)
+{
+    for (size_t i = 0; i < count; i++) {
+        moongate__v1__transfer_request__init(&reqs[i]);
+        reqs[i].op = entries[i].opcode == OPCODE_WRITE ? MOONGATE__V1__TRANSFER_OP__WRITE
+                                                       : MOONGATE__V1__TRANSFER_OP__READ;
+        reqs[i].local_address = (uint64_t)(uintptr_t)entries[i].source;
+        reqs[i].remote_agent = entries[i].target_id == LOCAL_SEGMENT ? e->name : names[i];
+        reqs[i].remote_address = entries[i].target_offset;
+        reqs[i].length = entries[i].length;
+        rp[i] = &reqs[i];
+    }
+    return 0;
+}
+
+/* The Submit of entries as tasks [first, first + count) of batch `slot`. LOCAL_SEGMENT is this
+ * engine: its agent by name on this daemon (peer ""), a copy. */
 static int submit(te_engine *e, size_t slot, uint32_t gen, size_t first,
                   struct transfer_request *entries, size_t count, char **names)
 {
     Moongate__V1__SubmitRequest q = MOONGATE__V1__SUBMIT_REQUEST__INIT;
-    Moongate__V1__TransferRequest *reqs = calloc(count, sizeof(*reqs));
-    Moongate__V1__TransferRequest **rp = calloc(count, sizeof(*rp));
+    Moongate__V1__Blocks g = MOONGATE__V1__BLOCKS__INIT, *gp = &g;
+    int grouped = one_group(entries, count);
+    Moongate__V1__TransferRequest *reqs = grouped ? NULL : calloc(count, sizeof(*reqs));
+    Moongate__V1__TransferRequest **rp = grouped ? NULL : calloc(count, sizeof(*rp));
     char msg[512];
     int st = MG_GRPC_RESOURCE_EXHAUSTED;
-    if (reqs != NULL && rp != NULL) {
-        for (size_t i = 0; i < count; i++) {
-            moongate__v1__transfer_request__init(&reqs[i]);
-            reqs[i].op = entries[i].opcode == OPCODE_WRITE ? MOONGATE__V1__TRANSFER_OP__WRITE
-                                                           : MOONGATE__V1__TRANSFER_OP__READ;
-            reqs[i].local_address = (uint64_t)(uintptr_t)entries[i].source;
-            reqs[i].remote_agent = names[i];
-            reqs[i].remote_address = entries[i].target_offset;
-            reqs[i].length = entries[i].length;
-            if (entries[i].target_id == LOCAL_SEGMENT)
-                reqs[i].remote_agent = e->name; /* this engine, on this daemon: a copy */
-            rp[i] = &reqs[i];
-        }
+    int ok = grouped ? fill_blocks(&g, entries, count,
+                                   entries[0].target_id == LOCAL_SEGMENT ? e->name : names[0])
+                     : (reqs && rp ? fill_requests(e, reqs, rp, entries, count, names) : -1);
+    if (ok == 0) {
+        q.blocks = grouped ? &gp : NULL;
+        q.n_blocks = grouped ? 1 : 0;
         q.requests = rp;
-        q.n_requests = count;
+        q.n_requests = grouped ? 0 : count;
         st = te_call_submit(e, &q.base, slot, gen, first, count, msg, sizeof(msg));
     } else {
         snprintf(msg, sizeof(msg), "out of memory");
     }
+    free(g.local_offsets);
+    free(g.remote_offsets);
+    free(g.lengths);
     free(reqs);
     free(rp);
     if (st != 0)

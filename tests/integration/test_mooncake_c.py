@@ -33,7 +33,7 @@ C_EXPECTED = {
     "submit_1": 0, "submit_2": 0, "too_many": 2, "completed": 4, "bytes": K64,
     "task_out_of_range": 1, "free": 0, "free_again": 1,
     "read": 0, "read_completed": 4, "read_same": 1,
-    "heap_write": 0, "heap_completed": 1,
+    "heap_write": 0, "heap_completed": 1, "mixed": 0, "mixed_completed": 2, "mixed_same": 1,
     "notify_submit": 0, "notify_completed": 1, "gen_notify": 0,
     "unregistered_source": 3, "unknown_segment": 1, "past_the_region": 3,
     "past_the_region_state": 0, "forged_batch": 1, "no_meaning": 1,
@@ -59,13 +59,14 @@ def test_c_target_and_initiator(make_daemon, target, transport):
     assert t.dump(0, 4 * K64) == pattern(4 * K64)
     assert t.dump(5 * K64, K64) == b"\x5a" * K64
     assert t.dump(6 * K64, 4096) == pattern(4096)
+    assert t.dump(7 * K64, 4096) == pattern(4096)
     assert t.notifications() == [["kv-7", "written"], ["gen", "hello"]]
     # statuses came from the snapshot the Wait streams keep: not one GetBatch for the polls
     assert polls >= 15
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
                     grpc_method="GetBatch") == 0
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
-                    grpc_method="Wait") == 5  # one per accepted submit
+                    grpc_method="Wait") == 6  # one per accepted submit
     # the refusals were said, with what was wrong
     assert "no region this process registered holds address" in run.stderr, run.stderr
     assert "no segment opened with id 99" in run.stderr, run.stderr

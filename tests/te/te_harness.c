@@ -317,6 +317,15 @@ static int initiator(const char *session, uint64_t taddr)
     OUT("heap_completed", "%zu", wait_tasks(e, b, 1, &polls));
     te.freeBatchID(e, b);
 
+    /* a WRITE and a READ in one submit (requests, not one group) */
+    b = te.allocateBatchID(e, 2);
+    r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + 7 * 65536, 4096};
+    r[1] = (struct transfer_request){OPCODE_READ, dst + 7 * 65536, seg, taddr, 4096};
+    OUT("mixed", "%d", te.submitTransfer(e, b, r, 2));
+    OUT("mixed_completed", "%zu", wait_tasks(e, b, 2, &polls));
+    OUT("mixed_same", "%d", memcmp(dst + 7 * 65536, src, 4096) == 0);
+    te.freeBatchID(e, b);
+
     /* notifications: with a batch, and on their own */
     b = te.allocateBatchID(e, 1);
     r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + 6 * 65536, 4096};
