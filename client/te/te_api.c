@@ -9,6 +9,7 @@
 #include "moongate/v1/transfer.pb-c.h"
 
 #include <jansson.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,13 +135,15 @@ void destroyTransferEngine(transfer_engine_t engine)
         return;
     te_stop(e); /* the connection ends: so does the agent, and its process memory */
     for (size_t i = 0; i < e->n_batches; i++) {
-        free(e->batches[i].tasks);
-        free(e->batches[i].note_to);
-        free(e->batches[i].note_payload);
+        te_batch *b = &e->chunks[i / TE_CHUNK][i % TE_CHUNK];
+        free(b->tasks);
+        free(b->note_to);
+        free(b->note_payload);
     }
+    for (size_t c = 0; c < TE_MAX_CHUNKS && e->chunks[c] != NULL; c++)
+        free(e->chunks[c]);
     for (size_t i = 0; i < e->n_segs; i++)
         free(e->segs[i]);
-    free(e->batches);
     free(e->segs);
     free(e->regions);
     free(e);
@@ -274,40 +277,49 @@ static char *segment_name(te_engine *e, int64_t id)
 te_batch *te_batch_find(te_engine *e, uint64_t id, size_t *slot)
 {
     uint64_t s = (id & 0xffffffffu);
-    uint32_t gen = (uint32_t)(id >> 32);
-    if (s == 0 || s > e->n_batches || gen == 0 || e->batches[s - 1].gen != gen)
-        return NULL;
-    if (slot != NULL)
+    te_batch *b = s == 0 ? NULL : te_slot(e, (size_t)(s - 1), (uint32_t)(id >> 32));
+    if (b != NULL && slot != NULL)
         *slot = (size_t)(s - 1);
-    return &e->batches[s - 1];
+    return b;
+}
+
+/* With e->mu held: a free slot (its address never changes), or NULL. */
+static te_batch *free_slot(te_engine *e)
+{
+    size_t s;
+    for (s = 0; s < e->n_batches; s++)
+        if (e->chunks[s / TE_CHUNK][s % TE_CHUNK].gen == 0)
+            return &e->chunks[s / TE_CHUNK][s % TE_CHUNK];
+    if (s / TE_CHUNK >= TE_MAX_CHUNKS)
+        return NULL;
+    if (e->chunks[s / TE_CHUNK] == NULL) {
+        te_batch *chunk = calloc(TE_CHUNK, sizeof(*chunk));
+        if (chunk == NULL)
+            return NULL;
+        TE_SET(e->chunks[s / TE_CHUNK], chunk);
+    }
+    e->n_batches++;
+    e->chunks[s / TE_CHUNK][s % TE_CHUNK].slot = s;
+    return &e->chunks[s / TE_CHUNK][s % TE_CHUNK];
 }
 
 batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
 {
     te_engine *e = engine;
-    size_t s;
     te_batch *b;
     batch_id_t id = INVALID_BATCH;
     if (e == NULL || batch_size == 0)
         return INVALID_BATCH;
     pthread_mutex_lock(&e->mu);
-    for (s = 0; s < e->n_batches && e->batches[s].gen != 0; s++)
-        ;
-    if (s == e->n_batches) {
-        te_batch *grown = realloc(e->batches, (e->n_batches + 1) * sizeof(*grown));
-        if (grown != NULL) {
-            e->batches = grown;
-            memset(&grown[e->n_batches++], 0, sizeof(*grown));
-        }
-    }
-    b = s < e->n_batches ? &e->batches[s] : NULL;
+    b = free_slot(e);
     if (b != NULL && (b->tasks = calloc(batch_size, sizeof(te_task))) != NULL) {
         if (++e->next_gen == 0)
             e->next_gen = 1;
-        b->gen = e->next_gen;
         b->cap = batch_size;
-        b->n = 0;
-        id = ((uint64_t)b->gen << 32) | (uint64_t)(s + 1);
+        TE_SET(b->n, 0);
+        TE_SET(b->note_state, TE_NOTE_NONE);
+        TE_SET(b->gen, e->next_gen); /* published: its fields are set */
+        id = ((uint64_t)b->gen << 32) | (uint64_t)(b->slot + 1);
     }
     pthread_mutex_unlock(&e->mu);
     return id;
@@ -435,9 +447,11 @@ static int reserve(te_engine *e, batch_id_t batch_id, struct transfer_request *e
     }
     *gen = b->gen;
     *first = b->n;
-    for (size_t i = 0; i < count; i++)
-        b->tasks[b->n + i] = (te_task){.status = STATUS_WAITING};
-    b->n += count;
+    for (size_t i = 0; i < count; i++) {
+        TE_SET(b->tasks[b->n + i].bytes, 0);
+        TE_SET(b->tasks[b->n + i].status, STATUS_WAITING);
+    }
+    TE_SET(b->n, b->n + count); /* the tasks are there before they are counted */
     b->streams++;
     return 0;
 }
@@ -458,24 +472,24 @@ static int submit_transfer(te_engine *e, batch_id_t batch_id, struct transfer_re
     pthread_mutex_lock(&e->mu);
     rc = reserve(e, batch_id, entries, count, names, &slot, &gen, &first);
     if (rc == 0 && note != NULL) {
-        te_batch *b = &e->batches[slot];
+        te_batch *b = te_slot(e, slot, gen);
         free(b->note_to);
         free(b->note_payload);
         b->note_to = strdup(names[0]);
         b->note_payload = te_note_payload(note->name, note->msg);
-        b->note_state = b->note_to && b->note_payload ? TE_NOTE_WAITING : TE_NOTE_FAILED;
+        TE_SET(b->note_state, b->note_to && b->note_payload ? TE_NOTE_WAITING : TE_NOTE_FAILED);
     }
     pthread_mutex_unlock(&e->mu);
     if (rc == 0) {
         rc = submit(e, slot, gen, first, entries, count, names);
         pthread_mutex_lock(&e->mu);
-        if (rc != 0 && e->batches[slot].gen == gen) { /* refused: the tasks never were */
-            te_batch *b = &e->batches[slot];
+        te_batch *b = rc != 0 ? te_slot(e, slot, gen) : NULL;
+        if (b != NULL) { /* refused: the tasks never were */
             if (b->n == first + count)
-                b->n = first;
+                TE_SET(b->n, first);
             b->streams--;
             if (note != NULL)
-                b->note_state = TE_NOTE_NONE;
+                TE_SET(b->note_state, TE_NOTE_NONE);
         }
         pthread_mutex_unlock(&e->mu);
     }
@@ -506,14 +520,18 @@ int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size_t task
     int rc = ST_INVALID_ARGUMENT;
     if (e == NULL || status == NULL)
         return rc;
-    pthread_mutex_lock(&e->mu); /* the snapshot the Wait streams keep: no call to the daemon */
+    /* the snapshot the Wait streams keep, read without the lock: no call to the daemon, and
+     * nothing a tight loop of polls holds the loop thread up with */
     b = te_batch_find(e, batch_id, NULL);
-    if (b != NULL && task_id < b->n) {
+    if (b != NULL && task_id < TE_GET(b->n)) {
+        status->transferred_bytes = TE_GET(b->tasks[task_id].bytes);
         status->status = te_task_status(b, task_id);
-        status->transferred_bytes = b->tasks[task_id].bytes;
         rc = 0;
+        /* not ended: give the CPU to whoever is ready (the threads moving these bytes, here and
+         * in the daemons), so that a caller's tight loop of polls does not hold them off */
+        if (status->status < STATUS_CANCELED)
+            sched_yield();
     }
-    pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
@@ -540,10 +558,16 @@ int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
     } else if (batch_busy(b)) {
         rc = ST_BATCH_BUSY;
     } else { /* a Wait stream still closing finds its slot gone (or reused: another gen) */
+        TE_SET(b->gen, 0);
         free(b->tasks);
         free(b->note_to);
         free(b->note_payload);
-        memset(b, 0, sizeof(*b));
+        b->tasks = NULL;
+        b->note_to = b->note_payload = NULL;
+        b->cap = 0;
+        b->streams = 0;
+        TE_SET(b->n, 0);
+        TE_SET(b->note_state, TE_NOTE_NONE);
     }
     pthread_mutex_unlock(&e->mu);
     return rc;

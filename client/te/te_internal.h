@@ -25,8 +25,18 @@ typedef struct te_task {
 
 enum { TE_NOTE_NONE, TE_NOTE_WAITING, TE_NOTE_SENDING, TE_NOTE_SENT, TE_NOTE_FAILED };
 
+/* Batches live in chunks that never move, so that getTransferStatus reads a task's state
+ * without the engine's lock (a caller polling in a tight loop would otherwise keep the loop
+ * thread from writing it): gen, n, the tasks' fields and note_state are written with release
+ * stores (under e->mu) and read with acquire loads. */
+#define TE_CHUNK      256
+#define TE_MAX_CHUNKS 4096
+#define TE_SET(x, v)  __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#define TE_GET(x)     __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+
 typedef struct te_batch {
     uint32_t gen; /* 0: a free slot */
+    size_t slot;
     size_t cap, n;
     te_task *tasks;
     int streams;        /* submits not yet ended (Submit in flight or its Wait stream open) */
@@ -58,8 +68,8 @@ typedef struct te_engine {
     char name[129]; /* the agent's name on the daemon */
     char host[256];
     uint32_t port;
-    te_batch *batches;
-    size_t n_batches;
+    te_batch *chunks[TE_MAX_CHUNKS];
+    size_t n_batches; /* slots made so far */
     uint32_t next_gen;
     char **segs; /* segment id k + 1: its name (NULL once removed) */
     size_t n_segs;
@@ -112,7 +122,9 @@ int te_call_run(te_engine *e, const char *path, const ProtobufCMessage *req, uin
 int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint32_t gen,
                    size_t first, size_t count, char *msg, size_t msgcap);
 
-/* The batch a handle names, or NULL. With e->mu held. */
+/* The batch in slot s holding generation gen (not 0), or NULL. Safe without e->mu. */
+te_batch *te_slot(te_engine *e, size_t s, uint32_t gen);
+/* The batch a handle names, or NULL. Safe without e->mu. */
 te_batch *te_batch_find(te_engine *e, uint64_t id, size_t *slot);
 /* What a task reports (the notification a batch carries holds COMPLETED back until sent). */
 int te_task_status(const te_batch *b, size_t k);

@@ -49,12 +49,20 @@ static int terminal(int status)
 
 int te_task_status(const te_batch *b, size_t k)
 {
-    int s = b->tasks[k].status;
-    if (s == STATUS_COMPLETED && b->note_state == TE_NOTE_FAILED)
+    int s = TE_GET(b->tasks[k].status), note = TE_GET(b->note_state);
+    if (s == STATUS_COMPLETED && note == TE_NOTE_FAILED)
         return STATUS_FAILED; /* in place, but the peer was not told */
-    if (s == STATUS_COMPLETED && b->note_state != TE_NOTE_NONE && b->note_state != TE_NOTE_SENT)
+    if (s == STATUS_COMPLETED && note != TE_NOTE_NONE && note != TE_NOTE_SENT)
         return STATUS_PENDING;
     return s;
+}
+
+te_batch *te_slot(te_engine *e, size_t s, uint32_t gen)
+{
+    te_batch *chunk = s / TE_CHUNK < TE_MAX_CHUNKS ? TE_GET(e->chunks[s / TE_CHUNK]) : NULL;
+    if (chunk == NULL || gen == 0 || TE_GET(chunk[s % TE_CHUNK].gen) != gen)
+        return NULL;
+    return &chunk[s % TE_CHUNK];
 }
 
 /* ---- Wait streams ---- */
@@ -67,10 +75,7 @@ typedef struct te_watch {
 
 static te_batch *watched(te_watch *w)
 {
-    te_engine *e = w->e;
-    if (w->slot < e->n_batches && e->batches[w->slot].gen == w->gen)
-        return &e->batches[w->slot];
-    return NULL;
+    return te_slot(w->e, w->slot, w->gen);
 }
 
 static void watch_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
@@ -83,8 +88,8 @@ static void watch_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg
     pthread_mutex_lock(&w->e->mu);
     tb = watched(w);
     for (size_t k = 0; tb != NULL && k < b->n_requests && k < w->count; k++) {
-        tb->tasks[w->first + k].status = task_state(b->requests[k]);
-        tb->tasks[w->first + k].bytes = b->requests[k]->bytes_done;
+        TE_SET(tb->tasks[w->first + k].bytes, b->requests[k]->bytes_done);
+        TE_SET(tb->tasks[w->first + k].status, task_state(b->requests[k]));
     }
     pthread_mutex_unlock(&w->e->mu);
     moongate__v1__batch__free_unpacked(b, NULL);
@@ -99,7 +104,7 @@ static void watch_close(mg_rpc *rpc, int status, const char *message, void *arg)
     if (tb != NULL) {
         for (size_t k = w->first; k < w->first + w->count; k++)
             if (!terminal(tb->tasks[k].status)) /* the stream ended first: say so */
-                tb->tasks[k].status = STATUS_FAILED;
+                TE_SET(tb->tasks[k].status, STATUS_FAILED);
         if (status != 0)
             te_log("following a batch: %s", message);
         tb->streams--;
@@ -175,8 +180,9 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
     c->status = status;
     snprintf(c->msg, sizeof(c->msg), "%s", message);
     c->done = 1;
-    if (c->note && c->slot < e->n_batches && e->batches[c->slot].gen == c->gen)
-        e->batches[c->slot].note_state = status == 0 ? TE_NOTE_SENT : TE_NOTE_FAILED;
+    if (c->note && te_slot(e, c->slot, c->gen) != NULL)
+        TE_SET(te_slot(e, c->slot, c->gen)->note_state,
+               status == 0 ? TE_NOTE_SENT : TE_NOTE_FAILED);
     if (c->detached) {
         if (status != 0)
             te_log("%s: %s", c->path, message);
@@ -395,7 +401,7 @@ void te_batch_settle(te_engine *e, te_batch *b)
         all_done &= b->tasks[k].status == STATUS_COMPLETED;
     if (!all_done) {
         te_log("a notification to %s not sent: a transfer of its batch failed", b->note_to);
-        b->note_state = TE_NOTE_FAILED;
+        TE_SET(b->note_state, TE_NOTE_FAILED);
         return;
     }
     if (colon != NULL)
@@ -407,13 +413,13 @@ void te_batch_settle(te_engine *e, te_batch *b)
     q.payload.len = strlen(b->note_payload);
     c = call_new(e, "/moongate.v1.Notify/Send", &q.base, 30000);
     if (c == NULL) {
-        b->note_state = TE_NOTE_FAILED;
+        TE_SET(b->note_state, TE_NOTE_FAILED);
         return;
     }
     c->note = 1;
     c->detached = 1;
-    c->slot = (size_t)(b - e->batches);
+    c->slot = b->slot;
     c->gen = b->gen;
-    b->note_state = TE_NOTE_SENDING;
+    TE_SET(b->note_state, TE_NOTE_SENDING);
     hand_over(e, c); /* started by the loop once this callback returns */
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -10,6 +10,8 @@
 #           by segment id and numeric address; Notify/Send against a batch's notification.
 # pool:     1024 1 MiB READs into leases through the BufferPool shape (moongate.pool), the
 #           native lease API and register-per-read.
+# mooncake: Mooncake's APIs (Python mooncake.engine, C libtransfer_engine.so) against the
+#           native client, the same WRITEs to a peer's engine.
 # lease:    destination memory per read: register + unregister against lease + release;
 #           then acquire + release alone over TCP and the Unix socket, sleeping and polling.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
@@ -52,6 +54,10 @@ names)
     ;;
 pool)
     /usr/bin/python3 tests/bench/bench_pool.py --moongate "$build/moongate" "$@"
+    ;;
+mooncake)
+    /usr/bin/python3 tests/bench/bench_mooncake.py --moongate "$build/moongate" \
+        --lib "$build/libtransfer_engine.so" "$@"
     ;;
 lease)
     # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.
