@@ -46,6 +46,9 @@ typedef struct verbs_fn {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
     int (*destroy_qp)(struct ibv_qp *qp);
     const char *(*wc_status_str)(enum ibv_wc_status status);
+    /* optional (rdma-core 34 and later): NULL when the library lacks it */
+    struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
+                                    int fd, int access);
 } verbs_fn;
 
 typedef struct dev {
@@ -225,6 +228,9 @@ int mg_rdma_open(mg_rdma **out, const mg_rdma_config *cfg, char *why, size_t why
         }
         memcpy((char *)&r->fn + syms[i].off, &f, sizeof(f));
     }
+    r->fn.reg_dmabuf_mr =
+        (struct ibv_mr * (*)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int))
+            dlsym(r->lib, "ibv_reg_dmabuf_mr");
     errno = 0;
     list = r->fn.get_device_list(&n);
     if (list == NULL) {
@@ -304,8 +310,50 @@ const char *mg_rdma_lib(const mg_rdma *r)
     return r->lib_name;
 }
 
-int mg_rdma_reg(mg_rdma *r, void *addr, size_t len, int remote, mg_rdma_mr **out, char *why,
-                size_t whycap)
+/* A registration that failed on a device (errno e): rolled back, counted, the error mapped. */
+static int reg_failed(mg_rdma *r, mg_rdma_mr *m, int e)
+{
+    mg_rdma_dereg(m); /* the devices done so far */
+    pthread_mutex_lock(&r->lock);
+    r->stats.reg_failed++;
+    pthread_mutex_unlock(&r->lock);
+    return e == ENOMEM                 ? MG_ERR_NOMEM
+           : e == EPERM || e == EAGAIN ? MG_ERR_PERMISSION
+           : e == EOPNOTSUPP           ? MG_ERR_UNSUPPORTED
+                                       : MG_ERR_SYSTEM;
+}
+
+static void reg_counted(mg_rdma *r, size_t len)
+{
+    pthread_mutex_lock(&r->lock);
+    r->stats.mrs++;
+    r->stats.mr_bytes += len;
+    r->stats.reg_total++;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* What to register: memory at addr, or (fd >= 0) a dma-buf's range named by iova. */
+typedef struct reg_src {
+    void *addr;
+    int fd;
+    uint64_t offset, iova;
+} reg_src;
+
+static void reg_why(const mg_rdma *r, int i, const reg_src *src, size_t len, int e, char *why,
+                    size_t whycap)
+{
+    const char *hint = "";
+    if (src->fd >= 0 && e == EOPNOTSUPP)
+        hint = " (its provider takes no dma-buf)";
+    else if (src->fd < 0 && (e == ENOMEM || e == EPERM || e == EAGAIN))
+        hint = " (is the memlock limit high enough? ulimit -l, LimitMEMLOCK)";
+    snprintf(why, whycap, "device %s: %s of %zu bytes: %s%s", r->devs[i].info.name,
+             src->fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr", len, strerror(e), hint);
+}
+
+/* Registers src with every device, all or nothing. */
+static int reg_all(mg_rdma *r, const reg_src *src, size_t len, int remote, mg_rdma_mr **out,
+                   char *why, size_t whycap)
 {
     int access = IBV_ACCESS_LOCAL_WRITE;
     mg_rdma_mr *m = calloc(1, sizeof(*m));
@@ -319,30 +367,48 @@ int mg_rdma_reg(mg_rdma *r, void *addr, size_t len, int remote, mg_rdma_mr **out
     m->r = r;
     m->len = len;
     for (int i = 0; i < r->ndevs; i++) {
-        m->mr[i] = r->fn.reg_mr(r->devs[i].pd, addr, len, access);
+        struct ibv_pd *pd = r->devs[i].pd;
+        m->mr[i] = src->fd < 0
+                       ? r->fn.reg_mr(pd, src->addr, len, access)
+                       : r->fn.reg_dmabuf_mr(pd, src->offset, len, src->iova, src->fd, access);
         if (m->mr[i] == NULL) {
             int e = errno;
-            snprintf(why, whycap, "device %s: ibv_reg_mr of %zu bytes: %s%s", r->devs[i].info.name,
-                     len, strerror(e),
-                     e == ENOMEM || e == EPERM || e == EAGAIN
-                         ? " (is the memlock limit high enough? ulimit -l, LimitMEMLOCK)"
-                         : "");
-            mg_rdma_dereg(m); /* the devices done so far */
-            pthread_mutex_lock(&r->lock);
-            r->stats.reg_failed++;
-            pthread_mutex_unlock(&r->lock);
-            return e == ENOMEM                 ? MG_ERR_NOMEM
-                   : e == EPERM || e == EAGAIN ? MG_ERR_PERMISSION
-                                               : MG_ERR_SYSTEM;
+            reg_why(r, i, src, len, e, why, whycap);
+            return reg_failed(r, m, e);
         }
     }
-    pthread_mutex_lock(&r->lock);
-    r->stats.mrs++;
-    r->stats.mr_bytes += len;
-    r->stats.reg_total++;
-    pthread_mutex_unlock(&r->lock);
+    reg_counted(r, len);
     *out = m;
     return 0;
+}
+
+int mg_rdma_reg(mg_rdma *r, void *addr, size_t len, int remote, mg_rdma_mr **out, char *why,
+                size_t whycap)
+{
+    reg_src src = {.addr = addr, .fd = -1};
+    return reg_all(r, &src, len, remote, out, why, whycap);
+}
+
+int mg_rdma_has_dmabuf(const mg_rdma *r)
+{
+    return r->fn.reg_dmabuf_mr != NULL;
+}
+
+int mg_rdma_reg_dmabuf(mg_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova, int remote,
+                       mg_rdma_mr **out, char *why, size_t whycap)
+{
+    reg_src src = {.fd = fd, .offset = offset, .iova = iova};
+    *out = NULL;
+    if (r->fn.reg_dmabuf_mr == NULL) {
+        snprintf(why, whycap, "%s has no ibv_reg_dmabuf_mr (rdma-core 34 or later has it)",
+                 r->lib_name);
+        return MG_ERR_UNSUPPORTED;
+    }
+    if (fd < 0) {
+        snprintf(why, whycap, "no dma-buf descriptor");
+        return MG_ERR_INVALID;
+    }
+    return reg_all(r, &src, len, remote, out, why, whycap);
 }
 
 void mg_rdma_dereg(mg_rdma_mr *m)

@@ -10,9 +10,12 @@
 #include "moongate/rdma.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #ifndef MG_VERBS_EMU
 #error "MG_VERBS_EMU: the emulator library's path"
@@ -311,6 +314,73 @@ static void test_slices_spread_over_the_devices(void)
     free(dst);
 }
 
+/* A dma-buf as the CUDA driver emulator exports one: a memfd (the device memory) opened again
+ * read-only, its file position where the exported range starts. */
+static int emu_dmabuf(size_t size, off_t start, int *memfd)
+{
+    char path[64];
+    int fd;
+    *memfd = memfd_create("vram", MFD_CLOEXEC);
+    if (*memfd < 0 || ftruncate(*memfd, (off_t)size) != 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", *memfd);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0)
+        lseek(fd, start, SEEK_SET);
+    return fd;
+}
+
+/* A dma-buf registered with every device: RDMA WRITE and READ name it by its iova (an address
+ * of the exporting process, never mapped here); the bytes land in the exported range. A provider
+ * that takes no dma-buf is named; a library without the symbol says so. */
+static void test_dmabuf_registration(void)
+{
+    mg_rdma *r;
+    mg_rdma_conn *a, *b;
+    mg_rdma_mr *src_mr, *vram_mr;
+    mg_rdma_config cfg = {MG_VERBS_EMU, NULL, 0};
+    size_t len = 1 << 20;
+    uint64_t iova = 0x7e0000000000ull; /* the GPU pointer in the client: not memory here */
+    uint8_t *src = malloc(len), *check = malloc(len);
+    char why[300];
+    int memfd = -1, fd;
+    setenv("MG_VERBS_EMU_DEVICES", "emu0,emu1", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &cfg, why, sizeof(why)), 0);
+    CU_ASSERT_TRUE(mg_rdma_has_dmabuf(r));
+    fd = emu_dmabuf(3 * len, (off_t)len, &memfd); /* the range: the allocation's second MiB */
+    CU_ASSERT_FATAL(fd >= 0);
+    for (size_t i = 0; i < len; i++)
+        src[i] = (uint8_t)(i * 29 + 5);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, src, len, 0, &src_mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg_dmabuf(r, fd, 0, len, iova, 1, &vram_mr, why, sizeof(why)),
+                          0);
+    pair(r, 1, &a, &b);
+    mg_rdma_op w = {
+        1, src, mg_rdma_mr_lkey(src_mr, 0), iova + 4096, mg_rdma_mr_rkey(vram_mr, 0), len - 4096};
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, 65536, 4, NULL, NULL, 5000, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(pread(memfd, check, len - 4096, (off_t)len + 4096), (ssize_t)(len - 4096));
+    CU_ASSERT_EQUAL(memcmp(check, src, len - 4096), 0);
+    w.remote_addr = iova + len - 10; /* past the exported range */
+    w.len = 11;
+    CU_ASSERT_EQUAL(mg_rdma_move(a, &w, 65536, 4, NULL, NULL, 5000, why, sizeof(why)),
+                    MG_ERR_NOT_FOUND);
+    mg_rdma_conn_del(a);
+    mg_rdma_conn_del(b);
+    mg_rdma_dereg(vram_mr);
+    setenv("MG_VERBS_EMU_NO_DMABUF", "1", 1);
+    CU_ASSERT_EQUAL(mg_rdma_reg_dmabuf(r, fd, 0, len, iova, 1, &vram_mr, why, sizeof(why)),
+                    MG_ERR_UNSUPPORTED);
+    CU_ASSERT_STRING_EQUAL(why, "device emu0: ibv_reg_dmabuf_mr of 1048576 bytes: Operation not "
+                                "supported (its provider takes no dma-buf)");
+    unsetenv("MG_VERBS_EMU_NO_DMABUF");
+    mg_rdma_dereg(src_mr);
+    mg_rdma_close(r);
+    close(fd);
+    close(memfd);
+    free(src);
+    free(check);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -320,6 +390,7 @@ int main(void)
         MG_TEST(test_rdma_write_and_read),
         MG_TEST(test_slices_spread_over_the_qps),
         MG_TEST(test_slices_spread_over_the_devices),
+        MG_TEST(test_dmabuf_registration),
     };
     return mg_test_run("rdma", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -11,6 +11,8 @@
  *   PDs       per context
  *   MRs       access flags checked as the verbs rules say (remote write needs local write), the
  *             range must be mapped (EFAULT otherwise), keys unique across processes;
+ *             dma-buf MRs (ibv_reg_dmabuf_mr) of the CUDA driver emulator's dma-bufs, named by
+ *             their iova in work requests;
  *             MG_VERBS_EMU_MEMLOCK=bytes caps what one process may have registered at once
  *             (ENOMEM past it, as pinning past RLIMIT_MEMLOCK fails)
  *   CQs       with completion channels (a pipe: one event per arming)
@@ -63,8 +65,9 @@ static char port_down[IBV_SYSFS_NAME_MAX];
 static uint64_t memlock_cap, registered;
 
 typedef struct emu_mr {
-    struct ibv_mr mr;
+    struct ibv_mr mr; /* mr.addr: the range's address as work requests name it (a dma-buf's iova) */
     int access;
+    char *map; /* a dma-buf MR: the device's mapping of the buffer (NULL: mr.addr is memory) */
     struct emu_mr *next;
 } emu_mr;
 static emu_mr *mrs;
@@ -251,8 +254,9 @@ typedef struct shared_qp {
 typedef struct shared_mr {
     pid_t pid;
     char dev[IBV_SYSFS_NAME_MAX];
-    uint64_t addr, len;
+    uint64_t addr, len; /* as work requests name it */
     int access;
+    uint64_t mem; /* where its bytes are in pid's memory (addr, but for a dma-buf MR) */
 } shared_mr;
 
 static const char *emu_dir(void)
@@ -349,11 +353,23 @@ static void sweep_dead(void)
 
 /* ---- memory regions ---- */
 
+static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, char *map,
+                          int access);
+
 EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return reg(pd, addr, length, (uintptr_t)addr, NULL, access);
+}
+
+/* An MR named by `iova` in work requests, whose bytes are at addr here (map: a dma-buf's
+ * mapping the MR owns, unmapped with it). */
+static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, char *map,
+                          int access)
 {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(page - 1);
-    shared_mr sh = {.pid = getpid(), .addr = (uintptr_t)addr, .len = length, .access = access};
+    shared_mr sh = {
+        .pid = getpid(), .addr = iova, .len = length, .access = access, .mem = (uintptr_t)addr};
     uint32_t key;
     emu_mr *m;
     if (pd == NULL || length == 0 ||
@@ -390,7 +406,8 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
     registered += length;
     m->mr.context = pd->context;
     m->mr.pd = pd;
-    m->mr.addr = addr;
+    m->mr.addr = (void *)(uintptr_t)iova;
+    m->map = map;
     m->mr.length = length;
     m->mr.handle = key;
     m->mr.lkey = key;
@@ -400,6 +417,46 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
     mrs = m;
     pthread_mutex_unlock(&lock);
     return &m->mr;
+}
+
+/* A dma-buf registered as the NIC would: the buffer mapped for the device. The CUDA driver
+ * emulator's dma-buf (tests/cuda_emu) is its allocation's memfd, opened read-only, whose file
+ * position is where the exported range starts; the device opens it again for writing, as a NIC
+ * reaches what a real dma-buf exports. MG_VERBS_EMU_NO_DMABUF=1: a provider without dma-buf
+ * (EOPNOTSUPP). */
+EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                        uint64_t iova, int fd, int access)
+{
+    const char *no = getenv("MG_VERBS_EMU_NO_DMABUF");
+    long page = sysconf(_SC_PAGESIZE);
+    off_t base = lseek(fd, 0, SEEK_CUR);
+    char path[64], *map;
+    struct ibv_mr *mr;
+    int rw, e;
+    if (no != NULL && *no && strcmp(no, "0") != 0) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if (pd == NULL || length == 0 || base < 0 || (base + (off_t)offset) % page != 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    if ((rw = open(path, O_RDWR | O_CLOEXEC)) < 0)
+        return NULL;
+    map = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, rw, base + (off_t)offset);
+    e = errno;
+    close(rw);
+    if (map == MAP_FAILED) {
+        errno = e;
+        return NULL;
+    }
+    if ((mr = reg(pd, map, length, iova, map, access)) == NULL) {
+        e = errno;
+        munmap(map, length);
+        errno = e;
+    }
+    return mr;
 }
 
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
@@ -417,12 +474,16 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
     registered -= m->mr.length;
     unclaim("mr", m->mr.lkey);
     pthread_mutex_unlock(&lock);
+    if (m->map != NULL)
+        munmap(m->map, m->mr.length);
     free(m);
     return 0;
 }
 
-/* The local MR of `lkey` covering [addr, addr + len) with `need` access; 0 or -1. */
-static int local_ok(struct ibv_pd *pd, uint32_t lkey, uint64_t addr, uint64_t len, int need)
+/* The local MR of `lkey` covering [addr, addr + len) with `need` access: 0 with *mem where the
+ * bytes are (a dma-buf MR's mapping), or -1. */
+static int local_ok(struct ibv_pd *pd, uint32_t lkey, uint64_t addr, uint64_t len, int need,
+                    void **mem)
 {
     int ok = 0;
     pthread_mutex_lock(&lock);
@@ -430,6 +491,7 @@ static int local_ok(struct ibv_pd *pd, uint32_t lkey, uint64_t addr, uint64_t le
         uint64_t a = (uintptr_t)m->mr.addr;
         if (m->mr.lkey == lkey && m->mr.pd == pd && addr >= a && addr + len >= addr &&
             addr + len <= a + m->mr.length && (m->access & need) == need) {
+            *mem = m->map ? m->map + (addr - a) : (void *)(uintptr_t)addr;
             ok = 1;
             break;
         }
@@ -712,10 +774,9 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
         return IBV_WC_LOC_LEN_ERR;
     for (int i = 0; i < wr->num_sge; i++) {
         const struct ibv_sge *g = &wr->sg_list[i];
-        if (local_ok(q->qp.pd, g->lkey, g->addr, g->length, write ? 0 : IBV_ACCESS_LOCAL_WRITE) !=
-            0)
+        if (local_ok(q->qp.pd, g->lkey, g->addr, g->length, write ? 0 : IBV_ACCESS_LOCAL_WRITE,
+                     &local[i].iov_base) != 0)
             return IBV_WC_LOC_PROT_ERR;
-        local[i].iov_base = (void *)(uintptr_t)g->addr;
         local[i].iov_len = g->length;
         total += g->length;
     }
@@ -730,7 +791,7 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
         wr->wr.rdma.remote_addr < rm.addr || wr->wr.rdma.remote_addr + total < total ||
         wr->wr.rdma.remote_addr + total > rm.addr + rm.len)
         return IBV_WC_REM_ACCESS_ERR;
-    remote.iov_base = (void *)(uintptr_t)wr->wr.rdma.remote_addr;
+    remote.iov_base = (void *)(uintptr_t)(rm.mem + (wr->wr.rdma.remote_addr - rm.addr));
     remote.iov_len = total;
     if (total > 0) {
         ssize_t n =

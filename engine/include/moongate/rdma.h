@@ -64,6 +64,14 @@ const char *mg_rdma_lib(const mg_rdma *r);
  * the device and reason in why; nothing stays registered on error. Thread-safe. */
 int mg_rdma_reg(mg_rdma *r, void *addr, size_t len, int remote, mg_rdma_mr **out, char *why,
                 size_t whycap);
+/* Whether the library has ibv_reg_dmabuf_mr (an optional symbol: rdma-core 34 and later). */
+int mg_rdma_has_dmabuf(const mg_rdma *r);
+/* Registers `len` bytes of a dma-buf (fd, from `offset` in it) with every device, named by
+ * `iova` in work requests (the memory is never mapped here: a GPU's). Returns 0, or
+ * MG_ERR_UNSUPPORTED (no ibv_reg_dmabuf_mr, or a device's provider refused dma-bufs) and the
+ * errors of mg_rdma_reg, with the device and reason in why; nothing stays registered on error. */
+int mg_rdma_reg_dmabuf(mg_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova, int remote,
+                       mg_rdma_mr **out, char *why, size_t whycap);
 /* Deregisters on every device. Accepts NULL. Thread-safe. */
 void mg_rdma_dereg(mg_rdma_mr *mr);
 /* Device i's keys of a registration. */
