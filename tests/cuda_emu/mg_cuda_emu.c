@@ -61,38 +61,38 @@ enum {
 };
 
 /* The driver API this emulator exports (the names and ABI versions the driver's are). */
-#define EXPORT_API                                                                                 \
-    CUresult cuInit(unsigned int);                                                                 \
-    CUresult cuDriverGetVersion(int *);                                                            \
-    CUresult cuGetErrorName(CUresult, const char **);                                              \
-    CUresult cuGetErrorString(CUresult, const char **);                                            \
-    CUresult cuDeviceGetCount(int *);                                                              \
-    CUresult cuDeviceGet(CUdevice *, int);                                                         \
-    CUresult cuDeviceGetAttribute(int *, int, CUdevice);                                           \
-    CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);                                      \
-    CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);                                               \
-    CUresult cuCtxGetCurrent(CUcontext *);                                                         \
-    CUresult cuCtxSetCurrent(CUcontext);                                                           \
-    CUresult cuCtxPushCurrent_v2(CUcontext);                                                       \
-    CUresult cuCtxPopCurrent_v2(CUcontext *);                                                      \
-    CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);                                                 \
-    CUresult cuMemFree_v2(CUdeviceptr);                                                            \
-    CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);                        \
-    CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);                                      \
-    CUresult cuMemGetHandleForAddressRange(void *, CUdeviceptr, size_t, int, unsigned long long);  \
-    CUresult cuMemHostRegister_v2(void *, size_t, unsigned int);                                   \
-    CUresult cuMemHostUnregister(void *);                                                          \
-    CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);                          \
-    CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);                    \
-    CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);                                         \
-    CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);                                   \
-    CUresult cuStreamCreate(CUstream *, unsigned int);                                             \
-    CUresult cuStreamDestroy_v2(CUstream);                                                         \
-    CUresult cuStreamSynchronize(CUstream);                                                        \
-    CUresult cuEventCreate(CUevent *, unsigned int);                                               \
-    CUresult cuEventDestroy_v2(CUevent);                                                           \
-    CUresult cuEventRecord(CUevent, CUstream);                                                     \
-    CUresult cuEventQuery(CUevent);                                                                \
+#define EXPORT_API                                                                                \
+    CUresult cuInit(unsigned int);                                                                \
+    CUresult cuDriverGetVersion(int *);                                                           \
+    CUresult cuGetErrorName(CUresult, const char **);                                             \
+    CUresult cuGetErrorString(CUresult, const char **);                                           \
+    CUresult cuDeviceGetCount(int *);                                                             \
+    CUresult cuDeviceGet(CUdevice *, int);                                                        \
+    CUresult cuDeviceGetAttribute(int *, int, CUdevice);                                          \
+    CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);                                     \
+    CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);                                              \
+    CUresult cuCtxGetCurrent(CUcontext *);                                                        \
+    CUresult cuCtxSetCurrent(CUcontext);                                                          \
+    CUresult cuCtxPushCurrent_v2(CUcontext);                                                      \
+    CUresult cuCtxPopCurrent_v2(CUcontext *);                                                     \
+    CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);                                                \
+    CUresult cuMemFree_v2(CUdeviceptr);                                                           \
+    CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);                       \
+    CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);                                     \
+    CUresult cuMemGetHandleForAddressRange(void *, CUdeviceptr, size_t, int, unsigned long long); \
+    CUresult cuMemHostRegister_v2(void *, size_t, unsigned int);                                  \
+    CUresult cuMemHostUnregister(void *);                                                         \
+    CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);                         \
+    CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);                   \
+    CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);                                        \
+    CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);                                  \
+    CUresult cuStreamCreate(CUstream *, unsigned int);                                            \
+    CUresult cuStreamDestroy_v2(CUstream);                                                        \
+    CUresult cuStreamSynchronize(CUstream);                                                       \
+    CUresult cuEventCreate(CUevent *, unsigned int);                                              \
+    CUresult cuEventDestroy_v2(CUevent);                                                          \
+    CUresult cuEventRecord(CUevent, CUstream);                                                    \
+    CUresult cuEventQuery(CUevent);                                                               \
     CUresult cuEventSynchronize(CUevent);
 EXPORT_API
 
@@ -472,7 +472,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     a.base = next_addr;
     a.size = len;
     a.device = current->device;
-    next_addr += len + PAGE; /* a guard page between allocations */
+    next_addr += len; /* back to back, as VMM mappings of several allocations can be */
     allocs[n_allocs++] = a;
     *dptr = a.base;
     pthread_mutex_unlock(&lock);

@@ -8,6 +8,7 @@
  * stream's synchronization with the driver's name for it; host registration.
  */
 #include "mg_cuda.h"
+#include "mg_vram.h"
 #include "mg_test.h"
 
 #include <errno.h>
@@ -179,6 +180,74 @@ static void test_host_registration(void)
     CU_ASSERT_EQUAL(cu->cuMemHostRegister(p, n, 0), MG_CU_ERROR_INVALID_VALUE); /* unmapped */
 }
 
+/* A device range's dma-bufs: one per allocation it crosses, widened to whole pages inside each;
+ * host memory named; a device without dma-buf support named (in a fresh process). */
+static void test_vram_export(void)
+{
+    mg_cu_ptr a = 0, b = 0;
+    mg_vram_piece p[4];
+    char err[256], why[512];
+    CU_ASSERT_EQUAL(cu->cuMemAlloc(&a, MiB), 0);
+    CU_ASSERT_EQUAL(cu->cuMemAlloc(&b, MiB), 0);
+    CU_ASSERT_EQUAL_FATAL(b, a + MiB); /* back to back */
+    CU_ASSERT_EQUAL(mg_vram_export((uintptr_t)a + 100, 5000, p, 4, err, sizeof(err)), 1);
+    CU_ASSERT_EQUAL(p[0].address, a);
+    CU_ASSERT_EQUAL(p[0].size, 8192);
+    CU_ASSERT_EQUAL(p[0].device, 1);
+    CU_ASSERT_EQUAL(lseek(p[0].fd, 0, SEEK_CUR), 0);
+    close(p[0].fd);
+    CU_ASSERT_EQUAL(mg_vram_export((uintptr_t)a + MiB - 4000, 8000, p, 4, err, sizeof(err)), 2);
+    CU_ASSERT_EQUAL(p[0].address, a + MiB - 4096);
+    CU_ASSERT_EQUAL(p[0].size, 4096);
+    CU_ASSERT_EQUAL(lseek(p[0].fd, 0, SEEK_CUR), (off_t)(MiB - 4096));
+    CU_ASSERT_EQUAL(p[1].address, b);
+    CU_ASSERT_EQUAL(p[1].size, 4096);
+    close(p[0].fd);
+    close(p[1].fd);
+    CU_ASSERT_EQUAL(mg_vram_export((uintptr_t)a + MiB - 4000, 8000, p, 1, err, sizeof(err)), -1);
+    CU_ASSERT_STRING_EQUAL(err, "the range crosses more than 1 allocations");
+    CU_ASSERT_EQUAL(mg_vram_export((uintptr_t)err, 16, p, 4, err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "is not GPU memory the CUDA driver knows"));
+    CU_ASSERT_EQUAL(mg_vram_export((uintptr_t)b + MiB - 4096, 8192, p, 4, err, sizeof(err)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "is not GPU memory")); /* past the last allocation */
+    CU_ASSERT_EQUAL(cu->cuMemFree(a), 0);
+    CU_ASSERT_EQUAL(cu->cuMemFree(b), 0);
+    child_reason(MG_CUDA_EMU, "MG_CUDA_EMU_DMABUF", "0", why, sizeof(why)); /* it opens */
+    CU_ASSERT_STRING_EQUAL(why, "");
+    {
+        pid_t pid = fork();
+        int st = 0;
+        if (pid == 0) {
+            execl("/proc/self/exe", "test_cuda", "--no-dmabuf", (char *)NULL);
+            _exit(127);
+        }
+        waitpid(pid, &st, 0);
+        CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+}
+
+/* In a fresh process: a device without dma-buf support is said so by mg_vram_export. */
+static int no_dmabuf_main(void)
+{
+    char err[256];
+    const mg_cuda *c;
+    mg_cu_context ctx;
+    mg_cu_ptr d;
+    mg_vram_piece p;
+    setenv("MOONGATE_CUDA_LIB", MG_CUDA_EMU, 1);
+    setenv("MG_CUDA_EMU_DMABUF", "0", 1);
+    c = mg_cuda_get(err, sizeof(err));
+    if (c == NULL || c->cuDevicePrimaryCtxRetain(&ctx, 0) || c->cuCtxSetCurrent(ctx) ||
+        c->cuMemAlloc(&d, 4096))
+        return 2;
+    if (mg_vram_export((uintptr_t)d, 4096, &p, 1, err, sizeof(err)) != -1)
+        return 3;
+    return strcmp(err, "cuda:0 exports no dma-buf (DMA_BUF_SUPPORTED is 0: CUDA 11.7 or later "
+                       "and the open kernel modules have it)") == 0
+               ? 0
+               : 4;
+}
+
 /* In a fresh process: the second copy executed fails; its stream's synchronization says so,
  * once. */
 static int inject_main(void)
@@ -226,12 +295,15 @@ int main(int argc, char **argv)
         MG_TEST(test_dmabuf),
         MG_TEST(test_host_registration),
         MG_TEST(test_injected_copy_error),
+        MG_TEST(test_vram_export),
     };
     char err[512];
     if (argc == 5 && strcmp(argv[1], "--reason") == 0)
         return reason_main(argv);
     if (argc == 2 && strcmp(argv[1], "--inject") == 0)
         return inject_main();
+    if (argc == 2 && strcmp(argv[1], "--no-dmabuf") == 0)
+        return no_dmabuf_main();
     setenv("MOONGATE_CUDA_LIB", MG_CUDA_EMU, 1);
     setenv("MG_CUDA_EMU_DEVICES", "2", 1);
     cu = mg_cuda_get(err, sizeof(err));

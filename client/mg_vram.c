@@ -1,0 +1,94 @@
+/*
+ * GPU memory, client side: a device range's dma-bufs (mg_vram.h).
+ */
+#include "mg_vram.h"
+
+#include "mg_cuda.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+/* Device `dev` exports dma-bufs: 0, or -1 with err. */
+static int dmabuf_supported(const mg_cuda *cu, int dev, char *err, size_t errcap)
+{
+    mg_cu_device d;
+    int ok = 0;
+    mg_cu_result rc = cu->cuDeviceGet(&d, dev);
+    char text[256];
+    if (rc == MG_CU_SUCCESS)
+        rc = cu->cuDeviceGetAttribute(&ok, MG_CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d);
+    if (rc != MG_CU_SUCCESS) {
+        snprintf(err, errcap, "cuda:%d: %s", dev, mg_cuda_strerror(cu, rc, text, sizeof(text)));
+        return -1;
+    }
+    if (!ok) {
+        snprintf(err, errcap,
+                 "cuda:%d exports no dma-buf (DMA_BUF_SUPPORTED is 0: CUDA 11.7 or later and "
+                 "the open kernel modules have it)",
+                 dev);
+        return -1;
+    }
+    return 0;
+}
+
+/* The dma-buf of [start, end), inside one allocation, in the context that owns it. */
+static int export_one(const mg_cuda *cu, const mg_cuda_ptr_info *info, uint64_t start, uint64_t end,
+                      mg_vram_piece *out, char *err, size_t errcap)
+{
+    mg_cu_result rc = cu->cuCtxPushCurrent(info->context);
+    char text[256];
+    int fd = -1;
+    if (rc == MG_CU_SUCCESS) {
+        rc = cu->cuMemGetHandleForAddressRange(&fd, start, end - start,
+                                               MG_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+        cu->cuCtxPopCurrent(NULL);
+    }
+    if (rc != MG_CU_SUCCESS) {
+        snprintf(err, errcap, "cuMemGetHandleForAddressRange(0x%llx, %llu): %s",
+                 (unsigned long long)start, (unsigned long long)(end - start),
+                 mg_cuda_strerror(cu, rc, text, sizeof(text)));
+        return -1;
+    }
+    *out = (mg_vram_piece){.fd = fd, .address = start, .size = end - start, .device = info->device};
+    return 0;
+}
+
+int mg_vram_export(uintptr_t ptr, size_t len, mg_vram_piece *out, int cap, char *err, size_t errcap)
+{
+    const mg_cuda *cu = mg_cuda_get(err, errcap);
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), at = ptr, end = (uint64_t)ptr + len;
+    int n = 0;
+    if (cu == NULL)
+        return -1;
+    if (len == 0 || end < at) {
+        snprintf(err, errcap, "a range of GPU memory needs a length (and no wrap)");
+        return -1;
+    }
+    while (at < end) {
+        mg_cuda_ptr_info info;
+        uint64_t lo, hi;
+        if (mg_cuda_pointer(cu, (uintptr_t)at, &info) != 1) {
+            snprintf(err, errcap, "0x%llx is not GPU memory the CUDA driver knows",
+                     (unsigned long long)at);
+            goto fail;
+        }
+        if (n == cap) {
+            snprintf(err, errcap, "the range crosses more than %d allocations", cap);
+            goto fail;
+        }
+        lo = at / page * page < info.base ? info.base : at / page * page;
+        hi = end < info.base + info.size ? end : info.base + info.size;
+        hi = (hi + page - 1) / page * page > info.base + info.size ? hi
+                                                                   : (hi + page - 1) / page * page;
+        if (dmabuf_supported(cu, info.device, err, errcap) != 0 ||
+            export_one(cu, &info, lo, hi, &out[n], err, errcap) != 0)
+            goto fail;
+        n++;
+        at = info.base + info.size;
+    }
+    return n;
+fail:
+    while (n > 0)
+        close(out[--n].fd);
+    return -1;
+}
