@@ -25,6 +25,9 @@ static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const 
     if (rc == 0 && mg_segment_procmem(r->other))
         return "the target is a process's memory (reached with process_vm): it is the local "
                "side of a request only";
+    if (rc == 0 && (mg_segment_gpu(r->other) || (r->local && mg_segment_gpu(r->local))))
+        return "GPU memory moves over RDMA only: a copy on this daemon (peer \"\") cannot "
+               "reach it";
     return rc ? "remote offset + length is outside the target on this daemon" : NULL;
 }
 

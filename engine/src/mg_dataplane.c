@@ -238,9 +238,9 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *pe
     if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
         return ST_NOT_FOUND;
     mg_segment_get_info(s->cfg.registry, *seg, &info);
-    if (!info.remote_accessible) {
+    if (!info.remote_accessible || info.source == MG_SEG_DMABUF) { /* GPU memory: RDMA only */
         mg_registry_put(s->cfg.registry, *seg);
-        return ST_PERMISSION_DENIED;
+        return info.remote_accessible ? ST_UNIMPLEMENTED : ST_PERMISSION_DENIED;
     }
     if (mg_bounds_check(info.size, h->offset, h->length) != 0) {
         mg_registry_put(s->cfg.registry, *seg);

@@ -276,6 +276,12 @@ static void req_go(mg_batch_req *r)
         return;
     }
     req_transport(r);
+    if (!r->rdma && r->local && mg_segment_gpu(r->local)) { /* never a copy or TCP */
+        mg_batch_req_end(r, MG_ERR_STATE,
+                         "the local memory is GPU memory, which moves over RDMA only, and there "
+                         "is no RDMA connection to this peer for it (ListPeers says why)");
+        return;
+    }
     memcpy(r->token, p->token, sizeof(r->token));
     snprintf(r->data_host, sizeof(r->data_host), "%s", p->data_host);
     r->data_port = p->data_port;

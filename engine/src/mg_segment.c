@@ -210,20 +210,23 @@ static int share_ok(const char *share, const char *owner, char *err)
     return 1;
 }
 
-static int parse_location(const char *loc, char out[16])
+/* "cpu:N" (or "cuda:N" when gpu), N < 4096, into out; NULL or "" is "cpu:0". */
+static int parse_location(const char *loc, int gpu, char out[16])
 {
+    const char *kind = gpu ? "cuda:" : "cpu:";
+    size_t k = strlen(kind);
     unsigned long n;
     char *end;
-    if (loc == NULL || *loc == '\0') {
+    if (!gpu && (loc == NULL || *loc == '\0')) {
         snprintf(out, 16, "cpu:0");
         return 0;
     }
-    if (strncmp(loc, "cpu:", 4) != 0 || loc[4] < '0' || loc[4] > '9')
+    if (loc == NULL || strncmp(loc, kind, k) != 0 || loc[k] < '0' || loc[k] > '9')
         return -1;
-    n = strtoul(loc + 4, &end, 10);
+    n = strtoul(loc + k, &end, 10);
     if (*end != '\0' || n >= 4096)
         return -1;
-    snprintf(out, 16, "cpu:%lu", n);
+    snprintf(out, 16, "%s%lu", kind, n);
     return 0;
 }
 
@@ -636,9 +639,10 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
                  MG_SEG_NAME_MAX);
         return MG_ERR_INVALID;
     }
-    if (parse_location(spec->location, loc) != 0) {
-        snprintf(err, MG_SEG_ERROR_MAX, "location \"%.64s\" is not cpu:N (N < 4096)",
-                 spec->location);
+    if (parse_location(spec->location, spec->source == MG_SEG_DMABUF, loc) != 0) {
+        snprintf(err, MG_SEG_ERROR_MAX, "location \"%.64s\" is not %s:N (N < 4096)",
+                 spec->location ? spec->location : "",
+                 spec->source == MG_SEG_DMABUF ? "cuda" : "cpu");
         return MG_ERR_INVALID;
     }
     if (spec->request_id && !valid_request_id(spec->request_id)) {
@@ -692,8 +696,21 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
                      "descriptor, passed on the daemon's fd socket");
             return MG_ERR_INVALID;
         }
+    } else if (spec->source == MG_SEG_DMABUF) {
+        if (spec->fd < 0 || spec->client_addr == 0 || spec->size == 0) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "GPU memory is registered by its dma-buf (passed on the daemon's fd "
+                     "socket), its client address and its size");
+            return MG_ERR_INVALID;
+        }
+        if (reg->rdma == NULL) {
+            snprintf(err, MG_SEG_ERROR_MAX,
+                     "GPU memory moves over RDMA only, and this daemon has no RDMA device: "
+                     "the client library stages it through the buffer pool instead");
+            return MG_ERR_STATE;
+        }
     } else {
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm, fd or process");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be anon, shm, fd, process or dmabuf");
         return MG_ERR_INVALID;
     }
     if (spec->client_addr != 0 && spec->client.pid <= 0) {
@@ -709,7 +726,7 @@ static int check_spec(const mg_registry *reg, const mg_segment_spec *spec, char 
                  "address + size within 64 bits)");
         return MG_ERR_INVALID;
     }
-    if (spec->offset != 0 && spec->source != MG_SEG_FD) {
+    if (spec->offset != 0 && spec->source != MG_SEG_FD && spec->source != MG_SEG_DMABUF) {
         snprintf(err, MG_SEG_ERROR_MAX, "offset is for segments of a passed descriptor only");
         return MG_ERR_INVALID;
     }
@@ -844,7 +861,7 @@ static int reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segment **o
         return MG_ERR_NOMEM;
     }
     seg->reg = reg;
-    seg->fd = spec->source == MG_SEG_FD ? spec->fd : -1;
+    seg->fd = spec->source == MG_SEG_FD || spec->source == MG_SEG_DMABUF ? spec->fd : -1;
     seg->offset = spec->offset;
     seg->client_addr = spec->client_addr;
     if (spec->client_addr)
@@ -892,7 +909,7 @@ int mg_registry_reserve(mg_registry *reg, const mg_segment_spec *spec, mg_segmen
 {
     int rc = reserve(reg, spec, out, err);
     /* A passed descriptor is the registry's: the segment entered holds it, else it is closed. */
-    if (rc != 0 && spec->source == MG_SEG_FD && spec->fd >= 0)
+    if (rc != 0 && (spec->source == MG_SEG_FD || spec->source == MG_SEG_DMABUF) && spec->fd >= 0)
         close(spec->fd);
     return rc;
 }
@@ -1274,6 +1291,28 @@ static int open_process(mg_segment *seg)
     return 0;
 }
 
+/* Worker: GPU memory, registered with every RDMA device by its client address (the iova peers
+ * and work requests name it by); the dma-buf is the devices' to hold from then on. seg->addr is
+ * that address, which no path of this process ever touches (mg_segment_gpu refuses them). */
+static int register_dmabuf(mg_segment *seg)
+{
+    char why[256];
+    int rc = mg_rdma_reg_dmabuf(seg->reg->rdma, seg->fd, seg->offset, seg->size, seg->client_addr,
+                                seg->remote_accessible, &seg->mr, why, sizeof(why));
+    close(seg->fd);
+    seg->fd = -1;
+    if (rc != 0) {
+        set_error(seg, "RDMA registration of the dma-buf: %s", why);
+        return rc;
+    }
+    seg->addr = (void *)(uintptr_t)seg->client_addr;
+    seg->transports[MG_TRANSPORT_RDMA].registered = seg->remote_accessible;
+    seg->transports[MG_TRANSPORT_RDMA].lkey = mg_rdma_mr_lkey(seg->mr, 0);
+    seg->transports[MG_TRANSPORT_RDMA].rkey = mg_rdma_mr_rkey(seg->mr, 0);
+    seg->transports[MG_TRANSPORT_RDMA].addr = seg->client_addr;
+    return 0;
+}
+
 int mg_segment_map(mg_segment *seg)
 {
     int rc;
@@ -1283,6 +1322,8 @@ int mg_segment_map(mg_segment *seg)
         return MG_ERR_CANCELLED;
     if (seg->source == MG_SEG_PROCESS)
         return open_process(seg);
+    if (seg->source == MG_SEG_DMABUF)
+        return register_dmabuf(seg);
     rc = open_file(seg);
     if (rc != 0)
         goto fail;
@@ -1367,6 +1408,8 @@ static void unmap_files(mg_segment *seg)
         seg->pm = NULL;
         seg->addr = NULL;
     }
+    if (seg->source == MG_SEG_DMABUF)
+        seg->addr = NULL;
     if (seg->map_base) {
         /* In chunks, so the mmap lock is released between them (see lock_pages); whole huge
          * pages of a hugetlbfs file. */
@@ -1552,6 +1595,11 @@ int mg_registry_find(mg_registry *reg, const char *tenant, uint64_t id, mg_segme
 void *mg_segment_addr(const mg_segment *seg)
 {
     return seg->addr;
+}
+
+int mg_segment_gpu(const mg_segment *seg)
+{
+    return seg->source == MG_SEG_DMABUF;
 }
 
 mg_procmem *mg_segment_procmem(const mg_segment *seg)

@@ -29,7 +29,7 @@
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 
-static const char *const source_names[] = {"anon", "shm", "fd", "process"};
+static const char *const source_names[] = {"anon", "shm", "fd", "process", "dmabuf"};
 /* One Segment message with its strings. */
 typedef struct {
     Moongate__V1__Segment msg;
@@ -55,6 +55,7 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
     m->msg.source = in->source == MG_SEG_SHM       ? MOONGATE__V1__SEGMENT_SOURCE__SHM
                     : in->source == MG_SEG_FD      ? MOONGATE__V1__SEGMENT_SOURCE__FD
                     : in->source == MG_SEG_PROCESS ? MOONGATE__V1__SEGMENT_SOURCE__PROCESS
+                    : in->source == MG_SEG_DMABUF  ? MOONGATE__V1__SEGMENT_SOURCE__DMABUF
                                                    : MOONGATE__V1__SEGMENT_SOURCE__ANON;
     m->msg.offset = in->offset;
     m->msg.client_address = in->client_addr;
@@ -219,12 +220,16 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     case MOONGATE__V1__SEGMENT_SOURCE__PROCESS:
         spec.source = MG_SEG_PROCESS;
         break;
+    case MOONGATE__V1__SEGMENT_SOURCE__DMABUF:
+        spec.source = MG_SEG_DMABUF;
+        break;
     default:
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD or PROCESS");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD, PROCESS or DMABUF");
         return MG_ERR_INVALID;
     }
-    if (spec.source != MG_SEG_FD && (req->fd_handle || req->offset)) {
-        snprintf(err, MG_SEG_ERROR_MAX, "fd_handle and offset are for source FD only");
+    if (spec.source != MG_SEG_FD && spec.source != MG_SEG_DMABUF &&
+        (req->fd_handle || req->offset)) {
+        snprintf(err, MG_SEG_ERROR_MAX, "fd_handle and offset are for sources FD and DMABUF only");
         return MG_ERR_INVALID;
     }
     spec.tenant = tenant;
@@ -277,7 +282,8 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
                                  req->share_with[i]);
     }
     spec.share = share;
-    if (spec.source == MG_SEG_FD && (rc = take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
+    if ((spec.source == MG_SEG_FD || spec.source == MG_SEG_DMABUF) &&
+        (rc = take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
         return rc;
     return mg_registry_reserve(reg, &spec, seg, err);
 }

@@ -32,6 +32,10 @@
 #define PROCESS_INLINE                                                                          \
     "the segment is a process's memory (reached with process_vm on transfers): it is not read " \
     "or written inline; move it with a transfer (peer \"\" to a segment here)"
+/* Nor has GPU memory: the RDMA devices reach it, this process never does. */
+#define GPU_INLINE                                                                                \
+    "the segment is GPU memory (a dma-buf the RDMA devices reach, never this daemon): it is not " \
+    "read or written inline; move it with a transfer over RDMA"
 
 typedef struct {
     mg_call *call;
@@ -230,9 +234,10 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
         }
         mg_segment_get_info(reg, seg, &info);
         size = info.size;
-        if (info.source == MG_SEG_PROCESS) {
+        if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
             mg_registry_put(reg, seg);
-            mg_call_fail(call, MG_ERR_STATE, "%s", PROCESS_INLINE);
+            mg_call_fail(call, MG_ERR_STATE, "%s",
+                         info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
             return;
         }
     }
@@ -441,10 +446,11 @@ static void write_done(void *arg, int result)
             } else {
                 mg_segment_get_info(reg, st->seg, &info);
                 st->limit = info.size;
-                if (info.source == MG_SEG_PROCESS) {
+                if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
                     mg_registry_put(reg, st->seg);
                     rc = MG_ERR_STATE;
-                    snprintf(why, sizeof(why), "%s", PROCESS_INLINE);
+                    snprintf(why, sizeof(why), "%s",
+                             info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
                 }
             }
             st->id = id;

@@ -271,3 +271,22 @@ def curl(*args, input=None):
     p = subprocess.run(["curl", "-sS", "--max-time", "20"] + list(args), input=input,
                        capture_output=True)
     return p.returncode, p.stdout, p.stderr.decode(errors="replace")
+
+
+def sanitized():
+    """Whether the build under test has ASan and UBSan (MG_SANITIZE)."""
+    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+        return "MG_SANITIZE:BOOL=ON" in f.read()
+
+
+def sanitizer_preload():
+    """The environment a program that is not sanitized (python3) needs to load the build's
+    sanitized shared libraries with ctypes: the runtimes first, leaks of the interpreter not
+    reported. {} for a build without sanitizers."""
+    if not sanitized():
+        return {}
+    libs = [subprocess.run(["gcc", "-print-file-name=" + n], capture_output=True, text=True,
+                           check=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
+    opts = os.environ.get("ASAN_OPTIONS", "")
+    return {"LD_PRELOAD": " ".join(libs),
+            "ASAN_OPTIONS": (opts + ":" if opts else "") + "detect_leaks=0"}

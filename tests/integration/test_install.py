@@ -11,8 +11,7 @@ BUILD = conftest.BUILD
 
 def sanitized():
     """The build's own compile flags a program linking its libraries needs (ASan + UBSan)."""
-    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
-        return ["-fsanitize=address,undefined"] if "MG_SANITIZE:BOOL=ON" in f.read() else []
+    return ["-fsanitize=address,undefined"] if conftest.sanitized() else []
 
 
 def soname(path):

@@ -103,9 +103,37 @@ def _fd_socket(target, fd_socket):
 
 
 def _fd_request(name, handle, offset, size, remote_accessible, share_with, kw):
+    kw.setdefault("source", memory_pb2.FD)
     return memory_pb2.RegisterRequest(
-        name=name, source=memory_pb2.FD, fd_handle=handle, offset=offset, size=size,
+        name=name, fd_handle=handle, offset=offset, size=size,
         remote_accessible=remote_accessible, share_with=list(share_with), **kw)
+
+
+class _VramPiece(ctypes.Structure):  # mg_vram_piece (client/mg_vram.h)
+    _fields_ = [("fd", ctypes.c_int), ("address", ctypes.c_uint64), ("size", ctypes.c_uint64),
+                ("device", ctypes.c_int)]
+
+
+_mgclient = None
+
+
+def _client_lib():
+    """libmgclient.so.0 ($MOONGATE_CLIENT_LIB, else the system's): the CUDA driver work (loaded
+    at run time, never linked) is the C library's."""
+    global _mgclient
+    if _mgclient is None:
+        path = os.environ.get("MOONGATE_CLIENT_LIB") or "libmgclient.so.0"
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "GPU memory needs moongate's C client library (%s): %s" % (path, e))
+        lib.mg_vram_export.restype = ctypes.c_int
+        lib.mg_vram_export.argtypes = [ctypes.c_uint64, ctypes.c_size_t,
+                                       ctypes.POINTER(_VramPiece), ctypes.c_int,
+                                       ctypes.c_char_p, ctypes.c_size_t]
+        _mgclient = lib
+    return _mgclient
 
 
 def _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
@@ -421,6 +449,40 @@ class Client:
         finally:
             os.close(fd)  # the mapping and the daemon keep the memory
         return Buffer(self, mm, seg)
+
+    def register_vram(self, address, size, remote_accessible=False, name=None):
+        """Registers GPU memory [address, address + size) (a device pointer: a torch CUDA
+        tensor's data_ptr()) by its dma-bufs, one region per allocation it crosses, widened to
+        whole pages: the daemon registers them with its RDMA devices and moves them over RDMA
+        only. Returns the Segments. Needs the CUDA driver (or $MOONGATE_CUDA_LIB) and moongate's
+        C library (libmgclient.so.0, or $MOONGATE_CLIENT_LIB)."""
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "GPU memory is passed as dma-bufs on a Unix socket: connect with "
+                        "unix:PATH")
+        lib, pieces = _client_lib(), (_VramPiece * 64)()
+        err = ctypes.create_string_buffer(512)
+        n = lib.mg_vram_export(address, size, pieces, 64, err, 512)
+        if n < 0:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION, err.value.decode(errors="replace"))
+        segs = []
+        try:
+            for k in range(n):
+                p = pieces[k]
+                handle, _ = pass_fd(self.fd_socket, p.fd, self._token)
+                segs.append(self._call(self.memory.RegisterSegment, _fd_request(
+                    "%s-%d" % (name or "vram-%d-%x" % (os.getpid(), address), k), handle, 0,
+                    p.size, remote_accessible, (), dict(
+                        source=memory_pb2.DMABUF, client_address=p.address,
+                        location="cuda:%d" % p.device))).segment)
+        except BaseException:
+            for seg in segs:
+                self.unregister(seg.id)
+            raise
+        finally:
+            for k in range(n):
+                os.close(pieces[k].fd)
+        return segs
 
     def register_memory(self, name, address, size, **kw):
         """Registers memory this process allocated itself (a bytearray, a numpy array: see

@@ -43,7 +43,16 @@ extern "C" {
 typedef struct mg_registry mg_registry;
 typedef struct mg_segment mg_segment;
 
-typedef enum { MG_SEG_ANON = 0, MG_SEG_SHM = 1, MG_SEG_FD = 2, MG_SEG_PROCESS = 3 } mg_seg_source;
+/* MG_SEG_DMABUF: GPU memory, a dma-buf the client exported (its device's "cuda:N" location):
+ * registered with the RDMA devices by its client address (the iova), never mapped, read or
+ * written here — every path but RDMA refuses it (mg_segment_gpu). */
+typedef enum {
+    MG_SEG_ANON = 0,
+    MG_SEG_SHM = 1,
+    MG_SEG_FD = 2,
+    MG_SEG_PROCESS = 3,
+    MG_SEG_DMABUF = 4
+} mg_seg_source;
 typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
 
@@ -101,7 +110,7 @@ typedef struct mg_segment_spec {
      * process: the memory's process (`client`) must run as caller_uid. */
     int caller_uid_known;
     uint32_t caller_uid;
-    const char *location; /* "cpu:N" with N < 4096; NULL or "" means "cpu:0" */
+    const char *location; /* "cpu:N" with N < 4096; NULL or "" means "cpu:0". dmabuf: "cuda:N" */
     int remote_accessible;
     mg_memlock memlock;
     int prefault;
@@ -247,6 +256,8 @@ void mg_segment_get_info(mg_registry *reg, const mg_segment *seg, mg_segment_inf
  * mg_segment_procmem). */
 void *mg_segment_addr(const mg_segment *seg);
 struct mg_procmem;
+/* 1 for GPU memory (MG_SEG_DMABUF): bytes only RDMA reaches, never this process. */
+int mg_segment_gpu(const mg_segment *seg);
 /* A process segment's process (moongate/procmem.h); NULL for every other source. */
 struct mg_procmem *mg_segment_procmem(const mg_segment *seg);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */

@@ -1,0 +1,75 @@
+"""A process with GPU memory (the CUDA driver emulator's, loaded as libcuda would be) for the GPU
+tests: it allocates SIZE bytes of device memory, names itself an agent, registers the memory by
+its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys stdin:
+
+  dump OFF LEN          the device bytes there, in hex (cuMemcpyDtoH)
+  fill OFF HEX          writes them (cuMemcpyHtoD)
+  put AGENT ADDR LEN    WRITEs its device memory's first LEN bytes to ADDR of AGENT
+  get AGENT ADDR LEN    READs them from there into its device memory
+  read ID               ReadSegment of its registration (refused: GPU memory)
+  copy SEG LEN          a copy on this daemon from its device memory to segment SEG (refused)
+  quit
+
+Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1)   ($MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB)
+"""
+import ctypes
+import json
+import os
+import sys
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
+import moongate_client as mg  # noqa: E402
+
+
+def main():
+    sock, name, size, remote = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+    cu = ctypes.CDLL(os.environ["MOONGATE_CUDA_LIB"])
+    ctx, dptr = ctypes.c_void_p(), ctypes.c_uint64()
+    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuMemAlloc_v2(ctypes.byref(dptr), size) == 0
+    d = dptr.value
+    c = mg.Client("unix:" + sock)
+    info = c.register_agent(name)
+    segs = c.register_vram(d, size, remote_accessible=remote)
+    print(json.dumps({"port": info.port, "address": d, "segments": [s.id for s in segs],
+                      "source": segs[0].source, "location": segs[0].location,
+                      "transports": list(segs[0].transports)}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        try:
+            if cmd[0] == "dump":
+                buf = ctypes.create_string_buffer(int(cmd[2]))
+                assert cu.cuMemcpyDtoH_v2(buf, ctypes.c_uint64(d + int(cmd[1])),
+                                          ctypes.c_size_t(int(cmd[2]))) == 0
+                print(buf.raw.hex(), flush=True)
+            elif cmd[0] == "fill":
+                data = bytes.fromhex(cmd[2])
+                assert cu.cuMemcpyHtoD_v2(ctypes.c_uint64(d + int(cmd[1])), data,
+                                          ctypes.c_size_t(len(data))) == 0
+                print("ok", flush=True)
+            elif cmd[0] in ("put", "get"):
+                op = mg.write if cmd[0] == "put" else mg.read
+                b = c.transfer([op(address=d, agent=cmd[1], remote_address=int(cmd[2]),
+                                   length=int(cmd[3]))])
+                print("ok " + b.requests[0].transport, flush=True)
+            elif cmd[0] == "read":
+                try:
+                    list(c.memory.ReadSegment(mg.memory_pb2.ReadSegmentRequest(id=int(cmd[1])),
+                                              timeout=30))
+                    print("ok", flush=True)
+                except grpc.RpcError as e:
+                    print("err %s %s" % (e.code().name, e.details()), flush=True)
+            elif cmd[0] == "copy":
+                c.transfer([mg.write(address=d, peer="", remote_segment=int(cmd[1]),
+                                     length=int(cmd[2]))])
+                print("ok", flush=True)
+            elif cmd[0] == "quit":
+                break
+        except mg.Error as e:
+            print("err %s %s" % (e.code.name, e.message), flush=True)
+
+
+if __name__ == "__main__":
+    main()

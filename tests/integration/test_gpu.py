@@ -1,0 +1,158 @@
+"""GPU memory through moongate, on the emulators (no GPU here): processes allocate device memory
+from the CUDA driver emulator (loaded as libcuda.so.1 would be), register it by its dma-buf
+(Client.register_vram, the C library's mg_vram_export), and two daemons with the verbs
+emulator move it device to device over RDMA, by (agent, address): not one byte over TCP. GPU
+memory is refused where only RDMA reaches it: a daemon without RDMA devices, a peer without
+RDMA, a copy on one daemon, ReadSegment; host memory and a missing driver are named."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402
+from moongate.v1 import memory_pb2  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EMU = os.path.join(conftest.BUILD, "libmgverbs_emu.so")
+CUDA_EMU = os.path.join(conftest.BUILD, "libmgcuda_emu.so")
+CLIENT_LIB = os.path.join(conftest.BUILD, "libmgclient.so.0")
+MiB = 1 << 20
+
+
+def gpu_env(**kw):
+    env = dict(os.environ, MOONGATE_CUDA_LIB=CUDA_EMU, MOONGATE_CLIENT_LIB=CLIENT_LIB,
+               MOONGATE_PYGEN=conftest.GEN)
+    env.update(conftest.sanitizer_preload())  # python3 loads the build's libmgclient
+    env.update(kw)
+    return env
+
+
+class Gpu:
+    """A process with device memory registered on daemon d (gpu_proc.py)."""
+
+    def __init__(self, d, name, size=MiB, remote=True, **env):
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock,
+                                   name, str(size), "1" if remote else "0"],
+                                  env=gpu_env(**env), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("gpu process failed: " + self.p.stderr.read())
+        self.__dict__.update(json.loads(line))
+
+    def ask(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("gpu process ended: " + self.p.stderr.read())
+        return line.strip()
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        self.p.wait(timeout=20)
+
+
+@pytest.fixture
+def gpus():
+    made = []
+
+    def make(*a, **kw):
+        made.append(Gpu(*a, **kw))
+        return made[-1]
+    yield make
+    for g in made:
+        if g.p.poll() is None:
+            g.p.kill()
+        g.p.wait()
+
+
+def pair(make_daemon, a_flags=("--ibverbs-lib", EMU), b_flags=("--ibverbs-lib", EMU)):
+    b = make_daemon("--peer-tls=false", *b_flags)
+    a = make_daemon("--peer-tls=false", "--peer-port", str(b.h2c_port), *a_flags)
+    return a, b
+
+
+def test_device_to_device_over_rdma(make_daemon, gpus):
+    a, b = pair(make_daemon)
+    t = gpus(b, "decode-0")
+    i = gpus(a, "prefill-0", remote=False)
+    assert t.source == memory_pb2.DMABUF and t.location == "cuda:0", t.__dict__
+    assert t.transports == ["rdma"]  # never TCP: the daemon cannot reach its bytes
+    data = os.urandom(256 * 1024)
+    assert i.ask("fill 0 " + data.hex()) == "ok"
+    target = "127.0.0.1:%d" % t.port
+    assert i.ask("put %s %d %d" % (target, t.address + 4096, len(data))) == "ok rdma"
+    assert bytes.fromhex(t.ask("dump 4096 %d" % len(data))) == data
+    assert t.ask("fill 0 " + ("ab" * 16384)) == "ok"
+    assert i.ask("get %s %d %d" % (target, t.address, 16384)) == "ok rdma"
+    assert bytes.fromhex(i.ask("dump 0 16384")) == b"\xab" * 16384
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                    transport="rdma") == len(data)
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="read",
+                    transport="rdma") == 16384
+    assert b.metric("moongate_data_bytes_total", dir="in") == 0  # not one byte over TCP
+    assert b.metric("moongate_data_bytes_total", dir="out") == 0
+    # where only RDMA reaches it: never inline, never a copy on the daemon
+    out = t.ask("read %d" % t.segments[0])
+    assert out.startswith("err FAILED_PRECONDITION") and "the segment is GPU memory" in out, out
+    with mg.Client("unix:" + a.sock) as c:
+        seg = c.register("host", MiB)
+        out = i.ask("copy %d 4096" % seg.id)
+    assert out.startswith("err INVALID_ARGUMENT") and "GPU memory moves over RDMA only" in out
+    # the agent ends with its connection: its dma-buf registrations go with it
+    t.close()
+    with mg.Client("unix:" + b.sock) as c:
+        for _ in range(1200):
+            if not any(s.source == memory_pb2.DMABUF for s in c.segments()):
+                break
+            time.sleep(0.05)
+        assert not any(s.source == memory_pb2.DMABUF for s in c.segments())
+    assert "agent_ended" in b.read_log()
+    i.close()
+
+
+def test_refused_without_rdma_and_said_why(make_daemon, gpus):
+    # a daemon without RDMA devices cannot take GPU memory
+    plain = make_daemon()
+    with pytest.raises(RuntimeError, match="GPU memory moves over RDMA only, and this daemon has "
+                                           "no RDMA device"):
+        gpus(plain, "lonely")
+    # GPU memory here, a peer without RDMA: the request fails naming it, nothing moves
+    a, b = pair(make_daemon, b_flags=())
+    i = gpus(a, "prefill-0", remote=False)
+    with mg.Client("unix:" + b.sock) as c:
+        c.register_agent("host-t")
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        out = i.ask("put 127.0.0.1:%d %d 4096" % (c.describe_agent("host-t").port, buf.address))
+    assert out.startswith("err FAILED_PRECONDITION") and "moves over RDMA only" in out, out
+    assert b.metric("moongate_data_bytes_total", dir="in") == 0
+    i.close()
+
+
+def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):
+    d = make_daemon("--ibverbs-lib", EMU)
+    script = ("import os, sys; sys.path.insert(0, %r)\n"
+              "import moongate_client as mg\n"
+              "c = mg.Client('unix:' + %r)\n"
+              "try:\n"
+              "    c.register_vram(id(c), 4096)\n"
+              "except mg.Error as e:\n"
+              "    print(e.code.name, e.message)\n"
+              % (os.path.join(conftest.ROOT, "clients", "python"), d.sock))
+    run = subprocess.run([sys.executable, "-c", script], env=gpu_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert "FAILED_PRECONDITION" in run.stdout and "is not GPU memory the CUDA driver knows" \
+        in run.stdout, run.stdout + run.stderr
+    run = subprocess.run([sys.executable, "-c", script],
+                         env=gpu_env(MOONGATE_CUDA_LIB=str(tmp_path / "libcuda.so.1")),
+                         capture_output=True, text=True, timeout=60)
+    assert "no CUDA driver: " in run.stdout and "libcuda.so.1" in run.stdout, run.stdout
