@@ -5,6 +5,7 @@ Environment:
   MG_BUILD_DIR   build tree with the moongate and mgctl binaries (default: <repo>/build)
   MG_CERTS       directory made by certs/make-dev-certs.sh (default: made under the build tree)
 """
+import json
 import os
 import random
 import signal
@@ -290,3 +291,51 @@ def sanitizer_preload():
     opts = os.environ.get("ASAN_OPTIONS", "")
     return {"LD_PRELOAD": " ".join(libs),
             "ASAN_OPTIONS": (opts + ":" if opts else "") + "detect_leaks=0"}
+
+
+class Child:
+    """A helper process the tests drive by lines (agent_proc.py, mooncake/target.py,
+    gpu_proc.py, the C harness): it says where it is in one JSON line (its fields become
+    attributes), then answers one line per command on stdin."""
+
+    def __init__(self, argv, env=None):
+        self.p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.where()
+
+    def line(self, why):
+        out = self.p.stdout.readline()
+        if not out:
+            raise RuntimeError(why + self.p.stderr.read())
+        return out.strip()
+
+    def where(self):
+        self.__dict__.update(json.loads(self.line("%s failed: " % type(self).__name__)))
+
+    def ask(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+        return self.line("%s ended: " % type(self).__name__)
+
+    def close(self):
+        """Ends the process ("quit"); returns what it said on stderr."""
+        if self.p.poll() is None:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        self.p.wait(timeout=20)
+        return self.p.stderr.read()
+
+
+@pytest.fixture
+def children():
+    """make(cls, *args) starts a Child of class cls; every one still running is killed after."""
+    made = []
+
+    def make(cls, *a, **kw):
+        made.append(cls(*a, **kw))
+        return made[-1]
+    yield make
+    for c in made:
+        if c.p.poll() is None:
+            c.p.kill()
+        c.p.wait()

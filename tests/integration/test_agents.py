@@ -7,7 +7,6 @@ blocks, an agent on the same daemon (a copy), lookups (DescribeAgent, first addr
 ListAgents), a region registered again (new id, perhaps the same address) and a restarted peer
 (new epoch), an unknown agent, a duplicate name or port, another tenant's agent (NOT_FOUND,
 said as for none), and an agent whose connection drops while a transfer to it runs."""
-import json
 import os
 import subprocess
 import sys
@@ -26,64 +25,37 @@ MiB = 1 << 20
 HERE = os.path.dirname(__file__)
 
 
-class Agent:
-    """An agent process on daemon d."""
+class Agent(conftest.Child):
+    """An agent process on daemon d (agent_proc.py): .port, .address, .segment."""
 
     def __init__(self, d, name, port=0, size=MiB, token=None):
-        args = [sys.executable, os.path.join(HERE, "agent_proc.py"), d.sock, name, str(port),
-                str(size)] + ([token] if token else [])
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        self._where()
-
-    def _where(self):
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError("agent failed: " + self.p.stderr.read())
-        w = json.loads(line)
-        self.port, self.address, self.segment = w["port"], w["address"], w["segment"]
-
-    def _ask(self, text):
-        self.p.stdin.write(text + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
+        super().__init__([sys.executable, os.path.join(HERE, "agent_proc.py"), d.sock, name,
+                          str(port), str(size)] + ([token] if token else []))
 
     def dump(self, off, n):
-        return bytes.fromhex(self._ask("dump %d %d" % (off, n)))
+        return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
 
     def fill(self, off, data):
-        assert self._ask("fill %d %s" % (off, data.hex())) == "ok"
+        assert self.ask("fill %d %s" % (off, data.hex())) == "ok"
 
     def put(self, agent, addr, n, peer=""):
-        return self._ask("put %s %d %d %s" % (agent, addr, n, peer))
+        return self.ask("put %s %d %d %s" % (agent, addr, n, peer))
 
     def get(self, agent, addr, n, peer=""):
-        return self._ask("get %s %d %d %s" % (agent, addr, n, peer))
+        return self.ask("get %s %d %d %s" % (agent, addr, n, peer))
 
     def again(self):
         self.p.stdin.write("again\n")
         self.p.stdin.flush()
-        self._where()
+        self.where()
 
     def quit(self):
-        if self.p.poll() is None:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.flush()
-        self.p.wait(timeout=20)
+        self.close()
 
 
 @pytest.fixture
-def agents():
-    made = []
-
-    def make(*a, **kw):
-        made.append(Agent(*a, **kw))
-        return made[-1]
-    yield make
-    for ag in made:
-        if ag.p.poll() is None:
-            ag.p.kill()
-        ag.p.wait()
+def agents(children):
+    return lambda *a, **kw: children(Agent, *a, **kw)
 
 
 def client(d, **kw):

@@ -4,7 +4,6 @@ from the CUDA driver emulator (loaded as libcuda.so.1 would be), register it by 
 emulator move it device to device over RDMA, by (agent, address): not one byte over TCP. GPU
 memory is refused where only RDMA reaches it: a daemon without RDMA devices, a peer without
 RDMA, a copy on one daemon, ReadSegment; host memory and a missing driver are named."""
-import json
 import os
 import subprocess
 import sys
@@ -33,46 +32,18 @@ def gpu_env(**kw):
     return env
 
 
-class Gpu:
-    """A process with device memory registered on daemon d (gpu_proc.py)."""
+class Gpu(conftest.Child):
+    """A process with device memory registered on daemon d (gpu_proc.py): .port, .address,
+    .segments, .source, .location, .transports."""
 
     def __init__(self, d, name, size=MiB, remote=True, **env):
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock,
-                                   name, str(size), "1" if remote else "0"],
-                                  env=gpu_env(**env), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError("gpu process failed: " + self.p.stderr.read())
-        self.__dict__.update(json.loads(line))
-
-    def ask(self, text):
-        self.p.stdin.write(text + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError("gpu process ended: " + self.p.stderr.read())
-        return line.strip()
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.flush()
-        self.p.wait(timeout=20)
+        super().__init__([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock, name,
+                          str(size), "1" if remote else "0"], env=gpu_env(**env))
 
 
 @pytest.fixture
-def gpus():
-    made = []
-
-    def make(*a, **kw):
-        made.append(Gpu(*a, **kw))
-        return made[-1]
-    yield make
-    for g in made:
-        if g.p.poll() is None:
-            g.p.kill()
-        g.p.wait()
+def gpus(children):
+    return lambda *a, **kw: children(Gpu, *a, **kw)
 
 
 def pair(make_daemon, a_flags=("--ibverbs-lib", EMU), b_flags=("--ibverbs-lib", EMU)):

@@ -32,31 +32,15 @@ def env_for(d):
     return env
 
 
-class Target:
-    """A target process (argv) on daemon d: it says {"session", "address"} in one JSON line,
+class Target(conftest.Child):
+    """A target process (argv) on daemon d: it says {"session", "address", ...} in one JSON line,
     then answers "dump OFF LEN" in hex, its notifications as JSON, and "quit"."""
 
     def __init__(self, d, argv=None, notes="notifies"):
-        argv = argv or [sys.executable, os.path.join(HERE, "mooncake", "target.py"),
-                        "127.0.0.1", str(MiB)]
         self.notes = notes
-        self.p = subprocess.Popen(argv, env=env_for(d), text=True, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        w = json.loads(self._line("target failed: "))
-        assert w.get("rc", 0) == 0, w
-        self.session, self.address, self.shared = w["session"], w["address"], w.get("shared")
-        self.shared_kind = w.get("shared_kind")
-
-    def _line(self, why):
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(why + self.p.stderr.read())
-        return line.strip()
-
-    def ask(self, text):
-        self.p.stdin.write(text + "\n")
-        self.p.stdin.flush()
-        return self._line("target ended: ")
+        super().__init__(argv or [sys.executable, os.path.join(HERE, "mooncake", "target.py"),
+                                  "127.0.0.1", str(MiB)], env=env_for(d))
+        assert getattr(self, "rc", 0) == 0, self.__dict__
 
     def dump(self, off, n):
         return bytes.fromhex(self.ask("dump %d %d" % (off, n)))
@@ -64,27 +48,10 @@ class Target:
     def notifications(self):
         return json.loads(self.ask(self.notes))
 
-    def close(self):
-        """Ends the process; returns what it said on stderr."""
-        if self.p.poll() is None:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.flush()
-        self.p.wait(timeout=20)
-        return self.p.stderr.read()
-
 
 @pytest.fixture
-def target():
-    made = []
-
-    def make(*a, **kw):
-        made.append(Target(*a, **kw))
-        return made[-1]
-    yield make
-    for t in made:
-        if t.p.poll() is None:
-            t.p.kill()
-        t.p.wait()
+def target(children):
+    return lambda *a, **kw: children(Target, *a, **kw)
 
 
 def pair(make_daemon, *flags):

@@ -49,6 +49,21 @@ static void child_reason(const char *lib, const char *env, const char *value, ch
     waitpid(pid, NULL, 0);
 }
 
+/* This program again, in a process of its own with `flag`; its exit status (-1: it did not
+ * exit). */
+static int run_self(const char *flag)
+{
+    pid_t pid = fork();
+    int st = 0;
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_cuda", flag, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
 static int reason_main(char **argv)
 {
     char err[512] = "";
@@ -214,16 +229,7 @@ static void test_vram_export(void)
     CU_ASSERT_EQUAL(cu->cuMemFree(b), 0);
     child_reason(MG_CUDA_EMU, "MG_CUDA_EMU_DMABUF", "0", why, sizeof(why)); /* it opens */
     CU_ASSERT_STRING_EQUAL(why, "");
-    {
-        pid_t pid = fork();
-        int st = 0;
-        if (pid == 0) {
-            execl("/proc/self/exe", "test_cuda", "--no-dmabuf", (char *)NULL);
-            _exit(127);
-        }
-        waitpid(pid, &st, 0);
-        CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    CU_ASSERT_EQUAL(run_self("--no-dmabuf"), 0);
 }
 
 /* In a fresh process: a device without dma-buf support is said so by mg_vram_export. */
@@ -275,15 +281,7 @@ static int inject_main(void)
 
 static void test_injected_copy_error(void)
 {
-    pid_t pid = fork();
-    int st = 0;
-    if (pid == 0) {
-        execl("/proc/self/exe", "test_cuda", "--inject", (char *)NULL);
-        _exit(127);
-    }
-    CU_ASSERT_FATAL(pid > 0);
-    waitpid(pid, &st, 0);
-    CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CU_ASSERT_EQUAL(run_self("--inject"), 0);
 }
 
 int main(int argc, char **argv)
