@@ -209,10 +209,12 @@ static void req_transport(mg_batch_req *r)
 {
     mg_xfer_peer *p = r->peer;
     mg_remote_desc d;
+    int known;
     r->rdma = 0;
-    if (p->rdma_state != MG_PEER_RDMA_READY || p->rref == NULL || r->local_copy ||
-        mg_peer_cache_get(p->dir->cfg.descs, p->key, r->remote_segment, r->remote_lease, &d,
-                          NULL) != 0 ||
+    known = !r->local_copy && mg_peer_cache_get(p->dir->cfg.descs, p->key, r->remote_segment,
+                                                r->remote_lease, &d, NULL) == 0;
+    r->rdma_only = known && !(d.transports & (1u << MG_TRANSPORT_TCP));
+    if (p->rdma_state != MG_PEER_RDMA_READY || p->rref == NULL || !known ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
         return;
     for (unsigned k = 0; k < p->rref->n; k++) { /* connection k: our device k, the peer's k */
@@ -276,10 +278,14 @@ static void req_go(mg_batch_req *r)
         return;
     }
     req_transport(r);
-    if (!r->rdma && r->local && mg_segment_gpu(r->local)) { /* never a copy or TCP */
+    if (!r->rdma && (r->rdma_only || (r->local && mg_segment_gpu(r->local)))) { /* never TCP */
         mg_batch_req_end(r, MG_ERR_STATE,
-                         "the local memory is GPU memory, which moves over RDMA only, and there "
-                         "is no RDMA connection to this peer for it (ListPeers says why)");
+                         r->rdma_only ? "the target is GPU memory, which moves over RDMA only, "
+                                        "and there is no RDMA connection to this peer for it "
+                                        "(ListPeers says why)"
+                                      : "the local memory is GPU memory, which moves over RDMA "
+                                        "only, and there is no RDMA connection to this peer for "
+                                        "it (ListPeers says why)");
         return;
     }
     memcpy(r->token, p->token, sizeof(r->token));

@@ -445,11 +445,17 @@ typedef struct {
 
 void mg_peer_desc_of(const Moongate__V1__TargetDescriptor *d, mg_remote_desc *out)
 {
+    /* TCP unless the peer lists transports without it (GPU memory: RDMA only) */
     *out = (mg_remote_desc){.id = d->id,
                             .is_lease = d->is_lease,
                             .size = d->size,
                             .remote_accessible = d->remote_accessible,
                             .transports = 1u << MG_TRANSPORT_TCP};
+    for (size_t t = 0; t < d->n_transports; t++)
+        if (!strcmp(d->transports[t], "tcp"))
+            break;
+        else if (t + 1 == d->n_transports)
+            out->transports = 0;
     for (size_t t = 0; t < d->n_transports; t++) {
         if (!strcmp(d->transports[t], "rdma") && d->rdma_rkey) {
             out->transports |= 1u << MG_TRANSPORT_RDMA;

@@ -3,7 +3,8 @@ from the CUDA driver emulator (loaded as libcuda.so.1 would be), register it by 
 (Client.register_vram, the C library's mg_vram_export), and two daemons with the verbs
 emulator move it device to device over RDMA, by (agent, address): not one byte over TCP. GPU
 memory is refused where only RDMA reaches it: a daemon without RDMA devices, a peer without
-RDMA, a copy on one daemon, ReadSegment; host memory and a missing driver are named."""
+RDMA (either side), a copy on one daemon, ReadSegment; host memory and a missing driver are
+named."""
 import os
 import subprocess
 import sys
@@ -107,6 +108,20 @@ def test_refused_without_rdma_and_said_why(make_daemon, gpus):
     assert out.startswith("err FAILED_PRECONDITION") and "moves over RDMA only" in out, out
     assert b.metric("moongate_data_bytes_total", dir="in") == 0
     i.close()
+
+
+def test_a_gpu_target_without_rdma_is_refused_before_sending(make_daemon, gpus):
+    a, b = pair(make_daemon, a_flags=())  # the sender has no RDMA
+    t = gpus(b, "decode-0")
+    with mg.Client("unix:" + a.sock) as c:
+        buf = c.allocate_buffer(MiB)
+        with pytest.raises(mg.Error) as e:
+            c.transfer([mg.write(address=buf.address, agent="127.0.0.1:%d" % t.port,
+                                 remote_address=t.address, length=4096)])
+    assert e.value.code.name == "FAILED_PRECONDITION", e.value
+    assert "the target is GPU memory, which moves over RDMA only" in e.value.message
+    assert b.metric("moongate_data_bytes_total", dir="in") == 0  # nothing was sent
+    t.close()
 
 
 def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):

@@ -94,6 +94,7 @@ typedef struct mg_batch_req {
     /* Set when it starts, from its peer's session: copied so the worker reads nothing the loop
      * may change. RDMA: chosen when the queue pairs are ready and both sides are registered. */
     int rdma;
+    int rdma_only; /* the target is reached over RDMA only (GPU memory): never TCP */
     struct mg_rconn_ref *rref;
     uint32_t lkeys[MG_RDMA_MAX_DEVICES], rkeys[MG_RDMA_MAX_DEVICES]; /* per connection */
     uint64_t raddr; /* the remote range's first byte */
