@@ -125,6 +125,39 @@ int mg_memory_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
     return rc;
 }
 
+/* GPU memory lives as long as the connection that registered it (its agent's too): the device
+ * keeps a dma-buf's pages while the daemon holds it, so a caller that goes must not leave it. */
+typedef struct gpu_bind {
+    mg_conn_bind b;
+    mg_gateway *gw;
+    mg_proc proc;
+    uint64_t id;
+} gpu_bind;
+
+static void gpu_conn_closed(mg_conn_bind *b)
+{
+    gpu_bind *g = (gpu_bind *)b;
+    mg_memory_release(g->gw, &g->proc, &g->id, 1, "its connection closed");
+    free(g);
+}
+
+static void bind_gpu(mg_gateway *gw, mg_call *call, const mg_segment_info *info)
+{
+    gpu_bind *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        mg_warn("segment_bind_failed",
+                "id=%" PRIu64 " reason=\"out of memory: released only when unregistered\"",
+                info->id);
+        return;
+    }
+    g->b.closed = gpu_conn_closed;
+    g->gw = gw;
+    g->proc.pid = info->client_pid;
+    g->id = info->id;
+    if (mg_call_bind(call, &g->b) != 0)
+        gpu_conn_closed(&g->b); /* the caller is gone already */
+}
+
 /* A registration ended: answer the call, or undo it when the caller is gone. */
 static void registered(void *arg, mg_segment *seg, int result, const char *why)
 {
@@ -164,6 +197,8 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         resp.segment = &m.msg;
         mg_call_reply(j->call, &resp.base);
         mg_memory_watch_exit(gw, seg); /* a process's memory goes with its process */
+        if (info.source == MG_SEG_DMABUF)
+            bind_gpu(gw, j->call, &info);
         mg_info("segment_registered",
                 "id=%" PRIu64 " name=%s source=%s bytes=%" PRIu64 " locked=%d ms=%.3f", info.id,
                 info.name, source_names[info.source], info.size, info.locked,

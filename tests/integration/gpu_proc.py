@@ -10,7 +10,8 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
   copy SEG LEN          a copy on this daemon from its device memory to segment SEG (refused)
   quit
 
-Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1)   ($MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB)
+Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1)   (NAME "-": no agent; $MOONGATE_CUDA_LIB,
+$MOONGATE_CLIENT_LIB)
 """
 import ctypes
 import json
@@ -31,9 +32,9 @@ def main():
     assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuMemAlloc_v2(ctypes.byref(dptr), size) == 0
     d = dptr.value
     c = mg.Client("unix:" + sock)
-    info = c.register_agent(name)
+    port = c.register_agent(name).port if name != "-" else 0  # "-": no agent
     segs = c.register_vram(d, size, remote_accessible=remote)
-    print(json.dumps({"port": info.port, "address": d, "segments": [s.id for s in segs],
+    print(json.dumps({"port": port, "address": d, "segments": [s.id for s in segs],
                       "source": segs[0].source, "location": segs[0].location,
                       "transports": list(segs[0].transports)}), flush=True)
     for line in sys.stdin:

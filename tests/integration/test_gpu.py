@@ -124,6 +124,27 @@ def test_a_gpu_target_without_rdma_is_refused_before_sending(make_daemon, gpus):
     t.close()
 
 
+def gpu_segments(d):
+    with mg.Client("unix:" + d.sock) as c:
+        return [s.id for s in c.segments() if s.source == memory_pb2.DMABUF]
+
+
+def test_gpu_memory_goes_with_its_connection(make_daemon, gpus):
+    """No agent: the registering connection holds the dma-buf registrations; a process killed
+    with SIGKILL leaves none behind."""
+    d = make_daemon("--ibverbs-lib", EMU)
+    g = gpus(d, "-", size=3 * MiB)
+    assert sorted(gpu_segments(d)) == sorted(g.segments)
+    g.p.kill()
+    g.p.wait()
+    for _ in range(1200):
+        if not gpu_segments(d):
+            break
+        time.sleep(0.05)
+    assert gpu_segments(d) == []
+    assert 'reason="its connection closed"' in d.read_log()
+
+
 def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):
     d = make_daemon("--ibverbs-lib", EMU)
     script = ("import os, sys; sys.path.insert(0, %r)\n"
