@@ -126,6 +126,11 @@ typedef struct mg_buffer {
  * Returns 0 with *out set, or -1 with *status (a gRPC code) and err set; nothing is left then. */
 int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char *name,
                     mg_buffer *out, int *status, char *err, size_t errcap);
+struct Moongate__V1__RegisterRequest;
+/* RegisterSegment on c, blocking (as mg_client_call: not from c's callbacks). Returns 0 with the
+ * segment's *id, or -1 with *status (a gRPC code) and err. */
+int mg_client_register(mg_client *c, const struct Moongate__V1__RegisterRequest *req, uint64_t *id,
+                       int *status, char *err, size_t errcap);
 /* Unregisters and unmaps a buffer. Returns 0, or -1 with *status and err (the mapping is gone
  * either way; a segment the daemon still holds is unregistered by its id later). */
 int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap);

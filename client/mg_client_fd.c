@@ -103,22 +103,28 @@ static int register_buffer(mg_client *c, const char *name, uint64_t handle, size
                            size_t errcap)
 {
     Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
-    Moongate__V1__RegisterResponse *r;
-    uint8_t *buf, *resp = NULL;
-    size_t n, resp_len = 0;
     req.name = (char *)name;
     req.source = MOONGATE__V1__SEGMENT_SOURCE__FD;
     req.fd_handle = handle;
     req.size = size;
     req.remote_accessible = remote_accessible != 0;
     req.client_address = (uint64_t)(uintptr_t)addr;
-    n = moongate__v1__register_request__get_packed_size(&req);
+    return mg_client_register(c, &req, id, status, err, errcap);
+}
+
+int mg_client_register(mg_client *c, const Moongate__V1__RegisterRequest *req, uint64_t *id,
+                       int *status, char *err, size_t errcap)
+{
+    Moongate__V1__RegisterResponse *r;
+    uint8_t *buf, *resp = NULL;
+    size_t n, resp_len = 0;
+    n = moongate__v1__register_request__get_packed_size(req);
     if ((buf = malloc(n ? n : 1)) == NULL) {
         *status = MG_GRPC_RESOURCE_EXHAUSTED;
         snprintf(err, errcap, "out of memory");
         return -1;
     }
-    moongate__v1__register_request__pack(&req, buf);
+    moongate__v1__register_request__pack(req, buf);
     if (mg_client_call(c, "/moongate.v1.Memory/RegisterSegment", buf, n, 30000, &resp, &resp_len,
                        status, err, errcap) != 0) {
         *status = MG_GRPC_UNAVAILABLE;

@@ -3,9 +3,13 @@
  */
 #include "mg_vram.h"
 
+#include "mg_client.h"
 #include "mg_cuda.h"
 
+#include "moongate/v1/memory.pb-c.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 /* Device `dev` exports dma-bufs: 0, or -1 with err. */
@@ -91,4 +95,69 @@ fail:
     while (n > 0)
         close(out[--n].fd);
     return -1;
+}
+
+/* UnregisterSegment of the ids registered so far (a failed mg_vram_register's). */
+static void unregister_all(mg_client *c, const uint64_t *ids, int n)
+{
+    for (int k = 0; k < n; k++) {
+        Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+        uint8_t buf[16], *resp = NULL;
+        size_t len = 0;
+        int st;
+        char msg[128];
+        q.id = ids[k];
+        mg_client_call(c, "/moongate.v1.Memory/UnregisterSegment", buf,
+                       moongate__v1__unregister_request__pack(&q, buf), 30000, &resp, &len, &st,
+                       msg, sizeof(msg));
+        free(resp);
+    }
+}
+
+int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
+                     const char *name, uint64_t *ids, int cap, int *status, char *err,
+                     size_t errcap)
+{
+    mg_vram_piece pieces[64];
+    char sock[4200], names[160], location[24];
+    int n, k = 0;
+    *status = MG_GRPC_FAILED_PRECONDITION;
+    if (mg_fd_socket_of(mg_client_target(c), sock, sizeof(sock)) != 0) {
+        snprintf(err, errcap,
+                 "GPU memory is passed as dma-bufs on the daemon's Unix socket: "
+                 "connect to a unix:PATH target");
+        return -1;
+    }
+    if ((n = mg_vram_export(ptr, len, pieces, cap < 64 ? cap : 64, err, errcap)) < 0)
+        return -1;
+    for (; k < n; k++) {
+        Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
+        uint64_t handle, ttl;
+        if (name)
+            snprintf(names, sizeof(names), "%.120s-%d", name, k);
+        else
+            snprintf(names, sizeof(names), "vram-%d-%llx-%d", (int)getpid(),
+                     (unsigned long long)ptr, k);
+        snprintf(location, sizeof(location), "cuda:%d", pieces[k].device);
+        if (mg_fd_pass(sock, pieces[k].fd, mg_client_token(c), &handle, &ttl, status, err,
+                       errcap) != 0)
+            break;
+        req.name = names;
+        req.source = MOONGATE__V1__SEGMENT_SOURCE__DMABUF;
+        req.fd_handle = handle;
+        req.size = pieces[k].size;
+        req.client_address = pieces[k].address;
+        req.location = location;
+        req.remote_accessible = remote_accessible != 0;
+        if (mg_client_register(c, &req, &ids[k], status, err, errcap) != 0)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        close(pieces[i].fd); /* passed: the daemon has its own */
+    if (k < n) {
+        unregister_all(c, ids, k);
+        return -1;
+    }
+    *status = MG_GRPC_OK;
+    return n;
 }

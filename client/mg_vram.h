@@ -25,4 +25,16 @@ typedef struct mg_vram_piece {
 int mg_vram_export(uintptr_t ptr, size_t len, mg_vram_piece *out, int cap, char *err,
                    size_t errcap);
 
+typedef struct mg_client mg_client;
+
+/* Registers device memory [ptr, ptr + len) with the daemon of c (a "unix:" target, used as
+ * mg_client_call does): its dma-bufs (mg_vram_export) passed on the fd socket and registered
+ * (source DMABUF, location "cuda:N", the piece's address), remote-accessible if asked, named
+ * name-K (NULL: "vram-PID-ADDR-K"). The registrations live as long as c's connection (or its
+ * agent). Returns how many segments (their ids in ids[0..n), at most cap), or -1 with *status
+ * (a gRPC code) and err; nothing stays registered on -1. */
+int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
+                     const char *name, uint64_t *ids, int cap, int *status, char *err,
+                     size_t errcap);
+
 #endif

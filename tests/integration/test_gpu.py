@@ -145,6 +145,27 @@ def test_gpu_memory_goes_with_its_connection(make_daemon, gpus):
     assert 'reason="its connection closed"' in d.read_log()
 
 
+def test_from_c(make_daemon):
+    """client/example_vram.c: device memory registered with mg_vram_register, gone with the
+    connection; refused by a daemon without RDMA, with the reason."""
+    d = make_daemon("--ibverbs-lib", EMU)
+    exe = os.path.join(conftest.BUILD, "example_vram")
+    run = subprocess.run([exe, "unix:" + d.sock, str(3 * MiB + 5)], env=gpu_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.startswith("ok vram 0x"), run.stderr
+    assert ": 1 segment(s) " in run.stdout
+    for _ in range(1200):
+        if not gpu_segments(d):
+            break
+        time.sleep(0.05)
+    assert gpu_segments(d) == []
+    plain = make_daemon()
+    run = subprocess.run([exe, "unix:" + plain.sock, "4096"], env=gpu_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 1 and "no RDMA device" in run.stderr, run.stderr
+    assert "(FAILED_PRECONDITION)" in run.stderr
+
+
 def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):
     d = make_daemon("--ibverbs-lib", EMU)
     script = ("import os, sys; sys.path.insert(0, %r)\n"
