@@ -110,6 +110,10 @@ class BufferPool:
         self.close()
 
     def _mapping(self, path):
+        with self._cv:  # threads acquiring at once map the pool file once
+            return self._mapping_locked(path)
+
+    def _mapping_locked(self, path):
         ent = self._maps.get(path)
         if ent is None:
             fd = os.open(path, os.O_RDWR)
