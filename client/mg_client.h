@@ -131,6 +131,8 @@ struct Moongate__V1__RegisterRequest;
  * segment's *id, or -1 with *status (a gRPC code) and err. */
 int mg_client_register(mg_client *c, const struct Moongate__V1__RegisterRequest *req, uint64_t *id,
                        int *status, char *err, size_t errcap);
+/* UnregisterSegment of segment id on c, blocking. Returns 0, or -1 with *status and err. */
+int mg_client_unregister(mg_client *c, uint64_t id, int *status, char *err, size_t errcap);
 /* Unregisters and unmaps a buffer. Returns 0, or -1 with *status and err (the mapping is gone
  * either way; a segment the daemon still holds is unregistered by its id later). */
 int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap);

@@ -187,21 +187,27 @@ int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char
     return 0;
 }
 
-int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap)
+int mg_client_unregister(mg_client *c, uint64_t id, int *status, char *err, size_t errcap)
 {
     Moongate__V1__UnregisterRequest req = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
     uint8_t buf[16], *resp = NULL;
     size_t n, resp_len = 0;
     int rc;
-    req.id = b->segment_id;
+    req.id = id;
     n = moongate__v1__unregister_request__pack(&req, buf);
     rc = mg_client_call(c, "/moongate.v1.Memory/UnregisterSegment", buf, n, 30000, &resp, &resp_len,
                         status, err, errcap);
     free(resp);
-    if (b->addr)
-        munmap(b->addr, b->size);
-    b->addr = NULL;
     if (rc != 0)
         *status = MG_GRPC_UNAVAILABLE;
     return rc != 0 || *status != MG_GRPC_OK ? -1 : 0;
+}
+
+int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap)
+{
+    int rc = mg_client_unregister(c, b->segment_id, status, err, errcap);
+    if (b->addr)
+        munmap(b->addr, b->size);
+    b->addr = NULL;
+    return rc;
 }

@@ -97,23 +97,6 @@ fail:
     return -1;
 }
 
-/* UnregisterSegment of the ids registered so far (a failed mg_vram_register's). */
-static void unregister_all(mg_client *c, const uint64_t *ids, int n)
-{
-    for (int k = 0; k < n; k++) {
-        Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
-        uint8_t buf[16], *resp = NULL;
-        size_t len = 0;
-        int st;
-        char msg[128];
-        q.id = ids[k];
-        mg_client_call(c, "/moongate.v1.Memory/UnregisterSegment", buf,
-                       moongate__v1__unregister_request__pack(&q, buf), 30000, &resp, &len, &st,
-                       msg, sizeof(msg));
-        free(resp);
-    }
-}
-
 int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
                      const char *name, uint64_t *ids, int cap, int *status, char *err,
                      size_t errcap)
@@ -154,8 +137,12 @@ int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessi
     }
     for (int i = 0; i < n; i++)
         close(pieces[i].fd); /* passed: the daemon has its own */
-    if (k < n) {
-        unregister_all(c, ids, k);
+    if (k < n) {             /* nothing stays: the pieces registered so far go */
+        for (int i = 0; i < k; i++) {
+            int st;
+            char msg[128];
+            mg_client_unregister(c, ids[i], &st, msg, sizeof(msg));
+        }
         return -1;
     }
     *status = MG_GRPC_OK;

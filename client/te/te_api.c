@@ -4,6 +4,8 @@
  */
 #include "te_internal.h"
 
+#include "mg_addr.h"
+
 #include "moongate/v1/agent.pb-c.h"
 #include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
@@ -42,26 +44,6 @@ static void token_of_env(te_engine *e)
     fclose(f);
 }
 
-/* host and port of "host:port" or "[v6]:port" (port 0 when there is none). */
-static void split_host_port(const char *s, char *host, size_t cap, uint64_t *port)
-{
-    const char *colon = strrchr(s, ':');
-    *port = 0;
-    if (s[0] == '[' && strchr(s, ']') != NULL) {
-        const char *end = strchr(s, ']');
-        snprintf(host, cap, "%.*s", (int)(end - s - 1), s + 1);
-        if (end[1] == ':')
-            *port = strtoull(end + 2, NULL, 10);
-        return;
-    }
-    if (colon != NULL && strchr(s, ':') == colon && colon[1] >= '0' && colon[1] <= '9') {
-        snprintf(host, cap, "%.*s", (int)(colon - s), s);
-        *port = strtoull(colon + 1, NULL, 10);
-        return;
-    }
-    snprintf(host, cap, "%s", s);
-}
-
 static int register_agent(te_engine *e, uint64_t port)
 {
     Moongate__V1__RegisterAgentRequest q = MOONGATE__V1__REGISTER_AGENT_REQUEST__INIT;
@@ -98,13 +80,17 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
     const char *conn = metadata_conn_string ? metadata_conn_string : "";
     const char *local = local_server_name ? local_server_name : "";
     uint64_t port = 0;
+    int lport = 0;
     if (e == NULL)
         return NULL;
     e->efd = -1;
     snprintf(e->target, sizeof(e->target), "unix:%s",
              sock && *sock ? sock : "/run/moongate/moongate.sock");
     token_of_env(e);
-    split_host_port(local, e->host, sizeof(e->host), &port);
+    if (mg_split_host_port(local, e->host, sizeof(e->host), &lport) == 0)
+        port = (uint64_t)lport; /* "host:port", else a name alone */
+    else
+        snprintf(e->host, sizeof(e->host), "%s", local);
     if (ip_or_host_name != NULL && *ip_or_host_name)
         snprintf(e->host, sizeof(e->host), "%s", ip_or_host_name);
     if (e->host[0] == '\0' && gethostname(e->host, sizeof(e->host) - 1) != 0)

@@ -232,19 +232,29 @@ static void test_vram_export(void)
     CU_ASSERT_EQUAL(run_self("--no-dmabuf"), 0);
 }
 
-/* In a fresh process: a device without dma-buf support is said so by mg_vram_export. */
-static int no_dmabuf_main(void)
+/* In a fresh process: the emulator opened with env=value, device 0's context current and
+ * 4096 bytes of its memory at *d; NULL when any of it failed. */
+static const mg_cuda *fresh_emu(const char *env, const char *value, mg_cu_ptr *d)
 {
     char err[256];
     const mg_cuda *c;
     mg_cu_context ctx;
-    mg_cu_ptr d;
-    mg_vram_piece p;
     setenv("MOONGATE_CUDA_LIB", MG_CUDA_EMU, 1);
-    setenv("MG_CUDA_EMU_DMABUF", "0", 1);
+    setenv(env, value, 1);
     c = mg_cuda_get(err, sizeof(err));
     if (c == NULL || c->cuDevicePrimaryCtxRetain(&ctx, 0) || c->cuCtxSetCurrent(ctx) ||
-        c->cuMemAlloc(&d, 4096))
+        c->cuMemAlloc(d, 4096))
+        return NULL;
+    return c;
+}
+
+/* In a fresh process: a device without dma-buf support is said so by mg_vram_export. */
+static int no_dmabuf_main(void)
+{
+    char err[256];
+    mg_cu_ptr d;
+    mg_vram_piece p;
+    if (fresh_emu("MG_CUDA_EMU_DMABUF", "0", &d) == NULL)
         return 2;
     if (mg_vram_export((uintptr_t)d, 4096, &p, 1, err, sizeof(err)) != -1)
         return 3;
@@ -258,16 +268,11 @@ static int no_dmabuf_main(void)
  * once. */
 static int inject_main(void)
 {
-    char err[256], text[256], b[8] = {0};
-    const mg_cuda *c;
-    mg_cu_context ctx;
+    char text[256], b[8] = {0};
     mg_cu_ptr d;
     mg_cu_stream s;
-    setenv("MOONGATE_CUDA_LIB", MG_CUDA_EMU, 1);
-    setenv("MG_CUDA_EMU_FAIL", "copy:2", 1);
-    c = mg_cuda_get(err, sizeof(err));
-    if (c == NULL || c->cuDevicePrimaryCtxRetain(&ctx, 0) || c->cuCtxSetCurrent(ctx) ||
-        c->cuMemAlloc(&d, 4096) || c->cuStreamCreate(&s, 0))
+    const mg_cuda *c = fresh_emu("MG_CUDA_EMU_FAIL", "copy:2", &d);
+    if (c == NULL || c->cuStreamCreate(&s, 0))
         return 2;
     if (c->cuMemcpyHtoDAsync(d, b, 8, s) || c->cuStreamSynchronize(s)) /* copy 1 */
         return 3;
