@@ -74,6 +74,7 @@ struct mg_client {
      * mg_client_del(): the client is then only marked and freed as the outermost returns. */
     int in_cb;
     int doomed;
+    int owns_base; /* made by mg_client_open: its base goes with it */
 };
 
 static void client_fail(mg_client *c, const char *why);
@@ -949,6 +950,36 @@ int mg_client_unary(const mg_client_options *opts, const char *path, const uint8
     event_base_free(base);
     *message = strdup(msg);
     return 0;
+}
+
+mg_client *mg_client_open(const char *target, const char *token, char *err, size_t errcap)
+{
+    mg_client_options o = {.target = target, .token = token};
+    struct event_base *base = event_base_new();
+    mg_client *c;
+    if (base == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return NULL;
+    }
+    if (mg_client_new(&c, base, &o, err, errcap) != 0) {
+        event_base_free(base);
+        return NULL;
+    }
+    c->owns_base = 1;
+    return c;
+}
+
+void mg_client_close(mg_client *c)
+{
+    struct event_base *base;
+    if (c == NULL)
+        return;
+    base = c->owns_base ? c->base : NULL;
+    mg_client_del(c);
+    if (base) { /* deferred bufferevent callbacks run, so the connection is released */
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_free(base);
+    }
 }
 
 const char *mg_client_target(const mg_client *c)

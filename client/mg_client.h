@@ -108,6 +108,13 @@ int mg_fd_socket_of(const char *target, char *out, size_t cap);
 int mg_fd_pass(const char *fd_socket, int fd, const char *token, uint64_t *handle, uint64_t *ttl_ms,
                int *status, char *err, size_t errcap);
 
+/* A client with a loop of its own, for blocking calls (mg_client_call, mg_vram_move) from one
+ * thread at a time: for programs and bindings (Python's ctypes) without a libevent base. h2c or
+ * "unix:" targets; token NULL for none. NULL with err set when it cannot connect. */
+mg_client *mg_client_open(const char *target, const char *token, char *err, size_t errcap);
+/* Closes a client of mg_client_open (its loop with it). Accepts NULL. */
+void mg_client_close(mg_client *c);
+
 /* The target a client was made for ("unix:/path", "host:port"), and its bearer token or NULL. */
 const char *mg_client_target(const mg_client *c);
 const char *mg_client_token(const mg_client *c);

@@ -37,4 +37,55 @@ int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessi
                      const char *name, uint64_t *ids, int cap, int *status, char *err,
                      size_t errcap);
 
+/* ---- moving GPU memory: by dma-buf over RDMA, or staged through leases ---- */
+
+enum {
+    MG_VRAM_AUTO = 0,   /* dma-buf when this daemon has RDMA devices and the range is
+                         * registered (mg_vram_register); else, and when that is refused before
+                         * a byte moves, staged (the result says why) */
+    MG_VRAM_STAGED = 1, /* through leased host buffers, over any transport */
+    MG_VRAM_DMABUF = 2, /* by the range's dma-buf registration only (RDMA) */
+};
+
+typedef struct mg_vram_move_args {
+    int write;     /* 1: WRITE device memory -> target; 0: READ target -> device */
+    uintptr_t ptr; /* device memory of this process, any alignment */
+    size_t len;
+    const char *peer;        /* the target's daemon "host:port"; NULL or "": this daemon */
+    uint64_t remote_segment; /* the target: a segment, a lease, or an agent's address */
+    uint64_t remote_lease;
+    const char *remote_agent;
+    uint64_t remote_address;
+    uint64_t remote_offset; /* added to the target's start */
+    void *stream;           /* a CUstream the copies go on, after the work queued there; NULL:
+                             * one of the library's own */
+    size_t chunk;           /* staged bytes per step (0: a quarter of len, 1 to 16 MiB); shrinks
+                             * to what the pool holds */
+    uint32_t timeout_ms;    /* the whole move, waits for a busy pool included; 0: 60 s */
+    int path;               /* MG_VRAM_AUTO, MG_VRAM_STAGED or MG_VRAM_DMABUF */
+} mg_vram_move_args;
+
+typedef struct mg_vram_move_result {
+    const char *path; /* "staged" or "rdma-dmabuf": how the bytes went (the batches' tag) */
+    uint64_t bytes;   /* moved */
+    uint64_t chunk;   /* staged: bytes per step */
+    uint32_t chunks;  /* staged: steps, one batch each */
+    int buffers;      /* staged: leases in turn (up to 4; fewer when the pool had no room) */
+    int bounce;       /* staged: 1 when the pool's mapping could not be pinned
+                       * (cuMemHostRegister) and a private pinned buffer was copied through */
+    char pool[64];    /* staged: the pool leased from */
+    char why[256];    /* MG_VRAM_AUTO that staged: why not by dma-buf */
+} mg_vram_move_result;
+
+/* Moves [ptr, ptr + len) of device memory to (write) or from the target over c (used as
+ * mg_client_call: not from its callbacks), in the context that owns ptr, and waits for the end.
+ * Staged: up to four leases of this daemon's pool (its file mapped and pinned once per process;
+ * the chunk shrinks so that four fit the pool, or fewer in turn), each step one batch tagged
+ * "staged", several on the wire at once while the device copy of the next runs. The leases are
+ * released on every path. Returns 0 with *r set, or -1 with *status (a gRPC code) and err: the
+ * daemon's refusal, the pool (RESOURCE_EXHAUSTED naming it when it cannot hold a page), or the CUDA
+ * error of a copy (INTERNAL, "cuMemcpy...: CUDA_ERROR_..."); r->bytes then says what had moved. */
+int mg_vram_move(mg_client *c, const mg_vram_move_args *a, mg_vram_move_result *r, int *status,
+                 char *err, size_t errcap);
+
 #endif

@@ -7,6 +7,7 @@
  *   mgbench [--target ADDR] [--tls|--plaintext] [--ca FILE] [--conns C] [--streams M]
  *           [--requests N] [--method /pkg.Service/Method] [--json]
  *   mgbench transfer ...   (transfers between two daemons: mgbench_transfer.c)
+ *   mgbench vram ...       (GPU memory moved through moongate: mgbench_vram.c)
  *
  * The request is an empty message (Health/Check asks for the daemon's own status). Exit status
  * 0 when every call ended OK, 1 otherwise, 64 for usage errors.
@@ -125,7 +126,8 @@ static void usage(FILE *f)
                "               [--streams M] [--requests N] [--method PATH] [--json]\n"
                "Defaults: unix:/run/moongate/moongate.sock, 4 connections, 32 streams each,\n"
                "100000 requests, /grpc.health.v1.Health/Check.\n"
-               "       mgbench transfer --help   (transfers between two daemons)\n");
+               "       mgbench transfer --help   (transfers between two daemons)\n"
+               "       mgbench vram --help       (GPU memory moved through moongate)\n");
 }
 
 int main(int argc, char **argv)
@@ -139,6 +141,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     if (argc > 1 && !strcmp(argv[1], "transfer"))
         return mgbench_transfer_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "vram"))
+        return mgbench_vram_main(argc - 1, argv + 1);
     memset(&b, 0, sizeof(b));
     memset(&o, 0, sizeof(o));
     o.target =

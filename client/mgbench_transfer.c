@@ -322,8 +322,7 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
     return failed;
 }
 
-/* Registers a segment of `bytes` on target; returns its id or 0. */
-static uint64_t register_segment(const char *target, const char *name, uint64_t bytes, int remote)
+uint64_t mgbench_register_segment(const char *target, const char *name, uint64_t bytes, int remote)
 {
     Moongate__V1__RegisterRequest rr = MOONGATE__V1__REGISTER_REQUEST__INIT;
     Moongate__V1__RegisterResponse *resp;
@@ -353,7 +352,7 @@ out:
     return id;
 }
 
-static void unregister_segment(const char *target, uint64_t id)
+void mgbench_unregister_segment(const char *target, uint64_t id)
 {
     Moongate__V1__UnregisterRequest ur = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
     call_rec r;
@@ -368,7 +367,7 @@ static void unregister_segment(const char *target, uint64_t id)
     conn_close(&k);
 }
 
-static int parse_size(const char *s, uint64_t *out)
+int mgbench_parse_size(const char *s, uint64_t *out)
 {
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
@@ -394,7 +393,7 @@ static int parse_list(const char *s, uint64_t *out, int max)
     int n = 0;
     snprintf(buf, sizeof(buf), "%s", s);
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == max || parse_size(tok, &out[n]) != 0)
+        if (n == max || mgbench_parse_size(tok, &out[n]) != 0)
             return -1;
         n++;
     }
@@ -440,9 +439,9 @@ int mgbench_transfer_main(int argc, char **argv)
             do_write = strstr(v, "write") != NULL;
             do_read = strstr(v, "read") != NULL;
             i++;
-        } else if (v && !strcmp(a, "--bytes") && parse_size(v, &s.bytes) == 0) {
+        } else if (v && !strcmp(a, "--bytes") && mgbench_parse_size(v, &s.bytes) == 0) {
             i++;
-        } else if (v && !strcmp(a, "--big") && parse_size(v, &big) == 0) {
+        } else if (v && !strcmp(a, "--big") && mgbench_parse_size(v, &big) == 0) {
             i++;
         } else if (v && !strcmp(a, "--threads")) {
             s.threads = (unsigned)strtoul(v, NULL, 10), i++;
@@ -474,11 +473,11 @@ int mgbench_transfer_main(int argc, char **argv)
     }
     snprintf(local_name, sizeof(local_name), "mgbench-local-%d", (int)getpid());
     snprintf(remote_name, sizeof(remote_name), "mgbench-remote-%d", (int)getpid());
-    s.local_id = register_segment(s.target, local_name, s.seg_bytes, 0);
-    s.remote_id = s.local_id ? register_segment(s.peer, remote_name, s.seg_bytes, 1) : 0;
+    s.local_id = mgbench_register_segment(s.target, local_name, s.seg_bytes, 0);
+    s.remote_id = s.local_id ? mgbench_register_segment(s.peer, remote_name, s.seg_bytes, 1) : 0;
     if (s.remote_id == 0) {
         if (s.local_id)
-            unregister_segment(s.target, s.local_id);
+            mgbench_unregister_segment(s.target, s.local_id);
         return 1;
     }
     for (int op = 0; op < 2; op++) {
@@ -495,7 +494,7 @@ int mgbench_transfer_main(int argc, char **argv)
             rc |= run(&one, write, big, 1, 3);
         }
     }
-    unregister_segment(s.target, s.local_id);
-    unregister_segment(s.peer, s.remote_id);
+    mgbench_unregister_segment(s.target, s.local_id);
+    mgbench_unregister_segment(s.peer, s.remote_id);
     return rc ? 1 : 0;
 }

@@ -16,6 +16,21 @@ const char *mg_batch_transport_name(mg_batch_transport t)
     return (unsigned)t < 5 ? transport_names[t] : "";
 }
 
+static const char *const tag_names[MG_TAG_COUNT] = {"", "staged", "rdma-dmabuf"};
+
+const char *mg_batch_tag_name(mg_batch_tag t)
+{
+    return (unsigned)t < MG_TAG_COUNT ? tag_names[t] : "";
+}
+
+int mg_batch_tag_parse(const char *name)
+{
+    for (int t = 0; t < MG_TAG_COUNT; t++)
+        if (strcmp(name, tag_names[t]) == 0)
+            return t;
+    return -1;
+}
+
 int mg_batches_new(mg_batches **out, const mg_batches_config *cfg)
 {
     mg_batches *s;

@@ -403,6 +403,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     uint32_t uid;
     mg_proc proc;
     long count;
+    int tag;
     char holder[MG_SEG_HOLDER_MAX];
 
     if (ts == NULL || mg_engine_registry(gw->engine) == NULL) {
@@ -414,6 +415,11 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     if (strlen(req->request_id) > MG_BATCH_REQUEST_ID_MAX) {
         mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes",
                      MG_BATCH_REQUEST_ID_MAX);
+        return;
+    }
+    if ((tag = mg_batch_tag_parse(req->tag)) < 0) {
+        mg_call_fail(call, MG_ERR_INVALID,
+                     "tag \"%.64s\" is none of \"\", \"staged\" and \"rdma-dmabuf\"", req->tag);
         return;
     }
     if (submit_retry(call, ts, req) || notify_check(call, req) != 0 || quota_check(call, ts) != 0)
@@ -443,6 +449,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
     b->conn = mg_call_conn_id(call);
     b->wait = req->wait;
+    b->tag = (mg_batch_tag)tag;
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (mg_xfer_agents_resolve(call, b, submit_checked) == 0)
         submit_checked(call, b);

@@ -42,8 +42,9 @@ static inline batch_front *front_of(const mg_batch *b)
 
 /* What /metrics counts of transfers. */
 typedef struct mg_transfer_stats {
-    uint64_t requests[2][2]; /* [op: 0 read, 1 write][0 done, 1 failed] */
-    uint64_t bytes[2];       /* moved, by op */
+    uint64_t requests[2][2];             /* [op: 0 read, 1 write][0 done, 1 failed] */
+    uint64_t bytes[2];                   /* moved, by op */
+    uint64_t tagged[MG_TAG_COUNT][2][2]; /* [SubmitRequest.tag][op][0 requests, 1 bytes] done */
     uint64_t failed_by_code[MG_GRPC_CODE_COUNT];
     uint64_t in_flight;   /* requests submitted and not ended */
     uint64_t buckets[12]; /* seconds from submit to end (mg_metrics_render_seconds) */

@@ -66,6 +66,7 @@ static int batch_msg_fill(batch_msg *m, const mg_batch *b)
         m->ptrs[i] = &m->st[i];
     }
     m->msg.id = b->id;
+    m->msg.tag = (char *)mg_batch_tag_name(b->tag);
     m->msg.done = (uint32_t)b->counts.done;
     m->msg.failed = (uint32_t)b->counts.failed;
     m->msg.state = (Moongate__V1__RequestState)mg_batch_state(&b->counts);
@@ -452,6 +453,8 @@ void mg_xfer_svc_count(struct mg_transfer_svc *ts, const mg_batch_req *r)
         s->failed_by_code[mg_err_grpc(err)]++;
     else
         s->bytes[r->write != 0] += r->length;
+    s->tagged[r->b->tag][r->write != 0][0] += err == 0;
+    s->tagged[r->b->tag][r->write != 0][1] += err ? 0 : r->length;
     if (s->in_flight)
         s->in_flight--;
     s->ended++;
@@ -499,6 +502,23 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",
                                 mg_grpc_code_name(c), (unsigned long long)s->failed_by_code[c]);
     }
+    evbuffer_add_printf(out, "# HELP moongate_transfer_tagged_bytes_total Bytes moved by "
+                             "completed requests of batches the client library tagged (staged: GPU "
+                             "memory through leases; rdma-dmabuf: GPU memory by dma-buf), by op.\n"
+                             "# TYPE moongate_transfer_tagged_bytes_total counter\n");
+    for (int t = 1; t < MG_TAG_COUNT; t++)
+        for (int o = 0; o < 2; o++)
+            evbuffer_add_printf(
+                out, "moongate_transfer_tagged_bytes_total{tag=\"%s\",op=\"%s\"} %llu\n",
+                mg_batch_tag_name(t), ops[o], (unsigned long long)s->tagged[t][o][1]);
+    evbuffer_add_printf(out, "# HELP moongate_transfer_tagged_requests_total Completed requests "
+                             "of tagged batches, by tag and op.\n"
+                             "# TYPE moongate_transfer_tagged_requests_total counter\n");
+    for (int t = 1; t < MG_TAG_COUNT; t++)
+        for (int o = 0; o < 2; o++)
+            evbuffer_add_printf(
+                out, "moongate_transfer_tagged_requests_total{tag=\"%s\",op=\"%s\"} %llu\n",
+                mg_batch_tag_name(t), ops[o], (unsigned long long)s->tagged[t][o][0]);
     mg_metrics_render_seconds(out, "moongate_transfer_seconds",
                               "Time from a batch's submit to the end of each of its requests.",
                               s->buckets, s->ended, s->seconds_sum);

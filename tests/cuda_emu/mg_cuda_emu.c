@@ -14,8 +14,9 @@
  *             where only it looks, and copies go through that mapping.
  *   copies    real memcpy, on a thread per stream in the order they were queued (the legacy
  *             default stream, 0, has one too); events complete in order with the stream;
- *             a copy's error is reported by the stream's next synchronization, as the driver's
- *             asynchronous errors are
+ *             a copy's error is reported by the stream's next synchronization and by the
+ *             events recorded after it, as the driver's asynchronous errors are (it is not
+ *             sticky: the stream's synchronization clears it)
  *   dma-buf   cuMemGetHandleForAddressRange(DMA_BUF_FD) of a page-aligned range inside one
  *             allocation: a new descriptor of the allocation's memfd opened read-only (a daemon
  *             that tried to map it for writing would fail), its file position set to the range's
@@ -133,6 +134,7 @@ struct emu_stream {
 
 struct emu_event {
     int recorded, done;
+    CUresult error; /* its stream's copy error when it completed */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -217,6 +219,7 @@ static void run_op(struct emu_stream *s, op *o)
     } else {
         pthread_mutex_lock(&lock);
         o->ev->done = 1;
+        o->ev->error = s->error;
         pthread_cond_broadcast(&done_cv);
         pthread_mutex_unlock(&lock);
     }
@@ -729,6 +732,7 @@ EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
     pthread_mutex_lock(&lock);
     ev->recorded = 1;
     ev->done = 0;
+    ev->error = CUDA_SUCCESS;
     pthread_mutex_unlock(&lock);
     o = calloc(1, sizeof(*o));
     if (o != NULL)
@@ -751,9 +755,11 @@ EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
     if (ev == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc;
     pthread_mutex_lock(&lock);
     while (ev->recorded && !ev->done)
         pthread_cond_wait(&done_cv, &lock);
+    rc = ev->recorded ? ev->error : CUDA_SUCCESS;
     pthread_mutex_unlock(&lock);
-    return CUDA_SUCCESS;
+    return rc;
 }

@@ -8,10 +8,14 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
   get AGENT ADDR LEN    READs them from there into its device memory
   read ID               ReadSegment of its registration (refused: GPU memory)
   copy SEG LEN          a copy on this daemon from its device memory to segment SEG (refused)
+  move W|R OFF LEN PEER SEG PATH CHUNK
+                        Client.move_vram of its device memory [OFF, OFF + LEN) to (W) or from
+                        (R) segment SEG of PEER ("-": this daemon), by PATH (auto, staged,
+                        dmabuf): "ok JSON" (the VramMove) or "err CODE MESSAGE"
   quit
 
-Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1)   (NAME "-": no agent; $MOONGATE_CUDA_LIB,
-$MOONGATE_CLIENT_LIB)
+Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none)   (NAME "-": no agent; REMOTE none: the
+memory is not registered; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB)
 """
 import ctypes
 import json
@@ -25,7 +29,7 @@ import moongate_client as mg  # noqa: E402
 
 
 def main():
-    sock, name, size, remote = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+    sock, name, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cu = ctypes.CDLL(os.environ["MOONGATE_CUDA_LIB"])
     ctx, dptr = ctypes.c_void_p(), ctypes.c_uint64()
     assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
@@ -33,10 +37,13 @@ def main():
     d = dptr.value
     c = mg.Client("unix:" + sock)
     port = c.register_agent(name).port if name != "-" else 0  # "-": no agent
-    segs = c.register_vram(d, size, remote_accessible=remote)
+    segs = []
+    if sys.argv[4] != "none":
+        segs = c.register_vram(d, size, remote_accessible=sys.argv[4] == "1")
     print(json.dumps({"port": port, "address": d, "segments": [s.id for s in segs],
-                      "source": segs[0].source, "location": segs[0].location,
-                      "transports": list(segs[0].transports)}), flush=True)
+                      "source": segs[0].source if segs else 0,
+                      "location": segs[0].location if segs else "",
+                      "transports": list(segs[0].transports) if segs else []}), flush=True)
     for line in sys.stdin:
         cmd = line.split()
         try:
@@ -66,6 +73,11 @@ def main():
                 c.transfer([mg.write(address=d, peer="", remote_segment=int(cmd[1]),
                                      length=int(cmd[2]))])
                 print("ok", flush=True)
+            elif cmd[0] == "move":
+                m = c.move_vram(cmd[1] == "W", d + int(cmd[2]), int(cmd[3]),
+                                peer="" if cmd[4] == "-" else cmd[4], remote_segment=int(cmd[5]),
+                                path=cmd[6], chunk=int(cmd[7]))
+                print("ok " + json.dumps(m._asdict()), flush=True)
             elif cmd[0] == "quit":
                 break
         except mg.Error as e:

@@ -5,6 +5,7 @@ emulator move it device to device over RDMA, by (agent, address): not one byte o
 memory is refused where only RDMA reaches it: a daemon without RDMA devices, a peer without
 RDMA (either side), a copy on one daemon, ReadSegment; host memory and a missing driver are
 named."""
+import json
 import os
 import subprocess
 import sys
@@ -39,7 +40,16 @@ class Gpu(conftest.Child):
 
     def __init__(self, d, name, size=MiB, remote=True, **env):
         super().__init__([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock, name,
-                          str(size), "1" if remote else "0"], env=gpu_env(**env))
+                          str(size), "none" if remote is None else "1" if remote else "0"],
+                         env=gpu_env(**env))
+
+    def move(self, *args):
+        """move W|R OFF LEN PEER SEG PATH CHUNK: the VramMove as a dict, or mg.Error."""
+        out = self.ask("move " + " ".join(str(a) for a in args))
+        if out.startswith("err "):
+            code, _, msg = out[4:].partition(" ")
+            raise mg.Error(getattr(mg.grpc.StatusCode, code), msg)
+        return json.loads(out[3:])
 
 
 @pytest.fixture
@@ -184,3 +194,150 @@ def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):
                          env=gpu_env(MOONGATE_CUDA_LIB=str(tmp_path / "libcuda.so.1")),
                          capture_output=True, text=True, timeout=60)
     assert "no CUDA driver: " in run.stdout and "libcuda.so.1" in run.stdout, run.stdout
+
+
+def pool_leases(d):
+    with mg.Client("unix:" + d.sock) as c:
+        return sum(p.leases for p in c.pool.PoolStats(mg.pool_pb2.PoolStatsRequest()).pools)
+
+
+def staged_pair(make_daemon, pool="64M", a_flags=(), b_flags=()):
+    """Two daemons without RDMA: a (the GPU's, with a pool of `pool`) and b (the target's)."""
+    b = make_daemon("--peer-tls=false", *b_flags)
+    a = make_daemon("--peer-tls=false", "--peer-port", str(b.h2c_port), "--pool-bytes", pool,
+                    *a_flags)
+    return a, b
+
+
+def test_staged_over_tcp_write_and_read(make_daemon, gpus):
+    """No RDMA: device memory goes through leases of the pool, in steps, both ways; unaligned
+    offsets and lengths; the daemons count the bytes as staged and the leases come back."""
+    a, b = staged_pair(make_daemon)
+    g = gpus(a, "-", size=4 * MiB, remote=None)
+    n = MiB + 4097
+    data = os.urandom(n)
+    for off in range(0, n, 256 * 1024):  # fill in pieces (a line each)
+        assert g.ask("fill %d %s" % (123 + off, data[off:off + 256 * 1024].hex())) == "ok"
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(2 * MiB, remote_accessible=True)
+        m = g.move("W", 123, n, b.h2c, buf.segment.id, "auto", 256 * 1024)
+        assert m["path"] == "staged" and m["why"] == "this daemon has no RDMA device", m
+        assert m["bytes"] == n and m["chunk"] == 256 * 1024 and m["chunks"] == 5, m
+        assert m["buffers"] == 4 and not m["bounce"], m
+        assert bytes(buf.view[:n]) == data
+        back = os.urandom(n)
+        buf.view[7:7 + n] = back
+        m = g.move("R", 2 * MiB + 1, n, b.h2c, buf.segment.id, "staged", 0)  # chunk: its own
+        assert m["path"] == "staged" and m["bytes"] == n, m
+        assert m["chunk"] == MiB and m["chunks"] == 2, m  # a quarter of n, at least 1 MiB
+        got = b"".join(bytes.fromhex(g.ask("dump %d %d" % (2 * MiB + 1 + o, min(65536, n - o))))
+                       for o in range(0, n, 65536))
+        assert got == bytes(buf.view[:n])
+        buf.free()
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="write") == n
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="read") == n
+    assert a.metric("moongate_transfer_tagged_requests_total", tag="staged", op="write") == 5
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="rdma-dmabuf", op="write") == 0
+    assert b.metric("moongate_data_bytes_total", dir="in") >= n  # over TCP
+    assert pool_leases(a) == 0
+    g.close()
+
+
+def test_staged_through_a_small_pool_and_refused_without_one(make_daemon, gpus):
+    a, b = staged_pair(make_daemon, pool="1M")
+    g = gpus(a, "-", size=3 * MiB, remote=None)
+    data = os.urandom(65536)
+    assert g.ask("fill %d %s" % (3 * MiB - 65536, data.hex())) == "ok"
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(3 * MiB, remote_accessible=True)
+        m = g.move("W", 0, 3 * MiB, b.h2c, buf.segment.id, "staged", 0)  # 8 MiB asked
+        assert m["chunk"] <= MiB // 4 and m["chunk"] % 4096 == 0, m  # four leases fit the pool
+        assert m["buffers"] == 4 and m["bytes"] == 3 * MiB, m
+        assert bytes(buf.view[3 * MiB - 65536:3 * MiB]) == data
+    assert pool_leases(a) == 0
+    g.close()
+    # a daemon without a pool: said, with the pool's flag
+    plain, _ = staged_pair(make_daemon, pool="0")
+    g = gpus(plain, "-", size=MiB, remote=None)
+    with pytest.raises(mg.Error) as e:
+        g.move("W", 0, 4096, b.h2c, 1, "staged", 0)
+    assert e.value.code.name == "FAILED_PRECONDITION", e.value
+    assert "GPU memory is staged through leases: " in e.value.message, e.value
+    assert "no buffer pool" in e.value.message and "--pool-bytes" in e.value.message, e.value
+    g.close()
+
+
+def test_a_cuda_error_mid_copy_fails_the_move_and_returns_the_leases(make_daemon, gpus):
+    a, b = staged_pair(make_daemon)
+    # the move's 3rd device copy (step 2's) fails: steps 0 and 1 went, step 2 never does
+    g = gpus(a, "-", size=4 * MiB, remote=None, MG_CUDA_EMU_FAIL="copy:3")
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(4 * MiB, remote_accessible=True)
+        with pytest.raises(mg.Error) as e:
+            g.move("W", 0, 4 * MiB, b.h2c, buf.segment.id, "staged", MiB)
+        assert e.value.code.name == "INTERNAL", e.value
+        assert "cuMemcpyDtoHAsync: CUDA_ERROR_ILLEGAL_ADDRESS" in e.value.message, e.value
+    assert pool_leases(a) == 0
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="write") == 2 * MiB
+    g.close()
+
+
+def test_a_pool_the_driver_will_not_pin_goes_through_a_bounce_buffer(make_daemon, gpus):
+    a, b = staged_pair(make_daemon)
+    g = gpus(a, "-", size=MiB, remote=None, MG_CUDA_EMU_FAIL="cuMemHostRegister_v2:1")
+    data = os.urandom(65536)
+    assert g.ask("fill 0 " + data.hex()) == "ok"
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        m = g.move("W", 0, 65536, b.h2c, buf.segment.id, "staged", 0)
+        assert m["bounce"] and m["bytes"] == 65536, m
+        assert bytes(buf.view[:65536]) == data
+    g.close()
+
+
+def test_auto_takes_dmabuf_over_rdma_and_stages_what_is_not_registered(make_daemon, gpus):
+    a, b = pair(make_daemon)
+    g = gpus(a, "-", size=MiB, remote=False)  # registered by its dma-buf
+    data = os.urandom(65536)
+    assert g.ask("fill 0 " + data.hex()) == "ok"
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        m = g.move("W", 0, 65536, b.h2c, buf.segment.id, "auto", 0)
+        assert m["path"] == "rdma-dmabuf" and m["bytes"] == 65536, m
+        assert bytes(buf.view[:65536]) == data
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="rdma-dmabuf", op="write") == 65536
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="write") == 0
+    assert b.metric("moongate_data_bytes_total", dir="in") == 0  # zero TCP bytes
+    g.close()
+    # memory not registered: refused by dma-buf before a byte moved, so staged, and said why
+    a2, b2 = pair(make_daemon, a_flags=("--ibverbs-lib", EMU, "--pool-bytes", "16M"))
+    g = gpus(a2, "-", size=MiB, remote=None)
+    with mg.Client("unix:" + b2.sock) as c:
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        m = g.move("W", 0, 65536, b2.h2c, buf.segment.id, "auto", 0)
+    assert m["path"] == "staged" and m["why"].startswith("by dma-buf: "), m
+    g.close()
+
+
+def test_submit_tags_are_checked_and_shown(make_daemon):
+    d = make_daemon("--pool-bytes", "4M")
+    with mg.Client("unix:" + d.sock) as c:
+        src = c.register("src", MiB)
+        dst = c.register("dst", MiB)
+        req = mg.transfer_pb2.TransferRequest(op=mg.transfer_pb2.WRITE, local_segment=src.id,
+                                             peer="", remote_segment=dst.id, length=4096)
+        r = c.transfers.Submit(mg.transfer_pb2.SubmitRequest(requests=[req], wait=True,
+                                                             tag="staged"), timeout=30)
+        assert r.batch.tag == "staged" and r.batch.state == mg.transfer_pb2.DONE
+        assert c.transfers.GetBatch(mg.transfer_pb2.GetBatchRequest(id=r.batch_id)).tag == \
+            "staged"
+        with pytest.raises(mg.grpc.RpcError) as e:
+            c.transfers.Submit(mg.transfer_pb2.SubmitRequest(requests=[req], tag="gpu"),
+                               timeout=30)
+        assert e.value.code().name == "INVALID_ARGUMENT" and 'tag "gpu" is none of' in \
+            e.value.details()
+    assert d.metric("moongate_transfer_tagged_requests_total", tag="staged", op="write") == 1
+    run = subprocess.run([os.path.join(conftest.BUILD, "mgctl"), "--target", "unix:" + d.sock,
+                          "transfers", "get", str(r.batch_id)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and ", tagged staged" in run.stdout, run.stdout + run.stderr

@@ -31,12 +31,14 @@ Credentials: token= (sent as "authorization: Bearer TOKEN"), or cert=/key= (a cl
 certificate), or the Unix socket's uid; ca= for TLS targets (host:port); plaintext=True for a
 loopback h2c listener. See docs/security.md.
 """
+import collections
 import ctypes
 import fcntl
 import itertools
 import mmap
 import os
 import socket
+import threading
 
 import grpc
 
@@ -114,6 +116,24 @@ class _VramPiece(ctypes.Structure):  # mg_vram_piece (client/mg_vram.h)
                 ("device", ctypes.c_int)]
 
 
+class _VramMoveArgs(ctypes.Structure):  # mg_vram_move_args (client/mg_vram.h)
+    _fields_ = [("write", ctypes.c_int), ("ptr", ctypes.c_uint64), ("len", ctypes.c_size_t),
+                ("peer", ctypes.c_char_p), ("remote_segment", ctypes.c_uint64),
+                ("remote_lease", ctypes.c_uint64), ("remote_agent", ctypes.c_char_p),
+                ("remote_address", ctypes.c_uint64), ("remote_offset", ctypes.c_uint64),
+                ("stream", ctypes.c_void_p), ("chunk", ctypes.c_size_t),
+                ("timeout_ms", ctypes.c_uint32), ("path", ctypes.c_int)]
+
+
+class _VramMoveResult(ctypes.Structure):  # mg_vram_move_result
+    _fields_ = [("path", ctypes.c_char_p), ("bytes", ctypes.c_uint64), ("chunk", ctypes.c_uint64),
+                ("chunks", ctypes.c_uint32), ("buffers", ctypes.c_int), ("bounce", ctypes.c_int),
+                ("pool", ctypes.c_char * 64), ("why", ctypes.c_char * 256)]
+
+
+VramMove = collections.namedtuple("VramMove", "path bytes chunk chunks buffers bounce pool why")
+VRAM_PATHS = {"auto": 0, "staged": 1, "dmabuf": 2}
+
 _mgclient = None
 
 
@@ -132,6 +152,15 @@ def _client_lib():
         lib.mg_vram_export.argtypes = [ctypes.c_uint64, ctypes.c_size_t,
                                        ctypes.POINTER(_VramPiece), ctypes.c_int,
                                        ctypes.c_char_p, ctypes.c_size_t]
+        lib.mg_client_open.restype = ctypes.c_void_p
+        lib.mg_client_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.c_size_t]
+        lib.mg_client_close.restype = None
+        lib.mg_client_close.argtypes = [ctypes.c_void_p]
+        lib.mg_vram_move.restype = ctypes.c_int
+        lib.mg_vram_move.argtypes = [ctypes.c_void_p, ctypes.POINTER(_VramMoveArgs),
+                                     ctypes.POINTER(_VramMoveResult), ctypes.POINTER(ctypes.c_int),
+                                     ctypes.c_char_p, ctypes.c_size_t]
         _mgclient = lib
     return _mgclient
 
@@ -351,6 +380,8 @@ class Client:
         self.timeout = timeout
         self.md = [("authorization", "Bearer " + token)] if token else None
         self._token = token
+        self._target, self._plain = target, plaintext or target.startswith("unix:")
+        self._cclient, self._clock = None, threading.Lock()
         self.fd_socket = _fd_socket(target, fd_socket)
         self._ch = _channel(target, ca, cert, key, plaintext, aio=False)
         self.memory = memory_pb2_grpc.MemoryStub(self._ch)
@@ -368,6 +399,10 @@ class Client:
         self.close()
 
     def close(self):
+        with self._clock:
+            if self._cclient:
+                _client_lib().mg_client_close(self._cclient)
+                self._cclient = None
         self._maps.close()
         self._ch.close()
 
@@ -483,6 +518,49 @@ class Client:
             for k in range(n):
                 os.close(pieces[k].fd)
         return segs
+
+    def move_vram(self, write, address, size, peer="", remote_segment=0, remote_lease=0,
+                  remote_agent="", remote_address=0, remote_offset=0, stream=0, chunk=0,
+                  timeout=None, path="auto"):
+        """Moves GPU memory [address, address + size) (a device pointer: a torch CUDA tensor's
+        data_ptr()) to (write) or from a target, as mg_vram_move does in moongate's C library:
+        by its dma-buf registration over RDMA (register_vram first), or staged through leases of
+        this daemon's pool over any transport, the device copies (on `stream`, a CUstream
+        handle, or one of the library's own) overlapping the transfers. `path` is "auto",
+        "staged" or "dmabuf". Returns a VramMove saying how the bytes went; raises Error
+        (the daemon's refusal, RESOURCE_EXHAUSTED naming a pool too small, INTERNAL naming a
+        CUDA error of a copy). The GIL is released while it runs."""
+        if not self._plain:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "GPU memory moves go through moongate's C library, which speaks to a "
+                        "unix:PATH or plaintext target")
+        if path not in VRAM_PATHS:
+            raise ValueError("path is one of %s" % ", ".join(VRAM_PATHS))
+        lib = _client_lib()
+        args = _VramMoveArgs(1 if write else 0, address, size, peer.encode(), remote_segment,
+                             remote_lease, remote_agent.encode(), remote_address, remote_offset,
+                             stream or None, chunk, int((timeout or 60) * 1000), VRAM_PATHS[path])
+        res, status, err = _VramMoveResult(), ctypes.c_int(), ctypes.create_string_buffer(1024)
+        with self._clock:  # one call at a time on the C connection
+            if self._cclient is None:
+                tok = self._token.encode() if self._token else None
+                self._cclient = lib.mg_client_open(self._target.encode(), tok, err, 1024)
+                if not self._cclient:
+                    raise Error(grpc.StatusCode.UNAVAILABLE, err.value.decode(errors="replace"))
+            rc = lib.mg_vram_move(self._cclient, ctypes.byref(args), ctypes.byref(res),
+                                  ctypes.byref(status), err, 1024)
+        if rc != 0:
+            raise Error(_code(status.value), err.value.decode(errors="replace"))
+        return VramMove((res.path or b"").decode(), res.bytes, res.chunk, res.chunks,
+                        res.buffers, bool(res.bounce), res.pool.decode(), res.why.decode())
+
+    def write_vram(self, address, size, **kw):
+        """move_vram(True, ...): GPU memory -> the target."""
+        return self.move_vram(True, address, size, **kw)
+
+    def read_vram(self, address, size, **kw):
+        """move_vram(False, ...): the target -> GPU memory."""
+        return self.move_vram(False, address, size, **kw)
 
     def register_memory(self, name, address, size, **kw):
         """Registers memory this process allocated itself (a bytearray, a numpy array: see

@@ -58,6 +58,14 @@ typedef enum {
 /* "", "tcp", "rdma", "copy", "process_vm". */
 const char *mg_batch_transport_name(mg_batch_transport t);
 
+/* What the client library made of the caller's memory before submitting (SubmitRequest.tag):
+ * GPU memory staged through leases, or registered by dma-buf. Counted by tag in /metrics. */
+typedef enum { MG_TAG_NONE, MG_TAG_STAGED, MG_TAG_DMABUF, MG_TAG_COUNT } mg_batch_tag;
+/* "", "staged", "rdma-dmabuf". */
+const char *mg_batch_tag_name(mg_batch_tag t);
+/* The tag a name says, or -1 for a name that is none of them. */
+int mg_batch_tag_parse(const char *name);
+
 struct mg_xfer_peer; /* the peer directory's entry of a request's peer */
 struct mg_rconn_ref; /* the RDMA connections a request's jobs use */
 
@@ -136,6 +144,7 @@ struct mg_batch {
     char tenant[MG_SEG_NAME_MAX + 1];
     uint64_t conn; /* the front's id of the connection it came on (notifications keep order) */
     int wait;      /* its Submit answers at the end */
+    mg_batch_tag tag;
     size_t n;
     mg_batch_req *reqs; /* NULL once over and compacted into recs */
     mg_batch_rec *recs;

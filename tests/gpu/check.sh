@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU check: moongate moving this machine's GPU memory, with moongate's binaries and bash
+# only (no Python, no compiler, no Debian packages: it runs from the bundle, scripts/bundle.sh).
+#
+#   check.sh [--size 1G] [--rounds 3]
+#
+# Two daemons on loopback (A with a buffer pool for staging, B the target), then mgbench vram:
+# resolves every CUDA driver symbol moongate's table uses, allocates device memory, moves SIZE
+# from the device to B and back onto a second device buffer through staging and compares the
+# bytes there, and prints staging GB/s beside the same transfer from host memory and beside a
+# plain cuMemcpyDtoH into pinned memory, measured in the same run. Where A has an RDMA device it
+# does the same by dma-buf (GPUDirect RDMA).
+#
+# Skipped (exit 0, "skipped: ...") where no NVIDIA driver is present, unless MOONGATE_CUDA_LIB
+# names a driver library (the tests give it the CUDA driver emulator). Binaries: the bundle's
+# bin/ beside this script, else $MG_BUILD_DIR, else build/release of the source tree.
+# Exit status 0 when every move ended OK and the bytes compared equal.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -x "$here/bin/moongate" ]; then
+    bin=$here/bin
+else
+    bin=${MG_BUILD_DIR:-$here/../../build/release}
+fi
+size=1G
+rounds=3
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --size) size=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "check.sh: unknown argument $1" >&2; exit 64 ;;
+    esac
+done
+if [ -z "${MOONGATE_CUDA_LIB:-}" ] && [ ! -e /proc/driver/nvidia/version ] &&
+    ! { ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; }; then
+    echo "check.sh: skipped: no NVIDIA driver here (no /proc/driver/nvidia/version, no libcuda.so.1)"
+    exit 0
+fi
+for b in moongate mgctl mgbench; do
+    [ -x "$bin/$b" ] || { echo "check.sh: no $bin/$b (build first, or set MG_BUILD_DIR)" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A port nothing listens on now (the daemon's start says so if another took it meanwhile).
+free_port() {
+    local p
+    for _ in $(seq 1 100); do
+        p=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+    echo "check.sh: no free port" >&2
+    exit 1
+}
+
+# start NAME FLAGS...: a daemon on h2c port $port and socket $work/NAME.sock, ready.
+start() {
+    local name=$1 log
+    shift
+    log=$work/$name.log
+    "$bin/moongate" --allow-anonymous --peer-anonymous --listen "" --ops-listen "" \
+        --h2c-listen "127.0.0.1:$port" --unix-socket "$work/$name.sock" \
+        --shm-dir "$work/shm-$name" --data-listen 127.0.0.1:0 --peer-tls=false \
+        --access-log=false --memlock try "$@" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 600); do
+        grep -q "event=ready" "$log" && return 0
+        if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+            echo "check.sh: daemon $name did not start:" >&2
+            tail -n 5 "$log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+    echo "check.sh: daemon $name not ready within 60 s" >&2
+    exit 1
+}
+
+port=$(free_port)
+port_b=$port
+start b --pool-bytes 0
+port=$(free_port)
+start a --pool-bytes 256M --peer-port "$port_b"
+
+echo "check.sh: moongate $("$bin/moongate" --version 2>/dev/null | head -n 1), $size, $rounds rounds"
+"$bin/mgbench" vram --target "unix:$work/a.sock" --peer "127.0.0.1:$port_b" --size "$size" \
+    --rounds "$rounds" --path staged --verify
+if "$bin/mgctl" --target "unix:$work/a.sock" info | grep -q '^ *rdma *available'; then
+    "$bin/mgbench" vram --target "unix:$work/a.sock" --peer "127.0.0.1:$port_b" --size "$size" \
+        --rounds "$rounds" --path dmabuf --register --verify
+else
+    echo "check.sh: by dma-buf: not run (daemon A has no RDMA device)"
+fi
+echo "check.sh: ok"
