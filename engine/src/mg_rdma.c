@@ -351,11 +351,12 @@ static void reg_why(const mg_rdma *r, int i, const reg_src *src, size_t len, int
              src->fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr", len, strerror(e), hint);
 }
 
-/* Registers src with every device, all or nothing. */
+/* Registers src with every device, all or nothing. A dma-buf is offered to every device even
+ * after one refused it, so that the refusal says what each device's provider answered. */
 static int reg_all(mg_rdma *r, const reg_src *src, size_t len, int remote, mg_rdma_mr **out,
                    char *why, size_t whycap)
 {
-    int access = IBV_ACCESS_LOCAL_WRITE;
+    int access = IBV_ACCESS_LOCAL_WRITE, errs[MG_RDMA_MAX_DEVICES] = {0};
     mg_rdma_mr *m = calloc(1, sizeof(*m));
     *out = NULL;
     if (m == NULL) {
@@ -371,11 +372,27 @@ static int reg_all(mg_rdma *r, const reg_src *src, size_t len, int remote, mg_rd
         m->mr[i] = src->fd < 0
                        ? r->fn.reg_mr(pd, src->addr, len, access)
                        : r->fn.reg_dmabuf_mr(pd, src->offset, len, src->iova, src->fd, access);
-        if (m->mr[i] == NULL) {
-            int e = errno;
-            reg_why(r, i, src, len, e, why, whycap);
-            return reg_failed(r, m, e);
+        errs[i] = m->mr[i] == NULL ? (errno ? errno : EIO) : 0;
+        if (m->mr[i] == NULL && src->fd < 0) {
+            reg_why(r, i, src, len, errs[i], why, whycap);
+            return reg_failed(r, m, errs[i]);
         }
+    }
+    if (src->fd >= 0) { /* each provider decides on a dma-buf: the answer names every device */
+        size_t at = 0;
+        int e = 0;
+        for (int i = 0; i < r->ndevs && at < whycap; i++) {
+            char one[200];
+            if (m->mr[i] == NULL) {
+                e = e ? e : errs[i];
+                reg_why(r, i, src, len, errs[i], one, sizeof(one));
+            } else {
+                snprintf(one, sizeof(one), "device %s: took it", r->devs[i].info.name);
+            }
+            at += (size_t)snprintf(why + at, whycap - at, "%s%s", i ? "; " : "", one);
+        }
+        if (e != 0)
+            return reg_failed(r, m, e);
     }
     reg_counted(r, len);
     *out = m;

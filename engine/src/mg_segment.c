@@ -1296,7 +1296,7 @@ static int open_process(mg_segment *seg)
  * that address, which no path of this process ever touches (mg_segment_gpu refuses them). */
 static int register_dmabuf(mg_segment *seg)
 {
-    char why[256];
+    char why[512];
     int rc = mg_rdma_reg_dmabuf(seg->reg->rdma, seg->fd, seg->offset, seg->size, seg->client_addr,
                                 seg->remote_accessible, &seg->mr, why, sizeof(why));
     close(seg->fd);

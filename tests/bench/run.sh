@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -12,6 +12,9 @@
 #           native lease API and register-per-read.
 # mooncake: Mooncake's APIs (Python mooncake.engine, C libtransfer_engine.so) against the
 #           native client, the same WRITEs to a peer's engine.
+# gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
+#           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
+#           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
 # lease:    destination memory per read: register + unregister against lease + release;
 #           then acquire + release alone over TCP and the Unix socket, sleeping and polling.
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
@@ -26,7 +29,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3 ucx-utils gnuplot-nox
-build=$(scripts/build.sh release)
+build=$(scripts/build.sh regpu)
+    MG_BUILD_DIR=$build MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so tests/gpu/check.sh \
+        --size 64M --rounds 3 "$@"
+    ;;
+lease)
 certs=$(mktemp -d)
 trap 'rm -rf "$certs"' EXIT
 certs/make-dev-certs.sh "$certs" >/dev/null

@@ -93,7 +93,7 @@ start b --pool-bytes 0
 port=$(free_port)
 start a --pool-bytes 256M --peer-port "$port_b"
 
-echo "check.sh: moongate $("$bin/moongate" --version 2>/dev/null | head -n 1), $size, $rounds rounds"
+echo "check.sh: $("$bin/moongate" --version 2>/dev/null | head -n 1), $size, $rounds rounds"
 "$bin/mgbench" vram --target "unix:$work/a.sock" --peer "127.0.0.1:$port_b" --size "$size" \
     --rounds "$rounds" --path staged --verify
 if "$bin/mgctl" --target "unix:$work/a.sock" info | grep -q '^ *rdma *available'; then

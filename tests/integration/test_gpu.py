@@ -7,6 +7,7 @@ RDMA (either side), a copy on one daemon, ReadSegment; host memory and a missing
 named."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -132,6 +133,17 @@ def test_a_gpu_target_without_rdma_is_refused_before_sending(make_daemon, gpus):
     assert "the target is GPU memory, which moves over RDMA only" in e.value.message
     assert b.metric("moongate_data_bytes_total", dir="in") == 0  # nothing was sent
     t.close()
+
+
+def test_each_rdma_device_answers_for_a_dmabuf(make_daemon, gpus):
+    """Every device's provider decides on a dma-buf; when one refuses, the registration fails
+    and says what each device answered."""
+    d = make_daemon("--ibverbs-lib", EMU, wrap=("env", "MG_VERBS_EMU_DEVICES=emu0,emu1",
+                                                "MG_VERBS_EMU_NO_DMABUF=emu1"))
+    with pytest.raises(RuntimeError, match="device emu0: took it; device emu1: ibv_reg_dmabuf_mr "
+                                           "of 1048576 bytes: Operation not supported"):
+        gpus(d, "-")
+    assert gpu_segments(d) == []
 
 
 def gpu_segments(d):
@@ -341,3 +353,24 @@ def test_submit_tags_are_checked_and_shown(make_daemon):
                           "transfers", "get", str(r.batch_id)], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0 and ", tagged staged" in run.stdout, run.stdout + run.stderr
+
+
+def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
+    """tests/gpu/check.sh from the source tree: two daemons, device memory through staging and
+    back, compared on the device; without a driver (and none named) it says it is skipped."""
+    check = os.path.join(conftest.ROOT, "tests", "gpu", "check.sh")
+    run = subprocess.run([check, "--size", "8M", "--rounds", "1"],
+                         env=gpu_env(MG_BUILD_DIR=conftest.BUILD), capture_output=True, text=True,
+                         timeout=480)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "verify: 8388608 bytes written from the device and read back onto it (staged): " \
+        "equal" in run.stdout, run.stdout
+    assert re.search(r"write +8\.0 MiB +host memory +[\d.]+ GB/s +vram \(staged\) +[\d.]+ GB/s "
+                     r"+ratio [\d.]+", run.stdout), run.stdout
+    assert "cuMemcpyDtoH into pinned host memory" in run.stdout
+    if not os.path.exists("/proc/driver/nvidia/version"):
+        env = {k: v for k, v in gpu_env(MG_BUILD_DIR=conftest.BUILD).items()
+               if k != "MOONGATE_CUDA_LIB"}
+        run = subprocess.run([check], env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and "check.sh: skipped: no NVIDIA driver" in run.stdout, \
+            run.stdout + run.stderr

@@ -367,11 +367,19 @@ static void test_dmabuf_registration(void)
     mg_rdma_conn_del(a);
     mg_rdma_conn_del(b);
     mg_rdma_dereg(vram_mr);
+    setenv("MG_VERBS_EMU_NO_DMABUF", "emu1", 1); /* one provider refuses: each one is named */
+    CU_ASSERT_EQUAL(mg_rdma_reg_dmabuf(r, fd, 0, len, iova, 1, &vram_mr, why, sizeof(why)),
+                    MG_ERR_UNSUPPORTED);
+    CU_ASSERT_STRING_EQUAL(why, "device emu0: took it; device emu1: ibv_reg_dmabuf_mr of 1048576 "
+                                "bytes: Operation not supported (its provider takes no dma-buf)");
+    CU_ASSERT_PTR_NULL(vram_mr);
     setenv("MG_VERBS_EMU_NO_DMABUF", "1", 1);
     CU_ASSERT_EQUAL(mg_rdma_reg_dmabuf(r, fd, 0, len, iova, 1, &vram_mr, why, sizeof(why)),
                     MG_ERR_UNSUPPORTED);
     CU_ASSERT_STRING_EQUAL(why, "device emu0: ibv_reg_dmabuf_mr of 1048576 bytes: Operation not "
-                                "supported (its provider takes no dma-buf)");
+                                "supported (its provider takes no dma-buf); device emu1: "
+                                "ibv_reg_dmabuf_mr of 1048576 bytes: Operation not supported (its "
+                                "provider takes no dma-buf)");
     unsetenv("MG_VERBS_EMU_NO_DMABUF");
     mg_rdma_dereg(src_mr);
     mg_rdma_close(r);

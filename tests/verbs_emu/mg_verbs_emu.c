@@ -422,8 +422,8 @@ static struct ibv_mr *reg(struct ibv_pd *pd, void *addr, size_t length, uint64_t
 /* A dma-buf registered as the NIC would: the buffer mapped for the device. The CUDA driver
  * emulator's dma-buf (tests/cuda_emu) is its allocation's memfd, opened read-only, whose file
  * position is where the exported range starts; the device opens it again for writing, as a NIC
- * reaches what a real dma-buf exports. MG_VERBS_EMU_NO_DMABUF=1: a provider without dma-buf
- * (EOPNOTSUPP). */
+ * reaches what a real dma-buf exports. MG_VERBS_EMU_NO_DMABUF=1: providers without dma-buf
+ * (EOPNOTSUPP); =NAME: device NAME's only. */
 EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                         uint64_t iova, int fd, int access)
 {
@@ -433,7 +433,8 @@ EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size
     char path[64], *map;
     struct ibv_mr *mr;
     int rw, e;
-    if (no != NULL && *no && strcmp(no, "0") != 0) {
+    if (no != NULL && *no && strcmp(no, "0") != 0 &&
+        (strcmp(no, "1") == 0 || (pd && strcmp(no, pd->context->device->name) == 0))) {
         errno = EOPNOTSUPP;
         return NULL;
     }

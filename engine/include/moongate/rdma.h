@@ -69,7 +69,8 @@ int mg_rdma_has_dmabuf(const mg_rdma *r);
 /* Registers `len` bytes of a dma-buf (fd, from `offset` in it) with every device, named by
  * `iova` in work requests (the memory is never mapped here: a GPU's). Returns 0, or
  * MG_ERR_UNSUPPORTED (no ibv_reg_dmabuf_mr, or a device's provider refused dma-bufs) and the
- * errors of mg_rdma_reg, with the device and reason in why; nothing stays registered on error. */
+ * errors of mg_rdma_reg; nothing stays registered on error, and why then says what each device
+ * answered ("device mlx5_0: took it; device mlx5_1: ibv_reg_dmabuf_mr ...: ..."). */
 int mg_rdma_reg_dmabuf(mg_rdma *r, int fd, uint64_t offset, size_t len, uint64_t iova, int remote,
                        mg_rdma_mr **out, char *why, size_t whycap);
 /* Deregisters on every device. Accepts NULL. Thread-safe. */
