@@ -223,12 +223,12 @@ static int stage_leases(move *m, stage *s, const pool_map **map)
         return -1;
     most = cap * 8 / 9 / MAX_BUFFERS / page * page; /* a lease reserves up to 1/8 more */
     if (most < page)
-        most = cap * 8 / 9 / page * page; /* a small pool: fewer leases in turn */
+        most = cap / page * page; /* a small pool: one lease, all of it */
     if (most < page) {
         *m->status = MG_GRPC_RESOURCE_EXHAUSTED;
         snprintf(m->err, m->errcap,
-                 "GPU memory is staged through leases, and pool %s holds %llu bytes: not a page "
-                 "(--pool-bytes)",
+                 "GPU memory is staged through leases, and pool %s holds %llu bytes: less than a "
+                 "page (--pool-bytes)",
                  m->r->pool[0] ? m->r->pool : "(none)", (unsigned long long)cap);
         return -1;
     }

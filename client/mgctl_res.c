@@ -421,14 +421,14 @@ static int cmd_agents(const ctl *c, const char *verb, const char *agent, const c
 static void print_batch(json_t *b)
 {
     json_t *reqs = json_object_get(b, "requests"), *r;
-    const char *tag = json_string_value(json_object_get(b, "tag"));
+    const char *tag = json_string_value(json_object_get(b, "tag")); /* "" for none */
     size_t i;
     printf("batch %s: %s, %lld done, %lld failed%s%s\n",
            json_string_value(json_object_get(b, "id")),
            json_string_value(json_object_get(b, "state")),
            (long long)json_integer_value(json_object_get(b, "done")),
-           (long long)json_integer_value(json_object_get(b, "failed")), tag ? ", tagged " : "",
-           tag ? tag : "");
+           (long long)json_integer_value(json_object_get(b, "failed")),
+           tag && *tag ? ", tagged " : "", tag && *tag ? tag : "");
     json_array_foreach(reqs, i, r) json_object_set_new(r, "index", json_integer((json_int_t)i));
     table(reqs, req_cols, NCOLS(req_cols));
 }

@@ -8,10 +8,12 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
   get AGENT ADDR LEN    READs them from there into its device memory
   read ID               ReadSegment of its registration (refused: GPU memory)
   copy SEG LEN          a copy on this daemon from its device memory to segment SEG (refused)
-  move W|R OFF LEN PEER SEG PATH CHUNK
+  move W|R OFF LEN PEER TARGET PATH CHUNK [TIMEOUT]
                         Client.move_vram of its device memory [OFF, OFF + LEN) to (W) or from
-                        (R) segment SEG of PEER ("-": this daemon), by PATH (auto, staged,
-                        dmabuf): "ok JSON" (the VramMove) or "err CODE MESSAGE"
+                        (R) TARGET — a segment id of PEER ("-": this daemon), or AGENT@ADDRESS
+                        (an agent's "host:port" and an address in its process) — by PATH
+                        (auto, staged, dmabuf), within TIMEOUT seconds: "ok JSON" (the
+                        VramMove) or "err CODE MESSAGE"
   quit
 
 Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none)   (NAME "-": no agent; REMOTE none: the
@@ -74,9 +76,13 @@ def main():
                                      length=int(cmd[2]))])
                 print("ok", flush=True)
             elif cmd[0] == "move":
+                agent, _, addr = cmd[5].rpartition("@")
+                target = dict(remote_agent=agent, remote_address=int(addr)) if agent else \
+                    dict(remote_segment=int(addr))
                 m = c.move_vram(cmd[1] == "W", d + int(cmd[2]), int(cmd[3]),
-                                peer="" if cmd[4] == "-" else cmd[4], remote_segment=int(cmd[5]),
-                                path=cmd[6], chunk=int(cmd[7]))
+                                peer="" if cmd[4] == "-" else cmd[4], path=cmd[6],
+                                chunk=int(cmd[7]), timeout=float(cmd[8]) if cmd[8:] else None,
+                                **target)
                 print("ok " + json.dumps(m._asdict()), flush=True)
             elif cmd[0] == "quit":
                 break

@@ -100,6 +100,9 @@ def test_rapid_reset_is_cut_off(make_daemon):
     assert codes and codes[-1] != 0, codes  # GOAWAY with an error: the budget ran out
     assert d.metric("moongate_rst_stream_received_total") <= 200
     still_serving(d)
+    # the operator reads why the connection ended
+    log = d.read_log()
+    assert "level=warn event=conn_goaway" in log and "error=INTERNAL_ERROR" in log, log[-2000:]
 
 
 def test_ping_flood_from_a_client_that_does_not_read(make_daemon):

@@ -193,19 +193,25 @@ def test_host_memory_and_no_driver_are_named(make_daemon, tmp_path):
     script = ("import os, sys; sys.path.insert(0, %r)\n"
               "import moongate_client as mg\n"
               "c = mg.Client('unix:' + %r)\n"
-              "try:\n"
-              "    c.register_vram(id(c), 4096)\n"
-              "except mg.Error as e:\n"
-              "    print(e.code.name, e.message)\n"
+              "for f in (c.register_vram, c.write_vram):\n"
+              "    try:\n"
+              "        f(id(c), 4096)\n"
+              "    except mg.Error as e:\n"
+              "        print(e.code.name, e.message)\n"
               % (os.path.join(conftest.ROOT, "clients", "python"), d.sock))
     run = subprocess.run([sys.executable, "-c", script], env=gpu_env(), capture_output=True,
                          text=True, timeout=60)
-    assert "FAILED_PRECONDITION" in run.stdout and "is not GPU memory the CUDA driver knows" \
-        in run.stdout, run.stdout + run.stderr
+    reg, move = run.stdout.splitlines()
+    assert reg.startswith("FAILED_PRECONDITION") and "is not GPU memory the CUDA driver knows" \
+        in reg, run.stdout + run.stderr
+    assert move.startswith("INVALID_ARGUMENT [0x") and "is not GPU memory the CUDA driver " \
+        "knows" in move, run.stdout + run.stderr
     run = subprocess.run([sys.executable, "-c", script],
                          env=gpu_env(MOONGATE_CUDA_LIB=str(tmp_path / "libcuda.so.1")),
                          capture_output=True, text=True, timeout=60)
-    assert "no CUDA driver: " in run.stdout and "libcuda.so.1" in run.stdout, run.stdout
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and all("no CUDA driver: " in ln and "libcuda.so.1" in ln
+                                   for ln in lines), run.stdout
 
 
 def pool_leases(d):
@@ -268,6 +274,22 @@ def test_staged_through_a_small_pool_and_refused_without_one(make_daemon, gpus):
         assert bytes(buf.view[3 * MiB - 65536:3 * MiB]) == data
     assert pool_leases(a) == 0
     g.close()
+    # a pool of one page: one lease in turn, a step per page, both ways
+    a, b = staged_pair(make_daemon, pool="4K")
+    g = gpus(a, "-", size=MiB, remote=None)
+    data = os.urandom(65537)
+    assert g.ask("fill 1 " + data.hex()) == "ok"
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        m = g.move("W", 1, len(data), b.h2c, buf.segment.id, "staged", 0)
+        assert (m["chunk"], m["buffers"], m["chunks"]) == (4096, 1, 17), m
+        assert bytes(buf.view[:len(data)]) == data
+        buf.view[:len(data)] = data[::-1]
+        m = g.move("R", 4096, len(data), b.h2c, buf.segment.id, "staged", 0)
+        assert (m["chunk"], m["buffers"], m["bytes"]) == (4096, 1, len(data)), m
+        assert bytes.fromhex(g.ask("dump 4096 %d" % len(data))) == data[::-1]
+    assert pool_leases(a) == 0
+    g.close()
     # a daemon without a pool: said, with the pool's flag
     plain, _ = staged_pair(make_daemon, pool="0")
     g = gpus(plain, "-", size=MiB, remote=None)
@@ -294,6 +316,30 @@ def test_a_cuda_error_mid_copy_fails_the_move_and_returns_the_leases(make_daemon
     g.close()
 
 
+def test_staging_waits_for_a_busy_pool_within_the_deadline(make_daemon, gpus):
+    a, b = staged_pair(make_daemon, pool="4M")
+    g = gpus(a, "-", size=MiB, remote=None)
+    with mg.Client("unix:" + b.sock) as cb, mg.Client("unix:" + a.sock) as ca:
+        buf = cb.allocate_buffer(MiB, remote_accessible=True)
+        hog = ca.lease(4 * MiB)  # all of the pool
+        with pytest.raises(mg.Error) as e:
+            g.move("W", 0, MiB, b.h2c, buf.segment.id, "staged", 0, 2)
+        assert e.value.code.name == "DEADLINE_EXCEEDED", e.value
+        assert pool_leases(a) == 1  # the hog's only
+        # a move waiting in line goes on once the pool has room
+        g.p.stdin.write("move W 0 %d %s %d staged 0 60\n" % (MiB, b.h2c, buf.segment.id))
+        g.p.stdin.flush()
+        for _ in range(1200):
+            if sum(p.waiters for p in ca.pool.PoolStats(mg.pool_pb2.PoolStatsRequest()).pools):
+                break
+            time.sleep(0.05)
+        ca.release(hog)
+        out = g.line("gpu_proc ended: ")
+        assert out.startswith("ok ") and json.loads(out[3:])["bytes"] == MiB, out
+    assert pool_leases(a) == 0
+    g.close()
+
+
 def test_a_pool_the_driver_will_not_pin_goes_through_a_bounce_buffer(make_daemon, gpus):
     a, b = staged_pair(make_daemon)
     g = gpus(a, "-", size=MiB, remote=None, MG_CUDA_EMU_FAIL="cuMemHostRegister_v2:1")
@@ -317,9 +363,23 @@ def test_auto_takes_dmabuf_over_rdma_and_stages_what_is_not_registered(make_daem
         m = g.move("W", 0, 65536, b.h2c, buf.segment.id, "auto", 0)
         assert m["path"] == "rdma-dmabuf" and m["bytes"] == 65536, m
         assert bytes(buf.view[:65536]) == data
-    assert a.metric("moongate_transfer_tagged_bytes_total", tag="rdma-dmabuf", op="write") == 65536
+        # device to a peer's device memory, by its agent and address
+        t = gpus(b, "decode-0")
+        m = g.move("W", 0, 65536, "-", "127.0.0.1:%d@%d" % (t.port, t.address + 8192), "auto", 0)
+        assert m["path"] == "rdma-dmabuf" and m["bytes"] == 65536, m
+        assert bytes.fromhex(t.ask("dump 8192 65536")) == data
+        assert t.ask("fill 0 " + data[::-1].hex()) == "ok"
+        m = g.move("R", 4096, 65536, "-", "127.0.0.1:%d@%d" % (t.port, t.address), "dmabuf", 0)
+        assert m["path"] == "rdma-dmabuf", m
+        assert bytes.fromhex(g.ask("dump 4096 65536")) == data[::-1]
+        t.close()
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="rdma-dmabuf", op="write") == \
+        2 * 65536
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="rdma-dmabuf", op="read") == 65536
     assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="write") == 0
+    assert a.metric("moongate_transfer_tagged_bytes_total", tag="staged", op="read") == 0
     assert b.metric("moongate_data_bytes_total", dir="in") == 0  # zero TCP bytes
+    assert b.metric("moongate_data_bytes_total", dir="out") == 0
     g.close()
     # memory not registered: refused by dma-buf before a byte moved, so staged, and said why
     a2, b2 = pair(make_daemon, a_flags=("--ibverbs-lib", EMU, "--pool-bytes", "16M"))
@@ -353,6 +413,14 @@ def test_submit_tags_are_checked_and_shown(make_daemon):
                           "transfers", "get", str(r.batch_id)], capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0 and ", tagged staged" in run.stdout, run.stdout + run.stderr
+    with mg.Client("unix:" + d.sock) as c:
+        plain = c.transfers.Submit(mg.transfer_pb2.SubmitRequest(requests=[req], wait=True),
+                                   timeout=30)
+    assert plain.batch.tag == ""
+    run = subprocess.run([os.path.join(conftest.BUILD, "mgctl"), "--target", "unix:" + d.sock,
+                          "transfers", "get", str(plain.batch_id)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and "tagged" not in run.stdout, run.stdout + run.stderr
 
 
 def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
