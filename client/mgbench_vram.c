@@ -260,6 +260,8 @@ static int setup(bench *b, char *err, size_t errcap)
     int status;
     if ((b->cu = mg_cuda_get(err, errcap)) == NULL)
         return -1;
+    printf("CUDA driver %d.%d: every symbol moongate's table uses resolved\n",
+           b->cu->version / 1000, b->cu->version % 1000 / 10);
     if (b->cu->cuDevicePrimaryCtxRetain(&ctx, 0) || b->cu->cuCtxSetCurrent(ctx) ||
         b->cu->cuMemAlloc(&b->dev, b->size) ||
         (b->verify && b->cu->cuMemAlloc(&b->dev2, b->size))) {

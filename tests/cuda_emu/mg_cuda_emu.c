@@ -22,6 +22,8 @@
  *             that tried to map it for writing would fail), its file position set to the range's
  *             offset in the allocation (the verbs emulator's ibv_reg_dmabuf_mr reads it there,
  *             as a NIC reaches the range a real dma-buf exports)
+ *   pace      MG_CUDA_EMU_COPY_US=N: each copy on a stream takes N microseconds more (a slow
+ *             PCIe link), so that what orders work on streams shows
  *   failures  MG_CUDA_EMU_FAIL="NAME:N[:CODE]" makes the N-th call of NAME (an exported name, or
  *             "copy" for the N-th copy executed on a stream) fail with CODE (default 700,
  *             CUDA_ERROR_ILLEGAL_ADDRESS)
@@ -140,6 +142,7 @@ struct emu_event {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
 static int initialized, n_devices = 1, dmabuf_ok = 1;
+static unsigned copy_us; /* MG_CUDA_EMU_COPY_US: a stream copy takes at least this long */
 static struct emu_ctx primary[MAX_DEVICES];
 static char *space; /* the reserved device address range */
 static CUdeviceptr next_addr;
@@ -212,6 +215,8 @@ static void run_op(struct emu_stream *s, op *o)
         pthread_mutex_lock(&lock);
         inj = injected("copy");
         pthread_mutex_unlock(&lock);
+        if (copy_us)
+            usleep(copy_us); /* a slow link: work queued after it waits, as on a stream */
         if (inj == CUDA_SUCCESS)
             memcpy(o->dst, o->src, o->n);
         else if (s->error == CUDA_SUCCESS)
@@ -290,6 +295,7 @@ EXPORT CUresult cuInit(unsigned int flags)
     if (!initialized) {
         n_devices = nd && *nd ? atoi(nd) : 1;
         dmabuf_ok = !(db && strcmp(db, "0") == 0);
+        copy_us = getenv("MG_CUDA_EMU_COPY_US") ? (unsigned)atoi(getenv("MG_CUDA_EMU_COPY_US")) : 0;
         read_failures();
         if (n_devices <= 0 || n_devices > MAX_DEVICES) {
             rc = CUDA_ERROR_NO_DEVICE;

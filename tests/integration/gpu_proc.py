@@ -14,10 +14,12 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
                         (an agent's "host:port" and an address in its process) — by PATH
                         (auto, staged, dmabuf), within TIMEOUT seconds: "ok JSON" (the
                         VramMove) or "err CODE MESSAGE"
+  fillasync OFF HEX     queues that write on its stream (cuMemcpyHtoDAsync), not waiting
   quit
 
 Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none)   (NAME "-": no agent; REMOTE none: the
-memory is not registered; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB)
+memory is not registered; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB; GPU_PROC_STREAM=1: moves go
+on the process's own CUDA stream, the one fillasync uses)
 """
 import ctypes
 import json
@@ -37,6 +39,9 @@ def main():
     assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
     assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuMemAlloc_v2(ctypes.byref(dptr), size) == 0
     d = dptr.value
+    stream, pending = ctypes.c_void_p(), []
+    assert cu.cuStreamCreate(ctypes.byref(stream), 0) == 0
+    on_stream = os.environ.get("GPU_PROC_STREAM") == "1"
     c = mg.Client("unix:" + sock)
     port = c.register_agent(name).port if name != "-" else 0  # "-": no agent
     segs = []
@@ -75,6 +80,11 @@ def main():
                 c.transfer([mg.write(address=d, peer="", remote_segment=int(cmd[1]),
                                      length=int(cmd[2]))])
                 print("ok", flush=True)
+            elif cmd[0] == "fillasync":
+                pending.append(bytes.fromhex(cmd[2]))  # alive until the copy ran
+                assert cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(d + int(cmd[1])), pending[-1],
+                                               ctypes.c_size_t(len(pending[-1])), stream) == 0
+                print("ok", flush=True)
             elif cmd[0] == "move":
                 agent, _, addr = cmd[5].rpartition("@")
                 target = dict(remote_agent=agent, remote_address=int(addr)) if agent else \
@@ -82,7 +92,7 @@ def main():
                 m = c.move_vram(cmd[1] == "W", d + int(cmd[2]), int(cmd[3]),
                                 peer="" if cmd[4] == "-" else cmd[4], path=cmd[6],
                                 chunk=int(cmd[7]), timeout=float(cmd[8]) if cmd[8:] else None,
-                                **target)
+                                stream=stream.value if on_stream else 0, **target)
                 print("ok " + json.dumps(m._asdict()), flush=True)
             elif cmd[0] == "quit":
                 break

@@ -340,6 +340,23 @@ def test_staging_waits_for_a_busy_pool_within_the_deadline(make_daemon, gpus):
     g.close()
 
 
+def test_staged_copies_go_after_the_work_on_the_callers_stream(make_daemon, gpus):
+    """The caller's stream orders the move after what it queued there: writes queued on it
+    (each copy takes 0.3 s; the move's own copy would end before the second) are what the move
+    reads, not the bytes before them."""
+    a, b = staged_pair(make_daemon)
+    g = gpus(a, "-", size=MiB, remote=None, MG_CUDA_EMU_COPY_US="300000", GPU_PROC_STREAM="1")
+    data = os.urandom(4096)
+    with mg.Client("unix:" + b.sock) as c:
+        buf = c.allocate_buffer(MiB, remote_accessible=True)
+        assert g.ask("fillasync 8192 00") == "ok"  # queued, not done: 0.3 s
+        assert g.ask("fillasync 0 " + data.hex()) == "ok"  # then this: 0.6 s
+        m = g.move("W", 0, 4096, b.h2c, buf.segment.id, "staged", 0)
+        assert m["bytes"] == 4096, m
+        assert bytes(buf.view[:4096]) == data
+    g.close()
+
+
 def test_a_pool_the_driver_will_not_pin_goes_through_a_bounce_buffer(make_daemon, gpus):
     a, b = staged_pair(make_daemon)
     g = gpus(a, "-", size=MiB, remote=None, MG_CUDA_EMU_FAIL="cuMemHostRegister_v2:1")
@@ -436,6 +453,8 @@ def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
     assert re.search(r"write +8\.0 MiB +host memory +[\d.]+ GB/s +vram \(staged\) +[\d.]+ GB/s "
                      r"+ratio [\d.]+", run.stdout), run.stdout
     assert "cuMemcpyDtoH into pinned host memory" in run.stdout
+    assert re.search(r"CUDA driver \d+\.\d+: every symbol moongate's table uses resolved",
+                     run.stdout), run.stdout
     if not os.path.exists("/proc/driver/nvidia/version"):
         env = {k: v for k, v in gpu_env(MG_BUILD_DIR=conftest.BUILD).items()
                if k != "MOONGATE_CUDA_LIB"}
