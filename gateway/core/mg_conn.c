@@ -147,8 +147,7 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
         if (frame->goaway.error_code != NGHTTP2_NO_ERROR) /* the connection ends for a cause */
             mg_warn("conn_goaway", "peer=%s kind=%s error=%s last_stream=%d", conn->peer,
                     mg_conn_kind_names[conn->kind],
-                    nghttp2_http2_strerror(frame->goaway.error_code),
-                    frame->goaway.last_stream_id);
+                    nghttp2_http2_strerror(frame->goaway.error_code), frame->goaway.last_stream_id);
     }
     return 0;
 }
