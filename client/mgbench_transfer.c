@@ -4,8 +4,9 @@
  * daemon, Wait for it to end.
  *
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
- *                    [--ops write,read] [--bytes 256M] [--threads N] [--big 1G]
- *                    [--per-request] [--submit-wait] [--json]
+ *                    [--ops write,read] [--bytes 256M] [--threads N] [--inflight N]
+ *                    [--scatter] [--big 1G] [--per-request] [--submit-wait]
+ *                    [--print-layout] [--json]
  *
  * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
  * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
@@ -16,8 +17,13 @@
  * itself took. Batches go in SubmitRequest's compact `blocks` form; --per-request sends a
  * TransferRequest message per block instead. --big adds one request of that size each way (the
  * 1 GiB case). --submit-wait asks Submit to answer at the batch's end (SubmitRequest.wait: one
- * call instead of Submit then Wait). --json prints
- * the same as one JSON object per line. Exit status 0 when every batch ended DONE.
+ * call instead of Submit then Wait). --inflight N keeps N batches outstanding per thread (the
+ * oldest is waited for before the next goes; each in flight has its own region of the slice).
+ * --scatter lays a batch's blocks at a fixed permutation of every other block slot, a different
+ * one on each side, so that no two blocks of a batch touch on either side (what a KV cache's
+ * pages look like), instead of back to back. --json prints the same as one JSON object per
+ * line. --print-layout prints the offsets of each thread's first --inflight batches instead of
+ * moving anything. Exit status 0 when every batch ended DONE.
  */
 #include "mgbench.h"
 
@@ -108,6 +114,8 @@ typedef struct {
     uint64_t block;
     unsigned batch, batches;
     unsigned index, threads; /* this thread's slice of the segments */
+    unsigned inflight;       /* batches outstanding at once */
+    int scatter;             /* blocks at a permutation of offsets, none adjacent */
     int per_request;         /* a TransferRequest per block instead of the Blocks form */
     int submit_wait;         /* Submit answers at the end: no Wait */
     /* results */
@@ -117,6 +125,102 @@ typedef struct {
     char error[512];
 } worker;
 
+/* A multiplier coprime to n other than 1 (n >= 3), from `seed` up: j -> j * a mod n permutes. */
+static uint64_t coprime(uint64_t n, uint64_t seed)
+{
+    uint64_t a = seed % n < 2 ? 2 : seed % n;
+    for (;; a = a + 1 < n ? a + 1 : 2) {
+        uint64_t x = a, y = n;
+        while (y) {
+            uint64_t t = x % y;
+            x = y;
+            y = t;
+        }
+        if (x == 1 && a + 1 != n) /* a = n - 1 would make neighbours neighbours again */
+            return a;
+    }
+}
+
+/* Block i of batch k's offset on one side: batch k uses region k % inflight of the thread's
+ * slice; contiguous blocks, or (scatter) every other block slot in the order of a permutation
+ * (`mul`), so that no two blocks of a batch touch. */
+static uint64_t block_offset(const worker *w, unsigned k, unsigned i, uint64_t mul)
+{
+    uint64_t span = w->seg_bytes / w->threads, per = span / w->block ? span / w->block : 1;
+    uint64_t region = per / w->inflight ? per / w->inflight : 1, slots = region / 2;
+    uint64_t base = span * w->index + (k % w->inflight) * region * w->block;
+    if (!w->scatter || slots < 3)
+        return base + ((uint64_t)k / w->inflight * w->batch + i) % region * w->block;
+    return base + 2 * ((uint64_t)i * mul % slots) * w->block;
+}
+
+/* The permutations of --scatter, local and remote (different, so that the sides differ). */
+static void layout_muls(const worker *w, uint64_t mul[2])
+{
+    uint64_t slots = w->seg_bytes / w->threads / w->block / w->inflight / 2;
+    mul[0] = mul[1] = 2;
+    if (w->scatter && slots >= 3) {
+        mul[0] = coprime(slots, slots / 3 + 1);
+        mul[1] = coprime(slots, mul[0] + 2);
+    }
+}
+
+/* The end of batch `id`, submitted at t0 (Wait, unless the Submit answered it): 0, or -1 with
+ * w->error set. */
+static int batch_end(worker *w, mg_client *c, uint64_t id, Moongate__V1__Batch *b, double t0,
+                     unsigned k)
+{
+    Moongate__V1__GetBatchRequest gr = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
+    call_rec r = {0};
+    gr.id = id;
+    if (b == NULL && (call(c, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
+                      (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL)) {
+        snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
+        free(r.resp);
+        return -1;
+    }
+    free(r.resp);
+    w->latency[k] = now_s() - t0;
+    if (b->state != MOONGATE__V1__REQUEST_STATE__DONE) {
+        for (size_t i = 0; i < b->n_requests; i++) {
+            if (b->requests[i]->state == MOONGATE__V1__REQUEST_STATE__FAILED) {
+                snprintf(w->error, sizeof(w->error), "request %zu: %s", i, b->requests[i]->message);
+                break;
+            }
+        }
+        moongate__v1__batch__free_unpacked(b, NULL);
+        return -1;
+    }
+    moongate__v1__batch__free_unpacked(b, NULL);
+    return 0;
+}
+
+/* Submits batch k: its id, and with --submit-wait the batch at its end in *b. 0, or -1. */
+static int batch_submit(worker *w, mg_client *c, Moongate__V1__SubmitRequest *sr, uint64_t *id,
+                        Moongate__V1__Batch **b)
+{
+    Moongate__V1__SubmitResponse *resp;
+    call_rec r;
+    double t0 = now_s();
+    if (call(c, "/moongate.v1.Transfer/Submit", &sr->base, &r) != MG_GRPC_OK ||
+        (resp = moongate__v1__submit_response__unpack(NULL, r.len, r.resp)) == NULL) {
+        snprintf(w->error, sizeof(w->error), "Submit: %.400s", r.message);
+        free(r.resp);
+        return -1;
+    }
+    free(r.resp);
+    w->submit_sum += now_s() - t0;
+    *id = resp->batch_id;
+    *b = resp->batch; /* with --submit-wait: the batch at its end */
+    resp->batch = NULL;
+    moongate__v1__submit_response__free_unpacked(resp, NULL);
+    if (w->submit_wait && *b == NULL) {
+        snprintf(w->error, sizeof(w->error), "Submit(wait) answered no batch");
+        return -1;
+    }
+    return 0;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -124,17 +228,19 @@ static void *worker_main(void *arg)
     Moongate__V1__TransferRequest *reqs = calloc(w->batch, sizeof(*reqs));
     Moongate__V1__TransferRequest **ptrs = calloc(w->batch, sizeof(*ptrs));
     Moongate__V1__Blocks blocks = MOONGATE__V1__BLOCKS__INIT, *bptr = &blocks;
-    uint64_t *offsets = calloc(w->batch, sizeof(*offsets));
+    uint64_t *loffs = calloc(w->batch, sizeof(*loffs)), *roffs = calloc(w->batch, sizeof(*roffs));
     uint64_t *lengths = calloc(w->batch, sizeof(*lengths));
-    uint64_t span = w->seg_bytes / w->threads, base_off = span * w->index;
-    uint64_t per = span / w->block ? span / w->block : 1; /* blocks that fit in the slice */
+    uint64_t *ids = calloc(w->inflight, sizeof(*ids)), mul[2];
+    double *t0 = calloc(w->inflight, sizeof(*t0));
+    unsigned done = 0;
     char err[256];
     if (conn_open(&cn, w->target, err, sizeof(err)) != 0 || reqs == NULL || ptrs == NULL ||
-        offsets == NULL || lengths == NULL) {
+        loffs == NULL || roffs == NULL || lengths == NULL || ids == NULL || t0 == NULL) {
         snprintf(w->error, sizeof(w->error), "cannot connect to %s", w->target);
         w->failed = 1;
         goto out;
     }
+    layout_muls(w, mul);
     for (unsigned i = 0; i < w->batch; i++) {
         moongate__v1__transfer_request__init(&reqs[i]);
         reqs[i].op = w->write ? MOONGATE__V1__TRANSFER_OP__WRITE : MOONGATE__V1__TRANSFER_OP__READ;
@@ -151,18 +257,22 @@ static void *worker_main(void *arg)
     blocks.remote_segment = w->remote_id;
     blocks.peer = (char *)w->peer;
     blocks.n_local_offsets = blocks.n_remote_offsets = blocks.n_lengths = w->batch;
-    blocks.local_offsets = blocks.remote_offsets = offsets;
+    blocks.local_offsets = loffs;
+    blocks.remote_offsets = roffs;
     blocks.lengths = lengths;
+    /* Up to --inflight batches outstanding: the oldest is waited for before another goes. */
     for (unsigned k = 0; k < w->batches && !w->failed; k++) {
         Moongate__V1__SubmitRequest sr = MOONGATE__V1__SUBMIT_REQUEST__INIT;
-        Moongate__V1__GetBatchRequest gr = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
-        Moongate__V1__SubmitResponse *resp;
-        Moongate__V1__Batch *b;
-        call_rec r;
-        double t0, t1;
+        Moongate__V1__Batch *b = NULL;
+        unsigned slot = k % w->inflight;
+        if (ids[slot] && batch_end(w, cn.c, ids[slot], NULL, t0[slot], done++) != 0) {
+            w->failed = 1;
+            break;
+        }
+        ids[slot] = 0;
         for (unsigned i = 0; i < w->batch; i++) {
-            uint64_t off = base_off + ((uint64_t)k * w->batch + i) % per * w->block;
-            reqs[i].local_offset = reqs[i].remote_offset = offsets[i] = off;
+            reqs[i].local_offset = loffs[i] = block_offset(w, k, i, mul[0]);
+            reqs[i].remote_offset = roffs[i] = block_offset(w, k, i, mul[1]);
         }
         sr.wait = w->submit_wait;
         if (w->per_request) {
@@ -172,68 +282,62 @@ static void *worker_main(void *arg)
             sr.blocks = &bptr;
             sr.n_blocks = 1;
         }
-        t0 = now_s();
-        if (call(cn.c, "/moongate.v1.Transfer/Submit", &sr.base, &r) != MG_GRPC_OK ||
-            (resp = moongate__v1__submit_response__unpack(NULL, r.len, r.resp)) == NULL) {
-            snprintf(w->error, sizeof(w->error), "Submit: %.400s", r.message);
+        t0[slot] = now_s();
+        if (batch_submit(w, cn.c, &sr, &ids[slot], &b) != 0 ||
+            (b != NULL && batch_end(w, cn.c, ids[slot], b, t0[slot], done++) != 0)) {
             w->failed = 1;
-            free(r.resp);
             break;
         }
-        t1 = now_s();
-        gr.id = resp->batch_id;
-        if (w->submit_wait) { /* the batch at its end came with the answer */
-            b = resp->batch;
-            resp->batch = NULL;
-            moongate__v1__submit_response__free_unpacked(resp, NULL);
-            free(r.resp);
-            r.resp = NULL;
-            if (b == NULL) {
-                snprintf(w->error, sizeof(w->error), "Submit(wait) answered no batch");
-                w->failed = 1;
-                break;
-            }
-        } else {
-            moongate__v1__submit_response__free_unpacked(resp, NULL);
-            free(r.resp);
-            if (call(cn.c, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
-                (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL) {
-                snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
-                w->failed = 1;
-                free(r.resp);
-                break;
-            }
-        }
-        w->latency[k] = now_s() - t0;
-        w->submit_sum += t1 - t0;
-        if (b->state != MOONGATE__V1__REQUEST_STATE__DONE) {
-            for (size_t i = 0; i < b->n_requests; i++) {
-                if (b->requests[i]->state == MOONGATE__V1__REQUEST_STATE__FAILED) {
-                    snprintf(w->error, sizeof(w->error), "request %zu: %s", i,
-                             b->requests[i]->message);
-                    break;
-                }
-            }
+        if (b != NULL)
+            ids[slot] = 0; /* over already */
+    }
+    for (unsigned j = 0; j < w->inflight && !w->failed; j++) { /* the last ones, oldest first */
+        unsigned slot = (w->batches + j) % w->inflight;
+        if (ids[slot] && batch_end(w, cn.c, ids[slot], NULL, t0[slot], done++) != 0)
             w->failed = 1;
-        }
-        moongate__v1__batch__free_unpacked(b, NULL);
-        free(r.resp);
     }
 out:
     conn_close(&cn);
     free(reqs);
     free(ptrs);
-    free(offsets);
+    free(loffs);
+    free(roffs);
     free(lengths);
+    free(ids);
+    free(t0);
     return NULL;
 }
 
 typedef struct {
     const char *target, *peer;
     uint64_t local_id, remote_id, seg_bytes, bytes;
-    unsigned threads;
-    int json, per_request, submit_wait;
+    unsigned threads, inflight;
+    int json, per_request, submit_wait, scatter, print_layout;
 } setup;
+
+/* --print-layout: the offsets of each thread's first --inflight batches, one line per batch
+ * and side ("layout T K local|remote OFF..."), for each configuration; nothing is moved. */
+static void print_layout(const setup *s, uint64_t block, unsigned batch)
+{
+    for (unsigned t = 0; t < s->threads; t++) {
+        worker w = {.seg_bytes = s->seg_bytes,
+                    .block = block,
+                    .batch = batch,
+                    .index = t,
+                    .threads = s->threads,
+                    .inflight = s->inflight,
+                    .scatter = s->scatter};
+        uint64_t mul[2];
+        layout_muls(&w, mul);
+        for (unsigned k = 0; k < s->inflight; k++)
+            for (int side = 0; side < 2; side++) {
+                printf("layout %u %u %s", t, k, side ? "remote" : "local");
+                for (unsigned i = 0; i < batch; i++)
+                    printf(" %" PRIu64, block_offset(&w, k, i, mul[side]));
+                printf("\n");
+            }
+    }
+}
 
 /* One configuration; prints its line. Returns 0 when every batch ended DONE. */
 static int run(const setup *s, int write, uint64_t block, unsigned batch, unsigned min_batches)
@@ -268,6 +372,8 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
                         .batches = batches,
                         .index = i,
                         .threads = s->threads,
+                        .inflight = s->inflight,
+                        .scatter = s->scatter,
                         .per_request = s->per_request,
                         .submit_wait = s->submit_wait,
                         .latency = calloc(batches, sizeof(double))};
@@ -304,16 +410,17 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
             printf("{\"op\":\"%s\",\"block_bytes\":%" PRIu64 ",\"batch\":%u,\"threads\":%u,"
                    "\"batches\":%zu,\"gbytes_per_s\":%.3f,\"latency_avg_us\":%.1f,"
                    "\"latency_p50_us\":%.1f,\"latency_p99_us\":%.1f,\"submit_avg_us\":%.1f,"
-                   "\"submit_wait\":%s,\"ok\":%s}\n",
+                   "\"submit_wait\":%s,\"inflight\":%u,\"scatter\":%s,\"ok\":%s}\n",
                    write ? "write" : "read", block, batch, s->threads, n, bytes / secs / 1e9,
                    avg * 1e6, p50 * 1e6, p99 * 1e6, n ? submit / (double)n * 1e6 : 0,
-                   s->submit_wait ? "true" : "false", failed ? "false" : "true");
+                   s->submit_wait ? "true" : "false", s->inflight, s->scatter ? "true" : "false",
+                   failed ? "false" : "true");
         else
-            printf("%-5s %9s x %-5u %2u thr %6zu batches %8.3f GB/s  latency avg %10.1f p50 "
-                   "%10.1f p99 %10.1f us  submit %8.1f us%s\n",
-                   write ? "WRITE" : "READ", label, batch, s->threads, n, bytes / secs / 1e9,
-                   avg * 1e6, p50 * 1e6, p99 * 1e6, n ? submit / (double)n * 1e6 : 0,
-                   failed ? "  FAILED" : "");
+            printf("%-5s %9s x %-5u %2u thr %2u in flight%s %6zu batches %8.3f GB/s  latency avg "
+                   "%10.1f p50 %10.1f p99 %10.1f us  submit %8.1f us%s\n",
+                   write ? "WRITE" : "READ", label, batch, s->threads, s->inflight,
+                   s->scatter ? " scattered" : "", n, bytes / secs / 1e9, avg * 1e6, p50 * 1e6,
+                   p99 * 1e6, n ? submit / (double)n * 1e6 : 0, failed ? "  FAILED" : "");
         fflush(stdout);
     }
     free(all);
@@ -404,13 +511,14 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
-               "           [--big 1G] [--per-request] [--submit-wait] [--json]\n"
+               "           [--inflight N] [--scatter] [--big 1G] [--per-request]\n"
+               "           [--submit-wait] [--print-layout] [--json]\n"
                "A, B: h2c control endpoints of two daemons (B as A reaches it).\n");
 }
 
 int mgbench_transfer_main(int argc, char **argv)
 {
-    setup s = {.bytes = 256u << 20, .threads = 1};
+    setup s = {.bytes = 256u << 20, .threads = 1, .inflight = 1};
     uint64_t blocks[MAX_LIST] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
     uint64_t batches[MAX_LIST] = {1, 16}, big = 0;
     int nblocks = 5, nbatches = 2, do_write = 1, do_read = 1, rc = 0;
@@ -426,6 +534,12 @@ int mgbench_transfer_main(int argc, char **argv)
             s.per_request = 1;
         } else if (!strcmp(a, "--submit-wait")) {
             s.submit_wait = 1;
+        } else if (!strcmp(a, "--scatter")) {
+            s.scatter = 1;
+        } else if (!strcmp(a, "--print-layout")) {
+            s.print_layout = 1;
+        } else if (v && !strcmp(a, "--inflight")) {
+            s.inflight = (unsigned)strtoul(v, NULL, 10), i++;
         } else if (v && !strcmp(a, "--target")) {
             s.target = v, i++;
         } else if (v && !strcmp(a, "--peer")) {
@@ -450,8 +564,8 @@ int mgbench_transfer_main(int argc, char **argv)
             return 64;
         }
     }
-    if (s.target == NULL || s.peer == NULL || s.threads < 1 || s.threads > 64 ||
-        (!do_write && !do_read)) {
+    if (s.target == NULL || s.peer == NULL || s.threads < 1 || s.threads > 64 || s.inflight < 1 ||
+        s.inflight > 64 || (s.submit_wait && s.inflight > 1) || (!do_write && !do_read)) {
         usage(stderr);
         return 64;
     }
@@ -459,7 +573,7 @@ int mgbench_transfer_main(int argc, char **argv)
     s.seg_bytes = big;
     for (int i = 0; i < nblocks; i++) {
         for (int j = 0; j < nbatches; j++) {
-            uint64_t need = blocks[i] * batches[j] * s.threads;
+            uint64_t need = blocks[i] * batches[j] * s.threads * s.inflight * (s.scatter ? 2 : 1);
             if (need > s.seg_bytes)
                 s.seg_bytes = need;
         }
@@ -470,6 +584,12 @@ int mgbench_transfer_main(int argc, char **argv)
                 " bytes of segment; at most 4 GiB\n",
                 s.seg_bytes);
         return 64;
+    }
+    if (s.print_layout) {
+        for (int i = 0; i < nblocks; i++)
+            for (int j = 0; j < nbatches; j++)
+                print_layout(&s, blocks[i], (unsigned)batches[j]);
+        return 0;
     }
     snprintf(local_name, sizeof(local_name), "mgbench-local-%d", (int)getpid());
     snprintf(remote_name, sizeof(remote_name), "mgbench-remote-%d", (int)getpid());

@@ -46,3 +46,55 @@ def test_mgbench_many_calls_through_the_client_library(daemon, target):
     out = json.loads(p.stdout)
     assert out["requests"] == N and out["ok"] == N
     assert ok_checks(daemon) - before == N
+
+
+def mgbench_transfer(*args):
+    import os
+    from conftest import BUILD
+    return subprocess.run([os.path.join(BUILD, "mgbench"), "transfer", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_mgbench_transfer_layout_scattered_and_in_flight():
+    """--scatter: no two blocks of a batch touch on either side, the sides' orders differ; the
+    batches in flight and the threads each have their own region, inside the segment."""
+    block, batch, inflight, threads = 65536, 128, 4, 2
+    p = mgbench_transfer("--target", "x", "--peer", "y", "--blocks", "64K", "--batches",
+                         str(batch), "--inflight", str(inflight), "--threads", str(threads),
+                         "--scatter", "--print-layout")
+    assert p.returncode == 0, p.stderr
+    seg = block * batch * inflight * threads * 2
+    seen = {"local": set(), "remote": set()}
+    orders = {}
+    for line in p.stdout.splitlines():
+        _, t, k, side, *offs = line.split()
+        offs = [int(o) for o in offs]
+        assert len(offs) == batch and len(set(offs)) == batch
+        s = sorted(offs)
+        assert all(b - a >= 2 * block for a, b in zip(s, s[1:])), (t, k, side)  # none touch
+        assert all(o % block == 0 and 0 <= o and o + block <= seg for o in offs)
+        assert not seen[side] & set(offs)  # regions of other batches and threads apart
+        seen[side] |= set(offs)
+        orders[(t, k, side)] = offs
+        assert offs != s  # not in address order
+    assert len(orders) == 2 * inflight * threads
+    assert all(orders[(t, k, "local")] != orders[(t, k, "remote")] for t, k, _ in orders)
+
+
+def test_mgbench_transfer_batches_in_flight(make_daemon):
+    """Four scattered batches in flight per thread, both ways: every batch ends DONE and the
+    daemon counts every block."""
+    b = make_daemon()
+    a = make_daemon("--peer-tls=false")
+    before = a.metric("moongate_transfer_requests_total", op="write", result="done") or 0
+    p = mgbench_transfer("--target", "unix:" + a.sock, "--peer", b.h2c, "--blocks", "64K",
+                         "--batches", "16", "--inflight", "4", "--scatter", "--threads", "2",
+                         "--bytes", "8M", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    import json
+    lines = [json.loads(ln) for ln in p.stdout.splitlines()]
+    assert [(ln["op"], ln["inflight"], ln["scatter"], ln["ok"]) for ln in lines] == \
+        [("write", 4, True, True), ("read", 4, True, True)]
+    assert all(ln["batches"] == 40 for ln in lines), lines  # 8 MiB / 1 MiB / 2 threads, >= 20
+    assert (a.metric("moongate_transfer_requests_total", op="write", result="done") or 0) - \
+        before == 40 * 16
