@@ -22,8 +22,10 @@
  * --scatter lays a batch's blocks at a fixed permutation of every other block slot, a different
  * one on each side, so that no two blocks of a batch touch on either side (what a KV cache's
  * pages look like), instead of back to back. --json prints the same as one JSON object per
- * line. --print-layout prints the offsets of each thread's first --inflight batches instead of
- * moving anything. Exit status 0 when every batch ended DONE.
+ * line. --peer "" moves between two segments of A (copies on its workers) and, with --big,
+ * prints memcpy of that size on one thread beside them. --print-layout prints the offsets of each
+ * thread's first --inflight batches instead of moving anything. Exit status 0 when every batch
+ * ended DONE.
  */
 #include "mgbench.h"
 
@@ -507,13 +509,46 @@ static int parse_list(const char *s, uint64_t *out, int max)
     return n;
 }
 
+/* memcpy of `bytes` between two prefaulted buffers on one thread: the median of 3, printed
+ * as the copies' reference. */
+static void memcpy_reference(const setup *s, uint64_t bytes)
+{
+    char *a = malloc(bytes), *b = malloc(bytes);
+    double t[3];
+    if (a == NULL || b == NULL) {
+        fprintf(stderr, "mgbench: no memory for the memcpy reference\n");
+        free(a);
+        free(b);
+        return;
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
+        t[r] = now_s() - t0;
+    }
+    qsort(t, 3, sizeof(double), cmp_double);
+    if (s->json)
+        printf("{\"op\":\"memcpy\",\"block_bytes\":%" PRIu64 ",\"threads\":1,"
+               "\"gbytes_per_s\":%.3f}\n",
+               bytes, (double)bytes / t[1] / 1e9);
+    else
+        printf("memcpy %8" PRIu64 " MiB one thread, prefaulted %8.3f GB/s (the copies' "
+               "reference)\n",
+               bytes >> 20, (double)bytes / t[1] / 1e9);
+    free(a);
+    free(b);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
                "           [--inflight N] [--scatter] [--big 1G] [--per-request]\n"
                "           [--submit-wait] [--print-layout] [--json]\n"
-               "A, B: h2c control endpoints of two daemons (B as A reaches it).\n");
+               "A, B: h2c control endpoints of two daemons (B as A reaches it); B \"\": copies\n"
+               "on A, with --big beside memcpy on one thread.\n");
 }
 
 int mgbench_transfer_main(int argc, char **argv)
@@ -594,7 +629,10 @@ int mgbench_transfer_main(int argc, char **argv)
     snprintf(local_name, sizeof(local_name), "mgbench-local-%d", (int)getpid());
     snprintf(remote_name, sizeof(remote_name), "mgbench-remote-%d", (int)getpid());
     s.local_id = mgbench_register_segment(s.target, local_name, s.seg_bytes, 0);
-    s.remote_id = s.local_id ? mgbench_register_segment(s.peer, remote_name, s.seg_bytes, 1) : 0;
+    /* --peer "": copies on the target daemon, between two segments of its */
+    s.remote_id = s.local_id ? mgbench_register_segment(s.peer[0] ? s.peer : s.target, remote_name,
+                                                        s.seg_bytes, 1)
+                             : 0;
     if (s.remote_id == 0) {
         if (s.local_id)
             mgbench_unregister_segment(s.target, s.local_id);
@@ -614,7 +652,9 @@ int mgbench_transfer_main(int argc, char **argv)
             rc |= run(&one, write, big, 1, 3);
         }
     }
+    if (big && !s.peer[0]) /* copies: beside memcpy on one thread, in the same run */
+        memcpy_reference(&s, big);
     mgbench_unregister_segment(s.target, s.local_id);
-    mgbench_unregister_segment(s.peer, s.remote_id);
+    mgbench_unregister_segment(s.peer[0] ? s.peer : s.target, s.remote_id);
     return rc ? 1 : 0;
 }

@@ -98,3 +98,19 @@ def test_mgbench_transfer_batches_in_flight(make_daemon):
     assert all(ln["batches"] == 40 for ln in lines), lines  # 8 MiB / 1 MiB / 2 threads, >= 20
     assert (a.metric("moongate_transfer_requests_total", op="write", result="done") or 0) - \
         before == 40 * 16
+
+
+def test_mgbench_transfer_copies_beside_memcpy(make_daemon):
+    """--peer "": copies between two segments of one daemon, and memcpy beside them."""
+    d = make_daemon()
+    p = mgbench_transfer("--target", "unix:" + d.sock, "--peer", "", "--blocks", "64K",
+                         "--batches", "4", "--bytes", "1M", "--big", "4M", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    import json
+    lines = [json.loads(ln) for ln in p.stdout.splitlines()]
+    assert [(ln["op"], ln["block_bytes"]) for ln in lines] == [
+        ("write", 65536), ("write", 4 << 20), ("read", 65536), ("read", 4 << 20),
+        ("memcpy", 4 << 20)], lines
+    assert all(ln["ok"] for ln in lines[:4]) and lines[4]["gbytes_per_s"] > 0
+    assert d.metric("moongate_peer_bytes_total", peer="local", tenant="default", op="write",
+                    transport="copy") == 20 * 4 * 65536 + 3 * (4 << 20)
