@@ -6,6 +6,10 @@
  * The map mints the ids: mg_mix64 of a counter that starts at a random value, so ids are unique
  * in the map, never 0, and reveal neither their order nor how many came before.
  *
+ * The records are also kept in id order, in a binary search tree: listing a page after an id
+ * (mg_idmap_next) costs O(log n) a record, not a scan of the table. The ids are as good as
+ * random, so the tree stays balanced in expectation (depth about 2 ln n) without rebalancing.
+ *
  * Not thread-safe: the owner's lock (if any) covers it.
  */
 #ifndef MG_IDMAP_H
@@ -20,13 +24,15 @@
 
 typedef struct mg_idmap_node {
     uint64_t id;
-    struct mg_idmap_node *next;
+    struct mg_idmap_node *next;         /* its bucket's chain */
+    struct mg_idmap_node *left, *right; /* the id-ordered tree */
 } mg_idmap_node;
 
 typedef struct mg_idmap {
     mg_idmap_node **buckets;
     size_t mask;
     uint64_t counter;
+    mg_idmap_node *root; /* the id-ordered tree */
 } mg_idmap;
 
 /* A map of `nbuckets` chains (a power of two). Returns 0 or -1 (out of memory). */
@@ -34,6 +40,7 @@ static inline int mg_idmap_init(mg_idmap *m, size_t nbuckets)
 {
     m->buckets = calloc(nbuckets, sizeof(*m->buckets));
     m->mask = nbuckets - 1;
+    m->root = NULL;
     if (getrandom(&m->counter, sizeof(m->counter), 0) != sizeof(m->counter))
         m->counter = (uint64_t)(uintptr_t)m ^ (uint64_t)(uintptr_t)m->buckets;
     return m->buckets ? 0 : -1;
@@ -67,9 +74,13 @@ static inline uint64_t mg_idmap_mint(mg_idmap *m)
 /* Enters n under the id it has (minted by m). */
 static inline void mg_idmap_insert(mg_idmap *m, mg_idmap_node *n)
 {
-    mg_idmap_node **b = &m->buckets[mg_mix64(n->id) & m->mask];
+    mg_idmap_node **b = &m->buckets[mg_mix64(n->id) & m->mask], **t = &m->root;
     n->next = *b;
     *b = n;
+    while (*t)
+        t = n->id < (*t)->id ? &(*t)->left : &(*t)->right;
+    n->left = n->right = NULL;
+    *t = n;
 }
 
 /* Gives n a fresh id and enters it. Returns the id. */
@@ -83,11 +94,42 @@ static inline uint64_t mg_idmap_add(mg_idmap *m, mg_idmap_node *n)
 /* Takes n out of the map (no-op when it is not in it). */
 static inline void mg_idmap_remove(mg_idmap *m, mg_idmap_node *n)
 {
-    mg_idmap_node **pp = &m->buckets[mg_mix64(n->id) & m->mask];
+    mg_idmap_node **pp = &m->buckets[mg_mix64(n->id) & m->mask], **t = &m->root;
     while (*pp && *pp != n)
         pp = &(*pp)->next;
-    if (*pp)
-        *pp = n->next;
+    if (*pp == NULL)
+        return;
+    *pp = n->next;
+    while (*t != n) /* n is in the tree: its path by id */
+        t = n->id < (*t)->id ? &(*t)->left : &(*t)->right;
+    if (n->left == NULL) {
+        *t = n->right;
+    } else if (n->right == NULL) {
+        *t = n->left;
+    } else { /* its successor, the smallest of its right subtree, takes its place */
+        mg_idmap_node **s = &n->right, *succ;
+        while ((*s)->left)
+            s = &(*s)->left;
+        succ = *s;
+        *s = succ->right;
+        succ->left = n->left;
+        succ->right = n->right;
+        *t = succ;
+    }
+}
+
+/* The record with the smallest id above `after` (0: the first), or NULL. O(depth). */
+static inline mg_idmap_node *mg_idmap_next(const mg_idmap *m, uint64_t after)
+{
+    mg_idmap_node *best = NULL;
+    for (mg_idmap_node *x = m->root; x;)
+        if (x->id > after) {
+            best = x;
+            x = x->left;
+        } else {
+            x = x->right;
+        }
+    return best;
 }
 
 #endif

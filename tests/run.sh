@@ -124,6 +124,20 @@ count_image() { # scripts/image.sh, then the daemon run from the unpacked image
 
 # The layers: the engine includes nothing of the gateway, the protos, the client library or
 # libevent (docs/architecture.md); common/ nothing of the engine (but its error codes) or above.
+# Every shell script of the tree parses (bash -n): benchmarks and tools no test runs included.
+check_shell() {
+    local bad="" f
+    for f in $(git ls-files '*.sh' 2>/dev/null || find . -name '*.sh' -not -path './build*'); do
+        bash -n "$f" 2>/dev/null || bad="$bad $f"
+    done
+    if [ -n "$bad" ]; then
+        echo "  shell scripts that do not parse:$bad"
+        failed=$((failed + 1))
+        return 1
+    fi
+    passed=$((passed + 1))
+}
+
 check_layers() {
     local bad
     bad=$(grep -rlE '#include .*(pb-c\.h|mg_gateway|mg_server_int|mg_call|mg_client|event2/)' \
@@ -194,6 +208,7 @@ certs/make-dev-certs.sh "$certs" >/dev/null
 
 stage "format (clang-format)" check_format
 stage "layers (engine and common include nothing above them)" check_layers
+stage "shell scripts parse (bash -n)" check_shell
 stage "function length (120 lines)" check_functions
 stage "packager build (cmake Release)" packager_build
 if stage "build (release)" build release; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -12,6 +12,8 @@
 #           native lease API and register-per-read.
 # mooncake: Mooncake's APIs (Python mooncake.engine, C libtransfer_engine.so) against the
 #           native client, the same WRITEs to a peer's engine.
+# scale:    per-call times (register, get, list a page, lease, list leases) with 10 and with
+#           10,000 segments and leases registered, alternating (tests/bench/bench_scale.py).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -29,11 +31,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 scripts/deps.sh libgrpc++-dev protobuf-compiler-grpc util-linux iperf3 ucx-utils gnuplot-nox
-build=$(scripts/build.sh regpu)
-    MG_BUILD_DIR=$build MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so tests/gpu/check.sh \
-        --size 64M --rounds 3 "$@"
-    ;;
-lease)
+build=$(scripts/build.sh release)
 certs=$(mktemp -d)
 trap 'rm -rf "$certs"' EXIT
 certs/make-dev-certs.sh "$certs" >/dev/null
@@ -65,6 +63,13 @@ pool)
 mooncake)
     /usr/bin/python3 tests/bench/bench_mooncake.py --moongate "$build/moongate" \
         --lib "$build/libtransfer_engine.so" "$@"
+    ;;
+gpu)
+    MG_BUILD_DIR=$build MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so tests/gpu/check.sh \
+        --size 64M --rounds 3 "$@"
+    ;;
+scale)
+    /usr/bin/python3 tests/bench/bench_scale.py --moongate "$build/moongate" "$@"
     ;;
 lease)
     # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.

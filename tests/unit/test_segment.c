@@ -4,6 +4,7 @@
  * reserved names), references and unregistration, listing, restart clean-up, bounds arithmetic.
  * Each test works in its own temporary shm directory.
  */
+#include "mg_idmap.h"
 #include "mg_test.h"
 #include "moongate/engine.h"
 #include "moongate/segment.h"
@@ -1133,6 +1134,60 @@ static void test_bad_registry_config(void)
     mg_registry_del(NULL);
 }
 
+/* The id map's ordered tree (mg_idmap_next) against a plain array: thousands of records added
+ * and removed in random order, the in-order walk checked after each round. */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_idmap_walks_in_id_order(void)
+{
+    enum { N = 4000 };
+    mg_idmap m;
+    mg_idmap_node *nodes = calloc(N, sizeof(*nodes));
+    int *in = calloc(N, sizeof(*in));
+    uint64_t *ids = calloc(N, sizeof(*ids)), seed = 12345;
+    CU_ASSERT_FATAL(nodes && in && ids);
+    CU_ASSERT_EQUAL_FATAL(mg_idmap_init(&m, 1024), 0);
+    CU_ASSERT_PTR_NULL(mg_idmap_next(&m, 0));
+    for (int round = 0; round < 6; round++) {
+        size_t n = 0, k = 0;
+        for (int i = 0; i < N; i++) { /* add some, remove some: leaves and inner nodes alike */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            if (!in[i] && (seed >> 33) % 3 != 0) {
+                mg_idmap_add(&m, &nodes[i]);
+                in[i] = 1;
+            } else if (in[i] && (seed >> 33) % 3 == 0) {
+                mg_idmap_remove(&m, &nodes[i]);
+                in[i] = 0;
+            }
+        }
+        for (int i = 0; i < N; i++)
+            if (in[i])
+                ids[n++] = nodes[i].id;
+        qsort(ids, n, sizeof(*ids), cmp_u64);
+        for (mg_idmap_node *x = mg_idmap_next(&m, 0); x; x = mg_idmap_next(&m, x->id)) {
+            CU_ASSERT_FATAL(k < n);
+            CU_ASSERT_EQUAL_FATAL(x->id, ids[k]);
+            CU_ASSERT_PTR_EQUAL(mg_idmap_find(&m, x->id), x);
+            k++;
+        }
+        CU_ASSERT_EQUAL(k, n);
+        if (n > 2) /* a page from the middle: the first id above one in the set */
+            CU_ASSERT_EQUAL(mg_idmap_next(&m, ids[n / 2])->id, ids[n / 2 + 1]);
+    }
+    for (int i = 0; i < N; i++)
+        if (in[i])
+            mg_idmap_remove(&m, &nodes[i]);
+    CU_ASSERT_PTR_NULL(mg_idmap_next(&m, 0));
+    mg_idmap_free(&m);
+    free(nodes);
+    free(in);
+    free(ids);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
@@ -1152,6 +1207,7 @@ int main(void)
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
         MG_TEST(test_list_pages_in_id_order),
+        MG_TEST(test_idmap_walks_in_id_order),
         MG_TEST(test_restart_removes_old_daemon_files),
         MG_TEST(test_memlock_policy_and_limit),
         MG_TEST(test_bad_registry_config),
