@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* gRPC status codes used on the wire (the values of grpc/status.h). */
@@ -122,12 +123,16 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *sto
     return 0;
 }
 
-/* Writes all n bytes; a peer that takes none of them for timeout_ms is a timeout. */
-static int write_full(int fd, const void *buf, size_t n, int timeout_ms, const int *stop)
+/* Writes `pre` bytes then `len` bytes of payload in as few sendmsg calls as the socket takes
+ * (one, unless it is full): a frame's header never goes as a packet of its own. */
+static int write_two(int fd, const void *pre, size_t plen, const void *payload, size_t len,
+                     int timeout_ms, const int *stop)
 {
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    struct iovec iov[2] = {{(void *)pre, plen}, {(void *)payload, len}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
+    while (plen + len > 0) {
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        size_t took;
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 if (wait_ready(fd, POLLOUT, timeout_ms, stop) != 0)
@@ -138,8 +143,13 @@ static int write_full(int fd, const void *buf, size_t n, int timeout_ms, const i
                 continue;
             return -1;
         }
-        p += w;
-        n -= (size_t)w;
+        took = (size_t)w < plen ? (size_t)w : plen; /* what went of the first part */
+        iov[0].iov_base = (uint8_t *)iov[0].iov_base + took;
+        iov[0].iov_len = plen -= took;
+        iov[1].iov_base = (uint8_t *)iov[1].iov_base + ((size_t)w - took);
+        iov[1].iov_len = len -= (size_t)w - took;
+        mh.msg_iov = plen ? iov : iov + 1;
+        mh.msg_iovlen = plen ? (len ? 2 : 1) : 1;
     }
     return 0;
 }
@@ -149,9 +159,7 @@ static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t
 {
     uint8_t head[MG_DF_HEADER_BYTES];
     mg_df_encode(h, head);
-    if (write_full(fd, head, sizeof(head), timeout_ms, stop) != 0)
-        return -1;
-    return len ? write_full(fd, payload, len, timeout_ms, stop) : 0;
+    return write_two(fd, head, sizeof(head), payload, len, timeout_ms, stop);
 }
 
 /* Reads and drops n bytes (the payload of a refused slice keeps the stream in step). */
@@ -169,6 +177,8 @@ static int discard(int fd, uint64_t n, int timeout_ms)
 
 /* ------------------------------------------------------------------ server */
 
+#define ACKS_HELD 32 /* WRITE acks a connection holds back at most */
+
 typedef struct dp_conn {
     mg_dp_server *srv;
     int fd;
@@ -176,6 +186,10 @@ typedef struct dp_conn {
     int done; /* the thread ended: join it */
     char peer[64];
     struct dp_conn *next;
+    /* WRITE acks not sent yet: they go together once the client's slices stop coming (the next
+     * header is not there yet), before any other answer, or when ACKS_HELD are waiting. */
+    uint8_t acks[ACKS_HELD * MG_DF_HEADER_BYTES];
+    size_t nacks;
 } dp_conn;
 
 struct mg_dp_server {
@@ -189,6 +203,34 @@ struct mg_dp_server {
     int stopping;
     mg_dp_server_stats stats; /* under lock */
 };
+
+/* Sends the acks held back. Returns 0 or -1. */
+static int acks_flush(dp_conn *c)
+{
+    size_t n = c->nacks * MG_DF_HEADER_BYTES;
+    c->nacks = 0;
+    return n ? write_two(c->fd, c->acks, n, NULL, 0, (int)c->srv->cfg.io_timeout_ms, NULL) : 0;
+}
+
+/* Holds back a WRITE ack (sent at once when ACKS_HELD wait). Returns 0 or -1. */
+static int ack_hold(dp_conn *c, const mg_df_header *h)
+{
+    mg_df_encode(h, c->acks + c->nacks * MG_DF_HEADER_BYTES);
+    return ++c->nacks == ACKS_HELD ? acks_flush(c) : 0;
+}
+
+/* The next frame's header: taken at once if it is all there, else the acks held back go out
+ * first (the client may be waiting for them) and the header is waited for. */
+static int read_header(dp_conn *c, uint8_t *head)
+{
+    ssize_t r = c->nacks ? recv(c->fd, head, MG_DF_HEADER_BYTES, MSG_DONTWAIT) : 0;
+    size_t got = r > 0 ? (size_t)r : 0;
+    if (got == MG_DF_HEADER_BYTES)
+        return 0;
+    if (acks_flush(c) != 0)
+        return -1;
+    return read_full(c->fd, head + got, MG_DF_HEADER_BYTES - got, -1, NULL); /* idle peers wait */
+}
 
 static void count(mg_dp_server *s, uint64_t *field, uint64_t n)
 {
@@ -297,7 +339,7 @@ static void *conn_main(void *arg)
         uint8_t *addr = NULL;
         uint32_t st;
         int rc;
-        if (read_full(c->fd, head, sizeof(head), -1, NULL) != 0) /* idle peers may wait */
+        if (read_header(c, head) != 0)
             break;
         rc = mg_df_decode(head, sizeof(head), s->cfg.max_slice, &h);
         if (rc != MG_DF_OK || (h.type != MG_DF_WRITE && h.type != MG_DF_READ)) {
@@ -305,7 +347,8 @@ static void *conn_main(void *arg)
             reply.type = MG_DF_ERROR;
             reply.status = ST_INVALID_ARGUMENT;
             reply.length = (uint32_t)strlen(why);
-            send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
+            if (acks_flush(c) == 0) /* the answers before it, in order */
+                send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
         st = check_target(s, tenant, c->peer, &h, &tgt, &addr);
@@ -332,7 +375,7 @@ static void *conn_main(void *arg)
             count(s, st == ST_OK ? &s->stats.slices_in : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_in, h.length);
-            rc = send_frame(c->fd, &reply, NULL, 0, timeout, NULL);
+            rc = ack_hold(c, &reply);
         } else {
             uint32_t crc = 0;
             if (st == ST_OK && (h.flags & MG_DF_CRC) &&
@@ -348,7 +391,8 @@ static void *conn_main(void *arg)
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
-            rc = send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
+            rc = acks_flush(c) != 0 ? -1
+                                    : send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
         }
         target_done(s, &tgt);
         if (rc != 0)

@@ -375,6 +375,21 @@ static void test_run_many_on_one_stream(void)
         if (i != 17)
             CU_ASSERT_EQUAL(memcmp(back[i], src[i], ops[i].len), 0);
     }
+    /* WRITEs and READs taking turns in one run: the acks the server holds back go before each
+     * READ's answer, in order; a refused WRITE among them answers in its place. */
+    for (int i = 0; i < N; i++) {
+        ops[i].write = i % 2 == 0;
+        ops[i].target = i == 20 ? closed_id : open_id;
+        ops[i].offset = (uint64_t)(i / 2) * 8192; /* READ i+1 reads what WRITE i wrote */
+        ops[i].buf = ops[i].write ? src[N - 1 - i] : back[i];
+        ops[i].len = 8192 - (uint64_t)(i / 2);
+    }
+    CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(ops[i].rc, i == 20 ? MG_ERR_PERMISSION : 0);
+        if (i % 2 == 1 && i != 21)
+            CU_ASSERT_EQUAL(memcmp(back[i], src[N - i], ops[i].len), 0);
+    }
     /* The stream is in step: a plain call after it works. */
     CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "ok", 2, NULL, err, sizeof(err)), 0);
     mg_dp_close(c);
