@@ -70,10 +70,17 @@ def per_call(fn, calls):
 
 def measure(c, segs, calls):
     m, p = c.memory, c.pool
-    mid_seg = m.ListSegments(memory_pb2.ListSegmentsRequest(page_size=max(1, len(segs) // 2)),
-                             timeout=30).next_page_token
-    mid_lease = p.ListLeases(pool_pb2.ListLeasesRequest(page_size=max(1, len(segs) // 2)),
-                             timeout=30).next_page_token
+
+    def middle(fn, req):
+        """The page token halfway through the list (pages of at most 1000)."""
+        token, left = "", max(1, len(segs) // 2)
+        while left > 0:
+            token = fn(req(page_size=min(1000, left), page_token=token), timeout=30) \
+                .next_page_token
+            left -= 1000
+        return token
+    mid_seg = middle(m.ListSegments, memory_pb2.ListSegmentsRequest)
+    mid_lease = middle(p.ListLeases, pool_pb2.ListLeasesRequest)
 
     def register(i):
         s = m.RegisterSegment(memory_pb2.RegisterRequest(name="probe-%d" % i, size=4096),
