@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <nghttp2/nghttp2.h>
+#include <protobuf-c/protobuf-c.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -920,53 +921,52 @@ int mg_client_call(mg_client *c, const char *path, const uint8_t *req, size_t re
     return call_run(c, path, req, req_len, timeout_ms, 0, resp, resp_len, status, message, msgcap);
 }
 
-int mg_client_unary(const mg_client_options *opts, const char *path, const uint8_t *req,
-                    size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
-                    int *status, char **message, char *err, size_t errcap)
+void *mg_client_call_msg(mg_client *c, const char *path, const ProtobufCMessage *req,
+                         const ProtobufCMessageDescriptor *resp, uint64_t timeout_ms, int *status,
+                         char *err, size_t errcap)
 {
-    char msg[2048];
-    mg_client *c;
-    struct event_base *base = event_base_new();
-
-    if (base == NULL) {
-        snprintf(err, errcap, "out of memory");
-        return -1;
+    size_t n = protobuf_c_message_get_packed_size(req), rl = 0;
+    uint8_t *buf = malloc(n ? n : 1), *out = NULL;
+    void *msg = NULL;
+    if (buf == NULL) {
+        *status = MG_GRPC_RESOURCE_EXHAUSTED;
+        snprintf(err, errcap, "%s: out of memory", path);
+        return NULL;
     }
-    if (mg_client_new(&c, base, opts, err, errcap) != 0) {
-        event_base_free(base);
-        return -1;
+    protobuf_c_message_pack(req, buf);
+    if (call_run(c, path, buf, n, timeout_ms, 0, &out, &rl, status, err, errcap) != 0) {
+        *status = MG_GRPC_UNAVAILABLE;
+    } else if (*status == MG_GRPC_OK &&
+               (msg = protobuf_c_message_unpack(resp, NULL, rl, out)) == NULL) {
+        *status = MG_GRPC_INTERNAL;
+        snprintf(err, errcap, "%s: the daemon's answer is no %s", path, resp->name);
     }
-    if (call_run(c, path, req, req_len, timeout_ms, 1, resp, resp_len, status, msg, sizeof(msg)) !=
-        0) {
-        snprintf(err, errcap, "cannot start the call: %s", msg);
-        mg_client_del(c);
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        event_base_free(base);
-        return -1;
-    }
-    mg_client_del(c);
-    /* Let deferred bufferevent callbacks run so the freed connection is released. */
-    event_base_loop(base, EVLOOP_NONBLOCK);
-    event_base_free(base);
-    *message = strdup(msg);
-    return 0;
+    free(buf);
+    free(out);
+    return msg;
 }
 
-mg_client *mg_client_open(const char *target, const char *token, char *err, size_t errcap)
+/* A client with a loop of its own (mg_client_close frees both). */
+static mg_client *client_open(const mg_client_options *o, char *err, size_t errcap)
 {
-    mg_client_options o = {.target = target, .token = token};
     struct event_base *base = event_base_new();
     mg_client *c;
     if (base == NULL) {
         snprintf(err, errcap, "out of memory");
         return NULL;
     }
-    if (mg_client_new(&c, base, &o, err, errcap) != 0) {
+    if (mg_client_new(&c, base, o, err, errcap) != 0) {
         event_base_free(base);
         return NULL;
     }
     c->owns_base = 1;
     return c;
+}
+
+mg_client *mg_client_open(const char *target, const char *token, char *err, size_t errcap)
+{
+    mg_client_options o = {.target = target, .token = token};
+    return client_open(&o, err, errcap);
 }
 
 void mg_client_close(mg_client *c)
@@ -980,6 +980,25 @@ void mg_client_close(mg_client *c)
         event_base_loop(base, EVLOOP_NONBLOCK);
         event_base_free(base);
     }
+}
+
+int mg_client_unary(const mg_client_options *opts, const char *path, const uint8_t *req,
+                    size_t req_len, uint64_t timeout_ms, uint8_t **resp, size_t *resp_len,
+                    int *status, char **message, char *err, size_t errcap)
+{
+    char msg[2048];
+    mg_client *c = client_open(opts, err, errcap);
+    int rc;
+    if (c == NULL)
+        return -1;
+    rc = call_run(c, path, req, req_len, timeout_ms, 1, resp, resp_len, status, msg, sizeof(msg));
+    mg_client_close(c);
+    if (rc != 0) {
+        snprintf(err, errcap, "cannot start the call: %s", msg);
+        return -1;
+    }
+    *message = strdup(msg);
+    return 0;
 }
 
 const char *mg_client_target(const mg_client *c)

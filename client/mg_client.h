@@ -87,6 +87,16 @@ int mg_client_call(mg_client *c, const char *path, const uint8_t *req, size_t re
                    uint64_t timeout_ms, uint8_t **resp, size_t *resp_len, int *status,
                    char *message, size_t msgcap);
 
+struct ProtobufCMessage;
+struct ProtobufCMessageDescriptor;
+/* mg_client_call of a protobuf-c message: packs `req`, and on OK unpacks the answer (a
+ * stream's last) as `resp`
+ * (the caller frees it with protobuf_c_message_free_unpacked). NULL with *status (a gRPC code;
+ * UNAVAILABLE when the call could not start, INTERNAL for an answer that is no `resp`) and err. */
+void *mg_client_call_msg(mg_client *c, const char *path, const struct ProtobufCMessage *req,
+                         const struct ProtobufCMessageDescriptor *resp, uint64_t timeout_ms,
+                         int *status, char *err, size_t errcap);
+
 /* Blocking unary call on a private loop and connection. On return *status and *message (caller
  * frees) are set; *resp (caller frees) holds the response when status is OK. Returns 0, or -1
  * with err set when the call could not be attempted at all. */

@@ -115,30 +115,14 @@ static int register_buffer(mg_client *c, const char *name, uint64_t handle, size
 int mg_client_register(mg_client *c, const Moongate__V1__RegisterRequest *req, uint64_t *id,
                        int *status, char *err, size_t errcap)
 {
-    Moongate__V1__RegisterResponse *r;
-    uint8_t *buf, *resp = NULL;
-    size_t n, resp_len = 0;
-    n = moongate__v1__register_request__get_packed_size(req);
-    if ((buf = malloc(n ? n : 1)) == NULL) {
-        *status = MG_GRPC_RESOURCE_EXHAUSTED;
-        snprintf(err, errcap, "out of memory");
+    Moongate__V1__RegisterResponse *r = mg_client_call_msg(
+        c, "/moongate.v1.Memory/RegisterSegment", &req->base,
+        &moongate__v1__register_response__descriptor, 30000, status, err, errcap);
+    if (r == NULL)
         return -1;
-    }
-    moongate__v1__register_request__pack(req, buf);
-    if (mg_client_call(c, "/moongate.v1.Memory/RegisterSegment", buf, n, 30000, &resp, &resp_len,
-                       status, err, errcap) != 0) {
-        *status = MG_GRPC_UNAVAILABLE;
-        free(buf);
-        return -1;
-    }
-    free(buf);
-    if (*status != MG_GRPC_OK)
-        return -1;
-    r = moongate__v1__register_response__unpack(NULL, resp_len, resp);
-    free(resp);
-    if (r == NULL || r->segment == NULL) {
+    if (r->segment == NULL) {
         *status = MG_GRPC_INTERNAL;
-        snprintf(err, errcap, "the daemon's answer is not a RegisterResponse");
+        snprintf(err, errcap, "the daemon's answer holds no segment");
         moongate__v1__register_response__free_unpacked(r, NULL);
         return -1;
     }

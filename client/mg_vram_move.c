@@ -80,27 +80,12 @@ static void *call(move *m, const char *path, const ProtobufCMessage *req,
                   const ProtobufCMessageDescriptor *out)
 {
     uint64_t now = now_us();
-    size_t n = protobuf_c_message_get_packed_size(req), rl = 0;
-    uint8_t *buf, *resp = NULL;
-    void *msg = NULL;
     if (now >= m->deadline_us) {
         fail(m, MG_GRPC_DEADLINE_EXCEEDED, "%s: the move's deadline passed", path);
         return NULL;
     }
-    if ((buf = malloc(n ? n : 1)) == NULL) {
-        fail(m, MG_GRPC_RESOURCE_EXHAUSTED, "%s: %s", path, "out of memory");
-        return NULL;
-    }
-    protobuf_c_message_pack(req, buf);
-    if (mg_client_call(m->c, path, buf, n, (m->deadline_us - now + 999) / 1000, &resp, &rl,
-                       m->status, m->err, m->errcap) != 0)
-        *m->status = MG_GRPC_UNAVAILABLE;
-    else if (*m->status == MG_GRPC_OK &&
-             (msg = protobuf_c_message_unpack(out, NULL, rl, resp)) == NULL)
-        fail(m, MG_GRPC_INTERNAL, "%s: the daemon's answer is no %s", path, out->name);
-    free(buf);
-    free(resp);
-    return msg;
+    return mg_client_call_msg(m->c, path, req, out, (m->deadline_us - now + 999) / 1000, m->status,
+                              m->err, m->errcap);
 }
 
 /* The mapping of a pool's file (mapped and, if the driver takes it, pinned on first use). */

@@ -68,8 +68,6 @@ static double host_move(bench *b, int write)
     Moongate__V1__SubmitRequest q = MOONGATE__V1__SUBMIT_REQUEST__INIT;
     Moongate__V1__TransferRequest t = MOONGATE__V1__TRANSFER_REQUEST__INIT, *tp = &t;
     Moongate__V1__SubmitResponse *resp;
-    uint8_t *buf, *out = NULL;
-    size_t n, out_len = 0;
     int status, ok;
     char msg[512];
     double t0;
@@ -81,25 +79,19 @@ static double host_move(bench *b, int write)
     q.requests = &tp;
     q.n_requests = 1;
     q.wait = 1;
-    n = moongate__v1__submit_request__get_packed_size(&q);
-    if ((buf = malloc(n)) == NULL)
-        return -1;
-    moongate__v1__submit_request__pack(&q, buf);
     t0 = now_s();
-    if (mg_client_call(b->c, "/moongate.v1.Transfer/Submit", buf, n, 600000, &out, &out_len,
-                       &status, msg, sizeof(msg)) != 0)
-        status = MG_GRPC_UNAVAILABLE;
+    resp = mg_client_call_msg(b->c, "/moongate.v1.Transfer/Submit", &q.base,
+                              &moongate__v1__submit_response__descriptor, 600000, &status, msg,
+                              sizeof(msg));
     t0 = now_s() - t0;
-    free(buf);
-    resp = status == MG_GRPC_OK ? moongate__v1__submit_response__unpack(NULL, out_len, out) : NULL;
     ok = resp && resp->batch && resp->batch->state == MOONGATE__V1__REQUEST_STATE__DONE;
     if (!ok)
         fprintf(stderr, "mgbench: host %s: %s\n", write ? "write" : "read",
-                status != MG_GRPC_OK                             ? msg
-                : resp && resp->batch && resp->batch->n_requests ? resp->batch->requests[0]->message
-                                                                 : "no batch in the answer");
-    moongate__v1__submit_response__free_unpacked(resp, NULL);
-    free(out);
+                resp == NULL                             ? msg
+                : resp->batch && resp->batch->n_requests ? resp->batch->requests[0]->message
+                                                         : "no batch in the answer");
+    if (resp)
+        moongate__v1__submit_response__free_unpacked(resp, NULL);
     return ok ? t0 : -1;
 }
 
