@@ -6,7 +6,7 @@
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
  *                    [--ops write,read] [--bytes 256M] [--threads N] [--inflight N]
  *                    [--scatter] [--big 1G] [--per-request] [--submit-wait]
- *                    [--print-layout] [--json]
+ *                    [--print-layout] [--seconds S] [--start-at T] [--json]
  *
  * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
  * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
@@ -24,8 +24,11 @@
  * pages look like), instead of back to back. --json prints the same as one JSON object per
  * line. --peer "" moves between two segments of A (copies on its workers) and, with --big,
  * prints memcpy of that size on one thread beside them. --print-layout prints the offsets of each
- * thread's first --inflight batches instead of moving anything. Exit status 0 when every batch
- * ended DONE.
+ * thread's first --inflight batches instead of moving anything. --seconds S runs each
+ * configuration for S seconds instead of --bytes; --start-at T waits until wall-clock time T
+ * before the first, so that several mgbench processes (one per tenant or per peer) move at once.
+ * MOONGATE_TOKEN, when set, is sent as a bearer token to both daemons. Exit status 0 when every
+ * batch ended DONE.
  */
 #include "mgbench.h"
 
@@ -83,7 +86,7 @@ typedef struct {
 /* Returns 0, or -1 with err set. */
 static int conn_open(conn *k, const char *target, char *err, size_t errcap)
 {
-    mg_client_options o = {.target = target};
+    mg_client_options o = {.target = target, .token = getenv("MOONGATE_TOKEN")};
     k->c = NULL;
     k->base = event_base_new();
     if (k->base == NULL) {
@@ -120,6 +123,7 @@ typedef struct {
     int scatter;             /* blocks at a permutation of offsets, none adjacent */
     int per_request;         /* a TransferRequest per block instead of the Blocks form */
     int submit_wait;         /* Submit answers at the end: no Wait */
+    double deadline;         /* --seconds: no batch goes after this (monotonic seconds), or 0 */
     /* results */
     double *latency; /* seconds, one per batch */
     double submit_sum;
@@ -234,7 +238,7 @@ static void *worker_main(void *arg)
     uint64_t *lengths = calloc(w->batch, sizeof(*lengths));
     uint64_t *ids = calloc(w->inflight, sizeof(*ids)), mul[2];
     double *t0 = calloc(w->inflight, sizeof(*t0));
-    unsigned done = 0;
+    unsigned done = 0, k = 0;
     char err[256];
     if (conn_open(&cn, w->target, err, sizeof(err)) != 0 || reqs == NULL || ptrs == NULL ||
         loffs == NULL || roffs == NULL || lengths == NULL || ids == NULL || t0 == NULL) {
@@ -263,7 +267,7 @@ static void *worker_main(void *arg)
     blocks.remote_offsets = roffs;
     blocks.lengths = lengths;
     /* Up to --inflight batches outstanding: the oldest is waited for before another goes. */
-    for (unsigned k = 0; k < w->batches && !w->failed; k++) {
+    for (; k < w->batches && !w->failed && !(w->deadline > 0 && now_s() >= w->deadline); k++) {
         Moongate__V1__SubmitRequest sr = MOONGATE__V1__SUBMIT_REQUEST__INIT;
         Moongate__V1__Batch *b = NULL;
         unsigned slot = k % w->inflight;
@@ -294,7 +298,7 @@ static void *worker_main(void *arg)
             ids[slot] = 0; /* over already */
     }
     for (unsigned j = 0; j < w->inflight && !w->failed; j++) { /* the last ones, oldest first */
-        unsigned slot = (w->batches + j) % w->inflight;
+        unsigned slot = (k + j) % w->inflight;
         if (ids[slot] && batch_end(w, cn.c, ids[slot], NULL, t0[slot], done++) != 0)
             w->failed = 1;
     }
@@ -315,7 +319,24 @@ typedef struct {
     uint64_t local_id, remote_id, seg_bytes, bytes;
     unsigned threads, inflight;
     int json, per_request, submit_wait, scatter, print_layout;
+    double seconds;  /* --seconds: each configuration runs this long instead of --bytes */
+    double start_at; /* --start-at: the first configuration starts at this wall-clock time */
 } setup;
+
+/* --start-at: sleeps until the wall clock reaches `at` (seconds since the epoch), so that
+ * several mgbench processes start moving together. */
+static void wait_until(double at)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double left = at - ((double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+    if (left > 0) {
+        struct timespec d = {.tv_sec = (time_t)left,
+                             .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+        while (nanosleep(&d, &d) != 0) {
+        }
+    }
+}
 
 /* --print-layout: the offsets of each thread's first --inflight batches, one line per batch
  * and side ("layout T K local|remote OFF..."), for each configuration; nothing is moved. */
@@ -356,11 +377,15 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
         batches = min_batches;
     if (batches > 2000)
         batches = 2000;
+    if (s->seconds > 0) /* as many as fit in the time (a bound for the latency array) */
+        batches = 200000;
     all = calloc((size_t)batches * s->threads, sizeof(double));
     if (w == NULL || th == NULL || all == NULL) {
         fprintf(stderr, "mgbench: out of memory\n");
         return 1;
     }
+    if (s->start_at > 0)
+        wait_until(s->start_at);
     t0 = now_s();
     for (unsigned i = 0; i < s->threads; i++) {
         w[i] = (worker){.target = s->target,
@@ -378,6 +403,7 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
                         .scatter = s->scatter,
                         .per_request = s->per_request,
                         .submit_wait = s->submit_wait,
+                        .deadline = s->seconds > 0 ? t0 + s->seconds : 0,
                         .latency = calloc(batches, sizeof(double))};
         pthread_create(&th[i], NULL, worker_main, &w[i]);
     }
@@ -546,9 +572,13 @@ static void usage(FILE *f)
     fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
                "           [--inflight N] [--scatter] [--big 1G] [--per-request]\n"
-               "           [--submit-wait] [--print-layout] [--json]\n"
+               "           [--submit-wait] [--print-layout] [--seconds S] [--start-at T]\n"
+               "           [--json]\n"
                "A, B: h2c control endpoints of two daemons (B as A reaches it); B \"\": copies\n"
-               "on A, with --big beside memcpy on one thread.\n");
+               "on A, with --big beside memcpy on one thread. --seconds: each configuration\n"
+               "runs S seconds instead of --bytes; --start-at: the first starts at wall-clock\n"
+               "time T (seconds since the epoch), for runs of several mgbench at once.\n"
+               "MOONGATE_TOKEN: a bearer token for both daemons.\n");
 }
 
 int mgbench_transfer_main(int argc, char **argv)
@@ -592,6 +622,10 @@ int mgbench_transfer_main(int argc, char **argv)
             i++;
         } else if (v && !strcmp(a, "--big") && mgbench_parse_size(v, &big) == 0) {
             i++;
+        } else if (v && !strcmp(a, "--seconds")) {
+            s.seconds = strtod(v, NULL), i++;
+        } else if (v && !strcmp(a, "--start-at")) {
+            s.start_at = strtod(v, NULL), i++;
         } else if (v && !strcmp(a, "--threads")) {
             s.threads = (unsigned)strtoul(v, NULL, 10), i++;
         } else {
@@ -600,7 +634,8 @@ int mgbench_transfer_main(int argc, char **argv)
         }
     }
     if (s.target == NULL || s.peer == NULL || s.threads < 1 || s.threads > 64 || s.inflight < 1 ||
-        s.inflight > 64 || (s.submit_wait && s.inflight > 1) || (!do_write && !do_read)) {
+        s.inflight > 64 || s.seconds < 0 || s.seconds > 3600 || (s.submit_wait && s.inflight > 1) ||
+        (!do_write && !do_read)) {
         usage(stderr);
         return 64;
     }

@@ -289,14 +289,35 @@ static void req_run(mg_xfer_sched *s, mg_xfer_line *line, unsigned cap)
         s->cfg.ended(s->cfg.arg, r, r->parts[0].m.rc, r->parts[0].m.msg);
 }
 
+/* Whether the line has a request waiting and room to start it now. */
+static int line_can_run(const mg_xfer_sched *s, const mg_xfer_line *line, unsigned *cap)
+{
+    unsigned all = line->io ? s->cfg.io_slots : s->cfg.worker_slots;
+    *cap = all > 1 ? all - 1 : 1;
+    return !mg_list_empty(&line->ready) && line->jobs < *cap && s->jobs[line->io] < all;
+}
+
+/* Starts ready requests while slots are free, one request (or group) at a time, each to the
+ * line that was served longest ago: the line served goes to the back of the list. Peers and
+ * tenants so take turns at the slots, instead of the first line taking all it may whenever
+ * one frees. */
 void mg_xfer_sched_pump(mg_xfer_sched *s)
 {
-    mg_list_foreach (&s->lines, node) {
-        mg_xfer_line *line = mg_container_of(node, mg_xfer_line, node);
-        unsigned all = line->io ? s->cfg.io_slots : s->cfg.worker_slots;
-        unsigned cap = all > 1 ? all - 1 : 1;
-        while (!mg_list_empty(&line->ready) && line->jobs < cap && s->jobs[line->io] < all)
-            req_run(s, line, cap);
+    for (;;) {
+        mg_xfer_line *pick = NULL;
+        unsigned cap = 0;
+        mg_list_foreach (&s->lines, node) {
+            mg_xfer_line *line = mg_container_of(node, mg_xfer_line, node);
+            if (line_can_run(s, line, &cap)) {
+                pick = line;
+                break;
+            }
+        }
+        if (pick == NULL)
+            return;
+        mg_list_remove(&pick->node);
+        mg_list_push_back(&s->lines, &pick->node);
+        req_run(s, pick, cap);
     }
 }
 

@@ -1,9 +1,9 @@
 /*
  * Unit tests for the transfer scheduler (moongate/xfer.h) in memory, no daemon: an inline
  * worker takes the jobs the scheduler submits and the test decides when each comes back. Each
- * peer's share of the job slots, slots apart for copies, grouping of a batch's small requests,
- * large requests in parts, the first failure speaking for a request, a full engine queue, a
- * request taken out of its line, and a closed scheduler starting nothing more.
+ * peer's share of the job slots, peers taking turns at them, slots apart for copies, grouping of a
+ * batch's small requests, large requests in parts, the first failure speaking for a request, a full
+ * engine queue, a request taken out of its line, and a closed scheduler starting nothing more.
  */
 #include "mg_test.h"
 #include "moongate/xfer.h"
@@ -163,6 +163,49 @@ static void test_share_between_peers(void)
     CU_ASSERT_EQUAL(njob_ended, 7);
     mg_xfer_line_del(&a);
     mg_xfer_line_del(&b);
+    mg_xfer_sched_del(s);
+}
+
+/* The line that owns job i. */
+static mg_xfer_line *job_line(int i)
+{
+    return ((mg_xfer_job_part *)jobs[i].arg)->r->line;
+}
+
+/* More peers than slots: a freed slot goes to the line served longest ago, so that each peer
+ * gets its turn (a first line that always has room must not take every slot that frees). */
+static void test_turns_between_peers(void)
+{
+    enum { LINES = 3, EACH = 12 };
+    mg_xfer_sched *s = open_sched(4, 2, 1); /* 2 transport slots: one per line at most */
+    mg_xfer_line line[LINES];
+    mg_xfer_req r[LINES][EACH];
+    int batch[LINES], starts[LINES] = {0};
+    for (int l = 0; l < LINES; l++) {
+        mg_xfer_line_init(s, &line[l], 1);
+        for (int i = 0; i < EACH; i++) {
+            req(&r[l][i], &batch[l], 8 * MiB, 0);
+            mg_xfer_sched_add(&line[l], &r[l][i]);
+        }
+    }
+    CU_ASSERT_EQUAL_FATAL(njobs, 2);
+    CU_ASSERT_PTR_EQUAL(job_line(0), &line[0]);
+    CU_ASSERT_PTR_EQUAL(job_line(1), &line[1]);
+    for (int k = 0; k < 24; k++) { /* the oldest job ends; one more starts */
+        finish(0, 0);
+        CU_ASSERT_EQUAL(njobs, 2);
+        if (njobs != 2)
+            break;
+        for (int l = 0; l < LINES; l++)
+            starts[l] += job_line(1) == &line[l];
+    }
+    for (int l = 0; l < LINES; l++)
+        CU_ASSERT_EQUAL(starts[l], 8); /* in turn: c, a, b, c, ... */
+    while (njobs > 0)
+        finish(0, 0);
+    CU_ASSERT_EQUAL(nended, LINES * EACH);
+    for (int l = 0; l < LINES; l++)
+        mg_xfer_line_del(&line[l]);
     mg_xfer_sched_del(s);
 }
 
@@ -329,6 +372,7 @@ int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_share_between_peers),
+        MG_TEST(test_turns_between_peers),
         MG_TEST(test_copies_use_the_workers),
         MG_TEST(test_grouping),
         MG_TEST(test_parts_and_first_failure),
