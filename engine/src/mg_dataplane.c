@@ -124,14 +124,16 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *sto
 }
 
 /* Writes `pre` bytes then `len` bytes of payload in as few sendmsg calls as the socket takes
- * (one, unless it is full): a frame's header never goes as a packet of its own. */
+ * (one, unless it is full): a frame's header never goes as a packet of its own. `more`: another
+ * frame follows at once (MSG_MORE: the kernel fills packets instead of sending each frame as
+ * its own; the writer pushes the last one, see run_send). */
 static int write_two(int fd, const void *pre, size_t plen, const void *payload, size_t len,
-                     int timeout_ms, const int *stop)
+                     int more, int timeout_ms, const int *stop)
 {
     struct iovec iov[2] = {{(void *)pre, plen}, {(void *)payload, len}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
     while (plen + len > 0) {
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
         size_t took;
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -159,25 +161,17 @@ static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t
 {
     uint8_t head[MG_DF_HEADER_BYTES];
     mg_df_encode(h, head);
-    return write_two(fd, head, sizeof(head), payload, len, timeout_ms, stop);
-}
-
-/* Reads and drops n bytes (the payload of a refused slice keeps the stream in step). */
-static int discard(int fd, uint64_t n, int timeout_ms)
-{
-    uint8_t sink[16384];
-    while (n > 0) {
-        size_t k = n < sizeof(sink) ? (size_t)n : sizeof(sink);
-        if (read_full(fd, sink, k, timeout_ms, NULL) != 0)
-            return -1;
-        n -= k;
-    }
-    return 0;
+    return write_two(fd, head, sizeof(head), payload, len, 0, timeout_ms, stop);
 }
 
 /* ------------------------------------------------------------------ server */
 
-#define ACKS_HELD 32 /* WRITE acks a connection holds back at most */
+/* Slices shorter than this go with MSG_MORE while another follows (they share packets). */
+#define MG_DP_MORE_BYTES (64u << 10)
+/* After a payload shorter than this the server reads ahead; after a longer one, exactly. */
+#define MG_DP_AHEAD_BYTES (64u << 10)
+#define RBUF_BYTES        (128u << 10) /* a connection's read-ahead */
+#define ACKS_HELD         32           /* WRITE acks a connection holds back at most */
 
 typedef struct dp_conn {
     mg_dp_server *srv;
@@ -190,6 +184,13 @@ typedef struct dp_conn {
      * header is not there yet), before any other answer, or when ACKS_HELD are waiting. */
     uint8_t acks[ACKS_HELD * MG_DF_HEADER_BYTES];
     size_t nacks;
+    /* Read-ahead: after a small frame, the stream is read in large pieces (small slices take
+     * one recv for many instead of two each) and headers and small payloads are copied out;
+     * after a large one, exactly the next header is read, and payloads go straight into place
+     * (no copy by the CPU). */
+    int ahead;
+    size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
+    uint8_t rbuf[RBUF_BYTES];
 } dp_conn;
 
 struct mg_dp_server {
@@ -209,7 +210,7 @@ static int acks_flush(dp_conn *c)
 {
     size_t n = c->nacks * MG_DF_HEADER_BYTES;
     c->nacks = 0;
-    return n ? write_two(c->fd, c->acks, n, NULL, 0, (int)c->srv->cfg.io_timeout_ms, NULL) : 0;
+    return n ? write_two(c->fd, c->acks, n, NULL, 0, 0, (int)c->srv->cfg.io_timeout_ms, NULL) : 0;
 }
 
 /* Holds back a WRITE ack (sent at once when ACKS_HELD wait). Returns 0 or -1. */
@@ -219,17 +220,98 @@ static int ack_hold(dp_conn *c, const mg_df_header *h)
     return ++c->nacks == ACKS_HELD ? acks_flush(c) : 0;
 }
 
+static size_t rb_avail(const dp_conn *c)
+{
+    return c->rlen - c->rpos;
+}
+
+/* Receives into the read-ahead what is there (all the room takes when c->ahead, else up to
+ * `want` bytes held in all), waiting (poll, timeout_ms; -1 for ever) only when nothing is and
+ * `wait`. Returns 0 (maybe nothing got, when !wait) or -1 (errno; 0 when the peer closed). */
+static int rb_fill(dp_conn *c, size_t want, int wait, int timeout_ms)
+{
+    if (c->rpos > 0) { /* what is left to the front: a frame's start, short */
+        memmove(c->rbuf, c->rbuf + c->rpos, rb_avail(c));
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    for (;;) {
+        size_t room = c->ahead ? sizeof(c->rbuf) - c->rlen : want - c->rlen;
+        ssize_t r = recv(c->fd, c->rbuf + c->rlen, room, MSG_DONTWAIT);
+        if (r > 0) {
+            c->rlen += (size_t)r;
+            return 0;
+        }
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if ((errno != EAGAIN && errno != EWOULDBLOCK) || !wait)
+            return wait ? -1 : 0;
+        if (wait_ready(c->fd, POLLIN, timeout_ms, NULL) != 0)
+            return -1;
+    }
+}
+
 /* The next frame's header: taken at once if it is all there, else the acks held back go out
  * first (the client may be waiting for them) and the header is waited for. */
 static int read_header(dp_conn *c, uint8_t *head)
 {
-    ssize_t r = c->nacks ? recv(c->fd, head, MG_DF_HEADER_BYTES, MSG_DONTWAIT) : 0;
-    size_t got = r > 0 ? (size_t)r : 0;
-    if (got == MG_DF_HEADER_BYTES)
-        return 0;
-    if (acks_flush(c) != 0)
+    if (rb_avail(c) < MG_DF_HEADER_BYTES && c->nacks && rb_fill(c, MG_DF_HEADER_BYTES, 0, 0) != 0)
         return -1;
-    return read_full(c->fd, head + got, MG_DF_HEADER_BYTES - got, -1, NULL); /* idle peers wait */
+    if (rb_avail(c) < MG_DF_HEADER_BYTES && acks_flush(c) != 0)
+        return -1;
+    while (rb_avail(c) < MG_DF_HEADER_BYTES) {
+        if (rb_fill(c, MG_DF_HEADER_BYTES, 1, -1) != 0) /* idle peers wait */
+            return -1;
+    }
+    memcpy(head, c->rbuf + c->rpos, MG_DF_HEADER_BYTES);
+    c->rpos += MG_DF_HEADER_BYTES;
+    return 0;
+}
+
+/* The next n bytes of the stream into dst (a segment's memory: copies by the CPU run guarded),
+ * or dropped when dst is NULL: first what the read-ahead holds, then a small rest through it,
+ * a large one straight into place. Returns 0, MG_ERR_DATA_LOSS (dst's pages went missing: the
+ * bytes were still taken off the stream) or -1 (the connection failed). */
+static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms)
+{
+    int lost = 0;
+    while (n > 0) {
+        size_t k = rb_avail(c) < n ? rb_avail(c) : (size_t)n;
+        if (k == 0 && dst && !lost && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
+            ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
+            if (r > 0) {
+                dst += r;
+                n -= (uint64_t)r;
+            } else if (r == 0) {
+                errno = 0;
+                return -1;
+            } else if (errno == EFAULT) { /* takes nothing off the stream: the rest is dropped */
+                lost = 1;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (wait_ready(c->fd, POLLIN, timeout_ms, NULL) != 0)
+                    return -1;
+            } else if (errno != EINTR) {
+                return -1;
+            }
+            continue;
+        }
+        if (k == 0) {
+            if (rb_fill(c, n < sizeof(c->rbuf) ? (size_t)n : sizeof(c->rbuf), 1, timeout_ms) != 0)
+                return -1;
+            continue;
+        }
+        if (dst && !lost && mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0)
+            lost = 1;
+        c->rpos += k;
+        n -= k;
+        if (dst)
+            dst += k;
+    }
+    return lost ? MG_ERR_DATA_LOSS : 0;
 }
 
 static void count(mg_dp_server *s, uint64_t *field, uint64_t n)
@@ -358,11 +440,14 @@ static void *conn_main(void *arg)
         reply.flags = h.flags & MG_DF_LEASE;
         if (h.type == MG_DF_WRITE) {
             /* The bytes go straight into place; the ack follows only once they are there. */
-            if (st == ST_OK ? read_full(c->fd, addr, h.length, timeout, NULL) != 0
-                            : discard(c->fd, h.length, timeout) != 0) {
+            rc = read_payload(c, st == ST_OK ? addr : NULL, h.length, timeout);
+            c->ahead = h.length < MG_DP_AHEAD_BYTES;
+            if (rc == -1) {
                 target_done(s, &tgt);
                 break;
             }
+            if (rc == MG_ERR_DATA_LOSS) /* the segment's file is shorter than registered */
+                st = ST_DATA_LOSS;
             if (st == ST_OK && (h.flags & MG_DF_CRC)) {
                 uint32_t crc = 0; /* guarded: a client may have shrunk the segment's file */
                 if (mg_guarded_crc32c(&crc, addr, h.length) != 0 || crc != h.payload_crc)
@@ -378,6 +463,7 @@ static void *conn_main(void *arg)
             rc = ack_hold(c, &reply);
         } else {
             uint32_t crc = 0;
+            c->ahead = 1; /* READ frames are headers alone */
             if (st == ST_OK && (h.flags & MG_DF_CRC) &&
                 mg_guarded_crc32c(&crc, addr, h.length) != 0)
                 st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
@@ -717,10 +803,12 @@ void mg_dp_close(mg_dp_conn *c)
     free(c);
 }
 
-/* Sends slice i of a transfer (a WRITE with its payload, or a READ). */
+/* Sends slice i of a transfer (a WRITE with its payload, or a READ); `more`: another follows at
+ * once. */
 static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
-                      const uint8_t *buf, const mg_dp_options *o, uint64_t id)
+                      const uint8_t *buf, const mg_dp_options *o, uint64_t id, int more)
 {
+    uint8_t head[MG_DF_HEADER_BYTES];
     mg_df_header h = {0};
     h.type = write ? MG_DF_WRITE : MG_DF_READ;
     h.flags = (o->crc ? MG_DF_CRC : 0) | (o->lease ? MG_DF_LEASE : 0);
@@ -733,8 +821,9 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
         errno = EFAULT; /* as send() reports a missing page of the local segment */
         return -1;
     }
-    return send_frame(c->fd, &h, write ? buf + sl->local_offset : NULL, write ? sl->length : 0,
-                      (int)c->timeout_ms, c->stop);
+    mg_df_encode(&h, head);
+    return write_two(c->fd, head, sizeof(head), write ? buf + sl->local_offset : NULL,
+                     write ? sl->length : 0, more, (int)c->timeout_ms, c->stop);
 }
 
 /* A slice on its way: which op, which of its slices, under which id. */
@@ -805,11 +894,14 @@ static int run_io_failed(run_state *r, int err)
 }
 
 /* Sends while the window has room: each op's slices in order, ops one after another; an op the
- * peer refused a slice of sends no more. Returns 0, or the run's end (failed). */
+ * peer refused a slice of sends no more. Small slices go with MSG_MORE while more follow, so
+ * that they share packets; the last is pushed before the answers are waited for. Returns 0, or
+ * the run's end (failed). */
 static int run_send(run_state *r)
 {
     mg_dp_conn *c = r->c;
-    int rc;
+    int rc, held = 0; /* frames sent with MSG_MORE and not pushed yet */
+    static const int one = 1;
     while (r->count < r->o.window && r->sop < r->n) {
         mg_dp_options so = r->o;
         mg_dp_op *op = &r->ops[r->sop];
@@ -825,7 +917,9 @@ static int run_send(run_state *r)
         mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
         so.lease = op->lease;
         e = (in_flight){r->sop, r->sslice, c->next_slice++};
-        if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id) != 0) {
+        held = r->count + 1 < r->o.window && sl.length < MG_DP_MORE_BYTES &&
+               (r->sslice + 1 < op->slices || r->sop + 1 < r->n);
+        if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, held) != 0) {
             int err = errno;
             snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
                      (unsigned long long)r->sslice, strerror(err));
@@ -836,6 +930,12 @@ static int run_send(run_state *r)
         if (r->o.in_flight)
             __atomic_fetch_add(r->o.in_flight, 1, __ATOMIC_RELAXED);
         r->sslice++;
+    }
+    /* Setting TCP_NODELAY sends what MSG_MORE held back (tcp(7)). */
+    if (held && setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+        int err = errno;
+        snprintf(r->why, sizeof(r->why), "peer %s: pushing slices: %s", c->peer, strerror(err));
+        return run_io_failed(r, err);
     }
     return 0;
 }

@@ -13,6 +13,7 @@ struct mg_xfer_sched {
     mg_list lines;            /* mg_xfer_line.node */
     unsigned jobs[2];         /* running: [0] on the workers, [1] on the transport threads */
     int64_t slices_in_flight; /* the jobs' data-plane slices not answered (atomic) */
+    unsigned held;            /* mg_xfer_sched_hold calls not released */
     int closing;
 };
 
@@ -303,7 +304,7 @@ static int line_can_run(const mg_xfer_sched *s, const mg_xfer_line *line, unsign
  * one frees. */
 void mg_xfer_sched_pump(mg_xfer_sched *s)
 {
-    for (;;) {
+    while (s->held == 0) {
         mg_xfer_line *pick = NULL;
         unsigned cap = 0;
         mg_list_foreach (&s->lines, node) {
@@ -319,6 +320,17 @@ void mg_xfer_sched_pump(mg_xfer_sched *s)
         mg_list_push_back(&s->lines, &pick->node);
         req_run(s, pick, cap);
     }
+}
+
+void mg_xfer_sched_hold(mg_xfer_sched *s)
+{
+    s->held++;
+}
+
+void mg_xfer_sched_release(mg_xfer_sched *s)
+{
+    if (s->held > 0 && --s->held == 0 && !s->closing)
+        mg_xfer_sched_pump(s);
 }
 
 void mg_xfer_sched_add(mg_xfer_line *line, mg_xfer_req *r)

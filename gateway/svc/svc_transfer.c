@@ -487,13 +487,15 @@ static void submit_go(mg_call *call, mg_batch *b)
     if (!b->wait || mg_xfer_svc_watch(call, b, 1) != 0) /* out of memory: the id now, at least */
         mg_call_reply(call, &resp.base);
 
-    for (i = 0; i < b->n; i++) {
+    mg_xfer_sched_hold(mg_peerdir_sched(ts->dir)); /* every request joins its line, then */
+    for (i = 0; i < b->n; i++) {                   /* they start, small ones grouped */
         mg_batch_req *r = &b->reqs[i];
         if (r->peer == NULL)
             mg_batch_req_end(r, MG_ERR_FULL, "this daemon already knows its limit of 1024 peers");
         else
             mg_peerdir_start(r, mg_now_mono_ms());
     }
+    mg_xfer_sched_release(mg_peerdir_sched(ts->dir));
     mg_batch_notes_start(b); /* those with no WRITE to wait for (in line: mg_xfer_notes_enter) */
 }
 

@@ -36,6 +36,9 @@ from bench_memory import free_port  # noqa: E402
 from bench_names import alternate  # noqa: E402
 
 
+STARTED = []  # every daemon started, stopped at the end whatever happens
+
+
 def start(moongate, work, name, extra=()):
     """A daemon with an h2c control listener and a TCP data plane; returns (proc, h2c port)."""
     d = os.path.join(work, name)
@@ -48,6 +51,7 @@ def start(moongate, work, name, extra=()):
                           "", "--shm-dir", d, "--pool-bytes", "0", "--access-log=false",
                           "--memlock", "try"] + list(extra),
                          stdout=log, stderr=subprocess.STDOUT)
+    STARTED.append(p)
     for _ in range(400):
         with open(log.name) as f:
             if "event=ready" in f.read():
@@ -60,7 +64,8 @@ def start(moongate, work, name, extra=()):
 
 def stop(procs):
     for p in procs:
-        p.terminate()
+        if p.poll() is None:
+            p.terminate()
     for p in procs:
         p.wait(30)
 
@@ -236,8 +241,12 @@ def main():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.conns + 256)), hard))
     with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="mg-fanout-") as work:
-        for w in args.what:
-            {"conns": bench_conns, "peers": bench_peers, "tenants": bench_tenants}[w](args, work)
+        try:
+            for w in args.what:
+                {"conns": bench_conns, "peers": bench_peers, "tenants": bench_tenants}[w](args,
+                                                                                        work)
+        finally:
+            stop(STARTED)
 
 
 if __name__ == "__main__":

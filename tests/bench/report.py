@@ -1,14 +1,18 @@
 #!/usr/bin/python3
-"""The benchmark report, by one command (tests/bench/run.sh report): runs the transfer, control
-and lease benchmarks (each with its reference measured in the same run), keeps their raw output,
-and writes OUT/report.md with three plots made by gnuplot:
+"""The benchmark report, by one command (tests/bench/run.sh report): runs the wire, transfer,
+fan-out, scale, control and lease benchmarks (each with its reference measured in the same
+run), keeps their raw output, and writes OUT/report.md — the machine it ran on first — with four
+plots made by gnuplot:
 
+  wire.png      the shapes serving systems move (scattered 64 KiB and 4 KiB batches, in flight,
+                one 1 GiB request, four threads, same-host copies): medians with min-max bars,
+                beside their references (iperf3, UCX, one thread, memcpy)
   transfer.png  throughput by block size, WRITE and READ, against iperf3 and UCX (same run)
   control.png   Health/Check requests per second, moongate against the reference gRPC C++
                 servers, per transport
   lease.png     destination memory per read: register + unregister against lease + release
 
-Usage: report.py --run RUN_SH --out DIR [--quick]    (--quick: shorter control rounds)
+Usage: report.py --run RUN_SH --out DIR [--quick]    (--quick: fewer and shorter rounds)
        report.py --out DIR --from-raw                (re-plot saved raw output)
 """
 import argparse
@@ -167,10 +171,62 @@ plot 'lease.dat' using 2:xtic(1) title 'register per read', '' using 3 title 'le
 """ % (floor, floor), out_dir)
 
 
-def write_report(out_dir, refs, transfer, control, lease, floor, paths):
+def machine():
+    """Lines saying what the figures ran on."""
+    def sh(cmd):
+        p = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        return p.stdout.strip() or "?"
+    return ["| | |", "|---|---|",
+            "| CPU | %s |" % sh("lscpu | sed -n 's/^Model name: *//p' | head -1"),
+            "| cores | %d |" % (os.cpu_count() or 0),
+            "| memory | %s |" % sh("free -g | awk '/^Mem:/ {print $2 \" GiB\"}'"),
+            "| kernel | %s |" % os.uname().release,
+            "| TCP congestion control | %s |" % sh("sysctl -n net.ipv4.tcp_congestion_control"),
+            "| moongate | %s |" % sh("git rev-parse --short HEAD 2>/dev/null"),
+            "| build | %s |" % sh("grep -h '^CMAKE_BUILD_TYPE' build/CMakeCache.txt "
+                                  "2>/dev/null | cut -d= -f2"), ""]
+
+
+def plot_wire(rows, out_dir):
+    with open(os.path.join(out_dir, "wire.dat"), "w") as f:
+        f.write("# i label median min max\n")
+        for i, r in enumerate(rows):
+            f.write('%d "%s" %f %f %f\n' % (i, r["what"].replace('"', "'"), r["gbytes_per_s"],
+                                            r["min"], r["max"]))
+    gnuplot("""set terminal pngcairo size 1200,600 font ',9' noenhanced
+set output 'wire.png'
+set title 'The shapes serving systems move, and their references (same run): median GB/s, bars min-max'
+set ylabel 'GB/s'
+set style fill solid 0.7 border -1
+set boxwidth 0.7
+set grid ytics
+set yrange [0:*]
+set xtics rotate by -35 left
+set bmargin 12
+plot 'wire.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:4:5 with yerrorbars lc 'black' pt 0 notitle
+""", out_dir)
+
+
+def write_report(out_dir, refs, transfer, control, lease, floor, paths, wire=(), texts=()):
     lines = ["# moongate benchmark report", "",
              "Made by `tests/bench/run.sh report` on %s (%s); raw output beside this file." % (
                  time.strftime("%Y-%m-%d %H:%M"), os.uname().nodename), ""]
+    lines += ["## The machine", ""] + machine()
+    if wire:
+        lines += ["## The wire: the shapes serving systems move", "", "![wire](wire.png)", "",
+                  "Medians of the rounds, min-max, and the ratio of the medians to the reference "
+                  "measured in the same rounds (`tests/bench/bench_wire.py`).", "",
+                  "| what | GB/s | min-max | reference | ratio | target |",
+                  "|---|---|---|---|---|---|"]
+        for r in wire:
+            lines.append("| %s | %.2f | %.2f-%.2f | %s | %s | %s |" % (
+                r["what"], r["gbytes_per_s"], r["min"], r["max"], r.get("reference", "-"),
+                "%.2fx" % r["ratio"] if "ratio" in r else "-",
+                ("%.2fx %s" % (r["target"], "met" if r["ratio"] >= r["target"] else "not met"))
+                if r.get("target") else "-"))
+        lines.append("")
+    for title, text in texts:
+        lines += ["## " + title, "", "```", text.strip(), "```", ""]
     lines += ["## Transfers", "", "![transfer](transfer.png)", "",
               "| op | block | batch | threads | GB/s | / iperf3 | / ucx put |",
               "|---|---|---|---|---|---|---|"]
@@ -217,6 +273,10 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     raw = lambda n: os.path.join(a.out, n)  # noqa: E731
     if not a.from_raw:
+        quick = ["--rounds", "2"] if a.quick else []
+        run([a.run, "wire", "--", "--json", raw("wire.json")] + quick, raw("wire"))
+        run([a.run, "fanout", "--"] + quick, raw("fanout"))
+        run([a.run, "scale", "--"] + quick, raw("scale"))
         run([a.run, "transfer"], raw("transfer"))
         ctl = ["--", "--requests", "50000", "--rounds", "1"] if a.quick else []
         run([a.run, "control"] + ctl, raw("control"))
@@ -233,10 +293,19 @@ def main():
         sys.exit("report.py: a benchmark produced no figures (transfer %d, control %d, lease %d "
                  "rows); see the raw output in %s" % (len(transfer), len(control), len(lease),
                                                       a.out))
+    wire = []
+    if os.path.exists(raw("wire.json")):
+        with open(raw("wire.json")) as f:
+            wire = [json.loads(line) for line in f if line.strip()]
+        plot_wire(wire, a.out)
+    texts = [(t, text(n + ".out")) for t, n in (
+        ("Many at once: connections, peers, tenants", "fanout"),
+        ("Costs as work grows: 10 and 10,000 segments and leases", "scale"))
+        if os.path.exists(raw(n + ".out"))]
     plot_transfer(refs, transfer, a.out)
     plot_control(control, a.out)
     plot_lease(lease, floor, a.out)
-    write_report(a.out, refs, transfer, control, lease, floor, paths)
+    write_report(a.out, refs, transfer, control, lease, floor, paths, wire, texts)
     print(os.path.join(a.out, "report.md"))
 
 

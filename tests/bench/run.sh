@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -14,6 +14,13 @@
 #           native client, the same WRITEs to a peer's engine.
 # scale:    per-call times (register, get, list a page, lease, list leases) with 10 and with
 #           10,000 segments and leases registered, alternating (tests/bench/bench_scale.py).
+# wire:     the shapes serving systems move beside their references, alternated, medians of 5
+#           with min-max: scattered 64 KiB and 4 KiB batches in flight and one 1 GiB WRITE
+#           against iperf3 and UCX, four threads against one, a same-host copy against memcpy
+#           (tests/bench/bench_wire.py; `wire -- --rounds 3 --json FILE`).
+# fanout:   Health/Check latency with 1,000 connections open against 10; 16 peers written to at
+#           once (slowest against fastest); two tenants writing at once (each one's share)
+#           (tests/bench/bench_fanout.py; `fanout -- conns --rounds 3` for one part).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -22,7 +29,8 @@
 # dataplane: the TCP data plane over loopback against iperf3 (one stream, 1 MiB writes).
 # transfer: two daemons, mgbench transfer (block and batch sizes, 1 GiB each way, 4 threads)
 #           against iperf3 and UCX's ucx_perftest over TCP (tag_bw, ucp_put_bw at 1 MiB).
-# report:   transfer, control and lease, then build/bench-report/report.md with gnuplot plots
+# report:   wire, fanout, scale, transfer, control and lease, then build/bench-report/report.md
+#           (the machine first) with gnuplot plots
 #           (tests/bench/report.py; `report -- --quick` shortens the control rounds).
 # compare REV: this revision against REV (built in a worktree under build/), alternated rounds of
 #           Health/Check, AcquireLease+ReleaseLease and three transfer shapes; medians, spread
@@ -70,6 +78,12 @@ gpu)
     ;;
 scale)
     /usr/bin/python3 tests/bench/bench_scale.py --moongate "$build/moongate" "$@"
+    ;;
+wire)
+    /usr/bin/python3 tests/bench/bench_wire.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"
+    ;;
+fanout)
+    /usr/bin/python3 tests/bench/bench_fanout.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"
     ;;
 lease)
     # $1: extra daemon flags; starts moongate on a free port, sets $pid, $port, $shm.
@@ -194,5 +208,5 @@ report)
     /usr/bin/python3 tests/bench/report.py --run "$root/tests/bench/run.sh" \
         --out "${MG_BENCH_OUT:-$build/bench-report}" "$@"
     ;;
-*) echo "usage: $0 [control|register|batch|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
+*) echo "usage: $0 [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
 esac

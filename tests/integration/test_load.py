@@ -100,6 +100,37 @@ def test_mgbench_transfer_batches_in_flight(make_daemon):
         before == 40 * 16
 
 
+def test_mgbench_transfer_for_seconds_from_a_start_time_with_a_token(make_daemon, tmp_path):
+    """--seconds runs for that long instead of --bytes, --start-at waits for the wall-clock
+    time, MOONGATE_TOKEN goes to both daemons (which take no anonymous caller): the batches it
+    reports are the daemon's count, under the token's tenant."""
+    import hashlib
+    import json
+    import os
+    import time
+    auth = tmp_path / "auth"
+    auth.write_text("token sha256:%s bench\n" % hashlib.sha256(b"bench-token").hexdigest())
+    b = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    a = make_daemon("--allow-anonymous=false", "--auth-file", str(auth), "--peer-tls=false")
+    args = ("--target", a.h2c, "--peer", b.h2c, "--blocks", "64K", "--batches", "4", "--ops",
+            "write", "--json")
+    p = mgbench_transfer(*args)  # no token: refused
+    assert p.returncode != 0 and "no credentials" in p.stderr, p.stdout + p.stderr
+    os.environ["MOONGATE_TOKEN"] = "bench-token"
+    try:
+        at = time.time() + 1.5
+        p = mgbench_transfer(*args, "--seconds", "0.5", "--start-at", "%.3f" % at)
+        end = time.time()
+    finally:
+        del os.environ["MOONGATE_TOKEN"]
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert end >= at + 0.5
+    r = json.loads(p.stdout)
+    assert r["ok"] and r["batches"] >= 1
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="bench", op="write",
+                    transport="tcp") == r["batches"] * 4 * 65536
+
+
 def test_mgbench_transfer_copies_beside_memcpy(make_daemon):
     """--peer "": copies between two segments of one daemon, and memcpy beside them."""
     d = make_daemon()

@@ -92,7 +92,8 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     t = target(b)
     assert t.ask("fill 0 " + "00" * 16) == "0"
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
-                          t.session, str(t.address)], env=env_for(a), text=True,
+                          t.session, str(t.address), str(min(t.address, t.shared))],
+                         env=env_for(a), text=True,
                          capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)

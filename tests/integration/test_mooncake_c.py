@@ -81,7 +81,8 @@ def test_python_initiator_against_a_c_target(make_daemon, target):
     a, b = pair(make_daemon)
     t = c_target(target, b)
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
-                          t.session, str(t.address)], env=env_for(a), text=True,
+                          t.session, str(t.address), str(t.address)],  # its one region
+                         env=env_for(a), text=True,
                          capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == EXPECTED, run.stderr

@@ -788,6 +788,45 @@ def test_a_local_copy_from_a_shrunk_file_fails_and_the_daemon_stays(make_daemon)
     assert a.alive()
 
 
+def test_writes_into_a_shrunk_remote_file_are_data_loss_and_the_connection_stays(make_daemon):
+    """The receiving daemon copies small slices out of its read-ahead (the CPU's copy, guarded)
+    and reads large ones straight into place (the kernel's, EFAULT): a WRITE into a remote
+    segment whose file a client truncated fails DATA_LOSS either way, the bytes are taken off
+    the stream, and the next slices on the same connections land."""
+    a, b = two_daemons(make_daemon)
+    src = register(a, "src", 8 * MiB)
+    dst = register(b, "dst", 8 * MiB, remote=True)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = os.urandom(8 * MiB)
+        data = bytes(v[:MiB])
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        # The session first (requests that wait for it start as they come, one job each).
+        batch = wait_batch(t, t.Submit(transfer_pb2.SubmitRequest(requests=[
+            req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4096)])).batch_id)
+        assert batch.state == transfer_pb2.DONE, batch
+        os.truncate(dst.path, MiB)  # the first MiB stays
+        small = [req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4096, i * 4096, 2 * MiB + i * 4096)
+                 for i in range(8)]
+        for reqs in (small, [req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4 * MiB, 0,
+                                 4 * MiB)]):
+            batch = wait_batch(t, t.Submit(transfer_pb2.SubmitRequest(requests=reqs)).batch_id)
+            assert batch.state == transfer_pb2.FAILED, batch
+            for r in batch.requests:
+                assert r.code == grpc.StatusCode.DATA_LOSS.value[0], r
+        # What is still there still takes writes, small and large, on the same connections.
+        reqs = [req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4096, i * 4096, i * 4096)
+                for i in range(8)] + [req(transfer_pb2.WRITE, src.id, b.h2c, dst.id,
+                                          MiB - 32768, 32768, 32768)]
+        batch = wait_batch(t, t.Submit(transfer_pb2.SubmitRequest(requests=reqs)).batch_id)
+        assert batch.state == transfer_pb2.DONE, batch
+    with open(dst.path, "rb") as f:
+        assert f.read() == data
+    assert b.alive() and a.alive()
+    # One connection carried it all: none was closed for the refused bytes.
+    assert b.metric("moongate_data_conns_total", result="accepted") == 1
+
+
 def test_finished_batches_are_forgotten_after_the_retention(make_daemon):
     a = make_daemon("--batch-retention", "1")
     one, two = register(a, "one", MiB), register(a, "two", MiB)

@@ -396,6 +396,51 @@ static void test_run_many_on_one_stream(void)
     stop();
 }
 
+/* Small and large slices mixed on one stream: the server reads ahead after small ones (a large
+ * payload then arrives partly in its read-ahead, the rest straight into place) and reads
+ * exactly after large ones; the client sends small ones with MSG_MORE. Every byte lands. */
+static void test_mixed_sizes_on_one_stream(void)
+{
+    static const uint64_t len[] = {100,   4096, 200000, 3,      1 * MiB + 7, 70000, 65535,
+                                   65536, 1,    4096,   300000, 17,          8192,  5 * MiB};
+    enum { N = sizeof(len) / sizeof(len[0]) };
+    static uint8_t src[16 * MiB], back[16 * MiB];
+    mg_dp_op ops[N];
+    char errs[N][256];
+    mg_dp_options o = {.slice_bytes = 256 * 1024, .window = 32};
+    uint64_t off = 0;
+    mg_dp_conn *c;
+    start(8);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 13);
+    for (int i = 0; i < N; i++) {
+        ops[i] = (mg_dp_op){.write = 1,
+                            .target = open_id,
+                            .offset = off,
+                            .buf = src + off,
+                            .len = len[i],
+                            .err = errs[i],
+                            .errcap = sizeof(errs[i])};
+        off += len[i];
+    }
+    CU_ASSERT_FATAL(off <= 16 * MiB);
+    for (int round = 0; round < 2; round++) { /* WRITEs, then READs of the same ranges */
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+        for (int i = 0; i < N; i++) {
+            CU_ASSERT_EQUAL(ops[i].rc, 0);
+            CU_ASSERT_EQUAL(ops[i].done, len[i]);
+            ops[i].write = 0;
+            ops[i].buf = back + ops[i].offset;
+        }
+    }
+    CU_ASSERT_EQUAL(memcmp(open_mem, src, off), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, off), 0);
+    mg_dp_close(c);
+    stop();
+}
+
 /* A peer that answers HELLO and then reads nothing, until `quit`. */
 typedef struct {
     int lfd;
@@ -513,6 +558,7 @@ int main(void)
         MG_TEST(test_leases_as_targets),
         MG_TEST(test_stop_word),
         MG_TEST(test_run_many_on_one_stream),
+        MG_TEST(test_mixed_sizes_on_one_stream),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),
     };

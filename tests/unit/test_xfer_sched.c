@@ -2,8 +2,9 @@
  * Unit tests for the transfer scheduler (moongate/xfer.h) in memory, no daemon: an inline
  * worker takes the jobs the scheduler submits and the test decides when each comes back. Each
  * peer's share of the job slots, peers taking turns at them, slots apart for copies, grouping of a
- * batch's small requests, large requests in parts, the first failure speaking for a request, a full
- * engine queue, a request taken out of its line, and a closed scheduler starting nothing more.
+ * batch's small requests (held until all joined), large requests in parts, the first failure
+ * speaking for a request, a full engine queue, a request taken out of its line, and a closed
+ * scheduler starting nothing more.
  */
 #include "mg_test.h"
 #include "moongate/xfer.h"
@@ -276,6 +277,34 @@ static void test_grouping(void)
     mg_xfer_sched_del(s);
 }
 
+/* Held while a batch's requests join: they start as one group at release, instead of the first
+ * ones taking a free slot each as they come. */
+static void test_hold_groups_a_batch(void)
+{
+    mg_xfer_sched *s = open_sched(4, 4, 1);
+    mg_xfer_line a;
+    mg_xfer_req r[6];
+    int b1;
+    mg_xfer_line_init(s, &a, 1);
+    for (int i = 0; i < 6; i++)
+        req(&r[i], &b1, 64 * 1024, 0);
+    mg_xfer_sched_hold(s);
+    mg_xfer_sched_hold(s); /* nested */
+    for (int i = 0; i < 6; i++)
+        mg_xfer_sched_add(&a, &r[i]);
+    mg_xfer_sched_pump(s); /* a pump while held starts nothing either */
+    mg_xfer_sched_release(s);
+    CU_ASSERT_EQUAL(njobs, 0);
+    mg_xfer_sched_release(s);
+    CU_ASSERT_EQUAL_FATAL(njobs, 1); /* all six, one job */
+    CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 0u);
+    finish(0, 0);
+    CU_ASSERT_EQUAL(nended, 6);
+    CU_ASSERT_EQUAL(count_ended(0), 6);
+    mg_xfer_line_del(&a);
+    mg_xfer_sched_del(s);
+}
+
 /* A large request runs as parts at once; it ends with its last, the first failure speaking. */
 static void test_parts_and_first_failure(void)
 {
@@ -371,13 +400,10 @@ static void test_stop_word(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_share_between_peers),
-        MG_TEST(test_turns_between_peers),
-        MG_TEST(test_copies_use_the_workers),
-        MG_TEST(test_grouping),
-        MG_TEST(test_parts_and_first_failure),
-        MG_TEST(test_full_remove_close),
-        MG_TEST(test_stop_word),
+        MG_TEST(test_share_between_peers),    MG_TEST(test_turns_between_peers),
+        MG_TEST(test_copies_use_the_workers), MG_TEST(test_grouping),
+        MG_TEST(test_hold_groups_a_batch),    MG_TEST(test_parts_and_first_failure),
+        MG_TEST(test_full_remove_close),      MG_TEST(test_stop_word),
     };
     return mg_test_run("xfer_sched", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -192,8 +192,13 @@ size_t mg_xfer_line_ready(const mg_xfer_line *line);
 void mg_xfer_sched_add(mg_xfer_line *line, mg_xfer_req *r);
 /* Takes r out of its line before it started. Returns 1 if it was waiting there. */
 int mg_xfer_sched_remove(mg_xfer_req *r);
-/* Starts ready requests while slots are free. */
+/* Starts ready requests while slots are free (nothing while held). */
 void mg_xfer_sched_pump(mg_xfer_sched *s);
+/* While held (calls nest), requests joining lines start nothing: a batch's requests all join
+ * before the first starts, so that its small ones group instead of the first few taking a job
+ * each. Release starts what the slots allow. */
+void mg_xfer_sched_hold(mg_xfer_sched *s);
+void mg_xfer_sched_release(mg_xfer_sched *s);
 /* Asks r's jobs to stop with `err` (an MG_ERR_*; any thread): the movers see it within 100 ms
  * and end with that code. */
 void mg_xfer_req_stop(mg_xfer_req *r, int err);

@@ -3,7 +3,9 @@ connectors, Mooncake's own initiator test): sync and async writes and reads, bat
 polling, notifications, failures. Each step's outcome goes in one JSON object on stdout; the
 test compares them with what Mooncake's API answers.
 
-Usage: initiator.py TARGET_SESSION TARGET_ADDRESS
+Usage: initiator.py TARGET_SESSION TARGET_ADDRESS FIRST_ADDRESS
+(FIRST_ADDRESS: the lowest address of the target's regions, what get_first_buffer_address
+answers here; Mooncake's answers the first registered buffer, see docs/migrating.md)
 """
 import json
 import os
@@ -15,7 +17,7 @@ MiB = 1 << 20
 
 
 def main():
-    target, taddr = sys.argv[1], int(sys.argv[2])
+    target, taddr, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     out = {}
     e = TransferEngine()
     out["initialize"] = e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "")
@@ -68,7 +70,7 @@ def main():
                                                 TransferNotify("req-2", "read"))
 
     # names
-    out["first_buffer"] = e.get_first_buffer_address(target) == taddr
+    out["first_buffer"] = e.get_first_buffer_address(target) == first
     out["probe"] = e.send_probe(target)
     host = target.rpartition(":")[0]
     out["probe_unknown"] = e.send_probe(host + ":1")

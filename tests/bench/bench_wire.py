@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+"""The data path against the wire: each shape a serving system moves, beside its reference
+measured in the same run, the shapes and references alternated round by round (the order
+rotates), medians of --rounds with their spread (min-max) and the ratio of the medians.
+
+Two daemons on loopback (TCP data plane), driven by mgbench transfer:
+  64K x 128 scattered WRITE / READ, one thread, 1 and 4 batches in flight   against iperf3
+  4K x 4096 scattered WRITE, one thread, 4 in flight                         against iperf3
+  one 1 GiB WRITE                                                            against UCX tag_bw
+  4 KiB x 1024, 64 KiB x 128, 1 MiB x 16 WRITEs: four threads                against one thread
+  1 GiB copy on one daemon (peer "")                                         against memcpy
+References: iperf3 (one stream, 1 MiB writes, 3 s), ucx_perftest tag_bw over TCP (1 MiB),
+memcpy of 1 GiB on one thread (prefaulted, in mgbench, the same process as the copy).
+
+Usage: bench_wire.py --moongate BIN --mgbench BIN [--rounds 5] [--json FILE]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fanout import start, stop  # noqa: E402
+from bench_memory import free_port  # noqa: E402
+from bench_names import alternate  # noqa: E402
+
+
+def iperf3():
+    port = free_port()
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # (a probe would be the one client iperf3 -1 serves)
+    out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", "1M", "-t", "3",
+                          "-J"], capture_output=True, text=True, timeout=60).stdout
+    srv.wait(30)
+    return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8e9
+
+
+def ucx_tag_bw():
+    port = free_port()
+    env = dict(os.environ, UCX_TLS="tcp")
+    args = ["ucx_perftest", "-t", "tag_bw", "-s", "1048576", "-n", "2000", "-p", str(port)]
+    srv = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    out = subprocess.run(args[:1] + ["127.0.0.1"] + args[1:], env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    srv.wait(30)
+    for line in out.splitlines():
+        if line.startswith("Final:"):
+            return float(line.split()[6]) * 1048576 / 1e9  # MB/s column, MiB
+    raise SystemExit("ucx_perftest printed no Final line:\n" + out)
+
+
+def mgbench(args, target, peer, *opts):
+    """The JSON lines of one mgbench transfer run (the configuration measured is the last)."""
+    p = subprocess.run([args.mgbench, "transfer", "--target", target, "--peer", peer, "--json",
+                        *opts], capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise SystemExit("mgbench %s: %s%s" % (" ".join(opts), p.stdout, p.stderr))
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+# name: (mgbench options, reference, the issue's target as a ratio or None)
+SHAPES = {
+    "64K x 128 scattered WRITE, 1 in flight": (
+        ["--blocks", "64K", "--batches", "128", "--ops", "write", "--scatter", "--inflight", "1",
+         "--bytes", "512M"], "iperf3", 0.8),
+    "64K x 128 scattered WRITE, 4 in flight": (
+        ["--blocks", "64K", "--batches", "128", "--ops", "write", "--scatter", "--inflight", "4",
+         "--bytes", "512M"], "iperf3", 1.0),
+    "64K x 128 scattered READ, 1 in flight": (
+        ["--blocks", "64K", "--batches", "128", "--ops", "read", "--scatter", "--inflight", "1",
+         "--bytes", "512M"], "iperf3", 0.8),
+    "64K x 128 scattered READ, 4 in flight": (
+        ["--blocks", "64K", "--batches", "128", "--ops", "read", "--scatter", "--inflight", "4",
+         "--bytes", "512M"], "iperf3", 1.0),
+    "4K x 4096 scattered WRITE, 4 in flight": (
+        ["--blocks", "4K", "--batches", "4096", "--ops", "write", "--scatter", "--inflight", "4",
+         "--bytes", "256M"], "iperf3", 0.25),
+    "one 1 GiB WRITE": (
+        ["--blocks", "64K", "--batches", "1", "--ops", "write", "--bytes", "64K", "--big", "1G"],
+        "ucx tag_bw", 1.0),
+}
+for _blk, _n, _bytes in (("4K", "1024", "128M"), ("64K", "128", "512M"), ("1M", "16", "512M")):
+    for _thr in ("1", "4"):
+        SHAPES["%s x %s WRITE, %s thread%s" % (_blk, _n, _thr, "s" if _thr != "1" else "")] = (
+            ["--blocks", _blk, "--batches", _n, "--ops", "write", "--threads", _thr, "--bytes",
+             _bytes], "%s x %s WRITE, 1 thread" % (_blk, _n) if _thr == "4" else "iperf3",
+            0.95 if _thr == "4" else None)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--moongate", required=True)
+    ap.add_argument("--mgbench", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", help="also write every figure here, one JSON object per line")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="mg-wire-") as work:
+        a, pa = start(args.moongate, work, "a")
+        b, pb = start(args.moongate, work, "b")
+        ta, tb = "127.0.0.1:%d" % pa, "127.0.0.1:%d" % pb
+
+        def one(way):
+            if way == "iperf3":
+                return {"iperf3": iperf3()}
+            if way == "ucx tag_bw":
+                return {"ucx tag_bw": ucx_tag_bw()}
+            if way == "copy":
+                rows = mgbench(args, ta, "", "--blocks", "64K", "--batches", "1", "--ops",
+                               "write", "--bytes", "1M", "--big", "1G")
+                return {"1 GiB copy, peer \"\"": rows[1]["gbytes_per_s"],
+                        "memcpy 1 GiB, one thread": rows[2]["gbytes_per_s"]}
+            return {way: mgbench(args, ta, tb, *SHAPES[way][0])[-1]["gbytes_per_s"]}
+
+        t0 = time.monotonic()
+        try:
+            res = alternate(["iperf3", "ucx tag_bw", "copy"] + list(SHAPES), args.rounds, one)
+        finally:
+            stop([a, b])
+    vals = {}
+    for way, rounds in res.items():
+        for r in rounds:
+            for k, v in r.items():
+                vals.setdefault(k, []).append(v)
+    refs = dict((k, (v[1], v[2])) for k, v in SHAPES.items())
+    refs['1 GiB copy, peer ""'] = ("memcpy 1 GiB, one thread", 0.8)
+    print("%d rounds, %.0f s; GB/s: median (min-max); ratio of the medians to the reference"
+          % (args.rounds, time.monotonic() - t0))
+    out = []
+    for k, v in vals.items():
+        m = statistics.median(v)
+        ref, target = refs.get(k, (None, None))
+        row = {"what": k, "gbytes_per_s": m, "min": min(v), "max": max(v), "rounds": len(v)}
+        line = "  %-42s %6.2f GB/s (%5.2f-%5.2f)" % (k, m, min(v), max(v))
+        if ref:
+            ratio = m / statistics.median(vals[ref])
+            row.update(reference=ref, ratio=ratio, target=target)
+            line += "  %5.2fx %s" % (ratio, ref)
+            if target:
+                line += "  (target %.2fx: %s)" % (target, "met" if ratio >= target else "NOT met")
+        print(line)
+        out.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in out:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
