@@ -64,34 +64,28 @@ def mgbench(args, target, peer, *opts):
     return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
 
 
+def scattered(block, n, op, inflight, nbytes):
+    return ["--blocks", block, "--batches", n, "--ops", op, "--scatter", "--inflight", inflight,
+            "--bytes", nbytes]
+
+
 # name: (mgbench options, reference, the target as a ratio or None)
-SHAPES = {
-    "64K x 128 scattered WRITE, 1 in flight": (
-        ["--blocks", "64K", "--batches", "128", "--ops", "write", "--scatter", "--inflight", "1",
-         "--bytes", "512M"], "iperf3", 0.8),
-    "64K x 128 scattered WRITE, 4 in flight": (
-        ["--blocks", "64K", "--batches", "128", "--ops", "write", "--scatter", "--inflight", "4",
-         "--bytes", "512M"], "iperf3", 1.0),
-    "64K x 128 scattered READ, 1 in flight": (
-        ["--blocks", "64K", "--batches", "128", "--ops", "read", "--scatter", "--inflight", "1",
-         "--bytes", "512M"], "iperf3", 0.8),
-    "64K x 128 scattered READ, 4 in flight": (
-        ["--blocks", "64K", "--batches", "128", "--ops", "read", "--scatter", "--inflight", "4",
-         "--bytes", "512M"], "iperf3", 1.0),
-    "4K x 4096 scattered WRITE, 4 in flight": (
-        ["--blocks", "4K", "--batches", "4096", "--ops", "write", "--scatter", "--inflight", "4",
-         "--bytes", "256M"], "iperf3", 0.25),
-    "one 1 GiB WRITE": (
-        ["--blocks", "64K", "--batches", "1", "--ops", "write", "--bytes", "64K", "--big", "1G"],
-        "ucx tag_bw", 1.0),
-}
+SHAPES = {}
+for _op in ("WRITE", "READ"):
+    for _inflight, _target in (("1", 0.8), ("4", 1.0)):
+        SHAPES["64K x 128 scattered %s, %s in flight" % (_op, _inflight)] = (
+            scattered("64K", "128", _op.lower(), _inflight, "512M"), "iperf3", _target)
+SHAPES["4K x 4096 scattered WRITE, 4 in flight"] = (
+    scattered("4K", "4096", "write", "4", "256M"), "iperf3", 0.25)
+SHAPES["one 1 GiB WRITE"] = (
+    ["--blocks", "64K", "--batches", "1", "--ops", "write", "--bytes", "64K", "--big", "1G"],
+    "ucx tag_bw", 1.0)
 for _blk, _n, _bytes in (("4K", "1024", "128M"), ("64K", "128", "512M"), ("1M", "16", "512M")):
     for _thr in ("1", "4"):
         SHAPES["%s x %s WRITE, %s thread%s" % (_blk, _n, _thr, "s" if _thr != "1" else "")] = (
             ["--blocks", _blk, "--batches", _n, "--ops", "write", "--threads", _thr, "--bytes",
              _bytes], "%s x %s WRITE, 1 thread" % (_blk, _n) if _thr == "4" else "iperf3",
             0.95 if _thr == "4" else None)
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

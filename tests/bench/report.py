@@ -203,6 +203,7 @@ set grid ytics
 set yrange [0:*]
 set xtics rotate by -35 left
 set bmargin 12
+set rmargin 10
 plot 'wire.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:4:5 with yerrorbars lc 'black' pt 0 notitle
 """, out_dir)
 
