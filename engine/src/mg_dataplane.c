@@ -166,7 +166,8 @@ static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t
 
 /* ------------------------------------------------------------------ server */
 
-/* Slices shorter than this go with MSG_MORE while another follows (they share packets). */
+/* WRITE slices shorter than this (and READ requests, headers alone) go with MSG_MORE while
+ * another follows: they share packets. */
 #define MG_DP_MORE_BYTES (64u << 10)
 /* After a payload shorter than this the server reads ahead; after a longer one, exactly. */
 #define MG_DP_AHEAD_BYTES (64u << 10)
@@ -189,6 +190,7 @@ typedef struct dp_conn {
      * after a large one, exactly the next header is read, and payloads go straight into place
      * (no copy by the CPU). */
     int ahead;
+    int corked;        /* an answer went with MSG_MORE and is not pushed yet */
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
 } dp_conn;
@@ -210,7 +212,19 @@ static int acks_flush(dp_conn *c)
 {
     size_t n = c->nacks * MG_DF_HEADER_BYTES;
     c->nacks = 0;
+    if (n)
+        c->corked = 0; /* a send without MSG_MORE pushes what was held */
     return n ? write_two(c->fd, c->acks, n, NULL, 0, 0, (int)c->srv->cfg.io_timeout_ms, NULL) : 0;
+}
+
+/* Sends what MSG_MORE held back (setting TCP_NODELAY pushes it, tcp(7)). Returns 0 or -1. */
+static int push(dp_conn *c)
+{
+    static const int one = 1;
+    if (!c->corked)
+        return 0;
+    c->corked = 0;
+    return setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 /* Holds back a WRITE ack (sent at once when ACKS_HELD wait). Returns 0 or -1. */
@@ -261,7 +275,7 @@ static int read_header(dp_conn *c, uint8_t *head)
 {
     if (rb_avail(c) < MG_DF_HEADER_BYTES && c->nacks && rb_fill(c, MG_DF_HEADER_BYTES, 0, 0) != 0)
         return -1;
-    if (rb_avail(c) < MG_DF_HEADER_BYTES && acks_flush(c) != 0)
+    if (rb_avail(c) < MG_DF_HEADER_BYTES && (acks_flush(c) != 0 || push(c) != 0))
         return -1;
     while (rb_avail(c) < MG_DF_HEADER_BYTES) {
         if (rb_fill(c, MG_DF_HEADER_BYTES, 1, -1) != 0) /* idle peers wait */
@@ -477,8 +491,17 @@ static void *conn_main(void *arg)
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
-            rc = acks_flush(c) != 0 ? -1
-                                    : send_frame(c->fd, &reply, addr, reply.length, timeout, NULL);
+            /* With the next request already here, the answer goes with MSG_MORE: its last
+             * packet shares the next answer's (pushed before the connection waits). */
+            if (acks_flush(c) != 0) {
+                rc = -1;
+            } else {
+                uint8_t frame[MG_DF_HEADER_BYTES];
+                c->corked = rb_avail(c) >= MG_DF_HEADER_BYTES;
+                mg_df_encode(&reply, frame);
+                rc = write_two(c->fd, frame, sizeof(frame), addr, reply.length, c->corked, timeout,
+                               NULL);
+            }
         }
         target_done(s, &tgt);
         if (rc != 0)
@@ -894,8 +917,9 @@ static int run_io_failed(run_state *r, int err)
 }
 
 /* Sends while the window has room: each op's slices in order, ops one after another; an op the
- * peer refused a slice of sends no more. Small slices go with MSG_MORE while more follow, so
- * that they share packets; the last is pushed before the answers are waited for. Returns 0, or
+ * peer refused a slice of sends no more. READ requests and small WRITE slices go with MSG_MORE
+ * while more follow, so that they share packets; the last is pushed before the answers are
+ * waited for. Returns 0, or
  * the run's end (failed). */
 static int run_send(run_state *r)
 {
@@ -917,7 +941,7 @@ static int run_send(run_state *r)
         mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
         so.lease = op->lease;
         e = (in_flight){r->sop, r->sslice, c->next_slice++};
-        held = r->count + 1 < r->o.window && sl.length < MG_DP_MORE_BYTES &&
+        held = r->count + 1 < r->o.window && (!op->write || sl.length < MG_DP_MORE_BYTES) &&
                (r->sslice + 1 < op->slices || r->sop + 1 < r->n);
         if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, held) != 0) {
             int err = errno;
