@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Costs that stay flat as work grows: per-call times with 10 and with 10,000 registered
-segments and live leases, in the same run, alternating.
+segments and live leases, in the same run, call for call.
 
-One daemon; the client is moongate's Python client on the Unix socket. Per round and
-population (10, then --many), the daemon is filled with that many 4 KiB segments and leases,
-then each call is timed --calls times (the median kept):
+Two daemons, one holding 10 segments and 10 leases of 4 KiB, the other --many of each; the
+client is moongate's Python client on each one's Unix socket. Each round times every call
+--calls times on each daemon, the two taking turns call by call (so drift of the machine weighs
+on both alike), and keeps each one's median:
   register   RegisterSegment + UnregisterSegment of one more 4 KiB segment
   get        GetSegment of one of the population
   list       ListSegments, a page of 5 from the middle (its page token): the same page at
@@ -12,17 +13,20 @@ then each call is timed --calls times (the median kept):
   lease      AcquireLease + ReleaseLease of 4 KiB
   leases     ListLeases, a page of 5 from the middle
 Prints the median over the rounds at each population, the spread (min-max), and the ratio
-many / few.
+many / few (the median of the rounds' ratios).
 
 Usage: bench_scale.py --moongate BIN [--many 10000] [--rounds 5] [--calls 300]
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "clients", "python"))
@@ -50,25 +54,14 @@ def populate(c, n, tag):
     return segs, leases
 
 
-def empty(c, segs, leases):
-    for start in range(0, len(segs), BATCH):
-        c.memory.UnregisterSegments(memory_pb2.UnregisterSegmentsRequest(
-            ids=segs[start:start + BATCH]), timeout=120)
-    for lid in leases:
-        c.pool.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=lid), timeout=30)
+def timed(fn, i):
+    t0 = time.perf_counter()
+    fn(i)
+    return time.perf_counter() - t0
 
 
-def per_call(fn, calls):
-    """Median seconds of fn() over `calls` calls."""
-    t = []
-    for i in range(calls):
-        t0 = time.perf_counter()
-        fn(i)
-        t.append(time.perf_counter() - t0)
-    return statistics.median(t)
-
-
-def measure(c, segs, calls):
+def calls_of(c, segs):
+    """The timed calls on client c, whose daemon holds segs (and as many leases)."""
     m, p = c.memory, c.pool
 
     def middle(fn, req):
@@ -92,15 +85,40 @@ def measure(c, segs, calls):
         p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=lz.id), timeout=30)
 
     return {
-        "register": per_call(register, calls),
-        "get": per_call(lambda i: m.GetSegment(memory_pb2.GetSegmentRequest(
-            id=segs[i % len(segs)]), timeout=30), calls),
-        "list": per_call(lambda i: m.ListSegments(memory_pb2.ListSegmentsRequest(
-            page_size=5, page_token=mid_seg), timeout=30), calls),
-        "lease": per_call(lease, calls),
-        "leases": per_call(lambda i: p.ListLeases(pool_pb2.ListLeasesRequest(
-            page_size=5, page_token=mid_lease), timeout=30), calls),
+        "register": register,
+        "get": lambda i: m.GetSegment(memory_pb2.GetSegmentRequest(id=segs[i % len(segs)]),
+                                      timeout=30),
+        "list": lambda i: m.ListSegments(memory_pb2.ListSegmentsRequest(
+            page_size=5, page_token=mid_seg), timeout=30),
+        "lease": lease,
+        "leases": lambda i: p.ListLeases(pool_pb2.ListLeasesRequest(
+            page_size=5, page_token=mid_lease), timeout=30),
     }
+
+
+def start(moongate, work, name, many):
+    d = os.path.join(work, name)
+    os.mkdir(d)
+    sock = os.path.join(d, "moongate.sock")
+    log = open(os.path.join(d, "moongate.log"), "w")
+    p = subprocess.Popen([moongate, "--allow-anonymous", "--listen", "", "--ops-listen", "",
+                          "--h2c-listen", "", "--data-listen", "", "--unix-socket", sock,
+                          "--shm-dir", os.path.join(d, "shm"), "--access-log=false",
+                          "--pool-bytes", "512M", "--max-tenant-segments", str(many + 100),
+                          "--max-segments", str(many + 100), "--max-batch", str(BATCH)],
+                         stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(600):
+        if os.path.exists(sock) and "event=ready" in open(log.name).read():
+            break
+        time.sleep(0.1)
+    c = mg.Client("unix:" + sock, timeout=120)
+    for _ in range(600):  # the pool registers after "ready"
+        try:
+            c.pool.PoolStats(pool_pb2.PoolStatsRequest(), timeout=30)
+            break
+        except grpc.RpcError:  # UNAVAILABLE: "the buffer pool is still being registered"
+            time.sleep(0.1)
+    return p, c
 
 
 def main():
@@ -111,40 +129,39 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mg-bench-scale-")
-    sock = os.path.join(work, "moongate.sock")
-    log = open(os.path.join(work, "moongate.log"), "w")
-    d = subprocess.Popen([a.moongate, "--allow-anonymous", "--listen", "", "--ops-listen", "",
-                          "--h2c-listen", "", "--data-listen", "", "--unix-socket", sock,
-                          "--shm-dir", os.path.join(work, "shm"), "--access-log=false",
-                          "--pool-bytes", "512M", "--max-tenant-segments", str(a.many + 100),
-                          "--max-segments", str(a.many + 100), "--max-batch", str(BATCH)],
-                         stdout=log, stderr=subprocess.STDOUT)
+    procs = []
     try:
-        for _ in range(600):
-            if os.path.exists(sock) and "event=ready" in open(log.name).read():
-                break
-            time.sleep(0.1)
-        c = mg.Client("unix:" + sock, timeout=120)
-        res = {10: [], a.many: []}
+        sides = {}
+        for n in (10, a.many):
+            p, c = start(a.moongate, work, "d%d" % n, a.many)
+            procs.append(p)
+            segs, _ = populate(c, n, "pop-%d" % n)
+            sides[n] = calls_of(c, segs)
+        res = {10: {}, a.many: {}}
         for r in range(a.rounds):
-            for n in (10, a.many):
-                segs, leases = populate(c, n, "pop-%d-%d" % (r, n))
-                res[n].append(measure(c, segs, a.calls))
-                empty(c, segs, leases)
+            for k in sides[10]:
+                t = {10: [], a.many: []}
+                for i in range(a.calls):
+                    for n in ((10, a.many) if i % 2 == 0 else (a.many, 10)):
+                        t[n].append(timed(sides[n][k], i))
+                for n in t:
+                    res[n].setdefault(k, []).append(statistics.median(t[n]))
             print("round %d done" % (r + 1), file=sys.stderr)
-        print("per call, us (median of %d rounds of %d calls; [min-max])" % (a.rounds, a.calls))
+        print("per call, us (median of %d rounds of %d calls, the two daemons taking turns call "
+              "by call; [min-max])" % (a.rounds, a.calls))
         print("%-10s %22s %22s %8s" % ("call", "at 10", "at %d" % a.many, "ratio"))
-        for k in ("register", "get", "list", "lease", "leases"):
-            few = [x[k] * 1e6 for x in res[10]]
-            many = [x[k] * 1e6 for x in res[a.many]]
+        for k in sides[10]:
+            few = [x * 1e6 for x in res[10][k]]
+            many = [x * 1e6 for x in res[a.many][k]]
+            ratio = statistics.median(y / x for x, y in zip(few, many))
             print("%-10s %8.1f [%5.1f-%6.1f] %8.1f [%5.1f-%6.1f] %8.2f" % (
                 k, statistics.median(few), min(few), max(few), statistics.median(many),
-                min(many), max(many), statistics.median(many) / statistics.median(few)))
-        c.close()
+                min(many), max(many), ratio))
     finally:
-        d.terminate()
-        d.wait()
-        log.close()
+        for p in procs:
+            p.terminate()
+            p.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

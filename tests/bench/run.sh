@@ -12,8 +12,8 @@
 #           native lease API and register-per-read.
 # mooncake: Mooncake's APIs (Python mooncake.engine, C libtransfer_engine.so) against the
 #           native client, the same WRITEs to a peer's engine.
-# scale:    per-call times (register, get, list a page, lease, list leases) with 10 and with
-#           10,000 segments and leases registered, alternating (tests/bench/bench_scale.py).
+# scale:    per-call times (register, get, list a page, lease, list leases) on a daemon holding
+#           10 and one holding 10,000 segments and leases, call for call (bench_scale.py).
 # wire:     the shapes serving systems move beside their references, alternated, medians of 5
 #           with min-max: scattered 64 KiB and 4 KiB batches in flight and one 1 GiB WRITE
 #           against iperf3 and UCX, four threads against one, a same-host copy against memcpy
