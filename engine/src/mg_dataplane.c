@@ -491,13 +491,13 @@ static void *conn_main(void *arg)
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)
                 count(s, &s->stats.bytes_out, h.length);
-            /* With the next request already here, the answer goes with MSG_MORE: its last
+            /* A small answer, with the next request already here, goes with MSG_MORE: its
              * packet shares the next answer's (pushed before the connection waits). */
             if (acks_flush(c) != 0) {
                 rc = -1;
             } else {
                 uint8_t frame[MG_DF_HEADER_BYTES];
-                c->corked = rb_avail(c) >= MG_DF_HEADER_BYTES;
+                c->corked = reply.length < MG_DP_MORE_BYTES && rb_avail(c) >= MG_DF_HEADER_BYTES;
                 mg_df_encode(&reply, frame);
                 rc = write_two(c->fd, frame, sizeof(frame), addr, reply.length, c->corked, timeout,
                                NULL);
