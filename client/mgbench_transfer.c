@@ -6,7 +6,7 @@
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
  *                    [--ops write,read] [--bytes 256M] [--threads N] [--inflight N]
  *                    [--scatter] [--big 1G] [--per-request] [--submit-wait]
- *                    [--print-layout] [--seconds S] [--start-at T] [--json]
+ *                    [--print-layout] [--seconds S] [--start-at T] [--digest] [--json]
  *
  * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
  * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
@@ -27,8 +27,8 @@
  * thread's first --inflight batches instead of moving anything. --seconds S runs each
  * configuration for S seconds instead of --bytes; --start-at T waits until wall-clock time T
  * before the first, so that several mgbench processes (one per tenant or per peer) move at once.
- * MOONGATE_TOKEN, when set, is sent as a bearer token to both daemons. Exit status 0 when every
- * batch ended DONE.
+ * --digest asks for end-to-end CRC32C (SubmitRequest.digest). MOONGATE_TOKEN, when set, is sent as
+ * a bearer token to both daemons. Exit status 0 when every batch ended DONE.
  */
 #include "mgbench.h"
 
@@ -123,6 +123,7 @@ typedef struct {
     int scatter;             /* blocks at a permutation of offsets, none adjacent */
     int per_request;         /* a TransferRequest per block instead of the Blocks form */
     int submit_wait;         /* Submit answers at the end: no Wait */
+    int digest;              /* SubmitRequest.digest */
     double deadline;         /* --seconds: no batch goes after this (monotonic seconds), or 0 */
     /* results */
     double *latency; /* seconds, one per batch */
@@ -281,6 +282,7 @@ static void *worker_main(void *arg)
             reqs[i].remote_offset = roffs[i] = block_offset(w, k, i, mul[1]);
         }
         sr.wait = w->submit_wait;
+        sr.digest = w->digest;
         if (w->per_request) {
             sr.requests = ptrs;
             sr.n_requests = w->batch;
@@ -318,7 +320,7 @@ typedef struct {
     const char *target, *peer;
     uint64_t local_id, remote_id, seg_bytes, bytes;
     unsigned threads, inflight;
-    int json, per_request, submit_wait, scatter, print_layout;
+    int json, per_request, submit_wait, scatter, print_layout, digest;
     double seconds;  /* --seconds: each configuration runs this long instead of --bytes */
     double start_at; /* --start-at: the first configuration starts at this wall-clock time */
 } setup;
@@ -403,6 +405,7 @@ static int run(const setup *s, int write, uint64_t block, unsigned batch, unsign
                         .scatter = s->scatter,
                         .per_request = s->per_request,
                         .submit_wait = s->submit_wait,
+                        .digest = s->digest,
                         .deadline = s->seconds > 0 ? t0 + s->seconds : 0,
                         .latency = calloc(batches, sizeof(double))};
         pthread_create(&th[i], NULL, worker_main, &w[i]);
@@ -573,11 +576,12 @@ static void usage(FILE *f)
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
                "           [--inflight N] [--scatter] [--big 1G] [--per-request]\n"
                "           [--submit-wait] [--print-layout] [--seconds S] [--start-at T]\n"
-               "           [--json]\n"
+               "           [--digest] [--json]\n"
                "A, B: h2c control endpoints of two daemons (B as A reaches it); B \"\": copies\n"
                "on A, with --big beside memcpy on one thread. --seconds: each configuration\n"
                "runs S seconds instead of --bytes; --start-at: the first starts at wall-clock\n"
                "time T (seconds since the epoch), for runs of several mgbench at once.\n"
+               "--digest: end-to-end CRC32C on every batch (SubmitRequest.digest).\n"
                "MOONGATE_TOKEN: a bearer token for both daemons.\n");
 }
 
@@ -599,6 +603,8 @@ int mgbench_transfer_main(int argc, char **argv)
             s.per_request = 1;
         } else if (!strcmp(a, "--submit-wait")) {
             s.submit_wait = 1;
+        } else if (!strcmp(a, "--digest")) {
+            s.digest = 1;
         } else if (!strcmp(a, "--scatter")) {
             s.scatter = 1;
         } else if (!strcmp(a, "--print-layout")) {

@@ -205,7 +205,23 @@ struct mg_dp_server {
     unsigned active;
     int stopping;
     mg_dp_server_stats stats; /* under lock */
+    uint32_t corrupt;         /* checksummed slices still to corrupt (atomic; tests only) */
 };
+
+void mg_dp_server_corrupt(mg_dp_server *s, uint32_t n)
+{
+    __atomic_store_n(&s->corrupt, n, __ATOMIC_RELEASE);
+}
+
+/* Whether this checksummed slice is one to corrupt (Debug/CorruptSlices). */
+static int corrupt_this(mg_dp_server *s)
+{
+    uint32_t n = __atomic_load_n(&s->corrupt, __ATOMIC_ACQUIRE);
+    while (n && !__atomic_compare_exchange_n(&s->corrupt, &n, n - 1, 0, __ATOMIC_ACQ_REL,
+                                             __ATOMIC_ACQUIRE))
+        ;
+    return n != 0;
+}
 
 /* Sends the acks held back. Returns 0 or -1. */
 static int acks_flush(dp_conn *c)
@@ -286,11 +302,25 @@ static int read_header(dp_conn *c, uint8_t *head)
     return 0;
 }
 
+/* Bytes that just landed at p: the first is flipped when *flip asks (Debug/CorruptSlices), then
+ * they go into *crc while they are still in cache (guarded, as every read of a segment). */
+static int landed(uint8_t *p, size_t n, uint32_t *crc, int *flip)
+{
+    if (*flip && n) {
+        p[0] ^= 0x20;
+        *flip = 0;
+    }
+    return crc ? mg_guarded_crc32c(crc, p, n) : 0;
+}
+
 /* The next n bytes of the stream into dst (a segment's memory: copies by the CPU run guarded),
  * or dropped when dst is NULL: first what the read-ahead holds, then a small rest through it,
- * a large one straight into place. Returns 0, MG_ERR_DATA_LOSS (dst's pages went missing: the
- * bytes were still taken off the stream) or -1 (the connection failed). */
-static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms)
+ * a large one straight into place. With crc, the CRC32C of what lands is carried on in *crc
+ * piece by piece as it lands; flip: the first byte is corrupted on landing (tests). Returns 0,
+ * MG_ERR_DATA_LOSS (dst's pages went missing: the bytes were still taken off the stream) or -1
+ * (the connection failed). */
+static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, uint32_t *crc,
+                        int flip)
 {
     int lost = 0;
     while (n > 0) {
@@ -298,6 +328,8 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms)
         if (k == 0 && dst && !lost && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
             ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
             if (r > 0) {
+                if (landed(dst, (size_t)r, crc, &flip) != 0)
+                    lost = 1;
                 dst += r;
                 n -= (uint64_t)r;
             } else if (r == 0) {
@@ -318,7 +350,8 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms)
                 return -1;
             continue;
         }
-        if (dst && !lost && mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0)
+        if (dst && !lost &&
+            (mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0 || landed(dst, k, crc, &flip) != 0))
             lost = 1;
         c->rpos += k;
         n -= k;
@@ -453,8 +486,12 @@ static void *conn_main(void *arg)
         reply.offset = h.offset;
         reply.flags = h.flags & MG_DF_LEASE;
         if (h.type == MG_DF_WRITE) {
-            /* The bytes go straight into place; the ack follows only once they are there. */
-            rc = read_payload(c, st == ST_OK ? addr : NULL, h.length, timeout);
+            /* The bytes go straight into place; the ack follows only once they are there. A
+             * checksummed slice's CRC32C is taken of each piece as it lands. */
+            uint32_t crc = 0;
+            int summed = st == ST_OK && (h.flags & MG_DF_CRC);
+            rc = read_payload(c, st == ST_OK ? addr : NULL, h.length, timeout, summed ? &crc : NULL,
+                              summed && corrupt_this(s));
             c->ahead = h.length < MG_DP_AHEAD_BYTES;
             if (rc == -1) {
                 target_done(s, &tgt);
@@ -462,11 +499,8 @@ static void *conn_main(void *arg)
             }
             if (rc == MG_ERR_DATA_LOSS) /* the segment's file is shorter than registered */
                 st = ST_DATA_LOSS;
-            if (st == ST_OK && (h.flags & MG_DF_CRC)) {
-                uint32_t crc = 0; /* guarded: a client may have shrunk the segment's file */
-                if (mg_guarded_crc32c(&crc, addr, h.length) != 0 || crc != h.payload_crc)
-                    st = ST_DATA_LOSS;
-            }
+            if (st == ST_OK && summed && crc != h.payload_crc)
+                st = ST_DATA_LOSS;
             reply.type = MG_DF_WRITE_ACK;
             reply.length = h.length;
             reply.status = st;
@@ -486,7 +520,7 @@ static void *conn_main(void *arg)
             reply.length = st == ST_OK ? h.length : 0;
             if (st == ST_OK && (h.flags & MG_DF_CRC)) {
                 reply.flags |= MG_DF_CRC;
-                reply.payload_crc = crc;
+                reply.payload_crc = corrupt_this(s) ? ~crc : crc;
             }
             count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
             if (st == ST_OK)

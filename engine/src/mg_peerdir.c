@@ -214,6 +214,8 @@ static void req_transport(mg_batch_req *r)
     known = !r->local_copy && mg_peer_cache_get(p->dir->cfg.descs, p->key, r->remote_segment,
                                                 r->remote_lease, &d, NULL) == 0;
     r->rdma_only = known && !(d.transports & (1u << MG_TRANSPORT_TCP));
+    if (r->b->digest) /* checked slice by slice: over TCP */
+        return;
     if (p->rdma_state != MG_PEER_RDMA_READY || p->rref == NULL || !known ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
         return;
@@ -252,7 +254,7 @@ static void req_link(mg_batch_req *r)
     x->link = (mg_xfer_link){.stop = &x->stop,
                              .slice_bytes = (uint32_t)cfg->sched.slice_bytes,
                              .io_timeout_ms = cfg->io_timeout_ms,
-                             .crc = cfg->crc,
+                             .crc = cfg->crc || r->b->digest,
                              .peer = r->peer->addr,
                              .idle = &r->peer->idle,
                              .token = r->token,
@@ -278,6 +280,12 @@ static void req_go(mg_batch_req *r)
         return;
     }
     req_transport(r);
+    if (!r->rdma && (r->rdma_only || (r->local && mg_segment_gpu(r->local))) && r->b->digest) {
+        mg_batch_req_end(r, MG_ERR_UNSUPPORTED,
+                         "a digest (SubmitRequest.digest) is checked over TCP only, and this "
+                         "GPU memory moves over RDMA only");
+        return;
+    }
     if (!r->rdma && (r->rdma_only || (r->local && mg_segment_gpu(r->local)))) { /* never TCP */
         mg_batch_req_end(r, MG_ERR_STATE,
                          r->rdma_only ? "the target is GPU memory, which moves over RDMA only, "

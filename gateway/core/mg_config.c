@@ -166,6 +166,11 @@ static const opt_def opts[] = {
      "notifications a topic holds for its readers at most"},
     {"notify-max-bytes", T_SIZE, O(notify_max_bytes), "64M", 65536, 64 * GiB,
      "payload bytes of notifications held for readers, all topics together"},
+    {"max-expectations", T_UINT, O(max_expectations), "16384", 1, 1 << 20,
+     "receivers' expectations (Notify/Expect) waiting at once at most"},
+    {"peer-liveness-timeout", T_UINT, O(peer_liveness_timeout), "10000", 100, 3600000,
+     "milliseconds a sender an expectation names may leave its probes unanswered before the "
+     "expectation fails (SENDER_UNREACHABLE); probes go every quarter of it, 1 s apart at most"},
     {"batch-retention", T_UINT, O(batch_retention), "600", 1, 7 * 86400,
      "seconds a finished transfer batch stays readable"},
     {"max-batches", T_UINT, O(max_batches), "1024", 1, 1 << 20,

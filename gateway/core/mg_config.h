@@ -77,6 +77,8 @@ typedef struct mg_config {
     uint64_t notify_queue;
     uint64_t notify_line; /* Sends waiting per connection, peer and topic */
     uint64_t notify_max_bytes;
+    uint64_t max_expectations;
+    uint64_t peer_liveness_timeout; /* ms */
     uint64_t workers;
     uint64_t io_threads;
     char *ibverbs_lib;  /* "": RDMA off */

@@ -4,6 +4,7 @@
  *
  *   ReadSegment   server streaming: chunks are copied out of the segment and framed on
  *                 workers, one at a time, paced by how fast the client reads (on_writable).
+ *   Checksum      unary: the CRC32C of a range, computed on a worker.
  *   WriteSegment  client streaming: each request message goes to a worker undecoded (on_raw);
  *                 the worker decodes it, checks its bounds and copies its bytes into the
  *                 segment. Messages are applied one at a time, in order; the stream's
@@ -196,64 +197,78 @@ static void read_cancel(mg_call *call)
         read_free(st); /* else the job's return frees it */
 }
 
+/* The range a ReadSegmentRequest names (a segment of the caller's, or a lease), held for
+ * `what`: the segment referenced, where the range starts in it and how long it is, and the
+ * lease used (or NULL). Returns 0, or -1 with the call failed and nothing held. */
+static int range_open(mg_call *call, const Moongate__V1__ReadSegmentRequest *req, const char *what,
+                      mg_segment **seg, uint64_t *start, uint64_t *length, void **lease)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    mg_segment_info info;
+    uint64_t base = 0, size;
+    char holder[MG_SEG_HOLDER_MAX];
+    *lease = NULL;
+    if (req->lease_id && req->id) {
+        mg_call_fail(call, MG_ERR_INVALID, "give id or lease_id, not both");
+        return -1;
+    }
+    if (req->lease_id) {
+        snprintf(holder, sizeof(holder), "%s of lease %" PRIu64 " by %s", what, req->lease_id,
+                 mg_call_peer(call));
+        if (mg_pools_use(gw->pools, mg_call_tenant(call), req->lease_id, holder, seg, &base, &size,
+                         lease) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->lease_id);
+            return -1;
+        }
+    } else {
+        snprintf(holder, sizeof(holder), "%s by %s", what, mg_call_peer(call));
+        if (mg_registry_acquire(reg, mg_call_tenant(call), req->id, holder, seg) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
+            return -1;
+        }
+        mg_segment_get_info(reg, *seg, &info);
+        size = info.size;
+        if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
+            mg_registry_put(reg, *seg);
+            mg_call_fail(call, MG_ERR_STATE, "%s",
+                         info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
+            return -1;
+        }
+    }
+    *length = req->length ? req->length : (req->offset <= size ? size - req->offset : 0);
+    if (mg_bounds_check(size, req->offset, *length) != 0) {
+        mg_registry_put(reg, *seg);
+        mg_pools_unuse(gw->pools, *lease);
+        mg_call_fail(call, MG_ERR_RANGE,
+                     "offset %" PRIu64 " + length %" PRIu64 " is outside the %s's %" PRIu64
+                     " bytes",
+                     req->offset, req->length, *lease ? "lease" : "segment", size);
+        return -1;
+    }
+    *start = base;
+    return 0;
+}
+
 static void read_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    mg_registry *reg = mg_engine_registry(gw->engine);
-    uint64_t max_chunk = gw->cfg->max_message_bytes - 64, length;
+    uint64_t max_chunk = gw->cfg->max_message_bytes - 64, length, base;
     mg_segment *seg;
-    mg_segment_info info;
     read_state *st;
-    uint64_t base = 0, size;
-    void *lease = NULL;
-    char holder[MG_SEG_HOLDER_MAX];
+    void *lease;
 
     if (req->chunk_bytes > max_chunk) {
         mg_call_fail(call, MG_ERR_INVALID, "chunk_bytes %u is above %llu (--max-message-bytes)",
                      req->chunk_bytes, (unsigned long long)max_chunk);
         return;
     }
-    if (req->lease_id && req->id) {
-        mg_call_fail(call, MG_ERR_INVALID, "give id or lease_id, not both");
+    if (range_open(call, req, "ReadSegment", &seg, &base, &length, &lease) != 0)
         return;
-    }
-    if (req->lease_id) {
-        snprintf(holder, sizeof(holder), "ReadSegment of lease %" PRIu64 " by %s", req->lease_id,
-                 mg_call_peer(call));
-        if (mg_pools_use(gw->pools, mg_call_tenant(call), req->lease_id, holder, &seg, &base, &size,
-                         &lease) != 0) {
-            mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->lease_id);
-            return;
-        }
-    } else {
-        snprintf(holder, sizeof(holder), "ReadSegment by %s", mg_call_peer(call));
-        if (mg_registry_acquire(reg, mg_call_tenant(call), req->id, holder, &seg) != 0) {
-            mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->id);
-            return;
-        }
-        mg_segment_get_info(reg, seg, &info);
-        size = info.size;
-        if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
-            mg_registry_put(reg, seg);
-            mg_call_fail(call, MG_ERR_STATE, "%s",
-                         info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
-            return;
-        }
-    }
-    length = req->length ? req->length : (req->offset <= size ? size - req->offset : 0);
-    if (mg_bounds_check(size, req->offset, length) != 0) {
-        mg_registry_put(reg, seg);
-        mg_pools_unuse(gw->pools, lease);
-        mg_call_fail(call, MG_ERR_RANGE,
-                     "offset %" PRIu64 " + length %" PRIu64 " is outside the %s's %" PRIu64
-                     " bytes",
-                     req->offset, req->length, lease ? "lease" : "segment", size);
-        return;
-    }
     st = calloc(1, sizeof(*st));
     if (st == NULL) {
-        mg_registry_put(reg, seg);
+        mg_registry_put(mg_engine_registry(gw->engine), seg);
         mg_pools_unuse(gw->pools, lease);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
@@ -271,6 +286,73 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     mg_call_ref(call);
     mg_call_set_data(call, st);
     read_pump(st);
+}
+
+/* ---- Checksum: the CRC32C of a range, on a worker ---- */
+
+typedef struct {
+    mg_call *call;
+    mg_gateway *gw;
+    mg_segment *seg;
+    void *lease;
+    const uint8_t *p;
+    uint64_t length;
+    uint32_t crc;
+} sum_job;
+
+static int sum_work(void *arg)
+{
+    sum_job *j = arg;
+    return mg_guarded_crc32c(&j->crc, j->p, j->length);
+}
+
+static void sum_done(void *arg, int result)
+{
+    sum_job *j = arg;
+    Moongate__V1__ChecksumResponse resp = MOONGATE__V1__CHECKSUM_RESPONSE__INIT;
+    mg_registry_put(mg_engine_registry(j->gw->engine), j->seg);
+    mg_pools_unuse(j->gw->pools, j->lease);
+    if (mg_call_done(j->call))
+        ;
+    else if (result != 0)
+        mg_call_fail(j->call, result, "%s",
+                     result == MG_ERR_DATA_LOSS ? "reading the segment: its file is shorter than "
+                                                  "registered (a client truncated it)"
+                                                : "reading the segment");
+    else {
+        resp.crc32c = j->crc;
+        resp.length = j->length;
+        mg_call_reply(j->call, &resp.base);
+    }
+    mg_call_unref(j->call);
+    free(j);
+}
+
+static void checksum_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    sum_job *j = calloc(1, sizeof(*j));
+    uint64_t base;
+    int rc;
+    if (j == NULL) {
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    if (range_open(call, req, "Checksum", &j->seg, &base, &j->length, &j->lease) != 0) {
+        free(j);
+        return;
+    }
+    j->call = call;
+    j->gw = gw;
+    j->p = (const uint8_t *)mg_segment_addr(j->seg) + base + req->offset;
+    mg_call_ref(call);
+    if ((rc = mg_engine_submit(gw->engine, gw->cq, sum_work, sum_done, j)) != 0) {
+        mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
+                     (unsigned)gw->cfg->queue_depth);
+        j->call = call;
+        sum_done(j, 0); /* lets go of what it holds; the call is done */
+    }
 }
 
 /* ---- WriteSegment: messages decoded and copied on workers, one at a time, in order ---- */
@@ -607,6 +689,8 @@ static const mg_method io_methods[] = {
      .on_raw = write_raw,
      .on_half_close = write_half_close,
      .on_cancel = write_cancel},
+    MG_UNARY("/moongate.v1.Memory/Checksum", &moongate__v1__read_segment_request__descriptor,
+             &moongate__v1__checksum_response__descriptor, checksum_message),
 };
 
 int mg_svc_memory_io_init(mg_gateway *gw)

@@ -9,16 +9,15 @@
  * past either, Deliver answers RESOURCE_EXHAUSTED and the sender's batch says so — nothing is
  * dropped silently. A topic with nothing queued and nobody watching is forgotten.
  *
- * Loop thread only.
+ * A failure notice (outcome other than LANDED) goes the same way: a peer's batch whose WRITEs
+ * here failed delivers one, and this daemon posts one itself when an expectation fails
+ * (svc_notify_expect.c); its own pass the limits. Loop thread only.
  */
-#include "mg_gateway.h"
-#include "mg_service.h"
+#include "svc_notify.h"
 
 #include "mg_auth.h"
 
 #include "mg_log.h"
-
-#include "moongate/v1/notify.pb-c.h"
 
 #include <event2/buffer.h>
 #include <inttypes.h>
@@ -29,12 +28,16 @@
 #define TOPIC_MAX   128
 #define PAYLOAD_MAX 65536
 #define POLL_MAX    1000
+#define MESSAGE_MAX 1024 /* bytes of a failure notice's message */
+#define FAILED_MAX  1024 /* failed requests a notice lists */
 
 typedef struct note {
-    Moongate__V1__Notification msg; /* topic, payload and from point into the note's own copy */
+    Moongate__V1__Notification msg; /* its strings and arrays point into the note's own copies */
     char topic[TOPIC_MAX + 1];
-    char from[128];
+    char from[MG_PEER_NAME_MAX + 1];
     uint8_t *payload;
+    char *message;
+    uint32_t *failed;
     struct note *next;
 } note;
 
@@ -50,23 +53,10 @@ typedef struct topic {
     char name[TOPIC_MAX + 1];
     note *head, *tail;
     size_t queued;
+    size_t unclaimed; /* of them, peers' that met no expectation (at most `queued`) */
     mg_list watchers; /* oldest first */
     struct topic *next;
 } topic;
-
-struct mg_notify_svc {
-    topic *topics;
-    uint64_t queued_bytes;
-    uint64_t delivered_total, refused_total;
-};
-
-extern const mg_service mg_svc_notify;
-
-/* The service's state, kept in its slot of the gateway (mg_gateway_state). */
-static struct mg_notify_svc *notify_of(mg_gateway *gw)
-{
-    return *mg_gateway_state(gw, &mg_svc_notify);
-}
 
 static int topic_ok(const char *s)
 {
@@ -114,6 +104,8 @@ static void note_free(note *n)
 {
     if (n) {
         free(n->payload);
+        free(n->message);
+        free(n->failed);
         free(n);
     }
 }
@@ -128,6 +120,8 @@ static note *take(struct mg_notify_svc *ns, topic *t)
     if (t->head == NULL)
         t->tail = NULL;
     t->queued--;
+    if (t->unclaimed > t->queued)
+        t->unclaimed = t->queued;
     ns->queued_bytes -= n->msg.payload.len;
     return n;
 }
@@ -147,14 +141,79 @@ static void feed(struct mg_notify_svc *ns, topic *t)
     }
 }
 
+int mg_notify_claim(struct mg_notify_svc *ns, const char *tenant, const char *name)
+{
+    topic *t = topic_find(ns, tenant, name, 0);
+    if (t == NULL || t->unclaimed == 0)
+        return 0;
+    t->unclaimed--;
+    return 1;
+}
+
+int mg_notify_post(struct mg_notify_svc *ns, const char *tenant,
+                   const Moongate__V1__Notification *m, const char *from, int own, char *why,
+                   size_t cap)
+{
+    const mg_config *cfg = ns->gw->cfg;
+    topic *t = topic_find(ns, tenant, m->topic, 1);
+    note *n;
+    if (t == NULL)
+        return MG_ERR_NOMEM;
+    if (!own && (t->queued >= cfg->notify_queue ||
+                 ns->queued_bytes + m->payload.len > cfg->notify_max_bytes)) {
+        ns->refused_total++;
+        snprintf(why, cap,
+                 "topic \"%s\" on this daemon holds %zu notifications nobody took (%" PRIu64
+                 " bytes queued in all; --notify-queue %llu, --notify-max-bytes %llu)",
+                 t->name, t->queued, ns->queued_bytes, (unsigned long long)cfg->notify_queue,
+                 (unsigned long long)cfg->notify_max_bytes);
+        topic_gc(ns, t);
+        return MG_ERR_FULL;
+    }
+    n = calloc(1, sizeof(*n));
+    if (n == NULL || (m->payload.len && (n->payload = malloc(m->payload.len)) == NULL) ||
+        (m->message[0] && (n->message = strdup(m->message)) == NULL) ||
+        (m->n_failed_requests &&
+         (n->failed = malloc(m->n_failed_requests * sizeof(*n->failed))) == NULL)) {
+        note_free(n);
+        topic_gc(ns, t);
+        return MG_ERR_NOMEM;
+    }
+    n->msg = *m;
+    n->msg.tenant = "";
+    snprintf(n->topic, sizeof(n->topic), "%s", m->topic);
+    snprintf(n->from, sizeof(n->from), "%s", from);
+    if (m->payload.len)
+        memcpy(n->payload, m->payload.data, m->payload.len);
+    if (m->n_failed_requests)
+        memcpy(n->failed, m->failed_requests, m->n_failed_requests * sizeof(*n->failed));
+    n->msg.topic = n->topic;
+    n->msg.from = n->from;
+    n->msg.payload.data = n->payload;
+    n->msg.message = n->message ? n->message : "";
+    n->msg.failed_requests = n->failed;
+    if (t->tail)
+        t->tail->next = n;
+    else
+        t->head = n;
+    t->tail = n;
+    t->queued++;
+    t->unclaimed += !own;
+    ns->queued_bytes += m->payload.len;
+    if (m->outcome != MOONGATE__V1__OUTCOME__OUTCOME_LANDED)
+        ns->notices_total++;
+    feed(ns, t);
+    return 0;
+}
+
 static void deliver_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__Notification *req = (const void *)m;
-    mg_gateway *gw = mg_call_gateway(call);
-    struct mg_notify_svc *ns = notify_of(gw);
+    struct mg_notify_svc *ns = notify_of(mg_call_gateway(call));
     Moongate__V1__DeliverResponse resp = MOONGATE__V1__DELIVER_RESPONSE__INIT;
-    note *n;
-    topic *t;
+    const char *tenant = req->tenant[0] ? req->tenant : "default";
+    char why[512];
+    int rc;
     if (!topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
         return;
@@ -168,50 +227,27 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_INVALID, "tenant is 1..%d of [A-Za-z0-9._:-]", MG_TENANT_MAX);
         return;
     }
-    t = topic_find(ns, req->tenant[0] ? req->tenant : "default", req->topic, 1);
-    if (t == NULL) {
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+    /* A peer's notice is of its batch: LANDED, FAILED, CANCELLED or TIMED_OUT. */
+    if (req->outcome > MOONGATE__V1__OUTCOME__OUTCOME_TIMED_OUT || req->expectation ||
+        strlen(req->message) > MESSAGE_MAX || req->n_failed_requests > FAILED_MAX ||
+        req->failed_count < req->n_failed_requests || req->code >= MG_GRPC_CODE_COUNT) {
+        mg_call_fail(call, MG_ERR_INVALID,
+                     "a peer's notice has outcome LANDED, FAILED, CANCELLED or TIMED_OUT, no "
+                     "expectation, a message of at most %d bytes, a gRPC code and at most %d "
+                     "failed requests (failed_count at least as many)",
+                     MESSAGE_MAX, FAILED_MAX);
         return;
     }
-    if (t->queued >= gw->cfg->notify_queue ||
-        ns->queued_bytes + req->payload.len > gw->cfg->notify_max_bytes) {
-        ns->refused_total++;
-        mg_call_fail(call, MG_ERR_FULL,
-                     "topic \"%s\" on this daemon holds %zu notifications nobody took "
-                     "(%" PRIu64 " bytes queued in all; --notify-queue %llu, --notify-max-bytes "
-                     "%llu)",
-                     t->name, t->queued, ns->queued_bytes,
-                     (unsigned long long)gw->cfg->notify_queue,
-                     (unsigned long long)gw->cfg->notify_max_bytes);
-        topic_gc(ns, t);
+    if ((rc = mg_notify_post(ns, tenant, req, mg_call_peer(call), 0, why, sizeof(why))) != 0) {
+        if (rc == MG_ERR_FULL)
+            mg_call_fail(call, rc, "%s", why);
+        else
+            mg_call_fail(call, rc, NULL);
         return;
     }
-    n = calloc(1, sizeof(*n));
-    if (n == NULL || (req->payload.len && (n->payload = malloc(req->payload.len)) == NULL)) {
-        free(n);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        topic_gc(ns, t);
-        return;
-    }
-    moongate__v1__notification__init(&n->msg);
-    snprintf(n->topic, sizeof(n->topic), "%s", req->topic);
-    snprintf(n->from, sizeof(n->from), "%s", mg_call_peer(call));
-    if (req->payload.len)
-        memcpy(n->payload, req->payload.data, req->payload.len);
-    n->msg.topic = n->topic;
-    n->msg.from = n->from;
-    n->msg.payload.data = n->payload;
-    n->msg.payload.len = req->payload.len;
-    n->msg.batch_id = req->batch_id;
-    if (t->tail)
-        t->tail->next = n;
-    else
-        t->head = n;
-    t->tail = n;
-    t->queued++;
-    ns->queued_bytes += req->payload.len;
     ns->delivered_total++;
-    feed(ns, t);
+    if (mg_notify_expect_heard(ns, tenant, req->topic))
+        mg_notify_claim(ns, tenant, req->topic);
     mg_call_reply(call, &resp.base);
 }
 
@@ -332,6 +368,14 @@ static const mg_method notify_methods[] = {
      .on_message = watch_message,
      .on_cancel = watch_cancel,
      .on_writable = watch_writable},
+    MG_UNARY("/moongate.v1.Notify/Expect", &moongate__v1__expect_request__descriptor,
+             &moongate__v1__expectation__descriptor, mg_notify_svc_expect),
+    MG_UNARY("/moongate.v1.Notify/Unexpect", &moongate__v1__unexpect_request__descriptor,
+             &moongate__v1__unexpect_response__descriptor, mg_notify_svc_unexpect),
+    MG_UNARY("/moongate.v1.Notify/ListExpectations",
+             &moongate__v1__list_expectations_request__descriptor,
+             &moongate__v1__list_expectations_response__descriptor,
+             mg_notify_svc_list_expectations),
 };
 
 /* Drain: Watch calls end (UNAVAILABLE) so their connections can close; queued notes stay
@@ -350,6 +394,9 @@ static void mg_svc_notify_drain(mg_gateway *gw)
 
 static const mg_route notify_routes[] = {
     {"GET", "/v1/notifications", 0, "/moongate.v1.Notify/Poll"},
+    {"POST", "/v1/expectations", 0, "/moongate.v1.Notify/Expect"},
+    {"GET", "/v1/expectations", 0, "/moongate.v1.Notify/ListExpectations"},
+    {"DELETE", "/v1/expectations", 1, "/moongate.v1.Notify/Unexpect"},
 };
 
 static int mg_svc_notify_init(mg_gateway *gw)
@@ -359,7 +406,10 @@ static int mg_svc_notify_init(mg_gateway *gw)
     if (rc != 0)
         return rc;
     *mg_gateway_state(gw, &mg_svc_notify) = calloc(1, sizeof(*notify_of(gw)));
-    return notify_of(gw) ? 0 : MG_ERR_NOMEM;
+    if (notify_of(gw) == NULL)
+        return MG_ERR_NOMEM;
+    notify_of(gw)->gw = gw;
+    return mg_notify_expect_init(notify_of(gw));
 }
 
 static void mg_svc_notify_free(mg_gateway *gw)
@@ -367,6 +417,7 @@ static void mg_svc_notify_free(mg_gateway *gw)
     struct mg_notify_svc *ns = notify_of(gw);
     if (ns == NULL)
         return;
+    mg_notify_expect_free(ns);
     while (ns->topics) {
         topic *t = ns->topics;
         ns->topics = t->next;
@@ -400,6 +451,15 @@ static void notify_metrics(mg_gateway *gw, struct evbuffer *out)
         "moongate_notifications_queued_bytes %llu\n",
         (unsigned long long)received, (unsigned long long)refused, (unsigned long long)queued,
         (unsigned long long)queued_bytes);
+    if (notify_of(gw) == NULL)
+        return;
+    evbuffer_add_printf(out,
+                        "# HELP moongate_notification_notices_total Failure notices queued here "
+                        "(a peer's batch that did not land, or an expectation that failed).\n"
+                        "# TYPE moongate_notification_notices_total counter\n"
+                        "moongate_notification_notices_total %llu\n",
+                        (unsigned long long)notify_of(gw)->notices_total);
+    mg_notify_expect_metrics(notify_of(gw), out);
 }
 
 const mg_service mg_svc_notify = {.name = "notify",

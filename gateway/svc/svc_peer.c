@@ -26,6 +26,7 @@
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
 #include "moongate/v1/peer.pb-c.h"
+#include "moongate/v1/debug.pb-c.h"
 
 #include <event2/buffer.h>
 #include <inttypes.h>
@@ -196,6 +197,26 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     segment_desc(gw, &info, &resp, transports);
+    mg_call_reply(call, &resp.base);
+}
+
+/* Ping: this daemon's epoch, and whether the agent named (if any) is here. */
+static void ping_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__PeerAgentRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    Moongate__V1__PeerPing resp = MOONGATE__V1__PEER_PING__INIT;
+    mg_agent_ref ref = {.port = req->port};
+    const mg_agent *ag;
+    if (!peer_tenant(call, req->tenant))
+        return;
+    resp.epoch = gw->epoch;
+    if (req->name[0] || req->port) {
+        snprintf(ref.name, sizeof(ref.name), "%.*s", MG_AGENT_NAME_MAX, req->name);
+        ag = mg_agent_find(gw, req->tenant[0] ? req->tenant : "default", &ref);
+        resp.agent_present = ag != NULL;
+        resp.agent_id = ag ? ag->id : 0;
+    }
     mg_call_reply(call, &resp.base);
 }
 
@@ -416,6 +437,26 @@ static void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
         mg_dp_server_get_stats(peer_of(gw)->server, out);
 }
 
+/* Debug/CorruptSlices (with --debug-service): the data plane corrupts the next checksummed
+ * slices it serves, for the tests of digests. */
+static void corrupt_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__CorruptRequest *req = (const void *)m;
+    struct mg_peer_svc *ps = peer_of(mg_call_gateway(call));
+    Moongate__V1__CorruptResponse resp = MOONGATE__V1__CORRUPT_RESPONSE__INIT;
+    if (ps == NULL || ps->server == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon has no data plane (--data-listen)");
+        return;
+    }
+    mg_dp_server_corrupt(ps->server, req->count);
+    mg_call_reply(call, &resp.base);
+}
+
+static const mg_method corrupt_method[] = {
+    MG_UNARY("/moongate.v1.Debug/CorruptSlices", &moongate__v1__corrupt_request__descriptor,
+             &moongate__v1__corrupt_response__descriptor, corrupt_message),
+};
+
 static const mg_method peer_methods[] = {
     MG_PEER_UNARY("/moongate.v1.Peer/OpenSession", &moongate__v1__open_session_request__descriptor,
                   &moongate__v1__open_session_response__descriptor, open_session_message),
@@ -426,6 +467,8 @@ static const mg_method peer_methods[] = {
                   &moongate__v1__connect_rdma_response__descriptor, connect_rdma_message),
     MG_PEER_UNARY("/moongate.v1.Peer/DescribeAgent", &moongate__v1__peer_agent_request__descriptor,
                   &moongate__v1__peer_agent__descriptor, describe_agent_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/Ping", &moongate__v1__peer_agent_request__descriptor,
+                  &moongate__v1__peer_ping__descriptor, ping_message),
 };
 
 static int mg_svc_peer_init(mg_gateway *gw)
@@ -435,6 +478,9 @@ static int mg_svc_peer_init(mg_gateway *gw)
     char err[256];
     int rc;
     if ((rc = mg_gateway_add_methods(gw, peer_methods, MG_NELEM(peer_methods), NULL, 0)) != 0)
+        return rc;
+    if (gw->cfg->debug_service &&
+        (rc = mg_gateway_add_methods(gw, corrupt_method, 1, NULL, 0)) != 0)
         return rc;
     if (gw->cfg->data_listen[0] == '\0' || mg_engine_registry(gw->engine) == NULL)
         return 0;

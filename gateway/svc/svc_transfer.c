@@ -450,6 +450,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     b->conn = mg_call_conn_id(call);
     b->wait = req->wait;
     b->tag = (mg_batch_tag)tag;
+    b->digest = req->digest;
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (mg_xfer_agents_resolve(call, b, submit_checked) == 0)
         submit_checked(call, b);

@@ -6,7 +6,12 @@
  * every one before it was sent or failed, and goes when it is due as well. A batch's note takes
  * its place when the batch is entered and is due when the engine says so (note_due); a Send is
  * due at once. One Deliver call per line is in flight at a time, so the peer queues them in
- * line order. A Send whose call ended before its turn is dropped (not sent). Loop thread only.
+ * line order. A Send whose call ended before its turn is dropped (not sent).
+ *
+ * A batch's note whose WRITEs to its peer did not all land goes as a failure notice instead:
+ * the outcome (FAILED, CANCELLED or TIMED_OUT, from the first WRITE that failed), its code and
+ * message, and which WRITEs failed. The batch still shows the note FAILED (the notification
+ * proper was not sent), saying whether the notice reached the peer. Loop thread only.
  */
 #include "svc_transfer.h"
 
@@ -22,6 +27,7 @@
 #include <string.h>
 
 #define PAYLOAD_MAX 65536
+#define FAILED_MAX  1024 /* failed requests a failure notice lists */
 
 typedef struct note_line {
     uint64_t conn;
@@ -135,13 +141,53 @@ typedef struct {
 static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     deliver_call dc = *(deliver_call *)arg;
+    mg_batch_note *n = dc.it->n;
     char why[300];
     (void)rpc;
     free(arg);
     if (dc.ts->closing)
-        return; /* the lines went with the service */
+        return;                   /* the lines went with the service */
+    if (n && n->g.failed_write) { /* it was the failure notice */
+        if (status)
+            snprintf(why, sizeof(why),
+                     "not sent: request %zu to this peer failed; peer %.80s refused the failure "
+                     "notice: %.120s",
+                     n->g.failed_write - 1, dc.it->line->p->addr, message);
+        else
+            snprintf(why, sizeof(why),
+                     "not sent: request %zu to this peer failed; the peer's topic got a failure "
+                     "notice",
+                     n->g.failed_write - 1);
+        item_over(dc.ts, dc.it, MG_GRPC_FAILED_PRECONDITION, why);
+        return;
+    }
     snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", dc.it->line->p->addr, message);
     item_over(dc.ts, dc.it, status, status ? why : NULL);
+}
+
+/* What the failure notice of n says: the outcome, code and message of the first WRITE to its
+ * peer that failed, and the indexes of those that failed (into failed[FAILED_MAX]). */
+static void notice_of(const mg_batch_note *n, Moongate__V1__Notification *req, uint32_t *failed,
+                      char *msg, size_t cap)
+{
+    const mg_batch *b = n->b;
+    const mg_batch_req *first = &b->reqs[n->g.failed_write - 1];
+    req->outcome = first->err == MG_ERR_CANCELLED ? MOONGATE__V1__OUTCOME__OUTCOME_CANCELLED
+                   : first->err == MG_ERR_TIMEOUT ? MOONGATE__V1__OUTCOME__OUTCOME_TIMED_OUT
+                                                  : MOONGATE__V1__OUTCOME__OUTCOME_FAILED;
+    req->code = (uint32_t)mg_err_grpc(first->err);
+    snprintf(msg, cap, "request %zu: %s", n->g.failed_write - 1,
+             first->msg ? first->msg : mg_strerror(first->err));
+    req->message = msg;
+    req->failed_requests = failed;
+    for (size_t i = 0; i < b->n; i++) {
+        const mg_batch_req *r = &b->reqs[i];
+        if (r->write && r->peer == n->peer && r->life.state == MG_REQ_FAILED) {
+            if (req->n_failed_requests < FAILED_MAX)
+                failed[req->n_failed_requests++] = (uint32_t)i;
+            req->failed_count++;
+        }
+    }
 }
 
 /* Sends the item at the head of its line (or fails it, saying why). */
@@ -151,14 +197,18 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     Moongate__V1__Notification req = MOONGATE__V1__NOTIFICATION__INIT;
     mg_xfer_peer *p = it->line->p;
     deliver_call *dc;
-    char err[256], why[300];
+    uint32_t *failed = NULL;
+    char err[256], why[300], msg[1024];
+    int rc;
     if (it->n && it->n->g.failed_write) {
-        snprintf(why, sizeof(why), "not sent: request %zu to this peer failed",
-                 it->n->g.failed_write - 1);
-        item_over(ts, it, MG_GRPC_FAILED_PRECONDITION, why);
-        return;
+        if ((failed = malloc(FAILED_MAX * sizeof(*failed))) == NULL) {
+            item_over(ts, it, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        notice_of(it->n, &req, failed, msg, sizeof(msg));
     }
     if ((dc = calloc(1, sizeof(*dc))) == NULL) {
+        free(failed);
         item_over(ts, it, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
@@ -171,8 +221,10 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     it->sending = 1;
     if (it->n)
         it->n->g.state = MG_NOTE_SENDING;
-    if (mg_peer_call(ts->gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Notify/Deliver", &req.base,
-                     &h, dc, err, sizeof(err)) != 0) {
+    rc = mg_peer_call(ts->gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Notify/Deliver", &req.base,
+                      &h, dc, err, sizeof(err));
+    free(failed); /* the request is encoded by now */
+    if (rc != 0) {
         free(dc);
         snprintf(why, sizeof(why), "peer %.80s: %.200s", p->addr, err);
         item_over(ts, it, MG_GRPC_UNAVAILABLE, why);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|receiver|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -21,6 +21,13 @@
 # fanout:   Health/Check latency with 1,000 connections open against 10; 16 peers written to at
 #           once (slowest against fastest); two tenants writing at once (each one's share)
 #           (tests/bench/bench_fanout.py; `fanout -- conns --rounds 3` for one part).
+# receiver: how soon a waiting receiver hears its notification will not come, for each cause (a
+#           WRITE refused, the sender's agent killed, its daemon restarted or frozen, the
+#           deadline) beside the probe interval, liveness timeout or deadline that bounds it
+#           (tests/bench/bench_receiver.py; `receiver -- --rounds 5 --liveness-ms 2000`).
+# digest:   what an end-to-end digest (SubmitRequest.digest) costs: one 1 GiB WRITE and READ and
+#           64 KiB x 128 scattered WRITEs with and without it, alternated, medians of 3
+#           (tests/bench/bench_digest.py; `digest -- --rounds 5`).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -81,6 +88,12 @@ scale)
     ;;
 wire)
     /usr/bin/python3 tests/bench/bench_wire.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"
+    ;;
+receiver)
+    /usr/bin/python3 tests/bench/bench_receiver.py --moongate "$build/moongate" "$@"
+    ;;
+digest)
+    /usr/bin/python3 tests/bench/bench_digest.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"
     ;;
 fanout)
     /usr/bin/python3 tests/bench/bench_fanout.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"

@@ -267,6 +267,18 @@ def req(op, local, peer, remote, length, local_offset=0, remote_offset=0):
                                         remote_offset=remote_offset, length=length)
 
 
+def wait_batch(t, batch_id, timeout=30):
+    """The batch once it is over (GetBatch every 20 ms), failing after `timeout` seconds."""
+    from moongate.v1 import transfer_pb2
+    deadline = time.monotonic() + timeout
+    while True:
+        b = t.GetBatch(transfer_pb2.GetBatchRequest(id=batch_id))
+        if b.state != transfer_pb2.RUNNING:
+            return b
+        assert time.monotonic() < deadline, "batch still running: %s" % b
+        time.sleep(0.02)
+
+
 def curl(*args, input=None):
     """Runs curl; returns (exit code, stdout, stderr)."""
     p = subprocess.run(["curl", "-sS", "--max-time", "20"] + list(args), input=input,

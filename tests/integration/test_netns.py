@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from conftest import h2c_channel
+from conftest import h2c_channel, wait_batch
 from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
@@ -50,16 +50,6 @@ def register(d, name, size, remote=False):
     with h2c_channel(d) as ch:
         return memory_pb2_grpc.MemoryStub(ch).RegisterSegment(memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote), timeout=10).segment
-
-
-def wait_batch(t, bid, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        b = t.GetBatch(transfer_pb2.GetBatchRequest(id=bid))
-        if b.state != transfer_pb2.RUNNING:
-            return b
-        assert time.monotonic() < deadline, "batch still running: %s" % b
-        time.sleep(0.05)
 
 
 def write(src, peer, dst, length):

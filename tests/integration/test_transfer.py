@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from conftest import h2c_channel, register, req
+from conftest import h2c_channel, register, req, wait_batch
 from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
@@ -17,16 +17,6 @@ MiB = 1 << 20
 
 def two_daemons(make_daemon):
     return make_daemon("--peer-tls=false"), make_daemon("--peer-tls=false")
-
-
-def wait_batch(t, batch_id, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        b = t.GetBatch(transfer_pb2.GetBatchRequest(id=batch_id))
-        if b.state != transfer_pb2.RUNNING:
-            return b
-        assert time.monotonic() < deadline, "batch still running"
-        time.sleep(0.02)
 
 
 def test_write_and_read_between_two_daemons(make_daemon):
@@ -651,7 +641,15 @@ def test_notification_not_sent_when_a_write_fails_and_bounded_queues(make_daemon
         assert st.state == transfer_pb2.NOTIFY_FAILED
         assert st.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
         assert "not sent: request 0 to this peer failed" in st.message
-        assert len(nb.Poll(notify_pb2.PollRequest(topic="t")).notifications) == 0
+        assert "the peer's topic got a failure notice" in st.message
+        # The receiver hears of it: a failure notice instead of the notification.
+        [notice] = nb.Poll(notify_pb2.PollRequest(topic="t")).notifications
+        assert notice.outcome == notify_pb2.OUTCOME_FAILED, notice
+        assert notice.batch_id == batch.id and notice.payload == b"never"
+        assert notice.code == grpc.StatusCode.NOT_FOUND.value[0]
+        assert "request 0:" in notice.message and "not found" in notice.message
+        assert list(notice.failed_requests) == [0] and notice.failed_count == 1
+        assert b.metric("moongate_notification_notices_total") == 1
         # Nobody reads topic t: it holds 2 (--notify-queue), the third is refused, by name.
         for p in (b"one", b"two"):
             assert wait_batch(t, submit(dst.id, p)).state == transfer_pb2.DONE

@@ -660,6 +660,24 @@ class Client:
         return list(self._call(self._notify.Poll, notify_pb2.PollRequest(topic=topic, max=max))
                     .notifications)
 
+    def expect(self, topic, timeout_ms, peer="", agent="", epoch=0, lease=0, segment=0):
+        """Declares that a notification is due on `topic` within timeout_ms, from `peer` (its
+        daemon, "host:port") or `agent` if named. If none comes, this client's daemon posts a
+        failure notice to the topic (outcome: DEADLINE, SENDER_UNREACHABLE, SENDER_RESTARTED
+        or SENDER_AGENT_GONE), so notifications()/poll() of the topic always end. Returns the
+        Expectation (its id for unexpect())."""
+        return self._call(self._notify.Expect, notify_pb2.ExpectRequest(
+            topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
+            lease=getattr(lease, "id", lease), segment=segment))
+
+    def unexpect(self, expectation):
+        self._call(self._notify.Unexpect,
+                   notify_pb2.UnexpectRequest(id=getattr(expectation, "id", expectation)))
+
+    def expectations(self):
+        return list(self._call(self._notify.ListExpectations,
+                               notify_pb2.ListExpectationsRequest()).expectations)
+
 
 class _SyncLease(Lease):
     def __enter__(self):
@@ -760,6 +778,15 @@ class AsyncClient:
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
         return resp.batch
+
+    async def expect(self, topic, timeout_ms, peer="", agent="", epoch=0, lease=0, segment=0):
+        return await self._call(self._notify.Expect, notify_pb2.ExpectRequest(
+            topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
+            lease=getattr(lease, "id", lease), segment=segment))
+
+    async def unexpect(self, expectation):
+        await self._call(self._notify.Unexpect,
+                         notify_pb2.UnexpectRequest(id=getattr(expectation, "id", expectation)))
 
     async def notifications(self, topic, timeout=None):
         call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,

@@ -145,6 +145,7 @@ struct mg_batch {
     uint64_t conn; /* the front's id of the connection it came on (notifications keep order) */
     int wait;      /* its Submit answers at the end */
     mg_batch_tag tag;
+    int digest; /* CRC32C end to end (SubmitRequest.digest): over TCP, per slice */
     size_t n;
     mg_batch_req *reqs; /* NULL once over and compacted into recs */
     mg_batch_rec *recs;

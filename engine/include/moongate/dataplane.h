@@ -61,6 +61,9 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
                        size_t errcap);
 int mg_dp_server_port(const mg_dp_server *s);
 void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out);
+/* Tests (Debug/CorruptSlices): the next n checksummed slices served are corrupted — a WRITE's
+ * landed bytes get one flipped before they are checked, a READ answer a wrong CRC32C. */
+void mg_dp_server_corrupt(mg_dp_server *s, uint32_t n);
 /* Closes the listener and every connection and joins their threads. Accepts NULL. */
 void mg_dp_server_stop(mg_dp_server *s);
 
