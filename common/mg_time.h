@@ -24,11 +24,16 @@ static inline uint64_t mg_now_mono_ms(void)
     return mg_now_mono_ns() / 1000000ULL;
 }
 
-static inline uint64_t mg_now_unix_ms(void)
+static inline uint64_t mg_now_unix_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t mg_now_unix_ms(void)
+{
+    return mg_now_unix_ns() / 1000000ULL;
 }
 
 #endif

@@ -182,7 +182,7 @@ packager_build() {
 
 fuzz_run() {
     local rc=0 target corpus work
-    for target in deframer json proto alloc dataframe auth fdproto agentdesc; do
+    for target in deframer json proto alloc dataframe auth fdproto agentdesc trace; do
         corpus=tests/fuzz/corpus/$target
         work=$(mktemp -d)
         echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"

@@ -3,6 +3,7 @@
 
 #include "mg_log.h"
 #include "mg_time.h"
+#include "moongate/peerdir.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -248,11 +249,92 @@ int mg_batch_is_over(const mg_batch *b)
     return mg_batch_over(&b->counts);
 }
 
+/* The ids of a step of t with span `span`: trace, span and parent in hex. */
+typedef struct {
+    char trace[33], span[17], parent[17];
+} trace_hex;
+
+static trace_hex hex_of(const mg_trace *t, const uint8_t span[8], const uint8_t parent[8])
+{
+    trace_hex h;
+    mg_trace_hex(t->trace_id, 16, h.trace);
+    mg_trace_hex(span, 8, h.span);
+    mg_trace_hex(parent, 8, h.parent);
+    return h;
+}
+
+int mg_batch_trace(mg_batch *b, const char *traceparent)
+{
+    size_t n = strlen(traceparent);
+    uint8_t trace[16], parent[8], flags;
+    trace_hex h;
+    b->t0_unix_ns = mg_now_unix_ns();
+    b->traced = n && mg_traceparent_parse(traceparent, n, trace, parent, &flags) == 0;
+    if (mg_trace_start(&b->trace, b->traced ? traceparent : "", b->traced ? n : 0) != 0)
+        return -1;
+    if (b->traced) {
+        h = hex_of(&b->trace, b->trace.span_id, b->trace.parent_id);
+        mg_info("transfer_submitted",
+                "batch=%016" PRIx64 " requests=%zu tenant=%s trace=%s span=%s parent=%s "
+                "sampled=%d",
+                b->id, b->n, b->tenant, h.trace, h.span, h.parent, mg_trace_sampled(&b->trace));
+    }
+    return 0;
+}
+
+void mg_batch_req_started(mg_batch_req *r)
+{
+    mg_batch *b = r->b;
+    mg_trace child;
+    trace_hex h;
+    if (!mg_trace_sampled(&b->trace) || mg_trace_child(&child, &b->trace) != 0)
+        return;
+    memcpy(r->span, child.span_id, sizeof(r->span));
+    r->t0_unix_ns = mg_now_unix_ns();
+    h = hex_of(&b->trace, r->span, b->trace.span_id);
+    mg_info("transfer_request_start",
+            "batch=%016" PRIx64 " request=%zu op=%s peer=%s bytes=%" PRIu64
+            " trace=%s span=%s parent=%s",
+            b->id, (size_t)(r - b->reqs), r->write ? "write" : "read", r->peer ? r->peer->addr : "",
+            r->length, h.trace, h.span, h.parent);
+}
+
+/* A request of a sampled trace ended: its end logged, its span kept. */
+static void req_traced_end(mg_batch_req *r)
+{
+    mg_batch *b = r->b;
+    mg_trace t = b->trace;
+    char attrs[MG_SPAN_ATTRS_MAX];
+    trace_hex h;
+    if (!mg_trace_sampled(&b->trace) || r->t0_unix_ns == 0)
+        return; /* not sampled, or it ended before it started (cancelled, refused) */
+    h = hex_of(&b->trace, r->span, b->trace.span_id);
+    mg_info("transfer_request_end",
+            "batch=%016" PRIx64 " request=%zu state=%s error=%s trace=%s span=%s parent=%s", b->id,
+            (size_t)(r - b->reqs), r->err ? "failed" : "done", r->err ? mg_strerror(r->err) : "-",
+            h.trace, h.span, h.parent);
+    memcpy(t.span_id, r->span, sizeof(t.span_id));
+    memcpy(t.parent_id, b->trace.span_id, sizeof(t.parent_id));
+    snprintf(attrs, sizeof(attrs),
+             "moongate.batch=%016" PRIx64 " moongate.request=%zu "
+             "moongate.op=%s moongate.state=%s",
+             b->id, (size_t)(r - b->reqs), r->write ? "write" : "read", r->err ? "failed" : "done");
+    mg_spans_add(b->set->cfg.spans, &t, MG_SPAN_INTERNAL, "transfer.request", r->t0_unix_ns,
+                 mg_now_unix_ns(), attrs);
+}
+
 /* The batch moved: it is over when its last request and notification ended. */
 static void batch_changed(mg_batch *b)
 {
-    if (mg_batch_is_over(b) && b->end_ms == 0)
+    if (mg_batch_is_over(b) && b->end_ms == 0) {
+        char attrs[MG_SPAN_ATTRS_MAX];
+        snprintf(attrs, sizeof(attrs),
+                 "moongate.batch=%016" PRIx64 " moongate.requests=%zu moongate.failed=%zu", b->id,
+                 b->n, b->counts.failed);
+        mg_spans_add(b->set->cfg.spans, &b->trace, MG_SPAN_SERVER, "transfer.batch", b->t0_unix_ns,
+                     mg_now_unix_ns(), attrs);
         b->end_ms = b->set->cfg.now_ms();
+    }
     b->set->cfg.changed(b->set->cfg.arg, b);
 }
 
@@ -287,6 +369,7 @@ int mg_batch_req_end(mg_batch_req *r, int err, const char *msg)
     }
     r->err = err;
     mg_batch_req_say(r, msg);
+    req_traced_end(r);
     req_release_local(r);
     b->set->cfg.request_ended(b->set->cfg.arg, r);
     if (r->write)

@@ -35,7 +35,8 @@ static mg_batch_req *req_of(mg_xfer_req *x)
 static void req_started(void *arg, mg_xfer_req *x)
 {
     (void)arg;
-    mg_req_start(&req_of(x)->life);
+    if (mg_req_start(&req_of(x)->life) == 0)
+        mg_batch_req_started(req_of(x));
 }
 
 /* A job of head's goes to a worker, or came back: it holds the RDMA connection meanwhile. */

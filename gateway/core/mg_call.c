@@ -124,6 +124,11 @@ const char *mg_call_peer(const mg_call *call)
     return call->conn ? call->conn->peer : "gone";
 }
 
+const char *mg_call_traceparent(const mg_call *call)
+{
+    return call->traceparent;
+}
+
 const char *mg_call_identity(const mg_call *call)
 {
     if (call->conn == NULL || call->conn->id.state != MG_TLS_ID_VERIFIED)

@@ -402,6 +402,9 @@ void mg_call_on_header(mg_call *call, const uint8_t *name, size_t namelen, const
         call->content_length = i == valuelen && i > 0 ? v : -1;
     } else if (IS("grpc-encoding")) {
         call->has_encoding = !(valuelen == 8 && memcmp(value, "identity", 8) == 0);
+    } else if (IS("traceparent")) {
+        if (valuelen < sizeof(call->traceparent)) /* longer: not one (the call goes untraced) */
+            copy_hdr(call->traceparent, sizeof(call->traceparent), value, valuelen);
     } else if (IS("authorization")) {
         /* Only the token's hash is kept; the token itself is never stored or logged. */
         if (valuelen > 7 && strncasecmp((const char *)value, "bearer ", 7) == 0 &&

@@ -171,6 +171,9 @@ static const opt_def opts[] = {
     {"peer-liveness-timeout", T_UINT, O(peer_liveness_timeout), "10000", 100, 3600000,
      "milliseconds a sender an expectation names may leave its probes unanswered before the "
      "expectation fails (SENDER_UNREACHABLE); probes go every quarter of it, 1 s apart at most"},
+    {"trace-spans", T_UINT, O(trace_spans), "4096", 0, 1 << 20,
+     "spans of sampled traces (W3C traceparent) kept for GET /traces on the ops port, newest "
+     "replacing oldest; 0 keeps none (the log lines stay)"},
     {"batch-retention", T_UINT, O(batch_retention), "600", 1, 7 * 86400,
      "seconds a finished transfer batch stays readable"},
     {"max-batches", T_UINT, O(max_batches), "1024", 1, 1 << 20,

@@ -79,6 +79,7 @@ typedef struct mg_config {
     uint64_t notify_max_bytes;
     uint64_t max_expectations;
     uint64_t peer_liveness_timeout; /* ms */
+    uint64_t trace_spans;
     uint64_t workers;
     uint64_t io_threads;
     char *ibverbs_lib;  /* "": RDMA off */

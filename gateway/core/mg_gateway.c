@@ -14,6 +14,7 @@
 
 #include "mg_log.h"
 #include "mg_service.h"
+#include "mg_trace.h"
 #include "moongate/lease_table.h"
 #include "moongate/pools.h"
 #include "moongate/procmem.h"
@@ -179,6 +180,10 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     gw->start_mono_ns = mg_now_mono_ns();
     if (getrandom(&gw->epoch, sizeof(gw->epoch), 0) != sizeof(gw->epoch))
         gw->epoch = gw->start_mono_ns ^ gw->start_unix_ms;
+    if (cfg->trace_spans && (gw->spans = mg_spans_new(cfg->trace_spans)) == NULL) {
+        rc = MG_ERR_NOMEM;
+        goto fail;
+    }
     {
         struct rlimit rl;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
@@ -292,6 +297,7 @@ void mg_gateway_del(mg_gateway *gw)
         mg_cq_del(gw->cq);
     }
     mg_reload_free(gw);
+    mg_spans_del(gw->spans);
     mg_rates_del(gw->rates);
     mg_tls_ctx_free(gw->ssl_ctx);
     free(gw);

@@ -152,6 +152,8 @@ void mg_call_park(mg_call *call, mg_parked *p, mg_list *line);
 void mg_call_unpark(mg_parked *p, int grpc_code, const char *message);
 /* Who called: "uid:0 pid:123" on the Unix socket, the address on TCP. */
 const char *mg_call_peer(const mg_call *call);
+/* The W3C `traceparent` request header as the caller sent it (not checked), or "". */
+const char *mg_call_traceparent(const mg_call *call);
 /* The caller's verified TLS client certificate identity, or "" without one. */
 const char *mg_call_identity(const mg_call *call);
 /* The tenant the caller acts for ("" for open and peer-only methods: the peer API names the
@@ -243,8 +245,9 @@ struct mg_gateway {
     struct event_base *base;
     const mg_config *cfg;
     mg_engine *engine;
-    mg_engine *io;        /* the transport threads (--io-threads): data-plane jobs of transfers */
-    struct mg_rdma *rdma; /* the RDMA devices, or NULL (rdma_why says why) */
+    mg_engine *io;          /* the transport threads (--io-threads): data-plane jobs of transfers */
+    struct mg_rdma *rdma;   /* the RDMA devices, or NULL (rdma_why says why) */
+    struct mg_spans *spans; /* sampled trace spans kept for GET /traces (NULL: --trace-spans 0) */
     char rdma_why[300];
     int process_vm;           /* clients' own memory can be reached (moongate/procmem.h) */
     char process_vm_why[300]; /* when not, or only partly, why: read once at start */

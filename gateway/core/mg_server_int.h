@@ -68,6 +68,7 @@ struct mg_call {
     uint64_t timeout_ns;
     int bad_timeout;
     int has_encoding;
+    char traceparent[128];                 /* the `traceparent` header as sent, or "" */
     int auth_header;                       /* 0 none, 1 a bearer token (hashed), -1 malformed */
     uint8_t bearer_hash[MG_AUTH_HASH_LEN]; /* SHA-256 of the bearer token */
     mg_principal who;                      /* the caller, once auth_gate let it in */

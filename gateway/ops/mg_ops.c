@@ -18,6 +18,7 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
+#include "mg_trace.h"
 #include "moongate/pools.h"
 #include "moongate/rdma.h"
 #include "moongate/segment.h"
@@ -148,6 +149,13 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
 
 /* The status page: one self-contained document (no external assets) that renders
  * /status.json and refreshes it every two seconds. */
+
+/* mg_spans_export's writer: into an evbuffer. */
+static void add_text(void *arg, const char *text, size_t len)
+{
+    evbuffer_add(arg, text, len);
+}
+
 static const char status_page[] =
     "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
     "<title>moongate</title><style>"
@@ -237,13 +245,18 @@ int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const 
         status_json(gw, body);
         return 200;
     }
+    if (!strcmp(clean, "/traces")) { /* OTLP/JSON lines, oldest first */
+        *ctype = "application/x-ndjson";
+        mg_spans_export(gw->spans, "moongate", add_text, body);
+        return 200;
+    }
     if (!strcmp(clean, "/")) {
         *ctype = "text/html; charset=utf-8";
         evbuffer_add(body, status_page, sizeof(status_page) - 1);
         return 200;
     }
-    evbuffer_add_printf(body, "not found: %s (try /livez /readyz /metrics /status.json /)\n",
-                        clean);
+    evbuffer_add_printf(
+        body, "not found: %s (try /livez /readyz /metrics /status.json /traces /)\n", clean);
     return 404;
 }
 

@@ -18,6 +18,8 @@
 #include "mg_auth.h"
 
 #include "mg_log.h"
+#include "mg_time.h"
+#include "mg_trace.h"
 
 #include <event2/buffer.h>
 #include <inttypes.h>
@@ -35,6 +37,7 @@ typedef struct note {
     Moongate__V1__Notification msg; /* its strings and arrays point into the note's own copies */
     char topic[TOPIC_MAX + 1];
     char from[MG_PEER_NAME_MAX + 1];
+    char traceparent[MG_TRACEPARENT_LEN + 1];
     uint8_t *payload;
     char *message;
     uint32_t *failed;
@@ -191,6 +194,9 @@ int mg_notify_post(struct mg_notify_svc *ns, const char *tenant,
     n->msg.from = n->from;
     n->msg.payload.data = n->payload;
     n->msg.message = n->message ? n->message : "";
+    snprintf(n->traceparent, sizeof(n->traceparent), "%s",
+             strlen(m->traceparent) == MG_TRACEPARENT_LEN ? m->traceparent : "");
+    n->msg.traceparent = n->traceparent;
     n->msg.failed_requests = n->failed;
     if (t->tail)
         t->tail->next = n;
@@ -206,9 +212,38 @@ int mg_notify_post(struct mg_notify_svc *ns, const char *tenant,
     return 0;
 }
 
+/* A delivery that carries the sender's trace: the receiving step's span, logged and kept; what
+ * readers get carries it on (*tp). */
+static void deliver_traced(struct mg_notify_svc *ns, const Moongate__V1__Notification *req,
+                           const char *from, char tp[MG_TRACEPARENT_LEN + 1])
+{
+    char trace[33], span[17], parent[17], attrs[MG_SPAN_ATTRS_MAX];
+    uint8_t tid[16], pid[8], flags;
+    size_t n = strlen(req->traceparent);
+    mg_trace t;
+    tp[0] = '\0';
+    if (n == 0 || mg_traceparent_parse(req->traceparent, n, tid, pid, &flags) != 0 ||
+        mg_trace_start(&t, req->traceparent, n) != 0)
+        return;
+    mg_traceparent_format(&t, tp);
+    mg_trace_hex(t.trace_id, 16, trace);
+    mg_trace_hex(t.span_id, 8, span);
+    mg_trace_hex(t.parent_id, 8, parent);
+    mg_info("notification_received",
+            "batch=%016llx from=%s topic=\"%s\" outcome=%d trace=%s span=%s parent=%s",
+            (unsigned long long)req->batch_id, from, req->topic, (int)req->outcome, trace, span,
+            parent);
+    snprintf(attrs, sizeof(attrs), "moongate.from=%.60s moongate.batch=%016llx", from,
+             (unsigned long long)req->batch_id);
+    mg_spans_add(ns->gw->spans, &t, MG_SPAN_CONSUMER, "notify.receive", mg_now_unix_ns(),
+                 mg_now_unix_ns(), attrs);
+}
+
 static void deliver_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__Notification *req = (const void *)m;
+    Moongate__V1__Notification carried;
+    char tp[MG_TRACEPARENT_LEN + 1];
     struct mg_notify_svc *ns = notify_of(mg_call_gateway(call));
     Moongate__V1__DeliverResponse resp = MOONGATE__V1__DELIVER_RESPONSE__INIT;
     const char *tenant = req->tenant[0] ? req->tenant : "default";
@@ -238,7 +273,10 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
                      MESSAGE_MAX, FAILED_MAX);
         return;
     }
-    if ((rc = mg_notify_post(ns, tenant, req, mg_call_peer(call), 0, why, sizeof(why))) != 0) {
+    deliver_traced(ns, req, mg_call_peer(call), tp);
+    carried = *req;
+    carried.traceparent = tp;
+    if ((rc = mg_notify_post(ns, tenant, &carried, mg_call_peer(call), 0, why, sizeof(why))) != 0) {
         if (rc == MG_ERR_FULL)
             mg_call_fail(call, rc, "%s", why);
         else

@@ -451,6 +451,11 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     b->wait = req->wait;
     b->tag = (mg_batch_tag)tag;
     b->digest = req->digest;
+    if (mg_batch_trace(b, mg_call_traceparent(call)) != 0) {
+        mg_batch_discard(b);
+        mg_call_fail(call, MG_ERR_SYSTEM, "no random bytes for a trace span");
+        return;
+    }
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
     if (mg_xfer_agents_resolve(call, b, submit_checked) == 0)
         submit_checked(call, b);
@@ -548,6 +553,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
         mg_batches_config bc = {.reg = mg_engine_registry(gw->engine),
                                 .pools = gw->pools,
                                 .agents = mg_agent_table(gw),
+                                .spans = gw->spans,
                                 .peer_port = (int)gw->cfg->peer_port,
                                 .max_batches = gw->cfg->max_batches,
                                 .retention_ms = gw->cfg->batch_retention * 1000,

@@ -19,6 +19,8 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
+#include "mg_time.h"
+#include "mg_trace.h"
 
 #include "moongate/v1/notify.pb-c.h"
 
@@ -48,6 +50,9 @@ typedef struct note_item {
     mg_call *call; /* a Send: its call (referenced) and payload */
     uint8_t *payload;
     size_t len;
+    mg_trace t;     /* its span: a child of its batch's, or a Send's own */
+    int traced;     /* logged: its batch's caller, or the Send's, sent a traceparent */
+    uint64_t t0_ns; /* when it went (the span's start) */
 } note_item;
 
 const char *mg_xfer_note_bad(const char *topic, size_t payload_len)
@@ -138,6 +143,16 @@ typedef struct {
     note_item *it;
 } deliver_call;
 
+/* The item's Deliver was answered: its span is kept (when sampled). */
+static void note_traced_end(struct mg_transfer_svc *ts, const note_item *it, int status)
+{
+    char attrs[MG_SPAN_ATTRS_MAX];
+    snprintf(attrs, sizeof(attrs), "moongate.peer=%.60s moongate.batch=%016llx moongate.status=%d",
+             it->line->p->addr, (unsigned long long)(it->n ? it->n->b->id : 0), status);
+    mg_spans_add(ts->gw->spans, &it->t, MG_SPAN_PRODUCER, "notify.send", it->t0_ns,
+                 mg_now_unix_ns(), attrs);
+}
+
 static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     deliver_call dc = *(deliver_call *)arg;
@@ -146,7 +161,8 @@ static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *a
     (void)rpc;
     free(arg);
     if (dc.ts->closing)
-        return;                   /* the lines went with the service */
+        return; /* the lines went with the service */
+    note_traced_end(dc.ts, dc.it, status);
     if (n && n->g.failed_write) { /* it was the failure notice */
         if (status)
             snprintf(why, sizeof(why),
@@ -198,7 +214,7 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     mg_xfer_peer *p = it->line->p;
     deliver_call *dc;
     uint32_t *failed = NULL;
-    char err[256], why[300], msg[1024];
+    char err[256], why[300], msg[1024], tp[MG_TRACEPARENT_LEN + 1];
     int rc;
     if (it->n && it->n->g.failed_write) {
         if ((failed = malloc(FAILED_MAX * sizeof(*failed))) == NULL) {
@@ -218,6 +234,21 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     req.payload.len = it->n ? it->n->len : it->len;
     req.batch_id = it->n ? it->n->b->id : 0;
     req.tenant = p->tenant; /* the topic is the sender tenant's on the peer */
+    if (it->n && mg_trace_child(&it->t, &it->n->b->trace) == 0)
+        it->traced = it->n->b->traced;
+    it->t0_ns = mg_now_unix_ns();
+    mg_traceparent_format(&it->t, tp);
+    req.traceparent = tp;
+    if (it->traced) {
+        char trace[33], span[17], parent[17];
+        mg_trace_hex(it->t.trace_id, 16, trace);
+        mg_trace_hex(it->t.span_id, 8, span);
+        mg_trace_hex(it->t.parent_id, 8, parent);
+        mg_info("notification_sent",
+                "batch=%016llx peer=%s topic=\"%s\" outcome=%d trace=%s span=%s parent=%s",
+                (unsigned long long)req.batch_id, p->addr, req.topic, (int)req.outcome, trace, span,
+                parent);
+    }
     it->sending = 1;
     if (it->n)
         it->n->g.state = MG_NOTE_SENDING;
@@ -342,6 +373,9 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
     it->len = req->payload.len;
     it->line = l;
     it->due = 1;
+    it->traced = mg_call_traceparent(call)[0] != '\0';
+    if (mg_trace_start(&it->t, mg_call_traceparent(call), strlen(mg_call_traceparent(call))) != 0)
+        it->traced = 0; /* no random bytes: an all-zero span, not logged */
     it->call = call;
     mg_call_ref(call);
     l->sends++;

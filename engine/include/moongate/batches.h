@@ -29,6 +29,7 @@
 
 #include "mg_idmap.h"
 #include "mg_list.h"
+#include "mg_trace.h"
 #include "moongate/agentcache.h"
 #include "moongate/batch.h"
 #include "moongate/peers.h"
@@ -102,7 +103,9 @@ typedef struct mg_batch_req {
     /* Set when it starts, from its peer's session: copied so the worker reads nothing the loop
      * may change. RDMA: chosen when the queue pairs are ready and both sides are registered. */
     int rdma;
-    int rdma_only; /* the target is reached over RDMA only (GPU memory): never TCP */
+    int rdma_only;       /* the target is reached over RDMA only (GPU memory): never TCP */
+    uint8_t span[8];     /* its span of a sampled trace (set when it starts) */
+    uint64_t t0_unix_ns; /* when it started */
     struct mg_rconn_ref *rref;
     uint32_t lkeys[MG_RDMA_MAX_DEVICES], rkeys[MG_RDMA_MAX_DEVICES]; /* per connection */
     uint64_t raddr; /* the remote range's first byte */
@@ -145,7 +148,10 @@ struct mg_batch {
     uint64_t conn; /* the front's id of the connection it came on (notifications keep order) */
     int wait;      /* its Submit answers at the end */
     mg_batch_tag tag;
-    int digest; /* CRC32C end to end (SubmitRequest.digest): over TCP, per slice */
+    int digest;     /* CRC32C end to end (SubmitRequest.digest): over TCP, per slice */
+    mg_trace trace; /* its span: the caller's traceparent as parent, or a trace of its own */
+    int traced;     /* the caller sent a traceparent: its submit and notifications are logged */
+    uint64_t t0_unix_ns; /* submitted (the span's start) */
     size_t n;
     mg_batch_req *reqs; /* NULL once over and compacted into recs */
     mg_batch_rec *recs;
@@ -162,6 +168,7 @@ typedef struct mg_batches_config {
     mg_registry *reg;         /* the requests' local segments are referenced in it */
     mg_pools *pools;          /* and their leases used in it */
     const mg_agents *agents;  /* this daemon's agents (NULL: none), for requests naming them */
+    struct mg_spans *spans;   /* sampled spans are kept here (NULL: none) */
     int peer_port;            /* peers' control port, in an agent's one-string form */
     size_t max_batches;       /* kept at most (--max-batches; over ones are forgotten first) */
     uint64_t retention_ms;    /* an over batch is kept this long (--batch-retention) */
@@ -287,6 +294,12 @@ void mg_batch_req_say(mg_batch_req *r, const char *text);
 /* Takes a pending r out of the line it waits in: its peer's line (the scheduler's) or the
  * requests waiting for its peer's session. Returns 1 if it was in one. */
 int mg_batch_req_unqueue(mg_batch_req *r);
+/* b's trace: a step of `traceparent` (the caller's header; "" or malformed: a trace of b's own,
+ * unsampled), logged when the caller sent one. Returns 0, or -1 when no random bytes. */
+int mg_batch_trace(mg_batch *b, const char *traceparent);
+/* Request r took a job slot: a request of a sampled trace gets its span and logs its start
+ * (its end is logged by mg_batch_req_end). */
+void mg_batch_req_started(mg_batch_req *r);
 /* Notification n was sent (SENT) or not (FAILED, with a gRPC code and why). */
 void mg_batch_note_end(mg_batch_note *n, mg_note_state state, int code, const char *msg);
 /* Ends every request of b that has not ended: waiting ones now, running ones through their
