@@ -97,6 +97,10 @@ static void req_moved(void *arg, mg_xfer_req *x, int result, const char *why)
         r->peer->dir->cfg.agent_stale(r->peer->dir->cfg.arg, r); /* where it is now */
         return;
     }
+    if (result == 0 && r->rdma && r->b->digest && r->peer->dir->cfg.verify) {
+        r->peer->dir->cfg.verify(r->peer->dir->cfg.arg, r); /* it ends r */
+        return;
+    }
     if (result && r->msg && strstr(r->msg, r->peer->addr) == NULL)
         snprintf(msg, sizeof(msg), "peer %s: %.500s", r->peer->addr, r->msg);
     else
@@ -215,7 +219,7 @@ static void req_transport(mg_batch_req *r)
     known = !r->local_copy && mg_peer_cache_get(p->dir->cfg.descs, p->key, r->remote_segment,
                                                 r->remote_lease, &d, NULL) == 0;
     r->rdma_only = known && !(d.transports & (1u << MG_TRANSPORT_TCP));
-    if (r->b->digest) /* checked slice by slice: over TCP */
+    if (r->b->digest && p->dir->cfg.verify == NULL) /* checked slice by slice: over TCP */
         return;
     if (p->rdma_state != MG_PEER_RDMA_READY || p->rref == NULL || !known ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))
@@ -281,10 +285,10 @@ static void req_go(mg_batch_req *r)
         return;
     }
     req_transport(r);
-    if (!r->rdma && (r->rdma_only || (r->local && mg_segment_gpu(r->local))) && r->b->digest) {
+    if ((r->rdma_only || (r->local && mg_segment_gpu(r->local))) && r->b->digest) {
         mg_batch_req_end(r, MG_ERR_UNSUPPORTED,
-                         "a digest (SubmitRequest.digest) is checked over TCP only, and this "
-                         "GPU memory moves over RDMA only");
+                         "a digest (SubmitRequest.digest) needs CRC32C of both ranges, and GPU "
+                         "memory is not readable by the daemons");
         return;
     }
     if (!r->rdma && (r->rdma_only || (r->local && mg_segment_gpu(r->local)))) { /* never TCP */

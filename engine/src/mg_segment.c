@@ -26,6 +26,7 @@
  */
 #include "moongate/segment.h"
 #include "moongate/fault.h"
+#include "moongate/dataframe.h"
 #include "moongate/procmem.h"
 #include "moongate/rdma.h"
 
@@ -1733,5 +1734,35 @@ int mg_registry_unregister_async(mg_registry *reg, mg_engine *engine, mg_cq *cq,
     int rc = submit_job(engine, cq, &job, unregister_work, unregister_done);
     if (rc != 0)
         mg_registry_restore(reg, seg); /* no worker: it stays, listed */
+    return rc;
+}
+
+int mg_segment_crc32c(const mg_segment *seg, const uint8_t *addr, uint64_t len, uint32_t *crc,
+                      char *why, size_t cap)
+{
+    struct mg_procmem *pm = mg_segment_procmem(seg);
+    enum { STEP = 1 << 20 };
+    uint8_t *buf;
+    int rc = 0;
+    if (mg_segment_gpu(seg)) {
+        snprintf(why, cap, "GPU memory is not readable by the daemon");
+        return MG_ERR_STATE;
+    }
+    if (pm == NULL) {
+        rc = mg_guarded_crc32c(crc, addr, len);
+        if (rc)
+            snprintf(why, cap, "the segment's file is shorter than registered");
+        return rc;
+    }
+    if ((buf = malloc(len < STEP ? (len ? len : 1) : STEP)) == NULL)
+        return MG_ERR_NOMEM;
+    for (uint64_t done = 0; done < len && rc == 0;) {
+        size_t n = len - done < STEP ? (size_t)(len - done) : STEP;
+        rc = mg_procmem_read(pm, buf, (uint64_t)(uintptr_t)addr + done, n, why, cap);
+        if (rc == 0)
+            *crc = mg_crc32c(*crc, buf, n);
+        done += n;
+    }
+    free(buf);
     return rc;
 }

@@ -298,12 +298,13 @@ typedef struct {
     const uint8_t *p;
     uint64_t length;
     uint32_t crc;
+    char why[160];
 } sum_job;
 
 static int sum_work(void *arg)
 {
     sum_job *j = arg;
-    return mg_guarded_crc32c(&j->crc, j->p, j->length);
+    return mg_segment_crc32c(j->seg, j->p, j->length, &j->crc, j->why, sizeof(j->why));
 }
 
 static void sum_done(void *arg, int result)
@@ -315,10 +316,7 @@ static void sum_done(void *arg, int result)
     if (mg_call_done(j->call))
         ;
     else if (result != 0)
-        mg_call_fail(j->call, result, "%s",
-                     result == MG_ERR_DATA_LOSS ? "reading the segment: its file is shorter than "
-                                                  "registered (a client truncated it)"
-                                                : "reading the segment");
+        mg_call_fail(j->call, result, "reading the range: %s", j->why[0] ? j->why : "failed");
     else {
         resp.crc32c = j->crc;
         resp.length = j->length;
@@ -328,31 +326,36 @@ static void sum_done(void *arg, int result)
     free(j);
 }
 
-static void checksum_message(mg_call *call, const ProtobufCMessage *m)
+void mg_memory_checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p,
+                        uint64_t length)
 {
-    const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
     sum_job *j = calloc(1, sizeof(*j));
-    uint64_t base;
     int rc;
     if (j == NULL) {
+        mg_registry_put(mg_engine_registry(gw->engine), seg);
+        mg_pools_unuse(gw->pools, lease);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    if (range_open(call, req, "Checksum", &j->seg, &base, &j->length, &j->lease) != 0) {
-        free(j);
-        return;
-    }
-    j->call = call;
-    j->gw = gw;
-    j->p = (const uint8_t *)mg_segment_addr(j->seg) + base + req->offset;
+    *j = (sum_job){.call = call, .gw = gw, .seg = seg, .lease = lease, .p = p, .length = length};
     mg_call_ref(call);
     if ((rc = mg_engine_submit(gw->engine, gw->cq, sum_work, sum_done, j)) != 0) {
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
                      (unsigned)gw->cfg->queue_depth);
-        j->call = call;
         sum_done(j, 0); /* lets go of what it holds; the call is done */
     }
+}
+
+static void checksum_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__ReadSegmentRequest *req = (const void *)m;
+    mg_segment *seg;
+    uint64_t base, length;
+    void *lease;
+    if (range_open(call, req, "Checksum", &seg, &base, &length, &lease) == 0)
+        mg_memory_checksum(call, seg, lease,
+                           (const uint8_t *)mg_segment_addr(seg) + base + req->offset, length);
 }
 
 /* ---- WriteSegment: messages decoded and copied on workers, one at a time, in order ---- */

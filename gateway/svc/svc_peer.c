@@ -12,6 +12,7 @@
 #include "mg_gateway.h"
 #include "mg_service.h"
 #include "svc_agent.h"
+#include "svc_memory.h"
 #include "moongate/pools.h"
 
 #include "mg_auth.h"
@@ -437,6 +438,54 @@ static void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
         mg_dp_server_get_stats(peer_of(gw)->server, out);
 }
 
+/* Peer/Checksum: the CRC32C of a range of a remote-accessible target here, on a worker. */
+static void checksum_message(mg_call *call, const ProtobufCMessage *m)
+{
+    const Moongate__V1__PeerChecksumRequest *req = (const void *)m;
+    mg_gateway *gw = mg_call_gateway(call);
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    const char *tenant = req->tenant[0] ? req->tenant : "default";
+    char holder[MG_SEG_HOLDER_MAX];
+    mg_segment_info info;
+    mg_segment *seg;
+    uint64_t base = 0, size;
+    void *lease = NULL;
+    if (!peer_tenant(call, req->tenant))
+        return;
+    snprintf(holder, sizeof(holder), "a digest check by %s", mg_call_peer(call));
+    if (req->lease) {
+        if (gw->pools == NULL ||
+            mg_pools_use(gw->pools, tenant, req->target, holder, &seg, &base, &size, &lease)) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->target);
+            return;
+        }
+    } else {
+        if (reg == NULL || mg_registry_acquire(reg, tenant, req->target, holder, &seg) != 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->target);
+            return;
+        }
+        mg_segment_get_info(reg, seg, &info);
+        size = info.size;
+        if (!info.remote_accessible) {
+            mg_registry_put(reg, seg);
+            mg_call_fail(call, MG_ERR_PERMISSION, "segment %" PRIu64 " is not remote-accessible",
+                         req->target);
+            return;
+        }
+    }
+    if (mg_bounds_check(size, req->offset, req->length) != 0) {
+        mg_registry_put(reg, seg);
+        mg_pools_unuse(gw->pools, lease);
+        mg_call_fail(call, MG_ERR_RANGE,
+                     "offset %" PRIu64 " + length %" PRIu64 " is outside the target's %" PRIu64
+                     " bytes",
+                     req->offset, req->length, size);
+        return;
+    }
+    mg_memory_checksum(call, seg, lease, (const uint8_t *)mg_segment_addr(seg) + base + req->offset,
+                       req->length);
+}
+
 /* Debug/CorruptSlices (with --debug-service): the data plane corrupts the next checksummed
  * slices it serves, for the tests of digests. */
 static void corrupt_message(mg_call *call, const ProtobufCMessage *m)
@@ -467,6 +516,8 @@ static const mg_method peer_methods[] = {
                   &moongate__v1__connect_rdma_response__descriptor, connect_rdma_message),
     MG_PEER_UNARY("/moongate.v1.Peer/DescribeAgent", &moongate__v1__peer_agent_request__descriptor,
                   &moongate__v1__peer_agent__descriptor, describe_agent_message),
+    MG_PEER_UNARY("/moongate.v1.Peer/Checksum", &moongate__v1__peer_checksum_request__descriptor,
+                  &moongate__v1__checksum_response__descriptor, checksum_message),
     MG_PEER_UNARY("/moongate.v1.Peer/Ping", &moongate__v1__peer_agent_request__descriptor,
                   &moongate__v1__peer_ping__descriptor, ping_message),
 };

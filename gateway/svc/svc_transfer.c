@@ -587,7 +587,8 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .arg = transfer_of(gw),
                                 .open_session = open_session,
                                 .connect_rdma = connect_rdma,
-                                .agent_stale = mg_xfer_agent_stale};
+                                .agent_stale = mg_xfer_agent_stale,
+                                .verify = mg_xfer_verify};
         if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }

@@ -103,6 +103,12 @@ int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, m
 /* The peer directory's agent_stale: r's region was refused; asks where its address is now. */
 void mg_xfer_agent_stale(void *arg, mg_batch_req *r);
 
+/* ---- svc_transfer_digest.c ---- */
+
+/* The peer directory's verify: request r of a batch with a digest moved over RDMA; the CRC32C
+ * of its local range and of the peer's are compared, and r ends DONE or DATA_LOSS. */
+void mg_xfer_verify(void *arg, mg_batch_req *r);
+
 /* ---- svc_transfer_notes.c ---- */
 
 /* b's notifications take their places in line (when b is entered). */

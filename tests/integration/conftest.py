@@ -41,9 +41,11 @@ def _ephemeral_range():
 
 def free_port():
     """A port that binds now, chosen below the kernel's ephemeral range so that outgoing
-    connections of other tests cannot take it before the daemon binds it."""
+    connections of other tests cannot take it before the daemon binds it, and below 20000:
+    20000-29999 are agents' ports (the daemon's --agent-ports, and the ports tests give agents
+    by number), which must never be one of a daemon's own."""
     lo, _ = _ephemeral_range()
-    top = max(lo, 12000)
+    top = min(max(lo, 12000), 20000)
     for _ in range(200):
         port = random.randrange(10000, top)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

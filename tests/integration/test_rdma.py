@@ -197,25 +197,43 @@ def test_a_mixed_pair_moves_over_tcp_and_says_why(make_daemon, a_lib, b_lib, why
     assert b.metric("moongate_data_bytes_total", dir="in") == MiB
 
 
-def test_a_batch_with_a_digest_moves_over_tcp(make_daemon):
-    """SubmitRequest.digest checks CRC32C slice by slice on the data-plane frames: between two
-    RDMA daemons such a batch goes over TCP, and the bytes arrive checked."""
+def test_a_digest_over_rdma_is_checked_by_both_daemons(make_daemon, monkeypatch, tmp_path):
+    """SubmitRequest.digest over RDMA: once a request moved, A takes the CRC32C of its range and
+    asks B for B's (Peer/Checksum). The emulator's corruption switch flips a byte of the next
+    transfer: a WRITE or READ with a digest fails DATA_LOSS naming both CRCs; one without a
+    digest lands corrupted and says DONE — what the digest is for."""
+    switch = tmp_path / "corrupt"
+    monkeypatch.setenv("MG_VERBS_EMU_CORRUPT", str(switch))
     a = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
     b = make_daemon("--peer-tls=false", "--ibverbs-lib", EMU)
     n = 2 * MiB + 3
-    src, dst = register(a, "src", n), register(b, "dst", n, remote=True)
+    src, back = register(a, "src", n), register(a, "back", n)
+    dst = register(b, "dst", n, remote=True)
     data = os.urandom(n)
     with open(src.path, "r+b") as f:
         f.write(data)
-    with h2c_channel(a) as ch:
-        batch = transfer_pb2_grpc.TransferStub(ch).Submit(transfer_pb2.SubmitRequest(
-            wait=True, digest=True, requests=[req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, n)]),
-            timeout=30).batch
-    assert batch.state == transfer_pb2.DONE and batch.requests[0].transport == "tcp", batch
+
+    def submit(op, local, digest=True):
+        with h2c_channel(a) as ch:
+            return transfer_pb2_grpc.TransferStub(ch).Submit(transfer_pb2.SubmitRequest(
+                wait=True, digest=digest, requests=[req(op, local, b.h2c, dst.id, n)]),
+                timeout=30).batch
+    batch = submit(transfer_pb2.WRITE, src.id)
+    assert batch.state == transfer_pb2.DONE and batch.requests[0].transport == "rdma", batch
     with open(dst.path, "rb") as f:
         assert f.read() == data
-    assert submit_wait(a, req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, n)).requests[
-        0].transport == "rdma"  # without it: RDMA as before
+    for op, local, where in ((transfer_pb2.WRITE, src.id, "on the peer"),
+                             (transfer_pb2.READ, back.id, "here")):
+        switch.write_text("")
+        r = submit(op, local).requests[0]
+        assert not switch.exists()  # the emulator took it
+        assert r.state == transfer_pb2.FAILED and r.code == grpc.StatusCode.DATA_LOSS.value[0], r
+        assert "the CRC32C of the bytes that landed %s" % where in r.message, r.message
+    switch.write_text("")
+    assert submit(transfer_pb2.WRITE, src.id, digest=False).state == transfer_pb2.DONE
+    with open(dst.path, "rb") as f:
+        assert f.read() != data  # landed corrupted, unnoticed
+    assert b.metric("moongate_data_bytes_total", dir="in") == 0  # never over TCP
 
 
 def test_a_stale_remote_key_fails_its_request_and_the_connection_is_remade(make_daemon):

@@ -24,7 +24,10 @@
  *             checks the responder's hardware makes: a key that is unknown, lacks the access or
  *             does not cover the range -> IBV_WC_REM_ACCESS_ERR; a local key that does not cover
  *             the buffer -> IBV_WC_LOC_PROT_ERR; the peer's process or QP gone ->
- *             IBV_WC_RETRY_EXC_ERR (real hardware reports it after timeout x retries)
+ *             IBV_WC_RETRY_EXC_ERR (real hardware reports it after timeout x retries);
+ *             MG_VERBS_EMU_CORRUPT=PATH is a corruption switch: while the file PATH exists, the
+ *             next RDMA WRITE or READ lands with its first byte flipped, and the file is removed
+ *             (one transfer per file, whichever process takes it), as a bad link or memory would
  *
  * Keys and QP numbers are claimed as files in a directory shared by the processes of one user
  * (MG_VERBS_EMU_DIR, default /dev/shm/mg-verbs-emu-UID): "mr-KEY" holds the owner's pid, the
@@ -761,6 +764,24 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
     return 0;
 }
 
+/* The corruption switch (MG_VERBS_EMU_CORRUPT): when its file can be taken, the first byte that
+ * landed — at the remote end of a WRITE, the local end of a READ — is flipped. */
+static void corrupt(int write, pid_t pid, const struct iovec *local, const struct iovec *remote)
+{
+    const char *path = getenv("MG_VERBS_EMU_CORRUPT");
+    uint8_t b;
+    struct iovec one = {&b, 1}, at = {remote->iov_base, 1};
+    if (path == NULL || *path == '\0' || local->iov_len == 0 || unlink(path) != 0)
+        return;
+    if (!write) {
+        ((uint8_t *)local->iov_base)[0] ^= 0x20;
+        return;
+    }
+    b = ((const uint8_t *)local->iov_base)[0] ^ 0x20;
+    if (process_vm_writev(pid, &one, 1, &at, 1, 0) != 1)
+        return; /* the transfer stands as it landed */
+}
+
 /* Runs one RDMA WRITE or READ; returns the completion status. */
 static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint32_t *bytes)
 {
@@ -802,6 +823,7 @@ static enum ibv_wc_status execute(emu_qp *q, const struct ibv_send_wr *wr, uint3
             return IBV_WC_RETRY_EXC_ERR;
         if (n != (ssize_t)total)
             return IBV_WC_REM_OP_ERR;
+        corrupt(write, peer.pid, &local[0], &remote);
     }
     return IBV_WC_SUCCESS;
 }

@@ -133,6 +133,10 @@ typedef struct mg_peerdir_config {
      * (unregistered, perhaps registered again): r is PENDING again, in no line (requeued once);
      * the front resolves it anew and starts it (mg_peerdir_start) or ends it. NULL: it ends. */
     void (*agent_stale)(void *arg, mg_batch_req *r);
+    /* Request r of a batch with a digest moved over RDMA (the bytes never passed through the
+     * daemon that received them): the front compares the CRC32C of both ranges and ends r.
+     * NULL: such batches move over TCP. */
+    void (*verify)(void *arg, mg_batch_req *r);
 } mg_peerdir_config;
 
 /* Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */

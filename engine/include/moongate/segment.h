@@ -260,6 +260,11 @@ struct mg_procmem;
 int mg_segment_gpu(const mg_segment *seg);
 /* A process segment's process (moongate/procmem.h); NULL for every other source. */
 struct mg_procmem *mg_segment_procmem(const mg_segment *seg);
+/* Worker. The CRC32C of len bytes at addr of seg (a process segment's are read from its
+ * process, in steps), continuing *crc. Returns 0, MG_ERR_DATA_LOSS (the mapping's file was cut
+ * under it), or as mg_procmem_read (why set); MG_ERR_STATE for GPU memory. */
+int mg_segment_crc32c(const mg_segment *seg, const uint8_t *addr, uint64_t len, uint32_t *crc,
+                      char *why, size_t cap);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
 
