@@ -193,7 +193,51 @@ typedef struct dp_conn {
     int corked;        /* an answer went with MSG_MORE and is not pushed yet */
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
+    uint8_t *stage; /* checksummed READ answers are copied here as they are summed */
+    size_t stage_cap;
 } dp_conn;
+
+/* The CRC32C of n source bytes, taken while they are copied into a stage (*stage, grown to n)
+ * in steps that stay in cache: the segment is read once — the kernel's send then reads the
+ * warm copy — instead of once for the sum and again for the send. Returns the stage, or NULL:
+ * no memory for it (*crc untouched: sum the source itself) or the source faulted (errno
+ * EFAULT: a client cut the segment's file). */
+static const uint8_t *stage_summed(uint8_t **stage, size_t *cap, const uint8_t *src, size_t n,
+                                   uint32_t *crc)
+{
+    enum { STEP = 64 * 1024 };
+    uint32_t sum = *crc;
+    if (*cap < n) {
+        uint8_t *grown = realloc(*stage, n);
+        if (grown == NULL) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        *stage = grown;
+        *cap = n;
+    }
+    for (size_t done = 0; done < n; done += STEP) {
+        size_t k = n - done < STEP ? n - done : STEP;
+        if (mg_guarded_copy(*stage + done, src + done, k) != 0) {
+            errno = EFAULT;
+            return NULL;
+        }
+        sum = mg_crc32c(sum, *stage + done, k);
+    }
+    *crc = sum;
+    return *stage;
+}
+
+/* stage_summed, or the sum of the source itself when no stage can be had. Returns what to
+ * send (NULL: the source faulted). */
+static const uint8_t *summed(uint8_t **stage, size_t *cap, const uint8_t *src, size_t n,
+                             uint32_t *crc)
+{
+    const uint8_t *staged = stage_summed(stage, cap, src, n, crc);
+    if (staged || errno == EFAULT)
+        return staged;
+    return mg_guarded_crc32c(crc, src, n) == 0 ? src : NULL;
+}
 
 struct mg_dp_server {
     mg_dp_server_config cfg;
@@ -511,9 +555,10 @@ static void *conn_main(void *arg)
             rc = ack_hold(c, &reply);
         } else {
             uint32_t crc = 0;
+            const uint8_t *payload = addr;
             c->ahead = 1; /* READ frames are headers alone */
             if (st == ST_OK && (h.flags & MG_DF_CRC) &&
-                mg_guarded_crc32c(&crc, addr, h.length) != 0)
+                (payload = summed(&c->stage, &c->stage_cap, addr, h.length, &crc)) == NULL)
                 st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
             reply.type = MG_DF_READ_DATA;
             reply.status = st;
@@ -533,8 +578,8 @@ static void *conn_main(void *arg)
                 uint8_t frame[MG_DF_HEADER_BYTES];
                 c->corked = reply.length < MG_DP_MORE_BYTES && rb_avail(c) >= MG_DF_HEADER_BYTES;
                 mg_df_encode(&reply, frame);
-                rc = write_two(c->fd, frame, sizeof(frame), addr, reply.length, c->corked, timeout,
-                               NULL);
+                rc = write_two(c->fd, frame, sizeof(frame), payload, reply.length, c->corked,
+                               timeout, NULL);
             }
         }
         target_done(s, &tgt);
@@ -561,6 +606,7 @@ static void reap(mg_dp_server *s)
             *pp = c->next;
             pthread_join(c->thread, NULL);
             close(c->fd);
+            free(c->stage);
             free(c);
         } else {
             pp = &c->next;
@@ -733,6 +779,7 @@ void mg_dp_server_stop(mg_dp_server *s)
         s->conns = c->next;
         pthread_join(c->thread, NULL);
         close(c->fd);
+        free(c->stage);
         free(c);
     }
     pthread_mutex_destroy(&s->lock);
@@ -747,6 +794,8 @@ struct mg_dp_conn {
     uint32_t timeout_ms;
     uint64_t next_slice;
     const int *stop; /* the running transfer's stop word, or NULL */
+    uint8_t *stage;  /* checksummed WRITE payloads are copied here as they are summed */
+    size_t stage_cap;
 };
 
 /* Reads an answer's ERROR text into err. */
@@ -857,6 +906,7 @@ void mg_dp_close(mg_dp_conn *c)
     if (c == NULL)
         return;
     close(c->fd);
+    free(c->stage);
     free(c);
 }
 
@@ -873,14 +923,15 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
     h.target = target;
     h.offset = sl->remote_offset;
     h.length = sl->length;
+    const uint8_t *payload = write ? buf + sl->local_offset : NULL;
     if (write && o->crc &&
-        mg_guarded_crc32c(&h.payload_crc, buf + sl->local_offset, sl->length) != 0) {
+        (payload = summed(&c->stage, &c->stage_cap, payload, sl->length, &h.payload_crc)) == NULL) {
         errno = EFAULT; /* as send() reports a missing page of the local segment */
         return -1;
     }
     mg_df_encode(&h, head);
-    return write_two(c->fd, head, sizeof(head), write ? buf + sl->local_offset : NULL,
-                     write ? sl->length : 0, more, (int)c->timeout_ms, c->stop);
+    return write_two(c->fd, head, sizeof(head), payload, write ? sl->length : 0, more,
+                     (int)c->timeout_ms, c->stop);
 }
 
 /* A slice on its way: which op, which of its slices, under which id. */

@@ -114,12 +114,23 @@ static void test_bytes_land_and_come_back(void)
     memset(back, 0, len);
     CU_ASSERT_EQUAL(mg_dp_read(c, open_id, 7, back, 1 * MiB + 5, &small, err, sizeof(err)), 0);
     CU_ASSERT_EQUAL(memcmp(back, src, 1 * MiB + 5), 0); /* 257 slices, many in flight */
+    /* A corrupted slice (the server's test switch) fails its transfer DATA_LOSS, both ways;
+     * the stream stays in step (the connection is used after). */
+    mg_dp_server_corrupt(srv, 1);
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 7, src, 3 * MiB, &big, err, sizeof(err)),
+                    MG_ERR_DATA_LOSS);
+    mg_dp_server_corrupt(srv, 1);
+    CU_ASSERT_EQUAL(mg_dp_read(c, open_id, 7, back, 3 * MiB, &big, err, sizeof(err)),
+                    MG_ERR_DATA_LOSS);
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 7, src, len, &big, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem + 7, src, len), 0);
     CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 16 * MiB + 4095, "z", 1, NULL, err, sizeof(err)), 0);
     CU_ASSERT_EQUAL(open_mem[16 * MiB + 4095], 'z'); /* the last byte */
     mg_dp_server_get_stats(srv, &st);
-    CU_ASSERT_EQUAL(st.slices_in, 11 + 1);
-    CU_ASSERT_EQUAL(st.bytes_in, len + 1);
-    CU_ASSERT_EQUAL(st.slices_out, 11 + 257);
+    CU_ASSERT_EQUAL(st.slices_in, 11 + 2 + 11 + 1); /* the corrupted one refused */
+    CU_ASSERT_EQUAL(st.slices_refused, 1);
+    CU_ASSERT_EQUAL(st.bytes_in, 2 * len + 2 * MiB + 1);
+    CU_ASSERT_EQUAL(st.slices_out, 11 + 257 + 3);
     mg_dp_close(c);
     free(src);
     free(back);
