@@ -88,6 +88,15 @@ void mg_trace_hex(const uint8_t *p, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
+mg_trace_ids mg_trace_ids_of(const mg_trace *t)
+{
+    mg_trace_ids h;
+    mg_trace_hex(t->trace_id, 16, h.trace);
+    mg_trace_hex(t->span_id, 8, h.span);
+    mg_trace_hex(t->parent_id, 8, h.parent);
+    return h;
+}
+
 void mg_traceparent_format(const mg_trace *t, char out[MG_TRACEPARENT_LEN + 1])
 {
     char trace[33], span[17], flags[3];

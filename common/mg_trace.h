@@ -39,6 +39,11 @@ int mg_trace_child(mg_trace *child, const mg_trace *t);
 void mg_traceparent_format(const mg_trace *t, char out[MG_TRACEPARENT_LEN + 1]);
 /* n bytes as 2n lower-case hex digits and a NUL. */
 void mg_trace_hex(const uint8_t *p, size_t n, char *out);
+/* t's ids in hex, as log lines give them (trace= span= parent=). */
+typedef struct mg_trace_ids {
+    char trace[33], span[17], parent[17];
+} mg_trace_ids;
+mg_trace_ids mg_trace_ids_of(const mg_trace *t);
 static inline int mg_trace_sampled(const mg_trace *t)
 {
     return t->flags & 1;

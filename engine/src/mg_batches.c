@@ -249,31 +249,26 @@ int mg_batch_is_over(const mg_batch *b)
     return mg_batch_over(&b->counts);
 }
 
-/* The ids of a step of t with span `span`: trace, span and parent in hex. */
-typedef struct {
-    char trace[33], span[17], parent[17];
-} trace_hex;
-
-static trace_hex hex_of(const mg_trace *t, const uint8_t span[8], const uint8_t parent[8])
+/* The ids of r's step of its batch's trace: r's span, the batch's as its parent. */
+static mg_trace req_trace(const mg_batch_req *r)
 {
-    trace_hex h;
-    mg_trace_hex(t->trace_id, 16, h.trace);
-    mg_trace_hex(span, 8, h.span);
-    mg_trace_hex(parent, 8, h.parent);
-    return h;
+    mg_trace t = r->b->trace;
+    memcpy(t.span_id, r->span, sizeof(t.span_id));
+    memcpy(t.parent_id, r->b->trace.span_id, sizeof(t.parent_id));
+    return t;
 }
 
 int mg_batch_trace(mg_batch *b, const char *traceparent)
 {
     size_t n = strlen(traceparent);
     uint8_t trace[16], parent[8], flags;
-    trace_hex h;
+    mg_trace_ids h;
     b->t0_unix_ns = mg_now_unix_ns();
     b->traced = n && mg_traceparent_parse(traceparent, n, trace, parent, &flags) == 0;
     if (mg_trace_start(&b->trace, b->traced ? traceparent : "", b->traced ? n : 0) != 0)
         return -1;
     if (b->traced) {
-        h = hex_of(&b->trace, b->trace.span_id, b->trace.parent_id);
+        h = mg_trace_ids_of(&b->trace);
         mg_info("transfer_submitted",
                 "batch=%016" PRIx64 " requests=%zu tenant=%s trace=%s span=%s parent=%s "
                 "sampled=%d",
@@ -286,12 +281,12 @@ void mg_batch_req_started(mg_batch_req *r)
 {
     mg_batch *b = r->b;
     mg_trace child;
-    trace_hex h;
+    mg_trace_ids h;
     if (!mg_trace_sampled(&b->trace) || mg_trace_child(&child, &b->trace) != 0)
         return;
     memcpy(r->span, child.span_id, sizeof(r->span));
     r->t0_unix_ns = mg_now_unix_ns();
-    h = hex_of(&b->trace, r->span, b->trace.span_id);
+    h = mg_trace_ids_of(&child);
     mg_info("transfer_request_start",
             "batch=%016" PRIx64 " request=%zu op=%s peer=%s bytes=%" PRIu64
             " trace=%s span=%s parent=%s",
@@ -303,18 +298,16 @@ void mg_batch_req_started(mg_batch_req *r)
 static void req_traced_end(mg_batch_req *r)
 {
     mg_batch *b = r->b;
-    mg_trace t = b->trace;
+    mg_trace t = req_trace(r);
     char attrs[MG_SPAN_ATTRS_MAX];
-    trace_hex h;
+    mg_trace_ids h;
     if (!mg_trace_sampled(&b->trace) || r->t0_unix_ns == 0)
         return; /* not sampled, or it ended before it started (cancelled, refused) */
-    h = hex_of(&b->trace, r->span, b->trace.span_id);
+    h = mg_trace_ids_of(&t);
     mg_info("transfer_request_end",
             "batch=%016" PRIx64 " request=%zu state=%s error=%s trace=%s span=%s parent=%s", b->id,
             (size_t)(r - b->reqs), r->err ? "failed" : "done", r->err ? mg_strerror(r->err) : "-",
             h.trace, h.span, h.parent);
-    memcpy(t.span_id, r->span, sizeof(t.span_id));
-    memcpy(t.parent_id, b->trace.span_id, sizeof(t.parent_id));
     snprintf(attrs, sizeof(attrs),
              "moongate.batch=%016" PRIx64 " moongate.request=%zu "
              "moongate.op=%s moongate.state=%s",

@@ -217,22 +217,21 @@ int mg_notify_post(struct mg_notify_svc *ns, const char *tenant,
 static void deliver_traced(struct mg_notify_svc *ns, const Moongate__V1__Notification *req,
                            const char *from, char tp[MG_TRACEPARENT_LEN + 1])
 {
-    char trace[33], span[17], parent[17], attrs[MG_SPAN_ATTRS_MAX];
+    char attrs[MG_SPAN_ATTRS_MAX];
     uint8_t tid[16], pid[8], flags;
     size_t n = strlen(req->traceparent);
+    mg_trace_ids h;
     mg_trace t;
     tp[0] = '\0';
     if (n == 0 || mg_traceparent_parse(req->traceparent, n, tid, pid, &flags) != 0 ||
         mg_trace_start(&t, req->traceparent, n) != 0)
         return;
     mg_traceparent_format(&t, tp);
-    mg_trace_hex(t.trace_id, 16, trace);
-    mg_trace_hex(t.span_id, 8, span);
-    mg_trace_hex(t.parent_id, 8, parent);
+    h = mg_trace_ids_of(&t);
     mg_info("notification_received",
             "batch=%016llx from=%s topic=\"%s\" outcome=%d trace=%s span=%s parent=%s",
-            (unsigned long long)req->batch_id, from, req->topic, (int)req->outcome, trace, span,
-            parent);
+            (unsigned long long)req->batch_id, from, req->topic, (int)req->outcome, h.trace, h.span,
+            h.parent);
     snprintf(attrs, sizeof(attrs), "moongate.from=%.60s moongate.batch=%016llx", from,
              (unsigned long long)req->batch_id);
     mg_spans_add(ns->gw->spans, &t, MG_SPAN_CONSUMER, "notify.receive", mg_now_unix_ns(),

@@ -240,14 +240,11 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     mg_traceparent_format(&it->t, tp);
     req.traceparent = tp;
     if (it->traced) {
-        char trace[33], span[17], parent[17];
-        mg_trace_hex(it->t.trace_id, 16, trace);
-        mg_trace_hex(it->t.span_id, 8, span);
-        mg_trace_hex(it->t.parent_id, 8, parent);
+        mg_trace_ids ids = mg_trace_ids_of(&it->t);
         mg_info("notification_sent",
                 "batch=%016llx peer=%s topic=\"%s\" outcome=%d trace=%s span=%s parent=%s",
-                (unsigned long long)req.batch_id, p->addr, req.topic, (int)req.outcome, trace, span,
-                parent);
+                (unsigned long long)req.batch_id, p->addr, req.topic, (int)req.outcome, ids.trace,
+                ids.span, ids.parent);
     }
     it->sending = 1;
     if (it->n)
