@@ -347,7 +347,7 @@ static int read_header(dp_conn *c, uint8_t *head)
 }
 
 /* Bytes that just landed at p: the first is flipped when *flip asks (Debug/CorruptSlices), then
- * they go into *crc while they are still in cache (guarded, as every read of a segment). */
+ * they go into *crc while they are still in cache (guarded, as p may be a segment's memory). */
 static int landed(uint8_t *p, size_t n, uint32_t *crc, int *flip)
 {
     if (*flip && n) {
@@ -359,8 +359,10 @@ static int landed(uint8_t *p, size_t n, uint32_t *crc, int *flip)
 
 /* The next n bytes of the stream into dst (a segment's memory: copies by the CPU run guarded),
  * or dropped when dst is NULL: first what the read-ahead holds, then a small rest through it,
- * a large one straight into place. With crc, the CRC32C of what lands is carried on in *crc
- * piece by piece as it lands; flip: the first byte is corrupted on landing (tests). Returns 0,
+ * a large one straight into place. With crc, every piece goes through the read-ahead and is
+ * summed there, while it is in cache, before it is copied into place: summing it in the segment
+ * would touch each page a second time, and on 4 KiB pages that costs as much as the copy. The
+ * CRC32C is carried on in *crc; flip: the first byte is corrupted on landing (tests). Returns 0,
  * MG_ERR_DATA_LOSS (dst's pages went missing: the bytes were still taken off the stream) or -1
  * (the connection failed). */
 static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, uint32_t *crc,
@@ -369,7 +371,7 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
     int lost = 0;
     while (n > 0) {
         size_t k = rb_avail(c) < n ? rb_avail(c) : (size_t)n;
-        if (k == 0 && dst && !lost && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
+        if (k == 0 && dst && !lost && !crc && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
             ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
             if (r > 0) {
                 if (landed(dst, (size_t)r, crc, &flip) != 0)
@@ -395,7 +397,8 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
             continue;
         }
         if (dst && !lost &&
-            (mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0 || landed(dst, k, crc, &flip) != 0))
+            (landed(c->rbuf + c->rpos, k, crc, &flip) != 0 ||
+             mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0))
             lost = 1;
         c->rpos += k;
         n -= k;
@@ -809,6 +812,32 @@ static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, siz
     snprintf(err, errcap, "%s: peer %s says: %s", what, c->peer, text);
 }
 
+/* The next n bytes of the stream into dst, summed into *crc: piece by piece through the stage
+ * (read, summed while in cache, then copied into place; see read_payload). Returns 0,
+ * MG_ERR_DATA_LOSS (dst's pages went missing: the rest is still taken off the stream),
+ * MG_ERR_NOMEM (no stage: nothing read) or -1 (the connection failed, errno). */
+static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
+{
+    int lost = 0;
+    if (c->stage_cap < RBUF_BYTES) {
+        uint8_t *grown = realloc(c->stage, RBUF_BYTES);
+        if (grown == NULL)
+            return MG_ERR_NOMEM;
+        c->stage = grown;
+        c->stage_cap = RBUF_BYTES;
+    }
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < RBUF_BYTES ? n - done : RBUF_BYTES;
+        if (read_full(c->fd, c->stage, k, (int)c->timeout_ms, c->stop) != 0)
+            return -1;
+        *crc = mg_crc32c(*crc, c->stage, k);
+        if (!lost && mg_guarded_copy(dst + done, c->stage, k) != 0)
+            lost = 1;
+        done += k;
+    }
+    return lost ? MG_ERR_DATA_LOSS : 0;
+}
+
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
                   const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
                   char *err, size_t errcap)
@@ -1084,19 +1113,23 @@ static int run_answer(run_state *r)
         return run_fail(r, MG_ERR_PROTOCOL, 0);
     }
     if (!op->write && h.status == ST_OK) {
-        if (h.length != expect.length || read_full(c->fd, op->buf + expect.local_offset, h.length,
-                                                   (int)c->timeout_ms, c->stop) != 0) {
+        uint8_t *dst = op->buf + expect.local_offset;
+        uint32_t crc = 0;
+        int got;
+        if (h.length != expect.length)
+            got = -1;
+        else if (h.flags & MG_DF_CRC)
+            got = read_summed(c, dst, h.length, &crc);
+        else
+            got = read_full(c->fd, dst, h.length, (int)c->timeout_ms, c->stop);
+        if (got == -1 || got == MG_ERR_NOMEM) {
             int err = h.length != expect.length ? 0 : errno; /* a length not asked: no errno */
             snprintf(r->why, sizeof(r->why), "peer %s: reading slice %llu", c->peer,
                      (unsigned long long)e.slice);
             return run_io_failed(r, err);
         }
-        if (h.flags & MG_DF_CRC) {
-            uint32_t crc = 0;
-            if (mg_guarded_crc32c(&crc, op->buf + expect.local_offset, h.length) != 0 ||
-                crc != h.payload_crc)
-                h.status = ST_DATA_LOSS;
-        }
+        if (got == MG_ERR_DATA_LOSS || ((h.flags & MG_DF_CRC) && crc != h.payload_crc))
+            h.status = ST_DATA_LOSS;
     }
     op->answered++;
     if (h.status != ST_OK && op->rc == 0) {

@@ -43,6 +43,10 @@ def test_a_flipped_byte_fails_the_request_and_the_receiver_hears_it(make_daemon)
         assert submit(transfer_pb2.WRITE, src.id, "ok").state == transfer_pb2.DONE
         with open(dst.path, "rb") as f:
             assert f.read() == data
+        # And back, checked as it lands here: the same bytes.
+        assert submit(transfer_pb2.READ, back.id, "back").state == transfer_pb2.DONE
+        with open(back.path, "rb") as f:
+            assert f.read() == data
         # One slice corrupted where it landed: DATA_LOSS, and a failure notice instead.
         corrupt(b, 1)
         batch = submit(transfer_pb2.WRITE, src.id, "bad")
