@@ -62,13 +62,15 @@ static int random_bytes(uint8_t *p, size_t n)
 
 int mg_trace_start(mg_trace *t, const char *from, size_t n)
 {
+    int continued = 1;
     memset(t, 0, sizeof(*t));
     if (n == 0 || mg_traceparent_parse(from, n, t->trace_id, t->parent_id, &t->flags) != 0) {
         memset(t, 0, sizeof(*t));
+        continued = 0;
         if (random_bytes(t->trace_id, sizeof(t->trace_id)) != 0)
             return -1;
     }
-    return random_bytes(t->span_id, sizeof(t->span_id));
+    return random_bytes(t->span_id, sizeof(t->span_id)) != 0 ? -1 : continued;
 }
 
 int mg_trace_child(mg_trace *child, const mg_trace *t)

@@ -30,7 +30,8 @@ typedef struct mg_trace {
 int mg_traceparent_parse(const char *s, size_t n, uint8_t trace_id[16], uint8_t parent_id[8],
                          uint8_t *flags);
 /* The next step of `from` (a traceparent of n bytes; malformed or n 0: a new trace, unsampled):
- * the same trace, a new span id, `from`'s span as its parent. -1 when no random bytes. */
+ * the same trace, a new span id, `from`'s span as its parent. Returns 1 (from's trace is
+ * continued), 0 (a new one) or -1 (no random bytes). */
 int mg_trace_start(mg_trace *t, const char *from, size_t n);
 /* A child step of t: same trace and flags, new span, t's span as parent. */
 int mg_trace_child(mg_trace *child, const mg_trace *t);

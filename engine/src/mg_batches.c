@@ -260,13 +260,12 @@ static mg_trace req_trace(const mg_batch_req *r)
 
 int mg_batch_trace(mg_batch *b, const char *traceparent)
 {
-    size_t n = strlen(traceparent);
-    uint8_t trace[16], parent[8], flags;
+    int rc = mg_trace_start(&b->trace, traceparent, strlen(traceparent));
     mg_trace_ids h;
     b->t0_unix_ns = mg_now_unix_ns();
-    b->traced = n && mg_traceparent_parse(traceparent, n, trace, parent, &flags) == 0;
-    if (mg_trace_start(&b->trace, b->traced ? traceparent : "", b->traced ? n : 0) != 0)
+    if (rc < 0)
         return -1;
+    b->traced = rc == 1;
     if (b->traced) {
         h = mg_trace_ids_of(&b->trace);
         mg_info("transfer_submitted",

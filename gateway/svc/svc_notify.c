@@ -218,13 +218,10 @@ static void deliver_traced(struct mg_notify_svc *ns, const Moongate__V1__Notific
                            const char *from, char tp[MG_TRACEPARENT_LEN + 1])
 {
     char attrs[MG_SPAN_ATTRS_MAX];
-    uint8_t tid[16], pid[8], flags;
-    size_t n = strlen(req->traceparent);
     mg_trace_ids h;
     mg_trace t;
     tp[0] = '\0';
-    if (n == 0 || mg_traceparent_parse(req->traceparent, n, tid, pid, &flags) != 0 ||
-        mg_trace_start(&t, req->traceparent, n) != 0)
+    if (mg_trace_start(&t, req->traceparent, strlen(req->traceparent)) != 1)
         return;
     mg_traceparent_format(&t, tp);
     h = mg_trace_ids_of(&t);

@@ -370,9 +370,10 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
     it->len = req->payload.len;
     it->line = l;
     it->due = 1;
-    it->traced = mg_call_traceparent(call)[0] != '\0';
-    if (mg_trace_start(&it->t, mg_call_traceparent(call), strlen(mg_call_traceparent(call))) != 0)
-        it->traced = 0; /* no random bytes: an all-zero span, not logged */
+    /* Logged only when it continues the caller's trace, as a batch's; no random bytes: an
+     * all-zero span, not logged either. */
+    it->traced =
+        mg_trace_start(&it->t, mg_call_traceparent(call), strlen(mg_call_traceparent(call))) == 1;
     it->call = call;
     mg_call_ref(call);
     l->sends++;

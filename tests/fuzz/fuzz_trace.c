@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         static const uint8_t zero[16];
         if (!memcmp(trace, zero, 16) || !memcmp(parent, zero, 8))
             abort();
-        if (mg_trace_start(&t, text, size) != 0 || memcmp(t.trace_id, trace, 16) ||
+        if (mg_trace_start(&t, text, size) != 1 || memcmp(t.trace_id, trace, 16) ||
             memcmp(t.parent_id, parent, 8) || t.flags != flags)
             abort();
         mg_traceparent_format(&t, out);

@@ -113,3 +113,14 @@ def test_unsampled_and_malformed_traces(make_daemon):
         _, note = submit(a, b, src, dst, bad, "malformed")
         assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-00", note.traceparent), note
         assert tid not in note.traceparent and "0" * 32 not in note.traceparent
+    # A standalone Send is logged as a batch is: with the caller's trace, and not with a
+    # malformed one.
+    sender = notify_pb2_grpc.NotifyStub(h2c_channel(a))
+    sender.Send(notify_pb2.SendRequest(peer=b.h2c, topic="send-traced", payload=b"x"),
+                metadata=[("traceparent", "00-%s-%s-01" % (tid, "cd" * 8))])
+    sender.Send(notify_pb2.SendRequest(peer=b.h2c, topic="send-malformed", payload=b"x"),
+                metadata=[("traceparent", "xx")])
+    assert [x["topic"] for x in lines(a, "notification_sent", tid)] == [
+        '"unsampled"', '"send-traced"']
+    assert [x for x in lines(a, "notification_sent", "")
+            if x["topic"] in ('"malformed"', '"send-malformed"')] == []
