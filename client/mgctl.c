@@ -3,7 +3,8 @@
  *
  *   mgctl [options] health [SERVICE] [--watch]
  *   mgctl [options] info | status | doctor
- *   mgctl [options] segments | leases | pools | peers | transfers | watch ...
+ *   mgctl [options] segments | leases | pools | peers | agents | expectations | transfers |
+ *                   watch ...
  *   mgctl [options] call METHOD [JSON | -]
  *
  * Human output by default, --json for machines. The exit code is the call's gRPC status code
@@ -70,6 +71,9 @@ static void usage(FILE *f)
                "  agents [list]               the tenant's agents on this daemon\n"
                "  agents describe AGENT [PEER]  an agent (\"host:port\", or a name on PEER) and\n"
                "                              its regions\n"
+               "  expectations [list]         what this daemon's receivers wait for: topic, the\n"
+               "                              sender, its last answer, time to the deadline\n"
+               "  expectations cancel ID      take one back (Notify/Unexpect)\n"
                "  transfers get ID | cancel ID | wait ID\n"
                "                              a batch; wait follows it with a progress bar\n"
                "  watch TOPIC                 notifications of TOPIC as they arrive\n"
@@ -507,6 +511,8 @@ int main(int argc, char **argv)
         return cmd_peers(&c);
     if (!strcmp(args[0], "agents") && nargs <= 4)
         return cmd_agents(&c, args[1], args[2], args[3]);
+    if (!strcmp(args[0], "expectations") && nargs <= 3)
+        return cmd_expectations(&c, args[1], args[2]);
     if (!strcmp(args[0], "transfers"))
         return cmd_transfers(&c, args[1], args[2]);
     if (!strcmp(args[0], "watch") && nargs == 2)

@@ -80,8 +80,9 @@ static void cell(char *out, size_t cap, json_t *v, int kind)
     case BYTES:
         human_bytes(out, cap, num);
         break;
-    case MS:
-        snprintf(out, cap, "%.1f s", num / 1000.0);
+    case MS: /* 0 is none (no expiry, no answer yet, the deadline passed): "-" */
+        if (num > 0)
+            snprintf(out, cap, "%.1f s", num / 1000.0);
         break;
     case BOOL:
         snprintf(out, cap, "%s", json_is_true(v) ? "yes" : "no");
@@ -192,6 +193,15 @@ static const col agent_cols[] = {
     {"PORT", "port", TEXT},
     {"TENANT", "tenant", TEXT},
     {"ID", "agentId", TEXT},
+};
+static const col expect_cols[] = {
+    {"ID", "id", TEXT},
+    {"TOPIC", "topic", TEXT},
+    {"PEER", "peer", TEXT},
+    {"AGENT", "agent", TEXT},
+    {"EPOCH", "epoch", TEXT},
+    {"DEADLINE IN", "deadlineLeftMs", MS},
+    {"ANSWERED AGO", "lastAnswerMs", MS},
 };
 static const col region_cols[] = {
     {"ADDRESS", "address", TEXT},
@@ -415,6 +425,26 @@ static int cmd_agents(const ctl *c, const char *verb, const char *agent, const c
     table(json_object_get(j, "regions"), region_cols, NCOLS(region_cols));
     json_decref(j);
     return 0;
+}
+
+/* Expectations: what this daemon's receivers of the tenant wait for (the sender's daemon's last
+ * answer, how long until the deadline), or one taken back. */
+static int cmd_expectations(const ctl *c, const char *verb, const char *id)
+{
+    json_t *j;
+    int st;
+    if (verb == NULL || !strcmp(verb, "list")) {
+        st = call_json(c, "Notify/ListExpectations", json_object(), &j);
+        return show(c, st, j, "expectations", expect_cols, NCOLS(expect_cols), 0);
+    }
+    if (!strcmp(verb, "cancel") && need_id(id, "expectations cancel") == 0) {
+        st = call_json(c, "Notify/Unexpect", json_pack("{s:s}", "id", id), &j);
+        if (st == MG_GRPC_OK && !c->json)
+            printf("expectation %s taken back\n", id);
+        return show(c, st, j, NULL, NULL, 0, c->json ? 1 : -1);
+    }
+    fprintf(stderr, "mgctl: expectations [list | cancel ID]\n");
+    return EXIT_USAGE;
 }
 
 /* A batch: its state line, then its requests (numbered). */

@@ -233,3 +233,26 @@ def test_agents(make_daemon):
         time.sleep(0.05)
     rc, out, err = mgctl(*t, "agents")
     assert rc == 0 and "decode-0" not in out
+
+
+def test_expectations(make_daemon):
+    """expectations: what receivers here wait for, and one taken back."""
+    import conftest
+    os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+    import moongate_client as mg
+    d = make_daemon()
+    t = ["--target", "unix:" + d.sock]
+    with mg.Client("unix:" + d.sock) as c:
+        e = c.expect("kv/layer-3", 120000, peer="127.0.0.1:9")
+        rc, out, err = mgctl(*t, "expectations")
+        assert rc == 0, err
+        assert "kv/layer-3" in out and "127.0.0.1:9" in out and str(e.id) in out, out
+        rc, out, err = mgctl(*t, "--json", "expectations")
+        [got] = json.loads(out)["expectations"]
+        assert got["topic"] == "kv/layer-3" and 0 < got["deadlineLeftMs"] <= 120000, got
+        rc, out, err = mgctl(*t, "expectations", "cancel", str(e.id))
+        assert rc == 0 and "taken back" in out, err
+        assert "kv/layer-3" not in mgctl(*t, "expectations")[1]
+        rc, out, err = mgctl(*t, "expectations", "cancel", str(e.id))
+        assert rc == 5, (rc, err)
+        assert mgctl(*t, "expectations", "cancel", "x")[0] == 64

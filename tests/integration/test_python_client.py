@@ -105,6 +105,33 @@ def test_asyncio_client(make_daemon):
     asyncio.run(main())
 
 
+def test_digests_and_traces(make_daemon):
+    """transfer(digest=True) is checked end to end (a corrupted slice raises DATA_LOSS), and a
+    traceparent given to transfer() and send() is the trace both daemons carry on."""
+    from test_digest import corrupt
+    b = make_daemon()
+    a = make_daemon("--peer-tls=false")
+    tid = os.urandom(16).hex()
+    tp = "00-%s-%s-01" % (tid, os.urandom(8).hex())
+    with client(a) as ca, client(b) as cb:
+        src = ca.register("src", MiB)
+        dst = cb.register("dst", MiB, remote_accessible=True)
+        w = mg.write(segment=src.id, peer=b.h2c, remote_segment=dst.id, length=MiB)
+        batch = ca.transfer([w], notify=[mg.notify(b.h2c, "traced", b"")], digest=True,
+                            traceparent=tp)
+        assert batch.state == transfer_pb2.DONE
+        assert next(cb.notifications("traced", timeout=10)).traceparent.startswith("00-" + tid)
+        ca.send("sent", b"x", peer=b.h2c, traceparent=tp)
+        assert cb.poll("sent")[0].traceparent.startswith("00-" + tid)
+        corrupt(b, 1)
+        with pytest.raises(mg.Error) as e:
+            ca.wait(ca.submit([w], digest=True))
+        assert e.value.code == grpc.StatusCode.DATA_LOSS, e.value
+        corrupt(b, 1)  # the switch waits for a checksummed slice: this batch has none
+        assert ca.transfer([w]).state == transfer_pb2.DONE
+    assert "event=transfer_submitted" in a.read_log() and "trace=" + tid in a.read_log()
+
+
 def test_tokens_reach_the_daemon(make_daemon, tmp_path):
     import hashlib
     auth = tmp_path / "auth"

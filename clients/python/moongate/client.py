@@ -362,6 +362,13 @@ class _Mapped:
         self.maps.done(self.path, self.view)
 
 
+def _metadata(md, traceparent):
+    """A call's metadata: the client's (its token), and the caller's trace when it gives one."""
+    if not traceparent:
+        return md
+    return list(md or ()) + [("traceparent", traceparent)]
+
+
 def _batch_error(b):
     for r in b.requests:
         if r.state == transfer_pb2.FAILED:
@@ -406,9 +413,10 @@ class Client:
         self._maps.close()
         self._ch.close()
 
-    def _call(self, fn, req, timeout=None):
+    def _call(self, fn, req, timeout=None, traceparent=""):
         try:
-            return fn(req, metadata=self.md, timeout=timeout or self.timeout)
+            return fn(req, metadata=_metadata(self.md, traceparent),
+                      timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             raise Error(e.code(), e.details()) from None
 
@@ -603,22 +611,27 @@ class Client:
         self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
     # transfers
-    def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+    def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
+                 digest=False, traceparent=""):
         """Submits a batch and waits for its end (one call: Submit with wait). Returns the
-        Batch; with check, raises Error for the first failed request or notification."""
+        Batch; with check, raises Error for the first failed request or notification.
+        digest: every request checked end to end (CRC32C; DATA_LOSS when the bytes that
+        landed differ); traceparent: a W3C traceparent the batch's trace continues."""
         resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True),
-            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+            request_id=request_id, wait=True, digest=digest),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
         return resp.batch
 
-    def submit(self, requests, notify=(), timeout_ms=0, request_id=""):
-        """Submits a batch without waiting; returns its id (see wait())."""
+    def submit(self, requests, notify=(), timeout_ms=0, request_id="", digest=False,
+               traceparent=""):
+        """Submits a batch without waiting; returns its id (see wait()). digest and
+        traceparent as for transfer()."""
         return self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id)).batch_id
+            request_id=request_id, digest=digest), traceparent=traceparent).batch_id
 
     def wait(self, batch_id, progress=None, check=True):
         """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report."""
@@ -649,12 +662,13 @@ class Client:
         finally:
             call.cancel()
 
-    def send(self, topic, payload=b"", peer="", agent=""):
+    def send(self, topic, payload=b"", peer="", agent="", traceparent=""):
         """A notification to `topic` on a peer daemon (peer, or the daemon of agent
         "host:port"), without a transfer; after this client's earlier notifications to that
         peer and topic (its batches' included). Returns once the peer queued it."""
         self._call(self._notify.Send, notify_pb2.SendRequest(peer=peer, agent=agent, topic=topic,
-                                                             payload=payload))
+                                                             payload=payload),
+                   traceparent=traceparent)
 
     def poll(self, topic, max=100):
         return list(self._call(self._notify.Poll, notify_pb2.PollRequest(topic=topic, max=max))
@@ -718,9 +732,10 @@ class AsyncClient:
         self._maps.close()
         await self._ch.close()
 
-    async def _call(self, fn, req, timeout=None):
+    async def _call(self, fn, req, timeout=None, traceparent=""):
         try:
-            return await fn(req, metadata=self.md, timeout=timeout or self.timeout)
+            return await fn(req, metadata=_metadata(self.md, traceparent),
+                            timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             raise Error(e.code(), e.details()) from None
 
@@ -770,11 +785,12 @@ class AsyncClient:
             lease._drop_view()
         await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
-    async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True):
+    async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
+                       digest=False, traceparent=""):
         resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True),
-            timeout=max(self.timeout, timeout_ms / 1000.0 + 5))
+            request_id=request_id, wait=True, digest=digest),
+            timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
         return resp.batch
