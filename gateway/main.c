@@ -6,6 +6,7 @@
 #include "mg_config.h"
 #include "mg_gateway.h"
 #include "mg_log.h"
+#include "mg_shm.h"
 #include "moongate/engine.h"
 #include "moongate/fault.h"
 #include "moongate/rdma.h"
@@ -178,6 +179,18 @@ int main(int argc, char **argv)
     }
     if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
         goto out;
+    {
+        char fs[160];
+        int huge = mg_shm_pages(cfg.shm_dir, fs, sizeof(fs));
+        /* every pass over a segment costs a TLB miss per page (docs/operations.md) */
+        mg_log(huge == 0 ? MG_LOG_WARN : MG_LOG_INFO, "shm_pages", "dir=%s pages=%s fs=\"%s\"%s",
+               cfg.shm_dir,
+               huge == 1   ? "huge"
+               : huge == 0 ? "4k"
+                           : "unknown",
+               fs,
+               huge == 0 ? " hint=\"mount it tmpfs huge=within_size for large transfers\"" : "");
+    }
     if (open_rdma(&cfg, &rdma, rdma_why, sizeof(rdma_why)) != 0)
         goto out;
     {

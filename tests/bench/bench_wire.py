@@ -12,7 +12,11 @@ Two daemons on loopback (TCP data plane), driven by mgbench transfer:
 References: iperf3 (one stream, 1 MiB writes, 3 s), ucx_perftest tag_bw over TCP (1 MiB),
 memcpy of 1 GiB on one thread (prefaulted, in mgbench, the same process as the copy).
 
-Usage: bench_wire.py --moongate BIN --mgbench BIN [--rounds 5] [--json FILE]
+The daemons' segments live in /dev/shm as this machine has it; with --huge-pages in a tmpfs
+mounted huge=within_size for the run (root only), so they are made of 2 MiB pages — as an
+operator gets by mounting the daemon's --shm-dir so (docs/operations.md).
+
+Usage: bench_wire.py --moongate BIN --mgbench BIN [--rounds 5] [--json FILE] [--huge-pages]
 """
 import argparse
 import json
@@ -87,35 +91,57 @@ for _blk, _n, _bytes in (("4K", "1024", "128M"), ("64K", "128", "512M"), ("1M", 
              _bytes], "%s x %s WRITE, 1 thread" % (_blk, _n) if _thr == "4" else "iperf3",
             0.95 if _thr == "4" else None)
 
+
+def mount_huge(work):
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=12g",
+                        "moongate-bench", work], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("--huge-pages: cannot mount a tmpfs with huge=within_size (root is "
+                         "needed): %s" % r.stderr.strip())
+
+
+def measure(args, work):
+    """Every shape and reference, alternated round by round: {way: [figures of each round]}."""
+    a, pa = start(args.moongate, work, "a")
+    b, pb = start(args.moongate, work, "b")
+    ta, tb = "127.0.0.1:%d" % pa, "127.0.0.1:%d" % pb
+
+    def one(way):
+        if way == "iperf3":
+            return {"iperf3": iperf3()}
+        if way == "ucx tag_bw":
+            return {"ucx tag_bw": ucx_tag_bw()}
+        if way == "copy":
+            rows = mgbench(args, ta, "", "--blocks", "64K", "--batches", "1", "--ops",
+                           "write", "--bytes", "1M", "--big", "1G")
+            return {"1 GiB copy, peer \"\"": rows[1]["gbytes_per_s"],
+                    "memcpy 1 GiB, one thread": rows[2]["gbytes_per_s"]}
+        return {way: mgbench(args, ta, tb, *SHAPES[way][0])[-1]["gbytes_per_s"]}
+
+    try:
+        return alternate(["iperf3", "ucx tag_bw", "copy"] + list(SHAPES), args.rounds, one)
+    finally:
+        stop([a, b])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moongate", required=True)
     ap.add_argument("--mgbench", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", help="also write every figure here, one JSON object per line")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="segments in a tmpfs mounted huge=within_size (root)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="mg-wire-") as work:
-        a, pa = start(args.moongate, work, "a")
-        b, pb = start(args.moongate, work, "b")
-        ta, tb = "127.0.0.1:%d" % pa, "127.0.0.1:%d" % pb
-
-        def one(way):
-            if way == "iperf3":
-                return {"iperf3": iperf3()}
-            if way == "ucx tag_bw":
-                return {"ucx tag_bw": ucx_tag_bw()}
-            if way == "copy":
-                rows = mgbench(args, ta, "", "--blocks", "64K", "--batches", "1", "--ops",
-                               "write", "--bytes", "1M", "--big", "1G")
-                return {"1 GiB copy, peer \"\"": rows[1]["gbytes_per_s"],
-                        "memcpy 1 GiB, one thread": rows[2]["gbytes_per_s"]}
-            return {way: mgbench(args, ta, tb, *SHAPES[way][0])[-1]["gbytes_per_s"]}
-
-        t0 = time.monotonic()
+        if args.huge_pages:
+            mount_huge(work)
         try:
-            res = alternate(["iperf3", "ucx tag_bw", "copy"] + list(SHAPES), args.rounds, one)
+            t0 = time.monotonic()
+            res = measure(args, work)
         finally:
-            stop([a, b])
+            if args.huge_pages:
+                subprocess.run(["umount", work], check=False)
     vals = {}
     for way, rounds in res.items():
         for r in rounds:
@@ -123,8 +149,10 @@ def main():
                 vals.setdefault(k, []).append(v)
     refs = dict((k, (v[1], v[2])) for k, v in SHAPES.items())
     refs['1 GiB copy, peer ""'] = ("memcpy 1 GiB, one thread", 0.8)
-    print("%d rounds, %.0f s; GB/s: median (min-max); ratio of the medians to the reference"
-          % (args.rounds, time.monotonic() - t0))
+    print("%d rounds, %.0f s, segments in %s; GB/s: median (min-max); ratio of the medians to "
+          "the reference" % (args.rounds, time.monotonic() - t0,
+                             "2 MiB pages (tmpfs huge=within_size)" if args.huge_pages
+                             else "/dev/shm as mounted here"))
     out = []
     for k, v in vals.items():
         m = statistics.median(v)

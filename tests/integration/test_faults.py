@@ -2,8 +2,8 @@
 private mount namespace) and a soak run — minutes of mixed load from several clients, with
 callers vanishing mid-call — after which memory, file descriptors, segments, leases and
 connections are back at their baseline."""
-import mmap
 import os
+import re
 import random
 import shutil
 import subprocess
@@ -63,6 +63,48 @@ def test_full_shm_directory_is_a_clear_error(make_daemon, tmp_path):
                                   timeout=10).segment  # the space came back
         m.UnregisterSegment(memory_pb2.UnregisterRequest(id=again.id), timeout=10)
     assert d.alive()
+
+
+@pytest.mark.skipif(not can_unshare_mounts(), reason="needs root and mount namespaces")
+def test_shm_pages_are_reported_and_huge_where_the_mount_offers_them(make_daemon, tmp_path):
+    """A shm directory on tmpfs mounted huge=within_size (seen only by the daemon): the daemon
+    says so at start, and a segment it creates is mapped in 2 MiB pages
+    (each pass over a segment then costs a TLB miss per 2 MiB, not per 4 KiB). On /dev/shm as
+    mounted here (no huge=) it warns, naming the mount option."""
+    shm = str(tmp_path / "huge-shm")
+    os.makedirs(shm)
+    wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs -o size=64m,huge=within_size moongate-test "$0" && exec "$@"', shm]
+    d = make_daemon("--shm-dir", shm, "--pool-bytes", "8M", wrap=wrap)
+    assert re.search(r"level=info event=shm_pages dir=\S+ pages=huge "
+                     r'fs="tmpfs huge=within_size"', d.read_log()), d.read_log()
+    with h2c_channel(d) as ch:
+        m = memory_pb2_grpc.MemoryStub(ch)
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="kv", size=8 * MiB),
+                                timeout=10).segment
+        data = os.urandom(8 * MiB)  # the daemon's workers touch every page
+        chunks = [memory_pb2.WriteSegmentRequest(id=seg.id, offset=o, data=data[o:o + MiB])
+                  for o in range(0, len(data), MiB)]
+        assert m.WriteSegment(iter(chunks), timeout=30).bytes_written == len(data)
+        huge = pmd_mapped_kb(d.proc.pid, os.path.basename(seg.path))
+        assert huge == 8192, huge
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id), timeout=10)
+    small = make_daemon()
+    assert re.search(r"level=warn event=shm_pages dir=\S+ pages=4k fs=\"[^\"]+\" "
+                     r'hint="mount it tmpfs huge=within_size', small.read_log()) or \
+        "pages=huge" in small.read_log(), small.read_log()  # a machine whose /dev/shm has them
+
+
+def pmd_mapped_kb(pid, name):
+    """kB of the mapping of file `name` in process pid mapped by 2 MiB entries (smaps)."""
+    total, inside = 0, False
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith("/" + name)
+            elif inside and line.startswith("ShmemPmdMapped:"):
+                total += int(line.split()[1])
+    return total
 
 
 def proc_rss_kb(pid):
