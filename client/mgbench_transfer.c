@@ -6,7 +6,8 @@
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
  *                    [--ops write,read] [--bytes 256M] [--threads N] [--inflight N]
  *                    [--scatter] [--big 1G] [--per-request] [--submit-wait]
- *                    [--print-layout] [--seconds S] [--start-at T] [--digest] [--json]
+ *                    [--print-layout] [--seconds S] [--start-at T] [--digest] [--cold]
+ *                    [--json]
  *
  * A and B are the daemons' h2c control endpoints ("127.0.0.1:7543"); B is also what A is told
  * the peer is. mgbench registers a segment on A and a remote-accessible one on B (as large as
@@ -27,7 +28,10 @@
  * thread's first --inflight batches instead of moving anything. --seconds S runs each
  * configuration for S seconds instead of --bytes; --start-at T waits until wall-clock time T
  * before the first, so that several mgbench processes (one per tenant or per peer) move at once.
- * --digest asks for end-to-end CRC32C (SubmitRequest.digest). MOONGATE_TOKEN, when set, is sent as
+ * --digest asks for end-to-end CRC32C (SubmitRequest.digest). Before the first configuration
+ * one untimed WRITE and READ of the whole segments warm every page of both, as the references'
+ * buffers are warm (a first pass over fresh pages costs a fault per page where the pages are
+ * small); --cold leaves it out. MOONGATE_TOKEN, when set, is sent as
  * a bearer token to both daemons. Exit status 0 when every batch ended DONE.
  */
 #include "mgbench.h"
@@ -320,7 +324,7 @@ typedef struct {
     const char *target, *peer;
     uint64_t local_id, remote_id, seg_bytes, bytes;
     unsigned threads, inflight;
-    int json, per_request, submit_wait, scatter, print_layout, digest;
+    int json, per_request, submit_wait, scatter, print_layout, digest, cold;
     double seconds;  /* --seconds: each configuration runs this long instead of --bytes */
     double start_at; /* --start-at: the first configuration starts at this wall-clock time */
 } setup;
@@ -570,18 +574,53 @@ static void memcpy_reference(const setup *s, uint64_t bytes)
     free(b);
 }
 
+/* One untimed WRITE and one READ of the whole segments before anything is timed, so that every
+ * page of both has been moved through, and mapped by, both daemons: the references' buffers
+ * (iperf3's, UCX's, memcpy's) are warm, and so is a serving system's KV cache once it runs.
+ * Returns 0, or -1 with the reason printed. */
+static int warm_up(const setup *s)
+{
+    for (int write = 1; write >= 0; write--) {
+        double latency = 0;
+        worker w = {.target = s->target,
+                    .peer = s->peer,
+                    .local_id = s->local_id,
+                    .remote_id = s->remote_id,
+                    .seg_bytes = s->seg_bytes,
+                    .write = write,
+                    .block = s->seg_bytes,
+                    .batch = 1,
+                    .batches = 1,
+                    .threads = 1,
+                    .inflight = 1,
+                    .latency = &latency};
+        worker_main(&w);
+        if (w.failed) {
+            fprintf(stderr, "mgbench: warming up (%s of the whole segments): %s\n",
+                    write ? "WRITE" : "READ", w.error);
+            return -1;
+        }
+        if (!s->json)
+            printf("warm-up  %s of all %" PRIu64 " MiB, untimed: %.3f s\n",
+                   write ? "WRITE" : "READ ", s->seg_bytes >> 20, latency);
+    }
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M]\n"
                "           [--batches 1,16] [--ops write,read] [--bytes 256M] [--threads N]\n"
                "           [--inflight N] [--scatter] [--big 1G] [--per-request]\n"
                "           [--submit-wait] [--print-layout] [--seconds S] [--start-at T]\n"
-               "           [--digest] [--json]\n"
+               "           [--digest] [--cold] [--json]\n"
                "A, B: h2c control endpoints of two daemons (B as A reaches it); B \"\": copies\n"
                "on A, with --big beside memcpy on one thread. --seconds: each configuration\n"
                "runs S seconds instead of --bytes; --start-at: the first starts at wall-clock\n"
                "time T (seconds since the epoch), for runs of several mgbench at once.\n"
                "--digest: end-to-end CRC32C on every batch (SubmitRequest.digest).\n"
+               "First one untimed WRITE and READ of the whole segments warm every page of\n"
+               "both (as the references' buffers are); --cold: measure from fresh ones.\n"
                "MOONGATE_TOKEN: a bearer token for both daemons.\n");
 }
 
@@ -605,6 +644,8 @@ int mgbench_transfer_main(int argc, char **argv)
             s.submit_wait = 1;
         } else if (!strcmp(a, "--digest")) {
             s.digest = 1;
+        } else if (!strcmp(a, "--cold")) {
+            s.cold = 1;
         } else if (!strcmp(a, "--scatter")) {
             s.scatter = 1;
         } else if (!strcmp(a, "--print-layout")) {
@@ -679,7 +720,9 @@ int mgbench_transfer_main(int argc, char **argv)
             mgbench_unregister_segment(s.target, s.local_id);
         return 1;
     }
-    for (int op = 0; op < 2; op++) {
+    if (!s.cold && warm_up(&s) != 0)
+        rc = 1;
+    for (int op = 0; op < 2 && rc == 0; op++) {
         int write = op == 0;
         if ((write && !do_write) || (!write && !do_read))
             continue;
