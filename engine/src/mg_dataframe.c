@@ -107,30 +107,59 @@ static inline uint64_t load64(const uint8_t *p)
     return v;
 }
 
-/* Three blocks of `block` bytes at p, one after another, as one CRC from c. */
-__attribute__((target("sse4.2"))) static uint64_t crc32c_three(uint64_t c, const uint8_t *p,
-                                                               size_t block, uint32_t zeros[4][256])
+/* Three blocks of `block` bytes at p, one after another, as one CRC from c; with out, each word
+ * is also stored at the same place there (the copy costs no second pass over p). Inlined into
+ * its two callers, where `out` is NULL or not throughout. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint64_t
+crc32c_three(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256])
 {
     uint64_t c1 = 0, c2 = 0;
-    for (const uint8_t *end = p + block; p < end; p += 8) {
-        c = __builtin_ia32_crc32di(c, load64(p));
-        c1 = __builtin_ia32_crc32di(c1, load64(p + block));
-        c2 = __builtin_ia32_crc32di(c2, load64(p + 2 * block));
+    for (size_t i = 0; i < block; i += 8) {
+        uint64_t a = load64(p + i), b = load64(p + block + i), d = load64(p + 2 * block + i);
+        c = __builtin_ia32_crc32di(c, a);
+        c1 = __builtin_ia32_crc32di(c1, b);
+        c2 = __builtin_ia32_crc32di(c2, d);
+        if (out) {
+            memcpy(out + i, &a, 8);
+            memcpy(out + block + i, &b, 8);
+            memcpy(out + 2 * block + i, &d, 8);
+        }
     }
     c = crc_shift(zeros, (uint32_t)c) ^ (uint32_t)c1;
     return crc_shift(zeros, (uint32_t)c) ^ (uint32_t)c2;
 }
 
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *p,
-                                                               size_t len)
+__attribute__((target("sse4.2"))) static uint64_t
+crc32c_blocks(uint64_t c, const uint8_t *p, size_t block, uint32_t zeros[4][256])
+{
+    return crc32c_three(c, NULL, p, block, zeros);
+}
+
+__attribute__((target("sse4.2"))) static uint64_t
+crc32c_blocks_copy(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256])
+{
+    return crc32c_three(c, out, p, block, zeros);
+}
+
+/* The CRC32C register over len bytes at p from crc; with out, the bytes are stored there too. */
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, uint8_t *out,
+                                                               const uint8_t *p, size_t len)
 {
     uint64_t c = crc;
     if (len >= 3 * CRC_SHORT && !__atomic_load_n(&crc_shift_ready, __ATOMIC_ACQUIRE))
         crc_shift_init();
-    for (; len >= 3 * CRC_LONG; p += 3 * CRC_LONG, len -= 3 * CRC_LONG)
-        c = crc32c_three(c, p, CRC_LONG, crc_long);
-    for (; len >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, len -= 3 * CRC_SHORT)
-        c = crc32c_three(c, p, CRC_SHORT, crc_short);
+    for (; len >= 3 * CRC_LONG; p += 3 * CRC_LONG, len -= 3 * CRC_LONG) {
+        c = out ? crc32c_blocks_copy(c, out, p, CRC_LONG, crc_long)
+                : crc32c_blocks(c, p, CRC_LONG, crc_long);
+        out = out ? out + 3 * CRC_LONG : NULL;
+    }
+    for (; len >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, len -= 3 * CRC_SHORT) {
+        c = out ? crc32c_blocks_copy(c, out, p, CRC_SHORT, crc_short)
+                : crc32c_blocks(c, p, CRC_SHORT, crc_short);
+        out = out ? out + 3 * CRC_SHORT : NULL;
+    }
+    if (out)
+        memcpy(out, p, len);
     for (; len >= 8; p += 8, len -= 8)
         c = __builtin_ia32_crc32di(c, load64(p));
     while (len--)
@@ -149,9 +178,19 @@ uint32_t mg_crc32c(uint32_t crc, const void *data, size_t len)
     crc = ~crc;
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("sse4.2"))
-        return ~crc32c_sse42(crc, data, len);
+        return ~crc32c_sse42(crc, NULL, data, len);
 #endif
     return ~crc32c_table(crc, data, len);
+}
+
+uint32_t mg_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2"))
+        return ~crc32c_sse42(~crc, dst, src, len);
+#endif
+    memcpy(dst, src, len);
+    return mg_crc32c(crc, dst, len);
 }
 
 /* ------------------------------------------------------------------ header */

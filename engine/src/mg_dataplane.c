@@ -197,16 +197,14 @@ typedef struct dp_conn {
     size_t stage_cap;
 } dp_conn;
 
-/* The CRC32C of n source bytes, taken while they are copied into a stage (*stage, grown to n)
- * in steps that stay in cache: the segment is read once — the kernel's send then reads the
- * warm copy — instead of once for the sum and again for the send. Returns the stage, or NULL:
- * no memory for it (*crc untouched: sum the source itself) or the source faulted (errno
- * EFAULT: a client cut the segment's file). */
+/* The CRC32C of n source bytes, taken while they are copied into a stage (*stage, grown to n):
+ * the segment is read once — the kernel's send then reads the warm copy — instead of once for
+ * the sum and again for the send. Returns the stage, or NULL: no memory for it (*crc
+ * untouched: sum the source itself) or the source faulted (errno EFAULT: a client cut the
+ * segment's file). */
 static const uint8_t *stage_summed(uint8_t **stage, size_t *cap, const uint8_t *src, size_t n,
                                    uint32_t *crc)
 {
-    enum { STEP = 64 * 1024 };
-    uint32_t sum = *crc;
     if (*cap < n) {
         uint8_t *grown = realloc(*stage, n);
         if (grown == NULL) {
@@ -216,15 +214,10 @@ static const uint8_t *stage_summed(uint8_t **stage, size_t *cap, const uint8_t *
         *stage = grown;
         *cap = n;
     }
-    for (size_t done = 0; done < n; done += STEP) {
-        size_t k = n - done < STEP ? n - done : STEP;
-        if (mg_guarded_copy(*stage + done, src + done, k) != 0) {
-            errno = EFAULT;
-            return NULL;
-        }
-        sum = mg_crc32c(sum, *stage + done, k);
+    if (mg_guarded_copy_crc32c(*stage, src, n, crc) != 0) {
+        errno = EFAULT;
+        return NULL;
     }
-    *crc = sum;
     return *stage;
 }
 
@@ -346,23 +339,21 @@ static int read_header(dp_conn *c, uint8_t *head)
     return 0;
 }
 
-/* Bytes that just landed at p: the first is flipped when *flip asks (Debug/CorruptSlices), then
- * they go into *crc while they are still in cache (guarded, as p may be a segment's memory). */
-static int landed(uint8_t *p, size_t n, uint32_t *crc, int *flip)
+/* Bytes that just landed at p: the first is flipped when *flip asks (Debug/CorruptSlices). */
+static void landed(uint8_t *p, size_t n, int *flip)
 {
     if (*flip && n) {
         p[0] ^= 0x20;
         *flip = 0;
     }
-    return crc ? mg_guarded_crc32c(crc, p, n) : 0;
 }
 
 /* The next n bytes of the stream into dst (a segment's memory: copies by the CPU run guarded),
  * or dropped when dst is NULL: first what the read-ahead holds, then a small rest through it,
  * a large one straight into place. With crc, every piece goes through the read-ahead and is
- * summed there, while it is in cache, before it is copied into place: summing it in the segment
- * would touch each page a second time, and on 4 KiB pages that costs as much as the copy. The
- * CRC32C is carried on in *crc; flip: the first byte is corrupted on landing (tests). Returns 0,
+ * summed as it is copied into place (mg_crc32c_copy): summing it in the segment afterwards
+ * would be a second pass over it, which costs about as much as the copy. The CRC32C is carried
+ * on in *crc; flip: the first byte is corrupted on landing (tests). Returns 0,
  * MG_ERR_DATA_LOSS (dst's pages went missing: the bytes were still taken off the stream) or -1
  * (the connection failed). */
 static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, uint32_t *crc,
@@ -374,8 +365,7 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
         if (k == 0 && dst && !lost && !crc && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
             ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
             if (r > 0) {
-                if (landed(dst, (size_t)r, crc, &flip) != 0)
-                    lost = 1;
+                landed(dst, (size_t)r, &flip);
                 dst += r;
                 n -= (uint64_t)r;
             } else if (r == 0) {
@@ -396,10 +386,12 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
                 return -1;
             continue;
         }
-        if (dst && !lost &&
-            (landed(c->rbuf + c->rpos, k, crc, &flip) != 0 ||
-             mg_guarded_copy(dst, c->rbuf + c->rpos, k) != 0))
-            lost = 1;
+        if (dst && !lost) {
+            landed(c->rbuf + c->rpos, k, &flip);
+            if ((crc ? mg_guarded_copy_crc32c(dst, c->rbuf + c->rpos, k, crc)
+                     : mg_guarded_copy(dst, c->rbuf + c->rpos, k)) != 0)
+                lost = 1;
+        }
         c->rpos += k;
         n -= k;
         if (dst)
@@ -813,7 +805,7 @@ static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, siz
 }
 
 /* The next n bytes of the stream into dst, summed into *crc: piece by piece through the stage
- * (read, summed while in cache, then copied into place; see read_payload). Returns 0,
+ * (read, then summed as it is copied into place; see read_payload). Returns 0,
  * MG_ERR_DATA_LOSS (dst's pages went missing: the rest is still taken off the stream),
  * MG_ERR_NOMEM (no stage: nothing read) or -1 (the connection failed, errno). */
 static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
@@ -830,9 +822,8 @@ static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
         size_t k = n - done < RBUF_BYTES ? n - done : RBUF_BYTES;
         if (read_full(c->fd, c->stage, k, (int)c->timeout_ms, c->stop) != 0)
             return -1;
-        *crc = mg_crc32c(*crc, c->stage, k);
-        if (!lost && mg_guarded_copy(dst + done, c->stage, k) != 0)
-            lost = 1;
+        if (!lost && mg_guarded_copy_crc32c(dst + done, c->stage, k, crc) != 0)
+            lost = 1; /* the sum no longer matters: the slice is lost */
         done += k;
     }
     return lost ? MG_ERR_DATA_LOSS : 0;

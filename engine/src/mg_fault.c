@@ -83,6 +83,22 @@ int mg_guarded_copy(void *dst, const void *src, size_t n)
     return mg_fault_guard(do_copy, &o);
 }
 
+static int do_copy_crc(void *arg)
+{
+    op *o = arg;
+    o->crc = mg_crc32c_copy(o->crc, o->dst, o->src, o->n);
+    return 0;
+}
+
+int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc)
+{
+    op o = {dst, src, n, *crc};
+    int rc = mg_fault_guard(do_copy_crc, &o);
+    if (rc == 0)
+        *crc = o.crc;
+    return rc;
+}
+
 int mg_guarded_crc32c(uint32_t *crc, const void *p, size_t n)
 {
     op o = {NULL, p, n, *crc};

@@ -104,15 +104,27 @@ static void ops_run(mg_dp_op *ops, size_t n, const mg_dp_options *o, const mg_xf
     }
 }
 
+/* A checksummed slice is copied whole into a stage before its header (which carries the CRC)
+ * goes: slices of at most this keep the stage in cache while send reads it. */
+#define DIGEST_SLICE_BYTES (256u << 10)
+
+/* The data plane's options for a link's slices. */
+static mg_dp_options tcp_options(const mg_xfer_link *link)
+{
+    return (mg_dp_options){.slice_bytes = link->crc && link->slice_bytes > DIGEST_SLICE_BYTES
+                                              ? DIGEST_SLICE_BYTES
+                                              : link->slice_bytes,
+                           .window = 16,
+                           .crc = link->crc,
+                           .stop = link->stop, /* a batch's requests stop together */
+                           .in_flight = link->in_flight};
+}
+
 /* The parts chained from `head` as one stream of slices on one connection (mg_dp_run); parts
  * of a client process's memory are left to part_tcp_process. */
 static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
 {
-    mg_dp_options o = {.slice_bytes = link->slice_bytes,
-                       .window = 16,
-                       .crc = link->crc,
-                       .stop = link->stop, /* a batch's requests stop together */
-                       .in_flight = link->in_flight};
+    mg_dp_options o = tcp_options(link);
     size_t n = 0, i = 0;
     mg_dp_op *ops;
     for (mg_xfer_part *pt = head; pt; pt = pt->next)
@@ -156,11 +168,7 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
  * process_vm_writev), one step on the connection at a time. */
 static int part_tcp_process(mg_xfer_part *pt, const mg_xfer_link *link)
 {
-    mg_dp_options o = {.slice_bytes = link->slice_bytes,
-                       .window = 16,
-                       .crc = link->crc,
-                       .stop = link->stop,
-                       .in_flight = link->in_flight};
+    mg_dp_options o = tcp_options(link);
     uint64_t cap = pt->length < COPY_STEP ? pt->length : COPY_STEP, progress;
     uint8_t *stage = malloc(cap ? cap : 1);
     __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);

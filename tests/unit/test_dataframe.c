@@ -1,7 +1,7 @@
 /*
- * Unit tests for the data-plane frames (moongate/dataframe.h): CRC32C, header encode/decode
- * and its validation (truncation, magic, version, checksum, type, flags, lengths, offset
- * overflow), and slice planning.
+ * Unit tests for the data-plane frames (moongate/dataframe.h): CRC32C (and summed while
+ * copied), header encode/decode and its validation (truncation, magic, version, checksum, type,
+ * flags, lengths, offset overflow), and slice planning.
  */
 #include "mg_test.h"
 #include "moongate/dataframe.h"
@@ -50,10 +50,19 @@ static void test_crc32c_three_streams(void)
         seed = seed * 1103515245u + 12345u;
         big[i] = (uint8_t)(seed >> 16);
     }
+    static uint8_t copy[N + 16];
     for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++)
-        for (size_t a = 0; a < 8; a++)
-            CU_ASSERT_EQUAL(mg_crc32c(0x1234, big + a, lens[k]),
-                            mg_crc32c_portable(0x1234, big + a, lens[k]));
+        for (size_t a = 0; a < 8; a++) {
+            uint32_t want = mg_crc32c_portable(0x1234, big + a, lens[k]);
+            CU_ASSERT_EQUAL(mg_crc32c(0x1234, big + a, lens[k]), want);
+            /* summed while copied, to any alignment: the same sum, every byte there and no
+             * byte past the end touched */
+            memset(copy, 0xee, sizeof(copy));
+            CU_ASSERT_EQUAL(mg_crc32c_copy(0x1234, copy + 7 - a, big + a, lens[k]), want);
+            CU_ASSERT_EQUAL(memcmp(copy + 7 - a, big + a, lens[k]), 0);
+            CU_ASSERT_EQUAL(copy[7 - a + lens[k]], 0xee);
+            CU_ASSERT_TRUE(7 - a == 0 || copy[6 - a] == 0xee);
+        }
     /* A flipped bit in any of the three streams changes it. */
     for (size_t at = 100; at < 3 * 8192; at += 8192) {
         uint32_t before = mg_crc32c(0, big, 3 * 8192);
