@@ -108,10 +108,11 @@ static inline uint64_t load64(const uint8_t *p)
 }
 
 /* Three blocks of `block` bytes at p, one after another, as one CRC from c; with out, each word
- * is also stored at the same place there (the copy costs no second pass over p). Inlined into
- * its two callers, where `out` is NULL or not throughout. */
+ * is also stored at the same place there (the copy costs no second pass over p), with stream
+ * by non-temporal stores. Inlined into its callers, where `out` and `stream` are constants. */
 __attribute__((target("sse4.2"), always_inline)) static inline uint64_t
-crc32c_three(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256])
+crc32c_three(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256],
+             int stream)
 {
     uint64_t c1 = 0, c2 = 0;
     for (size_t i = 0; i < block; i += 8) {
@@ -119,7 +120,11 @@ crc32c_three(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t 
         c = __builtin_ia32_crc32di(c, a);
         c1 = __builtin_ia32_crc32di(c1, b);
         c2 = __builtin_ia32_crc32di(c2, d);
-        if (out) {
+        if (out && stream) {
+            __builtin_ia32_movnti64((long long *)(void *)(out + i), (long long)a);
+            __builtin_ia32_movnti64((long long *)(void *)(out + block + i), (long long)b);
+            __builtin_ia32_movnti64((long long *)(void *)(out + 2 * block + i), (long long)d);
+        } else if (out) {
             memcpy(out + i, &a, 8);
             memcpy(out + block + i, &b, 8);
             memcpy(out + 2 * block + i, &d, 8);
@@ -129,37 +134,50 @@ crc32c_three(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t 
     return crc_shift(zeros, (uint32_t)c) ^ (uint32_t)c2;
 }
 
+/* The three forms of crc32c_three: sum only, sum and copy, sum and copy by streaming stores. */
+typedef uint64_t blocks_fn(uint64_t c, uint8_t *out, const uint8_t *p, size_t block,
+                           uint32_t zeros[4][256]);
+
 __attribute__((target("sse4.2"))) static uint64_t
-crc32c_blocks(uint64_t c, const uint8_t *p, size_t block, uint32_t zeros[4][256])
+crc32c_blocks(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256])
 {
-    return crc32c_three(c, NULL, p, block, zeros);
+    (void)out;
+    return crc32c_three(c, NULL, p, block, zeros, 0);
 }
 
 __attribute__((target("sse4.2"))) static uint64_t
 crc32c_blocks_copy(uint64_t c, uint8_t *out, const uint8_t *p, size_t block, uint32_t zeros[4][256])
 {
-    return crc32c_three(c, out, p, block, zeros);
+    return crc32c_three(c, out, p, block, zeros, 0);
 }
 
-/* The CRC32C register over len bytes at p from crc; with out, the bytes are stored there too. */
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, uint8_t *out,
-                                                               const uint8_t *p, size_t len)
+__attribute__((target("sse4.2"))) static uint64_t crc32c_blocks_stream(uint64_t c, uint8_t *out,
+                                                                       const uint8_t *p,
+                                                                       size_t block,
+                                                                       uint32_t zeros[4][256])
 {
+    return crc32c_three(c, out, p, block, zeros, 1);
+}
+
+/* The CRC32C register over len bytes at p from crc; with out, the bytes are stored there too
+ * (with stream, past the caches: see mg_crc32c_copy). */
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_sse42(uint32_t crc, uint8_t *out, int stream, const uint8_t *p, size_t len)
+{
+    blocks_fn *blocks = !out ? crc32c_blocks : stream ? crc32c_blocks_stream : crc32c_blocks_copy;
     uint64_t c = crc;
+    size_t step = out ? 3 * CRC_LONG : 0;
     if (len >= 3 * CRC_SHORT && !__atomic_load_n(&crc_shift_ready, __ATOMIC_ACQUIRE))
         crc_shift_init();
-    for (; len >= 3 * CRC_LONG; p += 3 * CRC_LONG, len -= 3 * CRC_LONG) {
-        c = out ? crc32c_blocks_copy(c, out, p, CRC_LONG, crc_long)
-                : crc32c_blocks(c, p, CRC_LONG, crc_long);
-        out = out ? out + 3 * CRC_LONG : NULL;
-    }
-    for (; len >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, len -= 3 * CRC_SHORT) {
-        c = out ? crc32c_blocks_copy(c, out, p, CRC_SHORT, crc_short)
-                : crc32c_blocks(c, p, CRC_SHORT, crc_short);
-        out = out ? out + 3 * CRC_SHORT : NULL;
-    }
+    for (; len >= 3 * CRC_LONG; p += 3 * CRC_LONG, len -= 3 * CRC_LONG, out += step)
+        c = blocks(c, out, p, CRC_LONG, crc_long);
+    step = out ? 3 * CRC_SHORT : 0;
+    for (; len >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, len -= 3 * CRC_SHORT, out += step)
+        c = blocks(c, out, p, CRC_SHORT, crc_short);
     if (out)
         memcpy(out, p, len);
+    if (stream)
+        __builtin_ia32_sfence(); /* the streamed stores ordered before what follows */
     for (; len >= 8; p += 8, len -= 8)
         c = __builtin_ia32_crc32di(c, load64(p));
     while (len--)
@@ -178,16 +196,16 @@ uint32_t mg_crc32c(uint32_t crc, const void *data, size_t len)
     crc = ~crc;
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("sse4.2"))
-        return ~crc32c_sse42(crc, NULL, data, len);
+        return ~crc32c_sse42(crc, NULL, 0, data, len);
 #endif
     return ~crc32c_table(crc, data, len);
 }
 
-uint32_t mg_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+uint32_t mg_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len, int stream)
 {
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("sse4.2"))
-        return ~crc32c_sse42(~crc, dst, src, len);
+        return ~crc32c_sse42(~crc, dst, stream, src, len);
 #endif
     memcpy(dst, src, len);
     return mg_crc32c(crc, dst, len);

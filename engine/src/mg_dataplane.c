@@ -214,7 +214,7 @@ static const uint8_t *stage_summed(uint8_t **stage, size_t *cap, const uint8_t *
         *stage = grown;
         *cap = n;
     }
-    if (mg_guarded_copy_crc32c(*stage, src, n, crc) != 0) {
+    if (mg_guarded_copy_crc32c(*stage, src, n, crc, 0) != 0) { /* send reads it next */
         errno = EFAULT;
         return NULL;
     }
@@ -388,7 +388,7 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
         }
         if (dst && !lost) {
             landed(c->rbuf + c->rpos, k, &flip);
-            if ((crc ? mg_guarded_copy_crc32c(dst, c->rbuf + c->rpos, k, crc)
+            if ((crc ? mg_guarded_copy_crc32c(dst, c->rbuf + c->rpos, k, crc, 1)
                      : mg_guarded_copy(dst, c->rbuf + c->rpos, k)) != 0)
                 lost = 1;
         }
@@ -822,7 +822,7 @@ static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
         size_t k = n - done < RBUF_BYTES ? n - done : RBUF_BYTES;
         if (read_full(c->fd, c->stage, k, (int)c->timeout_ms, c->stop) != 0)
             return -1;
-        if (!lost && mg_guarded_copy_crc32c(dst + done, c->stage, k, crc) != 0)
+        if (!lost && mg_guarded_copy_crc32c(dst + done, c->stage, k, crc, 1) != 0)
             lost = 1; /* the sum no longer matters: the slice is lost */
         done += k;
     }

@@ -61,6 +61,7 @@ typedef struct {
     const void *src;
     size_t n;
     uint32_t crc;
+    int stream;
 } op;
 
 static int do_copy(void *arg)
@@ -79,20 +80,20 @@ static int do_crc(void *arg)
 
 int mg_guarded_copy(void *dst, const void *src, size_t n)
 {
-    op o = {dst, src, n, 0};
+    op o = {dst, src, n, 0, 0};
     return mg_fault_guard(do_copy, &o);
 }
 
 static int do_copy_crc(void *arg)
 {
     op *o = arg;
-    o->crc = mg_crc32c_copy(o->crc, o->dst, o->src, o->n);
+    o->crc = mg_crc32c_copy(o->crc, o->dst, o->src, o->n, o->stream);
     return 0;
 }
 
-int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc)
+int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc, int stream)
 {
-    op o = {dst, src, n, *crc};
+    op o = {dst, src, n, *crc, stream};
     int rc = mg_fault_guard(do_copy_crc, &o);
     if (rc == 0)
         *crc = o.crc;
@@ -101,7 +102,7 @@ int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc)
 
 int mg_guarded_crc32c(uint32_t *crc, const void *p, size_t n)
 {
-    op o = {NULL, p, n, *crc};
+    op o = {NULL, p, n, *crc, 0};
     int rc = mg_fault_guard(do_crc, &o);
     if (rc == 0)
         *crc = o.crc;

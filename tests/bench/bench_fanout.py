@@ -179,7 +179,8 @@ def bench_peers(args, work):
 
     def one(way):
         use = peers if way == "all" else peers[:1]
-        at = time.time() + 1.0 + 0.05 * len(use)  # after every process registered its segments
+        # after every process registered its segments and warmed them (mgbench's untimed pass)
+        at = time.time() + 3.0 + 0.15 * len(use)
         res = together([mgbench(args, pa, port, at, 2) for _, port in use])
         rates = [r["gbytes_per_s"] for r in res]
         return {"min": min(rates), "max": max(rates), "sum": sum(rates)}
@@ -206,7 +207,7 @@ def bench_tenants(args, work):
     b, pb = start(args.moongate, work, "tb", ["--auth-file", auth])
 
     def one(way):
-        at = time.time() + 1.0
+        at = time.time() + 3.0
         envs = ([{"MOONGATE_TOKEN": tokens["t1"]}, {"MOONGATE_TOKEN": tokens["t2"]}]
                 if way == "tenants" else [{"MOONGATE_TOKEN": tokens["t1"]}] * 2)
         res = together([mgbench(args, pa, pb, at, 4, env) for env in envs])

@@ -55,13 +55,16 @@ static void test_crc32c_three_streams(void)
         for (size_t a = 0; a < 8; a++) {
             uint32_t want = mg_crc32c_portable(0x1234, big + a, lens[k]);
             CU_ASSERT_EQUAL(mg_crc32c(0x1234, big + a, lens[k]), want);
-            /* summed while copied, to any alignment: the same sum, every byte there and no
-             * byte past the end touched */
-            memset(copy, 0xee, sizeof(copy));
-            CU_ASSERT_EQUAL(mg_crc32c_copy(0x1234, copy + 7 - a, big + a, lens[k]), want);
-            CU_ASSERT_EQUAL(memcmp(copy + 7 - a, big + a, lens[k]), 0);
-            CU_ASSERT_EQUAL(copy[7 - a + lens[k]], 0xee);
-            CU_ASSERT_TRUE(7 - a == 0 || copy[6 - a] == 0xee);
+            /* summed while copied (cached and streamed stores), to any alignment: the same
+             * sum, every byte there and no byte past the end touched */
+            for (int stream = 0; stream < 2; stream++) {
+                memset(copy, 0xee, sizeof(copy));
+                CU_ASSERT_EQUAL(mg_crc32c_copy(0x1234, copy + 7 - a, big + a, lens[k], stream),
+                                want);
+                CU_ASSERT_EQUAL(memcmp(copy + 7 - a, big + a, lens[k]), 0);
+                CU_ASSERT_EQUAL(copy[7 - a + lens[k]], 0xee);
+                CU_ASSERT_TRUE(7 - a == 0 || copy[6 - a] == 0xee);
+            }
         }
     /* A flipped bit in any of the three streams changes it. */
     for (size_t at = 100; at < 3 * 8192; at += 8192) {

@@ -49,8 +49,8 @@ static void test_copies_over_missing_pages_fail(void)
         CU_ASSERT_EQUAL(mg_guarded_copy(buf, p, PAGES * page), MG_ERR_DATA_LOSS);
         CU_ASSERT_EQUAL(mg_guarded_copy(p + page, buf, page), MG_ERR_DATA_LOSS);
         CU_ASSERT_EQUAL(mg_guarded_crc32c(&crc, p, 2 * page), MG_ERR_DATA_LOSS);
-        CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(buf, p, 2 * page, &crc), MG_ERR_DATA_LOSS);
-        CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(p + page, buf, page, &crc), MG_ERR_DATA_LOSS);
+        CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(buf, p, 2 * page, &crc, 0), MG_ERR_DATA_LOSS);
+        CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(p + page, buf, page, &crc, 1), MG_ERR_DATA_LOSS);
         CU_ASSERT_EQUAL(crc, 7); /* untouched on failure */
     }
     /* The page still backed by the file copies and sums as ever. */
@@ -61,7 +61,7 @@ static void test_copies_over_missing_pages_fail(void)
     CU_ASSERT_EQUAL(crc, mg_crc32c(7, buf, page));
     memset(buf, 0, page);
     crc = 7;
-    CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(buf, p, page, &crc), 0);
+    CU_ASSERT_EQUAL(mg_guarded_copy_crc32c(buf, p, page, &crc, 1), 0);
     CU_ASSERT_EQUAL(buf[page - 1], 0xab);
     CU_ASSERT_EQUAL(crc, mg_crc32c(7, buf, page));
     munmap(p, PAGES * page);

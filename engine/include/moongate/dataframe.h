@@ -93,8 +93,10 @@ uint32_t mg_crc32c(uint32_t crc, const void *data, size_t len);
 /* The same with a table, on any CPU (tests compare the two). */
 uint32_t mg_crc32c_portable(uint32_t crc, const void *data, size_t len);
 /* mg_crc32c of len bytes at src while copying them to dst (not overlapping): one pass over src
- * instead of a copy and a sum. */
-uint32_t mg_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+ * instead of a copy and a sum. With stream, dst is written by non-temporal stores: no read for
+ * ownership and no cache lines taken, for a destination nobody reads soon (bytes landing in a
+ * segment); without, dst stays in cache (a stage that is sent next). */
+uint32_t mg_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len, int stream);
 
 /* ---- slices: how a transfer is cut for the wire ---- */
 

@@ -22,9 +22,9 @@ int mg_fault_init(void);
 int mg_guarded_copy(void *dst, const void *src, size_t n);
 /* *crc = mg_crc32c(*crc, p, n), or MG_ERR_DATA_LOSS as above. */
 int mg_guarded_crc32c(uint32_t *crc, const void *p, size_t n);
-/* *crc = mg_crc32c_copy(*crc, dst, src, n) (not overlapping), or MG_ERR_DATA_LOSS as above
- * (*crc untouched, dst partly written). */
-int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc);
+/* *crc = mg_crc32c_copy(*crc, dst, src, n, stream) (not overlapping), or MG_ERR_DATA_LOSS as
+ * above (*crc untouched, dst partly written). */
+int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc, int stream);
 /* Runs fn(arg) guarded: its result, or MG_ERR_DATA_LOSS when it touched a missing page. fn must
  * leave nothing half done when cut short (no allocation, no lock): a copy or a checksum. */
 int mg_fault_guard(int (*fn)(void *), void *arg);
