@@ -17,7 +17,8 @@
 # wire:     the shapes serving systems move beside their references, alternated, medians of 5
 #           with min-max: scattered 64 KiB and 4 KiB batches in flight and one 1 GiB WRITE
 #           against iperf3 and UCX, four threads against one, a same-host copy against memcpy
-#           (tests/bench/bench_wire.py; `wire -- --rounds 3 --json FILE`).
+#           (tests/bench/bench_wire.py; `wire -- --rounds 3 --json FILE`; `wire -- --huge-pages`:
+#           the daemons' segments in a tmpfs mounted huge=within_size, root only).
 # fanout:   Health/Check latency with 1,000 connections open against 10; 16 peers written to at
 #           once (slowest against fastest); two tenants writing at once (each one's share)
 #           (tests/bench/bench_fanout.py; `fanout -- conns --rounds 3` for one part).
