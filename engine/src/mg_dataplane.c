@@ -193,9 +193,25 @@ typedef struct dp_conn {
     int corked;        /* an answer went with MSG_MORE and is not pushed yet */
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
-    uint8_t *stage; /* checksummed READ answers are copied here as they are summed */
+    uint8_t *stage; /* checksummed READ answers pass through here summed */
     size_t stage_cap;
 } dp_conn;
+
+/* A connection's stage (*stage of *cap bytes) grown to at least n. Returns 0, or -1 (errno
+ * ENOMEM; the stage as it was). */
+static int stage_grow(uint8_t **stage, size_t *cap, size_t n)
+{
+    uint8_t *grown;
+    if (*cap >= n)
+        return 0;
+    if ((grown = realloc(*stage, n)) == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    *stage = grown;
+    *cap = n;
+    return 0;
+}
 
 /* The CRC32C of n source bytes, taken while they are copied into a stage (*stage, grown to n):
  * the segment is read once — the kernel's send then reads the warm copy — instead of once for
@@ -205,15 +221,8 @@ typedef struct dp_conn {
 static const uint8_t *stage_summed(uint8_t **stage, size_t *cap, const uint8_t *src, size_t n,
                                    uint32_t *crc)
 {
-    if (*cap < n) {
-        uint8_t *grown = realloc(*stage, n);
-        if (grown == NULL) {
-            errno = ENOMEM;
-            return NULL;
-        }
-        *stage = grown;
-        *cap = n;
-    }
+    if (stage_grow(stage, cap, n) != 0)
+        return NULL;
     if (mg_guarded_copy_crc32c(*stage, src, n, crc, 0) != 0) { /* send reads it next */
         errno = EFAULT;
         return NULL;
@@ -789,7 +798,7 @@ struct mg_dp_conn {
     uint32_t timeout_ms;
     uint64_t next_slice;
     const int *stop; /* the running transfer's stop word, or NULL */
-    uint8_t *stage;  /* checksummed WRITE payloads are copied here as they are summed */
+    uint8_t *stage;  /* checksummed WRITE payloads, and READ answers, pass through here summed */
     size_t stage_cap;
 };
 
@@ -811,13 +820,8 @@ static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, siz
 static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
 {
     int lost = 0;
-    if (c->stage_cap < RBUF_BYTES) {
-        uint8_t *grown = realloc(c->stage, RBUF_BYTES);
-        if (grown == NULL)
-            return MG_ERR_NOMEM;
-        c->stage = grown;
-        c->stage_cap = RBUF_BYTES;
-    }
+    if (stage_grow(&c->stage, &c->stage_cap, RBUF_BYTES) != 0)
+        return MG_ERR_NOMEM;
     for (size_t done = 0; done < n;) {
         size_t k = n - done < RBUF_BYTES ? n - done : RBUF_BYTES;
         if (read_full(c->fd, c->stage, k, (int)c->timeout_ms, c->stop) != 0)
