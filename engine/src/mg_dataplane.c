@@ -95,19 +95,16 @@ static int wait_ready(int fd, short events, int timeout_ms, const int *stop)
     }
 }
 
-/* Reads exactly n bytes; waits at most timeout_ms for each piece (-1: forever). Returns 0, or
- * -1 (closed, error, timeout or stop; errno says which: 0 for an orderly close). */
-static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *stop)
+/* Receives into the pieces of iov (in order), at least one byte: what is there, or, when nothing
+ * is, what comes first (waits at most timeout_ms, -1: forever). Returns the count, or -1
+ * (closed, error, timeout or stop; errno says which: 0 for an orderly close). */
+static ssize_t recv_iov(int fd, struct iovec *iov, size_t iovcnt, int timeout_ms, const int *stop)
 {
-    uint8_t *p = buf;
-    while (n > 0) {
-        /* Take what is there first; wait (poll, bounded) only when nothing is. */
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = iovcnt};
+    for (;;) {
+        ssize_t r = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
         if (r == 0) {
             errno = 0;
             return -1;
@@ -115,26 +112,38 @@ static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *sto
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             if (wait_ready(fd, POLLIN, timeout_ms, stop) != 0)
                 return -1;
-            continue;
-        }
-        if (errno != EINTR)
+        } else if (errno != EINTR) {
             return -1;
+        }
+    }
+}
+
+/* Reads exactly n bytes; waits at most timeout_ms for each piece (-1: forever). Returns 0, or
+ * -1 as recv_iov. */
+static int read_full(int fd, void *buf, size_t n, int timeout_ms, const int *stop)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        struct iovec iov = {p, n};
+        ssize_t r = recv_iov(fd, &iov, 1, timeout_ms, stop);
+        if (r < 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
     }
     return 0;
 }
 
-/* Writes `pre` bytes then `len` bytes of payload in as few sendmsg calls as the socket takes
- * (one, unless it is full): a frame's header never goes as a packet of its own. `more`: another
- * frame follows at once (MSG_MORE: the kernel fills packets instead of sending each frame as
- * its own; the writer pushes the last one, see run_send). */
-static int write_two(int fd, const void *pre, size_t plen, const void *payload, size_t len,
-                     int more, int timeout_ms, const int *stop)
+/* Writes the iovcnt pieces of iov (changed: what is left of them) in as few sendmsg calls as
+ * the socket takes (one, unless it is full): a frame's header never goes as a packet of its
+ * own. `more`: another frame follows at once (MSG_MORE: the kernel fills packets instead of
+ * sending each frame as its own; the writer pushes the last one, see run_send). */
+static int write_iov(int fd, struct iovec *iov, size_t iovcnt, int more, int timeout_ms,
+                     const int *stop)
 {
-    struct iovec iov[2] = {{(void *)pre, plen}, {(void *)payload, len}};
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = len ? 2 : 1};
-    while (plen + len > 0) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = iovcnt};
+    while (mh.msg_iovlen > 0) {
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
-        size_t took;
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 if (wait_ready(fd, POLLOUT, timeout_ms, stop) != 0)
@@ -145,15 +154,24 @@ static int write_two(int fd, const void *pre, size_t plen, const void *payload, 
                 continue;
             return -1;
         }
-        took = (size_t)w < plen ? (size_t)w : plen; /* what went of the first part */
-        iov[0].iov_base = (uint8_t *)iov[0].iov_base + took;
-        iov[0].iov_len = plen -= took;
-        iov[1].iov_base = (uint8_t *)iov[1].iov_base + ((size_t)w - took);
-        iov[1].iov_len = len -= (size_t)w - took;
-        mh.msg_iov = plen ? iov : iov + 1;
-        mh.msg_iovlen = plen ? (len ? 2 : 1) : 1;
+        for (size_t took; mh.msg_iovlen > 0; mh.msg_iov++, mh.msg_iovlen--) {
+            took = (size_t)w < mh.msg_iov->iov_len ? (size_t)w : mh.msg_iov->iov_len;
+            mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + took;
+            mh.msg_iov->iov_len -= took;
+            w -= (ssize_t)took;
+            if (mh.msg_iov->iov_len > 0)
+                break; /* the socket took part of this piece */
+        }
     }
     return 0;
+}
+
+/* write_iov of a header of plen bytes and a payload of len (may be 0). */
+static int write_two(int fd, const void *pre, size_t plen, const void *payload, size_t len,
+                     int more, int timeout_ms, const int *stop)
+{
+    struct iovec iov[2] = {{(void *)pre, plen}, {(void *)payload, len}};
+    return write_iov(fd, iov, len ? 2 : 1, more, timeout_ms, stop);
 }
 
 static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t len,
@@ -166,13 +184,26 @@ static int send_frame(int fd, const mg_df_header *h, const void *payload, size_t
 
 /* ------------------------------------------------------------------ server */
 
-/* WRITE slices shorter than this (and READ requests, headers alone) go with MSG_MORE while
- * another follows: they share packets. */
-#define MG_DP_MORE_BYTES (64u << 10)
 /* After a payload shorter than this the server reads ahead; after a longer one, exactly. */
 #define MG_DP_AHEAD_BYTES (64u << 10)
 #define RBUF_BYTES        (128u << 10) /* a connection's read-ahead */
-#define ACKS_HELD         32           /* WRITE acks a connection holds back at most */
+#define OUT_FRAMES        32           /* answers a connection holds back at most */
+#define OUT_BYTES         (1u << 20)   /* ... and READ payload bytes */
+
+/* The destination or source of a slice: a segment (a reference is taken) or a remote-accessible
+ * lease (a slot is taken); released with target_done. */
+typedef struct {
+    mg_segment *seg;
+    mg_lease_slot *slot;
+} dp_target;
+
+/* An answer held back: its header, and a READ's payload with what keeps that in place. */
+typedef struct {
+    uint8_t head[MG_DF_HEADER_BYTES];
+    const uint8_t *payload;
+    uint32_t len;
+    dp_target tgt;
+} dp_answer;
 
 typedef struct dp_conn {
     mg_dp_server *srv;
@@ -181,16 +212,16 @@ typedef struct dp_conn {
     int done; /* the thread ended: join it */
     char peer[64];
     struct dp_conn *next;
-    /* WRITE acks not sent yet: they go together once the client's slices stop coming (the next
-     * header is not there yet), before any other answer, or when ACKS_HELD are waiting. */
-    uint8_t acks[ACKS_HELD * MG_DF_HEADER_BYTES];
-    size_t nacks;
+    /* Answers not sent yet (WRITE acks, READ data): they go together, in order and in one
+     * sendmsg, once the client's requests stop coming (the next header is not there yet), or
+     * when OUT_FRAMES or OUT_BYTES are waiting. */
+    dp_answer out[OUT_FRAMES];
+    size_t nout, out_bytes;
     /* Read-ahead: after a small frame, the stream is read in large pieces (small slices take
      * one recv for many instead of two each) and headers and small payloads are copied out;
      * after a large one, exactly the next header is read, and payloads go straight into place
      * (no copy by the CPU). */
     int ahead;
-    int corked;        /* an answer went with MSG_MORE and is not pushed yet */
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
     uint8_t *stage; /* checksummed READ answers pass through here summed */
@@ -269,31 +300,51 @@ static int corrupt_this(mg_dp_server *s)
     return n != 0;
 }
 
-/* Sends the acks held back. Returns 0 or -1. */
-static int acks_flush(dp_conn *c)
+static void target_done(mg_dp_server *s, dp_target *t)
 {
-    size_t n = c->nacks * MG_DF_HEADER_BYTES;
-    c->nacks = 0;
-    if (n)
-        c->corked = 0; /* a send without MSG_MORE pushes what was held */
-    return n ? write_two(c->fd, c->acks, n, NULL, 0, 0, (int)c->srv->cfg.io_timeout_ms, NULL) : 0;
+    if (t->seg)
+        mg_registry_put(s->cfg.registry, t->seg);
+    if (t->slot)
+        mg_lease_table_end(s->cfg.leases, t->slot);
+    t->seg = NULL;
+    t->slot = NULL;
 }
 
-/* Sends what MSG_MORE held back (setting TCP_NODELAY pushes it, tcp(7)). Returns 0 or -1. */
-static int push(dp_conn *c)
+/* The answers held back go (send: 0 drops them, the connection ending) and what kept their
+ * payloads in place is released. Returns 0 or -1. */
+static int out_flush(dp_conn *c, int send)
 {
-    static const int one = 1;
-    if (!c->corked)
-        return 0;
-    c->corked = 0;
-    return setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    struct iovec iov[2 * OUT_FRAMES];
+    size_t n = 0;
+    int rc = 0;
+    for (size_t i = 0; i < c->nout; i++) {
+        iov[n++] = (struct iovec){c->out[i].head, MG_DF_HEADER_BYTES};
+        if (c->out[i].len)
+            iov[n++] = (struct iovec){(void *)(uintptr_t)c->out[i].payload, c->out[i].len};
+    }
+    if (send && n)
+        rc = write_iov(c->fd, iov, n, 0, (int)c->srv->cfg.io_timeout_ms, NULL);
+    for (size_t i = 0; i < c->nout; i++)
+        target_done(c->srv, &c->out[i].tgt);
+    c->nout = c->out_bytes = 0;
+    return rc;
 }
 
-/* Holds back a WRITE ack (sent at once when ACKS_HELD wait). Returns 0 or -1. */
-static int ack_hold(dp_conn *c, const mg_df_header *h)
+/* Holds back an answer: h, and len bytes of payload kept in place by *tgt (taken over; may be
+ * NULL without a payload). `now`: they go at once (the payload is the stage, which the next
+ * answer reuses). Returns 0 or -1. */
+static int out_hold(dp_conn *c, const mg_df_header *h, const uint8_t *payload, uint32_t len,
+                    dp_target *tgt, int now)
 {
-    mg_df_encode(h, c->acks + c->nacks * MG_DF_HEADER_BYTES);
-    return ++c->nacks == ACKS_HELD ? acks_flush(c) : 0;
+    dp_answer *a = &c->out[c->nout++];
+    mg_df_encode(h, a->head);
+    a->payload = payload;
+    a->len = len;
+    a->tgt = tgt ? *tgt : (dp_target){NULL, NULL};
+    if (tgt)
+        *tgt = (dp_target){NULL, NULL};
+    c->out_bytes += len;
+    return now || c->nout == OUT_FRAMES || c->out_bytes >= OUT_BYTES ? out_flush(c, 1) : 0;
 }
 
 static size_t rb_avail(const dp_conn *c)
@@ -331,13 +382,13 @@ static int rb_fill(dp_conn *c, size_t want, int wait, int timeout_ms)
     }
 }
 
-/* The next frame's header: taken at once if it is all there, else the acks held back go out
- * first (the client may be waiting for them) and the header is waited for. */
+/* The next frame's header: taken at once if it is all there, else the answers held back go
+ * out first (the client may be waiting for them) and the header is waited for. */
 static int read_header(dp_conn *c, uint8_t *head)
 {
-    if (rb_avail(c) < MG_DF_HEADER_BYTES && c->nacks && rb_fill(c, MG_DF_HEADER_BYTES, 0, 0) != 0)
+    if (rb_avail(c) < MG_DF_HEADER_BYTES && c->nout && rb_fill(c, MG_DF_HEADER_BYTES, 0, 0) != 0)
         return -1;
-    if (rb_avail(c) < MG_DF_HEADER_BYTES && (acks_flush(c) != 0 || push(c) != 0))
+    if (rb_avail(c) < MG_DF_HEADER_BYTES && out_flush(c, 1) != 0)
         return -1;
     while (rb_avail(c) < MG_DF_HEADER_BYTES) {
         if (rb_fill(c, MG_DF_HEADER_BYTES, 1, -1) != 0) /* idle peers wait */
@@ -369,10 +420,20 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
                         int flip)
 {
     int lost = 0;
+    size_t after = n < MG_DP_AHEAD_BYTES ? sizeof(c->rbuf) : MG_DF_HEADER_BYTES;
     while (n > 0) {
         size_t k = rb_avail(c) < n ? rb_avail(c) : (size_t)n;
         if (k == 0 && dst && !lost && !crc && (n > sizeof(c->rbuf) / 2 || !c->ahead)) {
-            ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
+            /* What follows the payload comes in the same call, into the emptied read-ahead:
+             * the next header, or after a small payload all that is there. */
+            struct iovec iov[2] = {{dst, n}, {c->rbuf, after}};
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+            ssize_t r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+            c->rpos = c->rlen = 0;
+            if (r > 0 && (uint64_t)r > n) {
+                c->rlen = (size_t)r - n;
+                r = (ssize_t)n;
+            }
             if (r > 0) {
                 landed(dst, (size_t)r, &flip);
                 dst += r;
@@ -409,36 +470,27 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
     return lost ? MG_ERR_DATA_LOSS : 0;
 }
 
-static void count(mg_dp_server *s, uint64_t *field, uint64_t n)
+/* Counts a slice answered: status st, a WRITE's bytes in or a READ's out. */
+static void tally(mg_dp_server *s, uint32_t st, int write, uint64_t bytes)
 {
     pthread_mutex_lock(&s->lock);
-    *field += n;
+    if (st != ST_OK) {
+        s->stats.slices_refused++;
+    } else if (write) {
+        s->stats.slices_in++;
+        s->stats.bytes_in += bytes;
+    } else {
+        s->stats.slices_out++;
+        s->stats.bytes_out += bytes;
+    }
     pthread_mutex_unlock(&s->lock);
 }
 
 /* Checks a slice against its target; on success holds a reference and gives the address. */
-/* The destination or source of a slice: a segment (a reference is taken) or a remote-accessible
- * lease (a slot is taken); released with target_done. */
-typedef struct {
-    mg_segment *seg;
-    mg_lease_slot *slot;
-} dp_target;
-
-static void target_done(mg_dp_server *s, dp_target *t)
-{
-    if (t->seg)
-        mg_registry_put(s->cfg.registry, t->seg);
-    if (t->slot)
-        mg_lease_table_end(s->cfg.leases, t->slot);
-    t->seg = NULL;
-    t->slot = NULL;
-}
-
-static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *peer,
+static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *holder,
                              const mg_df_header *h, dp_target *t, uint8_t **addr)
 {
     mg_segment_info info;
-    char holder[MG_SEG_HOLDER_MAX];
     mg_segment **seg = &t->seg;
     if (h->flags & MG_DF_LEASE) {
         if (s->cfg.leases == NULL)
@@ -453,7 +505,6 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *pe
             return ST_NOT_FOUND;
         }
     }
-    snprintf(holder, sizeof(holder), "a data-plane slice from %s", peer);
     if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
         return ST_NOT_FOUND;
     mg_segment_get_info(s->cfg.registry, *seg, &info);
@@ -504,11 +555,12 @@ static void *conn_main(void *arg)
 {
     dp_conn *c = arg;
     mg_dp_server *s = c->srv;
-    char tenant[MG_SEG_NAME_MAX + 1];
+    char tenant[MG_SEG_NAME_MAX + 1], holder[MG_SEG_HOLDER_MAX];
     int timeout = (int)s->cfg.io_timeout_ms;
 
     if (serve_hello(c, tenant) != 0)
         goto out;
+    snprintf(holder, sizeof(holder), "a data-plane slice from %s", c->peer);
     for (;;) {
         uint8_t head[MG_DF_HEADER_BYTES];
         mg_df_header h, reply = {0};
@@ -524,11 +576,11 @@ static void *conn_main(void *arg)
             reply.type = MG_DF_ERROR;
             reply.status = ST_INVALID_ARGUMENT;
             reply.length = (uint32_t)strlen(why);
-            if (acks_flush(c) == 0) /* the answers before it, in order */
+            if (out_flush(c, 1) == 0) /* the answers before it, in order */
                 send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
-        st = check_target(s, tenant, c->peer, &h, &tgt, &addr);
+        st = check_target(s, tenant, holder, &h, &tgt, &addr);
         reply.slice = h.slice;
         reply.target = h.target;
         reply.offset = h.offset;
@@ -553,10 +605,8 @@ static void *conn_main(void *arg)
             reply.length = h.length;
             reply.status = st;
             /* Counted before the ack: whoever the ack reaches sees the counters include it. */
-            count(s, st == ST_OK ? &s->stats.slices_in : &s->stats.slices_refused, 1);
-            if (st == ST_OK)
-                count(s, &s->stats.bytes_in, h.length);
-            rc = ack_hold(c, &reply);
+            tally(s, st, 1, h.length);
+            rc = out_hold(c, &reply, NULL, 0, NULL, 0);
         } else {
             uint32_t crc = 0;
             const uint8_t *payload = addr;
@@ -571,26 +621,16 @@ static void *conn_main(void *arg)
                 reply.flags |= MG_DF_CRC;
                 reply.payload_crc = corrupt_this(s) ? ~crc : crc;
             }
-            count(s, st == ST_OK ? &s->stats.slices_out : &s->stats.slices_refused, 1);
-            if (st == ST_OK)
-                count(s, &s->stats.bytes_out, h.length);
-            /* A small answer, with the next request already here, goes with MSG_MORE: its
-             * packet shares the next answer's (pushed before the connection waits). */
-            if (acks_flush(c) != 0) {
-                rc = -1;
-            } else {
-                uint8_t frame[MG_DF_HEADER_BYTES];
-                c->corked = reply.length < MG_DP_MORE_BYTES && rb_avail(c) >= MG_DF_HEADER_BYTES;
-                mg_df_encode(&reply, frame);
-                rc = write_two(c->fd, frame, sizeof(frame), payload, reply.length, c->corked,
-                               timeout, NULL);
-            }
+            tally(s, st, 0, h.length);
+            /* Held back with what keeps the payload in place, which goes with it. */
+            rc = out_hold(c, &reply, payload, reply.length, &tgt, reply.length && payload != addr);
         }
         target_done(s, &tgt);
         if (rc != 0)
             break;
     }
 out:
+    out_flush(c, 0);            /* answers still held: the connection failed under them */
     shutdown(c->fd, SHUT_RDWR); /* the peer sees the end now; the descriptor closes at reap */
     pthread_mutex_lock(&s->lock);
     s->active--;
@@ -792,6 +832,8 @@ void mg_dp_server_stop(mg_dp_server *s)
 
 /* ------------------------------------------------------------------ client */
 
+#define ABUF_BYTES 4096 /* a client connection's read-ahead of answers */
+
 struct mg_dp_conn {
     int fd;
     char peer[300];
@@ -800,7 +842,55 @@ struct mg_dp_conn {
     const int *stop; /* the running transfer's stop word, or NULL */
     uint8_t *stage;  /* checksummed WRITE payloads, and READ answers, pass through here summed */
     size_t stage_cap;
+    /* Answers read ahead: one recv takes every WRITE ack that is there. */
+    size_t apos, alen; /* abuf[apos, alen): received, not used yet */
+    uint8_t abuf[ABUF_BYTES];
 };
+
+/* Reads exactly n bytes of the peer's answers into buf (it may be a segment's memory: copies by
+ * the CPU run guarded). Returns 0 or -1 as read_full (errno EFAULT: buf's pages went
+ * missing). */
+static int conn_read(mg_dp_conn *c, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        size_t k = c->alen - c->apos < n ? c->alen - c->apos : n;
+        struct iovec iov[2] = {{p, n}, {c->abuf, sizeof(c->abuf)}};
+        int direct = n >= sizeof(c->abuf);
+        ssize_t r;
+        if (k > 0) { /* what the read-ahead holds first */
+            if (mg_guarded_copy(p, c->abuf + c->apos, k) != 0) {
+                errno = EFAULT; /* as recv reports it */
+                return -1;
+            }
+            c->apos += k;
+            p += k;
+            n -= k;
+            continue;
+        }
+        /* The read-ahead is empty: a large rest goes straight into place and what follows it
+         * into the read-ahead (the next answer's header comes in the same call); a small one
+         * through the read-ahead. */
+        r = recv_iov(c->fd, direct ? iov : iov + 1, direct ? 2 : 1, (int)c->timeout_ms, c->stop);
+        if (r < 0)
+            return -1;
+        c->apos = 0;
+        c->alen = (size_t)r;
+        if (direct) {
+            size_t into = (size_t)r < n ? (size_t)r : n;
+            p += into;
+            n -= into;
+            c->alen -= into;
+        }
+    }
+    return 0;
+}
+
+/* Whether a whole answer header is read ahead already. */
+static int conn_header_ready(const mg_dp_conn *c)
+{
+    return c->alen - c->apos >= MG_DF_HEADER_BYTES;
+}
 
 /* Reads an answer's ERROR text into err. */
 static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, size_t errcap,
@@ -808,7 +898,7 @@ static void read_error_text(mg_dp_conn *c, const mg_df_header *h, char *err, siz
 {
     char text[1025] = "";
     uint32_t n = h->length < sizeof(text) - 1 ? h->length : (uint32_t)sizeof(text) - 1;
-    if (read_full(c->fd, text, n, (int)c->timeout_ms, c->stop) == 0)
+    if (conn_read(c, text, n) == 0)
         text[n] = '\0';
     snprintf(err, errcap, "%s: peer %s says: %s", what, c->peer, text);
 }
@@ -824,7 +914,7 @@ static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
         return MG_ERR_NOMEM;
     for (size_t done = 0; done < n;) {
         size_t k = n - done < RBUF_BYTES ? n - done : RBUF_BYTES;
-        if (read_full(c->fd, c->stage, k, (int)c->timeout_ms, c->stop) != 0)
+        if (conn_read(c, c->stage, k) != 0)
             return -1;
         if (!lost && mg_guarded_copy_crc32c(dst + done, c->stage, k, crc, 1) != 0)
             lost = 1; /* the sum no longer matters: the slice is lost */
@@ -934,12 +1024,14 @@ void mg_dp_close(mg_dp_conn *c)
     free(c);
 }
 
-/* Sends slice i of a transfer (a WRITE with its payload, or a READ); `more`: another follows at
- * once. */
-static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
-                      const uint8_t *buf, const mg_dp_options *o, uint64_t id, int more)
+/* Frames slice sl of an op (a WRITE with its payload, or a READ): its header into head, and
+ * in *payload what follows it (NULL: nothing). A checksummed WRITE's payload is the
+ * connection's stage, which holds one slice. Returns 0, or -1 (errno EFAULT: the local bytes
+ * went missing while they were summed). */
+static int frame_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
+                       const uint8_t *buf, const mg_dp_options *o, uint64_t id,
+                       uint8_t head[MG_DF_HEADER_BYTES], const uint8_t **payload)
 {
-    uint8_t head[MG_DF_HEADER_BYTES];
     mg_df_header h = {0};
     h.type = write ? MG_DF_WRITE : MG_DF_READ;
     h.flags = (o->crc ? MG_DF_CRC : 0) | (o->lease ? MG_DF_LEASE : 0);
@@ -947,16 +1039,28 @@ static int send_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice 
     h.target = target;
     h.offset = sl->remote_offset;
     h.length = sl->length;
-    const uint8_t *payload = write ? buf + sl->local_offset : NULL;
+    *payload = write ? buf + sl->local_offset : NULL;
     if (write && o->crc &&
-        (payload = summed(&c->stage, &c->stage_cap, payload, sl->length, &h.payload_crc)) == NULL) {
+        (*payload = summed(&c->stage, &c->stage_cap, *payload, sl->length, &h.payload_crc)) ==
+            NULL) {
         errno = EFAULT; /* as send() reports a missing page of the local segment */
         return -1;
     }
     mg_df_encode(&h, head);
-    return write_two(c->fd, head, sizeof(head), payload, write ? sl->length : 0, more,
-                     (int)c->timeout_ms, c->stop);
+    return 0;
 }
+
+/* Frames one sendmsg carries at most, and the payload bytes after which it goes. */
+#define GATHER_FRAMES 64
+#define GATHER_BYTES  (1u << 20)
+
+/* Frames waiting to go in one sendmsg: headers and payloads, in order. */
+typedef struct {
+    struct iovec iov[2 * GATHER_FRAMES];
+    uint8_t heads[GATHER_FRAMES][MG_DF_HEADER_BYTES];
+    size_t frames, iovcnt, bytes;
+    uint64_t first; /* the first one's slice, for messages */
+} gather;
 
 /* A slice on its way: which op, which of its slices, under which id. */
 typedef struct {
@@ -1000,6 +1104,7 @@ typedef struct run_state {
     in_flight *ring;
     size_t head, count, sop; /* ring start, slices in flight, the op being sent */
     uint64_t sslice;         /* its next slice */
+    gather g;                /* frames framed, not sent yet */
     char why[512];
 } run_state;
 
@@ -1025,21 +1130,40 @@ static int run_io_failed(run_state *r, int err)
     return run_fail(r, MG_ERR_UNAVAILABLE, 0);
 }
 
+/* Sends what r->g gathered (`more`: with MSG_MORE). Returns 0, or the run's end (failed). */
+static int run_flush(run_state *r, int more)
+{
+    gather *g = &r->g;
+    if (g->frames == 0)
+        return 0;
+    if (write_iov(r->c->fd, g->iov, g->iovcnt, more, (int)r->c->timeout_ms, r->o.stop) != 0) {
+        int err = errno;
+        snprintf(r->why, sizeof(r->why), "peer %s: sending %zu slices from slice %llu: %s",
+                 r->c->peer, g->frames, (unsigned long long)g->first, strerror(err));
+        return run_io_failed(r, err);
+    }
+    g->frames = g->iovcnt = g->bytes = 0;
+    return 0;
+}
+
 /* Sends while the window has room: each op's slices in order, ops one after another; an op the
- * peer refused a slice of sends no more. READ requests and small WRITE slices go with MSG_MORE
- * while more follow, so that they share packets; the last is pushed before the answers are
- * waited for. Returns 0, or
- * the run's end (failed). */
+ * peer refused a slice of sends no more. Frames go several to a sendmsg (up to GATHER_FRAMES
+ * and GATHER_BYTES; a checksummed WRITE, whose payload is in the stage, alone), with MSG_MORE
+ * while more follow at once, so that small ones share packets; the last is pushed before the
+ * answers are waited for. Returns 0, or the run's end (failed). */
 static int run_send(run_state *r)
 {
     mg_dp_conn *c = r->c;
+    gather *g = &r->g;
     int rc, held = 0; /* frames sent with MSG_MORE and not pushed yet */
     static const int one = 1;
     while (r->count < r->o.window && r->sop < r->n) {
         mg_dp_options so = r->o;
         mg_dp_op *op = &r->ops[r->sop];
+        const uint8_t *payload;
         mg_slice sl;
         in_flight e;
+        int more;
         if (op->rc != 0 || r->sslice >= op->slices) {
             r->sop++;
             r->sslice = 0;
@@ -1050,19 +1174,36 @@ static int run_send(run_state *r)
         mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
         so.lease = op->lease;
         e = (in_flight){r->sop, r->sslice, c->next_slice++};
-        held = r->count + 1 < r->o.window && (!op->write || sl.length < MG_DP_MORE_BYTES) &&
-               (r->sslice + 1 < op->slices || r->sop + 1 < r->n);
-        if (send_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, held) != 0) {
-            int err = errno;
+        if (g->frames == 0)
+            g->first = r->sslice;
+        if (frame_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, g->heads[g->frames],
+                        &payload) != 0) {
             snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
-                     (unsigned long long)r->sslice, strerror(err));
-            return run_io_failed(r, err);
+                     (unsigned long long)r->sslice, strerror(errno));
+            return run_io_failed(r, errno);
+        }
+        g->iov[g->iovcnt++] = (struct iovec){g->heads[g->frames++], MG_DF_HEADER_BYTES};
+        if (payload) {
+            g->iov[g->iovcnt++] = (struct iovec){(void *)(uintptr_t)payload, sl.length};
+            g->bytes += sl.length;
         }
         r->ring[(r->head + r->count) % r->o.window] = e;
         r->count++;
         if (r->o.in_flight)
             __atomic_fetch_add(r->o.in_flight, 1, __ATOMIC_RELAXED);
         r->sslice++;
+        more = r->count < r->o.window && (r->sslice < op->slices || r->sop + 1 < r->n);
+        if (!more || g->frames == GATHER_FRAMES || g->bytes >= GATHER_BYTES ||
+            (payload && so.crc)) {
+            if ((rc = run_flush(r, more)) != 0)
+                return rc;
+            held = more;
+        }
+    }
+    if (g->frames) {
+        if ((rc = run_flush(r, 0)) != 0)
+            return rc;
+        held = 0; /* a send without MSG_MORE pushes what was held */
     }
     /* Setting TCP_NODELAY sends what MSG_MORE held back (tcp(7)). */
     if (held && setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
@@ -1088,7 +1229,7 @@ static int run_answer(run_state *r)
     r->count--;
     if (r->o.in_flight)
         __atomic_fetch_sub(r->o.in_flight, 1, __ATOMIC_RELAXED);
-    if (read_full(c->fd, head_buf, sizeof(head_buf), (int)c->timeout_ms, c->stop) != 0) {
+    if (conn_read(c, head_buf, sizeof(head_buf)) != 0) {
         int err = errno;
         snprintf(r->why, sizeof(r->why), "peer %s: waiting for slice %llu: %s", c->peer,
                  (unsigned long long)e.slice, err ? strerror(err) : "connection closed");
@@ -1116,7 +1257,7 @@ static int run_answer(run_state *r)
         else if (h.flags & MG_DF_CRC)
             got = read_summed(c, dst, h.length, &crc);
         else
-            got = read_full(c->fd, dst, h.length, (int)c->timeout_ms, c->stop);
+            got = conn_read(c, dst, h.length);
         if (got == -1 || got == MG_ERR_NOMEM) {
             int err = h.length != expect.length ? 0 : errno; /* a length not asked: no errno */
             snprintf(r->why, sizeof(r->why), "peer %s: reading slice %llu", c->peer,
@@ -1168,8 +1309,12 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
             return rc;
         if (r.count == 0)
             break; /* everything sent was answered */
-        if ((rc = run_answer(&r)) != 0)
-            return rc;
+        /* Answers until half the window is free, and every one read ahead with them: the
+         * next sends then carry many slices each. */
+        do {
+            if ((rc = run_answer(&r)) != 0)
+                return rc;
+        } while (r.count > 0 && (r.count > r.o.window / 2 || conn_header_ready(c)));
     }
     run_release(r.ring, &r.o, r.count);
     return 0;

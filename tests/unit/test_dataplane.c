@@ -407,6 +407,19 @@ static void test_run_many_on_one_stream(void)
     stop();
 }
 
+/* A WRITE of len bytes at src to offset off of target. */
+static mg_dp_op write_op(uint64_t target, uint64_t off, uint8_t *src, uint64_t len, char *err,
+                         size_t errcap)
+{
+    return (mg_dp_op){.write = 1,
+                      .target = target,
+                      .offset = off,
+                      .buf = src,
+                      .len = len,
+                      .err = err,
+                      .errcap = errcap};
+}
+
 /* Small and large slices mixed on one stream: the server reads ahead after small ones (a large
  * payload then arrives partly in its read-ahead, the rest straight into place) and reads
  * exactly after large ones; the client sends small ones with MSG_MORE. Every byte lands. */
@@ -427,13 +440,7 @@ static void test_mixed_sizes_on_one_stream(void)
     for (size_t i = 0; i < sizeof(src); i++)
         src[i] = (uint8_t)(i * 2654435761u >> 13);
     for (int i = 0; i < N; i++) {
-        ops[i] = (mg_dp_op){.write = 1,
-                            .target = open_id,
-                            .offset = off,
-                            .buf = src + off,
-                            .len = len[i],
-                            .err = errs[i],
-                            .errcap = sizeof(errs[i])};
+        ops[i] = write_op(open_id, off, src + off, len[i], errs[i], sizeof(errs[i]));
         off += len[i];
     }
     CU_ASSERT_FATAL(off <= 16 * MiB);
@@ -448,6 +455,51 @@ static void test_mixed_sizes_on_one_stream(void)
     }
     CU_ASSERT_EQUAL(memcmp(open_mem, src, off), 0);
     CU_ASSERT_EQUAL(memcmp(back, src, off), 0);
+    mg_dp_close(c);
+    stop();
+}
+
+/* A window far wider than one send: the client sends up to 64 frames a sendmsg (partly taken
+ * when the socket fills) and reads many answers a recv; the server holds WRITE acks and READ
+ * data back and sends them together. Refusals among them answer in their places; every byte
+ * lands and comes back. */
+static void test_wide_window_many_frames(void)
+{
+    static const uint64_t sizes[] = {1, 100, 4095, 4096, 4097, 30000, 70000, 2};
+    enum { N = 600, NS = sizeof(sizes) / sizeof(sizes[0]) };
+    static uint8_t src[16 * MiB], back[16 * MiB];
+    static mg_dp_op ops[N];
+    static char errs[N][128];
+    mg_dp_options o = {.slice_bytes = 16384, .window = 256};
+    uint64_t off = 0;
+    mg_dp_conn *c;
+    start(8);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 2246822519u >> 11);
+    for (int i = 0; i < N; i++) {
+        ops[i] = write_op(i % 97 == 50 ? closed_id : open_id, off, src + off, sizes[i % NS],
+                          errs[i], sizeof(errs[i]));
+        off += sizes[i % NS];
+    }
+    CU_ASSERT_FATAL(off <= 16 * MiB);
+    for (int round = 0; round < 2; round++) { /* WRITEs, then READs of the same ranges */
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+        for (int i = 0; i < N; i++) {
+            int refused = ops[i].target == closed_id;
+            CU_ASSERT_EQUAL(ops[i].rc, refused ? MG_ERR_PERMISSION : 0);
+            CU_ASSERT_EQUAL(ops[i].done, refused ? 0 : ops[i].len);
+            if (round == 1 && !refused)
+                CU_ASSERT_EQUAL(memcmp(back + ops[i].offset, src + ops[i].offset, ops[i].len), 0);
+            ops[i].write = 0;
+            ops[i].buf = back + ops[i].offset;
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        if (ops[i].target == open_id)
+            CU_ASSERT_EQUAL(memcmp(open_mem + ops[i].offset, src + ops[i].offset, ops[i].len), 0);
+    }
     mg_dp_close(c);
     stop();
 }
@@ -570,6 +622,7 @@ int main(void)
         MG_TEST(test_stop_word),
         MG_TEST(test_run_many_on_one_stream),
         MG_TEST(test_mixed_sizes_on_one_stream),
+        MG_TEST(test_wide_window_many_frames),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),
     };
