@@ -281,7 +281,7 @@ struct mg_dp_server {
     dp_conn *conns;
     unsigned active;
     int stopping;
-    mg_dp_server_stats stats; /* under lock */
+    mg_dp_server_stats stats; /* under lock; slices and bytes atomic (tally) */
     uint32_t corrupt;         /* checksummed slices still to corrupt (atomic; tests only) */
 };
 
@@ -470,20 +470,17 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
     return lost ? MG_ERR_DATA_LOSS : 0;
 }
 
-/* Counts a slice answered: status st, a WRITE's bytes in or a READ's out. */
+/* Counts a slice answered: status st, a WRITE's bytes in or a READ's out (atomic: the
+ * connections' threads count without the server's lock). */
 static void tally(mg_dp_server *s, uint32_t st, int write, uint64_t bytes)
 {
-    pthread_mutex_lock(&s->lock);
+    mg_dp_server_stats *t = &s->stats;
     if (st != ST_OK) {
-        s->stats.slices_refused++;
-    } else if (write) {
-        s->stats.slices_in++;
-        s->stats.bytes_in += bytes;
-    } else {
-        s->stats.slices_out++;
-        s->stats.bytes_out += bytes;
+        __atomic_fetch_add(&t->slices_refused, 1, __ATOMIC_RELAXED);
+        return;
     }
-    pthread_mutex_unlock(&s->lock);
+    __atomic_fetch_add(write ? &t->slices_in : &t->slices_out, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(write ? &t->bytes_in : &t->bytes_out, bytes, __ATOMIC_RELAXED);
 }
 
 /* Checks a slice against its target; on success holds a reference and gives the address. */
@@ -797,9 +794,18 @@ int mg_dp_server_port(const mg_dp_server *s)
 
 void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out)
 {
+    const mg_dp_server_stats *t = &s->stats;
     pthread_mutex_lock(&s->lock);
-    *out = s->stats;
+    out->conns_total = t->conns_total;
+    out->conns_active = t->conns_active;
+    out->conns_refused = t->conns_refused;
+    out->accept_pauses = t->accept_pauses;
     pthread_mutex_unlock(&s->lock);
+    out->slices_in = __atomic_load_n(&t->slices_in, __ATOMIC_RELAXED); /* counted by tally */
+    out->slices_out = __atomic_load_n(&t->slices_out, __ATOMIC_RELAXED);
+    out->slices_refused = __atomic_load_n(&t->slices_refused, __ATOMIC_RELAXED);
+    out->bytes_in = __atomic_load_n(&t->bytes_in, __ATOMIC_RELAXED);
+    out->bytes_out = __atomic_load_n(&t->bytes_out, __ATOMIC_RELAXED);
 }
 
 void mg_dp_server_stop(mg_dp_server *s)

@@ -237,21 +237,25 @@ static mg_xfer_req *line_take(mg_xfer_line *line)
     return r;
 }
 
-/* Whether the line's next request may join r's group. */
-static int groups_with(const mg_xfer_line *line, const mg_xfer_req *r)
+/* Whether the line's next request may join r's group, which holds `bytes` so far. */
+static int groups_with(const mg_xfer_line *line, const mg_xfer_req *r, uint64_t bytes)
 {
     mg_list_node *n = mg_list_first(&line->ready);
     const mg_xfer_req *q = n ? mg_container_of(n, mg_xfer_req, node) : NULL;
-    return q && q->batch == r->batch && q->kind == r->kind && q->length <= MG_XFER_GROUP_BYTES;
+    return q && q->batch == r->batch && q->kind == r->kind && q->length <= MG_XFER_GROUP_BYTES &&
+           q->length <= MG_XFER_GROUP_TOTAL - bytes;
 }
 
-/* r and the small requests of its batch that follow it, as one job. */
+/* r and the small requests of its batch that follow it, as one job (up to MG_XFER_GROUP_MAX
+ * of them and MG_XFER_GROUP_TOTAL bytes: a job holds its slot until all of it is moved). */
 static void run_group(mg_xfer_sched *s, mg_xfer_line *line, mg_xfer_req *r)
 {
     mg_xfer_part **tail = &r->parts[0].m.next;
+    uint64_t bytes = r->length;
     r->parts[0].grouped = 1;
-    for (unsigned n = 1; n < MG_XFER_GROUP_MAX && groups_with(line, r); n++) {
+    for (unsigned n = 1; n < MG_XFER_GROUP_MAX && groups_with(line, r, bytes); n++) {
         mg_xfer_req *q = line_take(line);
+        bytes += q->length;
         req_plan(s, q, 1);
         q->parts[0].grouped = 1;
         *tail = &q->parts[0].m;
@@ -268,7 +272,7 @@ static void req_run(mg_xfer_sched *s, mg_xfer_line *line, unsigned cap)
     unsigned started = 0;
     req_plan(s, r, cap - line->jobs);
     if (r->nparts == 1 && r->kind != MG_XFER_COPY && r->length <= MG_XFER_GROUP_BYTES &&
-        groups_with(line, r)) {
+        groups_with(line, r, r->length)) {
         run_group(s, line, r);
         return;
     }

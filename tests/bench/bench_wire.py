@@ -3,7 +3,8 @@
 measured in the same run, the shapes and references alternated round by round (the order
 rotates), medians of --rounds with their spread (min-max) and the ratio of the medians.
 
-Two daemons on loopback (TCP data plane), driven by mgbench transfer:
+Two daemons on loopback (TCP data plane), driven by mgbench transfer (the scattered shapes
+for 3 s each, as iperf3 runs):
   64K x 128 scattered WRITE / READ, one thread, 1 and 4 batches in flight   against iperf3
   4K x 4096 scattered WRITE, one thread, 4 in flight                         against iperf3
   one 1 GiB WRITE                                                            against UCX tag_bw
@@ -69,8 +70,10 @@ def mgbench(args, target, peer, *opts):
 
 
 def scattered(block, n, op, inflight, nbytes):
+    """A scattered shape, batches kept in flight for 3 s (as iperf3 runs) over segments of
+    nbytes: the steady state, not the first batches' ramp."""
     return ["--blocks", block, "--batches", n, "--ops", op, "--scatter", "--inflight", inflight,
-            "--bytes", nbytes]
+            "--bytes", nbytes, "--seconds", "3"]
 
 
 # name: (mgbench options, reference, the issue's target as a ratio or None)

@@ -27,9 +27,9 @@ static int njobs, submit_rc;
 static mg_engine *const WORKERS = (mg_engine *)1, *const IO = (mg_engine *)2;
 
 /* What the scheduler told the caller, in order. */
-static mg_xfer_req *ended[64];
-static int ended_rc[64], nended, nstarted, njob_started, njob_ended;
-static char ended_msg[64][MG_XFER_MSG_MAX];
+static mg_xfer_req *ended[512];
+static int ended_rc[512], nended, nstarted, njob_started, njob_ended;
+static char ended_msg[512][MG_XFER_MSG_MAX];
 
 static int inline_submit(mg_engine *pool, mg_cq *cq, mg_work_fn work, mg_done_fn done, void *arg)
 {
@@ -305,6 +305,44 @@ static void test_hold_groups_a_batch(void)
     mg_xfer_sched_del(s);
 }
 
+/* A group stops at MG_XFER_GROUP_MAX requests and at MG_XFER_GROUP_TOTAL bytes: a job holds
+ * its slot until all of it has moved, so that a batch's turn at the slot stays bounded. */
+static void test_group_limits(void)
+{
+    enum { N = MG_XFER_GROUP_MAX + 10 };
+    static mg_xfer_req r[N], big[6];
+    mg_xfer_sched *s = open_sched(4, 2, 1); /* one job at a time on the line */
+    mg_xfer_line a;
+    int b1, b2;
+    mg_xfer_line_init(s, &a, 1);
+    for (int i = 0; i < N; i++)
+        req(&r[i], &b1, 4096, 0);
+    for (int i = 0; i < 6; i++)
+        req(&big[i], &b2, MG_XFER_GROUP_BYTES, 0);
+    mg_xfer_sched_hold(s);
+    for (int i = 0; i < N; i++)
+        mg_xfer_sched_add(&a, &r[i]);
+    for (int i = 0; i < 6; i++)
+        mg_xfer_sched_add(&a, &big[i]);
+    mg_xfer_sched_release(s);
+    CU_ASSERT_EQUAL_FATAL(njobs, 1); /* the first MG_XFER_GROUP_MAX */
+    CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 10u + 6u);
+    finish(0, 0);
+    CU_ASSERT_EQUAL(nended, MG_XFER_GROUP_MAX);
+    CU_ASSERT_EQUAL_FATAL(njobs, 1); /* the other ten: the next batch's are not in it */
+    CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 6u);
+    finish(0, 0);
+    CU_ASSERT_EQUAL_FATAL(njobs, 1); /* four of 4 MiB: MG_XFER_GROUP_TOTAL */
+    CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 2u);
+    finish(0, 0);
+    CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 0u);
+    finish(0, 0);
+    CU_ASSERT_EQUAL(nended, N + 6);
+    CU_ASSERT_EQUAL(count_ended(0), N + 6);
+    mg_xfer_line_del(&a);
+    mg_xfer_sched_del(s);
+}
+
 /* A large request runs as parts at once; it ends with its last, the first failure speaking. */
 static void test_parts_and_first_failure(void)
 {
@@ -400,10 +438,15 @@ static void test_stop_word(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_share_between_peers),    MG_TEST(test_turns_between_peers),
-        MG_TEST(test_copies_use_the_workers), MG_TEST(test_grouping),
-        MG_TEST(test_hold_groups_a_batch),    MG_TEST(test_parts_and_first_failure),
-        MG_TEST(test_full_remove_close),      MG_TEST(test_stop_word),
+        MG_TEST(test_share_between_peers),
+        MG_TEST(test_turns_between_peers),
+        MG_TEST(test_copies_use_the_workers),
+        MG_TEST(test_grouping),
+        MG_TEST(test_hold_groups_a_batch),
+        MG_TEST(test_group_limits),
+        MG_TEST(test_parts_and_first_failure),
+        MG_TEST(test_full_remove_close),
+        MG_TEST(test_stop_word),
     };
     return mg_test_run("xfer_sched", cases, sizeof(cases) / sizeof(cases[0]));
 }

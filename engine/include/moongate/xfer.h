@@ -103,8 +103,9 @@ int mg_xfer_run(mg_xfer_kind kind, mg_xfer_part *head, const mg_xfer_link *link)
 
 #define MG_XFER_MAX_PARTS   8             /* a large request runs as this many parts at most */
 #define MG_XFER_PART_MIN    (16ull << 20) /* each of them at least this long */
-#define MG_XFER_GROUP_MAX   64            /* small requests of a batch moved by one job */
+#define MG_XFER_GROUP_MAX   256           /* small requests of a batch moved by one job */
 #define MG_XFER_GROUP_BYTES (4ull << 20)  /* "small": at most this long */
+#define MG_XFER_GROUP_TOTAL (16ull << 20) /* a group's bytes at most (a slot's turn) */
 
 typedef struct mg_xfer_sched mg_xfer_sched;
 typedef struct mg_xfer_req mg_xfer_req;
