@@ -1059,6 +1059,8 @@ static int frame_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice
 /* Frames one sendmsg carries at most, and the payload bytes after which it goes. */
 #define GATHER_FRAMES 64
 #define GATHER_BYTES  (1u << 20)
+/* Slices shorter than this are gathered: the window refills once half of it is answered. */
+#define SMALL_SLICE_BYTES (GATHER_BYTES / 8)
 
 /* Frames waiting to go in one sendmsg: headers and payloads, in order. */
 typedef struct {
@@ -1111,6 +1113,7 @@ typedef struct run_state {
     size_t head, count, sop; /* ring start, slices in flight, the op being sent */
     uint64_t sslice;         /* its next slice */
     gather g;                /* frames framed, not sent yet */
+    uint32_t answered_len;   /* the length of the slice answered last */
     char why[512];
 } run_state;
 
@@ -1201,6 +1204,7 @@ static int run_send(run_state *r)
         more = r->count < r->o.window && (r->sslice < op->slices || r->sop + 1 < r->n);
         if (!more || g->frames == GATHER_FRAMES || g->bytes >= GATHER_BYTES ||
             (payload && so.crc)) {
+            more = more && g->bytes < GATHER_BYTES; /* a full send fills its packets anyway */
             if ((rc = run_flush(r, more)) != 0)
                 return rc;
             held = more;
@@ -1247,6 +1251,7 @@ static int run_answer(run_state *r)
         return run_fail(r, MG_ERR_PROTOCOL, 0);
     }
     mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, e.slice, &expect, 1);
+    r->answered_len = expect.length;
     if (rc != MG_DF_OK || h.slice != e.id ||
         h.type != (op->write ? MG_DF_WRITE_ACK : MG_DF_READ_DATA)) {
         snprintf(r->why, sizeof(r->why), "peer %s: bad answer to slice %llu: %s", c->peer,
@@ -1315,12 +1320,14 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
             return rc;
         if (r.count == 0)
             break; /* everything sent was answered */
-        /* Answers until half the window is free, and every one read ahead with them: the
-         * next sends then carry many slices each. */
+        /* Answers every one read ahead, and while slices are small until half the window is
+         * free: the next sends then carry many slices each (a large slice fills a send alone,
+         * and its room in the window is best refilled at once). */
         do {
             if ((rc = run_answer(&r)) != 0)
                 return rc;
-        } while (r.count > 0 && (r.count > r.o.window / 2 || conn_header_ready(c)));
+        } while (r.count > 0 && (conn_header_ready(c) ||
+                                 (r.count > r.o.window / 2 && r.answered_len < SMALL_SLICE_BYTES)));
     }
     run_release(r.ring, &r.o, r.count);
     return 0;
