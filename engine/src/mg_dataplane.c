@@ -1204,7 +1204,9 @@ static int run_send(run_state *r)
         more = r->count < r->o.window && (r->sslice < op->slices || r->sop + 1 < r->n);
         if (!more || g->frames == GATHER_FRAMES || g->bytes >= GATHER_BYTES ||
             (payload && so.crc)) {
-            more = more && g->bytes < GATHER_BYTES; /* a full send fills its packets anyway */
+            /* A full send fills its packets anyway; a checksummed slice's next one is summed
+             * first, and the peer would wait for the packet held. */
+            more = more && g->bytes < GATHER_BYTES && !(payload && so.crc);
             if ((rc = run_flush(r, more)) != 0)
                 return rc;
             held = more;
@@ -1322,12 +1324,14 @@ int mg_dp_run(mg_dp_conn *c, mg_dp_op *ops, size_t n, const mg_dp_options *opt)
             break; /* everything sent was answered */
         /* Answers every one read ahead, and while slices are small until half the window is
          * free: the next sends then carry many slices each (a large slice fills a send alone,
-         * and its room in the window is best refilled at once). */
+         * as a checksummed one goes alone, and its room in the window is best refilled at
+         * once). */
         do {
             if ((rc = run_answer(&r)) != 0)
                 return rc;
-        } while (r.count > 0 && (conn_header_ready(c) ||
-                                 (r.count > r.o.window / 2 && r.answered_len < SMALL_SLICE_BYTES)));
+        } while (r.count > 0 &&
+                 (conn_header_ready(c) ||
+                  (r.count > r.o.window / 2 && r.answered_len < SMALL_SLICE_BYTES && !r.o.crc)));
     }
     run_release(r.ring, &r.o, r.count);
     return 0;
