@@ -407,6 +407,15 @@ static void test_run_many_on_one_stream(void)
     stop();
 }
 
+/* A server, a connection to it as tenant t, and src (n bytes) filled with a pattern. */
+static mg_dp_conn *start_filled(uint8_t *src, size_t n)
+{
+    start(8);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 13);
+    return dial(token_t);
+}
+
 /* A WRITE of len bytes at src to offset off of target. */
 static mg_dp_op write_op(uint64_t target, uint64_t off, uint8_t *src, uint64_t len, char *err,
                          size_t errcap)
@@ -434,11 +443,8 @@ static void test_mixed_sizes_on_one_stream(void)
     mg_dp_options o = {.slice_bytes = 256 * 1024, .window = 32};
     uint64_t off = 0;
     mg_dp_conn *c;
-    start(8);
-    c = dial(token_t);
+    c = start_filled(src, sizeof(src));
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-    for (size_t i = 0; i < sizeof(src); i++)
-        src[i] = (uint8_t)(i * 2654435761u >> 13);
     for (int i = 0; i < N; i++) {
         ops[i] = write_op(open_id, off, src + off, len[i], errs[i], sizeof(errs[i]));
         off += len[i];
@@ -473,11 +479,8 @@ static void test_wide_window_many_frames(void)
     mg_dp_options o = {.slice_bytes = 16384, .window = 256};
     uint64_t off = 0;
     mg_dp_conn *c;
-    start(8);
-    c = dial(token_t);
+    c = start_filled(src, sizeof(src));
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-    for (size_t i = 0; i < sizeof(src); i++)
-        src[i] = (uint8_t)(i * 2246822519u >> 11);
     for (int i = 0; i < N; i++) {
         ops[i] = write_op(i % 97 == 50 ? closed_id : open_id, off, src + off, sizes[i % NS],
                           errs[i], sizeof(errs[i]));
