@@ -1187,9 +1187,10 @@ static int run_send(run_state *r)
             g->first = r->sslice;
         if (frame_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, g->heads[g->frames],
                         &payload) != 0) {
+            int err = errno; /* before snprintf may change it */
             snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
-                     (unsigned long long)r->sslice, strerror(errno));
-            return run_io_failed(r, errno);
+                     (unsigned long long)r->sslice, strerror(err));
+            return run_io_failed(r, err);
         }
         g->iov[g->iovcnt++] = (struct iovec){g->heads[g->frames++], MG_DF_HEADER_BYTES};
         if (payload) {
