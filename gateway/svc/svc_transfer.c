@@ -27,6 +27,7 @@
 
 #include <event2/event.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,8 +166,20 @@ typedef struct {
     mg_batch_target *k;
 } describe_call;
 
-/* Every remote request of b against the descriptors (mg_batch_check_remote); fails the call
- * on the first that cannot run (nothing moved) and returns -1. */
+void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    mg_xfer_notes_refused(b, mg_call_traceparent(call), code, why);
+    mg_call_finish(call, code, "%s", why);
+    mg_batch_discard(b);
+}
+
+/* Every remote request of b against the descriptors (mg_batch_check_remote); on the first
+ * that cannot run, the call is refused (nothing moved), b discarded, and -1 returned. */
 static int remote_pass(mg_call *call, mg_batch *b, mg_batch_target *keys, size_t nkeys,
                        mg_batch_target **fetch, size_t *nfetch)
 {
@@ -175,9 +188,10 @@ static int remote_pass(mg_call *call, mg_batch *b, mg_batch_target *keys, size_t
     int rc = mg_batch_check_remote(b, svc_of(b)->descs, keys, nkeys, fetch, nfetch, &bad, why,
                                    sizeof(why));
     if (rc == MG_ERR_INVALID)
-        mg_call_fail(call, rc, "request %zu: %s; nothing was moved", bad, why);
+        mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
+                           mg_strerror(rc), bad, why);
     else if (rc)
-        mg_call_fail(call, rc, NULL);
+        mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s", mg_strerror(rc));
     return rc ? -1 : 0;
 }
 
@@ -195,9 +209,9 @@ static void submit_wait_end(submit_wait *sw)
     mg_call *call = sw->call;
     submit_wait_unlink(sw);
     mg_call_set_data(call, NULL); /* submit_go may set its own (a Submit with `wait`) */
-    if (mg_call_done(call) || remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) != 0)
-        mg_batch_discard(sw->b); /* the caller left, or the batch cannot run */
-    else
+    if (mg_call_done(call))       /* the caller left */
+        mg_batch_discard(sw->b);
+    else if (remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) == 0)
         submit_go(call, sw->b);
     mg_call_unref(call);
     free(sw->keys);
@@ -237,7 +251,6 @@ static int remote_check(mg_call *call, mg_batch *b)
     submit_wait *sw;
     if (remote_pass(call, b, NULL, 0, &fetch, &nfetch) != 0) {
         free(fetch);
-        mg_batch_discard(b);
         return -1;
     }
     if (nfetch == 0)
@@ -360,19 +373,11 @@ static const char *req_fill(mg_batch *b, size_t i, const Moongate__V1__TransferR
     return mg_batch_fill(b, i, &item, last, holder);
 }
 
-/* The batch's peers and notifications, while the request message is still here. Returns 0, or
- * MG_ERR_NOMEM. */
-static int batch_peers(mg_batch *b, const Moongate__V1__SubmitRequest *req)
+/* The batch's notifications, copied out of the request message: first of all, so that a
+ * refusal reaches their peers (mg_xfer_svc_refuse). Returns 0, or MG_ERR_NOMEM. */
+static int batch_notes(mg_batch *b, const Moongate__V1__SubmitRequest *req)
 {
     struct mg_transfer_svc *ts = svc_of(b);
-    for (size_t i = 0; i < b->n; i++) {
-        mg_batch_req *r = &b->reqs[i];
-        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
-                      ? b->reqs[i - 1].peer
-                      : mg_peerdir_get(ts->dir, r->peer_name, b->tenant);
-    }
-    for (size_t i = 0; i < b->n; i++) /* they point into the request message */
-        b->reqs[i].peer_name = b->reqs[i].agent_arg = b->reqs[i].peer_arg = NULL;
     for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
         mg_batch_note *n = &b->notes[i];
@@ -384,12 +389,29 @@ static int batch_peers(mg_batch *b, const Moongate__V1__SubmitRequest *req)
             memcpy(n->payload, np->payload.data, np->payload.len);
         n->len = np->payload.len;
         snprintf(n->topic, sizeof(n->topic), "%s", np->topic);
-        for (size_t k = 0; k < b->n; k++) {
-            if (b->reqs[k].write && b->reqs[k].peer == n->peer)
-                n->g.writes_left++;
-        }
     }
     return 0;
+}
+
+/* The requests' peers, while the request message is still here, and the WRITEs each
+ * notification waits for. */
+static void batch_peers(mg_batch *b)
+{
+    struct mg_transfer_svc *ts = svc_of(b);
+    for (size_t i = 0; i < b->n; i++) {
+        mg_batch_req *r = &b->reqs[i];
+        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
+                      ? b->reqs[i - 1].peer
+                      : mg_peerdir_get(ts->dir, r->peer_name, b->tenant);
+    }
+    for (size_t i = 0; i < b->n; i++) /* they point into the request message */
+        b->reqs[i].peer_name = b->reqs[i].agent_arg = b->reqs[i].peer_arg = NULL;
+    for (size_t i = 0; i < b->nnotes; i++) {
+        for (size_t k = 0; k < b->n; k++) {
+            if (b->reqs[k].write && b->reqs[k].peer == b->notes[i].peer)
+                b->notes[i].g.writes_left++;
+        }
+    }
 }
 
 static void submit_message(mg_call *call, const ProtobufCMessage *m)
@@ -429,25 +451,26 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
+    b->conn = mg_call_conn_id(call);
+    if (batch_notes(b, req) != 0) {
+        mg_batch_discard(b);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
     snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
     if (!mg_call_socket_cred(call, &uid, &proc))
         proc.pid = 0;                   /* not a local process: no local addresses */
     for (size_t i = 0; i < b->n; i++) { /* the whole batch is checked before anything moves */
         const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
         if (bad) { /* it may be the request's own text, which goes with the batch */
-            mg_call_fail(call, b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID,
-                         "request %zu: %s; nothing was moved", i, bad);
-            mg_batch_discard(b);
+            int err = b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID;
+            mg_xfer_svc_refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved",
+                               mg_strerror(err), i, bad);
             return;
         }
     }
-    if (batch_peers(b, req) != 0) {
-        mg_batch_discard(b);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
-    }
+    batch_peers(b);
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
-    b->conn = mg_call_conn_id(call);
     b->wait = req->wait;
     b->tag = (mg_batch_tag)tag;
     b->digest = req->digest;

@@ -96,6 +96,10 @@ typedef void (*mg_xfer_agent_fn)(void *arg, int code, const char *msg,
  * will be called once), or -1 with why set. */
 int mg_xfer_agent_ask(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
                       mg_xfer_agent_fn fn, void *arg, char *why, size_t cap);
+/* Submit refused before b started: the call fails with gRPC status `code` and the message,
+ * b's notifications' peers hear when that is for good (mg_xfer_notes_refused), b is discarded. */
+void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Resolves b's requests naming (agent, address) on peers. Returns 0 (resolved: go on), -1 (the
  * call failed, b discarded) or 1 (peers are asked; `then` continues with b once they answered
  * and every request resolved, else the call fails). */
@@ -117,6 +121,11 @@ void mg_xfer_notes_enter(mg_batch *b);
 void mg_xfer_note_due(void *arg, mg_batch_note *n);
 /* What is wrong with a notification's topic or payload size, or NULL. */
 const char *mg_xfer_note_bad(const char *topic, size_t payload_len);
+/* Submit's call was refused with gRPC status `code` for `why` before b started: when that is
+ * for good (a request that can never run as asked), each of b's notifications is replaced by a
+ * failure notice to its peer (batch id 0), so that its receivers hear. traceparent: the
+ * caller's, continued when sampled. b is the caller's to discard. */
+void mg_xfer_notes_refused(mg_batch *b, const char *traceparent, int code, const char *why);
 /* Notify/Send. */
 void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m);
 /* Frees the lines (the service's free; what waits there is not sent). */

@@ -143,11 +143,10 @@ static void agents_end(agents_wait *w)
     if (mg_call_done(call) || ts->closing) {
         mg_batch_discard(w->b);
     } else if (w->code) {
-        mg_call_finish(call, w->code, "%s; nothing was moved", w->msg);
-        mg_batch_discard(w->b);
+        mg_xfer_svc_refuse(call, w->b, w->code, "%s; nothing was moved", w->msg);
     } else if (rc) {
-        mg_call_fail(call, rc, "request %zu: %s; nothing was moved", bad, why);
-        mg_batch_discard(w->b);
+        mg_xfer_svc_refuse(call, w->b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
+                           mg_strerror(rc), bad, why);
     } else {
         w->then(call, w->b);
     }
@@ -184,11 +183,13 @@ int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, m
         free(ask);
         if (rc == 0 && nask == 0)
             return 0;
-        if (rc == 0 || rc == MG_ERR_NOMEM)
+        if (rc == 0 || rc == MG_ERR_NOMEM) {
             mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        else
-            mg_call_fail(call, rc, "request %zu: %s; nothing was moved", bad, why);
-        mg_batch_discard(b);
+            mg_batch_discard(b);
+        } else {
+            mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
+                               mg_strerror(rc), bad, why);
+        }
         return -1;
     }
     *w = (agents_wait){.call = call, .b = b, .then = then, .pending = nask + 1};

@@ -11,7 +11,11 @@
  * A batch's note whose WRITEs to its peer did not all land goes as a failure notice instead:
  * the outcome (FAILED, CANCELLED or TIMED_OUT, from the first WRITE that failed), its code and
  * message, and which WRITEs failed. The batch still shows the note FAILED (the notification
- * proper was not sent), saying whether the notice reached the peer. Loop thread only.
+ * proper was not sent), saying whether the notice reached the peer.
+ *
+ * A Submit refused for good (mg_xfer_notes_refused: a request that can never run as asked) has
+ * no batch, but its notifications' peers still hear: a failure notice with batch id 0 goes in
+ * each notification's place, saying why nothing was moved. Loop thread only.
  */
 #include "svc_transfer.h"
 
@@ -50,6 +54,8 @@ typedef struct note_item {
     mg_call *call; /* a Send: its call (referenced) and payload */
     uint8_t *payload;
     size_t len;
+    char *refused;  /* a refused Submit's notice (neither n nor call): why (malloc'd) */
+    int code;       /* and its gRPC status */
     mg_trace t;     /* its span: a child of its batch's, or a Send's own */
     int traced;     /* logged: its batch's caller, or the Send's, sent a traceparent */
     uint64_t t0_ns; /* when it went (the span's start) */
@@ -108,6 +114,7 @@ static void item_free(note_item *it)
     if (it->call)
         mg_call_unref(it->call);
     free(it->payload);
+    free(it->refused);
     free(it);
 }
 
@@ -127,7 +134,7 @@ static void item_over(struct mg_transfer_svc *ts, note_item *it, int code, const
         mg_batch_note_end(n, code ? MG_NOTE_FAILED : MG_NOTE_SENT, code, why);
     } else {
         Moongate__V1__SendResponse resp = MOONGATE__V1__SEND_RESPONSE__INIT;
-        if (mg_call_done(it->call))
+        if (it->call == NULL || mg_call_done(it->call)) /* a refused Submit's, or gone */
             ;
         else if (code)
             mg_call_finish(it->call, code, "%s", why);
@@ -222,6 +229,10 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
             return;
         }
         notice_of(it->n, &req, failed, msg, sizeof(msg));
+    } else if (it->refused) {
+        req.outcome = MOONGATE__V1__OUTCOME__OUTCOME_FAILED;
+        req.code = (uint32_t)it->code;
+        req.message = it->refused;
     }
     if ((dc = calloc(1, sizeof(*dc))) == NULL) {
         free(failed);
@@ -379,6 +390,56 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
     l->sends++;
     mg_list_push_back(&l->items, &it->node);
     pump(ts, l);
+}
+
+/* Whether a Submit refused with gRPC status `code` is refused for good: what it asks can never
+ * run as asked (a bad request, a target that is not there, no permission). Refusals a caller
+ * may retry (limits, quotas, memory, a peer not answering, "ask again") are not: the batch may
+ * yet come, and the receivers' expectations bound their wait meanwhile. */
+static int refused_for_good(int code)
+{
+    return code == MG_GRPC_INVALID_ARGUMENT || code == MG_GRPC_NOT_FOUND ||
+           code == MG_GRPC_PERMISSION_DENIED || code == MG_GRPC_OUT_OF_RANGE ||
+           code == MG_GRPC_UNIMPLEMENTED;
+}
+
+void mg_xfer_notes_refused(mg_batch *b, const char *traceparent, int code, const char *why)
+{
+    struct mg_transfer_svc *ts = svc_of(b);
+    if (!refused_for_good(code) || ts->closing)
+        return;
+    for (size_t i = 0; i < b->nnotes; i++) {
+        const mg_batch_note *n = &b->notes[i];
+        note_line *l = n->peer ? line_get(ts, b->conn, n->peer, n->topic) : NULL;
+        note_item *it = NULL;
+        size_t cap = 1024; /* a peer takes a notice's message of at most 1024 bytes */
+        if (l && l->sends < ts->gw->cfg->notify_line && (it = calloc(1, sizeof(*it))) &&
+            (it->payload = malloc(n->len + 1)) && (it->refused = malloc(cap))) {
+            if (n->len)
+                memcpy(it->payload, n->payload, n->len);
+            it->len = n->len;
+            snprintf(it->refused, cap, "the sender's Submit was refused; nothing was moved: %.900s",
+                     why);
+            it->code = code;
+            it->line = l;
+            it->due = 1;
+            it->traced = mg_trace_start(&it->t, traceparent, strlen(traceparent)) == 1;
+            l->sends++;
+            mg_list_push_back(&l->items, &it->node);
+            pump(ts, l);
+            continue;
+        }
+        if (it) /* out of memory, or the line is full (--notify-line): not sent */
+            free(it->payload);
+        free(it);
+        ts->stats.notes_failed++;
+        mg_warn("notification_not_sent",
+                "peer=%s topic=\"%s\" why=\"a refused Submit's notice: %s\"",
+                n->peer ? n->peer->addr : "?", n->topic,
+                l ? "out of memory or --notify-line reached" : "out of memory");
+        if (l && mg_list_empty(&l->items))
+            line_free(ts, l);
+    }
 }
 
 void mg_xfer_notes_free(struct mg_transfer_svc *ts)

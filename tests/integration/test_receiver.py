@@ -95,6 +95,57 @@ def test_a_write_refused_by_the_receiver_reaches_its_topic(make_daemon):
         assert "the peer's topic got a failure notice" in batch.notify[0].message
 
 
+def test_a_submit_refused_for_good_reaches_its_topics(make_daemon):
+    """A Submit refused before it started has no batch, but its receivers still hear: refused
+    for good (a request that can never run as asked), each notification's topic gets a failure
+    notice with batch id 0 and the refusal's code and words; refused for now (a peer that did
+    not answer: the caller may retry), nothing comes, and the batch sent after is the first
+    the topic hears of."""
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    nb = notify(b)
+    good = req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4096)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+
+        def submit(topic, *requests):
+            return t.Submit(transfer_pb2.SubmitRequest(
+                requests=requests,
+                notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic=topic, payload=b"kv 9")]))
+
+        def refused(topic, *requests):
+            with pytest.raises(grpc.RpcError) as err:
+                submit(topic, *requests)
+            return err.value
+
+        nb.Expect(notify_pb2.ExpectRequest(topic="kv/9", timeout_ms=LONG, peer=a.h2c))
+        # at once: request 1's local range runs past src's end
+        err = refused("kv/9", good, req(transfer_pb2.WRITE, src.id, b.h2c, dst.id, 4096, MiB))
+        n = first(nb, "kv/9")
+        assert n.outcome == notify_pb2.OUTCOME_FAILED, n
+        assert n.code == err.code().value[0] and "request 1:" in err.details()
+        assert (n.batch_id, n.payload, n.failed_count, n.expectation) == (0, b"kv 9", 0, 0)
+        assert n.message == "the sender's Submit was refused; nothing was moved: " + \
+            err.details()
+        assert list(nb.ListExpectations(notify_pb2.ListExpectationsRequest()).expectations) == []
+        # once B was asked of the target: it has no segment 999
+        err = refused("kv/10", req(transfer_pb2.WRITE, src.id, b.h2c, 999, 4096))
+        n = first(nb, "kv/10")
+        assert (n.outcome, n.code) == (notify_pb2.OUTCOME_FAILED, err.code().value[0]), n
+        assert "999" in n.message and n.message.endswith(err.details())
+        # for now: the agent named is on a daemon that does not answer
+        err = refused("kv/11", transfer_pb2.TransferRequest(
+            op=transfer_pb2.WRITE, local_segment=src.id, peer="127.0.0.1:1", remote_agent="x",
+            remote_address=4096, length=4096))
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+        bid = submit("kv/11", good).batch_id
+        n = first(nb, "kv/11")
+        assert (n.outcome, n.batch_id) == (notify_pb2.OUTCOME_LANDED, bid), n
+    assert a.metric("moongate_transfer_notifications_total", result="failed") == 0
+
+
 def test_a_cancelled_batch_reaches_its_topic(make_daemon):
     a = make_daemon("--peer-tls=false")
     b = make_daemon("--peer-tls=false")
