@@ -1,7 +1,8 @@
 /*
  * mgbench transfer: throughput and latency of moongate transfers between two daemons, driven
  * through the C client library the way an application would: Submit a batch to the local
- * daemon, Wait for it to end.
+ * daemon, Wait for it to end (brief: the outcome and any failed requests, not a status per
+ * block, as an application that only needs the outcome asks).
  *
  *   mgbench transfer --target A --peer B [--blocks 4K,64K,1M,16M,64M] [--batches 1,16]
  *                    [--ops write,read] [--bytes 256M] [--threads N] [--inflight N]
@@ -184,6 +185,7 @@ static int batch_end(worker *w, mg_client *c, uint64_t id, Moongate__V1__Batch *
     Moongate__V1__GetBatchRequest gr = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
     call_rec r = {0};
     gr.id = id;
+    gr.brief = 1; /* the state and the failed requests: not a status per block */
     if (b == NULL && (call(c, "/moongate.v1.Transfer/Wait", &gr.base, &r) != MG_GRPC_OK ||
                       (b = moongate__v1__batch__unpack(NULL, r.len, r.resp)) == NULL)) {
         snprintf(w->error, sizeof(w->error), "Wait: %.400s", r.message);
@@ -193,9 +195,10 @@ static int batch_end(worker *w, mg_client *c, uint64_t id, Moongate__V1__Batch *
     free(r.resp);
     w->latency[k] = now_s() - t0;
     if (b->state != MOONGATE__V1__REQUEST_STATE__DONE) {
-        for (size_t i = 0; i < b->n_requests; i++) {
+        for (size_t i = 0; i < b->n_requests; i++) { /* brief: the failed ones */
             if (b->requests[i]->state == MOONGATE__V1__REQUEST_STATE__FAILED) {
-                snprintf(w->error, sizeof(w->error), "request %zu: %s", i, b->requests[i]->message);
+                snprintf(w->error, sizeof(w->error), "request %u: %s", b->requests[i]->index,
+                         b->requests[i]->message);
                 break;
             }
         }
@@ -286,6 +289,7 @@ static void *worker_main(void *arg)
             reqs[i].remote_offset = roffs[i] = block_offset(w, k, i, mul[1]);
         }
         sr.wait = w->submit_wait;
+        sr.brief = 1;
         sr.digest = w->digest;
         if (w->per_request) {
             sr.requests = ptrs;

@@ -338,7 +338,12 @@ static int decode_value(decode_ctx *c, const ProtobufCFieldDescriptor *f, const 
             return -1;
         *(double *)p = dv;
         return 0;
-    case PROTOBUF_C_TYPE_BOOL:
+    case PROTOBUF_C_TYPE_BOOL: /* "true" and "false" too: what a query string gives */
+        if (json_is_string(j) &&
+            (!strcmp(json_string_value(j), "true") || !strcmp(json_string_value(j), "false"))) {
+            *(protobuf_c_boolean *)p = !strcmp(json_string_value(j), "true");
+            return 0;
+        }
         if (!json_is_boolean(j))
             return fail(c, path, "expected true or false");
         *(protobuf_c_boolean *)p = json_is_true(j);

@@ -296,8 +296,8 @@ static int submit_retry(mg_call *call, struct mg_transfer_svc *ts,
     if (o) {
         again.batch_id = o->id;
         if (req->wait && mg_batch_is_over(o))
-            mg_xfer_svc_answer_now(call, o);
-        else if (!req->wait || mg_xfer_svc_watch(call, o, 1) != 0)
+            mg_xfer_svc_answer_now(call, o, req->brief);
+        else if (!req->wait || mg_xfer_svc_watch(call, o, 1, req->brief) != 0)
             mg_call_reply(call, &again.base);
         return 1;
     }
@@ -472,6 +472,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     batch_peers(b);
     snprintf(b->request_id, sizeof(b->request_id), "%s", req->request_id);
     b->wait = req->wait;
+    b->brief = req->brief;
     b->tag = (mg_batch_tag)tag;
     b->digest = req->digest;
     if (mg_batch_trace(b, mg_call_traceparent(call)) != 0) {
@@ -513,7 +514,7 @@ static void submit_go(mg_call *call, mg_batch *b)
     mg_xfer_notes_enter(b);
     mg_batches_add(ts->batches, b, mg_now_mono_ns());
     resp.batch_id = b->id;
-    if (!b->wait || mg_xfer_svc_watch(call, b, 1) != 0) /* out of memory: the id now, at least */
+    if (!b->wait || mg_xfer_svc_watch(call, b, 1, b->brief) != 0) /* no memory: the id, at least */
         mg_call_reply(call, &resp.base);
 
     mg_xfer_sched_hold(mg_peerdir_sched(ts->dir)); /* every request joins its line, then */

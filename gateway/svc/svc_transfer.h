@@ -28,6 +28,7 @@ typedef struct bwatch {
     mg_parked park; /* in its batch's watchers */
     mg_batch *b;
     int submit; /* a Submit with `wait`: no progress, one SubmitResponse at the end */
+    int brief;  /* hears the batch brief (GetBatchRequest.brief) */
 } bwatch;
 
 static inline bwatch *bwatch_of(mg_list_node *node)
@@ -138,9 +139,9 @@ void mg_xfer_svc_changed(void *arg, mg_batch *b);
 void mg_xfer_svc_freed(void *arg, mg_batch *b);
 /* call hears of b until it ends (Wait), or is answered then (Submit with `wait`, submit 1).
  * Returns 0, or -1 when out of memory. */
-int mg_xfer_svc_watch(mg_call *call, mg_batch *b, int submit);
+int mg_xfer_svc_watch(mg_call *call, mg_batch *b, int submit, int brief);
 /* A Submit with `wait` for a batch that is over: the batch id and the batch. */
-void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b);
+void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b, int brief);
 /* The handlers of GetBatch, Wait (and its cancel), Cancel and ListPeers. */
 void mg_xfer_svc_get(mg_call *call, const ProtobufCMessage *m);
 void mg_xfer_svc_wait(mg_call *call, const ProtobufCMessage *m);

@@ -31,12 +31,14 @@ typedef struct {
 
 static void batch_msg_free(batch_msg *m);
 
-/* Fills m from b; returns -1 when out of memory. Free with batch_msg_free. */
-static int batch_msg_fill(batch_msg *m, const mg_batch *b)
+/* Fills m from b, brief (only the requests that failed, with their indexes) or not; returns -1
+ * when out of memory. Free with batch_msg_free. */
+static int batch_msg_fill(batch_msg *m, const mg_batch *b, int brief)
 {
+    size_t want = brief ? b->counts.failed : b->n, k = 0;
     moongate__v1__batch__init(&m->msg);
-    m->st = calloc(b->n, sizeof(*m->st));
-    m->ptrs = calloc(b->n, sizeof(*m->ptrs));
+    m->st = calloc(want + 1, sizeof(*m->st));
+    m->ptrs = calloc(want + 1, sizeof(*m->ptrs));
     m->ns = calloc(b->nnotes + 1, sizeof(*m->ns));
     m->nptrs = calloc(b->nnotes + 1, sizeof(*m->nptrs));
     if (m->st == NULL || m->ptrs == NULL || m->ns == NULL || m->nptrs == NULL) {
@@ -55,15 +57,19 @@ static int batch_msg_fill(batch_msg *m, const mg_batch *b)
     }
     m->msg.notify = m->nptrs;
     m->msg.n_notify = b->nnotes;
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; i < b->n && k < want; i++) {
         mg_batch_rec rec = mg_batch_record(b, i);
-        moongate__v1__request_status__init(&m->st[i]);
-        m->st[i].state = (Moongate__V1__RequestState)rec.state;
-        m->st[i].bytes_done = rec.bytes;
-        m->st[i].code = rec.state == MG_REQ_FAILED ? mg_err_grpc(rec.err) : 0;
-        m->st[i].transport = (char *)mg_batch_transport_name(rec.transport);
-        m->st[i].message = rec.msg ? rec.msg : "";
-        m->ptrs[i] = &m->st[i];
+        if (brief && rec.state != MG_REQ_FAILED)
+            continue;
+        moongate__v1__request_status__init(&m->st[k]);
+        m->st[k].state = (Moongate__V1__RequestState)rec.state;
+        m->st[k].bytes_done = rec.bytes;
+        m->st[k].code = rec.state == MG_REQ_FAILED ? mg_err_grpc(rec.err) : 0;
+        m->st[k].transport = (char *)mg_batch_transport_name(rec.transport);
+        m->st[k].message = rec.msg ? rec.msg : "";
+        m->st[k].index = brief ? (uint32_t)i : 0;
+        m->ptrs[k] = &m->st[k];
+        k++;
     }
     m->msg.id = b->id;
     m->msg.tag = (char *)mg_batch_tag_name(b->tag);
@@ -71,7 +77,7 @@ static int batch_msg_fill(batch_msg *m, const mg_batch *b)
     m->msg.failed = (uint32_t)b->counts.failed;
     m->msg.state = (Moongate__V1__RequestState)mg_batch_state(&b->counts);
     m->msg.requests = m->ptrs;
-    m->msg.n_requests = b->n;
+    m->msg.n_requests = k;
     return 0;
 }
 
@@ -83,6 +89,29 @@ static void batch_msg_free(batch_msg *m)
     free(m->nptrs);
 }
 
+/* The batch's message in both forms, each made when first asked for. */
+typedef struct {
+    batch_msg m[2]; /* full, brief */
+    int made[2];
+} batch_msgs;
+
+/* b's message, brief or not, from ms; NULL when out of memory. */
+static batch_msg *msgs_get(batch_msgs *ms, const mg_batch *b, int brief)
+{
+    int k = brief != 0;
+    if (!ms->made[k] && batch_msg_fill(&ms->m[k], b, k) == 0)
+        ms->made[k] = 1;
+    return ms->made[k] ? &ms->m[k] : NULL;
+}
+
+static void msgs_free(batch_msgs *ms)
+{
+    for (int k = 0; k < 2; k++) {
+        if (ms->made[k])
+            batch_msg_free(&ms->m[k]);
+    }
+}
+
 /* The answer of a Submit with `wait`: the batch id and the batch as m says. */
 static void submit_answer(mg_call *call, const mg_batch *b, batch_msg *m)
 {
@@ -92,10 +121,10 @@ static void submit_answer(mg_call *call, const mg_batch *b, batch_msg *m)
     mg_call_reply(call, &resp.base);
 }
 
-void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b)
+void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b, int brief)
 {
     batch_msg m;
-    if (batch_msg_fill(&m, b) != 0) {
+    if (batch_msg_fill(&m, b, brief) != 0) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
@@ -108,19 +137,18 @@ void mg_xfer_svc_answer_now(mg_call *call, const mg_batch *b)
 static void batch_tell(mg_batch *b)
 {
     batch_front *f = front_of(b);
-    batch_msg m;
+    batch_msgs ms = {0};
     int over = mg_batch_is_over(b);
-    if (mg_list_empty(&f->watchers) || batch_msg_fill(&m, b) != 0)
-        return;
     mg_list_foreach_safe (&f->watchers, node, next) {
         bwatch *w = bwatch_of(node);
         mg_call *call = w->park.call;
-        if (w->submit) {
-            if (over)
-                submit_answer(call, b, &m);
-        } else if (over || mg_call_writable(call)) { /* a slow reader gets the latest later */
-            mg_call_send(call, &m.msg.base);
-        }
+        batch_msg *bm = w->submit && !over ? NULL : msgs_get(&ms, b, w->brief);
+        if (bm == NULL)
+            continue; /* a Submit hears at the end; out of memory: told later, or at the end */
+        if (w->submit)
+            submit_answer(call, b, bm);
+        else if (over || mg_call_writable(call)) /* a slow reader gets the latest later */
+            mg_call_send(call, &bm->msg.base);
         if (mg_call_data(call) != w)
             continue; /* the answer was too large: the call ended, and w with it
                          (mg_xfer_svc_wait_cancel) */
@@ -129,7 +157,7 @@ static void batch_tell(mg_batch *b)
             free(w);
         }
     }
-    batch_msg_free(&m);
+    msgs_free(&ms);
 }
 
 static void wait_tick(evutil_socket_t fd, short what, void *arg)
@@ -209,10 +237,10 @@ static mg_batch *batch_for(mg_call *call, uint64_t id)
     return b;
 }
 
-static void reply_batch(mg_call *call, const mg_batch *b)
+static void reply_batch(mg_call *call, const mg_batch *b, int brief)
 {
     batch_msg m;
-    if (batch_msg_fill(&m, b) != 0) {
+    if (batch_msg_fill(&m, b, brief) != 0) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
@@ -225,17 +253,18 @@ void mg_xfer_svc_get(mg_call *call, const ProtobufCMessage *m)
     const Moongate__V1__GetBatchRequest *req = (const void *)m;
     mg_batch *b = batch_for(call, req->id);
     if (b)
-        reply_batch(call, b);
+        reply_batch(call, b, req->brief);
 }
 
 /* call hears of b until it ends (Wait), or is answered then (Submit with `wait`). */
-int mg_xfer_svc_watch(mg_call *call, mg_batch *b, int submit)
+int mg_xfer_svc_watch(mg_call *call, mg_batch *b, int submit, int brief)
 {
     bwatch *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return -1;
     w->b = b;
     w->submit = submit;
+    w->brief = brief;
     mg_call_park(call, &w->park, &front_of(b)->watchers);
     return 0;
 }
@@ -247,7 +276,7 @@ void mg_xfer_svc_wait(mg_call *call, const ProtobufCMessage *m)
     batch_msg bm;
     if (b == NULL)
         return;
-    if (batch_msg_fill(&bm, b) != 0) {
+    if (batch_msg_fill(&bm, b, req->brief) != 0) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
@@ -257,7 +286,7 @@ void mg_xfer_svc_wait(mg_call *call, const ProtobufCMessage *m)
         mg_call_finish(call, MG_GRPC_OK, NULL);
         return;
     }
-    if (mg_xfer_svc_watch(call, b, 0) != 0)
+    if (mg_xfer_svc_watch(call, b, 0, req->brief) != 0)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
 }
 
@@ -277,7 +306,7 @@ void mg_xfer_svc_cancel(mg_call *call, const ProtobufCMessage *m)
     if (b == NULL)
         return;
     mg_batch_stop(b, MG_ERR_CANCELLED, "cancelled before it started");
-    reply_batch(call, b);
+    reply_batch(call, b, req->brief);
 }
 
 void mg_xfer_svc_list_peers(mg_call *call, const ProtobufCMessage *m)
@@ -424,23 +453,22 @@ void mg_xfer_svc_drain(mg_gateway *gw)
     mg_batches *set = transfer_of(gw) ? transfer_of(gw)->batches : NULL;
     for (mg_batch *b = set ? mg_batches_first(set) : NULL; b; b = mg_batches_next(set, b)) {
         mg_list *watchers = &front_of(b)->watchers;
-        batch_msg m;
-        int have = !mg_list_empty(watchers) && batch_msg_fill(&m, b) == 0;
+        batch_msgs ms = {0};
         while (!mg_list_empty(watchers)) {
             bwatch *w = bwatch_of(mg_list_first(watchers));
-            int answered = w->submit && have; /* the batch id, and where it stands */
+            batch_msg *m = msgs_get(&ms, b, w->brief);
+            int answered = w->submit && m; /* the batch id, and where it stands */
             if (answered)
-                submit_answer(w->park.call, b, &m);
-            else if (have && !w->submit)
-                mg_call_send(w->park.call, &m.msg.base);
+                submit_answer(w->park.call, b, m);
+            else if (m && !w->submit)
+                mg_call_send(w->park.call, &m->msg.base);
             if (mg_list_first(watchers) != &w->park.node)
                 continue; /* the call ended on its own, and w with it (mg_xfer_svc_wait_cancel) */
             mg_call_unpark(&w->park, answered ? -1 : MG_GRPC_UNAVAILABLE,
                            "the daemon is draining; the batch goes on until it stops");
             free(w);
         }
-        if (have)
-            batch_msg_free(&m);
+        msgs_free(&ms);
     }
 }
 

@@ -947,3 +947,41 @@ def test_a_submit_whose_answer_is_over_the_message_limit_fails_alone(make_daemon
         bid = t.Submit(transfer_pb2.SubmitRequest(requests=reqs[:1])).batch_id
         assert wait_batch(t, bid).state == transfer_pb2.FAILED
     assert a.alive()
+
+
+def test_brief_answers_list_only_the_failed_requests(make_daemon):
+    """GetBatch, Wait, Cancel and Submit(wait) with brief: the batch's state and counts, and of
+    its requests only those that failed, each with its index; none for a batch that went well.
+    JSON: ?brief=true."""
+    import json
+    from conftest import curl
+    a = make_daemon()
+    one, two = register(a, "one", MiB), register(a, "two", MiB)
+    os.truncate(one.path, MiB // 2)  # copies from its second half fail DATA_LOSS
+    reqs = [req(transfer_pb2.WRITE, one.id, "", two.id, 4096, i * MiB // 8, i * 4096)
+            for i in range(8)]
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        resp = t.Submit(transfer_pb2.SubmitRequest(requests=reqs, wait=True, brief=True),
+                        timeout=30)
+        b = resp.batch
+        assert (b.state, b.done, b.failed) == (transfer_pb2.FAILED, 4, 4), b
+        assert [r.index for r in b.requests] == [4, 5, 6, 7]
+        assert {(r.state, r.code) for r in b.requests} == \
+            {(transfer_pb2.FAILED, grpc.StatusCode.DATA_LOSS.value[0])}
+        full = t.GetBatch(transfer_pb2.GetBatchRequest(id=resp.batch_id))
+        assert [r.state for r in full.requests] == [transfer_pb2.DONE] * 4 + \
+            [transfer_pb2.FAILED] * 4 and {r.index for r in full.requests} == {0}
+        assert [r.message for r in full.requests[4:]] == [r.message for r in b.requests]
+        assert t.GetBatch(transfer_pb2.GetBatchRequest(id=resp.batch_id, brief=True)) == b
+        assert list(t.Wait(transfer_pb2.GetBatchRequest(id=resp.batch_id, brief=True),
+                           timeout=10)) == [b]
+        assert t.Cancel(transfer_pb2.GetBatchRequest(id=resp.batch_id, brief=True)) == b
+        ok = t.Submit(transfer_pb2.SubmitRequest(requests=reqs[:4])).batch_id
+        seen = list(t.Wait(transfer_pb2.GetBatchRequest(id=ok, brief=True), timeout=30))
+        assert seen[-1].state == transfer_pb2.DONE and seen[-1].done == 4
+        assert [len(s.requests) for s in seen] == [0] * len(seen)
+    rc, out, err = curl("--http2-prior-knowledge",
+                        "http://%s/v1/transfers/%d?brief=true" % (a.h2c, resp.batch_id))
+    got = json.loads(out)
+    assert rc == 0 and [r["index"] for r in got.get("requests", ())] == [4, 5, 6, 7], out

@@ -267,6 +267,23 @@ static void test_reals_for_integer_fields(void)
     expect_error(&moongate__v1__expand_request__descriptor, "{\"count\": 2.5}", "integer");
 }
 
+/* A query string's values are strings: "true" and "false" stand for the booleans. */
+static void test_bools_as_strings(void)
+{
+    const ProtobufCMessageDescriptor *info = &moongate__v1__info_response__descriptor;
+    char err[256];
+    ProtobufCMessage *m =
+        load(info, "{\"transports\":[{\"available\":\"true\"},{\"available\":\"false\"}]}", err);
+    Moongate__V1__InfoResponse *r = (Moongate__V1__InfoResponse *)m;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    CU_ASSERT_EQUAL_FATAL(r->n_transports, 2);
+    CU_ASSERT_TRUE(r->transports[0]->available);
+    CU_ASSERT_FALSE(r->transports[1]->available);
+    protobuf_c_message_free_unpacked(m, NULL);
+    expect_error(info, "{\"transports\":[{\"available\":\"True\"}]}", "true or false");
+    expect_error(info, "{\"transports\":[{\"available\":1}]}", "true or false");
+}
+
 static void test_nested_and_repeated_decode(void)
 {
     char err[256];
@@ -317,6 +334,7 @@ int main(void)
         MG_TEST(test_both_field_name_spellings),
         MG_TEST(test_errors_name_the_field),
         MG_TEST(test_reals_for_integer_fields),
+        MG_TEST(test_bools_as_strings),
         MG_TEST(test_nested_and_repeated_decode),
         MG_TEST(test_oneof),
         MG_TEST(test_utf8),

@@ -612,14 +612,16 @@ class Client:
 
     # transfers
     def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
-                 digest=False, traceparent=""):
+                 digest=False, traceparent="", brief=False):
         """Submits a batch and waits for its end (one call: Submit with wait). Returns the
         Batch; with check, raises Error for the first failed request or notification.
         digest: every request checked end to end (CRC32C; DATA_LOSS when the bytes that
-        landed differ); traceparent: a W3C traceparent the batch's trace continues."""
+        landed differ); traceparent: a W3C traceparent the batch's trace continues; brief:
+        the Batch lists only the requests that failed (each with its index), not one status
+        per request."""
         resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True, digest=digest),
+            request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
@@ -633,11 +635,12 @@ class Client:
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, digest=digest), traceparent=traceparent).batch_id
 
-    def wait(self, batch_id, progress=None, check=True):
-        """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report."""
+    def wait(self, batch_id, progress=None, check=True, brief=False):
+        """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report.
+        brief: each report lists only the requests that failed (see transfer())."""
         last = None
         try:
-            for b in self.transfers.Wait(transfer_pb2.GetBatchRequest(id=batch_id),
+            for b in self.transfers.Wait(transfer_pb2.GetBatchRequest(id=batch_id, brief=brief),
                                          metadata=self.md):
                 last = b
                 if progress:
@@ -786,10 +789,10 @@ class AsyncClient:
         await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
     async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
-                       digest=False, traceparent=""):
+                       digest=False, traceparent="", brief=False):
         resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
             requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True, digest=digest),
+            request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)

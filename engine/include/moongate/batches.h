@@ -147,6 +147,7 @@ struct mg_batch {
     char tenant[MG_SEG_NAME_MAX + 1];
     uint64_t conn; /* the front's id of the connection it came on (notifications keep order) */
     int wait;      /* its Submit answers at the end */
+    int brief;     /* ... listing only the requests that failed (SubmitRequest.brief) */
     mg_batch_tag tag;
     int digest;     /* CRC32C end to end (SubmitRequest.digest): over TCP, per slice */
     mg_trace trace; /* its span: the caller's traceparent as parent, or a trace of its own */

@@ -454,7 +454,7 @@ class TransferEngine:
         timeout_ms = self._deadline_ms(sum(lengths))
         try:
             resp = self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
-                blocks=[blocks], timeout_ms=timeout_ms, wait=True),
+                blocks=[blocks], timeout_ms=timeout_ms, wait=True, brief=True),
                 timeout=timeout_ms / 1000.0 + 5)
             if resp.batch.state != transfer_pb2.DONE:
                 raise mg._batch_error(resp.batch)
@@ -549,7 +549,7 @@ class TransferEngine:
                 rc = -1
                 continue
             try:
-                self._c.wait(bid)
+                self._c.wait(bid, brief=True)
             except mg.Error as e:
                 log.error("batch %d: %s", bid, e)
                 rc = -1
@@ -564,7 +564,7 @@ class TransferEngine:
             return -1
         try:
             b = self._c._call(self._c.transfers.GetBatch,
-                              transfer_pb2.GetBatchRequest(id=batch_id))
+                              transfer_pb2.GetBatchRequest(id=batch_id, brief=True))
         except mg.Error as e:
             log.error("transfer_check_status(%d): %s", batch_id, e)
             return -1
