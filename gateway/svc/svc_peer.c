@@ -453,10 +453,12 @@ static void checksum_message(mg_call *call, const ProtobufCMessage *m)
     if (!peer_tenant(call, req->tenant))
         return;
     snprintf(holder, sizeof(holder), "a digest check by %s", mg_call_peer(call));
-    if (req->lease) {
-        if (gw->pools == NULL ||
+    if (req->lease) { /* only remote-accessible leases, as DescribeTarget and the data plane */
+        if (gw->pools == NULL || gw->leases == NULL ||
+            mg_lease_table_describe(gw->leases, req->target, tenant, &size) != 0 ||
             mg_pools_use(gw->pools, tenant, req->target, holder, &seg, &base, &size, &lease)) {
-            mg_call_fail(call, MG_ERR_NOT_FOUND, "no lease %" PRIu64, req->target);
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no remote-accessible lease %" PRIu64,
+                         req->target);
             return;
         }
     } else {

@@ -224,3 +224,35 @@ def test_expired_session_tokens_are_refused(make_daemon):
     s, answer = dial(sess)
     assert answer["type"] == ERROR and answer["status"] == grpc.StatusCode.UNAUTHENTICATED.value[0]
     s.close()
+
+
+def test_peer_checksum_reaches_only_what_peers_may(make_daemon):
+    """Peer/Checksum sums what a peer may move — a remote-accessible segment or lease — and
+    nothing else: a private segment is PERMISSION_DENIED, a private lease NOT_FOUND (as
+    DescribeTarget and the data plane see it), a range past the end OUT_OF_RANGE."""
+    from moongate.v1 import pool_pb2, pool_pb2_grpc
+    daemon = make_daemon("--pool-bytes", "8M")
+    with h2c_channel(daemon) as ch:
+        m, peer = memory_pb2_grpc.MemoryStub(ch), peer_pb2_grpc.PeerStub(ch)
+        pool = pool_pb2_grpc.PoolStub(ch)
+        shared = m.RegisterSegment(memory_pb2.RegisterRequest(
+            name="shared", size=1 << 20, remote_accessible=True)).segment
+        private = m.RegisterSegment(memory_pb2.RegisterRequest(name="private",
+                                                               size=4096)).segment
+        got = peer.Checksum(peer_pb2.PeerChecksumRequest(target=shared.id, offset=4096,
+                                                         length=8192))
+        assert got.crc32c == m.Checksum(memory_pb2.ReadSegmentRequest(
+            id=shared.id, offset=4096, length=8192)).crc32c and got.length == 8192
+        public = pool.AcquireLease(pool_pb2.AcquireLeaseRequest(size=65536,
+                                                                remote_accessible=True))
+        mine = pool.AcquireLease(pool_pb2.AcquireLeaseRequest(size=65536))
+        assert peer.Checksum(peer_pb2.PeerChecksumRequest(target=public.id, lease=True,
+                                                          length=65536)).length == 65536
+        for fields, code, needle in (
+                (dict(target=private.id, length=4096), "PERMISSION_DENIED", "remote-accessible"),
+                (dict(target=mine.id, lease=True, length=4096), "NOT_FOUND",
+                 "no remote-accessible lease"),
+                (dict(target=shared.id, offset=1 << 20, length=1), "OUT_OF_RANGE", "outside")):
+            with pytest.raises(grpc.RpcError) as e:
+                peer.Checksum(peer_pb2.PeerChecksumRequest(**fields))
+            assert e.value.code().name == code and needle in e.value.details(), e.value
