@@ -8,19 +8,38 @@
 #include "moongate/fault.h"
 #include "moongate/procmem.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define COPY_STEP (8u << 20) /* a copy sees a stop between steps this long */
 
+void mg_xfer_part_say(mg_xfer_part *pt, const char *fmt, ...)
+{
+    char why[MG_XFER_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    free(pt->msg);
+    pt->msg = strdup(why);
+}
+
+/* pt fails with rc and the message in why (a mover's own buffer); returns rc. */
+static int part_fails(mg_xfer_part *pt, int rc, const char *why)
+{
+    mg_xfer_part_say(pt, "%s", why);
+    return pt->rc = rc;
+}
+
 /* One step of a copy whose local side is a client process's memory (pt->pm): straight between
- * the process and the other range's mapping. Returns 0 or an MG_ERR_* with pt->msg set. */
-static int step_process(mg_xfer_part *pt, uint64_t done, uint64_t step)
+ * the process and the other range's mapping. Returns 0 or an MG_ERR_* with why set. */
+static int step_process(mg_xfer_part *pt, uint64_t done, uint64_t step, char *why, size_t cap)
 {
     uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
-    return pt->write
-               ? mg_procmem_read(pt->pm, pt->other + done, addr, step, pt->msg, sizeof(pt->msg))
-               : mg_procmem_write(pt->pm, addr, pt->other + done, step, pt->msg, sizeof(pt->msg));
+    return pt->write ? mg_procmem_read(pt->pm, pt->other + done, addr, step, why, cap)
+                     : mg_procmem_write(pt->pm, addr, pt->other + done, step, why, cap);
 }
 
 /* A part of a copy between two ranges of this daemon, in COPY_STEP steps. */
@@ -28,25 +47,26 @@ static int part_copy(mg_xfer_part *pt, const int *stop_word)
 {
     uint8_t *from = pt->write ? pt->local : pt->other;
     uint8_t *to = pt->write ? pt->other : pt->local;
+    char why[MG_XFER_MSG_MAX] = "";
     for (uint64_t done = 0, step; done < pt->length; done += step) {
         int stop = __atomic_load_n(stop_word, __ATOMIC_ACQUIRE), rc;
         if (stop) {
-            snprintf(pt->msg, sizeof(pt->msg), "stopped (%s) with %llu of %llu bytes copied",
-                     mg_strerror(stop), (unsigned long long)done, (unsigned long long)pt->length);
+            mg_xfer_part_say(pt, "stopped (%s) with %llu of %llu bytes copied", mg_strerror(stop),
+                             (unsigned long long)done, (unsigned long long)pt->length);
             return pt->rc = stop;
         }
         step = pt->length - done < COPY_STEP ? pt->length - done : COPY_STEP;
-        if (pt->pm && (rc = step_process(pt, done, step)) != 0)
-            return pt->rc = rc;
+        if (pt->pm && (rc = step_process(pt, done, step, why, sizeof(why))) != 0)
+            return part_fails(pt, rc, why);
         if (pt->pm) {
             __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
             continue;
         }
         if (mg_guarded_copy(to + done, from + done, step) != 0) {
-            snprintf(pt->msg, sizeof(pt->msg),
-                     "a segment's file is shorter than registered (a client truncated it): "
-                     "copy stopped at byte %llu of %llu",
-                     (unsigned long long)done, (unsigned long long)pt->length);
+            mg_xfer_part_say(pt,
+                             "a segment's file is shorter than registered (a client truncated "
+                             "it): copy stopped at byte %llu of %llu",
+                             (unsigned long long)done, (unsigned long long)pt->length);
             return pt->rc = MG_ERR_DATA_LOSS;
         }
         __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
@@ -127,6 +147,7 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     mg_dp_options o = tcp_options(link);
     size_t n = 0, i = 0;
     mg_dp_op *ops;
+    char(*why)[MG_XFER_MSG_MAX]; /* each op's message, if it fails (untouched until then) */
     for (mg_xfer_part *pt = head; pt; pt = pt->next)
         n += pt->pm == NULL;
     if (n == 0)
@@ -134,31 +155,39 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     if (n > 1)
         o.window = 32; /* small slices: more of them in flight */
     ops = calloc(n, sizeof(*ops));
+    why = ops ? malloc(n * sizeof(*why)) : NULL;
     for (mg_xfer_part *pt = head; pt; pt = pt->next) {
         if (pt->pm)
             continue;
-        pt->rc = ops ? 0 : MG_ERR_NOMEM;
-        snprintf(pt->msg, sizeof(pt->msg), "%s", ops ? "" : "out of memory");
-        if (ops)
-            ops[i] = (mg_dp_op){.write = pt->write,
-                                .lease = pt->lease,
-                                .target = pt->target,
-                                .offset = pt->remote,
-                                .buf = pt->local,
-                                .len = pt->length,
-                                .progress = &pt->progress,
-                                .err = pt->msg,
-                                .errcap = sizeof(pt->msg)};
+        if (why == NULL) {
+            part_fails(pt, MG_ERR_NOMEM, "out of memory");
+            continue;
+        }
+        pt->rc = 0;
+        why[i][0] = '\0';
+        ops[i] = (mg_dp_op){.write = pt->write,
+                            .lease = pt->lease,
+                            .target = pt->target,
+                            .offset = pt->remote,
+                            .buf = pt->local,
+                            .len = pt->length,
+                            .progress = &pt->progress,
+                            .err = why[i],
+                            .errcap = sizeof(why[i])};
         i++;
     }
-    if (ops == NULL)
+    if (why == NULL) {
+        free(ops);
         return MG_ERR_NOMEM;
+    }
     ops_run(ops, n, &o, link, ops[0].err, ops[0].errcap);
     i = 0;
     for (mg_xfer_part *pt = head; pt; pt = pt->next) {
-        if (pt->pm == NULL)
-            pt->rc = ops[i++].rc;
+        if (pt->pm == NULL && (pt->rc = ops[i].rc) != 0)
+            mg_xfer_part_say(pt, "%s", why[i]);
+        i += pt->pm == NULL;
     }
+    free(why);
     free(ops);
     return head->rc;
 }
@@ -171,11 +200,10 @@ static int part_tcp_process(mg_xfer_part *pt, const mg_xfer_link *link)
     mg_dp_options o = tcp_options(link);
     uint64_t cap = pt->length < COPY_STEP ? pt->length : COPY_STEP, progress;
     uint8_t *stage = malloc(cap ? cap : 1);
+    char why[MG_XFER_MSG_MAX] = "";
     __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
-    if (stage == NULL) {
-        snprintf(pt->msg, sizeof(pt->msg), "out of memory");
-        return pt->rc = MG_ERR_NOMEM;
-    }
+    if (stage == NULL)
+        return part_fails(pt, MG_ERR_NOMEM, "out of memory");
     pt->rc = 0;
     for (uint64_t done = 0, step; done < pt->length && pt->rc == 0; done += step) {
         uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
@@ -185,23 +213,23 @@ static int part_tcp_process(mg_xfer_part *pt, const mg_xfer_link *link)
                        .offset = pt->remote + done,
                        .buf = stage,
                        .progress = &progress,
-                       .err = pt->msg,
-                       .errcap = sizeof(pt->msg)};
+                       .err = why,
+                       .errcap = sizeof(why)};
         step = pt->length - done < cap ? pt->length - done : cap;
         op.len = step;
         if (pt->write &&
-            (pt->rc = mg_procmem_read(pt->pm, stage, addr, step, pt->msg, sizeof(pt->msg))) != 0)
+            (pt->rc = mg_procmem_read(pt->pm, stage, addr, step, why, sizeof(why))) != 0)
             break;
-        ops_run(&op, 1, &o, link, pt->msg, sizeof(pt->msg));
+        ops_run(&op, 1, &o, link, why, sizeof(why));
         if ((pt->rc = op.rc) != 0)
             break;
         if (!pt->write &&
-            (pt->rc = mg_procmem_write(pt->pm, addr, stage, step, pt->msg, sizeof(pt->msg))) != 0)
+            (pt->rc = mg_procmem_write(pt->pm, addr, stage, step, why, sizeof(why))) != 0)
             break;
         __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
     }
     free(stage);
-    return pt->rc;
+    return pt->rc ? part_fails(pt, pt->rc, why) : 0;
 }
 
 /* The parts over the peer's RDMA queue pairs, one after another. */
@@ -209,12 +237,15 @@ static int parts_rdma(mg_xfer_part *head, const mg_xfer_link *link)
 {
     for (mg_xfer_part *pt = head; pt; pt = pt->next) {
         mg_rdma_op op = {pt->write, pt->local, 0, pt->remote, 0, pt->length};
+        char why[MG_XFER_MSG_MAX] = "";
         __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
         pthread_mutex_lock(link->lock);
         pt->rc = mg_rdma_move_multi(link->conns, link->nconns, &op, pt->lkeys, pt->rkeys,
                                     link->slice_bytes, 16, link->stop, &pt->progress,
-                                    link->io_timeout_ms, pt->msg, sizeof(pt->msg));
+                                    link->io_timeout_ms, why, sizeof(why));
         pthread_mutex_unlock(link->lock);
+        if (pt->rc)
+            part_fails(pt, pt->rc, why);
     }
     return head->rc;
 }

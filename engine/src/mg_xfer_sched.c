@@ -106,6 +106,8 @@ void mg_xfer_req_reset(mg_xfer_req *r)
 
 void mg_xfer_req_free(mg_xfer_req *r)
 {
+    for (unsigned i = 0; i < r->nparts; i++)
+        free(r->parts[i].m.msg);
     if (r->parts && r->parts != &r->one)
         free(r->parts);
     r->parts = NULL;
@@ -130,7 +132,8 @@ static void part_finish(mg_xfer_sched *s, mg_xfer_job_part *pt, int result)
         return;
     for (unsigned i = 0; i < r->nparts; i++) {
         if (r->parts[i].m.rc != 0) {
-            s->cfg.ended(s->cfg.arg, r, r->parts[i].m.rc, r->parts[i].m.msg);
+            s->cfg.ended(s->cfg.arg, r, r->parts[i].m.rc,
+                         r->parts[i].m.msg ? r->parts[i].m.msg : "");
             return;
         }
     }
@@ -150,7 +153,7 @@ static void group_finish(mg_xfer_sched *s, mg_xfer_job_part *head, int rc, const
         q->m.next = NULL;
         q->grouped = 0;
         if (msg)
-            snprintf(q->m.msg, sizeof(q->m.msg), "%s", msg);
+            mg_xfer_part_say(&q->m, "%s", msg);
         part_finish(s, q, msg ? rc : q->m.rc);
     }
 }
@@ -284,14 +287,13 @@ static void req_run(mg_xfer_sched *s, mg_xfer_line *line, unsigned cap)
         }
         for (unsigned k = i; k < r->nparts; k++) { /* the parts not started fail now */
             r->parts[k].m.rc = rc;
-            snprintf(r->parts[k].m.msg, sizeof(r->parts[k].m.msg),
-                     "the engine's queue is full (--queue-depth)");
+            mg_xfer_part_say(&r->parts[k].m, "the engine's queue is full (--queue-depth)");
         }
         r->parts_left = started;
         break;
     }
     if (started == 0)
-        s->cfg.ended(s->cfg.arg, r, r->parts[0].m.rc, r->parts[0].m.msg);
+        s->cfg.ended(s->cfg.arg, r, r->parts[0].m.rc, r->parts[0].m.msg ? r->parts[0].m.msg : "");
 }
 
 /* Whether the line has a request waiting and room to start it now. */

@@ -38,7 +38,7 @@ static inline void mg_test_job_back(int rc)
     mg_test_job j = mg_test_jobs[0];
     CU_ASSERT_FATAL(mg_test_njobs > 0);
     if (rc)
-        snprintf(((mg_xfer_job_part *)j.arg)->m.msg, MG_XFER_MSG_MAX, "%s", mg_strerror(rc));
+        mg_xfer_part_say(&((mg_xfer_job_part *)j.arg)->m, "%s", mg_strerror(rc));
     memmove(&mg_test_jobs[0], &mg_test_jobs[1],
             (size_t)(mg_test_njobs - 1) * sizeof(mg_test_jobs[0]));
     mg_test_njobs--;

@@ -128,8 +128,10 @@ static void test_copy(void)
     pt = (mg_xfer_part){.write = 1, .local = a, .length = len, .other = b};
     CU_ASSERT_EQUAL(mg_xfer_run(MG_XFER_COPY, &pt, &link), MG_ERR_CANCELLED);
     CU_ASSERT_EQUAL(pt.rc, MG_ERR_CANCELLED);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pt.msg);
     CU_ASSERT_PTR_NOT_NULL(strstr(pt.msg, "stopped"));
     CU_ASSERT_EQUAL(pt.progress, 0u);
+    free(pt.msg);
     free(a);
     free(b);
 }
@@ -159,7 +161,7 @@ static void test_tcp_group(void)
     CU_ASSERT_EQUAL(mg_xfer_run(MG_XFER_TCP, &pt[0], &link), 0);
     CU_ASSERT_EQUAL(pt[0].rc, 0);
     CU_ASSERT_EQUAL(pt[1].rc, MG_ERR_RANGE);
-    CU_ASSERT(strlen(pt[1].msg) > 0);
+    CU_ASSERT(pt[1].msg && strlen(pt[1].msg) > 0);
     CU_ASSERT_EQUAL(pt[2].rc, 0);
     CU_ASSERT_EQUAL(pt[0].progress, 4096u);
     CU_ASSERT_EQUAL(memcmp(seg_mem, src[0], 4096), 0);
@@ -167,6 +169,9 @@ static void test_tcp_group(void)
     CU_ASSERT_EQUAL(mg_dp_pool_idle(&idle), 1u);
     /* And back: a READ into fresh memory on the pooled connection. */
     memset(src[0], 0, sizeof(src[0]));
+    free(pt[1].msg); /* the only one that failed */
+    CU_ASSERT_PTR_NULL(pt[0].msg);
+    CU_ASSERT_PTR_NULL(pt[2].msg);
     pt[0] = (mg_xfer_part){.write = 0, .local = src[0], .length = 4096, .target = seg_id};
     CU_ASSERT_EQUAL(mg_xfer_run(MG_XFER_TCP, &pt[0], &link), 0);
     CU_ASSERT_EQUAL(src[0][0], 'a');
@@ -203,8 +208,10 @@ static void test_tcp_broken_idle_and_stop(void)
     stop = MG_ERR_TIMEOUT;
     pt = (mg_xfer_part){.write = 1, .local = buf, .length = sizeof(buf), .target = seg_id};
     CU_ASSERT_EQUAL(mg_xfer_run(MG_XFER_TCP, &pt, &link), MG_ERR_TIMEOUT);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pt.msg);
     CU_ASSERT_PTR_NOT_NULL(strstr(pt.msg, "before it started"));
     CU_ASSERT_EQUAL(pt.progress, 0u);
+    free(pt.msg);
     mg_dp_pool_free(&idle);
     unserve_all();
 }

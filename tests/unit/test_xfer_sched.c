@@ -261,7 +261,7 @@ static void test_grouping(void)
     CU_ASSERT_EQUAL(njobs, 1); /* r[0..2] as one job */
     CU_ASSERT_EQUAL(mg_xfer_line_ready(&a), 1u);
     r[1].parts[0].m.rc = MG_ERR_RANGE; /* the worker says r[1]'s part was refused */
-    snprintf(r[1].parts[0].m.msg, sizeof(r[1].parts[0].m.msg), "out of range");
+    mg_xfer_part_say(&r[1].parts[0].m, "out of range");
     finish(0, 0);
     CU_ASSERT_EQUAL_FATAL(nended, 4);
     CU_ASSERT_PTR_EQUAL(ended[1], &r[0]);
@@ -273,6 +273,8 @@ static void test_grouping(void)
     CU_ASSERT_EQUAL(njobs, 1); /* r[3], its own job */
     finish(0, 0);
     CU_ASSERT_EQUAL(nended, 5);
+    for (int i = 0; i < 4; i++) /* r[1]'s part holds its message */
+        mg_xfer_req_free(&r[i]);
     mg_xfer_line_del(&a);
     mg_xfer_sched_del(s);
 }
@@ -360,8 +362,8 @@ static void test_parts_and_first_failure(void)
     CU_ASSERT_EQUAL(njobs, 4);
     CU_ASSERT_PTR_EQUAL(r.parts[3].m.local, big + 48 * MiB);
     CU_ASSERT_EQUAL(r.parts[3].m.remote, 48 * MiB);
-    snprintf(r.parts[2].m.msg, sizeof(r.parts[2].m.msg), "third");
-    snprintf(r.parts[1].m.msg, sizeof(r.parts[1].m.msg), "second");
+    mg_xfer_part_say(&r.parts[2].m, "third");
+    mg_xfer_part_say(&r.parts[1].m, "second");
     finish(2, MG_ERR_UNAVAILABLE); /* the third part ends first */
     finish(0, 0);
     finish(0, MG_ERR_TIMEOUT); /* the second */
@@ -392,6 +394,7 @@ static void test_full_remove_close(void)
     CU_ASSERT_EQUAL(ended_rc[0], MG_ERR_FULL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ended_msg[0], "--queue-depth"));
     CU_ASSERT_EQUAL(a.jobs, 0u);
+    mg_xfer_req_free(&r[0]); /* its part says why */
     submit_rc = 0;
     for (int i = 1; i < 3; i++) {
         req(&r[i], &batch[i], 8 * MiB, 0);

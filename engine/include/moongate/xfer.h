@@ -52,7 +52,7 @@ extern "C" {
 
 typedef enum { MG_XFER_COPY = 0, MG_XFER_TCP = 1, MG_XFER_RDMA = 2 } mg_xfer_kind;
 
-#define MG_XFER_MSG_MAX 400
+#define MG_XFER_MSG_MAX 400 /* a failure message's bytes at most, with its NUL */
 
 /* A range one job moves: a part of a request, or a whole small request in a group. */
 typedef struct mg_xfer_part {
@@ -71,10 +71,15 @@ typedef struct mg_xfer_part {
     struct mg_procmem *pm;
     struct mg_xfer_part *next; /* the next part of the same job, or NULL */
     /* Results. */
-    uint64_t progress;         /* bytes confirmed (atomic) */
-    int rc;                    /* 0 or an MG_ERR_* */
-    char msg[MG_XFER_MSG_MAX]; /* why it failed */
+    uint64_t progress; /* bytes confirmed (atomic) */
+    int rc;            /* 0 or an MG_ERR_* */
+    char *msg;         /* why it failed (mg_xfer_part_say; freed with the request), or NULL:
+                        * held only by the parts that failed, so a batch of thousands of small
+                        * requests does not carry a message buffer for each */
 } mg_xfer_part;
+
+/* Sets pt->msg (printf-style, at most MG_XFER_MSG_MAX bytes); out of memory leaves it NULL. */
+void mg_xfer_part_say(mg_xfer_part *pt, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* How a job reaches the other side. */
 typedef struct mg_xfer_link {
