@@ -178,6 +178,12 @@ void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, .
     mg_batch_discard(b);
 }
 
+void mg_xfer_svc_refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why)
+{
+    mg_xfer_svc_refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved",
+                       mg_strerror(err), i, why);
+}
+
 /* Every remote request of b against the descriptors (mg_batch_check_remote); on the first
  * that cannot run, the call is refused (nothing moved), b discarded, and -1 returned. */
 static int remote_pass(mg_call *call, mg_batch *b, mg_batch_target *keys, size_t nkeys,
@@ -188,8 +194,7 @@ static int remote_pass(mg_call *call, mg_batch *b, mg_batch_target *keys, size_t
     int rc = mg_batch_check_remote(b, svc_of(b)->descs, keys, nkeys, fetch, nfetch, &bad, why,
                                    sizeof(why));
     if (rc == MG_ERR_INVALID)
-        mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
-                           mg_strerror(rc), bad, why);
+        mg_xfer_svc_refuse_request(call, b, rc, bad, why);
     else if (rc)
         mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s", mg_strerror(rc));
     return rc ? -1 : 0;
@@ -464,8 +469,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
         if (bad) { /* it may be the request's own text, which goes with the batch */
             int err = b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID;
-            mg_xfer_svc_refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved",
-                               mg_strerror(err), i, bad);
+            mg_xfer_svc_refuse_request(call, b, err, i, bad);
             return;
         }
     }

@@ -101,6 +101,9 @@ int mg_xfer_agent_ask(mg_gateway *gw, const char *tenant, const mg_agent_ref *re
  * b's notifications' peers hear when that is for good (mg_xfer_notes_refused), b is discarded. */
 void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same for request i of b, which cannot run for err (an MG_ERR_*) and why: "<err's text>:
+ * request i: why; nothing was moved", as mg_call_fail words it. */
+void mg_xfer_svc_refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why);
 /* Resolves b's requests naming (agent, address) on peers. Returns 0 (resolved: go on), -1 (the
  * call failed, b discarded) or 1 (peers are asked; `then` continues with b once they answered
  * and every request resolved, else the call fails). */

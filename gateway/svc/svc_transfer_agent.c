@@ -145,8 +145,7 @@ static void agents_end(agents_wait *w)
     } else if (w->code) {
         mg_xfer_svc_refuse(call, w->b, w->code, "%s; nothing was moved", w->msg);
     } else if (rc) {
-        mg_xfer_svc_refuse(call, w->b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
-                           mg_strerror(rc), bad, why);
+        mg_xfer_svc_refuse_request(call, w->b, rc, bad, why);
     } else {
         w->then(call, w->b);
     }
@@ -187,8 +186,7 @@ int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, m
             mg_call_fail(call, MG_ERR_NOMEM, NULL);
             mg_batch_discard(b);
         } else {
-            mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s: request %zu: %s; nothing was moved",
-                               mg_strerror(rc), bad, why);
+            mg_xfer_svc_refuse_request(call, b, rc, bad, why);
         }
         return -1;
     }
