@@ -224,8 +224,9 @@ typedef struct dp_conn {
     int ahead;
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
-    uint8_t *stage; /* checksummed READ answers pass through here summed */
+    uint8_t *stage; /* checksummed READ answers pass through here summed, side by side */
     size_t stage_cap;
+    size_t staged; /* bytes of it the answers held use */
 } dp_conn;
 
 /* A connection's stage (*stage of *cap bytes) grown to at least n. Returns 0, or -1 (errno
@@ -270,6 +271,24 @@ static const uint8_t *summed(uint8_t **stage, size_t *cap, const uint8_t *src, s
     if (staged || errno == EFAULT)
         return staged;
     return mg_guarded_crc32c(crc, src, n) == 0 ? src : NULL;
+}
+
+/* Checksummed payloads are staged side by side in a stage of this much (when it can be had),
+ * and go together in one sendmsg when it is full. */
+#define STAGE_GATHER_BYTES (512u << 10)
+
+/* summed() into the stage at offset `at`, behind payloads staged there and not sent yet: the
+ * stage is not moved then (the caller checked that at + n fits). At 0 it first grows to hold
+ * several payloads, if it can. */
+static const uint8_t *summed_at(uint8_t **stage, size_t *cap, size_t at, const uint8_t *src,
+                                size_t n, uint32_t *crc)
+{
+    uint8_t *p = *stage + at;
+    size_t room = *cap - at;
+    if (at > 0)
+        return stage_summed(&p, &room, src, n, crc);
+    (void)stage_grow(stage, cap, STAGE_GATHER_BYTES); /* if refused, one payload at a time */
+    return summed(stage, cap, src, n, crc);
 }
 
 struct mg_dp_server {
@@ -326,15 +345,14 @@ static int out_flush(dp_conn *c, int send)
         rc = write_iov(c->fd, iov, n, 0, (int)c->srv->cfg.io_timeout_ms, NULL);
     for (size_t i = 0; i < c->nout; i++)
         target_done(c->srv, &c->out[i].tgt);
-    c->nout = c->out_bytes = 0;
+    c->nout = c->out_bytes = c->staged = 0;
     return rc;
 }
 
 /* Holds back an answer: h, and len bytes of payload kept in place by *tgt (taken over; may be
- * NULL without a payload). `now`: they go at once (the payload is the stage, which the next
- * answer reuses). Returns 0 or -1. */
+ * NULL without a payload) or in the stage. Returns 0 or -1. */
 static int out_hold(dp_conn *c, const mg_df_header *h, const uint8_t *payload, uint32_t len,
-                    dp_target *tgt, int now)
+                    dp_target *tgt)
 {
     dp_answer *a = &c->out[c->nout++];
     mg_df_encode(h, a->head);
@@ -344,7 +362,7 @@ static int out_hold(dp_conn *c, const mg_df_header *h, const uint8_t *payload, u
     if (tgt)
         *tgt = (dp_target){NULL, NULL};
     c->out_bytes += len;
-    return now || c->nout == OUT_FRAMES || c->out_bytes >= OUT_BYTES ? out_flush(c, 1) : 0;
+    return c->nout == OUT_FRAMES || c->out_bytes >= OUT_BYTES ? out_flush(c, 1) : 0;
 }
 
 static size_t rb_avail(const dp_conn *c)
@@ -603,14 +621,23 @@ static void *conn_main(void *arg)
             reply.status = st;
             /* Counted before the ack: whoever the ack reaches sees the counters include it. */
             tally(s, st, 1, h.length);
-            rc = out_hold(c, &reply, NULL, 0, NULL, 0);
+            rc = out_hold(c, &reply, NULL, 0, NULL);
         } else {
             uint32_t crc = 0;
             const uint8_t *payload = addr;
             c->ahead = 1; /* READ frames are headers alone */
-            if (st == ST_OK && (h.flags & MG_DF_CRC) &&
-                (payload = summed(&c->stage, &c->stage_cap, addr, h.length, &crc)) == NULL)
-                st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
+            if (st == ST_OK && (h.flags & MG_DF_CRC)) {
+                /* Summed into the stage behind the answers held, once they went if it is full. */
+                if (c->staged > 0 && c->staged + h.length > c->stage_cap && out_flush(c, 1) != 0) {
+                    target_done(s, &tgt);
+                    break;
+                }
+                payload = summed_at(&c->stage, &c->stage_cap, c->staged, addr, h.length, &crc);
+                if (payload == NULL)
+                    st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
+                else if (payload == c->stage + c->staged)
+                    c->staged += h.length;
+            }
             reply.type = MG_DF_READ_DATA;
             reply.status = st;
             reply.length = st == ST_OK ? h.length : 0;
@@ -620,7 +647,7 @@ static void *conn_main(void *arg)
             }
             tally(s, st, 0, h.length);
             /* Held back with what keeps the payload in place, which goes with it. */
-            rc = out_hold(c, &reply, payload, reply.length, &tgt, reply.length && payload != addr);
+            rc = out_hold(c, &reply, payload, reply.length, &tgt);
         }
         target_done(s, &tgt);
         if (rc != 0)
@@ -1031,11 +1058,12 @@ void mg_dp_close(mg_dp_conn *c)
 }
 
 /* Frames slice sl of an op (a WRITE with its payload, or a READ): its header into head, and
- * in *payload what follows it (NULL: nothing). A checksummed WRITE's payload is the
- * connection's stage, which holds one slice. Returns 0, or -1 (errno EFAULT: the local bytes
- * went missing while they were summed). */
+ * in *payload what follows it (NULL: nothing). A checksummed WRITE's payload is copied into
+ * the connection's stage at offset `at` (the stage holds at least at + its length when at > 0,
+ * so that slices gathered before it stay where they are). Returns 0, or -1 (errno EFAULT: the
+ * local bytes went missing while they were summed). */
 static int frame_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
-                       const uint8_t *buf, const mg_dp_options *o, uint64_t id,
+                       const uint8_t *buf, const mg_dp_options *o, uint64_t id, size_t at,
                        uint8_t head[MG_DF_HEADER_BYTES], const uint8_t **payload)
 {
     mg_df_header h = {0};
@@ -1047,8 +1075,8 @@ static int frame_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice
     h.length = sl->length;
     *payload = write ? buf + sl->local_offset : NULL;
     if (write && o->crc &&
-        (*payload = summed(&c->stage, &c->stage_cap, *payload, sl->length, &h.payload_crc)) ==
-            NULL) {
+        (*payload = summed_at(&c->stage, &c->stage_cap, at, *payload, sl->length,
+                              &h.payload_crc)) == NULL) {
         errno = EFAULT; /* as send() reports a missing page of the local segment */
         return -1;
     }
@@ -1067,6 +1095,7 @@ typedef struct {
     struct iovec iov[2 * GATHER_FRAMES];
     uint8_t heads[GATHER_FRAMES][MG_DF_HEADER_BYTES];
     size_t frames, iovcnt, bytes;
+    size_t staged;  /* bytes of the connection's stage the payloads use */
     uint64_t first; /* the first one's slice, for messages */
 } gather;
 
@@ -1151,15 +1180,15 @@ static int run_flush(run_state *r, int more)
                  r->c->peer, g->frames, (unsigned long long)g->first, strerror(err));
         return run_io_failed(r, err);
     }
-    g->frames = g->iovcnt = g->bytes = 0;
+    g->frames = g->iovcnt = g->bytes = g->staged = 0;
     return 0;
 }
 
 /* Sends while the window has room: each op's slices in order, ops one after another; an op the
  * peer refused a slice of sends no more. Frames go several to a sendmsg (up to GATHER_FRAMES
- * and GATHER_BYTES; a checksummed WRITE, whose payload is in the stage, alone), with MSG_MORE
- * while more follow at once, so that small ones share packets; the last is pushed before the
- * answers are waited for. Returns 0, or the run's end (failed). */
+ * and GATHER_BYTES, and checksummed WRITE payloads as many as the stage holds side by side),
+ * with MSG_MORE while more follow at once, so that small ones share packets; the last is pushed
+ * before the answers are waited for. Returns 0, or the run's end (failed). */
 static int run_send(run_state *r)
 {
     mg_dp_conn *c = r->c;
@@ -1182,11 +1211,18 @@ static int run_send(run_state *r)
             return run_fail(r, rc, 1);
         mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
         so.lease = op->lease;
+        if (op->write && so.crc && g->staged > 0 && g->staged + sl.length > c->stage_cap) {
+            /* The stage is full: what it holds goes first, pushed (held back, its last packet
+             * would wait for this slice's sum). */
+            if ((rc = run_flush(r, 0)) != 0)
+                return rc;
+            held = 0;
+        }
         e = (in_flight){r->sop, r->sslice, c->next_slice++};
         if (g->frames == 0)
             g->first = r->sslice;
-        if (frame_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, g->heads[g->frames],
-                        &payload) != 0) {
+        if (frame_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, g->staged,
+                        g->heads[g->frames], &payload) != 0) {
             int err = errno; /* before snprintf may change it */
             snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
                      (unsigned long long)r->sslice, strerror(err));
@@ -1196,6 +1232,8 @@ static int run_send(run_state *r)
         if (payload) {
             g->iov[g->iovcnt++] = (struct iovec){(void *)(uintptr_t)payload, sl.length};
             g->bytes += sl.length;
+            if (payload == c->stage + g->staged)
+                g->staged += sl.length;
         }
         r->ring[(r->head + r->count) % r->o.window] = e;
         r->count++;
@@ -1203,11 +1241,8 @@ static int run_send(run_state *r)
             __atomic_fetch_add(r->o.in_flight, 1, __ATOMIC_RELAXED);
         r->sslice++;
         more = r->count < r->o.window && (r->sslice < op->slices || r->sop + 1 < r->n);
-        if (!more || g->frames == GATHER_FRAMES || g->bytes >= GATHER_BYTES ||
-            (payload && so.crc)) {
-            /* A full send fills its packets anyway; a checksummed slice's next one is summed
-             * first, and the peer would wait for the packet held. */
-            more = more && g->bytes < GATHER_BYTES && !(payload && so.crc);
+        if (!more || g->frames == GATHER_FRAMES || g->bytes >= GATHER_BYTES) {
+            more = more && g->bytes < GATHER_BYTES; /* a full send fills its packets anyway */
             if ((rc = run_flush(r, more)) != 0)
                 return rc;
             held = more;

@@ -465,6 +465,56 @@ static void test_mixed_sizes_on_one_stream(void)
     stop();
 }
 
+/* Checksummed slices are copied side by side into a stage and go several to a sendmsg: the
+ * client's WRITE payloads, and the server's READ answers. Every slice lands under its own sum
+ * (one staged over another's place would fail its CRC), a corrupted one among them fails its
+ * op alone, and the stream stays in step for the next run. */
+static void test_checksummed_slices_share_sends(void)
+{
+    static const uint64_t len[] = {100, 4096,  200000, 3,      1 * MiB + 7, 70000,
+                                   1,   65536, 65535,  300000, 17,          4 * MiB};
+    enum { N = sizeof(len) / sizeof(len[0]) };
+    static uint8_t src[8 * MiB], back[8 * MiB];
+    mg_dp_op ops[N];
+    char errs[N][256];
+    mg_dp_options o = {.slice_bytes = 64 * 1024, .window = 64, .crc = 1};
+    mg_dp_server_stats st;
+    uint64_t off = 0;
+    mg_dp_conn *c = start_filled(src, sizeof(src));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (int i = 0; i < N; i++) {
+        ops[i] = write_op(open_id, off, src + off, len[i], errs[i], sizeof(errs[i]));
+        off += len[i];
+    }
+    CU_ASSERT_FATAL(off <= sizeof(src));
+    /* WRITEs three times (the second with op 0's slice corrupted on landing), then READs of
+     * the same ranges three times (the second with op 0's answer corrupted). */
+    for (int round = 0; round < 6; round++) {
+        int write = round < 3;
+        memset(write ? open_mem : back, 0, off);
+        if (round % 3 == 1)
+            mg_dp_server_corrupt(srv, 1); /* the first checksummed slice: op 0's */
+        for (int i = 0; i < N; i++) {
+            ops[i].write = write;
+            ops[i].buf = (write ? src : back) + ops[i].offset;
+        }
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+        for (int i = 0; i < N; i++) {
+            int hit = round % 3 == 1 && i == 0;
+            const uint8_t *got = (write ? open_mem : back) + ops[i].offset;
+            CU_ASSERT_EQUAL(ops[i].rc, hit ? MG_ERR_DATA_LOSS : 0);
+            CU_ASSERT_EQUAL(ops[i].done, hit ? 0 : len[i]);
+            if (!hit)
+                CU_ASSERT_EQUAL(memcmp(got, src + ops[i].offset, len[i]), 0);
+        }
+    }
+    mg_dp_server_get_stats(srv, &st);
+    CU_ASSERT_EQUAL(st.slices_refused,
+                    1); /* the WRITE's: a READ's bad sum is found by the client */
+    mg_dp_close(c);
+    stop();
+}
+
 /* A window far wider than one send: the client sends up to 64 frames a sendmsg (partly taken
  * when the socket fills) and reads many answers a recv; the server holds WRITE acks and READ
  * data back and sends them together. Refusals among them answer in their places; every byte
@@ -626,6 +676,7 @@ int main(void)
         MG_TEST(test_run_many_on_one_stream),
         MG_TEST(test_mixed_sizes_on_one_stream),
         MG_TEST(test_wide_window_many_frames),
+        MG_TEST(test_checksummed_slices_share_sends),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),
     };
