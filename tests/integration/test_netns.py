@@ -3,7 +3,9 @@ own, joined by a veth pair (10.77.<n>.1 here, 10.77.<n>.2 there). Transfers cros
 the link is cut (`ip link set down`) in the middle of a large WRITE: the request fails with
 UNAVAILABLE naming B within the data plane's I/O timeout and the session's retry, A keeps
 serving, and once the link is back the next transfer goes through without restarting either
-daemon. Skipped, saying why, where namespaces cannot be made (no root, no CAP_NET_ADMIN)."""
+daemon. A receiver on A waiting for B's bytes (an expectation with a 120 s deadline) hears
+that B is unreachable once the link is cut, by the probes, not the deadline. Skipped, saying
+why, where namespaces cannot be made (no root, no CAP_NET_ADMIN)."""
 import mmap
 import os
 import subprocess
@@ -13,7 +15,8 @@ import grpc
 import pytest
 
 from conftest import h2c_channel, wait_batch
-from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
+from moongate.v1 import memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc
+from moongate.v1 import transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
 
@@ -104,4 +107,34 @@ def test_two_namespaces_and_a_link_cut(make_daemon, netns):
                 break
             assert time.monotonic() < deadline, "transfers did not recover after the link came back"
             time.sleep(0.5)
+    assert a.alive() and b.alive()
+
+
+def test_a_receiver_hears_when_the_senders_link_is_cut(make_daemon, netns):
+    """B sends to A from its own namespace; a client of A declared an expectation for B. The
+    link goes down: A's probes of B go unanswered (the connection stays open, nothing comes
+    back), and after --peer-liveness-timeout the waiting Watch hears OUTCOME_SENDER_UNREACHABLE
+    naming B, well before its 120 s deadline."""
+    ns, _, there, link = netns
+    a = make_daemon("--peer-tls=false", "--peer-liveness-timeout", "2000")
+    b = make_daemon("--peer-tls=false", "--allow-h2c-any", wrap=["ip", "netns", "exec", ns],
+                    host=there)
+    with h2c_channel(a) as ch:
+        nb = notify_pb2_grpc.NotifyStub(ch)
+        e = nb.Expect(notify_pb2.ExpectRequest(topic="kv/cut", timeout_ms=120000, peer=b.h2c))
+        deadline = time.monotonic() + 30
+        while not [x for x in nb.ListExpectations(notify_pb2.ListExpectationsRequest())
+                   .expectations if x.id == e.id and x.epoch]:
+            assert time.monotonic() < deadline, "B never answered A's probe across the link"
+            time.sleep(0.02)
+        call = nb.Watch(notify_pb2.WatchRequest(topic="kv/cut"), timeout=60)
+        ip("link", "set", link, "down")
+        try:
+            n = next(iter(call))  # the Watch's own 60 s bound: well inside the deadline
+        finally:
+            call.cancel()
+        assert n.outcome == notify_pb2.OUTCOME_SENDER_UNREACHABLE, n
+        assert b.h2c in n.message and "--peer-liveness-timeout" in n.message, n.message
+        assert a.metric("moongate_expectations_ended_total", result="sender_unreachable") == 1
+    ip("link", "set", link, "up")
     assert a.alive() and b.alive()
