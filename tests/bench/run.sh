@@ -28,7 +28,8 @@
 #           (tests/bench/bench_receiver.py; `receiver -- --rounds 5 --liveness-ms 2000`).
 # digest:   what an end-to-end digest (SubmitRequest.digest) costs: one 1 GiB WRITE and READ and
 #           64 KiB x 128 scattered WRITEs with and without it, alternated, medians of 3
-#           (tests/bench/bench_digest.py; `digest -- --rounds 5`).
+#           (tests/bench/bench_digest.py; `digest -- --rounds 5`), then the CRC32C alone, each
+#           way the CPU sums, beside memcpy (bench/bench_checksum).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -95,6 +96,7 @@ receiver)
     ;;
 digest)
     /usr/bin/python3 tests/bench/bench_digest.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"
+    "$build/bench/bench_checksum"
     ;;
 fanout)
     /usr/bin/python3 tests/bench/bench_fanout.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"

@@ -29,9 +29,9 @@ static void test_crc32c(void)
     CU_ASSERT_NOT_EQUAL(mg_crc32c(0, buf, sizeof(buf)), whole);
 }
 
-/* Long inputs take the three-stream path (blocks of 8 KiB and of 256 bytes joined by shifts):
- * every length around its block edges, at every alignment, agrees with the table. */
-static void test_crc32c_three_streams(void)
+/* Every length around the edges of the blocks each way sums in, at every alignment, against
+ * the table. */
+static void test_crc32c_long(void)
 {
     enum { N = 3 * 8192 * 2 + 3 * 256 * 3 + 64 };
     static uint8_t big[N + 8];
@@ -42,6 +42,11 @@ static void test_crc32c_three_streams(void)
                                   3 * 8192 - 1,
                                   3 * 8192,
                                   3 * 8192 + 1,
+                                  1023,
+                                  1024,
+                                  1024 + 255,
+                                  1024 + 256,
+                                  1024 + 257,
                                   3 * 8192 + 3 * 256 + 7,
                                   2 * 3 * 8192,
                                   N};
@@ -73,6 +78,20 @@ static void test_crc32c_three_streams(void)
         CU_ASSERT_NOT_EQUAL(mg_crc32c(0, big, 3 * 8192), before);
         big[at] ^= 4;
     }
+}
+
+/* Long inputs take the three-stream path (blocks of 8 KiB and of 256 bytes joined by shifts),
+ * or past 1 KiB the folding one (steps of 256 bytes after a head up to where the copy is 64-byte
+ * aligned): each way the CPU has, every length around their edges, at every alignment, agrees
+ * with the table. */
+static void test_crc32c_each_way(void)
+{
+    int best = mg_crc32c_limit(MG_CRC_FOLD);
+    for (int way = MG_CRC_TABLE; way <= best; way++) {
+        CU_ASSERT_EQUAL(mg_crc32c_limit(way), way);
+        test_crc32c_long();
+    }
+    mg_crc32c_limit(MG_CRC_FOLD);
 }
 
 static mg_df_header hdr(uint8_t type, uint16_t flags, uint64_t offset, uint32_t length)
@@ -206,7 +225,7 @@ int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_crc32c),
-        MG_TEST(test_crc32c_three_streams),
+        MG_TEST(test_crc32c_each_way),
         MG_TEST(test_round_trip),
         MG_TEST(test_truncation_magic_version_checksum),
         MG_TEST(test_type_flags_lengths_range),

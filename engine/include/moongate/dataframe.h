@@ -88,8 +88,15 @@ int mg_df_decode(const uint8_t *in, size_t len, uint32_t max_payload, mg_df_head
 uint32_t mg_df_payload_bytes(const mg_df_header *h);
 const char *mg_df_strerror(int rc);
 
-/* CRC32C (Castagnoli), continuing from `crc` (0 to start): SSE4.2 where the CPU has it. */
+/* CRC32C (Castagnoli), continuing from `crc` (0 to start), the fastest way the CPU has: */
+enum {
+    MG_CRC_TABLE, /* a byte at a time, through a table */
+    MG_CRC_SSE42, /* the crc32 instruction, three streams at once */
+    MG_CRC_FOLD,  /* past 1 KiB, AVX-512 carry-less multiplies (VPCLMULQDQ) */
+};
 uint32_t mg_crc32c(uint32_t crc, const void *data, size_t len);
+/* From now on, in every thread, no faster than `way` (tests run each); returns the way in use. */
+int mg_crc32c_limit(int way);
 /* The same with a table, on any CPU (tests compare the two). */
 uint32_t mg_crc32c_portable(uint32_t crc, const void *data, size_t len);
 /* mg_crc32c of len bytes at src while copying them to dst (not overlapping): one pass over src
