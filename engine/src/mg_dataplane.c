@@ -197,6 +197,14 @@ typedef struct {
     mg_lease_slot *slot;
 } dp_target;
 
+/* A segment a connection keeps its reference to while slices to it come one after another:
+ * the next ones take no registry lock each. */
+typedef struct {
+    dp_target t;
+    uint64_t id, size;
+    uint8_t *addr;
+} dp_hot;
+
 /* An answer held back: its header, and a READ's payload with what keeps that in place. */
 typedef struct {
     uint8_t head[MG_DF_HEADER_BYTES];
@@ -227,6 +235,11 @@ typedef struct dp_conn {
     uint8_t *stage; /* checksummed READ answers pass through here summed, side by side */
     size_t stage_cap;
     size_t staged; /* bytes of it the answers held use */
+    /* The segments the last WRITE and the last READ slice used ([1]: READ), let go when the
+     * answers go out, and so before the connection waits for the next frame: the WRITE's
+     * before (a client that has its acks may unregister the segment at once), the READ's
+     * after (the answers' payloads are in it). */
+    dp_hot hot[2];
 } dp_conn;
 
 /* A connection's stage (*stage of *cap bytes) grown to at least n. Returns 0, or -1 (errno
@@ -336,6 +349,7 @@ static int out_flush(dp_conn *c, int send)
     struct iovec iov[2 * OUT_FRAMES];
     size_t n = 0;
     int rc = 0;
+    target_done(c->srv, &c->hot[0].t);
     for (size_t i = 0; i < c->nout; i++) {
         iov[n++] = (struct iovec){c->out[i].head, MG_DF_HEADER_BYTES};
         if (c->out[i].len)
@@ -345,6 +359,7 @@ static int out_flush(dp_conn *c, int send)
         rc = write_iov(c->fd, iov, n, 0, (int)c->srv->cfg.io_timeout_ms, NULL);
     for (size_t i = 0; i < c->nout; i++)
         target_done(c->srv, &c->out[i].tgt);
+    target_done(c->srv, &c->hot[1].t);
     c->nout = c->out_bytes = c->staged = 0;
     return rc;
 }
@@ -503,7 +518,7 @@ static void tally(mg_dp_server *s, uint32_t st, int write, uint64_t bytes)
 
 /* Checks a slice against its target; on success holds a reference and gives the address. */
 static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *holder,
-                             const mg_df_header *h, dp_target *t, uint8_t **addr)
+                             const mg_df_header *h, dp_target *t, uint8_t **addr, uint64_t *size)
 {
     mg_segment_info info;
     mg_segment **seg = &t->seg;
@@ -532,7 +547,33 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
         return ST_OUT_OF_RANGE;
     }
     *addr = (uint8_t *)mg_segment_addr(*seg) + h->offset;
+    *size = info.size;
     return ST_OK;
+}
+
+/* check_target through the connection's held segment for the slice's kind (c->hot): a slice to
+ * it is checked against its size alone; one to another segment is checked in full, and that
+ * segment's reference becomes the one held (a READ's only when none is: the answers held may
+ * be in the one before). */
+static uint32_t check_hot_target(dp_conn *c, const char *tenant, const char *holder,
+                                 const mg_df_header *h, dp_target *t, uint8_t **addr)
+{
+    dp_hot *hot = &c->hot[h->type == MG_DF_READ];
+    uint64_t size = 0;
+    uint32_t st;
+    if (hot->t.seg && !(h->flags & MG_DF_LEASE) && h->target == hot->id) {
+        if (mg_bounds_check(hot->size, h->offset, h->length) != 0)
+            return ST_OUT_OF_RANGE;
+        *addr = hot->addr + h->offset;
+        return ST_OK;
+    }
+    st = check_target(c->srv, tenant, holder, h, t, addr, &size);
+    if (st == ST_OK && t->seg && (h->type == MG_DF_WRITE || !hot->t.seg)) {
+        target_done(c->srv, &hot->t); /* a WRITE's: its slices have landed */
+        *hot = (dp_hot){*t, h->target, size, *addr - h->offset};
+        *t = (dp_target){NULL, NULL};
+    }
+    return st;
 }
 
 /* HELLO: returns 0 with the tenant, or -1 after answering ERROR. */
@@ -595,7 +636,7 @@ static void *conn_main(void *arg)
                 send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
-        st = check_target(s, tenant, holder, &h, &tgt, &addr);
+        st = check_hot_target(c, tenant, holder, &h, &tgt, &addr);
         reply.slice = h.slice;
         reply.target = h.target;
         reply.offset = h.offset;

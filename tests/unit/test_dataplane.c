@@ -557,6 +557,60 @@ static void test_wide_window_many_frames(void)
     stop();
 }
 
+/* A connection keeps its reference to the segment its slices go to while they come one after
+ * another (no registry lock for each): slices alternating between two segments, WRITE and READ,
+ * land and come back; one past the end of the held segment is refused; and once the client has
+ * its acks the segment is let go, so it can be unregistered while the connection stays open,
+ * and the next slice to it is refused, not written through a stale reference. */
+static void test_held_segments(void)
+{
+    enum { N = 64, BLOCK = 4096 };
+    static uint8_t src[N * BLOCK], back[N * BLOCK];
+    mg_dp_op ops[N];
+    char errs[N][128], err[MG_SEG_ERROR_MAX];
+    mg_dp_options o = {.slice_bytes = BLOCK, .window = 16};
+    mg_segment_info info;
+    mg_segment *gone;
+    uint8_t *other_mem;
+    uint64_t other_id;
+    mg_dp_conn *c = start_filled(src, sizeof(src));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    other_id = add_segment("other", 1, N * BLOCK, &other_mem);
+    for (int i = 0; i < N; i++) /* runs of one, two and three slices to each in turn */
+        ops[i] = write_op((i % 6) < 2 || (i % 6) == 5 ? open_id : other_id, (uint64_t)i * BLOCK,
+                          src + i * BLOCK, BLOCK, errs[i], sizeof(errs[i]));
+    for (int round = 0; round < 2; round++) { /* WRITEs, then READs of the same ranges */
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, N, &o), 0);
+        for (int i = 0; i < N; i++) {
+            CU_ASSERT_EQUAL(ops[i].rc, 0);
+            CU_ASSERT_EQUAL(ops[i].done, BLOCK);
+            ops[i].write = 0;
+            ops[i].buf = back + i * BLOCK;
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        uint8_t *mem = ops[i].target == open_id ? open_mem : other_mem;
+        CU_ASSERT_EQUAL(memcmp(mem + i * BLOCK, src + i * BLOCK, BLOCK), 0);
+        CU_ASSERT_EQUAL(memcmp(back + i * BLOCK, src + i * BLOCK, BLOCK), 0);
+    }
+    /* Two slices to the held segment, the second past its end. */
+    CU_ASSERT_EQUAL(mg_dp_write(c, other_id, (N - 1) * BLOCK, src, 2 * BLOCK, &o, err, sizeof(err)),
+                    MG_ERR_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "refused slice 1"));
+    /* The acks are in: nothing holds the segment. */
+    CU_ASSERT_EQUAL(mg_dp_write(c, other_id, 0, src, 3 * BLOCK, &o, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(mg_registry_find(reg, "t", other_id, &info), 0);
+    CU_ASSERT_EQUAL(info.refs, 0);
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", other_id, &gone, err), 0);
+    CU_ASSERT_EQUAL(mg_dp_write(c, other_id, 0, src, BLOCK, &o, err, sizeof(err)),
+                    MG_ERR_NOT_FOUND);
+    mg_registry_restore(reg, gone);
+    CU_ASSERT_EQUAL(mg_dp_write(c, other_id, 0, "ok", 2, &o, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(other_mem, "ok", 2), 0);
+    mg_dp_close(c);
+    stop();
+}
+
 /* A peer that answers HELLO and then reads nothing, until `quit`. */
 typedef struct {
     int lfd;
@@ -676,6 +730,7 @@ int main(void)
         MG_TEST(test_run_many_on_one_stream),
         MG_TEST(test_mixed_sizes_on_one_stream),
         MG_TEST(test_wide_window_many_frames),
+        MG_TEST(test_held_segments),
         MG_TEST(test_checksummed_slices_share_sends),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),
