@@ -128,6 +128,11 @@ static void ops_run(mg_dp_op *ops, size_t n, const mg_dp_options *o, const mg_xf
  * goes: slices of at most this keep the stage in cache while send reads it. */
 #define DIGEST_SLICE_BYTES (256u << 10)
 
+/* Parts of a group this small on average go 64 to a window instead of 32: the window refills
+ * once half of it is answered, so a send carries 32 of them (4096 x 4 KiB WRITE, 4 in flight:
+ * 1.50 -> 1.75 GB/s; 64 KiB slices lost with 64: 4.42 -> 3.72). */
+#define TINY_SLICE_BYTES (8u << 10)
+
 /* The data plane's options for a link's slices. */
 static mg_dp_options tcp_options(const mg_xfer_link *link)
 {
@@ -146,14 +151,17 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
 {
     mg_dp_options o = tcp_options(link);
     size_t n = 0, i = 0;
+    uint64_t bytes = 0;
     mg_dp_op *ops;
     char(*why)[MG_XFER_MSG_MAX]; /* each op's message, if it fails (untouched until then) */
-    for (mg_xfer_part *pt = head; pt; pt = pt->next)
+    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
         n += pt->pm == NULL;
+        bytes += pt->pm == NULL ? pt->length : 0;
+    }
     if (n == 0)
         return head->rc;
-    if (n > 1)
-        o.window = 32; /* small slices: more of them in flight */
+    if (n > 1) /* small slices: more of them in flight, the smallest most */
+        o.window = bytes / n <= TINY_SLICE_BYTES ? 64 : 32;
     ops = calloc(n, sizeof(*ops));
     why = ops ? malloc(n * sizeof(*why)) : NULL;
     for (mg_xfer_part *pt = head; pt; pt = pt->next) {
