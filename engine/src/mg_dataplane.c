@@ -554,13 +554,16 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
 /* check_target through the connection's held segment for the slice's kind (c->hot): a slice to
  * it is checked against its size alone; one to another segment is checked in full, and that
  * segment's reference becomes the one held (a READ's only when none is: the answers held may
- * be in the one before). */
+ * be in the one before). A checksummed READ keeps its own reference: the answers may go out
+ * (and the held one with them) before it is summed into the stage. */
 static uint32_t check_hot_target(dp_conn *c, const char *tenant, const char *holder,
                                  const mg_df_header *h, dp_target *t, uint8_t **addr)
 {
     dp_hot *hot = &c->hot[h->type == MG_DF_READ];
     uint64_t size = 0;
     uint32_t st;
+    if (h->type == MG_DF_READ && (h->flags & MG_DF_CRC))
+        return check_target(c->srv, tenant, holder, h, t, addr, &size);
     if (hot->t.seg && !(h->flags & MG_DF_LEASE) && h->target == hot->id) {
         if (mg_bounds_check(hot->size, h->offset, h->length) != 0)
             return ST_OUT_OF_RANGE;
