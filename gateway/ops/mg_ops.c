@@ -10,7 +10,8 @@
  * through bev_cb, which keeps a reference to it: a sweep every 200 ms (while any is open)
  * shuts down the socket of a connection past its deadline or over the limit — evhttp then sees
  * it close and lets go — and drops the reference of those evhttp has freed (their callbacks
- * are gone), which closes the descriptor.
+ * are gone), which closes the descriptor. Each accept drops those first, so the limit counts
+ * only connections evhttp still serves.
  */
 #include "mg_gateway.h"
 #include "mg_server_int.h"
@@ -269,25 +270,36 @@ static ops_conn *find_conn(mg_ops *ops, const struct bufferevent *bev)
     return NULL;
 }
 
-static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+/* Drops our reference to each connection evhttp has let go of (its callbacks are gone), which
+ * closes its descriptor. Returns how many went. */
+static int reclaim(mg_ops *ops)
 {
-    mg_ops *ops = arg;
-    mg_gateway *gw = ops->gw;
-    uint64_t now = mg_now_mono_ns();
     ops_conn **pp = &ops->conns;
     int freed = 0;
     while (*pp) {
         ops_conn *c = *pp;
         bufferevent_event_cb eventcb = NULL;
         bufferevent_getcb(c->bev, NULL, NULL, &eventcb, NULL);
-        if (eventcb == NULL) { /* evhttp freed the connection: ours to close */
+        if (eventcb == NULL) {
             *pp = c->next;
             bufferevent_decref(c->bev);
             free(c);
             ops->nconns--;
-            freed = 1;
+            freed++;
             continue;
         }
+        pp = &c->next;
+    }
+    return freed;
+}
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    mg_ops *ops = arg;
+    mg_gateway *gw = ops->gw;
+    uint64_t now = mg_now_mono_ns();
+    int freed = reclaim(ops);
+    for (ops_conn *c = ops->conns; c; c = c->next) {
         if (!c->shut && (c->over || now > c->deadline_ns)) {
             evutil_socket_t sfd = bufferevent_getfd(c->bev);
             if (!c->over) {
@@ -300,7 +312,6 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
                 shutdown(sfd, SHUT_RDWR);
             c->shut = 1;
         }
-        pp = &c->next;
     }
     if (ops->conns == NULL)
         evtimer_del(ops->sweep);
@@ -323,6 +334,9 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     bufferevent_incref(bev);
     c->bev = bev;
     c->deadline_ns = mg_now_mono_ns() + gw->cfg->ops_header_timeout * 1000000000ULL;
+    /* Connections their clients closed, and evhttp with them, count no more: not only from the
+     * next sweep on (a client that closes its connections and opens one is not refused). */
+    reclaim(ops);
     if (ops->nconns >= gw->cfg->ops_max_connections) {
         c->over = 1;
         if (gw->stats.ops_refused++ == 0 || gw->stats.ops_refused % 1000 == 0)
