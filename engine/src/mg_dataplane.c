@@ -95,6 +95,34 @@ static int wait_ready(int fd, short events, int timeout_ms, const int *stop)
     }
 }
 
+/* Sets fd's TCP congestion control to `name` (NULL or "": leaves the system's). Returns 0, or -1
+ * with why in err, naming the ones this kernel has and those any process may choose. */
+static int set_congestion(int fd, const char *name, char *err, size_t errcap)
+{
+    static const char *const lists[2] = {"/proc/sys/net/ipv4/tcp_available_congestion_control",
+                                         "/proc/sys/net/ipv4/tcp_allowed_congestion_control"};
+    char have[2][160] = {"unknown", "unknown"};
+    int e;
+    if (name == NULL || name[0] == '\0')
+        return 0;
+    if (strlen(name) < MG_DP_CONGESTION_MAX &&
+        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0)
+        return 0;
+    e = strlen(name) < MG_DP_CONGESTION_MAX ? errno : ENAMETOOLONG;
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(lists[i], "r");
+        if (f && fgets(have[i], sizeof(have[i]), f))
+            have[i][strcspn(have[i], "\n")] = '\0';
+        if (f)
+            fclose(f);
+    }
+    snprintf(err, errcap,
+             "TCP congestion control %.32s: %s (this kernel has: %s; without CAP_NET_ADMIN "
+             "only: %s)",
+             name, strerror(e), have[0], have[1]);
+    return -1;
+}
+
 /* Receives into the pieces of iov (in order), at least one byte: what is there, or, when nothing
  * is, what comes first (waits at most timeout_ms, -1: forever). Returns the count, or -1
  * (closed, error, timeout or stop; errno says which: 0 for an orderly close). */
@@ -306,6 +334,7 @@ static const uint8_t *summed_at(uint8_t **stage, size_t *cap, size_t at, const u
 
 struct mg_dp_server {
     mg_dp_server_config cfg;
+    char congestion[MG_DP_CONGESTION_MAX]; /* cfg.congestion points here */
     int lfd;
     int port;
     pthread_t accept_thread;
@@ -776,6 +805,7 @@ static void *accept_main(void *arg)
         }
         pthread_mutex_unlock(&s->lock);
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        set_congestion(fd, s->congestion, NULL, 0); /* as the listener's, which it inherits */
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), serv, sizeof(serv),
                     NI_NUMERICHOST | NI_NUMERICSERV);
         c = calloc(1, sizeof(*c));
@@ -831,7 +861,15 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
         return MG_ERR_NOMEM;
     }
     s->cfg = *cfg;
+    snprintf(s->congestion, sizeof(s->congestion), "%s", cfg->congestion ? cfg->congestion : "");
+    s->cfg.congestion = s->congestion;
     s->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s->lfd >= 0 && set_congestion(s->lfd, cfg->congestion, err, errcap) != 0) {
+        close(s->lfd);
+        freeaddrinfo(ai);
+        free(s);
+        return MG_ERR_INVALID;
+    }
     if (s->lfd < 0 || setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
         bind(s->lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(s->lfd, 64) != 0 ||
         getsockname(s->lfd, (struct sockaddr *)&ss, &sl) != 0) {
@@ -861,6 +899,14 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
 int mg_dp_server_port(const mg_dp_server *s)
 {
     return s->port;
+}
+
+void mg_dp_server_congestion(const mg_dp_server *s, char name[MG_DP_CONGESTION_MAX])
+{
+    socklen_t len = MG_DP_CONGESTION_MAX - 1;
+    memset(name, 0, MG_DP_CONGESTION_MAX);
+    if (getsockopt(s->lfd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0 || name[0] == '\0')
+        snprintf(name, MG_DP_CONGESTION_MAX, "unknown");
 }
 
 void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out)
@@ -1001,8 +1047,8 @@ static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
 }
 
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
-                  char *err, size_t errcap)
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms,
+                  const char *congestion, const int *stop, char *err, size_t errcap)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
     char serv[8];
@@ -1023,6 +1069,11 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
             continue;
+        if (set_congestion(fd, congestion, err, errcap) != 0) {
+            close(fd);
+            freeaddrinfo(ai);
+            return MG_ERR_INVALID;
+        }
         if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
             close(fd);
             fd = -1;

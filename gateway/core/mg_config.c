@@ -154,6 +154,10 @@ static const opt_def opts[] = {
      "requests in one transfer batch at most"},
     {"tcp-conns-per-peer", T_UINT, O(tcp_conns_per_peer), "2", 1, 8,
      "data-plane connections one large request is spread over (parts of 16 MiB at least)"},
+    {"tcp-congestion", T_STR, O(tcp_congestion), "", 0, 0,
+     "TCP congestion control of the data plane's connections, e.g. cubic (as "
+     "net.ipv4.tcp_congestion_control names them); empty: the system's. BBR paces every "
+     "connection, which on low-latency links costs throughput (docs/operations.md)"},
     {"slice-bytes", T_SIZE, O(slice_bytes), "1M", 4096, 1 * GiB,
      "bytes per data-plane slice this daemon sends"},
     {"data-crc", T_BOOL, O(data_crc), "false", 0, 1, "CRC32C on every data-plane slice"},

@@ -73,6 +73,7 @@ typedef struct mg_config {
     uint64_t max_batches;
     uint64_t transfer_timeout; /* seconds */
     uint64_t tcp_conns_per_peer;
+    char *tcp_congestion;     /* data-plane connections' ("": the system's) */
     uint64_t batch_retention; /* seconds */
     uint64_t notify_queue;
     uint64_t notify_line; /* Sends waiting per connection, peer and topic */

@@ -556,6 +556,7 @@ static int mg_svc_peer_init(mg_gateway *gw)
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
+    dc.congestion = gw->cfg->tcp_congestion;
     dc.auth = mg_dp_sessions_auth;
     dc.auth_arg = ps->sessions;
     rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));
@@ -567,7 +568,12 @@ static int mg_svc_peer_init(mg_gateway *gw)
     snprintf(gw->data_endpoint, sizeof(gw->data_endpoint), "%s%s%s:%d",
              strchr(ps->host, ':') ? "[" : "", ps->host, strchr(ps->host, ':') ? "]" : "",
              ps->port);
-    mg_info("listen", "addr=%s kind=data port=%d", gw->cfg->data_listen, ps->port);
+    {
+        char cc[MG_DP_CONGESTION_MAX];
+        mg_dp_server_congestion(ps->server, cc);
+        mg_info("listen", "addr=%s kind=data port=%d congestion=%s%s", gw->cfg->data_listen,
+                ps->port, cc, gw->cfg->tcp_congestion[0] ? "" : " congestion_from=system");
+    }
     return 0;
 }
 

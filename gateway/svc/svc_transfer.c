@@ -617,6 +617,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .connect_rdma = connect_rdma,
                                 .agent_stale = mg_xfer_agent_stale,
                                 .verify = mg_xfer_verify};
+        snprintf(pc.congestion, sizeof(pc.congestion), "%s", cfg->tcp_congestion);
         if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }

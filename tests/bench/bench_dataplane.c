@@ -73,7 +73,7 @@ int main(int argc, char **argv)
                                   .io_timeout_ms = 10000,
                                   .auth = auth};
         if (mg_dp_server_start(&srv, &sc, err, sizeof(err)) != 0 ||
-            mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, err,
+            mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, NULL, err,
                           sizeof(err)) != 0) {
             fprintf(stderr, "bench_dataplane: %s\n", err);
             return 1;

@@ -4,12 +4,13 @@ segment into a segment of daemon B and to READ them back; A opens a session on B
 files; bad batches refused whole, remote refusals and unreachable peers reported per request."""
 import mmap
 import os
+import subprocess
 import time
 
 import grpc
 import pytest
 
-from conftest import h2c_channel, register, req, wait_batch
+from conftest import MOONGATE, h2c_channel, register, req, wait_batch
 from moongate.v1 import memory_pb2, memory_pb2_grpc, transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
@@ -985,3 +986,43 @@ def test_brief_answers_list_only_the_failed_requests(make_daemon):
                         "http://%s/v1/transfers/%d?brief=true" % (a.h2c, resp.batch_id))
     got = json.loads(out)
     assert rc == 0 and [r["index"] for r in got.get("requests", ())] == [4, 5, 6, 7], out
+
+
+def data_conns(port):
+    """The congestion control of each established TCP socket with `port` at either end."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", "( sport = :%d or dport = :%d )"
+                          % (port, port)], capture_output=True, text=True, timeout=10).stdout
+    lines = out.splitlines()
+    names = ("reno", "cubic", "bbr", "bbr2", "dctcp", "vegas", "westwood", "htcp")
+    return [next((w for w in info.split() if w in names), "?")
+            for head, info in zip(lines[::2], lines[1::2])]
+
+
+def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
+    """--tcp-congestion reno: the connection A opens to B's data plane and the one B accepts
+    both use it (the system's is bbr or cubic here), whichever way the bytes go."""
+    a = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
+    b = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
+    src = register(a, "src", MiB)
+    dst = register(b, "dst", MiB, remote=True)
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        for op in (transfer_pb2.WRITE, transfer_pb2.READ):
+            r = t.Submit(transfer_pb2.SubmitRequest(requests=[req(op, src.id, b.h2c, dst.id, MiB)],
+                                                    wait=True), timeout=30)
+            assert r.batch.state == transfer_pb2.DONE, r.batch
+    port = int([l for l in b.read_log().splitlines() if "kind=data" in l][0]
+               .split(" port=")[1].split()[0])
+    names = data_conns(port)
+    assert len(names) >= 2 and set(names) == {"reno"}, names  # A's end and B's
+    assert "congestion=reno" in b.read_log() and "congestion=reno" in a.read_log()
+
+
+def test_tcp_congestion_the_kernel_lacks_is_a_clear_error_at_start(tmp_path):
+    p = subprocess.run([MOONGATE, "--unix-socket", str(tmp_path / "s.sock"), "--ops-listen", "",
+                        "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--shm-dir",
+                        str(tmp_path), "--tcp-congestion", "no-such-cc"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0
+    assert "TCP congestion control no-such-cc" in p.stderr and "this kernel has:" in p.stderr, \
+        p.stderr

@@ -87,9 +87,9 @@ static mg_dp_conn *dial(const uint8_t *token)
 {
     mg_dp_conn *c = NULL;
     char err[256];
-    CU_ASSERT_EQUAL(
-        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, err, sizeof(err)),
-        0);
+    CU_ASSERT_EQUAL(mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), token, 5000, NULL, NULL,
+                                  err, sizeof(err)),
+                    0);
     return c;
 }
 
@@ -237,9 +237,9 @@ static void test_auth_and_malformed_streams(void)
     uint8_t frame[MG_DF_HEADER_BYTES + MG_DF_TOKEN_BYTES];
     char err[256];
     start(8);
-    CU_ASSERT_EQUAL(
-        mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), bad, 5000, NULL, err, sizeof(err)),
-        MG_ERR_AUTH);
+    CU_ASSERT_EQUAL(mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(srv), bad, 5000, NULL, NULL,
+                                  err, sizeof(err)),
+                    MG_ERR_AUTH);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "session token refused"));
     CU_ASSERT_EQUAL(
         raw_exchange("GET / HTTP/1.1\r\n\r\n........................................", 56),
@@ -273,14 +273,15 @@ static void test_limits_unreachable_and_stop(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(c);
     /* max_conns 1: a second connection is closed at once. */
     CU_ASSERT_NOT_EQUAL(mg_dp_connect(&d, "127.0.0.1", mg_dp_server_port(srv), token_t, 2000, NULL,
-                                      err, sizeof(err)),
+                                      NULL, err, sizeof(err)),
                         0);
     port = mg_dp_server_port(srv);
     stop(); /* returns although c is connected and idle */
     CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "x", 1, NULL, err, sizeof(err)), MG_ERR_UNAVAILABLE);
     mg_dp_close(c);
-    CU_ASSERT_EQUAL(mg_dp_connect(&d, "127.0.0.1", port, token_t, 2000, NULL, err, sizeof(err)),
-                    MG_ERR_UNAVAILABLE);
+    CU_ASSERT_EQUAL(
+        mg_dp_connect(&d, "127.0.0.1", port, token_t, 2000, NULL, NULL, err, sizeof(err)),
+        MG_ERR_UNAVAILABLE);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "127.0.0.1"));
 }
 
@@ -672,9 +673,9 @@ static void test_stop_word(void)
     CU_ASSERT_EQUAL_FATAL(listen(sp.lfd, 1), 0);
     CU_ASSERT_EQUAL_FATAL(getsockname(sp.lfd, (struct sockaddr *)&a, &al), 0);
     pthread_create(&peer, NULL, silent_main, &sp);
-    CU_ASSERT_EQUAL_FATAL(
-        mg_dp_connect(&c, "127.0.0.1", ntohs(a.sin_port), token_t, 30000, NULL, err, sizeof(err)),
-        0);
+    CU_ASSERT_EQUAL_FATAL(mg_dp_connect(&c, "127.0.0.1", ntohs(a.sin_port), token_t, 30000, NULL,
+                                        NULL, err, sizeof(err)),
+                          0);
     pthread_create(&setter, NULL, set_later, &l);
     CU_ASSERT_EQUAL(mg_dp_write(c, 1, 0, buf, len, &o, err, sizeof(err)), MG_ERR_CANCELLED);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "stopped (cancelled) with 0 of 67108864 bytes"));

@@ -197,7 +197,7 @@ static void test_tcp_broken_idle_and_stop(void)
     gone = serve();
     pt.target = seg_id;
     CU_ASSERT_EQUAL_FATAL(mg_dp_connect(&c, "127.0.0.1", mg_dp_server_port(gone), token, 5000, NULL,
-                                        err, sizeof(err)),
+                                        NULL, err, sizeof(err)),
                           0);
     mg_dp_server_stop(gone); /* the pooled connection now leads nowhere */
     mg_dp_pool_init(&idle, 2);

@@ -31,6 +31,9 @@ extern "C" {
 #endif
 
 typedef struct mg_dp_server mg_dp_server;
+
+/* Room for a TCP congestion control's name and its NUL (the kernel's TCP_CA_NAME_MAX). */
+#define MG_DP_CONGESTION_MAX 16
 typedef struct mg_dp_conn mg_dp_conn;
 
 /* Maps a session token to the tenant it was issued to (tenant: MG_SEG_NAME_MAX + 1 bytes).
@@ -45,6 +48,9 @@ typedef struct mg_dp_server_config {
     uint32_t max_slice;     /* largest payload accepted */
     unsigned max_conns;
     uint32_t io_timeout_ms; /* a slice's payload must keep arriving within it */
+    /* TCP congestion control of its connections (TCP_CONGESTION), shorter than
+     * MG_DP_CONGESTION_MAX; NULL or "": the system's. */
+    const char *congestion;
     mg_dp_auth_fn auth;
     void *auth_arg;
 } mg_dp_server_config;
@@ -56,10 +62,14 @@ typedef struct mg_dp_server_stats {
     uint64_t bytes_in, bytes_out;
 } mg_dp_server_stats;
 
-/* Starts listening. Returns 0, or an MG_ERR_* with the reason in err. */
+/* Starts listening. Returns 0, or an MG_ERR_* with the reason in err (MG_ERR_INVALID for a
+ * congestion control this kernel lacks or does not let this process choose). */
 int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char *err,
                        size_t errcap);
 int mg_dp_server_port(const mg_dp_server *s);
+/* The TCP congestion control its connections use (what the listener has: the configured one, or
+ * else the system's), or "unknown". */
+void mg_dp_server_congestion(const mg_dp_server *s, char name[MG_DP_CONGESTION_MAX]);
 void mg_dp_server_get_stats(mg_dp_server *s, mg_dp_server_stats *out);
 /* Tests (Debug/CorruptSlices): the next n checksummed slices served are corrupted — a WRITE's
  * landed bytes get one flipped before they are checked, a READ answer a wrong CRC32C. */
@@ -69,10 +79,12 @@ void mg_dp_server_stop(mg_dp_server *s);
 
 /* Connects to a peer's data plane and presents the session token. Returns 0, or MG_ERR_UNAVAILABLE
  * (cannot connect, or no answer within timeout_ms: err names the peer and why),
- * MG_ERR_AUTH (token refused) or MG_ERR_PROTOCOL. `stop` (may be NULL) as in mg_dp_options. */
+ * MG_ERR_AUTH (token refused), MG_ERR_PROTOCOL, or MG_ERR_INVALID (congestion cannot be set).
+ * `congestion`: the connection's TCP congestion control (NULL or "": the system's). `stop` (may
+ * be NULL) as in mg_dp_options. */
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const int *stop,
-                  char *err, size_t errcap);
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms,
+                  const char *congestion, const int *stop, char *err, size_t errcap);
 void mg_dp_close(mg_dp_conn *c);
 
 /* Idle connections to one peer's data plane, for the workers to take and give back: at most
