@@ -12,7 +12,8 @@ for 3 s each, as iperf3 runs):
   1 GiB copy on one daemon (peer "")                                         against memcpy
 References: iperf3 (one stream, 1 MiB writes, 3 s), ucx_perftest tag_bw over TCP (1 MiB),
 memcpy of 1 GiB on one thread (prefaulted, in mgbench, the same process as the copy). The one
-1 GiB WRITE is also put beside tag_bw moving 1 GiB messages (the same shape; no target).
+1 GiB WRITE is also put beside tag_bw moving 1 GiB messages (the same shape; no target), and
+two shapes run again between daemons with --tcp-congestion cubic beside iperf3 -C cubic.
 
 The daemons' segments live in /dev/shm as this machine has it; with --huge-pages in a tmpfs
 mounted huge=within_size for the run (root only), so they are made of 2 MiB pages — as an
@@ -35,13 +36,14 @@ from bench_memory import free_port  # noqa: E402
 from bench_names import alternate  # noqa: E402
 
 
-def iperf3():
+def iperf3(congestion=None):
     port = free_port()
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # (a probe would be the one client iperf3 -1 serves)
     out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", "1M", "-t", "3",
-                          "-J"], capture_output=True, text=True, timeout=60).stdout
+                          "-J"] + (["-C", congestion] if congestion else []),
+                         capture_output=True, text=True, timeout=60).stdout
     srv.wait(30)
     return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8e9
 
@@ -101,6 +103,14 @@ for _blk, _n, _bytes in (("4K", "1024", "128M"), ("64K", "128", "512M"), ("1M", 
 # cache; one 1 GiB WRITE moves memory that does not.
 ALSO = {"one 1 GiB WRITE": "ucx tag_bw, 1 GiB messages"}
 
+# Two shapes again between daemons started with --tcp-congestion cubic, beside iperf3 -C cubic
+# (no target): what the data plane does where the system's congestion control is not the one
+# the operator would pick for a low-latency link (BBR, here: it paces every connection).
+CUBIC = "cubic"
+SHAPES_CC = {
+    "64K x 128 scattered WRITE, 4 in flight, cubic": scattered("64K", "128", "write", "4", "512M"),
+    "one 1 GiB WRITE, cubic": SHAPES["one 1 GiB WRITE"][0]}
+
 
 def mount_huge(work):
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=12g",
@@ -115,10 +125,17 @@ def measure(args, work):
     a, pa = start(args.moongate, work, "a")
     b, pb = start(args.moongate, work, "b")
     ta, tb = "127.0.0.1:%d" % pa, "127.0.0.1:%d" % pb
+    cc = ["--tcp-congestion", CUBIC]
+    (ca, pca), (cb, pcb) = start(args.moongate, work, "ca", cc), start(args.moongate, work, "cb", cc)
 
     def one(way):
         if way == "iperf3":
             return {"iperf3": iperf3()}
+        if way == "iperf3, cubic":
+            return {way: iperf3(CUBIC)}
+        if way in SHAPES_CC:
+            return {way: mgbench(args, "127.0.0.1:%d" % pca, "127.0.0.1:%d" % pcb,
+                                 *SHAPES_CC[way])[-1]["gbytes_per_s"]}
         if way == "ucx tag_bw":
             return {"ucx tag_bw": ucx_tag_bw(1 << 20, 2000),
                     "ucx tag_bw, 1 GiB messages": ucx_tag_bw(1 << 30, 8)}
@@ -130,9 +147,10 @@ def measure(args, work):
         return {way: mgbench(args, ta, tb, *SHAPES[way][0])[-1]["gbytes_per_s"]}
 
     try:
-        return alternate(["iperf3", "ucx tag_bw", "copy"] + list(SHAPES), args.rounds, one)
+        return alternate(["iperf3", "ucx tag_bw", "copy"] + list(SHAPES) + ["iperf3, cubic"] +
+                         list(SHAPES_CC), args.rounds, one)
     finally:
-        stop([a, b])
+        stop([a, b, ca, cb])
 
 
 def main():
@@ -160,6 +178,7 @@ def main():
                 vals.setdefault(k, []).append(v)
     refs = dict((k, (v[1], v[2])) for k, v in SHAPES.items())
     refs['1 GiB copy, peer ""'] = ("memcpy 1 GiB, one thread", 0.8)
+    refs.update((k, ("iperf3, cubic", None)) for k in SHAPES_CC)
     print("%d rounds, %.0f s, segments in %s; GB/s: median (min-max); ratio of the medians to "
           "the reference" % (args.rounds, time.monotonic() - t0,
                              "2 MiB pages (tmpfs huge=within_size)" if args.huge_pages
@@ -169,7 +188,7 @@ def main():
         m = statistics.median(v)
         ref, target = refs.get(k, (None, None))
         row = {"what": k, "gbytes_per_s": m, "min": min(v), "max": max(v), "rounds": len(v)}
-        line = "  %-42s %6.2f GB/s (%5.2f-%5.2f)" % (k, m, min(v), max(v))
+        line = "  %-46s %6.2f GB/s (%5.2f-%5.2f)" % (k, m, min(v), max(v))
         if ref:
             ratio = m / statistics.median(vals[ref])
             row.update(reference=ref, ratio=ratio, target=target)
@@ -180,7 +199,7 @@ def main():
         out.append(row)
         if k in ALSO and ALSO[k] in vals:
             ratio = m / statistics.median(vals[ALSO[k]])
-            print("  %-42s %6.2f GB/s (%5.2f-%5.2f)  %5.2fx %s" % (
+            print("  %-46s %6.2f GB/s (%5.2f-%5.2f)  %5.2fx %s" % (
                 k + ", same shape", m, min(v), max(v), ratio, ALSO[k]))
             out.append(dict(row, what=k + ", same shape", reference=ALSO[k], ratio=ratio,
                             target=None))
