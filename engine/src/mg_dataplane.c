@@ -334,7 +334,6 @@ static const uint8_t *summed_at(uint8_t **stage, size_t *cap, size_t at, const u
 
 struct mg_dp_server {
     mg_dp_server_config cfg;
-    char congestion[MG_DP_CONGESTION_MAX]; /* cfg.congestion points here */
     int lfd;
     int port;
     pthread_t accept_thread;
@@ -805,7 +804,6 @@ static void *accept_main(void *arg)
         }
         pthread_mutex_unlock(&s->lock);
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        set_congestion(fd, s->congestion, NULL, 0); /* as the listener's, which it inherits */
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), serv, sizeof(serv),
                     NI_NUMERICHOST | NI_NUMERICSERV);
         c = calloc(1, sizeof(*c));
@@ -861,8 +859,7 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
         return MG_ERR_NOMEM;
     }
     s->cfg = *cfg;
-    snprintf(s->congestion, sizeof(s->congestion), "%s", cfg->congestion ? cfg->congestion : "");
-    s->cfg.congestion = s->congestion;
+    s->cfg.congestion = NULL; /* the listener has it; the connections it accepts inherit it */
     s->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s->lfd >= 0 && set_congestion(s->lfd, cfg->congestion, err, errcap) != 0) {
         close(s->lfd);
@@ -899,6 +896,19 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
 int mg_dp_server_port(const mg_dp_server *s)
 {
     return s->port;
+}
+
+int mg_dp_congestion_check(const char *name, char *err, size_t errcap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+    if (fd < 0) {
+        snprintf(err, errcap, "TCP congestion control %.32s: no socket to try it on: %s", name,
+                 strerror(errno));
+        return MG_ERR_SYSTEM;
+    }
+    rc = set_congestion(fd, name, err, errcap) == 0 ? 0 : MG_ERR_INVALID;
+    close(fd);
+    return rc;
 }
 
 void mg_dp_server_congestion(const mg_dp_server *s, char name[MG_DP_CONGESTION_MAX])

@@ -594,6 +594,14 @@ static int mg_svc_transfer_init(mg_gateway *gw)
             return rc;
     }
     {
+        char err[512];
+        if ((rc = mg_dp_congestion_check(gw->cfg->tcp_congestion, err, sizeof(err))) != 0) {
+            /* checked here, where it is needed even without a data listener of our own */
+            mg_error("start_failed", "reason=\"--tcp-congestion: %s\"", err);
+            return rc;
+        }
+    }
+    {
         const mg_config *cfg = gw->cfg;
         mg_peerdir_config pc = {.max_peers = MAX_PEERS,
                                 .front_bytes = sizeof(mg_peer_chan),

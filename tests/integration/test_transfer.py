@@ -1018,9 +1018,11 @@ def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
     assert "congestion=reno" in b.read_log() and "congestion=reno" in a.read_log()
 
 
-def test_tcp_congestion_the_kernel_lacks_is_a_clear_error_at_start(tmp_path):
+@pytest.mark.parametrize("data_listen", ["127.0.0.1:0", ""])
+def test_tcp_congestion_the_kernel_lacks_is_a_clear_error_at_start(tmp_path, data_listen):
+    """With a data listener or without one (the connections this daemon opens use it too)."""
     p = subprocess.run([MOONGATE, "--unix-socket", str(tmp_path / "s.sock"), "--ops-listen", "",
-                        "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--shm-dir",
+                        "--listen", "127.0.0.1:0", "--data-listen", data_listen, "--shm-dir",
                         str(tmp_path), "--tcp-congestion", "no-such-cc"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0

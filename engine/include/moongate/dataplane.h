@@ -62,8 +62,14 @@ typedef struct mg_dp_server_stats {
     uint64_t bytes_in, bytes_out;
 } mg_dp_server_stats;
 
+/* Whether this process may give its TCP connections the congestion control `name` (NULL or "":
+ * the system's, always). Returns 0, or MG_ERR_INVALID with why in err (naming the ones this
+ * kernel has and those any process may choose). */
+int mg_dp_congestion_check(const char *name, char *err, size_t errcap);
+
 /* Starts listening. Returns 0, or an MG_ERR_* with the reason in err (MG_ERR_INVALID for a
- * congestion control this kernel lacks or does not let this process choose). */
+ * congestion control this kernel lacks or does not let this process choose). The connections
+ * it accepts inherit the listener's congestion control. */
 int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char *err,
                        size_t errcap);
 int mg_dp_server_port(const mg_dp_server *s);
