@@ -123,6 +123,50 @@ static int set_congestion(int fd, const char *name, char *err, size_t errcap)
     return -1;
 }
 
+/* The number in field `field` (0-based) of the /proc file at path, or 0. */
+static uint64_t proc_number(const char *path, int field)
+{
+    unsigned long long v[3] = {0, 0, 0};
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    if (fscanf(f, "%llu %llu %llu", &v[0], &v[1], &v[2]) < field + 1)
+        v[field] = 0;
+    fclose(f);
+    return v[field];
+}
+
+/* Bounds what fd may hold queued to send, as mg_dp_tcp.send_buffer says. BBR sends at a paced
+ * rate, so what the application writes waits in the queue; autotuning lets that queue grow to
+ * tcp_wmem's ceiling (4 MiB by default), megabytes whose cache lines are gone by the time they
+ * are sent and, on a host's own links, copied out by the receiver. A queue of twice what
+ * 100 Gbit/s fills over the path's RTT still lets one connection carry 25 GB/s. */
+static void set_send_buffer(int fd, uint32_t want, const char *peer)
+{
+    char cc[MG_DP_CONGESTION_MAX] = "";
+    socklen_t len = sizeof(cc) - 1, tlen = sizeof(struct tcp_info);
+    struct tcp_info ti = {0};
+    int half;
+    if (want == 0)
+        return;
+    getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len);
+    getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tlen);
+    if (want == MG_DP_SEND_BUFFER_AUTO) {
+        uint64_t bound = (uint64_t)ti.tcpi_rtt * 25000; /* 2 x 12.5 GB/s x RTT in us */
+        if (bound < MG_DP_SEND_BUFFER_MIN)
+            bound = MG_DP_SEND_BUFFER_MIN;
+        if (strncmp(cc, "bbr", 3) != 0 || bound > proc_number("/proc/sys/net/ipv4/tcp_wmem", 2))
+            return;
+        want = (uint32_t)bound;
+    }
+    half = (int)(want / 2);
+    /* Past net.core.wmem_max only with CAP_NET_ADMIN; without it the kernel holds it there. */
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &half, sizeof(half)) != 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, sizeof(half));
+    mg_debug("send_buffer", "peer=%s congestion=%s rtt_us=%u bytes=%u", peer, cc, ti.tcpi_rtt,
+             want);
+}
+
 /* Receives into the pieces of iov (in order), at least one byte: what is there, or, when nothing
  * is, what comes first (waits at most timeout_ms, -1: forever). Returns the count, or -1
  * (closed, error, timeout or stop; errno says which: 0 for an orderly close). */
@@ -647,6 +691,7 @@ static void *conn_main(void *arg)
 
     if (serve_hello(c, tenant) != 0)
         goto out;
+    set_send_buffer(c->fd, s->cfg.tcp.send_buffer, c->peer);
     snprintf(holder, sizeof(holder), "a data-plane slice from %s", c->peer);
     for (;;) {
         uint8_t head[MG_DF_HEADER_BYTES];
@@ -859,9 +904,9 @@ int mg_dp_server_start(mg_dp_server **out, const mg_dp_server_config *cfg, char 
         return MG_ERR_NOMEM;
     }
     s->cfg = *cfg;
-    s->cfg.congestion = NULL; /* the listener has it; the connections it accepts inherit it */
+    s->cfg.tcp.congestion = NULL; /* the listener has it; the connections it accepts inherit it */
     s->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s->lfd >= 0 && set_congestion(s->lfd, cfg->congestion, err, errcap) != 0) {
+    if (s->lfd >= 0 && set_congestion(s->lfd, cfg->tcp.congestion, err, errcap) != 0) {
         close(s->lfd);
         freeaddrinfo(ai);
         free(s);
@@ -1057,8 +1102,8 @@ static int read_summed(mg_dp_conn *c, uint8_t *dst, size_t n, uint32_t *crc)
 }
 
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms,
-                  const char *congestion, const int *stop, char *err, size_t errcap)
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const mg_dp_tcp *tcp,
+                  const int *stop, char *err, size_t errcap)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
     char serv[8];
@@ -1079,7 +1124,7 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
             continue;
-        if (set_congestion(fd, congestion, err, errcap) != 0) {
+        if (set_congestion(fd, tcp ? tcp->congestion : NULL, err, errcap) != 0) {
             close(fd);
             freeaddrinfo(ai);
             return MG_ERR_INVALID;
@@ -1149,6 +1194,7 @@ int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
         mg_dp_close(c);
         return rc;
     }
+    set_send_buffer(c->fd, tcp ? tcp->send_buffer : 0, c->peer);
     *out = c;
     return 0;
 }

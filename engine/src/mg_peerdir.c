@@ -262,7 +262,7 @@ static void req_link(mg_batch_req *r)
                              .crc = cfg->crc || r->b->digest,
                              .peer = r->peer->addr,
                              .idle = &r->peer->idle,
-                             .congestion = cfg->congestion,
+                             .tcp = {cfg->congestion, cfg->send_buffer},
                              .token = r->token,
                              .host = r->data_host,
                              .port = r->data_port};

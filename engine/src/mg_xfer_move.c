@@ -96,7 +96,7 @@ static void ops_run(mg_dp_op *ops, size_t n, const mg_dp_options *o, const mg_xf
         if (stop == 0 && c == NULL) {
             fresh = 1;
             rc = mg_dp_connect(&c, link->host, link->port, link->token, link->io_timeout_ms,
-                               link->congestion, link->stop, err, errcap);
+                               &link->tcp, link->stop, err, errcap);
             if (rc != 0) {
                 ops_fail(ops, n, rc, err);
                 return;

@@ -158,6 +158,10 @@ static const opt_def opts[] = {
      "TCP congestion control of the data plane's connections, e.g. cubic (as "
      "net.ipv4.tcp_congestion_control names them); empty: the system's. BBR paces every "
      "connection, which on low-latency links costs throughput (docs/operations.md)"},
+    {"tcp-send-buffer", T_SIZE, O(tcp_send_buffer), "auto", 0, 1 * GiB,
+     "bytes each data-plane connection may hold queued to send (SO_SNDBUF as the kernel counts "
+     "it); 0: the kernel's autotuning; auto: on connections BBR paces, twice what 100 Gbit/s "
+     "fills over the connection's RTT and at least 512K (docs/operations.md), else autotuning"},
     {"slice-bytes", T_SIZE, O(slice_bytes), "1M", 4096, 1 * GiB,
      "bytes per data-plane slice this daemon sends"},
     {"data-crc", T_BOOL, O(data_crc), "false", 0, 1, "CRC32C on every data-plane slice"},
@@ -335,10 +339,15 @@ static int set_opt(mg_config *cfg, const opt_def *o, const char *val, const char
     case T_UINT:
     case T_SIZE: {
         char *end;
+        int autos = !strcmp(o->def, "auto"); /* a size whose default is auto also takes it */
+        if (autos && !strcmp(val, "auto")) {
+            *(uint64_t *)(base + o->offset) = MG_CONFIG_AUTO;
+            return 0;
+        }
         if (o->type == T_SIZE) {
             if (mg_config_parse_size(val, &v) != 0) {
-                snprintf(err, errcap, "%s: --%s takes a size such as 4M or 65536, not \"%s\"", src,
-                         o->name, val);
+                snprintf(err, errcap, "%s: --%s takes %sa size such as 4M or 65536, not \"%s\"",
+                         src, o->name, autos ? "auto or " : "", val);
                 return -1;
             }
         } else {

@@ -74,6 +74,7 @@ typedef struct mg_config {
     uint64_t transfer_timeout; /* seconds */
     uint64_t tcp_conns_per_peer;
     char *tcp_congestion;     /* data-plane connections' ("": the system's) */
+    uint64_t tcp_send_buffer; /* theirs, bytes (0: autotuning; MG_CONFIG_AUTO: auto) */
     uint64_t batch_retention; /* seconds */
     uint64_t notify_queue;
     uint64_t notify_line; /* Sends waiting per connection, peer and topic */
@@ -110,6 +111,7 @@ typedef struct mg_config {
 } mg_config;
 
 enum { MG_CONFIG_OK = 0, MG_CONFIG_EXIT = 1, MG_CONFIG_ERROR = -1 };
+#define MG_CONFIG_AUTO UINT64_MAX /* a size option set to "auto" */
 
 /* Fills cfg from defaults, file, environment and argv. Returns MG_CONFIG_OK, MG_CONFIG_EXIT
  * (help or version was printed to `out`) or MG_CONFIG_ERROR with a message naming the option

@@ -556,7 +556,10 @@ static int mg_svc_peer_init(mg_gateway *gw)
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
-    dc.congestion = gw->cfg->tcp_congestion;
+    dc.tcp.congestion = gw->cfg->tcp_congestion;
+    dc.tcp.send_buffer = gw->cfg->tcp_send_buffer == MG_CONFIG_AUTO
+                             ? MG_DP_SEND_BUFFER_AUTO
+                             : (uint32_t)gw->cfg->tcp_send_buffer;
     dc.auth = mg_dp_sessions_auth;
     dc.auth_arg = ps->sessions;
     rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));
@@ -571,8 +574,12 @@ static int mg_svc_peer_init(mg_gateway *gw)
     {
         char cc[MG_DP_CONGESTION_MAX];
         mg_dp_server_congestion(ps->server, cc);
-        mg_info("listen", "addr=%s kind=data port=%d congestion=%s%s", gw->cfg->data_listen,
-                ps->port, cc, gw->cfg->tcp_congestion[0] ? "" : " congestion_from=system");
+        char sb[24] = "auto";
+        if (gw->cfg->tcp_send_buffer != MG_CONFIG_AUTO)
+            snprintf(sb, sizeof(sb), "%" PRIu64, gw->cfg->tcp_send_buffer);
+        mg_info("listen", "addr=%s kind=data port=%d congestion=%s%s send_buffer=%s",
+                gw->cfg->data_listen, ps->port, cc,
+                gw->cfg->tcp_congestion[0] ? "" : " congestion_from=system", sb);
     }
     return 0;
 }

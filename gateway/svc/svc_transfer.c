@@ -626,6 +626,8 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .agent_stale = mg_xfer_agent_stale,
                                 .verify = mg_xfer_verify};
         snprintf(pc.congestion, sizeof(pc.congestion), "%s", cfg->tcp_congestion);
+        pc.send_buffer = cfg->tcp_send_buffer == MG_CONFIG_AUTO ? MG_DP_SEND_BUFFER_AUTO
+                                                                : (uint32_t)cfg->tcp_send_buffer;
         if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }

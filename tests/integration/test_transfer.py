@@ -989,20 +989,19 @@ def test_brief_answers_list_only_the_failed_requests(make_daemon):
 
 
 def data_conns(port):
-    """The congestion control of each established TCP socket with `port` at either end."""
-    out = subprocess.run(["ss", "-tinH", "state", "established", "( sport = :%d or dport = :%d )"
+    """(congestion control, send buffer in bytes) of each established TCP socket with `port` at
+    either end."""
+    out = subprocess.run(["ss", "-tinmH", "state", "established", "( sport = :%d or dport = :%d )"
                           % (port, port)], capture_output=True, text=True, timeout=10).stdout
     lines = out.splitlines()
     names = ("reno", "cubic", "bbr", "bbr2", "dctcp", "vegas", "westwood", "htcp")
-    return [next((w for w in info.split() if w in names), "?")
+    return [(next((w for w in info.split() if w in names), "?"),
+             int(info.split(",tb")[1].split(",")[0]))
             for head, info in zip(lines[::2], lines[1::2])]
 
 
-def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
-    """--tcp-congestion reno: the connection A opens to B's data plane and the one B accepts
-    both use it (the system's is bbr or cubic here), whichever way the bytes go."""
-    a = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
-    b = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
+def moved_both_ways(a, b):
+    """One WRITE and one READ of 1 MiB from a to b; the port of b's data plane."""
     src = register(a, "src", MiB)
     dst = register(b, "dst", MiB, remote=True)
     with h2c_channel(a) as ch:
@@ -1011,11 +1010,54 @@ def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
             r = t.Submit(transfer_pb2.SubmitRequest(requests=[req(op, src.id, b.h2c, dst.id, MiB)],
                                                     wait=True), timeout=30)
             assert r.batch.state == transfer_pb2.DONE, r.batch
-    port = int([l for l in b.read_log().splitlines() if "kind=data" in l][0]
+    return int([l for l in b.read_log().splitlines() if "kind=data" in l][0]
                .split(" port=")[1].split()[0])
-    names = data_conns(port)
-    assert len(names) >= 2 and set(names) == {"reno"}, names  # A's end and B's
+
+
+def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
+    """--tcp-congestion reno: the connection A opens to B's data plane and the one B accepts
+    both use it (the system's is bbr or cubic here), whichever way the bytes go."""
+    a = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
+    b = make_daemon("--peer-tls=false", "--tcp-congestion", "reno")
+    conns = data_conns(moved_both_ways(a, b))
+    assert len(conns) >= 2 and {cc for cc, _ in conns} == {"reno"}, conns  # A's end and B's
     assert "congestion=reno" in b.read_log() and "congestion=reno" in a.read_log()
+
+
+def test_tcp_send_buffer_bounds_both_ends_of_the_data_plane(make_daemon):
+    """--tcp-send-buffer 1M: the connection A opens and the one B accepts may each hold 1 MiB
+    queued to send (as root, past net.core.wmem_max), where autotuning would have chosen."""
+    a = make_daemon("--peer-tls=false", "--tcp-send-buffer", "1M")
+    b = make_daemon("--peer-tls=false", "--tcp-send-buffer", "1M")
+    conns = data_conns(moved_both_ways(a, b))
+    with open("/proc/sys/net/core/wmem_max") as f:
+        want = MiB if os.geteuid() == 0 else min(MiB, 2 * int(f.read()))
+    assert len(conns) >= 2 and {tb for _, tb in conns} == {want}, conns
+    assert "send_buffer=1048576" in b.read_log()
+
+
+def test_tcp_send_buffer_auto_bounds_only_paced_connections(make_daemon):
+    """auto (the default): a BBR connection's queue is bounded, to at least 512 KiB and within
+    autotuning's ceiling, on both ends; a reno connection keeps autotuning."""
+    with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+        ceiling = int(f.read().split()[2])
+    a = make_daemon("--peer-tls=false", "--tcp-congestion", "reno", "--log-level", "debug")
+    b = make_daemon("--peer-tls=false", "--tcp-congestion", "reno", "--log-level", "debug")
+    moved_both_ways(a, b)
+    assert "send_buffer=auto" in b.read_log()
+    assert "event=send_buffer" not in a.read_log() + b.read_log()
+    try:
+        c = make_daemon("--peer-tls=false", "--tcp-congestion", "bbr", "--log-level", "debug")
+        d = make_daemon("--peer-tls=false", "--tcp-congestion", "bbr", "--log-level", "debug")
+    except Exception as e:  # (a kernel without tcp_bbr)
+        pytest.skip("no BBR here: %s" % e)
+    conns = data_conns(moved_both_ways(c, d))
+    assert len(conns) >= 2 and {cc for cc, _ in conns} == {"bbr"}, conns
+    assert all(512 * 1024 <= tb <= max(ceiling, 512 * 1024) for _, tb in conns), conns
+    for end in (c, d):  # each end's choice, logged, is what the socket has
+        said = [l for l in end.read_log().splitlines() if "event=send_buffer" in l]
+        assert said and all("congestion=bbr" in l for l in said), said
+        assert {int(l.split(" bytes=")[1].split()[0]) for l in said} <= {tb for _, tb in conns}
 
 
 @pytest.mark.parametrize("data_listen", ["127.0.0.1:0", ""])

@@ -29,6 +29,7 @@ static void test_defaults(void)
     CU_ASSERT_EQUAL(c.debug_service, 0);
     CU_ASSERT_EQUAL(c.access_log, 1);
     CU_ASSERT_EQUAL(c.unix_socket_mode, 0660);
+    CU_ASSERT_EQUAL(c.tcp_send_buffer, MG_CONFIG_AUTO);
     mg_config_free(&c);
 }
 
@@ -85,6 +86,9 @@ static void test_errors(void)
     char *a9[] = {"moongate", "--max-message-bytes", "2G"};
     char *a10[] = {"moongate", "--unix-socket-mode", "0999"};
     char *a11[] = {"moongate", "--unix-socket-mode", "01777"};
+    char *a12[] = {"moongate", "--tcp-send-buffer", "fast"};
+    char *a13[] = {"moongate", "--workers", "auto"}; /* auto only where it is the default */
+    char *a14[] = {"moongate", "--tcp-send-buffer", "2G"};
     expect_error("--workers=0 is outside 1..256", 3, a1);
     expect_error("whole number", 2, a2);
     expect_error("unknown option \"--no-such-flag\"", 2, a3);
@@ -96,6 +100,28 @@ static void test_errors(void)
     expect_error("outside", 3, a9);
     expect_error("octal permissions", 3, a10);
     expect_error("octal permissions", 3, a11);
+    expect_error("--tcp-send-buffer takes auto or a size such as 4M or 65536, not \"fast\"", 3,
+                 a12);
+    expect_error("--workers takes a whole number", 3, a13);
+    expect_error("--tcp-send-buffer=2G is outside 0..1073741824", 3, a14);
+}
+
+static void test_size_or_auto(void)
+{
+    mg_config c;
+    char err[512];
+    char *fixed[] = {"moongate", "--tcp-send-buffer", "1M"};
+    char *none[] = {"moongate", "--tcp-send-buffer=0"};
+    char *aut[] = {"moongate", "--tcp-send-buffer", "auto"};
+    CU_ASSERT_EQUAL_FATAL(load(&c, err, 3, fixed), MG_CONFIG_OK);
+    CU_ASSERT_EQUAL(c.tcp_send_buffer, 1048576);
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL_FATAL(load(&c, err, 2, none), MG_CONFIG_OK);
+    CU_ASSERT_EQUAL(c.tcp_send_buffer, 0);
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL_FATAL(load(&c, err, 3, aut), MG_CONFIG_OK);
+    CU_ASSERT_EQUAL(c.tcp_send_buffer, MG_CONFIG_AUTO);
+    mg_config_free(&c);
 }
 
 static void test_env_error_names_the_variable(void)
@@ -164,6 +190,7 @@ int main(void)
         MG_TEST(test_defaults),
         MG_TEST(test_precedence_file_env_flag),
         MG_TEST(test_errors),
+        MG_TEST(test_size_or_auto),
         MG_TEST(test_env_error_names_the_variable),
         MG_TEST(test_file_errors_name_the_line),
         MG_TEST(test_sizes),

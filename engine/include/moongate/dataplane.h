@@ -36,6 +36,21 @@ typedef struct mg_dp_server mg_dp_server;
 #define MG_DP_CONGESTION_MAX 16
 typedef struct mg_dp_conn mg_dp_conn;
 
+/* How the data plane sets up its TCP connections (both those it opens and those it accepts). */
+#define MG_DP_SEND_BUFFER_AUTO UINT32_MAX
+#define MG_DP_SEND_BUFFER_MIN  (512u * 1024u) /* what auto bounds a queue to at least */
+typedef struct mg_dp_tcp {
+    /* TCP congestion control (TCP_CONGESTION), shorter than MG_DP_CONGESTION_MAX; NULL or "":
+     * the system's. */
+    const char *congestion;
+    /* Bytes a connection may hold queued to send (SO_SNDBUF as the kernel counts it, twice the
+     * figure set), fixed once its HELLO is answered. 0: the kernel's autotuning.
+     * MG_DP_SEND_BUFFER_AUTO: where the connection's congestion control paces it (BBR), twice
+     * what 100 Gbit/s fills over its smoothed RTT and at least MG_DP_SEND_BUFFER_MIN, unless
+     * that is past autotuning's own ceiling (net.ipv4.tcp_wmem); elsewhere autotuning. */
+    uint32_t send_buffer;
+} mg_dp_tcp;
+
 /* Maps a session token to the tenant it was issued to (tenant: MG_SEG_NAME_MAX + 1 bytes).
  * Returns 0, or MG_ERR_AUTH for an unknown or expired token. Runs on connection threads. */
 typedef int (*mg_dp_auth_fn)(void *arg, const uint8_t token[MG_DF_TOKEN_BYTES], char *tenant);
@@ -48,9 +63,7 @@ typedef struct mg_dp_server_config {
     uint32_t max_slice;     /* largest payload accepted */
     unsigned max_conns;
     uint32_t io_timeout_ms; /* a slice's payload must keep arriving within it */
-    /* TCP congestion control of its connections (TCP_CONGESTION), shorter than
-     * MG_DP_CONGESTION_MAX; NULL or "": the system's. */
-    const char *congestion;
+    mg_dp_tcp tcp;          /* of the connections it accepts */
     mg_dp_auth_fn auth;
     void *auth_arg;
 } mg_dp_server_config;
@@ -85,12 +98,12 @@ void mg_dp_server_stop(mg_dp_server *s);
 
 /* Connects to a peer's data plane and presents the session token. Returns 0, or MG_ERR_UNAVAILABLE
  * (cannot connect, or no answer within timeout_ms: err names the peer and why),
- * MG_ERR_AUTH (token refused), MG_ERR_PROTOCOL, or MG_ERR_INVALID (congestion cannot be set).
- * `congestion`: the connection's TCP congestion control (NULL or "": the system's). `stop` (may
+ * MG_ERR_AUTH (token refused), MG_ERR_PROTOCOL, or MG_ERR_INVALID (the congestion control
+ * cannot be set). `tcp`: how the connection is set up (NULL: the system's ways). `stop` (may
  * be NULL) as in mg_dp_options. */
 int mg_dp_connect(mg_dp_conn **out, const char *host, int port,
-                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms,
-                  const char *congestion, const int *stop, char *err, size_t errcap);
+                  const uint8_t token[MG_DF_TOKEN_BYTES], uint32_t timeout_ms, const mg_dp_tcp *tcp,
+                  const int *stop, char *err, size_t errcap);
 void mg_dp_close(mg_dp_conn *c);
 
 /* Idle connections to one peer's data plane, for the workers to take and give back: at most

@@ -123,6 +123,7 @@ typedef struct mg_peerdir_config {
     uint32_t io_timeout_ms; /* requests' links */
     int crc;
     char congestion[MG_DP_CONGESTION_MAX]; /* TCP congestion control of data connections */
+    uint32_t send_buffer;                  /* theirs, as mg_dp_tcp's */
     void *arg;
     /* Ask the peer for a session for p->tenant; answer with mg_peerdir_opened or _failed. */
     void (*open_session)(void *arg, mg_xfer_peer *p);

@@ -90,8 +90,8 @@ typedef struct mg_xfer_link {
     int64_t *in_flight;     /* TCP: slices sent and not answered (atomic; optional) */
     const char *peer;       /* the peer's name, for the log */
     /* TCP */
-    mg_dp_pool *idle;       /* the peer's idle data connections */
-    const char *congestion; /* of new connections; "": the system's */
+    mg_dp_pool *idle; /* the peer's idle data connections */
+    mg_dp_tcp tcp;    /* how new connections are set up */
     const uint8_t *token;
     const char *host;
     int port;
