@@ -146,12 +146,12 @@ static void set_send_buffer(int fd, uint32_t want, const char *peer)
     char cc[MG_DP_CONGESTION_MAX] = "";
     socklen_t len = sizeof(cc) - 1, tlen = sizeof(struct tcp_info);
     struct tcp_info ti = {0};
-    int half;
+    int half, automatic = want == MG_DP_SEND_BUFFER_AUTO;
     if (want == 0)
         return;
     getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len);
     getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tlen);
-    if (want == MG_DP_SEND_BUFFER_AUTO) {
+    if (automatic) {
         uint64_t bound = (uint64_t)ti.tcpi_rtt * 25000; /* 2 x 12.5 GB/s x RTT in us */
         if (bound < MG_DP_SEND_BUFFER_MIN)
             bound = MG_DP_SEND_BUFFER_MIN;
@@ -160,11 +160,18 @@ static void set_send_buffer(int fd, uint32_t want, const char *peer)
         want = (uint32_t)bound;
     }
     half = (int)(want / 2);
-    /* Past net.core.wmem_max only with CAP_NET_ADMIN; without it the kernel holds it there. */
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &half, sizeof(half)) != 0)
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &half, sizeof(half)) != 0) {
+        /* Without CAP_NET_ADMIN the kernel holds it at net.core.wmem_max: a size asked for is
+         * held there; auto keeps autotuning rather than a queue shorter than the path needs. */
+        if (automatic && (uint64_t)half > proc_number("/proc/sys/net/core/wmem_max", 0))
+            return;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, sizeof(half));
-    mg_debug("send_buffer", "peer=%s congestion=%s rtt_us=%u bytes=%u", peer, cc, ti.tcpi_rtt,
-             want);
+    }
+    len = sizeof(half);
+    if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &half, &len) != 0)
+        half = 0;
+    mg_debug("send_buffer", "peer=%s congestion=%s rtt_us=%u bytes=%d", peer, cc, ti.tcpi_rtt,
+             half);
 }
 
 /* Receives into the pieces of iov (in order), at least one byte: what is there, or, when nothing

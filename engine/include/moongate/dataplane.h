@@ -47,7 +47,8 @@ typedef struct mg_dp_tcp {
      * figure set), fixed once its HELLO is answered. 0: the kernel's autotuning.
      * MG_DP_SEND_BUFFER_AUTO: where the connection's congestion control paces it (BBR), twice
      * what 100 Gbit/s fills over its smoothed RTT and at least MG_DP_SEND_BUFFER_MIN, unless
-     * that is past autotuning's own ceiling (net.ipv4.tcp_wmem); elsewhere autotuning. */
+     * that is past autotuning's own ceiling (net.ipv4.tcp_wmem) or, without CAP_NET_ADMIN,
+     * past twice net.core.wmem_max; elsewhere autotuning. */
     uint32_t send_buffer;
 } mg_dp_tcp;
 
