@@ -13,6 +13,7 @@
 #include "mg_service.h"
 #include "svc_agent.h"
 #include "svc_memory.h"
+#include "svc_transfer.h"
 #include "moongate/pools.h"
 
 #include "mg_auth.h"
@@ -556,10 +557,7 @@ static int mg_svc_peer_init(mg_gateway *gw)
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
-    dc.tcp.congestion = gw->cfg->tcp_congestion;
-    dc.tcp.send_buffer = gw->cfg->tcp_send_buffer == MG_CONFIG_AUTO
-                             ? MG_DP_SEND_BUFFER_AUTO
-                             : (uint32_t)gw->cfg->tcp_send_buffer;
+    dc.tcp = mg_xfer_data_tcp(gw->cfg);
     dc.auth = mg_dp_sessions_auth;
     dc.auth_arg = ps->sessions;
     rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));
@@ -572,9 +570,8 @@ static int mg_svc_peer_init(mg_gateway *gw)
              strchr(ps->host, ':') ? "[" : "", ps->host, strchr(ps->host, ':') ? "]" : "",
              ps->port);
     {
-        char cc[MG_DP_CONGESTION_MAX];
+        char cc[MG_DP_CONGESTION_MAX], sb[24] = "auto";
         mg_dp_server_congestion(ps->server, cc);
-        char sb[24] = "auto";
         if (gw->cfg->tcp_send_buffer != MG_CONFIG_AUTO)
             snprintf(sb, sizeof(sb), "%" PRIu64, gw->cfg->tcp_send_buffer);
         mg_info("listen", "addr=%s kind=data port=%d congestion=%s%s send_buffer=%s",
