@@ -43,6 +43,7 @@ typedef struct mg_fdsock {
     mg_list conns;
     unsigned nconns;
     uint64_t next_key;
+    uint64_t discarded; /* descriptors closed because their message was no request to serve */
 } mg_fdsock;
 
 static void conn_close(fd_conn *c)
@@ -78,9 +79,17 @@ static void close_all(const int *fds, int n)
         close(fds[i]);
 }
 
-/* The descriptors of every SCM_RIGHTS message in msg. Returns how many were written to fds; a
- * count above max means there were more (all of them are closed then). */
-static int take_fds(struct msghdr *msg, int *fds, int max)
+/* Closes the n descriptors a message brought that no handle took, and counts them. */
+static void discard(fd_conn *c, const int *fds, int n)
+{
+    close_all(fds, n);
+    c->fs->discarded += (uint64_t)n;
+}
+
+/* Takes every descriptor of every SCM_RIGHTS message in msg: the first max into fds, the rest
+ * closed at once (and counted). Returns how many the kernel installed, so a count above max
+ * means that only max of them are in fds. */
+static int take_fds(fd_conn *c, struct msghdr *msg, int *fds, int max)
 {
     int n = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
@@ -94,12 +103,10 @@ static int take_fds(struct msghdr *msg, int *fds, int max)
             if (n < max)
                 fds[n] = fd;
             else
-                close(fd);
+                discard(c, &fd, 1);
             n++;
         }
     }
-    if (n > max)
-        close_all(fds, max);
     return n;
 }
 
@@ -137,24 +144,24 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
     char err[300];
     const char *token, *why;
     if (mg_fdproto_request(text, len, &token, &why) != 0) {
-        close_all(fds, nfds);
+        discard(c, fds, nfds);
         return reply(c, "ERR INVALID_ARGUMENT %s", why);
     }
     if (nfds != 1) {
-        close_all(fds, nfds);
+        discard(c, fds, nfds);
         return reply(c,
                      "ERR INVALID_ARGUMENT %d descriptors came with the request; PUT takes "
                      "exactly one (SCM_RIGHTS)",
                      nfds);
     }
     if (c->proc.pid == 0) { /* a handle bound to pid 0 would be any such process's */
-        close(fds[0]);
+        discard(c, fds, 1);
         return reply(c, "ERR PERMISSION_DENIED the kernel names no process for this client (it "
                         "runs in a pid namespace the daemon cannot see): run the daemon in the "
                         "host's pid namespace (Kubernetes: hostPID)");
     }
     if (admit(c, token, &who) != 0) {
-        close(fds[0]);
+        discard(c, fds, 1);
         return 0;
     }
     if (mg_fd_handles_put(fs->handles, fds[0], &who, c->key, mg_now_mono_ms(), &handle, err,
@@ -167,6 +174,21 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
     return reply(c, "OK %" PRIu64 " %" PRIu64, handle, mg_fd_handles_ttl_ms(fs->handles));
 }
 
+/* Why a message received as n bytes with nfds descriptors cannot be served and ends its
+ * connection, or NULL when it is a request to serve. */
+static const char *broken(const struct msghdr *msg, ssize_t n, int nfds)
+{
+    if (msg->msg_flags & MSG_TRUNC)
+        return "the request is longer than PUT and a token";
+    if ((msg->msg_flags & MSG_CTRUNC) || nfds > FDS_MAX)
+        return "the descriptors did not fit (MSG_CTRUNC)";
+    if (n == 0) /* SOCK_SEQPACKET: an empty message, or the end of the connection */
+        return nfds ? "an empty message is no request" : "";
+    return NULL;
+}
+
+/* Reads a few messages, then lets others have the loop. Every descriptor the kernel installs
+ * with a message leaves this function in the handle table or closed, whatever the message. */
 static void conn_read_cb(evutil_socket_t sock, short what, void *arg)
 {
     fd_conn *c = arg;
@@ -177,9 +199,10 @@ static void conn_read_cb(evutil_socket_t sock, short what, void *arg)
     } ctl;
     int fds[FDS_MAX];
     (void)what;
-    for (int round = 0; round < 16; round++) { /* a few messages, then let others have the loop */
+    for (int round = 0; round < 16; round++) {
         struct iovec iov = {text, MG_FDPROTO_REQUEST_MAX};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        const char *why;
         ssize_t n;
         int nfds;
         msg.msg_control = ctl.buf;
@@ -187,20 +210,18 @@ static void conn_read_cb(evutil_socket_t sock, short what, void *arg)
         n = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             return;
-        if (n <= 0) { /* closed (a message of 0 bytes is no request either) */
+        if (n < 0) { /* no descriptor comes with a failed receive */
             conn_close(c);
             return;
         }
-        nfds = take_fds(&msg, fds, FDS_MAX);
-        if ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || nfds > FDS_MAX) {
-            if (nfds <= FDS_MAX)
-                close_all(fds, nfds);
-            mg_warn("fd_socket_protocol", "uid=%u pid=%d reason=\"%s\"", (unsigned)c->uid,
-                    (int)c->proc.pid,
-                    msg.msg_flags & MSG_TRUNC ? "message too long" : "control message truncated");
-            reply(c, "ERR INVALID_ARGUMENT %s; the connection is closed",
-                  msg.msg_flags & MSG_TRUNC ? "the request is longer than PUT and a token"
-                                            : "the descriptors did not fit (MSG_CTRUNC)");
+        nfds = take_fds(c, &msg, fds, FDS_MAX);
+        if ((why = broken(&msg, n, nfds)) != NULL) {
+            discard(c, fds, nfds < FDS_MAX ? nfds : FDS_MAX);
+            if (why[0]) {
+                mg_warn("fd_socket_protocol", "uid=%u pid=%d descriptors=%d reason=\"%s\"",
+                        (unsigned)c->uid, (int)c->proc.pid, nfds, why);
+                reply(c, "ERR INVALID_ARGUMENT %s; the connection is closed", why);
+            }
             conn_close(c);
             return;
         }
@@ -380,4 +401,9 @@ mg_fd_handles *mg_fdsock_handles(mg_gateway *gw)
 const char *mg_fdsock_path(const mg_gateway *gw)
 {
     return gw->fdsock ? gw->fdsock->path : "";
+}
+
+uint64_t mg_fdsock_discarded(const mg_gateway *gw)
+{
+    return gw->fdsock ? gw->fdsock->discarded : 0;
 }

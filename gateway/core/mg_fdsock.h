@@ -19,8 +19,11 @@
  * fdhandles.h): only a RegisterSegment call from the same process, on the Unix socket, as the
  * same tenant, can use it, once, within --fd-handle-ttl ms. A connection holds at most
  * --max-unclaimed-fds descriptors nobody has registered; the daemon at most --max-fd-handles.
- * A message whose descriptors did not all fit (MSG_CTRUNC), or that is longer than a request
- * can be, is a protocol error: its descriptors are closed, ERR is sent, the connection closed.
+ * A message whose descriptors did not all fit (MSG_CTRUNC), that is longer than a request can
+ * be, or that is empty is a protocol error: ERR is sent and the connection closed. Whatever a
+ * message is — served, refused, broken, or the last before its connection closes — every
+ * descriptor the kernel installed with it ends in the handle table or closed, and those closed
+ * without a handle are counted (mg_fdsock_discarded).
  *
  * Loop thread only; every socket is non-blocking.
  */
@@ -39,6 +42,9 @@ void mg_fdsock_stop(mg_gateway *gw);
 void mg_fdsock_accepting(mg_gateway *gw, int on);
 /* The table of passed descriptors, or NULL when the daemon has no fd socket. */
 mg_fd_handles *mg_fdsock_handles(mg_gateway *gw);
+/* Descriptors closed because the message that brought them was refused or broken (the table's
+ * own refusals are counted there). 0 when the daemon has no fd socket. */
+uint64_t mg_fdsock_discarded(const mg_gateway *gw);
 /* The socket's path, or "" when there is none. */
 const char *mg_fdsock_path(const mg_gateway *gw);
 

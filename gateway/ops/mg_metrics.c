@@ -349,10 +349,12 @@ static void render_fd_handles(mg_gateway *gw, struct evbuffer *out)
                         "moongate_fd_handles_total{event=\"passed\"} %llu\n"
                         "moongate_fd_handles_total{event=\"claimed\"} %llu\n"
                         "moongate_fd_handles_total{event=\"expired\"} %llu\n"
-                        "moongate_fd_handles_total{event=\"refused\"} %llu\n",
+                        "moongate_fd_handles_total{event=\"refused\"} %llu\n"
+                        "moongate_fd_handles_total{event=\"discarded\"} %llu\n",
                         (unsigned long long)st.held, (unsigned long long)st.passed,
                         (unsigned long long)st.claimed, (unsigned long long)st.expired,
-                        (unsigned long long)st.refused);
+                        (unsigned long long)st.refused,
+                        (unsigned long long)mg_fdsock_discarded(gw));
 }
 
 /* The engine's workers, the RDMA devices and the transport threads. */

@@ -248,6 +248,57 @@ def test_the_fd_socket_protocol_and_limits(make_daemon):
     assert serving(d)
 
 
+def open_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def test_every_descriptor_of_a_broken_or_refused_message_is_closed(make_daemon):
+    """1,000 descriptor-carrying messages of every broken shape — empty, longer than a request,
+    more descriptors than fit, refused (bad text, two descriptors, a bad token), and served ones
+    whose client closed at once — and the daemon's open descriptors come back to their count
+    before them: nothing the kernel installed is kept."""
+    d = make_daemon("--fd-handle-ttl", "50")
+    path = d.sock + ".fd"
+    fd = memfd(4096)
+    assert serving(d)
+    base = open_fds(d.proc.pid)
+    n = 1000
+
+    def each_alone(text, fds):  # a message per connection, closed without reading the reply
+        for _ in range(n):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.connect(path)
+                socket.send_fds(s, [text], fds)
+
+    def many_on_one(text, fds, read):  # 50 messages a connection; replies read or left
+        for _ in range(n // 50):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.connect(path)
+                for _ in range(50):
+                    socket.send_fds(s, [text], fds)
+                    if read:
+                        assert s.recv(1024).startswith(b"ERR INVALID_ARGUMENT")
+
+    each_alone(b"", [fd])                 # empty: no request, the end of the connection
+    each_alone(b"PUT " + b"x" * 2000, [fd])  # longer than a request (MSG_TRUNC)
+    each_alone(b"PUT", [fd] * 12)         # more than fit (MSG_CTRUNC)
+    each_alone(b"PUT", [fd])              # served, then the client is gone (handles expire)
+    many_on_one(b"HELLO", [fd], True)     # refused: not a request
+    many_on_one(b"PUT", [fd, fd], True)   # refused: two descriptors
+    many_on_one(b"HELLO", [fd], False)    # refused, replies never read
+    each_alone(b"PUT not-a-token", [fd])  # refused: UNAUTHENTICATED
+    os.close(fd)
+    deadline = time.monotonic() + 60
+    while open_fds(d.proc.pid) > base and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert open_fds(d.proc.pid) <= base, "descriptors kept: %d over %d before" % (
+        open_fds(d.proc.pid) - base, base)
+    # every descriptor of the refused and broken messages was counted as it was closed
+    assert d.metric("moongate_fd_handles_total", event="discarded") >= 5 * n
+    assert d.metric("moongate_fd_handles", state="held") == 0
+    assert serving(d)
+
+
 def test_without_an_fd_socket(make_daemon):
     d = make_daemon("--fd-socket", "")
     assert not os.path.exists(d.sock + ".fd")
