@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 static int log_level = MG_LOG_INFO;
+/* The first error line's "event=... fields", kept for the daemon's last words: claimed by the
+ * first error (first_claimed), readable once first_ready is set (release after the copy). */
+static char first_error[512];
+static int first_claimed, first_ready;
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 void mg_log_set_level(mg_log_level level)
@@ -85,7 +89,21 @@ void mg_log(mg_log_level level, const char *event, const char *fmt, ...)
         n = sizeof(line) - 2;
     while (n > 0 && line[n - 1] == ' ')
         n--;
+    line[n] = '\0';
+    if (level == MG_LOG_ERROR && !__atomic_exchange_n(&first_claimed, 1, __ATOMIC_RELAXED)) {
+        const char *ev = strstr(line, "event=");
+        const char *from = ev ? ev : line;
+        size_t len = strnlen(from, sizeof(first_error) - 1);
+        memcpy(first_error, from, len);
+        first_error[len] = '\0';
+        __atomic_store_n(&first_ready, 1, __ATOMIC_RELEASE);
+    }
     line[n++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, n);
     (void)w;
+}
+
+const char *mg_log_first_error(void)
+{
+    return __atomic_load_n(&first_ready, __ATOMIC_ACQUIRE) ? first_error : NULL;
 }

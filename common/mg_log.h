@@ -28,6 +28,10 @@ void mg_log(mg_log_level level, const char *event, const char *fmt, ...)
  * control bytes escaped. Always NUL-terminates. Returns dst. */
 char *mg_log_quote(char *dst, size_t cap, const char *s);
 
+/* The first error-level line written, as "event=NAME fields" (cut at 511 bytes), or NULL while
+ * none was: what a daemon that could not start names as the cause in its last line. */
+const char *mg_log_first_error(void);
+
 #define mg_debug(ev, ...) mg_log(MG_LOG_DEBUG, ev, __VA_ARGS__)
 #define mg_info(ev, ...)  mg_log(MG_LOG_INFO, ev, __VA_ARGS__)
 #define mg_warn(ev, ...)  mg_log(MG_LOG_WARN, ev, __VA_ARGS__)

@@ -3,10 +3,14 @@
  */
 #include "mg_shm.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 /* mountinfo's octal escapes (\040 a space, \011, \012, \134) undone, in place. */
 static void unescape(char *s)
@@ -178,4 +182,49 @@ int mg_shm_pages(const char *dir, char *desc, size_t cap)
     free(mounts);
     free(thp);
     return rc;
+}
+
+/* The holder's own words from the lock file: "pid=N host=H", or "" when it wrote none yet. */
+static void read_holder(int fd, char *buf, size_t cap)
+{
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+int mg_shm_dir_lock(const char *dir, char *why, size_t cap)
+{
+    char path[PATH_MAX], me[300], host[256] = "";
+    int fd, n;
+    if (snprintf(path, sizeof(path), "%s/%s", dir, MG_SHM_LOCK_FILE) >= (int)sizeof(path)) {
+        snprintf(why, cap, "the shm directory's path is too long");
+        return -1;
+    }
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        snprintf(why, cap, "open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char holder[300];
+        read_holder(fd, holder, sizeof(holder));
+        if (e == EWOULDBLOCK)
+            snprintf(why, cap,
+                     "another daemon holds this shm directory (%s; lock %s): give each daemon "
+                     "a --shm-dir of its own",
+                     holder[0] ? holder : "it has not said who it is yet", path);
+        else
+            snprintf(why, cap, "flock %s: %s", path, strerror(e));
+        close(fd);
+        return -1;
+    }
+    gethostname(host, sizeof(host) - 1);
+    n = snprintf(me, sizeof(me), "pid=%ld host=%s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, me, (size_t)n, 0) != n) {
+        snprintf(why, cap, "write %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
 }

@@ -19,4 +19,13 @@ int mg_shm_pages_of(const char *mountinfo, const char *shmem_enabled, const char
 /* The same for a directory on this machine, read from /proc and /sys. */
 int mg_shm_pages(const char *dir, char *desc, size_t cap);
 
+/* The lock a daemon holds on its shm directory for its whole life, so that a second daemon on
+ * the same directory (whose start-up would remove the first one's files) refuses to start. It
+ * is an exclusive flock on MG_SHM_LOCK_FILE in dir; the holder writes "pid=N host=H" into the
+ * file. Returns the descriptor holding the lock (close-on-exec; closing it lets the lock go), or
+ * -1 with why (cap bytes): the holder's pid and host when another process holds it, else the
+ * system call that failed. */
+#define MG_SHM_LOCK_FILE ".moongate.lock"
+int mg_shm_dir_lock(const char *dir, char *why, size_t cap);
+
 #endif

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Creates the shm directory if missing; with a group, hands it to the group, setgid and
  * group-writable, so members can make shm files there and they keep the group. */
@@ -81,6 +82,31 @@ static void libevent_log_cb(int severity, const char *msg)
     mg_log(level, "libevent", "msg=%s", mg_log_quote(q, sizeof(q), msg));
 }
 
+/* A gateway that could not start names the cause: the first error logged (a listener's port in
+ * use, a file it could not read), not only the code it came back with. */
+static void say_start_failed(int rc)
+{
+    const char *first = mg_log_first_error();
+    char q[600];
+    if (first)
+        mg_error("start_failed", "error=\"%s\" cause=%s", mg_strerror(rc),
+                 mg_log_quote(q, sizeof(q), first));
+    else
+        mg_error("start_failed", "error=\"%s\"", mg_strerror(rc));
+}
+
+/* The last line. A daemon that did not end well repeats what went wrong first, so that the
+ * last line of a failed start (kubectl logs --tail 1, a unit's status) names the cause. */
+static void say_stopped(int exit_code)
+{
+    const char *first = exit_code ? mg_log_first_error() : NULL;
+    char q[600];
+    if (first)
+        mg_info("stopped", "exit_code=%d cause=%s", exit_code, mg_log_quote(q, sizeof(q), first));
+    else
+        mg_info("stopped", "exit_code=%d", exit_code);
+}
+
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     mg_gateway *gw = arg;
@@ -123,7 +149,7 @@ int main(int argc, char **argv)
     char rdma_why[300] = "";
     mg_gateway *gw = NULL;
     mg_log_level level;
-    int rc, exit_code = 1;
+    int rc, exit_code = 1, shm_lock = -1;
     unsigned shm_gid = 0;
 
     evthread_use_pthreads();
@@ -179,6 +205,14 @@ int main(int argc, char **argv)
     }
     if (prepare_shm_dir(cfg.shm_dir, shm_gid) != 0)
         goto out;
+    /* Held until exit, before the registry removes an earlier daemon's files from the
+     * directory: those of a daemon still running are not "earlier". */
+    if ((shm_lock = mg_shm_dir_lock(cfg.shm_dir, err, sizeof(err))) < 0) {
+        char q[600];
+        mg_error("start_failed", "shm_dir=%s reason=%s", cfg.shm_dir,
+                 mg_log_quote(q, sizeof(q), err));
+        goto out;
+    }
     {
         char fs[160];
         int huge = mg_shm_pages(cfg.shm_dir, fs, sizeof(fs));
@@ -209,7 +243,7 @@ int main(int argc, char **argv)
         if (rc == 0)
             rc = mg_engine_new(&io, &ic);
         if (rc != 0) {
-            mg_error("engine_failed", "error=\"%s\"", mg_strerror(rc));
+            mg_error("start_failed", "reason=\"engine: %s\"", mg_strerror(rc));
             goto out;
         }
     }
@@ -223,7 +257,7 @@ int main(int argc, char **argv)
         rc = mg_gateway_new(&gw, base, &cfg, &parts);
     }
     if (rc != 0) {
-        mg_error("start_failed", "error=\"%s\"", mg_strerror(rc));
+        say_start_failed(rc);
         goto out;
     }
     sigterm = evsignal_new(base, SIGTERM, signal_cb, gw);
@@ -259,7 +293,9 @@ out:
         event_base_loop(base, EVLOOP_NONBLOCK);
         event_base_free(base);
     }
-    mg_info("stopped", "exit_code=%d", exit_code);
+    if (shm_lock >= 0)
+        close(shm_lock); /* after the registry removed its files */
+    say_stopped(exit_code);
     mg_config_free(&cfg);
     return exit_code;
 }

@@ -48,6 +48,10 @@ for (const doc of docs) {
   for (const [k, v] of Object.entries(spec.selector.matchLabels))
     if (labels[k] !== v) fail(doc, `selector label ${k}=${v} missing from the pod template`);
   const strategy = doc.kind === "DaemonSet" ? spec.updateStrategy : spec.strategy;
+  const nodeDirs = (pod.volumes || []).filter((v) => v.hostPath && ["shm", "socket"].includes(v.name));
+  if (nodeDirs.length && String(strategy.rollingUpdate.maxSurge) !== "0")
+    fail(doc, `${nodeDirs.map((v) => v.name).join(" and ")} on a hostPath with maxSurge != 0: ` +
+      "two daemons of one node would share its directory");
   if (pod.hostNetwork) {
     if (String(strategy.rollingUpdate.maxSurge) !== "0")
       fail(doc, "hostNetwork with maxSurge != 0: a second daemon cannot bind the node's ports");

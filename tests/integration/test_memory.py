@@ -789,6 +789,44 @@ def test_unknown_shm_group_fails_at_start(tmp_path):
     assert r.returncode == 1 and "no such group" in r.stdout + r.stderr
 
 
+def test_a_second_daemon_on_one_shm_dir_refuses_to_start(make_daemon):
+    """The shm directory is held by a lock for the daemon's life: a second daemon started on it
+    refuses, naming the holder's pid, and removes none of the first one's files (the first one
+    keeps serving its leases from them); once the first is gone its leftovers are cleaned."""
+    from conftest import MOONGATE
+    import subprocess
+    d = make_daemon("--pool-bytes", "4M")
+    ch, m = stub(d)
+    with ch:
+        seg = m.RegisterSegment(memory_pb2.RegisterRequest(name="mine", size=4096)).segment
+    files = sorted(os.listdir(d.shm))
+    r = subprocess.run([MOONGATE, "--shm-dir", d.shm, "--ops-listen", "", "--unix-socket", "",
+                        "--data-listen", "", "--listen", "127.0.0.1:1"], capture_output=True,
+                       text=True, timeout=30)
+    last = (r.stdout + r.stderr).strip().splitlines()[-1]
+    assert r.returncode == 1
+    assert "another daemon holds this shm directory (pid=%d " % d.proc.pid in last, last
+    assert sorted(os.listdir(d.shm)) == files and os.path.exists(seg.path)
+    ch, m = stub(d)
+    with ch:
+        m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
+    assert d.metric("moongate_segments", state="ready") == 1  # the pool, its file in place
+
+
+def test_a_start_up_failure_names_its_cause_in_the_last_line(make_daemon, tmp_path):
+    from conftest import MOONGATE
+    import subprocess
+    d = make_daemon()
+    r = subprocess.run([MOONGATE, "--shm-dir", str(tmp_path / "other"), "--ops-listen", "",
+                        "--unix-socket", "", "--data-listen", "",
+                        "--listen", "127.0.0.1:%d" % d.tls_port], capture_output=True, text=True,
+                       timeout=30)
+    last = (r.stdout + r.stderr).strip().splitlines()[-1]
+    assert r.returncode == 1
+    assert "exit_code=1" in last and "127.0.0.1:%d" % d.tls_port in last, last
+    assert "Address already in use" in last, last
+
+
 def test_a_client_shrinking_a_segment_file_does_not_crash_the_daemon(make_daemon):
     """A client that maps a segment may also truncate its file; the daemon's mapping then has
     pages past the file's end, and touching one raises SIGBUS. Inline writes and reads into it

@@ -7,7 +7,10 @@
 #include "mg_shm.h"
 #include "mg_test.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *mounts =
     "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n"
@@ -63,12 +66,38 @@ static void test_this_machine(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(d, "does not exist"));
 }
 
+/* The directory's lock: held once; a second taker (another open file, as another daemon's
+ * would be) is refused naming the holder's pid; let go with its descriptor. */
+static void test_dir_lock(void)
+{
+    char dir[] = "/tmp/mg-shm-lock-XXXXXX", why[512], want[64], path[600];
+    int a, b;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    a = mg_shm_dir_lock(dir, why, sizeof(why));
+    CU_ASSERT_TRUE(a >= 0);
+    b = mg_shm_dir_lock(dir, why, sizeof(why));
+    CU_ASSERT_EQUAL(b, -1);
+    snprintf(want, sizeof(want), "pid=%ld ", (long)getpid());
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, want));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "another daemon holds this shm directory"));
+    close(a);
+    b = mg_shm_dir_lock(dir, why, sizeof(why));
+    CU_ASSERT_TRUE(b >= 0);
+    close(b);
+    CU_ASSERT_EQUAL(mg_shm_dir_lock("/no/such/dir", why, sizeof(why)), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "No such file"));
+    snprintf(path, sizeof(path), "%s/%s", dir, MG_SHM_LOCK_FILE);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_mounts),
         MG_TEST(test_global_word),
         MG_TEST(test_this_machine),
+        MG_TEST(test_dir_lock),
     };
     return mg_test_run("shm", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -101,3 +101,17 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 {{- end }}
+
+{{/*
+maxSurge of the update: 0 whenever two daemons of one node would share something of the node's —
+its ports (hostNetwork), its shm directory or its socket directory (hostPath). A second daemon on
+one shm directory refuses to start (the first holds the directory's lock), so a surge there
+would only stall the rollout.
+*/}}
+{{- define "moongate.maxSurge" -}}
+{{- if or .Values.hostNetwork .Values.shm.hostPath .Values.socket.hostPath -}}
+0
+{{- else -}}
+{{ .Values.updateStrategy.maxSurge }}
+{{- end -}}
+{{- end -}}
