@@ -132,7 +132,9 @@ static const opt_def opts[] = {
      "the agent with that port on the daemon at host and this port (docs/api.md)"},
     {"advertise", T_STR, O(advertise), "", 0, 0,
      "host:port where peers reach this daemon's control port, as agent descriptors carry it; "
-     "empty: this host's name and --peer-port"},
+     "$(VAR) is the environment variable VAR and $(VAR:dashed) the same with '.' and ':' as "
+     "'-' (a pod's IP as its DNS label: $(POD_IP:dashed).PEERS.NS.svc:7443); empty: this "
+     "host's name and --peer-port"},
     {"agent-ports", T_STR, O(agent_ports), "20000-29999", 0, 0,
      "the range LO-HI of the ports the daemon assigns agents that ask for none"},
     {"max-agents", T_UINT, O(max_agents), "4096", 1, 65536, "agents alive at once at most"},
@@ -239,7 +241,10 @@ static const opt_def opts[] = {
     {"log-level", T_STR, O(log_level), "info", 0, 0, "debug, info, warn or error"},
     {"access-log", T_BOOL, O(access_log), "true", 0, 1, "one log line per call"},
     {"debug-service", T_BOOL, O(debug_service), "false", 0, 1,
-     "serve moongate.v1.Debug (sleep/echo/streaming test calls)"},
+     "serve moongate.v1.Debug to admitted callers on every control listener, for tests and "
+     "diagnosis only: Sleep, Echo and the streaming shapes, HoldRegistrations (holds "
+     "registrations on their workers) and CorruptSlices (the data plane flips a byte of the "
+     "next checksummed slices it serves); never on a daemon that serves real data"},
 };
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -545,6 +550,70 @@ void mg_config_free(mg_config *cfg)
     }
 }
 
+/* --advertise with each $(VAR) replaced by the environment variable VAR, and each
+ * $(VAR:dashed) by the same with '.' and ':' turned into '-' (how cluster DNS names a pod's
+ * address: 10.1.2.3 -> 10-1-2-3). A variable that is not set, or an unclosed $(, is an error. */
+static int expand_advertise(mg_config *cfg, char *err, size_t errcap)
+{
+    char out[512], name[128];
+    const char *p = cfg->advertise;
+    size_t o = 0;
+    while (*p) {
+        const char *end, *val, *colon;
+        size_t len;
+        int dashed = 0;
+        if (p[0] != '$' || p[1] != '(') {
+            if (o + 1 >= sizeof(out))
+                goto too_long;
+            out[o++] = *p++;
+            continue;
+        }
+        end = strchr(p + 2, ')');
+        len = end ? (size_t)(end - p - 2) : 0;
+        if (end == NULL || len == 0 || len >= sizeof(name)) {
+            snprintf(err, errcap, "--advertise: \"%s\" has a $( without a variable and a )",
+                     cfg->advertise);
+            return -1;
+        }
+        memcpy(name, p + 2, len);
+        name[len] = '\0';
+        if ((colon = strchr(name, ':')) != NULL) {
+            if (strcmp(colon, ":dashed") != 0) {
+                snprintf(err, errcap, "--advertise: $(%s): the only form after ':' is dashed",
+                         name);
+                return -1;
+            }
+            name[colon - name] = '\0';
+            dashed = 1;
+        }
+        val = getenv(name);
+        if (val == NULL || val[0] == '\0') {
+            snprintf(err, errcap,
+                     "--advertise: $(%s) names an environment variable that is not set "
+                     "(Kubernetes: an env entry from fieldRef status.podIP)",
+                     name);
+            return -1;
+        }
+        for (; *val; val++) {
+            if (o + 1 >= sizeof(out))
+                goto too_long;
+            out[o++] = dashed && (*val == '.' || *val == ':') ? '-' : *val;
+        }
+        p = end + 1;
+    }
+    out[o] = '\0';
+    free(cfg->advertise);
+    cfg->advertise = strdup(out);
+    if (cfg->advertise == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    return 0;
+too_long:
+    snprintf(err, errcap, "--advertise: longer than %zu bytes once expanded", sizeof(out) - 1);
+    return -1;
+}
+
 int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, size_t errcap)
 {
     const char *config_path = NULL;
@@ -621,5 +690,7 @@ int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, 
         snprintf(err, errcap, "--peer-cert and --peer-key go together");
         return MG_CONFIG_ERROR;
     }
+    if (strstr(cfg->advertise, "$(") && expand_advertise(cfg, err, errcap) != 0)
+        return MG_CONFIG_ERROR;
     return MG_CONFIG_OK;
 }

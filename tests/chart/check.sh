@@ -113,7 +113,7 @@ if [ -x "$build/moongate" ]; then
         shm=$(mktemp -d /dev/shm/mg-chart-XXXXXX)
         log=$work/$name.log
         port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-        "$build/moongate" --config "$conf" --listen "127.0.0.1:$port" --h2c-listen "" \
+        POD_IP=10.1.2.3 "$build/moongate" --config "$conf" --listen "127.0.0.1:$port" --h2c-listen "" \
             --ops-listen "" --data-listen 127.0.0.1:0 --unix-socket "$shm/sock" \
             --shm-dir "$shm/segments" --tls-cert "$certs/server.pem" \
             --tls-key "$certs/server.key" --auth-file "$certs/auth" \

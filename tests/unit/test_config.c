@@ -170,6 +170,44 @@ static void test_sizes(void)
     CU_ASSERT_EQUAL(mg_config_parse_size("17179869184G", &v), -1); /* overflows 64 bits */
 }
 
+/* --advertise expands $(VAR) and $(VAR:dashed) from the environment (a pod's IP into its DNS
+ * label); what cannot be expanded is an error naming the variable. */
+static void test_advertise_expands_the_environment(void)
+{
+    mg_config c;
+    char err[512];
+    char *plain[] = {"moongate", "--advertise", "$(MG_T_IP):7443"};
+    char *dashed[] = {"moongate", "--advertise", "$(MG_T_IP:dashed).peers.ns.svc:$(MG_T_PORT)"};
+    char *v6[] = {"moongate", "--advertise", "[$(MG_T_IP6)]:7443/$(MG_T_IP6:dashed)"};
+    char *unset[] = {"moongate", "--advertise", "$(MG_T_NOT_SET):7443"};
+    char *open_[] = {"moongate", "--advertise", "$(MG_T_IP:7443"};
+    char *form[] = {"moongate", "--advertise", "$(MG_T_IP:upper):7443"};
+    setenv("MG_T_IP", "10.1.2.3", 1);
+    setenv("MG_T_PORT", "7443", 1);
+    setenv("MG_T_IP6", "fd00::1", 1);
+    CU_ASSERT_EQUAL(load(&c, err, 3, plain), MG_CONFIG_OK);
+    CU_ASSERT_STRING_EQUAL(c.advertise, "10.1.2.3:7443");
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL(load(&c, err, 3, dashed), MG_CONFIG_OK);
+    CU_ASSERT_STRING_EQUAL(c.advertise, "10-1-2-3.peers.ns.svc:7443");
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL(load(&c, err, 3, v6), MG_CONFIG_OK);
+    CU_ASSERT_STRING_EQUAL(c.advertise, "[fd00::1]:7443/fd00--1");
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL(load(&c, err, 3, unset), MG_CONFIG_ERROR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "$(MG_T_NOT_SET) names an environment variable"));
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL(load(&c, err, 3, open_), MG_CONFIG_ERROR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "without a variable and a )"));
+    mg_config_free(&c);
+    CU_ASSERT_EQUAL(load(&c, err, 3, form), MG_CONFIG_ERROR);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "the only form after ':' is dashed"));
+    mg_config_free(&c);
+    unsetenv("MG_T_IP");
+    unsetenv("MG_T_PORT");
+    unsetenv("MG_T_IP6");
+}
+
 static void test_help_lists_every_option_with_env(void)
 {
     char *buf = NULL;
@@ -194,6 +232,7 @@ int main(void)
         MG_TEST(test_env_error_names_the_variable),
         MG_TEST(test_file_errors_name_the_line),
         MG_TEST(test_sizes),
+        MG_TEST(test_advertise_expands_the_environment),
         MG_TEST(test_help_lists_every_option_with_env),
     };
     return mg_test_run("configuration", cases, sizeof(cases) / sizeof(cases[0]));
