@@ -79,7 +79,7 @@ def test_a_registration_the_device_refuses_fails_whole(make_daemon, monkeypatch)
         assert "RDMA registration: device emu0: ibv_reg_mr of 8388608 bytes" in \
             e.value.details() and "memlock" in e.value.details()
         assert list(m.ListSegments(memory_pb2.ListSegmentsRequest(), timeout=10).segments) == []
-        assert os.listdir(d.shm) == []  # nothing left behind
+        assert os.listdir(d.shm) == [".moongate.lock"]  # nothing left behind but the dir's lock
         assert d.metric("moongate_rdma_registrations_failed_total") == 1
         assert d.metric("moongate_rdma_memory_regions") == 0
         small = m.RegisterSegment(memory_pb2.RegisterRequest(name="small", size=MiB),
