@@ -62,3 +62,31 @@ def test_the_readmes_test_time_is_the_one_measured_in_testing_md():
     assert said and measured, "README or docs/testing.md no longer states the suite's time"
     assert said.group(1) == measured.group(1), "README says %s minutes, docs/testing.md %s" % (
         said.group(1), measured.group(1))
+
+
+def slug(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as '-'."""
+    h = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", h).replace(" ", "-")
+
+
+def test_every_link_of_the_readme_and_the_docs_resolves():
+    pages = ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                             if f.endswith(".md")]
+    bad = []
+    for page in pages:
+        text = read(page)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # another site
+            path, _, anchor = target.partition("#")
+            full = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path \
+                else os.path.join(ROOT, page)
+            if not os.path.exists(full):
+                bad.append("%s: %s" % (page, target))
+            elif anchor and full.endswith(".md"):
+                with open(full) as f:
+                    heads = {slug(h) for h in re.findall(r"^#+ (.*)$", f.read(), re.M)}
+                if anchor not in heads:
+                    bad.append("%s: %s (no such heading)" % (page, target))
+    assert not bad, "links that lead nowhere:\n" + "\n".join(bad)
