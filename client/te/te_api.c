@@ -76,7 +76,7 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
                                        uint64_t rpc_port, int auto_discover)
 {
     te_engine *e = calloc(1, sizeof(*e));
-    const char *sock = getenv("MOONGATE_SOCKET");
+    const char *sock = getenv("MOONGATE_SOCKET"), *straddle;
     const char *conn = metadata_conn_string ? metadata_conn_string : "";
     const char *local = local_server_name ? local_server_name : "";
     uint64_t port = 0;
@@ -84,6 +84,7 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
     if (e == NULL)
         return NULL;
     e->efd = -1;
+    e->test_straddle = (straddle = getenv("MG_TE_TEST_STRADDLE")) != NULL && !strcmp(straddle, "1");
     snprintf(e->target, sizeof(e->target), "unix:%s",
              sock && *sock ? sock : "/run/moongate/moongate.sock");
     token_of_env(e);
@@ -150,12 +151,18 @@ int getLocalIpAndPort(transfer_engine_t engine, char *buf_out, size_t buf_len)
 static int describe(te_engine *e, const char *name)
 {
     Moongate__V1__DescribeAgentRequest q = MOONGATE__V1__DESCRIBE_AGENT_REQUEST__INIT;
-    char msg[512];
-    int st;
+    char msg[512], host[256];
+    int st, port = 0;
     q.agent = (char *)name;
     st = te_call_run(e, "/moongate.v1.Agent/DescribeAgent", &q.base, TE_TIMEOUT_MS, NULL, NULL, msg,
                      sizeof(msg));
-    if (st != 0)
+    if ((st == MG_GRPC_UNAVAILABLE || st == MG_GRPC_DEADLINE_EXCEEDED) &&
+        mg_split_host_port(name, host, sizeof(host), &port) == 0)
+        /* the daemon's message names the daemon's endpoint: say which engine was asked for */
+        te_log("segment \"%s\": the engine at port %d of %s cannot be reached: the daemon of %s "
+               "does not answer (%s)",
+               name, port, host, host, msg);
+    else if (st != 0)
         te_log("segment \"%s\": %s", name, msg);
     return st;
 }
@@ -282,7 +289,7 @@ static te_batch *free_slot(te_engine *e)
         te_batch *chunk = calloc(TE_CHUNK, sizeof(*chunk));
         if (chunk == NULL)
             return NULL;
-        TE_SET(e->chunks[s / TE_CHUNK], chunk);
+        TE_SET(e->chunks[s / TE_CHUNK], chunk); /* publish: zeroed slots, then the pointer */
     }
     e->n_batches++;
     e->chunks[s / TE_CHUNK][s % TE_CHUNK].slot = s;
@@ -304,7 +311,7 @@ batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size)
         b->cap = batch_size;
         TE_SET(b->n, 0);
         TE_SET(b->note_state, TE_NOTE_NONE);
-        TE_SET(b->gen, e->next_gen); /* published: its fields are set */
+        TE_SET(b->gen, e->next_gen); /* publish: its fields, then gen (te_slot reads gen) */
         id = ((uint64_t)b->gen << 32) | (uint64_t)(b->slot + 1);
     }
     pthread_mutex_unlock(&e->mu);
@@ -424,16 +431,21 @@ static int reserve(te_engine *e, batch_id_t batch_id, struct transfer_request *e
         return ST_TOO_MANY_REQUESTS;
     }
     for (size_t i = 0; i < count; i++) {
-        if ((entries[i].opcode != OPCODE_READ && entries[i].opcode != OPCODE_WRITE) ||
-            (names[i] = segment_name(e, entries[i].target_id)) == NULL) {
-            te_log("submitTransfer: entry %zu: %s %d", i,
-                   names[i] ? "opcode" : "no segment opened with id", entries[i].target_id);
+        if (entries[i].opcode != OPCODE_READ && entries[i].opcode != OPCODE_WRITE) {
+            te_log("submitTransfer: entry %zu: opcode %d is neither OPCODE_READ (0) nor "
+                   "OPCODE_WRITE (1)",
+                   i, entries[i].opcode);
+            return ST_INVALID_ARGUMENT;
+        }
+        if ((names[i] = segment_name(e, entries[i].target_id)) == NULL) {
+            te_log("submitTransfer: entry %zu: no segment opened with id %d", i,
+                   entries[i].target_id);
             return ST_INVALID_ARGUMENT;
         }
     }
     *gen = b->gen;
     *first = b->n;
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; i < count; i++) { /* publish: bytes, then status, then n */
         TE_SET(b->tasks[b->n + i].bytes, 0);
         TE_SET(b->tasks[b->n + i].status, STATUS_WAITING);
     }
@@ -463,6 +475,8 @@ static int submit_transfer(te_engine *e, batch_id_t batch_id, struct transfer_re
         free(b->note_payload);
         b->note_to = strdup(names[0]);
         b->note_payload = te_note_payload(note->name, note->msg);
+        /* publish: before the Submit whose Wait stream moves the tasks' statuses, so that a
+         * poll that loads a COMPLETED status loads this (or a later) note_state after it */
         TE_SET(b->note_state, b->note_to && b->note_payload ? TE_NOTE_WAITING : TE_NOTE_FAILED);
     }
     pthread_mutex_unlock(&e->mu);
@@ -510,8 +524,13 @@ int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size_t task
      * nothing a tight loop of polls holds the loop thread up with */
     b = te_batch_find(e, batch_id, NULL);
     if (b != NULL && task_id < TE_GET(b->n)) {
+        /* the status first, then the bytes: the loop thread stores the bytes, then the status
+         * (te_loop.c), so the bytes read here are at least those the status was published
+         * with; read the other way round, a COMPLETED could come with an older count */
+        int s = te_task_status(b, task_id);
+        te_test_straddle(e, b, task_id); /* test only: nothing unless MG_TE_TEST_STRADDLE=1 */
         status->transferred_bytes = TE_GET(b->tasks[task_id].bytes);
-        status->status = te_task_status(b, task_id);
+        status->status = s;
         rc = 0;
         /* not ended: give the CPU to whoever is ready (the threads moving these bytes, here and
          * in the daemons), so that a caller's tight loop of polls does not hold them off */
@@ -544,7 +563,7 @@ int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
     } else if (batch_busy(b)) {
         rc = ST_BATCH_BUSY;
     } else { /* a Wait stream still closing finds its slot gone (or reused: another gen) */
-        TE_SET(b->gen, 0);
+        TE_SET(b->gen, 0); /* unpublish first: te_slot then finds no batch here */
         free(b->tasks);
         free(b->note_to);
         free(b->note_payload);
@@ -627,14 +646,14 @@ notify_msg_t *getNotifsFromEngine(transfer_engine_t engine, int *size)
 {
     te_engine *e = engine;
     Moongate__V1__PollRequest q = MOONGATE__V1__POLL_REQUEST__INIT;
-    notify_msg_t *out = calloc(1, sizeof(*out));
+    notify_msg_t *out = NULL;
     char topic[64], msg[512];
     size_t got;
     int n = 0;
-    if (e == NULL || size == NULL || out == NULL) {
-        free(out);
+    if (size != NULL)
+        *size = 0;
+    if (e == NULL || size == NULL)
         return NULL;
-    }
     te_note_topic(topic, sizeof(topic), e->port);
     q.topic = topic;
     q.max = 1000;
@@ -650,6 +669,10 @@ notify_msg_t *getNotifsFromEngine(transfer_engine_t engine, int *size)
         got = take_notes(resp, len, &out, &n);
         free(resp);
     } while (got == q.max);
+    if (n == 0) { /* nothing: NULL, as Mooncake's */
+        free(out);
+        out = NULL;
+    }
     *size = n;
     return out;
 }
@@ -697,9 +720,9 @@ int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *co
     return -1;
 }
 
-int enableGracefulShutdown(transfer_engine_t engine)
+void enableGracefulShutdown(transfer_engine_t engine)
 {
-    return 0; /* destroyTransferEngine always lets the daemon end what it started */
+    /* nothing to turn on: destroyTransferEngine always lets the daemon end what it started */
 }
 
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json)

@@ -28,7 +28,14 @@ enum { TE_NOTE_NONE, TE_NOTE_WAITING, TE_NOTE_SENDING, TE_NOTE_SENT, TE_NOTE_FAI
 /* Batches live in chunks that never move, so that getTransferStatus reads a task's state
  * without the engine's lock (a caller polling in a tight loop would otherwise keep the loop
  * thread from writing it): gen, n, the tasks' fields and note_state are written with release
- * stores (under e->mu) and read with acquire loads. */
+ * stores (under e->mu) and read with acquire loads.
+ *
+ * What a reader may rely on is the order of each publish: a value read with an acquire load
+ * shows every store made before the release store that wrote it. So a writer stores first what
+ * a reader reads second: a task's bytes, then its status (the reader loads the status, then the
+ * bytes: a COMPLETED status comes with the final count, never an older one); a batch's tasks,
+ * then n; a batch's fields, then gen; a chunk's slots, then the chunk's pointer. Each publish
+ * point says so. */
 #define TE_CHUNK      256
 #define TE_MAX_CHUNKS 4096
 #define TE_SET(x, v)  __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
@@ -75,6 +82,12 @@ typedef struct te_engine {
     size_t n_segs;
     te_region *regions;
     size_t n_regions;
+    /* Test only, from MG_TE_TEST_STRADDLE=1 at createTransferEngine: every terminal status the
+     * loop thread publishes waits for a poll to be between its two loads, and that poll waits
+     * for the publish (te_test_straddle): each such poll straddles a publish, the case a torn
+     * read needs. Never set in production. */
+    int test_straddle;
+    int test_mid_poll; /* a poll is between its two loads (atomic) */
 } te_engine;
 
 /* One unary call, made on the engine's loop. */
@@ -128,6 +141,9 @@ te_batch *te_slot(te_engine *e, size_t s, uint32_t gen);
 te_batch *te_batch_find(te_engine *e, uint64_t id, size_t *slot);
 /* What a task reports (the notification a batch carries holds COMPLETED back until sent). */
 int te_task_status(const te_batch *b, size_t k);
+/* Test only (e->test_straddle): a poll of task k of b, between its two loads, marks itself there
+ * and waits (bounded) until the task's status is terminal. */
+void te_test_straddle(te_engine *e, const te_batch *b, size_t k);
 /* A notification's payload: {"name": name, "msg": msg} (malloc'd), or NULL. */
 char *te_note_payload(const char *name, const char *msg);
 /* The topic an engine's notifications arrive on (shared with moongate.compat.mooncake). */

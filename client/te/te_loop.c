@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 void te_log(const char *fmt, ...)
@@ -57,6 +59,43 @@ int te_task_status(const te_batch *b, size_t k)
     return s;
 }
 
+/* ---- the test-only straddle (e->test_straddle) ---- */
+
+#define TE_TEST_WAIT_NS 10000000000ull /* a safety net: the other side never came */
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void te_test_straddle(te_engine *e, const te_batch *b, size_t k)
+{
+    uint64_t until = now_ns() + TE_TEST_WAIT_NS;
+    if (!e->test_straddle || terminal(TE_GET(b->tasks[k].status)))
+        return;
+    TE_SET(e->test_mid_poll, 1);
+    while (!terminal(TE_GET(b->tasks[k].status)) && now_ns() < until)
+        sched_yield();
+    TE_SET(e->test_mid_poll, 0);
+}
+
+/* The loop thread, about to publish what b says of the tasks tb has from `first` on: when that
+ * ends one of them, waits for a poll between its loads. Without e->mu, which the caller whose
+ * submit returns needs. */
+static void test_wait_for_a_poll(te_engine *e, const te_batch *tb, size_t first,
+                                 const Moongate__V1__Batch *b, size_t count)
+{
+    uint64_t until = now_ns() + TE_TEST_WAIT_NS;
+    int ends = 0;
+    for (size_t k = 0; tb != NULL && k < b->n_requests && k < count; k++)
+        ends |=
+            terminal(task_state(b->requests[k])) && !terminal(TE_GET(tb->tasks[first + k].status));
+    while (ends && !TE_GET(e->test_mid_poll) && now_ns() < until)
+        sched_yield();
+}
+
 te_batch *te_slot(te_engine *e, size_t s, uint32_t gen)
 {
     te_batch *chunk = s / TE_CHUNK < TE_MAX_CHUNKS ? TE_GET(e->chunks[s / TE_CHUNK]) : NULL;
@@ -85,9 +124,12 @@ static void watch_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg
     te_batch *tb;
     if (b == NULL)
         return;
+    if (w->e->test_straddle)
+        test_wait_for_a_poll(w->e, watched(w), w->first, b, w->count);
     pthread_mutex_lock(&w->e->mu);
     tb = watched(w);
     for (size_t k = 0; tb != NULL && k < b->n_requests && k < w->count; k++) {
+        /* publish: the bytes, then the status (getTransferStatus loads the status first) */
         TE_SET(tb->tasks[w->first + k].bytes, b->requests[k]->bytes_done);
         TE_SET(tb->tasks[w->first + k].status, task_state(b->requests[k]));
     }
@@ -102,8 +144,9 @@ static void watch_close(mg_rpc *rpc, int status, const char *message, void *arg)
     pthread_mutex_lock(&w->e->mu);
     tb = watched(w);
     if (tb != NULL) {
+        /* the stream ended first: say so (publish: the status alone, the bytes stay) */
         for (size_t k = w->first; k < w->first + w->count; k++)
-            if (!terminal(tb->tasks[k].status)) /* the stream ended first: say so */
+            if (!terminal(tb->tasks[k].status))
                 TE_SET(tb->tasks[k].status, STATUS_FAILED);
         if (status != 0)
             te_log("following a batch: %s", message);
@@ -180,7 +223,7 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
     c->status = status;
     snprintf(c->msg, sizeof(c->msg), "%s", message);
     c->done = 1;
-    if (c->note && te_slot(e, c->slot, c->gen) != NULL)
+    if (c->note && te_slot(e, c->slot, c->gen) != NULL) /* publish: read after a status */
         TE_SET(te_slot(e, c->slot, c->gen)->note_state,
                status == 0 ? TE_NOTE_SENT : TE_NOTE_FAILED);
     if (c->detached) {

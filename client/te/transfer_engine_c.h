@@ -91,8 +91,13 @@ struct buffer_entry {
 };
 typedef struct buffer_entry buffer_entry_t;
 
-/* A NIC's load (getNicLoadStats). moongate's daemon owns the devices: never filled here. */
-struct nic_load_stat;
+/* A NIC's load (getNicLoadStats): 80 bytes. moongate's daemon owns the devices: never filled
+ * here. */
+struct nic_load_stat {
+    char device_name[64];
+    uint64_t inflight_bytes;
+    double ewma_bandwidth_bps;
+};
 typedef struct nic_load_stat nic_load_stat_t;
 
 typedef void *transfer_engine_t;
@@ -136,7 +141,7 @@ int freeNotifsMsgBuf(notify_msg_t *msg, int size);
 int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t notify_msg);
 
 int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *count);
-int enableGracefulShutdown(transfer_engine_t engine);
+void enableGracefulShutdown(transfer_engine_t engine);
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json);
 int warmupEfaSegment(transfer_engine_t engine, const char *segment_name);
 

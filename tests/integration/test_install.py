@@ -1,6 +1,7 @@
 """`cmake --install` puts the daemon, mgctl, the shared client libraries (libmgclient.so.0 and
 libtransfer_engine.so, with their SONAMEs), their headers and moongate-client.pc in a prefix; a
-program built from the installed tree alone with pkg-config talks to a daemon."""
+program built from the installed tree alone with pkg-config talks to a daemon; the installed
+transfer_engine_c.h is Mooncake's, type by type and prototype by prototype."""
 import os
 import re
 import subprocess
@@ -8,6 +9,7 @@ import subprocess
 import pytest
 
 import conftest
+from test_mooncake_c import prototypes
 
 BUILD = conftest.BUILD
 
@@ -47,6 +49,14 @@ def test_install_tree_and_a_program_built_from_it(make_daemon, tmp_path):
                                                          "te_layout.c"),
                     "-I", str(prefix / "include")], check=True, capture_output=True)
     assert subprocess.run([str(layout)], capture_output=True).returncode == 0
+    # ... and against Mooncake's own header: every type, constant, layout and prototype
+    abi = tmp_path / "te_mooncake_abi"
+    subprocess.run(["cc", "-Werror", "-o", str(abi), os.path.join(conftest.ROOT, "tests", "te",
+                                                                 "te_mooncake_abi.c"),
+                    "-I", str(prefix / "include")], check=True, capture_output=True)
+    assert subprocess.run([str(abi)], capture_output=True).returncode == 0
+    theirs = prototypes(os.path.join(conftest.ROOT, "tests", "te", "mooncake"), tmp_path)
+    assert prototypes(str(prefix / "include"), tmp_path) == theirs
 
     d = make_daemon()
     run = subprocess.run([str(exe), "unix:" + d.sock, "installed-0"], capture_output=True,

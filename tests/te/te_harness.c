@@ -10,11 +10,17 @@
  *       "notifs" ([[name, msg], ...]), "quit".
  *   te_harness LIB initiator SESSION ADDRESS
  *       the calls those users make, against the target: one JSON object of outcomes on stdout.
+ *   te_harness LIB polls N SIZE BATCH
+ *       N copies of SIZE bytes between two regions of this engine (LOCAL_SEGMENT), BATCH tasks a
+ *       submit, each task polled in a tight loop until it ends while a thread spins beside it:
+ *       {"transfers", "completed", "torn" (COMPLETED with a count other than SIZE),
+ *       "straddled" (tasks a poll saw not yet ended with all SIZE bytes), "polls"}.
  *
  * Environment: MOONGATE_SOCKET, as for any program using the library.
  */
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,6 +77,7 @@ _Static_assert(sizeof(struct segment_desc) == 48 && offsetof(struct segment_desc
 
 #define OPCODE_READ      0
 #define OPCODE_WRITE     1
+#define STATUS_CANCELED  3
 #define STATUS_COMPLETED 4
 #define INVALID_BATCH    UINT64_MAX
 
@@ -104,7 +111,7 @@ static struct {
     int (*freeNotifsMsgBuf)(notify_msg_t *, int);
     int (*genNotifyInEngine)(engine_t, uint64_t, notify_msg_t);
     int (*getNicLoadStats)(engine_t, void *, size_t *);
-    int (*enableGracefulShutdown)(engine_t);
+    void (*enableGracefulShutdown)(engine_t);
     int (*showLinks)(engine_t, char *, size_t, int);
     int (*warmupEfaSegment)(engine_t, const char *);
 } te;
@@ -282,6 +289,7 @@ static int initiator(const char *session, uint64_t taddr)
     seg = te.openSegment(e, session);
     OUT("open", "%d", seg >= 1 && te.openSegment(e, session) == seg);
     OUT("open_unknown", "%d", te.openSegment(e, "127.0.0.1:1"));
+    OUT("open_unreachable", "%d", te.openSegment(e, "127.0.0.2:9")); /* no daemon there */
     OUT("transport", "%d", te.installTransport(e, "rdma", NULL) != NULL);
 
     /* one batch filled by two submits: tasks 0-1, then 2-3 */
@@ -341,15 +349,24 @@ static int initiator(const char *session, uint64_t taddr)
     OUT("unregistered_source", "%d", te.submitTransfer(e, b, r, 1));
     r[0] = (struct transfer_request){OPCODE_WRITE, src, 99, taddr, 8};
     OUT("unknown_segment", "%d", te.submitTransfer(e, b, r, 1));
+    r[0] = (struct transfer_request){7, src, seg, taddr, 8};
+    OUT("bad_opcode", "%d", te.submitTransfer(e, b, r, 1));
     r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + size - 8, 4096};
     OUT("past_the_region", "%d", te.submitTransfer(e, b, r, 1));
     OUT("past_the_region_state", "%zu", wait_tasks(e, b, 1, &polls));
     te.freeBatchID(e, b);
     OUT("forged_batch", "%d", te.getTransferStatus(e, 0x1234567800000001ull, 0, &st));
     OUT("polls", "%lu", polls);
+    te.enableGracefulShutdown(e);
     OUT("no_meaning", "%d",
         te.getNicLoadStats(e, NULL, &(size_t){8}) == -1 &&
             te.showLinks(e, where, sizeof(where), 1) == -1 && te.warmupEfaSegment(e, session) == 0);
+    {
+        int n = -1;
+        notify_msg_t *m = te.getNotifsFromEngine(e, &n); /* none came to this engine */
+        OUT("no_notifs", "%d", m == NULL && n == 0);
+        te.freeNotifsMsgBuf(m, n);
+    }
     OUT("unregister", "%d", te.unregisterLocalMemoryBatch(e, (void *[]){src, dst, heap}, 3));
     OUT("unregister_again", "%d", te.unregisterLocalMemory(e, src));
     printf("}\n");
@@ -358,15 +375,85 @@ static int initiator(const char *session, uint64_t taddr)
     return 0;
 }
 
+static volatile int spinning;
+
+static void *spin(void *arg)
+{
+    while (spinning) /* a busy CPU beside the polls: the threads they wait for are preempted */
+        ;
+    return NULL;
+}
+
+/* One task of batch b polled until it ends; counts what the polls saw. Returns its status. */
+static int poll_task(engine_t e, uint64_t b, size_t k, uint64_t size, unsigned long *polls,
+                     unsigned long *torn, unsigned long *straddled)
+{
+    struct transfer_status s;
+    int saw_all = 0;
+    do {
+        if (te.getTransferStatus(e, b, k, &s) != 0)
+            return -1;
+        (*polls)++;
+        if (s.status < STATUS_CANCELED && s.transferred_bytes == size)
+            saw_all = 1; /* the count came in before the status did */
+    } while (s.status < STATUS_CANCELED);
+    *torn += s.status == STATUS_COMPLETED && s.transferred_bytes != size;
+    *straddled += saw_all;
+    return s.status;
+}
+
+static int polls(unsigned long n, uint64_t size, size_t batch)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    size_t room = (size_t)size * batch * 2;
+    uint8_t *src = shared_memory(room, 1), *dst = shared_memory(room, 1);
+    unsigned long done = 0, completed = 0, torn = 0, straddled = 0, npolls = 0;
+    struct transfer_request r[64];
+    pthread_t spinner;
+    if (e == NULL || src == NULL || dst == NULL || batch == 0 || batch > 64 ||
+        te.registerLocalMemory(e, src, room, "cpu:0", 1) != 0 ||
+        te.registerLocalMemory(e, dst, room, "cpu:0", 1) != 0)
+        return 1;
+    spinning = 1;
+    if (pthread_create(&spinner, NULL, spin, NULL) != 0)
+        return 1;
+    while (done < n) {
+        size_t m = n - done < batch ? (size_t)(n - done) : batch;
+        uint64_t b = te.allocateBatchID(e, m);
+        for (size_t k = 0; k < m; k++) {
+            size_t off = (size_t)(((done + k) % (2 * batch)) * size);
+            r[k] = (struct transfer_request){OPCODE_WRITE, src + off, 0,
+                                             (uint64_t)(uintptr_t)(dst + off), size};
+        }
+        if (b == INVALID_BATCH || te.submitTransfer(e, b, r, m) != 0)
+            break;
+        for (size_t k = 0; k < m; k++)
+            completed += poll_task(e, b, k, size, &npolls, &torn, &straddled) == STATUS_COMPLETED;
+        te.freeBatchID(e, b);
+        done += m;
+    }
+    spinning = 0;
+    pthread_join(spinner, NULL);
+    printf("{\"transfers\": %lu, \"completed\": %lu, \"torn\": %lu, \"straddled\": %lu, "
+           "\"polls\": %lu}\n",
+           done, completed, torn, straddled, npolls);
+    te.destroyTransferEngine(e);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4 || load(argv[1]) != 0) {
-        fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS\n");
+        fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS | "
+                        "LIB polls N SIZE BATCH\n");
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
         return target(strtoull(argv[3], NULL, 0));
     if (strcmp(argv[2], "initiator") == 0 && argc > 4)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
+    if (strcmp(argv[2], "polls") == 0 && argc > 5)
+        return polls(strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0),
+                     strtoul(argv[5], NULL, 0));
     return 2;
 }

@@ -20,6 +20,9 @@ _Static_assert(sizeof(buffer_entry_t) == 16 && offsetof(buffer_entry_t, length) 
                "buffer_entry");
 _Static_assert(sizeof(segment_desc_t) == 48 && offsetof(segment_desc_t, desc_) == 8,
                "segment_desc");
+_Static_assert(sizeof(nic_load_stat_t) == 80 && offsetof(nic_load_stat_t, inflight_bytes) == 64 &&
+                   offsetof(nic_load_stat_t, ewma_bandwidth_bps) == 72,
+               "nic_load_stat");
 _Static_assert(STATUS_WAITING == 0 && STATUS_PENDING == 1 && STATUS_INVALID == 2 &&
                    STATUS_CANCELED == 3 && STATUS_COMPLETED == 4 && STATUS_TIMEOUT == 5 &&
                    STATUS_FAILED == 6,
