@@ -68,6 +68,7 @@ struct mg_segment {
     uint64_t size;        /* 0 for an shm or fd segment of unknown size until mapped */
     uint64_t offset;      /* fd: where the segment starts in the file */
     uint64_t client_addr; /* where the registering process has it (0: not known) */
+    uint64_t order;       /* the registry's count of segments entered, when it was */
     mg_proc client;
     int in_addrs;   /* in reg->addrs */
     mg_procmem *pm; /* process: its process, once mapped */
@@ -126,6 +127,7 @@ struct mg_registry {
     size_t naddrs, addrs_cap;
     uint64_t jobs, jobs_off_worker; /* mg_segment_map/unmap calls, and those off a worker */
     uint64_t count, ready, registering, bytes, locked_bytes;
+    uint64_t entered; /* segments entered so far: their order (mg_region.order) */
 };
 
 const char *const mg_transport_names[MG_TRANSPORT_COUNT] = {"tcp", "rdma"};
@@ -614,7 +616,8 @@ size_t mg_registry_regions(mg_registry *reg, const char *tenant, const mg_proc *
         if (!same_proc(proc, s))
             break;
         if (s->state == MG_SEG_READY && !strcmp(s->tenant, tenant))
-            out[n++] = (mg_region){s->idn.id, s->client_addr, s->size, s->remote_accessible};
+            out[n++] =
+                (mg_region){s->idn.id, s->client_addr, s->size, s->remote_accessible, s->order};
     }
     pthread_mutex_unlock(&reg->lock);
     return n;
@@ -825,6 +828,7 @@ static void enter_nolock(mg_registry *reg, mg_segment *seg)
 {
     size_t b;
     mg_idmap_add(&reg->ids, &seg->idn);
+    seg->order = ++reg->entered;
     if (seg->source == MG_SEG_ANON)
         snprintf(seg->file, sizeof(seg->file), FILE_PREFIX "%016llx",
                  (unsigned long long)seg->idn.id);

@@ -114,17 +114,19 @@ static void info_local(mg_gateway *gw, const mg_agent *ag, Moongate__V1__AgentIn
     out->truncated = n > MG_AGENT_REGIONS_MAX;
     if (out->truncated)
         n = MG_AGENT_REGIONS_MAX;
-    for (size_t i = 0; i < n; i++) {
+    out->first_address = n ? regions[0].address : 0;
+    for (size_t i = 0, first = 0; i < n; i++) {
         moongate__v1__agent_region__init(&rm[i]);
         rm[i].address = regions[i].address;
         rm[i].length = regions[i].size;
         rm[i].segment = regions[i].id;
         rm[i].remote_accessible = regions[i].remote_accessible;
         rp[i] = &rm[i];
+        if (regions[i].order < regions[first].order) /* registered first, as Mooncake's */
+            out->first_address = regions[first = i].address;
     }
     out->regions = rp;
     out->n_regions = n;
-    out->first_address = n ? regions[0].address : 0;
 }
 
 /* Replies with the agent's info and regions. */
@@ -247,7 +249,8 @@ static void describe_answered(void *arg, int code, const char *msg,
         info.agent_id = a->agent_id;
         info.regions = rp;
         info.n_regions = a->n_regions;
-        info.first_address = a->n_regions ? rm[0].address : 0;
+        /* the region the peer says was registered first; rm[0] from a peer that does not say */
+        info.first_address = a->first_address ? a->first_address : a->n_regions ? rm[0].address : 0;
         info.truncated = a->truncated;
         mg_call_reply(call, &info.base);
     }

@@ -241,7 +241,7 @@ static void describe_agent_message(mg_call *call, const ProtobufCMessage *m)
     } *v = NULL;
     mg_region regions[64];
     size_t n = 0, got;
-    uint64_t after = 0;
+    uint64_t after = 0, first = UINT64_MAX; /* the order of the one registered first */
     if (!peer_tenant(call, req->tenant))
         return;
     snprintf(ref.name, sizeof(ref.name), "%.*s", MG_AGENT_NAME_MAX, req->name);
@@ -264,8 +264,12 @@ static void describe_agent_message(mg_call *call, const ProtobufCMessage *m)
         }
         v = grown;
         for (size_t i = 0; i < got; i++) {
-            if (mg_registry_find_target(reg, tenant, regions[i].id, &v[n].info) == 0)
-                n++; /* unregistered since: left out */
+            if (mg_registry_find_target(reg, tenant, regions[i].id, &v[n].info) != 0)
+                continue; /* unregistered since: left out */
+            if (n++ < MG_AGENT_REGIONS_MAX && regions[i].order < first) {
+                first = regions[i].order; /* Mooncake's get_first_buffer_address */
+                resp.first_address = regions[i].address;
+            }
         }
         after = regions[got - 1].address;
     }

@@ -2,6 +2,7 @@
 Mooncake's users write them (`from mooncake.engine import TransferEngine`, moongate's shim first
 on PYTHONPATH), each on its own daemon, over TCP and over the verbs emulator; the GIL released
 while a synchronous transfer waits; failing soft with no daemon."""
+import ctypes
 import json
 import logging
 import os
@@ -92,7 +93,7 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     t = target(b)
     assert t.ask("fill 0 " + "00" * 16) == "0"
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
-                          t.session, str(t.address), str(min(t.address, t.shared))],
+                          t.session, str(t.address), str(t.address)],  # registered first
                          env=env_for(a), text=True,
                          capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -159,6 +160,46 @@ def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, m
         th.join(timeout=60)
     assert order == ["second thread ran", "sync call returned 0"]
     e.close()
+
+
+def test_the_first_buffer_is_the_one_registered_first(make_daemon, monkeypatch):
+    """get_first_buffer_address answers the buffer the engine registered first (of those it
+    still has), as Mooncake's: here the higher of two, asked of the target's daemon through the
+    initiator's (the peer's answer) and of the target's daemon itself (DescribeAgent there)."""
+    a, b = pair(make_daemon)
+    monkeypatch.setenv("MOONGATE_SOCKET", b.sock)
+    t = mooncake.TransferEngine()
+    assert t.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    bufs = [ctypes.create_string_buffer(1 << 16) for _ in range(2)]
+    low, high = sorted(ctypes.addressof(x) for x in bufs)
+    assert t.register_memory(high, 1 << 16) == 0 and t.register_memory(low, 1 << 16) == 0
+    monkeypatch.setenv("MOONGATE_SOCKET", a.sock)
+    i = mooncake.TransferEngine()
+    assert i.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert i.get_first_buffer_address(t.session) == high  # not the lowest address
+    with mg.Client("unix:" + b.sock) as c:
+        info = c.describe_agent(t._name)
+        assert (info.first_address, info.regions[0].address) == (high, low)
+    assert t.unregister_memory(high) == 0  # the next one registered becomes the first
+    assert i.get_first_buffer_address(t.session) == low
+    for e in (i, t):
+        e.close()
+
+
+def test_the_module_has_mooncakes_names(make_daemon):
+    """What Mooncake's mooncake.engine exports at module level, as code reads it at import:
+    the SUPPORT_* flags of its build (none of those transports, no *_on_cuda here: False) and
+    TransferOpcode's members as module names."""
+    code = ("import json, mooncake.engine as m\n"
+            "print(json.dumps([m.SUPPORT_EFA, m.SUPPORT_HIP, m.SUPPORT_MNNVL, "
+            "m.SUPPORT_INTRA_NVLINK, m.SUPPORT_CUDA, int(m.Read), int(m.Write), "
+            "m.Read is m.TransferOpcode.Read, m.Write is m.TransferEngine.TransferOpcode.Write, "
+            "hasattr(m.TransferEngine, 'transfer_write_on_cuda'), "
+            "m.TransferNotify('n', 'x').msg]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env_for(make_daemon()),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [False] * 5 + [0, 1, True, True, False, "x"]
 
 
 def test_no_daemon_fails_soft(tmp_path, monkeypatch, caplog):

@@ -1108,6 +1108,15 @@ static void test_client_addresses(void)
     s.client_addr = 0x10000;
     s.client = a;
     CU_ASSERT_EQUAL(reg_segment(reg, &s, NULL, err), 0);
+    /* The process's regions in address order, each with when it was registered: "three" (at
+     * 0x12000) before "again" (at 0x10000), what an agent's first buffer is chosen by. */
+    {
+        mg_region r[4];
+        CU_ASSERT_EQUAL_FATAL(mg_registry_regions(reg, "t", &a, 0, r, 4), 2);
+        CU_ASSERT_EQUAL(r[0].address, 0x10000);
+        CU_ASSERT_EQUAL(r[1].address, 0x12000);
+        CU_ASSERT(r[1].order < r[0].order);
+    }
     /* An address needs a process and a size. */
     s = anon("t", "nopid", 4096);
     s.client_addr = 0x40000;

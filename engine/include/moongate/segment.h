@@ -281,6 +281,7 @@ typedef struct mg_region {
     uint64_t address; /* in the process */
     uint64_t size;
     int remote_accessible;
+    uint64_t order; /* when it was registered on this daemon: the smaller, the earlier */
 } mg_region;
 /* Loop. The READY segments of `tenant` process `proc` registered with an address above
  * `after`, in address order, at most max. Returns how many were written. */

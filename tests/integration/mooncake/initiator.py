@@ -4,8 +4,7 @@ polling, notifications, failures. Each step's outcome goes in one JSON object on
 test compares them with what Mooncake's API answers.
 
 Usage: initiator.py TARGET_SESSION TARGET_ADDRESS FIRST_ADDRESS
-(FIRST_ADDRESS: the lowest address of the target's regions, what get_first_buffer_address
-answers here; Mooncake's answers the first registered buffer, see docs/migrating.md)
+(FIRST_ADDRESS: the buffer the target registered first, what get_first_buffer_address answers)
 """
 import json
 import os

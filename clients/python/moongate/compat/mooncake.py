@@ -97,9 +97,22 @@ def _open_file(dev, ino, path, lo, hi):
     return None
 
 
+# What Mooncake's mooncake.engine says of its build, for code that reads it at import: this
+# module has no EFA, HIP, MNNVL or intra-node NVLink transport (the daemon chooses RDMA or TCP)
+# and no *_on_cuda methods, as Mooncake's builds without them.
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_CUDA = False
+
+
 class TransferOpcode(enum.IntEnum):
     Read = 0
     Write = 1
+
+
+Read, Write = TransferOpcode.Read, TransferOpcode.Write  # module-level too, as Mooncake's
 
 
 class TransferNotify:
@@ -583,6 +596,8 @@ class TransferEngine:
 
     # names and notifications
     def get_first_buffer_address(self, segment_name):
+        """The address of the buffer the engine `segment_name` registered first (of those it
+        still has), as Mooncake's; 0 when there is none or the engine cannot be asked."""
         if not self._ready("get_first_buffer_address"):
             return 0
         try:
