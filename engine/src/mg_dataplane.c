@@ -434,8 +434,12 @@ static int out_flush(dp_conn *c, int send)
         if (c->out[i].len)
             iov[n++] = (struct iovec){(void *)(uintptr_t)c->out[i].payload, c->out[i].len};
     }
-    if (send && n)
-        rc = write_iov(c->fd, iov, n, 0, (int)c->srv->cfg.io_timeout_ms, NULL);
+    if (send && n && (rc = write_iov(c->fd, iov, n, 0, (int)c->srv->cfg.io_timeout_ms, NULL)) &&
+        errno == EFAULT) /* probed when held (mg_fault_probe): cut since, mid-frame */
+        mg_warn("data_send_cut",
+                "peer=%s note=\"a segment's file was cut while a READ's bytes were sent from it: "
+                "the connection ends\"",
+                c->peer);
     for (size_t i = 0; i < c->nout; i++)
         target_done(c->srv, &c->out[i].tgt);
     target_done(c->srv, &c->hot[1].t);
@@ -761,6 +765,10 @@ static void *conn_main(void *arg)
                     st = ST_DATA_LOSS; /* the segment's file is shorter than registered */
                 else if (payload == c->stage + c->staged)
                     c->staged += h.length;
+            } else if (st == ST_OK && mg_fault_probe(addr, h.length) != 0) {
+                /* The file was cut under the range: the kernel's copy (send) would fail EFAULT
+                 * with the answer's header gone, and the stream with it. */
+                st = ST_DATA_LOSS;
             }
             reply.type = MG_DF_READ_DATA;
             reply.status = st;
@@ -1420,6 +1428,31 @@ static int run_send(run_state *r)
     return 0;
 }
 
+/* Where a slice's bytes were lost, when this end saw it (0: the peer answered the status). */
+enum { LOST_HERE = 1, LOST_ON_THE_WAY };
+
+/* A slice failed with status st: the op takes its error and a message naming the slice, its
+ * segment (or lease) and, for DATA_LOSS, what this end can tell of the cause. */
+static void slice_failed(const mg_dp_conn *c, mg_dp_op *op, uint64_t slice, const mg_slice *sl,
+                         uint32_t st, int lost, int crc)
+{
+    const char *cause = "";
+    op->rc = mg_dp_status_err(st);
+    if (lost == LOST_HERE)
+        cause = ": the local segment's file is shorter than registered (a client truncated it)";
+    else if (lost == LOST_ON_THE_WAY)
+        cause = ": the bytes arrived corrupted (their CRC32C differs from the peer's)";
+    else if (op->rc == MG_ERR_DATA_LOSS && op->write && crc)
+        cause = ": the bytes landed corrupted (a CRC32C mismatch), or its file there is shorter "
+                "than registered (a client truncated it)";
+    else if (op->rc == MG_ERR_DATA_LOSS)
+        cause = ": its file there is shorter than registered (a client truncated it)";
+    snprintf(op->err, op->errcap, "peer %s %s slice %llu (offset %llu, %u bytes) of %s %llu: %s%s",
+             c->peer, lost ? "sent" : "refused", (unsigned long long)slice,
+             (unsigned long long)sl->remote_offset, sl->length, op->lease ? "lease" : "segment",
+             (unsigned long long)op->target, mg_strerror(op->rc), cause);
+}
+
 /* Reads the answer to the oldest slice in flight and records it in its op. Returns 0, or the
  * run's end (failed). */
 static int run_answer(run_state *r)
@@ -1430,7 +1463,7 @@ static int run_answer(run_state *r)
     uint8_t head_buf[MG_DF_HEADER_BYTES];
     in_flight e = r->ring[r->head];
     mg_dp_op *op = &r->ops[e.op];
-    int rc;
+    int rc, lost = 0;
     r->head = (r->head + 1) % r->o.window;
     r->count--;
     if (r->o.in_flight)
@@ -1471,16 +1504,15 @@ static int run_answer(run_state *r)
                      (unsigned long long)e.slice);
             return run_io_failed(r, err);
         }
-        if (got == MG_ERR_DATA_LOSS || ((h.flags & MG_DF_CRC) && crc != h.payload_crc))
-            h.status = ST_DATA_LOSS;
+        if (got == MG_ERR_DATA_LOSS)
+            lost = LOST_HERE;
+        else if ((h.flags & MG_DF_CRC) && crc != h.payload_crc)
+            lost = LOST_ON_THE_WAY;
     }
     op->answered++;
-    if (h.status != ST_OK && op->rc == 0) {
-        op->rc = mg_dp_status_err(h.status);
-        snprintf(op->err, op->errcap, "peer %s refused slice %llu (offset %llu, %u bytes): %s",
-                 c->peer, (unsigned long long)e.slice, (unsigned long long)expect.remote_offset,
-                 expect.length, mg_strerror(op->rc));
-    } else if (h.status == ST_OK) {
+    if ((h.status != ST_OK || lost) && op->rc == 0)
+        slice_failed(c, op, e.slice, &expect, lost ? ST_DATA_LOSS : h.status, lost, r->o.crc);
+    else if (h.status == ST_OK && !lost) {
         op->done += expect.length;
         if (op->progress)
             __atomic_fetch_add(op->progress, (uint64_t)expect.length, __ATOMIC_RELAXED);

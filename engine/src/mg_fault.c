@@ -100,6 +100,19 @@ int mg_guarded_copy_crc32c(void *dst, const void *src, size_t n, uint32_t *crc, 
     return rc;
 }
 
+static int do_probe(void *arg)
+{
+    op *o = arg;
+    (void)*(const volatile uint8_t *)o->src;
+    return 0;
+}
+
+int mg_fault_probe(const void *p, size_t n)
+{
+    op o = {NULL, (const uint8_t *)p + n - 1, 1, 0, 0};
+    return n == 0 ? 0 : mg_fault_guard(do_probe, &o);
+}
+
 int mg_guarded_crc32c(uint32_t *crc, const void *p, size_t n)
 {
     op o = {NULL, p, n, *crc, 0};

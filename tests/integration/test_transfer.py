@@ -826,6 +826,53 @@ def test_writes_into_a_shrunk_remote_file_are_data_loss_and_the_connection_stays
     assert b.metric("moongate_data_conns_total", result="accepted") == 1
 
 
+@pytest.mark.parametrize("digest", [False, True])
+def test_reads_from_a_shrunk_remote_file_are_data_loss_and_the_connection_stays(make_daemon,
+                                                                              digest):
+    """The serving daemon sends a plain READ's bytes straight from its mapping (the kernel's
+    copy: a page past the file's end is EFAULT, after the answer's header went) and sums a
+    checksummed one into its stage first (the CPU's copy, guarded): a READ from a remote
+    segment whose file a client truncated fails DATA_LOSS naming the segment either way, not
+    UNAVAILABLE (a connection closed, which callers retry for ever), and the next slices on the
+    same connection are served."""
+    a, b = two_daemons(make_daemon)
+    back = register(a, "back", 8 * MiB)
+    src = register(b, "src", 8 * MiB, remote=True)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = os.urandom(8 * MiB)
+        data = bytes(v[:MiB])
+
+    def read(reqs):
+        return wait_batch(t, t.Submit(transfer_pb2.SubmitRequest(
+            requests=reqs, digest=digest)).batch_id)
+
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        assert read([req(transfer_pb2.READ, back.id, b.h2c, src.id, 4096)]).state == \
+            transfer_pb2.DONE  # the session and its connection first
+        os.truncate(src.path, MiB)  # the first MiB stays
+        small = [req(transfer_pb2.READ, back.id, b.h2c, src.id, 4096, i * 4096, 2 * MiB + i * 4096)
+                 for i in range(8)]
+        for reqs in (small, [req(transfer_pb2.READ, back.id, b.h2c, src.id, 4 * MiB, 0, 4 * MiB)],
+                     [req(transfer_pb2.READ, back.id, b.h2c, src.id, 2 * MiB, 0, 0)]):
+            batch = read(reqs)
+            assert batch.state == transfer_pb2.FAILED, batch
+            for r in batch.requests:
+                assert r.code == grpc.StatusCode.DATA_LOSS.value[0], r
+                assert "segment %d" % src.id in r.message, r.message
+                assert "shorter than registered" in r.message, r.message
+        # What is still there is still served, small and large, on the same connection.
+        reqs = [req(transfer_pb2.READ, back.id, b.h2c, src.id, 4096, i * 4096, i * 4096)
+                for i in range(8)] + [req(transfer_pb2.READ, back.id, b.h2c, src.id,
+                                          MiB - 32768, 32768, 32768)]
+        batch = read(reqs)
+        assert batch.state == transfer_pb2.DONE, batch
+    with open(back.path, "rb") as f:
+        assert f.read(MiB) == data
+    assert b.alive() and a.alive()
+    assert b.metric("moongate_data_conns_total", result="accepted") == 1
+
+
 def test_finished_batches_are_forgotten_after_the_retention(make_daemon):
     a = make_daemon("--batch-retention", "1")
     one, two = register(a, "one", MiB), register(a, "two", MiB)

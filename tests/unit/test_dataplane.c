@@ -612,6 +612,70 @@ static void test_held_segments(void)
     stop();
 }
 
+/* READs from a segment whose file a client cut short after registration: a plain slice's bytes
+ * would go from the mapping by the kernel's copy (EFAULT past the file's end, after the answer's
+ * header went), a checksummed one's through the stage by the CPU's (guarded). Either way the
+ * slice is answered DATA_LOSS naming the segment, slices beside it in the same run are served,
+ * and the connection goes on: one connection carries it all. */
+static void test_reads_of_a_shrunk_file(void)
+{
+    enum { BLOCK = 4096 };
+    static uint8_t back[4 * MiB];
+    mg_dp_options plain = {.slice_bytes = BLOCK, .window = 16};
+    mg_dp_options large = {.slice_bytes = 2 * MiB, .window = 4};
+    mg_dp_options summed = {.slice_bytes = BLOCK, .window = 16, .crc = 1};
+    const mg_dp_options *opts[] = {&plain, &large, &summed};
+    mg_dp_server_stats st;
+    mg_segment_info info;
+    mg_dp_op ops[3];
+    char errs[3][256], err[256], name[32];
+    uint8_t *mem;
+    uint64_t id;
+    mg_dp_conn *c;
+    start(8);
+    id = add_segment("shrinks", 1, 4 * MiB, &mem);
+    for (uint32_t i = 0; i < 4 * MiB; i++)
+        mem[i] = (uint8_t)(i * 2654435761u >> 13);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_find(reg, "t", id, &info), 0);
+    CU_ASSERT_EQUAL_FATAL(truncate(info.path, MiB), 0); /* the first MiB stays */
+    snprintf(name, sizeof(name), "segment %llu", (unsigned long long)id);
+    c = dial(token_t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (size_t k = 0; k < sizeof(opts) / sizeof(opts[0]); k++) {
+        /* Wholly past the end, and across it: DATA_LOSS naming the segment. */
+        CU_ASSERT_EQUAL(mg_dp_read(c, id, 2 * MiB, back, 3 * BLOCK, opts[k], err, sizeof(err)),
+                        MG_ERR_DATA_LOSS);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, name));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "shorter than registered"));
+        CU_ASSERT_EQUAL(mg_dp_read(c, id, 0, back, 4 * MiB, opts[k], err, sizeof(err)),
+                        MG_ERR_DATA_LOSS);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, name));
+        /* In one run: the ops beside the lost one are served. */
+        for (int i = 0; i < 3; i++)
+            ops[i] = (mg_dp_op){.target = id,
+                                .offset = i == 1 ? 3 * MiB : (uint64_t)i * BLOCK,
+                                .buf = back + i * BLOCK,
+                                .len = BLOCK,
+                                .err = errs[i],
+                                .errcap = sizeof(errs[i])};
+        memset(back, 0, 3 * BLOCK);
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, 3, opts[k]), 0);
+        CU_ASSERT_EQUAL(ops[0].rc, 0);
+        CU_ASSERT_EQUAL(ops[1].rc, MG_ERR_DATA_LOSS);
+        CU_ASSERT_EQUAL(ops[2].rc, 0);
+        CU_ASSERT_EQUAL(memcmp(back, mem, BLOCK), 0);
+        CU_ASSERT_EQUAL(memcmp(back + 2 * BLOCK, mem + 2 * BLOCK, BLOCK), 0);
+        /* What is still there comes back whole on the same connection. */
+        memset(back, 0, MiB);
+        CU_ASSERT_EQUAL(mg_dp_read(c, id, 0, back, MiB, opts[k], err, sizeof(err)), 0);
+        CU_ASSERT_EQUAL(memcmp(back, mem, MiB), 0);
+    }
+    mg_dp_server_get_stats(srv, &st);
+    CU_ASSERT_EQUAL(st.conns_total, 1);
+    mg_dp_close(c);
+    stop();
+}
+
 /* A peer that answers HELLO and then reads nothing, until `quit`. */
 typedef struct {
     int lfd;
@@ -732,6 +796,7 @@ int main(void)
         MG_TEST(test_mixed_sizes_on_one_stream),
         MG_TEST(test_wide_window_many_frames),
         MG_TEST(test_held_segments),
+        MG_TEST(test_reads_of_a_shrunk_file),
         MG_TEST(test_checksummed_slices_share_sends),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),

@@ -1,7 +1,8 @@
 /*
  * Unit tests for moongate/fault.h: copies and checksums over a mapping whose file was shrunk
  * under it fail with MG_ERR_DATA_LOSS instead of SIGBUS, on any thread, again and again; intact
- * memory copies as memmove does; a SIGBUS outside a guard still kills.
+ * memory copies as memmove does; a probe tells a range that ends past the file; a SIGBUS
+ * outside a guard still kills.
  */
 #include "mg_test.h"
 
@@ -101,6 +102,20 @@ static void test_each_thread_has_its_own_guard(void)
     munmap(p, PAGES * page);
 }
 
+/* A probe asks before the kernel copies a range: a range within the file's first page is
+ * there, one ending past it is not (wherever it starts), and nothing is there to miss. */
+static void test_probe_tells_a_range_past_the_end(void)
+{
+    uint8_t *p = shrunk_mapping();
+    CU_ASSERT_EQUAL(mg_fault_probe(p, page), 0);
+    CU_ASSERT_EQUAL(mg_fault_probe(p + 7, page - 7), 0);
+    CU_ASSERT_EQUAL(mg_fault_probe(p, page + 1), MG_ERR_DATA_LOSS);
+    CU_ASSERT_EQUAL(mg_fault_probe(p + page - 1, 2), MG_ERR_DATA_LOSS);
+    CU_ASSERT_EQUAL(mg_fault_probe(p + 2 * page, page), MG_ERR_DATA_LOSS);
+    CU_ASSERT_EQUAL(mg_fault_probe(p + 2 * page, 0), 0);
+    munmap(p, PAGES * page);
+}
+
 static void test_a_fault_outside_a_guard_still_kills(void)
 {
     uint8_t *p = shrunk_mapping();
@@ -124,6 +139,7 @@ int main(void)
         MG_TEST(test_copies_over_missing_pages_fail),
         MG_TEST(test_overlapping_copy_is_a_move),
         MG_TEST(test_each_thread_has_its_own_guard),
+        MG_TEST(test_probe_tells_a_range_past_the_end),
         MG_TEST(test_a_fault_outside_a_guard_still_kills),
     };
     page = (size_t)sysconf(_SC_PAGESIZE);
