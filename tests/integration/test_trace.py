@@ -2,7 +2,8 @@
 batch's span (the caller's span its parent), each request's start and end (children of the
 batch) and the notification sent (a child of the batch); daemon B logs the notification received
 as a child of A's notification span and hands it to its reader carrying B's span. Both export
-the same ids as OTLP/JSON lines (GET /traces on the ops port). An unsampled trace logs no
+the same ids as OTLP/JSON lines (GET /traces on the ops port), every span ending no earlier than
+it starts. An unsampled trace logs no
 request lines and exports nothing; a malformed traceparent is ignored."""
 import json
 import os
@@ -90,6 +91,12 @@ def test_one_trace_across_two_daemons(make_daemon):
     [sb] = spans(b, tid)
     assert (sb["name"], sb["spanId"], sb["parentSpanId"]) == \
         ("notify.receive", got["span"], sent["span"])
+    # Every kind of span, on either daemon, ends no earlier than it starts.
+    every = spans(a, tid) + spans(b, tid)
+    assert {s["name"] for s in every} == {"transfer.batch", "transfer.request", "notify.send",
+                                          "notify.receive"}
+    for s in every:
+        assert int(s["endTimeUnixNano"]) >= int(s["startTimeUnixNano"]) > 0, s
 
 
 def test_unsampled_and_malformed_traces(make_daemon):
