@@ -4,6 +4,7 @@
 #include "mg_addr.h"
 #include "mg_pbcheck.h"
 #include "moongate/agentcache.h"
+#include "moongate/mg_error.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -68,4 +69,42 @@ Moongate__V1__AgentDescriptor *mg_agentdesc_decode(const uint8_t *buf, size_t le
         return NULL;
     }
     return d;
+}
+
+/* Appends to why (after ", " when it has something) that the descriptor's field differs. */
+static void differs(char *why, size_t cap, size_t *len, const char *field, uint64_t mine,
+                    uint64_t theirs)
+{
+    int w =
+        snprintf(why + *len, cap - *len, "%sthe descriptor's %s %llu differs from the agent's %llu",
+                 *len ? ", " : "", field, (unsigned long long)mine, (unsigned long long)theirs);
+    if (w > 0)
+        *len = (size_t)w < cap - *len ? *len + (size_t)w : cap - 1;
+}
+
+int mg_agentdesc_compare(const Moongate__V1__AgentDescriptor *d, const char *name, uint32_t port,
+                         uint64_t epoch, uint64_t agent_id, char *why, size_t cap)
+{
+    size_t len = 0;
+    int w;
+    why[0] = '\0';
+    if (epoch != d->epoch) {
+        snprintf(why, cap,
+                 "the descriptor's epoch %llu differs from its daemon's %llu: the daemon restarted "
+                 "since it was exported",
+                 (unsigned long long)d->epoch, (unsigned long long)epoch);
+        return MG_ERR_STATE;
+    }
+    if (strcmp(name, d->name) != 0) {
+        w = snprintf(why, cap, "the descriptor's name differs from the agent's \"%.140s\"", name);
+        len = w > 0 && (size_t)w < cap ? (size_t)w : cap - 1;
+    }
+    if (port != d->port)
+        differs(why, cap, &len, "port", d->port, port);
+    if (agent_id != d->agent_id)
+        differs(why, cap, &len, "agent_id", d->agent_id, agent_id);
+    if (len == 0)
+        return 0;
+    snprintf(why + len, cap - len, " (registered again since it was exported, or forged)");
+    return MG_ERR_STATE;
 }

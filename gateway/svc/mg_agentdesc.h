@@ -21,4 +21,11 @@
 Moongate__V1__AgentDescriptor *mg_agentdesc_decode(const uint8_t *buf, size_t len, char *why,
                                                    size_t cap);
 
+/* The agent as its daemon has it now (name, port, agent_id) and that daemon's epoch, against
+ * the descriptor d: 0 when they are the one it names, or MG_ERR_STATE with why naming every
+ * field that differs and both values (another epoch: its daemon restarted; another agent_id or
+ * port: registered again, or forged). */
+int mg_agentdesc_compare(const Moongate__V1__AgentDescriptor *d, const char *name, uint32_t port,
+                         uint64_t epoch, uint64_t agent_id, char *why, size_t cap);
+
 #endif

@@ -397,18 +397,13 @@ static void import_answered(void *arg, int code, const char *msg, const Moongate
 {
     import_call *ic = arg;
     const Moongate__V1__AgentDescriptor *d = ic->d;
-    if (a && !mg_call_done(ic->call)) {
-        const char *stale = NULL;
-        if (a->epoch != d->epoch)
-            stale = "stale: its daemon restarted since it was exported (another epoch)";
-        else if (strcmp(a->name, d->name) != 0 || a->port != d->port || a->agent_id != d->agent_id)
-            stale = "stale or forged: the daemon's agent of that name is not the one it names";
-        if (stale) {
-            mg_call_fail(ic->call, MG_ERR_STATE, "descriptor of agent \"%.140s\" on %s: %s",
-                         d->name, peer, stale);
-            a = NULL;
-            code = -1;
-        }
+    char why[400];
+    if (a && !mg_call_done(ic->call) &&
+        mg_agentdesc_compare(d, a->name, a->port, a->epoch, a->agent_id, why, sizeof(why)) != 0) {
+        mg_call_fail(ic->call, MG_ERR_STATE, "descriptor of agent \"%.140s\" on %s: %s", d->name,
+                     peer, why);
+        a = NULL;
+        code = -1;
     }
     if (code >= 0)
         describe_answered(ic->call, code, msg, a, peer); /* answers and lets go of the call */

@@ -303,21 +303,35 @@ def test_descriptors_export_import_and_refuse_the_stale_and_forged(make_daemon, 
         forged.CopyFrom(d)
         forged.regions[0].address = 0x1000
         assert ca.import_agent(forged.SerializeToString()).regions[0].address == b1.address
-        # forged fields that the daemon checks
-        for field, value, code in (("port", 25001, grpc.StatusCode.FAILED_PRECONDITION),
-                                   ("agent_id", d.agent_id + 1,
-                                    grpc.StatusCode.FAILED_PRECONDITION),
-                                   ("epoch", d.epoch ^ 1, grpc.StatusCode.FAILED_PRECONDITION),
-                                   ("name", "nobody", grpc.StatusCode.NOT_FOUND),
-                                   ("tenant", "other", grpc.StatusCode.PERMISSION_DENIED),
-                                   ("version", 2, grpc.StatusCode.INVALID_ARGUMENT),
-                                   ("endpoint", "no-port", grpc.StatusCode.INVALID_ARGUMENT)):
+        # forged fields that the daemon checks, each named with both values
+        for field, value, code, needle in (
+                ("port", 25001, grpc.StatusCode.FAILED_PRECONDITION,
+                 "the descriptor's port 25001 differs from the agent's 25000"),
+                ("agent_id", d.agent_id + 1, grpc.StatusCode.FAILED_PRECONDITION,
+                 "the descriptor's agent_id %d differs from the agent's %d" %
+                 (d.agent_id + 1, d.agent_id)),
+                ("epoch", d.epoch ^ 1, grpc.StatusCode.FAILED_PRECONDITION,
+                 "the descriptor's epoch %d differs from its daemon's %d" %
+                 (d.epoch ^ 1, d.epoch)),
+                ("name", "nobody", grpc.StatusCode.NOT_FOUND, "nobody"),
+                ("tenant", "other", grpc.StatusCode.PERMISSION_DENIED, "another tenant"),
+                ("version", 2, grpc.StatusCode.INVALID_ARGUMENT, "version must be 1"),
+                ("endpoint", "no-port", grpc.StatusCode.INVALID_ARGUMENT, "host:port")):
             f = agent_pb2.AgentDescriptor()
             f.CopyFrom(d)
             setattr(f, field, value)
             with pytest.raises(mg.Error) as e:
                 ca.import_agent(f.SerializeToString())
             assert e.value.code == code, (field, e.value.message)
+            assert needle in e.value.message, (field, e.value.message)
+        # two forged at once: both named
+        f = agent_pb2.AgentDescriptor()
+        f.CopyFrom(d)
+        f.port, f.agent_id = 25001, d.agent_id + 1
+        with pytest.raises(mg.Error) as e:
+            ca.import_agent(f.SerializeToString())
+        assert "port 25001 differs" in e.value.message and \
+            "agent_id %d differs" % (d.agent_id + 1) in e.value.message, e.value.message
         for junk in (b"", b"\xff" * 64, blob[:-3], blob + b"\x00" * 200000):
             with pytest.raises(mg.Error) as e:
                 ca.import_agent(junk)
@@ -329,7 +343,8 @@ def test_descriptors_export_import_and_refuse_the_stale_and_forged(make_daemon, 
         with pytest.raises(mg.Error) as e:
             ca.import_agent(blob)
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert "not the one it names" in e.value.message
+        assert "the descriptor's agent_id %d differs from the agent's" % d.agent_id in \
+            e.value.message and "registered again" in e.value.message, e.value.message
         blob = cb.export_agent("decode-0", endpoint=b.h2c)
         with pytest.raises(mg.Error) as e:
             cb.export_agent("nobody")
