@@ -21,18 +21,42 @@ struct mg_agent_cache {
     size_t n, max;
 };
 
+/* The digits after agent's last ':' when there are only digits there (the one-string form's
+ * port, whatever its value), else NULL. */
+static const char *port_digits(const char *agent)
+{
+    const char *colon = strrchr(agent, ':');
+    if (colon == NULL || colon == agent || colon[1] == '\0' ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1))
+        return NULL;
+    return colon + 1;
+}
+
 int mg_agent_ref_parse(const char *peer, const char *agent, int peer_port, mg_agent_ref *out,
                        char *why, size_t cap)
 {
     char host[MG_PEER_NAME_MAX - 16]; /* room for brackets and the port */
+    const char *digits = peer[0] == '\0' ? port_digits(agent) : NULL;
     int port;
     memset(out, 0, sizeof(*out));
-    if (peer[0] == '\0' && mg_split_host_port(agent, host, sizeof(host), &port) == 0 && port > 0) {
-        int bracket = strchr(host, ':') != NULL;
-        snprintf(out->peer, sizeof(out->peer), "%s%s%s:%d", bracket ? "[" : "", host,
-                 bracket ? "]" : "", peer_port);
-        out->port = (uint32_t)port;
-        return 0;
+    if (digits) { /* "host:port": an agent's port is 1..65535, and 0 names none */
+        unsigned long value = 0;
+        for (const char *d = digits; *d && value <= 65535; d++)
+            value = value * 10 + (unsigned long)(*d - '0');
+        if (value == 0 || value > 65535) {
+            snprintf(why, cap, "agent \"%.140s\": port %.24s is not 1..65535", agent, digits);
+            return MG_ERR_INVALID;
+        }
+        if (mg_split_host_port(agent, host, sizeof(host), &port) == 0) {
+            int bracket = strchr(host, ':') != NULL;
+            snprintf(out->peer, sizeof(out->peer), "%s%s%s:%d", bracket ? "[" : "", host,
+                     bracket ? "]" : "", peer_port);
+            out->port = (uint32_t)port;
+            return 0;
+        }
+        snprintf(why, cap, "agent \"%.140s\": the host before the port is empty or over %zu bytes",
+                 agent, sizeof(host) - 1);
+        return MG_ERR_INVALID;
     }
     if (!mg_agent_name_ok(agent)) {
         snprintf(why, cap,

@@ -15,6 +15,8 @@
  */
 #include "svc_notify.h"
 
+#include "svc_agent.h"
+
 #include "mg_auth.h"
 
 #include "mg_log.h"
@@ -268,6 +270,16 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
                      "expectation, a message of at most %d bytes, a gRPC code and at most %d "
                      "failed requests (failed_count at least as many)",
                      MESSAGE_MAX, FAILED_MAX);
+        return;
+    }
+    if (req->agent_port > 65535) {
+        mg_call_fail(call, MG_ERR_INVALID, "agent_port %u is not 1..65535", req->agent_port);
+        return;
+    }
+    if (req->agent_port && (mg_agent_table(ns->gw) == NULL ||
+                            !mg_agents_by_port(mg_agent_table(ns->gw), tenant, req->agent_port))) {
+        mg_call_fail(call, MG_ERR_NOT_FOUND, "no agent at port %u of tenant \"%s\" on this daemon",
+                     req->agent_port, tenant);
         return;
     }
     deliver_traced(ns, req, mg_call_peer(call), tp);

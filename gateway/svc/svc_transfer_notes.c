@@ -54,11 +54,12 @@ typedef struct note_item {
     mg_call *call; /* a Send: its call (referenced) and payload */
     uint8_t *payload;
     size_t len;
-    char *refused;  /* a refused Submit's notice (neither n nor call): why (malloc'd) */
-    int code;       /* and its gRPC status */
-    mg_trace t;     /* its span: a child of its batch's, or a Send's own */
-    int traced;     /* logged: its batch's caller, or the Send's, sent a traceparent */
-    uint64_t t0_ns; /* when it went (the span's start) */
+    char *refused;       /* a refused Submit's notice (neither n nor call): why (malloc'd) */
+    int code;            /* and its gRPC status */
+    mg_trace t;          /* its span: a child of its batch's, or a Send's own */
+    int traced;          /* logged: its batch's caller, or the Send's, sent a traceparent */
+    uint64_t t0_ns;      /* when it went (the span's start) */
+    uint32_t agent_port; /* a Send to an agent: its port on the peer, which checks it is there */
 } note_item;
 
 const char *mg_xfer_note_bad(const char *topic, size_t payload_len)
@@ -164,18 +165,21 @@ static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *a
 {
     deliver_call dc = *(deliver_call *)arg;
     mg_batch_note *n = dc.it->n;
-    char why[300];
-    (void)rpc;
+    const char *addr = dc.it->line->p->addr;
+    /* The peer answered this status (its trailers say so), or this daemon came to it on its
+     * own (the name did not resolve, the connection or its TLS failed, no answer in time). */
+    int answered = rpc && mg_rpc_header(rpc, "grpc-status") != NULL;
+    char why[400];
     free(arg);
     if (dc.ts->closing)
         return; /* the lines went with the service */
     note_traced_end(dc.ts, dc.it, status);
     if (n && n->g.failed_write) { /* it was the failure notice */
         if (status)
-            snprintf(why, sizeof(why),
-                     "not sent: request %zu to this peer failed; peer %.80s refused the failure "
-                     "notice: %.120s",
-                     n->g.failed_write - 1, dc.it->line->p->addr, message);
+            snprintf(
+                why, sizeof(why), "not sent: request %zu to this peer failed; %s %.80s%s: %.120s",
+                n->g.failed_write - 1, answered ? "peer" : "the failure notice did not reach peer",
+                addr, answered ? " refused the failure notice" : "", message);
         else
             snprintf(why, sizeof(why),
                      "not sent: request %zu to this peer failed; the peer's topic got a failure "
@@ -184,7 +188,8 @@ static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *a
         item_over(dc.ts, dc.it, MG_GRPC_FAILED_PRECONDITION, why);
         return;
     }
-    snprintf(why, sizeof(why), "peer %.80s refused it: %.200s", dc.it->line->p->addr, message);
+    snprintf(why, sizeof(why), "peer %.80s%s: %.200s", addr, answered ? " refused it" : "",
+             message);
     item_over(dc.ts, dc.it, status, status ? why : NULL);
 }
 
@@ -245,6 +250,7 @@ static void fire(struct mg_transfer_svc *ts, note_item *it)
     req.payload.len = it->n ? it->n->len : it->len;
     req.batch_id = it->n ? it->n->b->id : 0;
     req.tenant = p->tenant; /* the topic is the sender tenant's on the peer */
+    req.agent_port = it->agent_port;
     if (it->n && mg_trace_child(&it->t, &it->n->b->trace) == 0)
         it->traced = it->n->b->traced;
     it->t0_ns = mg_now_unix_ns();
@@ -342,12 +348,14 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
         return;
     }
+    memset(&ref, 0, sizeof(ref));
     if (bad == NULL && req->agent[0]) {
         if (req->peer[0])
             bad = "name the peer one way: peer, or agent";
         else if (mg_agent_ref_parse("", req->agent, (int)gw->cfg->peer_port, &ref, why,
-                                    sizeof(why)) != 0 ||
-                 ref.port == 0)
+                                    sizeof(why)) != 0)
+            bad = why; /* a port no agent has, named */
+        else if (ref.port == 0)
             bad = "agent must be the one-string form \"host:port\"";
         else
             peer = ref.peer;
@@ -381,6 +389,7 @@ void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m)
     it->len = req->payload.len;
     it->line = l;
     it->due = 1;
+    it->agent_port = ref.port;
     /* Logged only when it continues the caller's trace, as a batch's; no random bytes: an
      * all-zero span, not logged either. */
     it->traced =

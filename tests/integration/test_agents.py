@@ -209,6 +209,25 @@ def test_unknown_duplicate_and_another_tenants_agents(make_daemon, agents, tmp_p
                 c2.describe_agent(agent)
             assert e.value.code == grpc.StatusCode.NOT_FOUND, what
         assert answers["unknown"] == answers["other tenant's"]
+        # a Send to an agent: the peer checks it is there, of the sender's tenant
+        c1.send("t", b"x", agent="127.0.0.1:24000")
+        sent = {}
+        for what, agent in (("unknown", "127.0.0.1:24999"), ("other tenant's", "127.0.0.1:24000")):
+            with pytest.raises(mg.Error) as e:
+                c2.send("t", b"y", agent=agent)
+            assert e.value.code == grpc.StatusCode.NOT_FOUND, (what, e.value.message)
+            sent[what] = e.value.message.replace("24999", "N").replace("24000", "N")
+        assert sent["unknown"] == sent["other tenant's"] and "no agent at port N" in \
+            sent["unknown"], sent
+        # the one-string form with a port no agent can have: refused naming it, not looked up
+        for agent, port in (("127.0.0.1:70000", "70000"), ("127.0.0.1:0", "0")):
+            for call in (lambda: c1.transfer([mg.write(address=src.address, agent=agent,
+                                                       remote_address=b1.address, length=8)]),
+                         lambda: c1.describe_agent(agent)):
+                with pytest.raises(mg.Error) as e:
+                    call()
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, e.value.message
+                assert "port %s is not 1..65535" % port in e.value.message, e.value.message
         with pytest.raises(mg.Error) as e:
             c1.transfer([mg.write(address=src.address, peer=b.h2c, agent="nobody",
                                   remote_address=b1.address, length=64)])

@@ -3,10 +3,11 @@ and /etc/resolv.conf are files the test writes (a private hosts file: no resolve
 its peers listen on other loopback addresses (127.0.0.2, 127.0.0.3) on the same port, so a
 name can move from one to the other. Covered: transfers, lookups and agents' one-string forms
 by name (ListPeers and /metrics name the peer and say where it led); a peer moving to another
-address behind the same name; a name that does not resolve, reported per request; a resolver
-that never answers while Health and other peers keep being served; the peer's certificate
-checked against the name (SNI and hostname). Skipped, saying why, where a mount namespace
-cannot be made (no root)."""
+address behind the same name; a name that does not resolve, reported per request and to a
+Send as this daemon's failure (not the peer's refusal); a resolver that never answers while
+Health and other peers keep being served; the peer's certificate checked against the name (SNI
+and hostname), a Send told that this daemon refused it. Skipped, saying why, where a mount
+namespace cannot be made (no root)."""
 import os
 import random
 import socket
@@ -134,6 +135,12 @@ def test_unresolvable_and_hung_names_block_nothing(make_daemon, names):
             r = batch.requests[0]
             assert r.code == grpc.StatusCode.UNAVAILABLE.value[0], r
             assert "cannot resolve \"nobody.test\"" in r.message, r.message
+        # a Send too: it failed here, the peer refused nothing
+        with mg.Client("unix:" + a.sock) as ca, pytest.raises(mg.Error) as e:
+            ca.send("t", b"x", peer="nobody.test:%d" % b.h2c_port)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value.message
+        assert "peer nobody.test:%d: cannot resolve \"nobody.test\"" % b.h2c_port in \
+            e.value.message and "refused" not in e.value.message, e.value.message
         # while a lookup hangs on the resolver, the daemon serves others
         resolv.write_text("nameserver %s\noptions timeout:5 attempts:1\n" % ns)
         asked = threading.Event()
@@ -194,3 +201,9 @@ def test_the_peers_certificate_must_carry_the_name(make_daemon, names, certs):
     assert batch.state == transfer_pb2.FAILED
     assert "certificate verify failed (hostname mismatch)" in batch.requests[0].message, \
         batch.requests[0].message
+    # a Send: this daemon refused the peer's certificate; the peer refused nothing
+    with mg.Client("unix:" + a.sock) as ca, pytest.raises(mg.Error) as e:
+        ca.send("t", b"x", peer="node-b.test:%d" % b.tls_port)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value.message
+    assert "certificate verify failed (hostname mismatch)" in e.value.message and \
+        "refused it" not in e.value.message, e.value.message

@@ -106,8 +106,20 @@ static void test_one_string_form(void)
     CU_ASSERT_EQUAL(mg_agent_ref_parse("", "decode-0", 7443, &r, why, sizeof(why)), 0);
     CU_ASSERT_STRING_EQUAL(r.peer, "");
     CU_ASSERT_STRING_EQUAL(mg_agent_ref_str(&r, buf, sizeof(buf)), "agent \"decode-0\"");
-    CU_ASSERT_EQUAL(mg_agent_ref_parse("", "host:0", 7443, &r, why, sizeof(why)), 0);
-    CU_ASSERT_STRING_EQUAL(r.name, "host:0"); /* port 0 names no agent: a name */
+    /* the one-string form with a port no agent has: refused naming the port, not a name */
+    CU_ASSERT_EQUAL(mg_agent_ref_parse("", "host:0", 7443, &r, why, sizeof(why)), MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "port 0 is not 1..65535"));
+    CU_ASSERT_EQUAL(mg_agent_ref_parse("", "127.0.0.1:70000", 7443, &r, why, sizeof(why)),
+                    MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "port 70000 is not 1..65535"));
+    CU_ASSERT_EQUAL(mg_agent_ref_parse("", "[::1]:0", 7443, &r, why, sizeof(why)), MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "port 0 is not"));
+    CU_ASSERT_EQUAL(
+        mg_agent_ref_parse("", "10.0.0.2:99999999999999999999999", 7443, &r, why, sizeof(why)),
+        MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "port 99999999999999999999999 is not 1..65535"));
+    CU_ASSERT_EQUAL(mg_agent_ref_parse("", ":12345", 7443, &r, why, sizeof(why)), 0);
+    CU_ASSERT_STRING_EQUAL(r.name, ":12345"); /* no host: a name */
     CU_ASSERT_EQUAL(mg_agent_ref_parse("", "a b", 7443, &r, why, sizeof(why)), MG_ERR_INVALID);
     CU_ASSERT_EQUAL(mg_agent_ref_parse("", "", 7443, &r, why, sizeof(why)), MG_ERR_INVALID);
 }

@@ -37,7 +37,8 @@ typedef struct mg_agent_ref {
 
 /* The agent a request names: with peer "" and agent in the one-string form "host:port" (a
  * numeric port), the agent with that port on the daemon at host:peer_port; otherwise the agent
- * named `agent` on `peer`. Returns 0, or MG_ERR_INVALID with why set. */
+ * named `agent` on `peer`. Returns 0, or MG_ERR_INVALID with why set (a one-string form whose
+ * port is not 1..65535 is refused naming the port, not taken for a name). */
 int mg_agent_ref_parse(const char *peer, const char *agent, int peer_port, mg_agent_ref *out,
                        char *why, size_t cap);
 /* "agent \"name\"" or "agent at port N", for messages. */
