@@ -19,6 +19,8 @@ from moongate.v1 import memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc
 from moongate.v1 import transfer_pb2, transfer_pb2_grpc
 
 MiB = 1 << 20
+# the namespace and veth names come from the worker's pid: tests of one worker never collide
+pytestmark = pytest.mark.xdist_group("netns")
 
 
 def ip(*args, check=True):

@@ -1071,6 +1071,7 @@ def test_tcp_congestion_is_set_on_both_ends_of_the_data_plane(make_daemon):
     assert "congestion=reno" in b.read_log() and "congestion=reno" in a.read_log()
 
 
+@pytest.mark.xdist_group("wmem_max")  # reads or lowers net.core.wmem_max: one at a time
 def test_tcp_send_buffer_bounds_both_ends_of_the_data_plane(make_daemon):
     """--tcp-send-buffer 1M: the connection A opens and the one B accepts may each hold 1 MiB
     queued to send (as root, past net.core.wmem_max), where autotuning would have chosen."""
@@ -1083,6 +1084,7 @@ def test_tcp_send_buffer_bounds_both_ends_of_the_data_plane(make_daemon):
     assert "send_buffer=1048576" in b.read_log()
 
 
+@pytest.mark.xdist_group("wmem_max")  # reads or lowers net.core.wmem_max: one at a time
 def test_tcp_send_buffer_auto_bounds_only_paced_connections(make_daemon):
     """auto (the default): a BBR connection's queue is bounded, to at least 512 KiB and within
     autotuning's ceiling, on both ends; a reno connection keeps autotuning."""
@@ -1107,6 +1109,7 @@ def test_tcp_send_buffer_auto_bounds_only_paced_connections(make_daemon):
         assert {int(l.split(" bytes=")[1].split()[0]) for l in said} <= {tb for _, tb in conns}
 
 
+@pytest.mark.xdist_group("wmem_max")  # reads or lowers net.core.wmem_max: one at a time
 def test_tcp_send_buffer_without_cap_net_admin(make_daemon):
     """Without CAP_NET_ADMIN the kernel holds a send buffer at twice net.core.wmem_max (lowered
     to 128 KiB for the test): a size asked for is held there, and auto keeps autotuning rather
