@@ -1,7 +1,10 @@
 /*
  * mg_fault: see moongate/fault.h. Each guarded call sets a thread-local jump buffer; the SIGBUS
- * handler jumps back to it when the faulting thread is inside one. The handler runs with
- * SA_NODEFER, so jumping out of it leaves SIGBUS unblocked and the next guard works the same.
+ * handler jumps back to it when the faulting thread is inside one. Before jumping it restores the
+ * signal mask the thread had when it faulted (the kernel saved it in the context): SA_NODEFER
+ * alone is not enough where a runtime wraps the handler and blocks every signal around it
+ * (ThreadSanitizer does), and SIGBUS left blocked would kill the thread's next guarded fault.
+ * sigsetjmp(.., 0) keeps the guard itself free of system calls.
  */
 #include "moongate/fault.h"
 #include "moongate/dataframe.h"
@@ -11,6 +14,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <string.h>
+#include <ucontext.h>
 
 static __thread sigjmp_buf *guard_jb;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -19,9 +23,10 @@ static int init_rc;
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     (void)si;
-    (void)uc;
-    if (guard_jb)
+    if (guard_jb) {
+        pthread_sigmask(SIG_SETMASK, &((ucontext_t *)uc)->uc_sigmask, NULL);
         siglongjmp(*guard_jb, 1);
+    }
     /* Not inside a guard: a real bug. Die of it as if there were no handler. */
     signal(sig, SIG_DFL);
     raise(sig);
