@@ -4,6 +4,7 @@
  */
 #include "moongate/dataframe.h"
 
+#include <pthread.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -13,8 +14,10 @@
 
 /* ------------------------------------------------------------------ CRC32C */
 
+/* The tables are made once, by the first thread to need them (pthread_once): a second thread
+ * writing the same values while a third reads them would still be a data race. */
 static uint32_t crc_table[256];
-static int crc_table_ready;
+static pthread_once_t crc_table_once = PTHREAD_ONCE_INIT;
 
 static void crc_table_init(void)
 {
@@ -24,13 +27,11 @@ static void crc_table_init(void)
             c = c & 1 ? (c >> 1) ^ 0x82f63b78U : c >> 1;
         crc_table[i] = c;
     }
-    __atomic_store_n(&crc_table_ready, 1, __ATOMIC_RELEASE);
 }
 
 static uint32_t crc32c_table(uint32_t crc, const uint8_t *p, size_t len)
 {
-    if (!__atomic_load_n(&crc_table_ready, __ATOMIC_ACQUIRE))
-        crc_table_init(); /* idempotent: racing threads write the same table */
+    pthread_once(&crc_table_once, crc_table_init);
     while (len--)
         crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
     return crc;
@@ -50,7 +51,7 @@ static uint32_t crc32c_table(uint32_t crc, const uint8_t *p, size_t len)
 #define CRC_AHEAD 2048u
 
 static uint32_t crc_long[4][256], crc_short[4][256];
-static int crc_shift_ready;
+static pthread_once_t crc_shift_once = PTHREAD_ONCE_INIT;
 
 /*
  * Past CRC_FOLD_MIN bytes, a CPU with AVX-512 carry-less multiplies (VPCLMULQDQ) folds instead:
@@ -132,12 +133,11 @@ static crc_fold_k crc_fold_over(unsigned bits)
 
 static void crc_shift_init(void)
 {
-    crc_zeros(crc_long, CRC_LONG); /* idempotent: racing threads write the same tables */
+    crc_zeros(crc_long, CRC_LONG);
     crc_zeros(crc_short, CRC_SHORT);
     crc_fold_2048 = crc_fold_over(2048);
     crc_fold_512 = crc_fold_over(512);
     crc_fold_128 = crc_fold_over(128);
-    __atomic_store_n(&crc_shift_ready, 1, __ATOMIC_RELEASE);
 }
 
 static inline uint64_t load64(const uint8_t *p)
@@ -215,8 +215,8 @@ crc32c_sse42(uint32_t crc, uint8_t *out, int stream, const uint8_t *p, size_t le
     blocks_fn *blocks = !out ? crc32c_blocks : stream ? crc32c_blocks_stream : crc32c_blocks_copy;
     uint64_t c = crc;
     size_t step = out ? 3 * CRC_LONG : 0;
-    if (len >= 3 * CRC_SHORT && !__atomic_load_n(&crc_shift_ready, __ATOMIC_ACQUIRE))
-        crc_shift_init();
+    if (len >= 3 * CRC_SHORT)
+        pthread_once(&crc_shift_once, crc_shift_init);
     for (; len >= 3 * CRC_LONG; p += 3 * CRC_LONG, len -= 3 * CRC_LONG, out += step)
         c = blocks(c, out, p, CRC_LONG, crc_long);
     step = out ? 3 * CRC_SHORT : 0;
@@ -339,8 +339,7 @@ static uint32_t crc32c_register(uint32_t crc, uint8_t *out, int stream, const ui
     if (way == MG_CRC_FOLD && len >= CRC_FOLD_MIN) {
         /* the head summed the other way up to where out is 64-byte aligned */
         size_t head = out ? (size_t)(-(uintptr_t)out & 63) : 0, bulk;
-        if (!__atomic_load_n(&crc_shift_ready, __ATOMIC_ACQUIRE))
-            crc_shift_init();
+        pthread_once(&crc_shift_once, crc_shift_init);
         crc = crc32c_sse42(crc, out, stream, p, head);
         bulk = (len - head) & ~(size_t)255;
         crc = crc32c_fold(crc, out ? out + head : NULL, stream, p + head, bulk);

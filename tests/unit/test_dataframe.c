@@ -6,8 +6,64 @@
 #include "mg_test.h"
 #include "moongate/dataframe.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { FIRST_USERS = 4, FIRST_ROUNDS = 10, FIRST_LEN = 3 * 8192 * 3 + 100 };
+static pthread_barrier_t first_barrier;
+static uint8_t first_buf[FIRST_LEN];
+
+static void *first_use(void *arg)
+{
+    uint32_t *out = arg;
+    pthread_barrier_wait(&first_barrier);
+    out[0] = mg_crc32c_portable(0, first_buf, sizeof(first_buf)); /* the byte table */
+    out[1] = mg_crc32c(0, first_buf, sizeof(first_buf));          /* the shift tables */
+    return NULL;
+}
+
+/* In a child process whose tables are not made yet: FIRST_USERS threads sum at once. Exit
+ * status 0 when every thread got the same CRC both ways. */
+static int first_use_child(void)
+{
+    pthread_t th[FIRST_USERS];
+    uint32_t got[FIRST_USERS][2];
+    if (pthread_barrier_init(&first_barrier, NULL, FIRST_USERS) != 0)
+        return 10;
+    for (int i = 0; i < FIRST_USERS; i++)
+        if (pthread_create(&th[i], NULL, first_use, got[i]) != 0)
+            return 11;
+    for (int i = 0; i < FIRST_USERS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < FIRST_USERS; i++)
+        if (got[i][0] != got[0][0] || got[i][1] != got[0][0])
+            return 12;
+    return 0;
+}
+
+/* The first CRCs of a process, from several threads at once: the tables are made once and every
+ * thread sums with complete ones. ThreadSanitizer's build reports a table written by two
+ * threads, or read while another writes it, and the child exits with its exitcode. Each round
+ * is a child forked before this process summed anything (this test runs first), so each starts
+ * without tables. */
+static void test_crc32c_first_use_from_threads(void)
+{
+    for (size_t i = 0; i < sizeof(first_buf); i++)
+        first_buf[i] = (uint8_t)(i * 151 + 3);
+    for (int round = 0; round < FIRST_ROUNDS; round++) {
+        int status = -1;
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(first_use_child());
+        CU_ASSERT_FATAL(pid > 0);
+        CU_ASSERT_EQUAL(waitpid(pid, &status, 0), pid);
+        CU_ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    CU_ASSERT_EQUAL(first_use_child(), 0); /* and this process, once */
+}
 
 static void test_crc32c(void)
 {
@@ -224,6 +280,7 @@ static void test_slices(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
+        MG_TEST(test_crc32c_first_use_from_threads), /* first: nothing summed before it */
         MG_TEST(test_crc32c),
         MG_TEST(test_crc32c_each_way),
         MG_TEST(test_round_trip),
