@@ -482,8 +482,22 @@ struct mg_rdma_conn {
     unsigned nqps;
     struct ibv_qp *qp[MG_RDMA_MAX_QPS];
     uint32_t psn[MG_RDMA_MAX_QPS];
-    int broken;
+    int broken; /* atomic: see mark_broken */
 };
+
+/*
+ * A connection is broken for good once a mover fails on it (its QPs go to ERR) or its set-up
+ * failed. Movers take turns on a connection under their line's lock, but the loop reads the
+ * flag without it, when a job that used the connection ends (the peer directory retires a
+ * broken one), while another job may be failing it on a worker: an atomic, relaxed. Readers
+ * rely on nothing written before it: the flag says "use no more", and the connection is
+ * deleted only once every job holding it came back through its completion queue, which orders
+ * all the rest.
+ */
+static void mark_broken(mg_rdma_conn *c)
+{
+    __atomic_store_n(&c->broken, 1, __ATOMIC_RELAXED);
+}
 
 static void stat_add(mg_rdma *r, uint64_t *field, uint64_t n)
 {
@@ -570,7 +584,7 @@ int mg_rdma_conn_new(mg_rdma *r, int devi, unsigned nqps, mg_rdma_conn **out, mg
     *out = c;
     return 0;
 fail:
-    c->broken = 1;
+    mark_broken(c);
     stat_add(r, &r->stats.conns, 1); /* mg_rdma_conn_del takes it back */
     mg_rdma_conn_del(c);
     return MG_ERR_SYSTEM;
@@ -605,7 +619,7 @@ int mg_rdma_conn_connect(mg_rdma_conn *c, const mg_rdma_ep *remote, char *why, s
                                    IBV_QP_MIN_RNR_TIMER) != 0) {
             snprintf(why, whycap, "device %s: queue pair to RTR refused (peer QPN %u)",
                      d->info.name, remote->qpn[i]);
-            c->broken = 1;
+            mark_broken(c);
             return MG_ERR_PROTOCOL;
         }
         memset(&a, 0, sizeof(a));
@@ -619,7 +633,7 @@ int mg_rdma_conn_connect(mg_rdma_conn *c, const mg_rdma_ep *remote, char *why, s
                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
             snprintf(why, whycap, "device %s: queue pair to RTS refused", d->info.name);
-            c->broken = 1;
+            mark_broken(c);
             return MG_ERR_PROTOCOL;
         }
     }
@@ -644,7 +658,7 @@ void mg_rdma_conn_del(mg_rdma_conn *c)
 
 int mg_rdma_conn_broken(const mg_rdma_conn *c)
 {
-    return c->broken;
+    return __atomic_load_n(&c->broken, __ATOMIC_RELAXED); /* see mark_broken */
 }
 
 static int verbs_err(enum ibv_wc_status st)
@@ -717,7 +731,7 @@ static void flush(mg_rdma_conn *const *cs, unsigned nc, unsigned *outstanding)
     uint64_t until = mg_now_mono_ms() + 2000;
     unsigned left = 0, k;
     for (k = 0; k < nc; k++) {
-        cs[k]->broken = 1;
+        mark_broken(cs[k]);
         left += outstanding[k];
         for (unsigned i = 0; i < cs[k]->nqps; i++) {
             struct ibv_qp_attr a;
@@ -753,7 +767,7 @@ int mg_rdma_move_multi(mg_rdma_conn *const *cs, unsigned nc, const mg_rdma_op *o
     if (window == 0 || window > QP_MAX_WR)
         window = QP_MAX_WR;
     for (unsigned k = 0; k < nc; k++) {
-        if (cs[k]->broken) {
+        if (mg_rdma_conn_broken(cs[k])) {
             snprintf(why, whycap, "the RDMA connection on device %s failed earlier",
                      r->devs[cs[k]->dev].info.name);
             return MG_ERR_UNAVAILABLE;

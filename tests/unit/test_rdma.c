@@ -11,10 +11,12 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MG_VERBS_EMU
@@ -209,6 +211,64 @@ static void test_rdma_write_and_read(void)
     free(back);
 }
 
+typedef struct {
+    mg_rdma_conn *c;
+    mg_rdma_op op;
+    int rc;
+    char why[300];
+} failing_move;
+
+static void *fail_move(void *arg)
+{
+    failing_move *m = arg;
+    m->rc = mg_rdma_move(m->c, &m->op, 4096, 4, NULL, NULL, 5000, m->why, sizeof(m->why));
+    return NULL;
+}
+
+/* A mover fails a connection on one thread (a worker) while another (the loop, when another
+ * job that used it ends) asks whether it is broken: the flag is read as it changes, never torn
+ * (ThreadSanitizer's build reports a plain int written and read so). */
+static void test_broken_is_read_while_a_mover_fails_it(void)
+{
+    mg_rdma *r;
+    mg_rdma_conn *a, *b;
+    mg_rdma_mr *src_mr, *dst_mr;
+    char why[300];
+    uint8_t *src = calloc(1, 65536), *dst = calloc(1, 65536);
+    failing_move m = {.rc = -1};
+    pthread_t th;
+    time_t deadline = time(NULL) + 60; /* a safety net only */
+    mg_rdma_config cfg = {MG_VERBS_EMU, NULL, 0};
+    setenv("MG_VERBS_EMU_DEVICES", "emu0", 1);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_open(&r, &cfg, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, src, 65536, 0, &src_mr, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_rdma_reg(r, dst, 65536, 1, &dst_mr, why, sizeof(why)), 0);
+    pair(r, 1, &a, &b);
+    /* past the end of the remote registration: a remote access error, then the flush */
+    m.c = a;
+    m.op = (mg_rdma_op){1,
+                        src,
+                        mg_rdma_mr_lkey(src_mr, 0),
+                        (uintptr_t)dst + 65536 - 10,
+                        mg_rdma_mr_rkey(dst_mr, 0),
+                        4096};
+    CU_ASSERT_FALSE(mg_rdma_conn_broken(a));
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, fail_move, &m), 0);
+    while (!mg_rdma_conn_broken(a) && time(NULL) < deadline)
+        ;
+    CU_ASSERT_TRUE(mg_rdma_conn_broken(a));
+    pthread_join(th, NULL);
+    CU_ASSERT_EQUAL(m.rc, MG_ERR_NOT_FOUND);
+    CU_ASSERT_PTR_NOT_NULL(strstr(m.why, "remote access error"));
+    mg_rdma_conn_del(a);
+    mg_rdma_conn_del(b);
+    mg_rdma_dereg(src_mr);
+    mg_rdma_dereg(dst_mr);
+    mg_rdma_close(r);
+    free(src);
+    free(dst);
+}
+
 /* Slices go round-robin over a connection's QPs: 10 slices over 3 QPs are 4, 3 and 3, the last
  * slice short. Counted by the emulator (loaded once, so dlopen finds the same instance). */
 static void test_slices_spread_over_the_qps(void)
@@ -396,6 +456,7 @@ int main(void)
         MG_TEST(test_devices_and_registration),
         MG_TEST(test_pinned_devices),
         MG_TEST(test_rdma_write_and_read),
+        MG_TEST(test_broken_is_read_while_a_mover_fails_it),
         MG_TEST(test_slices_spread_over_the_qps),
         MG_TEST(test_slices_spread_over_the_devices),
         MG_TEST(test_dmabuf_registration),

@@ -102,7 +102,8 @@ int mg_rdma_conn_new(mg_rdma *r, int dev, unsigned nqps, mg_rdma_conn **out, mg_
  * two; the QP timeout and retry count make a dead peer an error within about half a second. */
 int mg_rdma_conn_connect(mg_rdma_conn *c, const mg_rdma_ep *remote, char *why, size_t whycap);
 void mg_rdma_conn_del(mg_rdma_conn *c); /* accepts NULL */
-/* Non-zero once an operation failed on it: it must be deleted and set up anew. */
+/* Non-zero once an operation failed on it: it must be deleted and set up anew. Any thread, also
+ * while a mover on another fails it. */
 int mg_rdma_conn_broken(const mg_rdma_conn *c);
 
 typedef struct mg_rdma_op {
