@@ -455,8 +455,9 @@ static void render_pools(mg_gateway *gw, struct evbuffer *out)
     } *rows = calloc(n + 1, sizeof(*rows));
     for (size_t i = 0; e && rows && i < n; i++) {
         const mg_pool_stats *ps = &e->stats;
-        double frag = ps->free ? 1.0 - (double)ps->largest_free / (double)ps->free : 0.0;
-        mg_pools_get(gw->pools, i, e);
+        double frag;
+        mg_pools_get(gw->pools, i, e); /* this pool's figures, then what is made of them */
+        frag = ps->free ? 1.0 - (double)ps->largest_free / (double)ps->free : 0.0;
         rows[i].name = e->name; /* the set's own string */
         memcpy(rows[i].v,
                (const double[15]){ps->capacity, ps->reserve, ps->in_use, ps->free, ps->largest_free,

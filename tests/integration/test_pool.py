@@ -380,6 +380,23 @@ def test_tenant_pools(make_daemon):
                     event="acquired") == 1
 
 
+def test_fragmentation_metric_is_each_pools_own(make_daemon):
+    """moongate_pool_fragmentation of each pool is made of that pool's figures, as PoolStats
+    gives it: a hole in the default pool shows there, and not in a tenant's pool listed after."""
+    d = make_daemon("--pool-bytes", "8M", "--tenant-pool", "team-b=4M")
+    ch, p, _ = stubs(d)
+    with ch:
+        a, b, c = (p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=MiB)) for _ in range(3))
+        p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=b.id))  # a hole between a and c
+        st = stat(p)
+        assert st.name == "default" and 0 < st.fragmentation < 1
+        assert d.metric("moongate_pool_fragmentation", pool="default") == pytest.approx(
+            st.fragmentation)
+        assert d.metric("moongate_pool_fragmentation", pool="tenant.team-b") == 0
+        for x in (a, c):
+            p.ReleaseLease(pool_pb2.ReleaseLeaseRequest(id=x.id))
+
+
 def test_status_page_shows_no_tenant_pool(make_daemon):
     """The open ops port's /status.json shows the shared default pool only: a tenant pool's
     name, usage and leases are that tenant's (PoolStats shows them to it and to admins)."""
