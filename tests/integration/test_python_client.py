@@ -4,6 +4,7 @@ transfers submitted and waited for in one call, notifications iterated as they a
 as mg.Error with the gRPC code — synchronously and with asyncio."""
 import asyncio
 import os
+import threading
 
 import grpc
 import pytest
@@ -41,6 +42,34 @@ def test_lease_buffer_is_the_pool_file(make_daemon):
         with pytest.raises(mg.Error) as e:
             c.lease(64 * MiB)
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "lease area" in e.value.message
+
+
+def test_threads_sharing_a_client_lease_at_once(make_daemon):
+    """Threads of one Client leasing and releasing at once: each lease's buffer is its own,
+    usable until its release, whatever the other threads' leases do to the pool file's one
+    mapping (made by the first of them, closed by the last)."""
+    d = make_daemon("--pool-bytes", "8M")
+    for _ in range(3):  # a fresh client each round: the first leases race to map the file
+        with client(d) as c:
+            start, errors = threading.Barrier(8), []
+
+            def run(i):
+                try:
+                    start.wait()
+                    for _ in range(10):
+                        with c.lease(4096) as lease:
+                            lease.buffer[:8] = bytes([i]) * 8
+                            assert bytes(lease.buffer[:8]) == bytes([i]) * 8
+                except Exception as e:  # noqa: BLE001 (reported below, with the thread)
+                    errors.append("thread %d: %r" % (i, e))
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert errors == []
+            assert c._maps.files == {}  # the last release closed the mapping
+    assert d.metric("moongate_pool_leases", pool="default") == 0
 
 
 def test_segments_transfers_and_notifications(make_daemon):

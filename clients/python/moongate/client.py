@@ -299,38 +299,45 @@ def _channel(target, ca, cert, key, plaintext, aio):
 
 
 class _Maps:
-    """One shared mapping per file, reference-counted: a lease's buffer is a slice of it."""
+    """One shared mapping per file, reference-counted: a lease's buffer is a slice of it.
+    Threads sharing a Client lease and release at once: the table and the counts change under
+    one lock, so a mapping is made once per file and closed only when its last user is done
+    (os.open and mmap let another thread run between the lookup and the count)."""
 
     def __init__(self):
         self.files = {}  # path -> [mmap, users]
+        self._lock = threading.Lock()
 
     def view(self, path, offset, length):
-        ent = self.files.get(path)
-        if ent is None:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                ent = self.files[path] = [mmap.mmap(fd, 0), 0]
-            finally:
-                os.close(fd)
-        ent[1] += 1
-        return memoryview(ent[0])[offset:offset + length]
+        with self._lock:
+            ent = self.files.get(path)
+            if ent is None:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    ent = self.files[path] = [mmap.mmap(fd, 0), 0]
+                finally:
+                    os.close(fd)
+            ent[1] += 1
+            return memoryview(ent[0])[offset:offset + length]
 
     def done(self, path, view):
         view.release()
-        ent = self.files.get(path)
-        if ent is not None:
-            ent[1] -= 1
-            if ent[1] == 0:
-                ent[0].close()
-                del self.files[path]
+        with self._lock:
+            ent = self.files.get(path)
+            if ent is not None:
+                ent[1] -= 1
+                if ent[1] == 0:
+                    ent[0].close()
+                    del self.files[path]
 
     def close(self):
-        for m, _ in self.files.values():
-            try:
-                m.close()
-            except BufferError:
-                pass  # a buffer still exported: the mapping goes with it
-        self.files.clear()
+        with self._lock:
+            for m, _ in self.files.values():
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # a buffer still exported: the mapping goes with it
+            self.files.clear()
 
 
 class Lease:
