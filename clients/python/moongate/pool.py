@@ -67,6 +67,7 @@ class PoolLease:
         self.buffer = whole.cast("B")
         whole.release()
         self.released = False
+        self.views_live = False  # released, but given back only when its last view goes
 
     def release(self):
         """Gives the lease back (at once, or when the last view of its memory goes)."""
@@ -95,6 +96,8 @@ class BufferPool:
         self.max_bytes, self.remote_accessible, self.ttl_ms = max_bytes, remote_accessible, ttl_ms
         self._own = client is None
         self._c = client or mg.Client(mg.default_target(), token=mg.default_token())
+        # Threads share a pool: every field below and every lease's released and views_live
+        # change under this condition's lock, so stats() reads one consistent state.
         self._cv = threading.Condition()
         self._held = 0            # bytes of leases not yet given back (deferred included)
         self._leases = {}         # id -> PoolLease
@@ -175,10 +178,12 @@ class BufferPool:
                 ttl_ms=self.ttl_ms), timeout=max(left, 0.001))
         except mg.Error as e:
             if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                self._counts["exhausted"] += 1
+                with self._cv:
+                    self._counts["exhausted"] += 1
                 raise BufferPoolExhausted("the daemon's pool: " + e.message) from None
             if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                self._counts["timeouts"] += 1
+                with self._cv:
+                    self._counts["timeouts"] += 1
                 raise BufferPoolTimeout("no room for %d bytes in the daemon's pool within "
                                         "%.3g s" % (nbytes, limit)) from None
             raise
@@ -194,6 +199,7 @@ class BufferPool:
         if sys.getrefcount(mem) > 2:  # a view of it still lives: release when it goes
             with self._cv:
                 self._counts["deferred"] += 1
+                lease.views_live = True
             weakref.finalize(mem, self._deferred.append, lease)
             return
         del mem
@@ -224,22 +230,26 @@ class BufferPool:
             self._cv.acquire()
 
     def _drain(self):
-        while self._deferred:
-            lease = self._deferred.popleft()
+        while True:
+            try:  # threads drain at once: the last lease goes to one of them
+                lease = self._deferred.popleft()
+            except IndexError:
+                return
             try:
                 self._give_back(lease)
             except LeaseReleaseError as e:
                 log.warning("%s (a release deferred until its views went)", e)
 
     def stats(self):
-        """max_bytes; held_bytes and leases (not yet given back, deferred included); in_use
+        """max_bytes; held_bytes (leases not yet given back, deferred included, and the room
+        acquires reserve while they ask the daemon) and leases (not yet given back); in_use
         (leases whose release waits for their views); counts of acquired, released, waits,
         exhausted, timeouts, deferred and release_errors."""
         self._drain()
         with self._cv:
             out = {"max_bytes": self.max_bytes, "held_bytes": self._held,
                    "leases": len(self._leases),
-                   "in_use": sum(1 for x in self._leases.values() if x.released)}
+                   "in_use": sum(1 for x in self._leases.values() if x.views_live)}
             for k in ("acquired", "released", "waits", "exhausted", "timeouts", "deferred",
                       "release_errors"):
                 out[k] = self._counts[k]
@@ -256,7 +266,7 @@ class BufferPool:
                 except LeaseReleaseError as e:
                     log.warning("close: %s", e)
         with self._cv:
-            in_use = any(x.released for x in self._leases.values())
+            in_use = any(x.views_live for x in self._leases.values())
         if not in_use:  # else views of a lease still point into the mappings: they stay
             for mm, _ in self._maps.values():
                 mm.close()
