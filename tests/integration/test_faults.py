@@ -155,17 +155,21 @@ def worker(a, b, target, seconds, seed, errors, counts):
             n += 1
             size = rnd.choice([4096, 64 * 1024, MiB])
             try:
-                seg = m.RegisterSegment(memory_pb2.RegisterRequest(
-                    name="soak-%d-%d" % (seed, n), size=size), timeout=10).segment
                 data = bytes([n % 251]) * min(size, 65536)
+                seg = m.RegisterSegment(memory_pb2.RegisterRequest(
+                    name="soak-%d-%d" % (seed, n), size=size + len(data)), timeout=10).segment
                 m.WriteSegment(iter([memory_pb2.WriteSegmentRequest(id=seg.id, data=data)]),
                                timeout=10)
+                # a batch's requests run at once: the READ comes from the client's second 64 KiB
+                # of the target into the segment's second half, so no two requests touch the
+                # same bytes (ThreadSanitizer's build reports a READ landing where a WRITE sends
+                # from: the client's race, not the daemon's)
                 r = t.Submit(transfer_pb2.SubmitRequest(requests=[
                     req(transfer_pb2.WRITE, seg.id, b.h2c, target.id, len(data),
-                        remote_offset=(seed % 60) * 65536),
+                        remote_offset=(seed % 30) * 2 * 65536),
                     req(transfer_pb2.READ, seg.id, b.h2c, target.id, len(data),
-                        local_offset=0, remote_offset=(seed % 60) * 65536)], wait=True),
-                    timeout=20)
+                        local_offset=len(data), remote_offset=((seed % 30) * 2 + 1) * 65536)],
+                    wait=True), timeout=20)
                 if r.batch.state != transfer_pb2.DONE:
                     errors.append("batch %s" % r.batch)
                 # at most 64 KiB: the leases left to expire must not exhaust the pool under
