@@ -7,9 +7,12 @@
 #      by python3-grpcio, curl, mgctl and raw HTTP/2)
 #      and the demo (scripts/demo.sh, the README's first command)
 #   4. the same under AddressSanitizer + UndefinedBehaviorSanitizer
-#   5. libFuzzer targets (clang) for a bounded time each, from the committed seed corpus
+#   5. ThreadSanitizer: the unit suites and the integration tests whose threads share state
+#      (TSAN_PYTEST below; docs/testing.md says why those)
+#   6. libFuzzer targets (clang) for a bounded time each, from the committed seed corpus
 # Ends with one line `N passed, N failed`; exits non-zero when anything failed.
-# Environment: MG_FUZZ_SECONDS (default 30 per target), MG_SKIP_ASAN=1, MG_SKIP_FUZZ=1.
+# Environment: MG_FUZZ_SECONDS (default 30 per target), MG_SKIP_ASAN=1, MG_SKIP_TSAN=1,
+# MG_SKIP_FUZZ=1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -18,6 +21,7 @@ fuzz_seconds=${MG_FUZZ_SECONDS:-30}
 passed=0
 failed=0
 summary=()
+run_wrap=() # what the unit and integration tests run under (tsan_setup sets it)
 t_start=$(date +%s)
 
 stage() { # name command...
@@ -34,7 +38,7 @@ stage() { # name command...
 
 count_ctest() { # build-dir
     local out rc
-    out=$(cd "$1" && ctest --output-on-failure 2>&1)
+    out=$(cd "$1" && "${run_wrap[@]}" ctest --output-on-failure 2>&1)
     rc=$?
     echo "$out" | grep -E "Test +#|tests passed|FAILED|Failed|Exception" | sed 's/^/  /'
     [ $rc -ne 0 ] && echo "$out" | tail -n 60
@@ -51,10 +55,12 @@ count_ctest() { # build-dir
     return $rc
 }
 
-count_pytest() { # build-dir
-    local out rc line p f e
-    out=$(MG_BUILD_DIR="$1" MG_CERTS="$certs" timeout 1200 $py -m pytest -q -p no:cacheprovider \
-        tests/integration 2>&1)
+count_pytest() { # build-dir [test files or other pytest arguments; default: all of them]
+    local out rc line p f e dir=$1
+    shift
+    [ $# -eq 0 ] && set -- tests/integration
+    out=$(MG_BUILD_DIR="$dir" MG_CERTS="$certs" timeout 1200 "${run_wrap[@]}" $py -m pytest -q \
+        -p no:cacheprovider "$@" 2>&1)
     rc=$?
     echo "$out" | tail -n 40 | sed 's/^/  /'
     line=$(echo "$out" | tail -n 1)
@@ -180,6 +186,78 @@ packager_build() {
     passed=$((passed + 1))
 }
 
+# ThreadSanitizer (GCC 12's runtime) needs the address space laid out as it expects: where the
+# kernel randomizes mappings over more bits (vm.mmap_rnd_bits above 28, the default of newer
+# kernels on some distributions) every instrumented program dies at start with "FATAL:
+# ThreadSanitizer: unexpected memory mapping". Then the tests run without address randomization
+# (setarch -R, inherited by every process they start), or, where that is refused (a container's
+# seccomp filter), with vm.mmap_rnd_bits set to 28 for the stage (as root; put back after).
+tsan_setup() { # build-dir -> run_wrap, tsan_rnd_bits (the value to put back, or "")
+    local probe=("$1/moongate" --version) arch
+    arch=$(uname -m)
+    run_wrap=()
+    tsan_rnd_bits=""
+    if "${probe[@]}" >/dev/null 2>&1; then
+        echo "  instrumented programs start as they are"
+        return 0
+    fi
+    if setarch "$arch" -R "${probe[@]}" >/dev/null 2>&1; then
+        run_wrap=(setarch "$arch" -R)
+        echo "  without address randomization (setarch $arch -R): the kernel's vm.mmap_rnd_bits" \
+            "is $(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null)"
+        return 0
+    fi
+    tsan_rnd_bits=$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null)
+    if [ -n "$tsan_rnd_bits" ] && sysctl -qw vm.mmap_rnd_bits=28 2>/dev/null &&
+        "${probe[@]}" >/dev/null 2>&1; then
+        echo "  vm.mmap_rnd_bits $tsan_rnd_bits -> 28 for this stage"
+        return 0
+    fi
+    tsan_rnd_bits=""
+    echo "  instrumented programs do not start here (MG_SKIP_TSAN=1 skips the stage):"
+    "${probe[@]}" 2>&1 | tail -n 3 | sed 's/^/    /'
+    failed=$((failed + 1))
+    return 1
+}
+
+tsan_restore() {
+    [ -n "${tsan_rnd_bits:-}" ] && sysctl -qw vm.mmap_rnd_bits="$tsan_rnd_bits"
+    run_wrap=()
+    return 0
+}
+
+# The integration tests whose threads share state, about two minutes under ThreadSanitizer on
+# two cores (docs/testing.md says why these): libtransfer_engine.so's loop thread against its
+# callers (the C harness: submits from several places, tight status polls), the C examples and
+# Python threads sharing a client, the BufferPool's threads, descriptors and process memory
+# moved on the workers and transport threads, transfers between two daemons (cancel, kill -9,
+# restart, drain, a shrunk file), and the same over the RDMA emulator's queue pairs and pollers.
+# Node ids: a test renamed or gone fails the stage ("not found") rather than leaving it.
+ti=tests/integration
+TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpool.py
+    $ti/test_fd_memory.py::test_from_c $ti/test_fd_memory.py::test_from_c_buffers
+    $ti/test_fd_memory.py::test_memfd_bytes_move_where_they_lie
+    $ti/test_fd_memory.py::test_buffers_move_by_address_into_the_clients_mapping
+    $ti/test_fd_memory.py::test_malloced_memory_moves_with_process_vm
+    $ti/test_fd_memory.py::test_a_process_that_exits_mid_transfer_fails_its_requests_only
+    $ti/test_fd_memory.py::test_a_file_shrunk_after_registration_is_data_loss
+    $ti/test_transfer.py::test_write_and_read_between_two_daemons
+    $ti/test_transfer.py::test_transfers_run_on_the_transport_threads
+    $ti/test_transfer.py::test_local_copies_on_this_daemon
+    $ti/test_transfer.py::test_wait_streams_progress_until_the_batch_ends
+    $ti/test_transfer.py::test_leases_on_either_side
+    $ti/test_transfer.py::test_cancel_stops_a_running_request
+    $ti/test_transfer.py::test_kill_9_of_a_peer_mid_batch
+    $ti/test_transfer.py::test_peer_restart_is_handled_without_restarting_this_daemon
+    $ti/test_transfer.py::test_drain_ends_wait_calls_and_stops_running_transfers
+    $ti/test_transfer.py::test_writes_into_a_shrunk_remote_file_are_data_loss_and_the_connection_stays
+    $ti/test_rdma.py::test_write_and_read_over_rdma
+    $ti/test_rdma.py::test_transfers_spread_over_the_devices
+    $ti/test_rdma.py::test_a_stale_remote_key_fails_its_request_and_the_connection_is_remade
+    $ti/test_rdma.py::test_a_digest_over_rdma_is_checked_by_both_daemons
+    $ti/test_rdma.py::test_kill_9_of_a_peer_mid_rdma_batch
+    $ti/test_rdma.py::test_peer_restart_over_rdma)
+
 fuzz_run() {
     local rc=0 target corpus work
     for target in deframer json proto alloc dataframe auth fdproto agentdesc trace; do
@@ -227,6 +305,18 @@ if [ "${MG_SKIP_ASAN:-0}" != 1 ]; then
         # the soak test runs half as long here: the point is the leak checks, not the rounds
         MG_SOAK_SECONDS=${MG_SOAK_SECONDS_ASAN:-60} stage "integration tests (asan+ubsan)" \
             count_pytest "$dir"
+    fi
+fi
+if [ "${MG_SKIP_TSAN:-0}" != 1 ]; then
+    if stage "build (tsan)" build tsan && stage "tsan runs here" tsan_setup "$dir"; then
+        # exitcode as under ASan; reports of every process the integration tests start also
+        # fail the test they came in (tests/integration/conftest.py); tests/tsan.supp says what
+        # is suppressed and why
+        tsan_defaults=exitcode=86:halt_on_error=0:second_deadlock_stack=1
+        export TSAN_OPTIONS=${TSAN_OPTIONS:-$tsan_defaults:suppressions=$root/tests/tsan.supp}
+        stage "unit tests (tsan)" count_ctest "$dir"
+        stage "integration tests (tsan)" count_pytest "$dir" "${TSAN_PYTEST[@]}"
+        tsan_restore
     fi
 fi
 if [ "${MG_SKIP_FUZZ:-0}" != 1 ]; then

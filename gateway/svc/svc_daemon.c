@@ -38,6 +38,9 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
 #if defined(__SANITIZE_ADDRESS__)
     features[nf++] = "asan"; /* an AddressSanitizer build: mlock() is a no-op under it */
 #endif
+#if defined(__SANITIZE_THREAD__)
+    features[nf++] = "tsan"; /* a ThreadSanitizer build: mlock() is a no-op under it too */
+#endif
 
     mg_engine_get_stats(gw->engine, &es);
     resp.version = MG_VERSION;

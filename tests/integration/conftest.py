@@ -4,14 +4,18 @@ clients (python3-grpcio stubs generated from our protos, curl, mgctl).
 Environment:
   MG_BUILD_DIR   build tree with the moongate and mgctl binaries (default: <repo>/build)
   MG_CERTS       directory made by certs/make-dev-certs.sh (default: made under the build tree)
+  TSAN_OPTIONS   for a ThreadSanitizer build (MG_TSAN): default TSAN_DEFAULTS below; log_path is
+                 always the harness's own, see tsan_reports
 """
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -28,6 +32,64 @@ sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 from gen_stubs import generate  # noqa: E402
 
 sys.path.insert(0, generate(GEN))
+
+
+def _cache_has(entry):
+    try:
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            return entry in f.read()
+    except FileNotFoundError:  # no build there: the tests that need one say so
+        return False
+
+
+# ThreadSanitizer: every process the tests start (daemons, C clients, harnesses) writes its
+# reports to a file of its own under TSAN_LOG, and tsan_reports fails the test during which
+# one appeared — whatever the process's exit status, even when a test kills it or expects it to
+# fail. exitcode=86 fails the daemon fixtures as well, as under ASan. tests/run.sh exports the
+# same options (tests/tsan.supp: what is suppressed and why).
+TSAN_DEFAULTS = ("exitcode=86:halt_on_error=0:second_deadlock_stack=1:suppressions="
+                 + os.path.join(ROOT, "tests", "tsan.supp"))
+TSAN_LOG = None
+if _cache_has("MG_TSAN:BOOL=ON"):
+    TSAN_LOG = tempfile.mkdtemp(prefix="moongate-tsan-")
+    os.environ["TSAN_OPTIONS"] = "%s:log_path=%s/report" % (
+        os.environ.get("TSAN_OPTIONS") or TSAN_DEFAULTS, TSAN_LOG)
+
+
+def _tsan_new_reports(seen):
+    """The text of report files not in `seen` (added to it), or ""."""
+    out = []
+    for name in sorted(os.listdir(TSAN_LOG)):
+        if name not in seen:
+            seen.add(name)
+            with open(os.path.join(TSAN_LOG, name), errors="replace") as f:
+                out.append("--- %s\n%s" % (name, f.read()))
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tsan_session_reports():
+    """Reports written after the last test's own check (a module's daemon stopping)."""
+    seen = set()
+    yield seen
+    if TSAN_LOG:
+        text = _tsan_new_reports(seen)
+        assert not text, "ThreadSanitizer reported:\n" + text
+        if not seen:  # kept where there were reports
+            shutil.rmtree(TSAN_LOG, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def tsan_reports(tsan_session_reports):
+    """Fails a test during which a process wrote a ThreadSanitizer report. First of the test's
+    fixtures, so it looks after the daemons it started have stopped."""
+    yield
+    if TSAN_LOG:
+        text = _tsan_new_reports(tsan_session_reports)
+        if text:
+            # also on stderr: shown even where another fixture's failure is the one reported
+            sys.stderr.write("ThreadSanitizer reported:\n" + text)
+            pytest.fail("ThreadSanitizer reported:\n" + text, pytrace=False)
 
 
 def _ephemeral_range():
@@ -148,8 +210,16 @@ class Daemon:
         raise RuntimeError("moongate did not become ready:\n" + self.read_log())
 
     def read_log(self):
+        """Its log, and the ThreadSanitizer reports it wrote (in a file of their own)."""
         with open(self.log_path) as f:
-            return f.read()
+            text = f.read()
+        if TSAN_LOG and self.proc:
+            try:
+                with open(os.path.join(TSAN_LOG, "report.%d" % self.proc.pid)) as f:
+                    text += "\nThreadSanitizer:\n" + f.read()
+            except FileNotFoundError:
+                pass
+        return text
 
     def ops_get(self, path):
         try:
@@ -290,8 +360,12 @@ def curl(*args, input=None):
 
 def sanitized():
     """Whether the build under test has ASan and UBSan (MG_SANITIZE)."""
-    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
-        return "MG_SANITIZE:BOOL=ON" in f.read()
+    return _cache_has("MG_SANITIZE:BOOL=ON")
+
+
+def tsan():
+    """Whether the build under test has ThreadSanitizer (MG_TSAN)."""
+    return TSAN_LOG is not None
 
 
 def sanitizer_preload():

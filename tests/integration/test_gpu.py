@@ -26,6 +26,12 @@ CUDA_EMU = os.path.join(conftest.BUILD, "libmgcuda_emu.so")
 CLIENT_LIB = os.path.join(conftest.BUILD, "libmgclient.so.0")
 MiB = 1 << 20
 
+# The GPU processes are python3 loading the build's libmgclient. ThreadSanitizer's runtime would
+# have to be preloaded into the interpreter, whose grpcio threads (not instrumented, their
+# atomics unseen) then read as racing. The release and ASan passes run these.
+pytestmark = pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer "
+                                "build's libmgclient without reports from grpcio's own threads")
+
 
 def gpu_env(**kw):
     env = dict(os.environ, MOONGATE_CUDA_LIB=CUDA_EMU, MOONGATE_CLIENT_LIB=CLIENT_LIB,

@@ -15,7 +15,10 @@ BUILD = conftest.BUILD
 
 
 def sanitized():
-    """The build's own compile flags a program linking its libraries needs (ASan + UBSan)."""
+    """The build's own compile flags a program linking its libraries needs (ASan + UBSan, or
+    ThreadSanitizer)."""
+    if conftest.tsan():
+        return ["-fsanitize=thread"]
     return ["-fsanitize=address,undefined"] if conftest.sanitized() else []
 
 
@@ -71,7 +74,8 @@ GLIBC = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libreso
          "libutil.so", "libanl.so", "libmvec.so", "ld-linux", "linux-vdso")
 
 
-@pytest.mark.skipif(conftest.sanitized(), reason="the bundle is of a release build")
+@pytest.mark.skipif(conftest.sanitized() or conftest.tsan(),
+                    reason="the bundle is of a release build")
 def test_bundle_runs_where_it_is_unpacked(tmp_path):
     """scripts/bundle.sh: unpacked elsewhere, every library but glibc's is found in the bundle
     (the binaries' and libraries' RPATH), its README states the glibc floor, and its check.sh
