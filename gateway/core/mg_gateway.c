@@ -3,9 +3,10 @@
  * services, TLS context, listeners, ops port), the serving state and the graceful drain.
  *
  * Drain: SIGTERM/SIGINT -> state draining (readiness false, Watch streams told NOT_SERVING) ->
- * listeners closed -> GOAWAY shutdown notice on every connection -> one second later GOAWAY with
- * the last processed stream and Watch streams ended -> connections close as their calls finish
- * -> the loop ends. --grace bounds it all; a second signal ends it at once. Loop thread only.
+ * listeners closed -> GOAWAY shutdown notice on every connection -> one second later (at once
+ * when none is open) GOAWAY with the last processed stream and Watch streams ended ->
+ * connections close as their calls finish -> the loop ends. --grace bounds it all; a second signal
+ * ends it at once. Loop thread only.
  */
 #include "mg_server_int.h"
 
@@ -459,7 +460,9 @@ void mg_gateway_drain(mg_gateway *gw)
         grace_cb(-1, 0, gw);
         return;
     }
-    if (gw->cfg->grace < 1)
+    /* the second GOAWAY waits a round trip for clients to see the first: with no connection
+     * open there is no one to wait for (a daemon stopped between tests, a node drained idle) */
+    if (gw->cfg->grace < 1 || mg_list_empty(&gw->conns))
         rtt.tv_sec = 0;
     evtimer_add(gw->drain_timer, &rtt);
     evtimer_add(gw->grace_timer, &grace);
