@@ -18,6 +18,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 py=/usr/bin/python3
 fuzz_seconds=${MG_FUZZ_SECONDS:-30}
+# Integration tests run in parallel (pytest-xdist): most of their time is spent waiting on
+# daemons, not computing. Every port comes from the kernel's free ones and every path from a
+# per-test directory; tests that share something of the machine run on one worker
+# (xdist_group).
+pytest_workers=${MG_PYTEST_WORKERS:-3}
+fuzz_jobs=${MG_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
 passed=0
 failed=0
 summary=()
@@ -59,8 +65,10 @@ count_pytest() { # build-dir [test files or other pytest arguments; default: all
     local out rc line p f e dir=$1
     shift
     [ $# -eq 0 ] && set -- tests/integration
+    # the stubs once, before pytest-xdist's workers would each make them at the same time
+    $py clients/python/gen_stubs.py "$dir/pygen" >/dev/null || return 1
     out=$(MG_BUILD_DIR="$dir" MG_CERTS="$certs" timeout 1200 "${run_wrap[@]}" $py -m pytest -q \
-        -p no:cacheprovider "$@" 2>&1)
+        -p no:cacheprovider -n "$pytest_workers" --dist loadgroup "$@" 2>&1)
     rc=$?
     echo "$out" | tail -n 40 | sed 's/^/  /'
     line=$(echo "$out" | tail -n 1)
@@ -258,24 +266,41 @@ TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpoo
     $ti/test_rdma.py::test_kill_9_of_a_peer_mid_rdma_batch
     $ti/test_rdma.py::test_peer_restart_over_rdma)
 
-fuzz_run() {
-    local rc=0 target corpus work
+fuzz_one() { # target: runs it from its corpus; prints what it found; exits non-zero on a find
+    local target=$1 corpus=tests/fuzz/corpus/$1 work
+    work=$(mktemp -d)
+    echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"
+    if "$dir/tests/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 \
+        -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/" \
+        "$work" "$corpus" >"$work/log" 2>&1; then
+        grep -E "stat::number_of_executed_units" "$work/log" | sed 's/^/    /'
+        rm -rf "$work"
+        return 0
+    fi
+    tail -n 40 "$work/log"
+    rm -rf "$work"
+    return 1
+}
+
+fuzz_run() { # every target, fuzz_jobs at a time (each is one process on one core)
+    local rc=0 target out pids=() names=() i
+    out=$(mktemp -d)
     for target in deframer json proto alloc dataframe auth fdproto agentdesc trace; do
-        corpus=tests/fuzz/corpus/$target
-        work=$(mktemp -d)
-        echo "  fuzz_$target: ${fuzz_seconds}s from $(ls "$corpus" | wc -l) seeds"
-        if "$dir/tests/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 \
-            -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/" \
-            "$work" "$corpus" >"$work/log" 2>&1; then
-            grep -E "stat::number_of_executed_units" "$work/log" | sed 's/^/    /'
+        fuzz_one "$target" >"$out/$target" 2>&1 &
+        pids+=($!)
+        names+=("$target")
+        while [ "$(jobs -rp | wc -l)" -ge "$fuzz_jobs" ]; do wait -n; done
+    done
+    for i in "${!pids[@]}"; do
+        if wait "${pids[$i]}"; then
             passed=$((passed + 1))
         else
-            tail -n 40 "$work/log"
             failed=$((failed + 1))
             rc=1
         fi
-        rm -rf "$work"
+        cat "$out/${names[$i]}"
     done
+    rm -rf "$out"
     return $rc
 }
 
