@@ -19,8 +19,11 @@ def run(*args, env=None, timeout=10):
 
 
 def base_args(tmp_path):
+    """A daemon of its own: its socket, its port and its shm directory (one daemon holds a
+    directory at a time, and tests run side by side)."""
     return ["--unix-socket", str(tmp_path / "s.sock"), "--ops-listen", "",
-            "--listen", "127.0.0.1:%d" % free_port()]
+            "--listen", "127.0.0.1:%d" % free_port(), "--shm-dir", str(tmp_path / "shm"),
+            "--data-listen", "127.0.0.1:0"]
 
 
 def test_help_and_version():
@@ -78,7 +81,8 @@ def test_listen_address_in_use_is_a_clear_error(tmp_path):
 def test_unix_socket_path_must_not_clobber_a_file(tmp_path):
     f = tmp_path / "not-a-socket"
     f.write_text("keep me")
-    p = run("--unix-socket", str(f), "--ops-listen", "", "--listen", "")
+    p = run("--unix-socket", str(f), "--ops-listen", "", "--listen", "", "--shm-dir",
+            str(tmp_path / "shm"))
     assert p.returncode == 1 and "not a socket" in p.stderr
     assert f.read_text() == "keep me"
 

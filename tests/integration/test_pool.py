@@ -302,8 +302,8 @@ def test_no_pool_and_a_pool_that_cannot_be_registered(make_daemon, tmp_path):
         code, msg = code_of(lambda: p.AcquireLease(pool_pb2.AcquireLeaseRequest(size=4096)))
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "--pool-bytes 0" in msg
     r = subprocess.run([MOONGATE, "--pool-bytes", "64M", "--max-registered-bytes", "32M",
-                        "--shm-dir", str(tmp_path / "shm"), "--listen", "127.0.0.1:1",
-                        "--ops-listen", "", "--unix-socket", ""],
+                        "--shm-dir", str(tmp_path / "shm"), "--listen", "127.0.0.1:0",
+                        "--ops-listen", "", "--unix-socket", "", "--data-listen", ""],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert "start_failed pool=default" in r.stderr and "registered-bytes limit" in r.stderr

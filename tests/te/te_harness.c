@@ -375,11 +375,12 @@ static int initiator(const char *session, uint64_t taddr)
     return 0;
 }
 
-static volatile int spinning;
+static int spinning; /* atomic: the main thread ends the spin */
 
 static void *spin(void *arg)
 {
-    while (spinning) /* a busy CPU beside the polls: the threads they wait for are preempted */
+    while (__atomic_load_n(&spinning, __ATOMIC_RELAXED)) /* a busy CPU beside the polls: the threads
+                                                            they wait for are preempted */
         ;
     return NULL;
 }
@@ -414,7 +415,7 @@ static int polls(unsigned long n, uint64_t size, size_t batch)
         te.registerLocalMemory(e, src, room, "cpu:0", 1) != 0 ||
         te.registerLocalMemory(e, dst, room, "cpu:0", 1) != 0)
         return 1;
-    spinning = 1;
+    __atomic_store_n(&spinning, 1, __ATOMIC_RELAXED);
     if (pthread_create(&spinner, NULL, spin, NULL) != 0)
         return 1;
     while (done < n) {
@@ -432,7 +433,7 @@ static int polls(unsigned long n, uint64_t size, size_t batch)
         te.freeBatchID(e, b);
         done += m;
     }
-    spinning = 0;
+    __atomic_store_n(&spinning, 0, __ATOMIC_RELAXED);
     pthread_join(spinner, NULL);
     printf("{\"transfers\": %lu, \"completed\": %lu, \"torn\": %lu, \"straddled\": %lu, "
            "\"polls\": %lu}\n",
