@@ -71,15 +71,27 @@ Moongate__V1__AgentDescriptor *mg_agentdesc_decode(const uint8_t *buf, size_t le
     return d;
 }
 
+/* Appends text to why (cap bytes, *len used), cut where it does not fit. */
+static void append(char *why, size_t cap, size_t *len, const char *text)
+{
+    size_t n = strlen(text);
+    if (*len + 1 >= cap)
+        return;
+    if (n > cap - 1 - *len)
+        n = cap - 1 - *len;
+    memcpy(why + *len, text, n);
+    *len += n;
+    why[*len] = '\0';
+}
+
 /* Appends to why (after ", " when it has something) that the descriptor's field differs. */
 static void differs(char *why, size_t cap, size_t *len, const char *field, uint64_t mine,
                     uint64_t theirs)
 {
-    int w =
-        snprintf(why + *len, cap - *len, "%sthe descriptor's %s %llu differs from the agent's %llu",
-                 *len ? ", " : "", field, (unsigned long long)mine, (unsigned long long)theirs);
-    if (w > 0)
-        *len = (size_t)w < cap - *len ? *len + (size_t)w : cap - 1;
+    char part[160];
+    snprintf(part, sizeof(part), "%sthe descriptor's %s %llu differs from the agent's %llu",
+             *len ? ", " : "", field, (unsigned long long)mine, (unsigned long long)theirs);
+    append(why, cap, len, part);
 }
 
 int mg_agentdesc_compare(const Moongate__V1__AgentDescriptor *d, const char *name, uint32_t port,
@@ -105,6 +117,6 @@ int mg_agentdesc_compare(const Moongate__V1__AgentDescriptor *d, const char *nam
         differs(why, cap, &len, "agent_id", d->agent_id, agent_id);
     if (len == 0)
         return 0;
-    snprintf(why + len, cap - len, " (registered again since it was exported, or forged)");
+    append(why, cap, &len, " (registered again since it was exported, or forged)");
     return MG_ERR_STATE;
 }
