@@ -69,6 +69,8 @@ def main():
                              "--ops-listen", "127.0.0.1:%d" % ops, "--unix-socket",
                              os.path.join(tmp, "mg.sock"), "--shm-dir", a.shm_dir,
                              "--access-log=false", "--workers", "2",
+                             "--data-listen", "",  # no peers; port 7446 may be taken
+                             "--pool-bytes", "0",  # the limit is the one registration's
                              "--max-registered-bytes", str(a.size + (1 << 20))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
