@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """No function under gateway/ or engine/ longer than 120 lines, but main(); no file under
 gateway/ longer than 900 lines, and the two services that only translate for the engine's
-machine held lower (FILE_LIMITS).
+machine held lower (FILE_LIMITS); the segment registry (engine/src/mg_segment.c) under 900.
 
 How a function is counted: the files are formatted by .clang-format (Linux braces), so a
 function body opens with "{" alone at column 0 and closes with "}" alone at column 0; its
@@ -19,7 +19,8 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PENDING = {}  # (path, function): a length it may not grow past, while it waits to be cut
 GATEWAY_FILE_LIMIT = 900
-FILE_LIMITS = {"gateway/svc/svc_transfer.c": 700, "gateway/svc/svc_pool.c": 500}
+FILE_LIMITS = {"gateway/svc/svc_transfer.c": 700, "gateway/svc/svc_pool.c": 500,
+               "engine/src/mg_segment.c": 900}
 
 
 def functions(path):
@@ -43,7 +44,7 @@ def main():
     for path in sorted(glob.glob(os.path.join(ROOT, "gateway", "**", "*.c"), recursive=True) +
                        glob.glob(os.path.join(ROOT, "engine", "src", "*.c"))):
         rel = os.path.relpath(path, ROOT)
-        if rel.startswith("gateway"):
+        if rel.startswith("gateway") or rel in FILE_LIMITS:
             nlines = open(path).read().count("\n")
             most = FILE_LIMITS.get(rel, GATEWAY_FILE_LIMIT)
             if nlines > most:

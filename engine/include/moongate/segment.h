@@ -43,9 +43,11 @@ extern "C" {
 typedef struct mg_registry mg_registry;
 typedef struct mg_segment mg_segment;
 
-/* MG_SEG_DMABUF: GPU memory, a dma-buf the client exported (its device's "cuda:N" location):
- * registered with the RDMA devices by its client address (the iova), never mapped, read or
- * written here — every path but RDMA refuses it (mg_segment_gpu). */
+/* The kinds of memory a segment can be (the same numbers as memory.proto's SegmentSource). Each
+ * is a file of the engine's of its own (engine/src/mg_seg_<kind>.c); what one allows is
+ * mg_seg_source_caps(). MG_SEG_DMABUF: GPU memory, a dma-buf the client exported (its device's
+ * "cuda:N" location): registered with the RDMA devices by its client address (the iova), never
+ * mapped, read or written here — every path but RDMA refuses it (mg_segment_gpu). */
 typedef enum {
     MG_SEG_ANON = 0,
     MG_SEG_SHM = 1,
@@ -159,6 +161,27 @@ typedef struct mg_segment_info {
     unsigned rdma_ndev;
 } mg_segment_info;
 
+/* What a kind of memory allows: the paths its bytes take and how it is registered. A path a
+ * segment's kind lacks refuses it by name (mg_segment_allows). */
+#define MG_SEG_CAP_TCP  0x01u /* moves over the TCP data plane (this process reaches it) */
+#define MG_SEG_CAP_RDMA 0x02u /* moves over RDMA (registered with the devices) */
+#define MG_SEG_CAP_COPY 0x04u /* copied on this daemon (peer ""), as a request's local side */
+#define MG_SEG_CAP_TARGET                                                                   \
+    0x08u                       /* a target: of copies, and of peers and other tenants when \
+                                 * remote-accessible or shared */
+#define MG_SEG_CAP_INLINE 0x10u /* read and written inline (ReadSegment, WriteSegment) */
+#define MG_SEG_CAP_FD     0x20u /* registered from a passed descriptor (fd, offset) */
+#define MG_SEG_CAP_CONN   0x40u /* lives no longer than the connection that registered it */
+#define MG_SEG_CAP_CALLER                                                 \
+    0x80u /* the caller's own memory, by address: its process runs as the \
+           * socket's uid */
+
+/* The kind's name ("anon", "shm", "fd", "process", "dmabuf"), or NULL for a value that names
+ * none. */
+const char *mg_seg_source_name(mg_seg_source source);
+/* The kind's MG_SEG_CAP_* bits; 0 for a value that names none. */
+unsigned mg_seg_source_caps(mg_seg_source source);
+
 /* Opens the registry on cfg->shm_dir and removes the segment files an earlier daemon created
  * there (they are served no more). Returns 0, MG_ERR_INVALID (bad config; why is logged),
  * MG_ERR_SYSTEM (shm_dir unusable) or MG_ERR_NOMEM. */
@@ -265,6 +288,24 @@ struct mg_procmem *mg_segment_procmem(const mg_segment *seg);
  * under it), or as mg_procmem_read (why set); MG_ERR_STATE for GPU memory. */
 int mg_segment_crc32c(const mg_segment *seg, const uint8_t *addr, uint64_t len, uint32_t *crc,
                       char *why, size_t cap);
+/* Its kind's MG_SEG_CAP_* bits. */
+unsigned mg_segment_caps(const mg_segment *seg);
+/* 0 when the segment's kind allows every path in `caps` (MG_SEG_CAP_*), else MG_ERR_STATE with
+ * why saying what the memory is, what it is not, and how its bytes move instead. */
+int mg_segment_allows(const mg_segment *seg, unsigned caps, char *why, size_t cap);
+/* Any thread, while referenced: whether [off, off + len) of the segment can be reached now.
+ * Returns 0, MG_ERR_RANGE (outside it), MG_ERR_DATA_LOSS (a mapped file cut under it), or as
+ * mg_procmem_probe for a process's memory; why says which. */
+int mg_segment_check_range(const mg_segment *seg, uint64_t off, uint64_t len, char *why,
+                           size_t cap);
+/* Worker: n bytes at off copied out of (read) or into (write) the segment, guarded (a mapped
+ * file) or with process_vm (a process's memory). Returns 0, MG_ERR_RANGE, MG_ERR_DATA_LOSS, as
+ * mg_procmem_read/write, or MG_ERR_STATE for memory this process never touches (GPU memory);
+ * why says which. */
+int mg_segment_read(const mg_segment *seg, uint64_t off, void *dst, size_t n, char *why,
+                    size_t cap);
+int mg_segment_write(const mg_segment *seg, uint64_t off, const void *src, size_t n, char *why,
+                     size_t cap);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
 
