@@ -621,7 +621,7 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
     if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
         return ST_NOT_FOUND;
     mg_segment_get_info(s->cfg.registry, *seg, &info);
-    if (!info.remote_accessible || info.source == MG_SEG_DMABUF) { /* GPU memory: RDMA only */
+    if (!info.remote_accessible || !(mg_segment_caps(*seg) & MG_SEG_CAP_TCP)) { /* RDMA only */
         mg_registry_put(s->cfg.registry, *seg);
         return info.remote_accessible ? ST_UNIMPLEMENTED : ST_PERMISSION_DENIED;
     }

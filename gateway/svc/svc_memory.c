@@ -29,7 +29,6 @@
 #define LIST_DEFAULT 100
 #define LIST_MAX     1000
 
-static const char *const source_names[] = {"anon", "shm", "fd", "process", "dmabuf"};
 /* One Segment message with its strings. */
 typedef struct {
     Moongate__V1__Segment msg;
@@ -52,11 +51,7 @@ static void seg_msg_fill(seg_msg *m, const mg_segment_info *in)
     m->msg.size = in->size;
     m->msg.location = m->location;
     m->msg.path = m->path;
-    m->msg.source = in->source == MG_SEG_SHM       ? MOONGATE__V1__SEGMENT_SOURCE__SHM
-                    : in->source == MG_SEG_FD      ? MOONGATE__V1__SEGMENT_SOURCE__FD
-                    : in->source == MG_SEG_PROCESS ? MOONGATE__V1__SEGMENT_SOURCE__PROCESS
-                    : in->source == MG_SEG_DMABUF  ? MOONGATE__V1__SEGMENT_SOURCE__DMABUF
-                                                   : MOONGATE__V1__SEGMENT_SOURCE__ANON;
+    m->msg.source = (Moongate__V1__SegmentSource)in->source; /* the same numbers */
     m->msg.offset = in->offset;
     m->msg.client_address = in->client_addr;
     m->msg.remote_accessible = in->remote_accessible;
@@ -197,11 +192,11 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         resp.segment = &m.msg;
         mg_call_reply(j->call, &resp.base);
         mg_memory_watch_exit(gw, seg); /* a process's memory goes with its process */
-        if (info.source == MG_SEG_DMABUF)
+        if (mg_segment_caps(seg) & MG_SEG_CAP_CONN)
             bind_gpu(gw, j->call, &info);
         mg_info("segment_registered",
                 "id=%" PRIu64 " name=%s source=%s bytes=%" PRIu64 " locked=%d ms=%.3f", info.id,
-                info.name, source_names[info.source], info.size, info.locked,
+                info.name, mg_seg_source_name(info.source), info.size, info.locked,
                 (double)(mg_now_mono_ns() - j->t0_ns) / 1e6);
     }
 out:
@@ -242,28 +237,12 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     char share[MG_SEG_SHARE_LEN + 1] = "";
     int rc;
     memset(&spec, 0, sizeof(spec));
-    switch (req->source) {
-    case MOONGATE__V1__SEGMENT_SOURCE__ANON:
-        spec.source = MG_SEG_ANON;
-        break;
-    case MOONGATE__V1__SEGMENT_SOURCE__SHM:
-        spec.source = MG_SEG_SHM;
-        break;
-    case MOONGATE__V1__SEGMENT_SOURCE__FD:
-        spec.source = MG_SEG_FD;
-        break;
-    case MOONGATE__V1__SEGMENT_SOURCE__PROCESS:
-        spec.source = MG_SEG_PROCESS;
-        break;
-    case MOONGATE__V1__SEGMENT_SOURCE__DMABUF:
-        spec.source = MG_SEG_DMABUF;
-        break;
-    default:
+    spec.source = (mg_seg_source)req->source; /* the engine's kinds have the proto's numbers */
+    if (mg_seg_source_name(spec.source) == NULL) {
         snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD, PROCESS or DMABUF");
         return MG_ERR_INVALID;
     }
-    if (spec.source != MG_SEG_FD && spec.source != MG_SEG_DMABUF &&
-        (req->fd_handle || req->offset)) {
+    if (!(mg_seg_source_caps(spec.source) & MG_SEG_CAP_FD) && (req->fd_handle || req->offset)) {
         snprintf(err, MG_SEG_ERROR_MAX, "fd_handle and offset are for sources FD and DMABUF only");
         return MG_ERR_INVALID;
     }
@@ -277,7 +256,7 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
         uint32_t uid;
         if (!mg_call_socket_cred(call, &uid, &spec.client)) {
             spec.client.pid = 0; /* the registry says why an address needs a local process */
-        } else if (spec.source == MG_SEG_PROCESS) {
+        } else if (mg_seg_source_caps(spec.source) & MG_SEG_CAP_CALLER) {
             spec.caller_uid_known = 1; /* the memory's process must run as the socket's uid */
             spec.caller_uid = uid;
         }
@@ -317,7 +296,7 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
                                  req->share_with[i]);
     }
     spec.share = share;
-    if ((spec.source == MG_SEG_FD || spec.source == MG_SEG_DMABUF) &&
+    if ((mg_seg_source_caps(spec.source) & MG_SEG_CAP_FD) &&
         (rc = take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
         return rc;
     return mg_registry_reserve(reg, &spec, seg, err);

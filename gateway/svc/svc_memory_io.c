@@ -29,14 +29,6 @@
 /* ---- ReadSegment: chunks copied and framed on workers, handed to the call as they come ---- */
 
 #define READ_CHUNK_DEFAULT (1u << 20)
-/* A process segment has no mapping here to copy inline from or to. */
-#define PROCESS_INLINE                                                                          \
-    "the segment is a process's memory (reached with process_vm on transfers): it is not read " \
-    "or written inline; move it with a transfer (peer \"\" to a segment here)"
-/* Nor has GPU memory: the RDMA devices reach it, this process never does. */
-#define GPU_INLINE                                                                                \
-    "the segment is GPU memory (a dma-buf the RDMA devices reach, never this daemon): it is not " \
-    "read or written inline; move it with a transfer over RDMA"
 
 typedef struct {
     mg_call *call;
@@ -207,7 +199,7 @@ static int range_open(mg_call *call, const Moongate__V1__ReadSegmentRequest *req
     mg_registry *reg = mg_engine_registry(gw->engine);
     mg_segment_info info;
     uint64_t base = 0, size;
-    char holder[MG_SEG_HOLDER_MAX];
+    char holder[MG_SEG_HOLDER_MAX], why[MG_SEG_ERROR_MAX];
     *lease = NULL;
     if (req->lease_id && req->id) {
         mg_call_fail(call, MG_ERR_INVALID, "give id or lease_id, not both");
@@ -229,10 +221,9 @@ static int range_open(mg_call *call, const Moongate__V1__ReadSegmentRequest *req
         }
         mg_segment_get_info(reg, *seg, &info);
         size = info.size;
-        if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
-            mg_registry_put(reg, *seg);
-            mg_call_fail(call, MG_ERR_STATE, "%s",
-                         info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
+        if (mg_segment_allows(*seg, MG_SEG_CAP_INLINE, why, sizeof(why)) != 0) {
+            mg_registry_put(reg, *seg); /* a process's memory, GPU memory: no mapping here */
+            mg_call_fail(call, MG_ERR_STATE, "%s", why);
             return -1;
         }
     }
@@ -531,12 +522,8 @@ static void write_done(void *arg, int result)
             } else {
                 mg_segment_get_info(reg, st->seg, &info);
                 st->limit = info.size;
-                if (info.source == MG_SEG_PROCESS || info.source == MG_SEG_DMABUF) {
-                    mg_registry_put(reg, st->seg);
-                    rc = MG_ERR_STATE;
-                    snprintf(why, sizeof(why), "%s",
-                             info.source == MG_SEG_PROCESS ? PROCESS_INLINE : GPU_INLINE);
-                }
+                if ((rc = mg_segment_allows(st->seg, MG_SEG_CAP_INLINE, why, sizeof(why))) != 0)
+                    mg_registry_put(reg, st->seg); /* no mapping here to copy into */
             }
             st->id = id;
         }
