@@ -692,5 +692,9 @@ int mg_config_load(mg_config *cfg, int argc, char **argv, FILE *out, char *err, 
     }
     if (strstr(cfg->advertise, "$(") && expand_advertise(cfg, err, errcap) != 0)
         return MG_CONFIG_ERROR;
+    cfg->data_tcp.congestion = cfg->tcp_congestion;
+    cfg->data_tcp.send_buffer = cfg->tcp_send_buffer == MG_CONFIG_AUTO
+                                    ? MG_DP_SEND_BUFFER_AUTO
+                                    : (uint32_t)cfg->tcp_send_buffer;
     return MG_CONFIG_OK;
 }

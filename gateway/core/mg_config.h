@@ -7,6 +7,8 @@
 #ifndef MG_CONFIG_H
 #define MG_CONFIG_H
 
+#include "moongate/dataplane.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
@@ -75,6 +77,9 @@ typedef struct mg_config {
     uint64_t tcp_conns_per_peer;
     char *tcp_congestion;     /* data-plane connections' ("": the system's) */
     uint64_t tcp_send_buffer; /* theirs, bytes (0: autotuning; MG_CONFIG_AUTO: auto) */
+    /* The two above as the data plane takes them, made once by mg_config_load: the connections
+     * this daemon opens and those it accepts (congestion points into tcp_congestion). */
+    mg_dp_tcp data_tcp;
     uint64_t batch_retention; /* seconds */
     uint64_t notify_queue;
     uint64_t notify_line; /* Sends waiting per connection, peer and topic */

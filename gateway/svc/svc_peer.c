@@ -13,7 +13,6 @@
 #include "mg_service.h"
 #include "svc_agent.h"
 #include "svc_memory.h"
-#include "svc_transfer.h"
 #include "moongate/pools.h"
 
 #include "mg_auth.h"
@@ -561,7 +560,7 @@ static int mg_svc_peer_init(mg_gateway *gw)
     dc.max_slice = (uint32_t)gw->cfg->data_max_slice;
     dc.max_conns = (unsigned)gw->cfg->data_max_conns;
     dc.io_timeout_ms = (uint32_t)gw->cfg->data_io_timeout * 1000;
-    dc.tcp = mg_xfer_data_tcp(gw->cfg);
+    dc.tcp = gw->cfg->data_tcp;
     dc.auth = mg_dp_sessions_auth;
     dc.auth_arg = ps->sessions;
     rc = mg_dp_server_start(&ps->server, &dc, err, sizeof(err));

@@ -562,14 +562,6 @@ static const mg_route transfer_routes[] = {
     {"GET", "/v1/peers", 0, "/moongate.v1.Transfer/ListPeers"},
 };
 
-mg_dp_tcp mg_xfer_data_tcp(const mg_config *cfg)
-{
-    mg_dp_tcp t = {cfg->tcp_congestion, cfg->tcp_send_buffer == MG_CONFIG_AUTO
-                                            ? MG_DP_SEND_BUFFER_AUTO
-                                            : (uint32_t)cfg->tcp_send_buffer};
-    return t;
-}
-
 static int mg_svc_transfer_init(mg_gateway *gw)
 {
     int rc = mg_gateway_add_methods(gw, transfer_methods, MG_NELEM(transfer_methods),
@@ -634,7 +626,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .agent_stale = mg_xfer_agent_stale,
                                 .verify = mg_xfer_verify};
         snprintf(pc.congestion, sizeof(pc.congestion), "%s", cfg->tcp_congestion);
-        pc.send_buffer = mg_xfer_data_tcp(cfg).send_buffer;
+        pc.send_buffer = cfg->data_tcp.send_buffer;
         if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
             return rc;
     }

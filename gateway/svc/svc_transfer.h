@@ -70,10 +70,6 @@ struct mg_transfer_svc {
 
 extern const mg_service mg_svc_transfer;
 
-/* How the data plane's TCP connections are set up, as --tcp-congestion and --tcp-send-buffer
- * say (congestion points into cfg): the connections this daemon opens and those it accepts. */
-mg_dp_tcp mg_xfer_data_tcp(const mg_config *cfg);
-
 /* The service's state, kept in its slot of the gateway (mg_gateway_state). */
 static inline struct mg_transfer_svc *transfer_of(mg_gateway *gw)
 {

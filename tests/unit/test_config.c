@@ -112,15 +112,19 @@ static void test_size_or_auto(void)
     char err[512];
     char *fixed[] = {"moongate", "--tcp-send-buffer", "1M"};
     char *none[] = {"moongate", "--tcp-send-buffer=0"};
-    char *aut[] = {"moongate", "--tcp-send-buffer", "auto"};
+    char *aut[] = {"moongate", "--tcp-send-buffer", "auto", "--tcp-congestion", "bbr"};
     CU_ASSERT_EQUAL_FATAL(load(&c, err, 3, fixed), MG_CONFIG_OK);
     CU_ASSERT_EQUAL(c.tcp_send_buffer, 1048576);
+    CU_ASSERT_EQUAL(c.data_tcp.send_buffer, 1048576); /* as the data plane takes it */
     mg_config_free(&c);
     CU_ASSERT_EQUAL_FATAL(load(&c, err, 2, none), MG_CONFIG_OK);
     CU_ASSERT_EQUAL(c.tcp_send_buffer, 0);
+    CU_ASSERT_EQUAL(c.data_tcp.send_buffer, 0);
     mg_config_free(&c);
-    CU_ASSERT_EQUAL_FATAL(load(&c, err, 3, aut), MG_CONFIG_OK);
+    CU_ASSERT_EQUAL_FATAL(load(&c, err, 5, aut), MG_CONFIG_OK);
     CU_ASSERT_EQUAL(c.tcp_send_buffer, MG_CONFIG_AUTO);
+    CU_ASSERT_EQUAL(c.data_tcp.send_buffer, MG_DP_SEND_BUFFER_AUTO);
+    CU_ASSERT_STRING_EQUAL(c.data_tcp.congestion, "bbr");
     mg_config_free(&c);
 }
 
