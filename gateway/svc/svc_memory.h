@@ -7,10 +7,6 @@
 
 /* Adds ReadSegment and WriteSegment (called by the memory service's init). */
 int mg_svc_memory_io_init(mg_gateway *gw);
-/* Answers call with the CRC32C (ChecksumResponse) of length bytes at p of seg, computed on a
- * worker; seg's reference and the lease's use (or NULL) are let go after. */
-void mg_memory_checksum(mg_call *call, struct mg_segment *seg, void *lease, const uint8_t *p,
-                        uint64_t length);
 
 struct mg_segment;
 /* Unmaps a segment already marked UNREGISTERING on a worker, answering `call` (NULL: nobody

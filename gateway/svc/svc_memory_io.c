@@ -16,6 +16,7 @@
  */
 #include "svc_memory.h"
 
+#include "moongate/checksum.h"
 #include "moongate/fault.h"
 #include "moongate/pools.h"
 #include "moongate/segment.h"
@@ -279,62 +280,54 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     read_pump(st);
 }
 
-/* ---- Checksum: the CRC32C of a range, on a worker ---- */
+/* ---- Checksum: the CRC32C of a range, on a worker (moongate/checksum.h) ---- */
 
 typedef struct {
     mg_call *call;
-    mg_gateway *gw;
-    mg_segment *seg;
-    void *lease;
-    const uint8_t *p;
     uint64_t length;
-    uint32_t crc;
-    char why[160];
-} sum_job;
+} sum_call;
 
-static int sum_work(void *arg)
+static void summed(void *arg, int result, uint32_t crc, const char *why)
 {
-    sum_job *j = arg;
-    return mg_segment_crc32c(j->seg, j->p, j->length, &j->crc, j->why, sizeof(j->why));
-}
-
-static void sum_done(void *arg, int result)
-{
-    sum_job *j = arg;
+    sum_call *sc = arg;
     Moongate__V1__ChecksumResponse resp = MOONGATE__V1__CHECKSUM_RESPONSE__INIT;
-    mg_registry_put(mg_engine_registry(j->gw->engine), j->seg);
-    mg_pools_unuse(j->gw->pools, j->lease);
-    if (mg_call_done(j->call))
+    if (mg_call_done(sc->call))
         ;
     else if (result != 0)
-        mg_call_fail(j->call, result, "reading the range: %s", j->why[0] ? j->why : "failed");
+        mg_call_fail(sc->call, result, "reading the range: %s", why[0] ? why : "failed");
     else {
-        resp.crc32c = j->crc;
-        resp.length = j->length;
-        mg_call_reply(j->call, &resp.base);
+        resp.crc32c = crc;
+        resp.length = sc->length;
+        mg_call_reply(sc->call, &resp.base);
     }
-    mg_call_unref(j->call);
-    free(j);
+    mg_call_unref(sc->call);
+    free(sc);
 }
 
-void mg_memory_checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p,
-                        uint64_t length)
+/* Answers call with the CRC32C of the range; seg's reference and the lease's use (or NULL) are
+ * the job's to let go. */
+static void checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p, uint64_t length)
 {
     mg_gateway *gw = mg_call_gateway(call);
-    sum_job *j = calloc(1, sizeof(*j));
+    sum_call *sc = malloc(sizeof(*sc));
     int rc;
-    if (j == NULL) {
+    if (sc == NULL) {
         mg_registry_put(mg_engine_registry(gw->engine), seg);
         mg_pools_unuse(gw->pools, lease);
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    *j = (sum_job){.call = call, .gw = gw, .seg = seg, .lease = lease, .p = p, .length = length};
+    *sc = (sum_call){call, length};
     mg_call_ref(call);
-    if ((rc = mg_engine_submit(gw->engine, gw->cq, sum_work, sum_done, j)) != 0) {
-        mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
-                     (unsigned)gw->cfg->queue_depth);
-        sum_done(j, 0); /* lets go of what it holds; the call is done */
+    rc = mg_checksum_async(gw->engine, gw->cq, gw->pools, seg, lease, p, length, summed, sc);
+    if (rc != 0) {
+        mg_call_unref(call);
+        free(sc);
+        if (rc == MG_ERR_NOMEM)
+            mg_call_fail(call, rc, NULL);
+        else
+            mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
+                         (unsigned)gw->cfg->queue_depth);
     }
 }
 
@@ -345,8 +338,8 @@ static void checksum_message(mg_call *call, const ProtobufCMessage *m)
     uint64_t base, length;
     void *lease;
     if (range_open(call, req, "Checksum", &seg, &base, &length, &lease) == 0)
-        mg_memory_checksum(call, seg, lease,
-                           (const uint8_t *)mg_segment_addr(seg) + base + req->offset, length);
+        checksum(call, seg, lease, (const uint8_t *)mg_segment_addr(seg) + base + req->offset,
+                 length);
 }
 
 /* ---- WriteSegment: messages decoded and copied on workers, one at a time, in order ---- */
