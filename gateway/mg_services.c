@@ -1,8 +1,9 @@
 /* mg_services: the daemon's services, listed once, in start order (mg_service.h). A service
- * comes after those whose state it uses at start: Debug before the first registration job can
- * run (it installs the registry's gate), Memory before Agent (an agent's regions) and Pool (the
- * pool is a segment), Agent before Transfer (requests naming agents), Peer before Notify and
- * Transfer (the data plane and sessions). They are freed in reverse. */
+ * comes after those whose state it uses at start: Memory before Agent (an agent's regions) and
+ * Pool (the pool is a segment), Agent before Transfer (requests naming agents), Peer before
+ * Notify and Transfer (the data plane and sessions). No job runs before every init did (the
+ * core starts the pools' registrations then), so Debug's registry gate is in place first
+ * wherever it stands. They are freed in reverse. */
 #include "mg_gateway.h"
 #include "mg_service.h"
 

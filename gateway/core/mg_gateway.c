@@ -156,6 +156,31 @@ static int pools_new(mg_gateway *gw)
     return mg_pools_new(&gw->pools, &pc);
 }
 
+/* A pool's region is registered (rc 0) or could not be (logged): the start barrier. */
+static void pool_started(void *arg, int rc)
+{
+    mg_gateway *gw = arg;
+    gw->starting_jobs--;
+    if (rc != 0) {
+        gw->exit_code = 1;
+        event_base_loopbreak(gw->base);
+        return;
+    }
+    if (gw->serve_wanted)
+        mg_gateway_set_serving(gw);
+}
+
+/* Start-up work on the workers, once every service's init ran (so none of their jobs runs
+ * before, say, a test gate is installed): each pool's region is registered, and the daemon
+ * serves only once they all are. Returns 0 or an MG_ERR_* (logged). */
+static int start_work(mg_gateway *gw)
+{
+    unsigned starting = 0;
+    int rc = gw->pools ? mg_pools_start(gw->pools, pool_started, gw, &starting) : 0;
+    gw->starting_jobs += starting; /* each reports through pool_started */
+    return rc;
+}
+
 int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
                    const mg_gateway_parts *parts)
 {
@@ -217,6 +242,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
             goto fail;
         }
     }
+    if ((rc = start_work(gw)) != 0)
+        goto fail;
 
     if ((rc = mg_reload_start(gw)) != 0)
         goto fail;
@@ -324,23 +351,6 @@ void mg_gateway_stop_services(mg_gateway *gw)
 {
     if (gw)
         each_service(gw, HOOK_STOP);
-}
-
-void mg_gateway_hold_start(mg_gateway *gw)
-{
-    gw->starting_jobs++;
-}
-
-void mg_gateway_start_done(mg_gateway *gw, int rc)
-{
-    gw->starting_jobs--;
-    if (rc != 0) { /* the service logged why */
-        gw->exit_code = 1;
-        event_base_loopbreak(gw->base);
-        return;
-    }
-    if (gw->serve_wanted)
-        mg_gateway_set_serving(gw);
 }
 
 void mg_gateway_set_serving(mg_gateway *gw)

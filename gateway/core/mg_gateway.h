@@ -283,7 +283,7 @@ struct mg_gateway {
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
-    unsigned starting_jobs;  /* start-up work (the pool) before the daemon may serve */
+    unsigned starting_jobs;  /* start-up work (the pools) before the daemon may serve */
     int serve_wanted;        /* mg_gateway_set_serving() was called */
     unsigned char started[16]; /* services whose init ran, by index in mg_services */
     void *service_state[16];   /* each service's own state, by the same index (mg_gateway_state) */
@@ -316,16 +316,10 @@ typedef struct mg_gateway_parts {
 int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
                    const mg_gateway_parts *parts);
 void mg_gateway_del(mg_gateway *gw);
-/* The start barrier: a service's start-up work on the workers (a buffer pool's registration)
- * holds the daemon in "starting" from hold_start until its start_done. When the last is done
- * the daemon serves (once main asked it to); a failed one (rc != 0, the service logged why)
- * ends the loop and the daemon exits 1. */
-void mg_gateway_hold_start(mg_gateway *gw);
 struct mg_service;
 /* Service svc's state slot (svc: its descriptor, one of mg_services): where its init keeps
  * what it made, NULL until then. */
 void **mg_gateway_state(mg_gateway *gw, const struct mg_service *svc);
-void mg_gateway_start_done(mg_gateway *gw, int rc);
 /* Runs every service's stop hook: the engine's workers are about to stop. Accepts NULL. */
 void mg_gateway_stop_services(mg_gateway *gw);
 /* Registers a method (at start-up). Returns 0, MG_ERR_FULL or MG_ERR_EXISTS. */

@@ -2,9 +2,9 @@
  * svc_pool: moongate.v1.Pool — leases of the buffer pools, translated to the engine's pool set
  * (moongate/pools.h), which the gateway core creates from --pool-bytes and --tenant-pool.
  *
- * This service starts the pools (the daemon turns ready only once every pool's region is
- * registered: the start barrier), passes the time to the set (a 250 ms timer: lease expiry,
- * --max-wait), and answers the calls. A blocking acquire the pool cannot serve at once keeps
+ * The core registers the pools' regions at start (the daemon turns ready only once they all
+ * are); this service passes the time to the set (a 250 ms timer: lease expiry, --max-wait) and
+ * answers the calls. A blocking acquire the pool cannot serve at once keeps
  * its call until the set answers, or until the call ends and the acquire is taken back.
  */
 #include "mg_gateway.h"
@@ -397,11 +397,6 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     mg_pools_expire(gw->pools, mg_now_mono_ms());
 }
 
-static void pool_started(void *arg, int rc)
-{
-    mg_gateway_start_done(arg, rc);
-}
-
 static void pool_drain(mg_gateway *gw)
 {
     mg_pools_drain(gw->pools);
@@ -440,10 +435,8 @@ static int pool_init(mg_gateway *gw)
 {
     struct timeval tv = {0, TICK_MS * 1000};
     struct event *tick;
-    unsigned starting = 0;
-    int rc;
-    rc = mg_gateway_add_methods(gw, pool_methods, MG_NELEM(pool_methods), pool_routes,
-                                MG_NELEM(pool_routes));
+    int rc = mg_gateway_add_methods(gw, pool_methods, MG_NELEM(pool_methods), pool_routes,
+                                    MG_NELEM(pool_routes));
     if (rc != 0)
         return rc;
     if (gw->pools == NULL)
@@ -452,10 +445,7 @@ static int pool_init(mg_gateway *gw)
     *mg_gateway_state(gw, &mg_svc_pool) = tick;
     if (tick == NULL || event_add(tick, &tv) != 0)
         return MG_ERR_NOMEM;
-    rc = mg_pools_start(gw->pools, pool_started, gw, &starting);
-    while (starting-- > 0) /* each pool's registration reports through pool_started */
-        mg_gateway_hold_start(gw);
-    return rc;
+    return 0;
 }
 
 static void pool_free(mg_gateway *gw)
