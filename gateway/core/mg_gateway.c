@@ -312,6 +312,7 @@ void mg_gateway_del(mg_gateway *gw)
         if (gw->started[i] && mg_services[i]->free)
             mg_services[i]->free(gw);
     }
+    mg_release_free(gw);
     mg_pools_del(gw->pools); /* after the data plane's threads and every service */
     mg_lease_table_del(gw->leases);
     if (gw->drain_timer)

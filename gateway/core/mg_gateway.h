@@ -203,25 +203,6 @@ typedef struct mg_method_stats {
 
 #define MG_MAX_METHODS 64
 
-typedef struct mg_segment_stats {
-    uint64_t registered_total;
-    uint64_t unregistered_total;
-    uint64_t failed_total[MG_GRPC_CODE_COUNT]; /* by the gRPC code the client got */
-    uint64_t in_flight;                        /* registrations on workers now */
-    uint64_t buckets[12];                      /* registration seconds, see mg_metrics.c */
-    double seconds_sum;
-    uint64_t inline_read_bytes;    /* ReadSegment */
-    uint64_t inline_written_bytes; /* WriteSegment */
-    uint64_t write_queued_bytes;   /* WriteSegment messages received, not yet applied */
-} mg_segment_stats;
-
-typedef struct mg_pool_wait_stats {
-    uint64_t waits_total;  /* blocking acquires that had to wait */
-    uint64_t buckets[12];  /* seconds waited, see mg_metrics.c */
-    uint64_t waited_total; /* waits that ended (served, failed or gone) */
-    double seconds_sum;
-} mg_pool_wait_stats;
-
 typedef struct mg_gateway_stats {
     uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
     uint64_t conns_active;
@@ -273,8 +254,6 @@ struct mg_gateway {
     mg_method_stats method_stats[MG_MAX_METHODS];
     size_t n_methods;
     mg_gateway_stats stats;
-    mg_segment_stats seg_stats;
-    mg_pool_wait_stats pool_stats;
 
     struct mg_listener *listeners; /* control-port listeners */
     mg_list conns;                 /* all open connections (mg_conn.link) */
@@ -283,10 +262,13 @@ struct mg_gateway {
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
-    unsigned starting_jobs;  /* start-up work (the pools) before the daemon may serve */
-    int serve_wanted;        /* mg_gateway_set_serving() was called */
-    unsigned char started[16]; /* services whose init ran, by index in mg_services */
-    void *service_state[16];   /* each service's own state, by the same index (mg_gateway_state) */
+    struct mg_exit_watch
+        *exit_watches;           /* segments released once nobody holds them (mg_release.c) */
+    uint64_t unregistered_total; /* unregistrations that completed (mg_gateway_unmap) */
+    unsigned starting_jobs;      /* start-up work (the pools) before the daemon may serve */
+    int serve_wanted;            /* mg_gateway_set_serving() was called */
+    unsigned char started[16];   /* services whose init ran, by index in mg_services */
+    void *service_state[16]; /* each service's own state, by the same index (mg_gateway_state) */
 
     struct event *drain_timer;
     struct event *grace_timer;
@@ -377,13 +359,8 @@ void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
 void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const char *help,
                                const uint64_t buckets[12], uint64_t count, double sum);
 void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double seconds);
-/* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
- * spent `seconds` there), 0 when it was refused before. */
-void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker);
 /* One observation into a histogram of the registration buckets (for mg_metrics_render_seconds). */
 void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds);
-/* A blocked acquire stopped waiting after `seconds`. */
-void mg_metrics_pool_wait(mg_gateway *gw, double seconds);
 
 /* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
 int mg_ops_start(mg_gateway *gw, const char *listen);

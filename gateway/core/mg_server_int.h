@@ -166,5 +166,7 @@ void mg_accept_resume(mg_gateway *gw);
 int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m);
 /* Ends the event loop once a drain has closed every connection. */
 void mg_gateway_check_drained(mg_gateway *gw);
+/* mg_release.c: drops the release watches (after every service's free; nothing is released). */
+void mg_release_free(mg_gateway *gw);
 
 #endif

@@ -24,7 +24,9 @@
 
 #include <stddef.h>
 
-struct mg_gateway;
+#include "mg_gateway.h"
+#include "moongate/segment.h"
+
 struct mg_config;
 struct evbuffer;
 struct json_t;
@@ -45,5 +47,21 @@ typedef struct mg_service {
 /* The daemon's services, in start order (mg_services.c). */
 extern const mg_service *const mg_services[];
 extern const size_t mg_n_services;
+
+/* ---- what the core does for every service ---- */
+
+/* Segments let go of (mg_release.c). Unmaps seg, which mg_registry_unregister marked
+ * UNREGISTERING, on a worker; done runs once it is gone (NULL: nobody waits, the daemon's own:
+ * the unregistration is logged). Every unregistration ends here and is counted
+ * (moongate_segment_unregistrations_total). Returns 0, or an MG_ERR_* with the segment
+ * restored (still registered) and done not called. */
+int mg_gateway_unmap(mg_gateway *gw, mg_segment *seg, mg_unregister_done_fn done, void *arg);
+/* A registered process segment (source PROCESS) is unregistered once its process has exited
+ * and nothing holds it; other segments are left alone. */
+void mg_gateway_watch_exit(mg_gateway *gw, mg_segment *seg);
+/* Unregisters segments `ids` of process `proc` (each once nobody holds it; tried again every
+ * second), logging `reason` (a static string). Those already gone are simply not found. */
+void mg_gateway_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
+                        const char *reason);
 
 #endif

@@ -62,26 +62,6 @@ void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double second
     observe(reg_le, buckets, sum, seconds);
 }
 
-void mg_metrics_pool_wait(mg_gateway *gw, double seconds)
-{
-    mg_pool_wait_stats *s = &gw->pool_stats;
-    s->waited_total++;
-    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
-}
-
-void mg_metrics_registration(mg_gateway *gw, int err, double seconds, int on_worker)
-{
-    mg_segment_stats *s = &gw->seg_stats;
-    if (on_worker)
-        s->in_flight--;
-    if (err != 0) {
-        s->failed_total[mg_err_grpc(err)]++;
-        return;
-    }
-    s->registered_total++;
-    observe(reg_le, s->buckets, &s->seconds_sum, seconds);
-}
-
 /* "/pkg.Service/Method" -> service and method label values. */
 static void split_path(const char *path, char *svc, size_t scap, char *meth, size_t mcap)
 {
@@ -244,7 +224,7 @@ static void render_methods(mg_gateway *gw, struct evbuffer *out)
     }
 }
 
-/* The segment registry and its registrations. */
+/* The segment registry, and the unregistrations (every one ends in mg_gateway_unmap). */
 static void render_segments(mg_gateway *gw, struct evbuffer *out)
 {
     if (mg_engine_registry(gw->engine)) {
@@ -269,50 +249,12 @@ static void render_segments(mg_gateway *gw, struct evbuffer *out)
             (unsigned long long)rs.bytes, (unsigned long long)rs.locked_bytes,
             (unsigned long long)(rs.jobs - rs.jobs_off_worker),
             (unsigned long long)rs.jobs_off_worker);
-        {
-            const mg_segment_stats *ss = &gw->seg_stats;
-            evbuffer_add_printf(
-                out,
-                "# HELP moongate_segment_registrations_total Registrations that completed.\n"
-                "# TYPE moongate_segment_registrations_total counter\n"
-                "moongate_segment_registrations_total %llu\n"
-                "# HELP moongate_segment_unregistrations_total Unregistrations that completed.\n"
-                "# TYPE moongate_segment_unregistrations_total counter\n"
-                "moongate_segment_unregistrations_total %llu\n"
-                "# HELP moongate_segment_registrations_in_flight Registrations on workers.\n"
-                "# TYPE moongate_segment_registrations_in_flight gauge\n"
-                "moongate_segment_registrations_in_flight %llu\n"
-                "# HELP moongate_segment_registration_failures_total Failed registrations, by "
-                "the code returned.\n"
-                "# TYPE moongate_segment_registration_failures_total counter\n",
-                (unsigned long long)ss->registered_total,
-                (unsigned long long)ss->unregistered_total, (unsigned long long)ss->in_flight);
-            for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
-                if (ss->failed_total[c])
-                    evbuffer_add_printf(out,
-                                        "moongate_segment_registration_failures_total{grpc_code="
-                                        "\"%s\"} %llu\n",
-                                        mg_grpc_code_name(c),
-                                        (unsigned long long)ss->failed_total[c]);
-            }
-            mg_metrics_render_seconds(out, "moongate_segment_registration_seconds",
-                                      "Time a registration spent on its worker.", ss->buckets,
-                                      ss->registered_total, ss->seconds_sum);
-            evbuffer_add_printf(out,
-                                "# HELP moongate_segment_inline_bytes_total Segment bytes moved "
-                                "inline over gRPC (ReadSegment, WriteSegment).\n"
-                                "# TYPE moongate_segment_inline_bytes_total counter\n"
-                                "moongate_segment_inline_bytes_total{op=\"read\"} %llu\n"
-                                "moongate_segment_inline_bytes_total{op=\"write\"} %llu\n",
-                                (unsigned long long)ss->inline_read_bytes,
-                                (unsigned long long)ss->inline_written_bytes);
-            evbuffer_add_printf(out,
-                                "# HELP moongate_segment_write_queued_bytes WriteSegment bytes "
-                                "received and not yet in their segment.\n"
-                                "# TYPE moongate_segment_write_queued_bytes gauge\n"
-                                "moongate_segment_write_queued_bytes %llu\n",
-                                (unsigned long long)ss->write_queued_bytes);
-        }
+        evbuffer_add_printf(
+            out,
+            "# HELP moongate_segment_unregistrations_total Unregistrations that completed.\n"
+            "# TYPE moongate_segment_unregistrations_total counter\n"
+            "moongate_segment_unregistrations_total %llu\n",
+            (unsigned long long)gw->unregistered_total);
     }
 }
 

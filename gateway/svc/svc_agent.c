@@ -11,7 +11,6 @@
  */
 #include "svc_agent.h"
 #include "mg_agentdesc.h"
-#include "svc_memory.h"
 #include "svc_transfer.h"
 #include "mg_service.h"
 
@@ -86,7 +85,7 @@ static void agent_end(agent_svc *as, mg_agent *ag, const char *why)
             for (size_t i = 0; i < n; i++)
                 ids[i] = regions[i].id;
             after = regions[n - 1].address;
-            mg_memory_release(as->gw, &proc, ids, n, "its agent ended");
+            mg_gateway_release(as->gw, &proc, ids, n, "its agent ended");
         }
     }
 }

@@ -20,6 +20,7 @@
 #include "moongate/segment.h"
 #include "moongate/v1/memory.pb-c.h"
 
+#include <event2/buffer.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -79,44 +80,44 @@ typedef struct {
     uint64_t t0_ns;
 } seg_job;
 
-/* An unregistration ended: answer its call, if one waits (j->call is NULL for the daemon's own). */
-static void unregistered(void *arg, const mg_segment_info *info)
+/* A registration ended: err 0 or MG_ERR_*; `on_worker` when it was counted in flight (it then
+ * spent `seconds` there), 0 when it was refused before. */
+static void count_registration(mg_gateway *gw, int err, double seconds, int on_worker)
 {
-    seg_job *j = arg;
-    j->gw->seg_stats.unregistered_total++;
-    if (j->call) {
-        if (!mg_call_done(j->call)) {
-            Moongate__V1__UnregisterResponse resp = MOONGATE__V1__UNREGISTER_RESPONSE__INIT;
-            mg_call_reply(j->call, &resp.base);
-        }
-        mg_call_unref(j->call);
+    mg_segment_stats *s = &memory_of(gw)->stats;
+    if (on_worker)
+        s->in_flight--;
+    if (err != 0) {
+        s->failed_total[mg_err_grpc(err)]++;
+        return;
     }
-    mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info->id, info->name,
-            info->size);
-    free(j);
+    s->registered_total++;
+    mg_metrics_observe_seconds(s->buckets, &s->seconds_sum, seconds);
 }
 
-/* Unmaps a segment already marked UNREGISTERING, answering `call` (may be NULL) when done
- * (svc_memory.h). */
-int mg_memory_unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
+/* An unregistration a caller asked for ended: its answer. */
+static void unregistered(void *arg, const mg_segment_info *info)
 {
-    seg_job *j = calloc(1, sizeof(*j));
+    mg_call *call = arg;
+    if (!mg_call_done(call)) {
+        Moongate__V1__UnregisterResponse resp = MOONGATE__V1__UNREGISTER_RESPONSE__INIT;
+        mg_call_reply(call, &resp.base);
+    }
+    mg_call_unref(call);
+    mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info->id, info->name,
+            info->size);
+}
+
+/* Unmaps a segment already marked UNREGISTERING (mg_gateway_unmap), answering `call` (NULL:
+ * nobody waits) once it is gone. Returns 0, or an MG_ERR_* with the segment still registered. */
+static int unmap(mg_gateway *gw, mg_segment *seg, mg_call *call)
+{
     int rc;
-    if (j == NULL) {
-        mg_registry_restore(mg_engine_registry(gw->engine), seg);
-        return MG_ERR_NOMEM;
-    }
-    j->gw = gw;
-    j->call = call;
-    if (call)
-        mg_call_ref(call);
-    rc = mg_registry_unregister_async(mg_engine_registry(gw->engine), gw->engine, gw->cq, seg,
-                                      unregistered, j);
-    if (rc != 0) {
-        if (call)
-            mg_call_unref(call);
-        free(j);
-    }
+    if (call == NULL)
+        return mg_gateway_unmap(gw, seg, NULL, NULL);
+    mg_call_ref(call);
+    if ((rc = mg_gateway_unmap(gw, seg, unregistered, call)) != 0)
+        mg_call_unref(call);
     return rc;
 }
 
@@ -132,7 +133,7 @@ typedef struct gpu_bind {
 static void gpu_conn_closed(mg_conn_bind *b)
 {
     gpu_bind *g = (gpu_bind *)b;
-    mg_memory_release(g->gw, &g->proc, &g->id, 1, "its connection closed");
+    mg_gateway_release(g->gw, &g->proc, &g->id, 1, "its connection closed");
     free(g);
 }
 
@@ -162,7 +163,7 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
     mg_segment_info info;
     char err[MG_SEG_ERROR_MAX];
 
-    mg_metrics_registration(gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
+    count_registration(gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     mg_call_set_data(j->call, NULL);
     if (result != 0) {
         if (!mg_call_done(j->call))
@@ -174,7 +175,7 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         /* The caller is gone: undo, so no segment is left that nobody asked for. */
         mg_segment *gone;
         if (mg_registry_unregister(reg, info.tenant, info.id, &gone, err) == 0 &&
-            mg_memory_unmap(gw, gone, NULL) != 0) {
+            unmap(gw, gone, NULL) != 0) {
             /* No worker slot: the loop does not unmap. The segment stays, listed. */
             mg_warn("segment_rollback_failed",
                     "id=%" PRIu64 " name=%s reason=\"caller gone, engine queue full\"", info.id,
@@ -191,7 +192,7 @@ static void registered(void *arg, mg_segment *seg, int result, const char *why)
         seg_msg_fill(&m, &info);
         resp.segment = &m.msg;
         mg_call_reply(j->call, &resp.base);
-        mg_memory_watch_exit(gw, seg); /* a process's memory goes with its process */
+        mg_gateway_watch_exit(gw, seg); /* a process's memory goes with its process */
         if (mg_segment_caps(seg) & MG_SEG_CAP_CONN)
             bind_gpu(gw, j->call, &info);
         mg_info("segment_registered",
@@ -323,7 +324,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     if (rc != 0) {
-        mg_metrics_registration(gw, rc, 0, 0);
+        count_registration(gw, rc, 0, 0);
         mg_call_fail(call, rc, "%s", err);
         return;
     }
@@ -338,10 +339,10 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
     j->seg = seg;
     j->t0_ns = mg_now_mono_ns();
     mg_call_ref(call);
-    gw->seg_stats.in_flight++;
+    memory_of(gw)->stats.in_flight++;
     rc = mg_registry_register_async(reg, gw->engine, gw->cq, seg, registered, j);
     if (rc != 0) { /* the reservation is undone */
-        mg_metrics_registration(gw, rc, 0, 1);
+        count_registration(gw, rc, 0, 1);
         mg_call_unref(call);
         free(j);
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
@@ -372,7 +373,7 @@ static void unregister_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, rc, "%s", err);
         return;
     }
-    rc = mg_memory_unmap(gw, seg, call);
+    rc = unmap(gw, seg, call);
     if (rc != 0) { /* still registered */
         mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth); try again",
                      (unsigned)gw->cfg->queue_depth);
@@ -542,7 +543,7 @@ static void batch_finish(batch *b)
                 mg_registry_unregister(reg, b->items[i].info.tenant, b->items[i].info.id, &gone,
                                        err) != 0)
                 continue;
-            mg_memory_unmap(b->gw, gone, NULL); /* no worker: it stays, listed */
+            unmap(b->gw, gone, NULL); /* no worker: it stays, listed */
         }
         mg_info("segments_rolled_back", "items=%zu reason=\"caller gone\"", b->n);
     }
@@ -569,12 +570,12 @@ static void batch_registered(void *arg, mg_segment *seg, int result, const char 
     batch *b = j->b;
     batch_item *it = &b->items[j->i];
     it->mapping = 0;
-    mg_metrics_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
+    count_registration(b->gw, result, (double)(mg_now_mono_ns() - j->t0_ns) / 1e9, 1);
     if (result != 0)
         item_fail(it, result, why);
     else {
         mg_segment_get_info(mg_engine_registry(b->gw->engine), seg, &it->info);
-        mg_memory_watch_exit(b->gw, seg);
+        mg_gateway_watch_exit(b->gw, seg);
     }
     free(j);
     if (--b->pending == 0)
@@ -586,7 +587,6 @@ static void batch_unregistered(void *arg, const mg_segment_info *info)
     batch_job *j = arg;
     batch *b = j->b;
     b->items[j->i].seg = NULL;
-    b->gw->seg_stats.unregistered_total++;
     free(j);
     if (--b->pending == 0)
         batch_finish(b);
@@ -629,11 +629,10 @@ static void batch_start(batch *b, size_t i)
         j->t0_ns = mg_now_mono_ns();
         b->pending++;
         if (!b->unregister) {
-            b->gw->seg_stats.in_flight++;
+            memory_of(b->gw)->stats.in_flight++;
             counted = 1;
         }
-        rc = b->unregister ? mg_registry_unregister_async(reg, b->gw->engine, b->gw->cq,
-                                                          b->items[i].seg, batch_unregistered, j)
+        rc = b->unregister ? mg_gateway_unmap(b->gw, b->items[i].seg, batch_unregistered, j)
                            : mg_registry_register_async(reg, b->gw->engine, b->gw->cq,
                                                         b->items[i].seg, batch_registered, j);
         if (rc == 0) {
@@ -648,7 +647,7 @@ static void batch_start(batch *b, size_t i)
         mg_registry_commit(reg, b->items[i].seg, rc);
     }
     if (!b->unregister)
-        mg_metrics_registration(b->gw, rc, 0, counted);
+        count_registration(b->gw, rc, 0, counted);
     item_fail(&b->items[i], rc, "engine queue full (--queue-depth); try this item again");
 }
 
@@ -667,7 +666,7 @@ static void register_batch_message(mg_call *call, const ProtobufCMessage *m)
         if (rc == MG_SEG_RETRY)
             mg_segment_get_info(reg, b->items[i].seg, &b->items[i].info); /* code 0 */
         else if (rc != 0) {
-            mg_metrics_registration(b->gw, rc, 0, 0);
+            count_registration(b->gw, rc, 0, 0);
             item_fail(&b->items[i], rc, err);
         } else {
             batch_start(b, i);
@@ -731,12 +730,64 @@ static const mg_route memory_routes[] = {
 
 static int mg_svc_memory_init(mg_gateway *gw)
 {
+    int rc;
     if (mg_engine_registry(gw->engine) == NULL)
         return 0; /* an engine without a registry serves no memory calls */
-    int rc = mg_gateway_add_methods(gw, memory_methods, MG_NELEM(memory_methods), memory_routes,
-                                    MG_NELEM(memory_routes));
+    if ((*mg_gateway_state(gw, &mg_svc_memory) = calloc(1, sizeof(struct mg_memory_svc))) == NULL)
+        return MG_ERR_NOMEM;
+    rc = mg_gateway_add_methods(gw, memory_methods, MG_NELEM(memory_methods), memory_routes,
+                                MG_NELEM(memory_routes));
     return rc != 0 ? rc : mg_svc_memory_io_init(gw);
 }
 
+static void memory_free(mg_gateway *gw)
+{
+    free(memory_of(gw));
+    *mg_gateway_state(gw, &mg_svc_memory) = NULL;
+}
+
+/* The memory calls' own block: registrations and the bytes moved inline. */
+static void memory_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    const mg_segment_stats *ss = memory_of(gw) ? &memory_of(gw)->stats : NULL;
+    if (ss == NULL)
+        return;
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_segment_registrations_total Registrations that completed.\n"
+        "# TYPE moongate_segment_registrations_total counter\n"
+        "moongate_segment_registrations_total %llu\n"
+        "# HELP moongate_segment_registrations_in_flight Registrations on workers.\n"
+        "# TYPE moongate_segment_registrations_in_flight gauge\n"
+        "moongate_segment_registrations_in_flight %llu\n"
+        "# HELP moongate_segment_registration_failures_total Failed registrations, by the code "
+        "returned.\n"
+        "# TYPE moongate_segment_registration_failures_total counter\n",
+        (unsigned long long)ss->registered_total, (unsigned long long)ss->in_flight);
+    for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
+        if (ss->failed_total[c])
+            evbuffer_add_printf(out,
+                                "moongate_segment_registration_failures_total{grpc_code=\"%s\"} "
+                                "%llu\n",
+                                mg_grpc_code_name(c), (unsigned long long)ss->failed_total[c]);
+    }
+    mg_metrics_render_seconds(out, "moongate_segment_registration_seconds",
+                              "Time a registration spent on its worker.", ss->buckets,
+                              ss->registered_total, ss->seconds_sum);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_segment_inline_bytes_total Segment bytes moved inline "
+                        "over gRPC (ReadSegment, WriteSegment).\n"
+                        "# TYPE moongate_segment_inline_bytes_total counter\n"
+                        "moongate_segment_inline_bytes_total{op=\"read\"} %llu\n"
+                        "moongate_segment_inline_bytes_total{op=\"write\"} %llu\n"
+                        "# HELP moongate_segment_write_queued_bytes WriteSegment bytes received "
+                        "and not yet in their segment.\n"
+                        "# TYPE moongate_segment_write_queued_bytes gauge\n"
+                        "moongate_segment_write_queued_bytes %llu\n",
+                        (unsigned long long)ss->inline_read_bytes,
+                        (unsigned long long)ss->inline_written_bytes,
+                        (unsigned long long)ss->write_queued_bytes);
+}
+
 const mg_service mg_svc_memory = {
-    .name = "memory", .init = mg_svc_memory_init, .free = mg_memory_watches_free};
+    .name = "memory", .init = mg_svc_memory_init, .metrics = memory_metrics, .free = memory_free};

@@ -123,7 +123,7 @@ static void read_done(void *arg, int result)
         return;
     }
     st->next = j->offset + j->n;
-    st->gw->seg_stats.inline_read_bytes += j->n;
+    memory_of(st->gw)->stats.inline_read_bytes += j->n;
     st->ended = 1; /* a failing send runs read_cancel from inside: it must not free st */
     rc = mg_call_send_framed(st->call, j->frame, j->frame_len);
     st->ended = 0;
@@ -380,7 +380,7 @@ typedef struct {
 
 static void write_job_free(write_job *j)
 {
-    j->st->gw->seg_stats.write_queued_bytes -= j->len;
+    memory_of(j->st->gw)->stats.write_queued_bytes -= j->len;
     free(j->raw);
     if (j->req)
         protobuf_c_message_free_unpacked(&j->req->base, NULL);
@@ -392,7 +392,7 @@ static void write_free(write_state *st)
     while (st->head) {
         write_msg *m = st->head;
         st->head = m->next;
-        st->gw->seg_stats.write_queued_bytes -= m->len;
+        memory_of(st->gw)->stats.write_queued_bytes -= m->len;
         free(m->raw);
         free(m);
         mg_call_release(st->call);
@@ -532,7 +532,7 @@ static void write_done(void *arg, int result)
     }
     st->messages++;
     st->written += j->req->data.len;
-    st->gw->seg_stats.inline_written_bytes += j->req->data.len;
+    memory_of(st->gw)->stats.inline_written_bytes += j->req->data.len;
     write_job_free(j);
     mg_call_release(st->call);
     write_pump(st);
@@ -627,7 +627,7 @@ static void write_raw(mg_call *call, uint8_t *data, size_t len)
     }
     m->raw = data;
     m->len = len;
-    st->gw->seg_stats.write_queued_bytes += len;
+    memory_of(st->gw)->stats.write_queued_bytes += len;
     if (st->tail)
         st->tail->next = m;
     else

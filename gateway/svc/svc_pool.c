@@ -27,8 +27,21 @@
 #define LIST_MAX     1000
 #define TICK_MS      250
 
-/* The service's state (its slot of the gateway, mg_gateway_state): the set's tick, an event. */
+/* The service's state (its slot of the gateway, mg_gateway_state): the set's tick, and the
+ * blocking acquires that waited in line (/metrics: seconds waited, see mg_metrics.c). */
+typedef struct pool_svc {
+    struct event *tick;
+    uint64_t waits_total, waited_total; /* acquires that had to wait; waits that ended */
+    uint64_t buckets[12];
+    double seconds_sum;
+} pool_svc;
+
 extern const mg_service mg_svc_pool;
+
+static pool_svc *pool_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_svc_pool);
+}
 
 /* A blocking acquire or an overflow lease the set answers later. */
 typedef struct pending {
@@ -79,8 +92,12 @@ static void reply_lease(mg_call *call, const mg_pool *pool, const mg_lease *l)
 
 static void pending_end(pending *a)
 {
-    if (a->waiting)
-        mg_metrics_pool_wait(a->gw, (double)(mg_now_mono_ns() - a->t0_ns) / 1e9);
+    pool_svc *ps = pool_of(a->gw);
+    if (a->waiting) {
+        ps->waited_total++;
+        mg_metrics_observe_seconds(ps->buckets, &ps->seconds_sum,
+                                   (double)(mg_now_mono_ns() - a->t0_ns) / 1e9);
+    }
     mg_call_unpark(&a->park, -1, NULL);
     free(a);
 }
@@ -187,7 +204,7 @@ static void acquire_message(mg_call *call, const ProtobufCMessage *m)
         a->wait = wait;
         a->waiting = rc == MG_POOLS_WAITING;
         a->t0_ns = mg_now_mono_ns();
-        gw->pool_stats.waits_total += (uint64_t)a->waiting;
+        pool_of(gw)->waits_total += (uint64_t)a->waiting;
         mg_call_park(call, &a->park, NULL);
         return;
     }
@@ -434,34 +451,33 @@ static const mg_route pool_routes[] = {
 static int pool_init(mg_gateway *gw)
 {
     struct timeval tv = {0, TICK_MS * 1000};
-    struct event *tick;
+    pool_svc *ps;
     int rc = mg_gateway_add_methods(gw, pool_methods, MG_NELEM(pool_methods), pool_routes,
                                     MG_NELEM(pool_routes));
-    if (rc != 0)
+    if (rc != 0 || gw->pools == NULL)
         return rc;
-    if (gw->pools == NULL)
-        return 0;
-    tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
-    *mg_gateway_state(gw, &mg_svc_pool) = tick;
-    if (tick == NULL || event_add(tick, &tv) != 0)
+    if ((ps = calloc(1, sizeof(*ps))) == NULL)
         return MG_ERR_NOMEM;
-    return 0;
+    *mg_gateway_state(gw, &mg_svc_pool) = ps;
+    ps->tick = event_new(gw->base, -1, EV_PERSIST, tick_cb, gw);
+    return ps->tick == NULL || event_add(ps->tick, &tv) != 0 ? MG_ERR_NOMEM : 0;
 }
 
 static void pool_free(mg_gateway *gw)
 {
-    void **tick = mg_gateway_state(gw, &mg_svc_pool);
+    pool_svc *ps = pool_of(gw);
     mg_pools_drain(gw->pools); /* the set itself goes with the gateway's engine parts */
-    if (*tick)
-        event_free(*tick);
-    *tick = NULL;
+    if (ps && ps->tick)
+        event_free(ps->tick);
+    free(ps);
+    *mg_gateway_state(gw, &mg_svc_pool) = NULL;
 }
 
 /* The pool service's own block: the acquires that waited in line. */
 static void pool_metrics(mg_gateway *gw, struct evbuffer *out)
 {
-    const mg_pool_wait_stats *w = &gw->pool_stats;
-    if (gw->pools == NULL)
+    const pool_svc *w = pool_of(gw);
+    if (w == NULL)
         return;
     evbuffer_add_printf(out,
                         "# HELP moongate_pool_waits_total Blocking acquires that waited in "

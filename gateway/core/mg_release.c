@@ -1,13 +1,18 @@
 /*
- * svc_memory_exit: process segments outlive nothing of their process. A segment registered as a
- * process's own memory (source PROCESS) can serve no request once that process has exited, so
- * the daemon releases it then: one watch per process (a duplicate of the segment's pidfd,
- * readable when the process ends) holds the ids of its segments; when it fires each is
- * unregistered, and one still held by a request (which fails, the process being gone) is tried
- * again a second later. A segment unregistered before is simply not found. The regions of an
- * agent that ended go the same way (mg_memory_release), without the pidfd. Loop thread only.
+ * mg_release: segments the daemon lets go of on its own, and the unmap every unregistration
+ * ends with. The core's, for every service (mg_service.h): the memory service unmaps what its
+ * callers unregister, and releases a process's segments when the process exits and a GPU
+ * segment's when its connection closes; the agent service an agent's regions when it ends.
+ *
+ * A segment registered as a process's own memory (source PROCESS) can serve no request once
+ * that process has exited, so the daemon releases it then: one watch per process (a duplicate
+ * of the segment's pidfd, readable when the process ends) holds the ids of its segments; when
+ * it fires each is unregistered, and one still held by a request (which fails, the process
+ * being gone) is tried again a second later. A segment unregistered before is simply not found.
+ * Segments released for another reason (mg_gateway_release: an agent ended, a connection
+ * closed) go the same way, without the pidfd. Loop thread only.
  */
-#include "svc_memory.h"
+#include "mg_server_int.h"
 #include "mg_service.h"
 
 #include "mg_log.h"
@@ -22,9 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-extern const mg_service mg_svc_memory;
-
-typedef struct exit_watch {
+typedef struct mg_exit_watch {
     mg_gateway *gw;
     mg_proc proc;
     int pidfd; /* our own duplicate */
@@ -32,13 +35,50 @@ typedef struct exit_watch {
     uint64_t *ids; /* its segments */
     size_t n, cap;
     const char *reason; /* why they go (a static string) */
-    struct exit_watch *next;
+    struct mg_exit_watch *next;
 } exit_watch;
 
 static exit_watch **watches(mg_gateway *gw)
 {
-    return (exit_watch **)mg_gateway_state(gw, &mg_svc_memory);
+    return &gw->exit_watches;
 }
+
+/* ---- the unmap every unregistration ends with ---- */
+
+typedef struct unmap_job {
+    mg_gateway *gw;
+    mg_unregister_done_fn done;
+    void *arg;
+} unmap_job;
+
+static void unmapped(void *arg, const mg_segment_info *info)
+{
+    unmap_job *j = arg;
+    j->gw->unregistered_total++;
+    if (j->done)
+        j->done(j->arg, info);
+    else /* the daemon's own: nobody waits to hear it */
+        mg_info("segment_unregistered", "id=%" PRIu64 " name=%s bytes=%" PRIu64, info->id,
+                info->name, info->size);
+    free(j);
+}
+
+int mg_gateway_unmap(mg_gateway *gw, mg_segment *seg, mg_unregister_done_fn done, void *arg)
+{
+    mg_registry *reg = mg_engine_registry(gw->engine);
+    unmap_job *j = malloc(sizeof(*j));
+    int rc;
+    if (j == NULL) {
+        mg_registry_restore(reg, seg);
+        return MG_ERR_NOMEM;
+    }
+    *j = (unmap_job){gw, done, arg};
+    if ((rc = mg_registry_unregister_async(reg, gw->engine, gw->cq, seg, unmapped, j)) != 0)
+        free(j);
+    return rc;
+}
+
+/* ---- releases ---- */
 
 static void watch_free(exit_watch *w)
 {
@@ -67,7 +107,7 @@ static void exited(evutil_socket_t fd, short what, void *arg)
         char err[MG_SEG_ERROR_MAX];
         mg_segment *seg;
         int rc = mg_registry_unregister(reg, NULL, w->ids[i], &seg, err);
-        if (rc == 0 && mg_memory_unmap(w->gw, seg, NULL) == 0)
+        if (rc == 0 && mg_gateway_unmap(w->gw, seg, NULL, NULL) == 0)
             released++;
         else if (rc == MG_ERR_BUSY || rc == 0) /* held, or no worker slot: later */
             w->ids[kept++] = w->ids[i];
@@ -120,7 +160,7 @@ static exit_watch *watch_of(mg_gateway *gw, const mg_procmem *pm)
     return w;
 }
 
-void mg_memory_watch_exit(mg_gateway *gw, mg_segment *seg)
+void mg_gateway_watch_exit(mg_gateway *gw, mg_segment *seg)
 {
     mg_procmem *pm = mg_segment_procmem(seg);
     mg_segment_info info;
@@ -146,14 +186,14 @@ void mg_memory_watch_exit(mg_gateway *gw, mg_segment *seg)
     w->ids[w->n++] = info.id;
 }
 
-void mg_memory_watches_free(mg_gateway *gw)
+void mg_release_free(mg_gateway *gw)
 {
     while (*watches(gw))
         watch_free(*watches(gw));
 }
 
-void mg_memory_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
-                       const char *reason)
+void mg_gateway_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
+                        const char *reason)
 {
     exit_watch *w = calloc(1, sizeof(*w));
     if (w == NULL || (w->ids = malloc((n ? n : 1) * sizeof(*ids))) == NULL) {
