@@ -1,9 +1,10 @@
-/* mg_services: the daemon's services, listed once, in start order (mg_service.h). A service
- * comes after those whose state it uses at start: Memory before Agent (an agent's regions) and
- * Pool (the pool is a segment), Agent before Transfer (requests naming agents), Peer before
- * Notify and Transfer (the data plane and sessions). No job runs before every init did (the
- * core starts the pools' registrations then), so Debug's registry gate is in place first
- * wherever it stands. They are freed in reverse. */
+/* mg_services: the daemon's services, listed once (mg_service.h). Their hooks run in this
+ * order, their /metrics blocks come in it, and they are freed in reverse. No service uses
+ * another's state: what several of them use the core makes before any init runs (the agents,
+ * the peer front, the pool set: mg_shared.c, mg_gateway.c) and lets go after every free, and
+ * no job runs before every init has (the core starts the pools' registrations then, so Debug's
+ * registry gate is in place first), so the order is the reader's: the daemon's own services,
+ * then memory, its users, and the peers. */
 #include "mg_gateway.h"
 #include "mg_service.h"
 

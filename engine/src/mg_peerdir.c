@@ -14,6 +14,7 @@
 
 struct mg_peerdir {
     mg_peerdir_config cfg;
+    mg_peerdir_batch_ops bops;
     mg_xfer_sched *sched;
     mg_list peers; /* mg_xfer_peer.link, newest first */
     size_t n;
@@ -90,15 +91,15 @@ static void req_moved(void *arg, mg_xfer_req *x, int result, const char *why)
         return;
     }
     if (result == MG_ERR_NOT_FOUND && r->agent && !(r->life.requeued & MG_REQUEUE_TARGET) &&
-        r->peer->dir->cfg.agent_stale && mg_xfer_req_stopped(&r->x) == 0) {
+        r->peer->dir->bops.agent_stale && mg_xfer_req_stopped(&r->x) == 0) {
         mg_peer_cache_forget(r->peer->dir->cfg.descs, r->peer->key, r->remote_segment, 0);
         mg_req_requeue(&r->life, MG_REQUEUE_TARGET);
         mg_xfer_req_reset(&r->x);
-        r->peer->dir->cfg.agent_stale(r->peer->dir->cfg.arg, r); /* where it is now */
+        r->peer->dir->bops.agent_stale(r->peer->dir->bops.arg, r); /* where it is now */
         return;
     }
-    if (result == 0 && r->rdma && r->b->digest && r->peer->dir->cfg.verify) {
-        r->peer->dir->cfg.verify(r->peer->dir->cfg.arg, r); /* it ends r */
+    if (result == 0 && r->rdma && r->b->digest && r->peer->dir->bops.verify) {
+        r->peer->dir->bops.verify(r->peer->dir->bops.arg, r); /* it ends r */
         return;
     }
     if (result && r->msg && strstr(r->msg, r->peer->addr) == NULL)
@@ -142,6 +143,11 @@ mg_xfer_sched *mg_peerdir_sched(const mg_peerdir *d)
 void *mg_peerdir_arg(const mg_peerdir *d)
 {
     return d->cfg.arg;
+}
+
+void mg_peerdir_set_batch_ops(mg_peerdir *d, const mg_peerdir_batch_ops *ops)
+{
+    d->bops = ops ? *ops : (mg_peerdir_batch_ops){0};
 }
 
 void mg_peerdir_close(mg_peerdir *d)
@@ -219,7 +225,7 @@ static void req_transport(mg_batch_req *r)
     known = !r->local_copy && mg_peer_cache_get(p->dir->cfg.descs, p->key, r->remote_segment,
                                                 r->remote_lease, &d, NULL) == 0;
     r->rdma_only = known && !(d.transports & (1u << MG_TRANSPORT_TCP));
-    if (r->b->digest && p->dir->cfg.verify == NULL) /* checked slice by slice: over TCP */
+    if (r->b->digest && p->dir->bops.verify == NULL) /* checked slice by slice: over TCP */
         return;
     if (p->rdma_state != MG_PEER_RDMA_READY || p->rref == NULL || !known ||
         !(d.transports & (1u << MG_TRANSPORT_RDMA)))

@@ -226,7 +226,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     }
     if (mg_engine_registry(engine) != NULL && (rc = mg_lease_table_new(&gw->leases)) != 0)
         goto fail;
-    if ((rc = pools_new(gw)) != 0)
+    if ((rc = pools_new(gw)) != 0 || (rc = mg_shared_new(gw)) != 0)
         goto fail;
     if (mg_n_services > sizeof(gw->started)) {
         rc = MG_ERR_INVALID;
@@ -308,11 +308,13 @@ void mg_gateway_del(mg_gateway *gw)
     mg_ops_stop(gw);
     if (gw->accept_timer)
         event_free(gw->accept_timer);
+    mg_shared_close(gw);
     for (size_t i = mg_n_services; i-- > 0;) { /* Peer's joins the data-plane threads */
         if (gw->started[i] && mg_services[i]->free)
             mg_services[i]->free(gw);
     }
     mg_release_free(gw);
+    mg_shared_free(gw);
     mg_pools_del(gw->pools); /* after the data plane's threads and every service */
     mg_lease_table_del(gw->leases);
     if (gw->drain_timer)

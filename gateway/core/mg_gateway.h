@@ -262,12 +262,12 @@ struct mg_gateway {
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
-    struct mg_exit_watch
-        *exit_watches;           /* segments released once nobody holds them (mg_release.c) */
-    uint64_t unregistered_total; /* unregistrations that completed (mg_gateway_unmap) */
-    unsigned starting_jobs;      /* start-up work (the pools) before the daemon may serve */
-    int serve_wanted;            /* mg_gateway_set_serving() was called */
-    unsigned char started[16];   /* services whose init ran, by index in mg_services */
+    struct mg_shared *shared;           /* what the core makes for every service (mg_shared.c) */
+    struct mg_exit_watch *exit_watches; /* segments released when nobody holds them */
+    uint64_t unregistered_total;        /* unregistrations that completed (mg_release.c) */
+    unsigned starting_jobs;             /* start-up work (the pools) before the daemon may serve */
+    int serve_wanted;                   /* mg_gateway_set_serving() was called */
+    unsigned char started[16];          /* services whose init ran, by index in mg_services */
     void *service_state[16]; /* each service's own state, by the same index (mg_gateway_state) */
 
     struct event *drain_timer;

@@ -169,4 +169,15 @@ void mg_gateway_check_drained(mg_gateway *gw);
 /* mg_release.c: drops the release watches (after every service's free; nothing is released). */
 void mg_release_free(mg_gateway *gw);
 
+/* ---- mg_shared.c: what the core makes for every service (mg_service.h) ---- */
+
+/* Before any service's init: the agents, then the peer front. Returns 0 or an MG_ERR_*
+ * (logged where the configuration is at fault). */
+int mg_shared_new(mg_gateway *gw);
+/* Before any service's free: the peer front takes no more work and drops later answers; the
+ * jobs that came back and the calls waiting on its channels end here. */
+void mg_shared_close(mg_gateway *gw);
+/* After every service's free. Accepts a gateway without them. */
+void mg_shared_free(mg_gateway *gw);
+
 #endif

@@ -25,6 +25,9 @@
 #include <stddef.h>
 
 #include "mg_gateway.h"
+#include "moongate/agentcache.h"
+#include "moongate/agents.h"
+#include "moongate/peerdir.h"
 #include "moongate/segment.h"
 
 struct mg_config;
@@ -48,7 +51,29 @@ typedef struct mg_service {
 extern const mg_service *const mg_services[];
 extern const size_t mg_n_services;
 
-/* ---- what the core does for every service ---- */
+/* ---- what the core makes for every service ----
+ *
+ * Services sit side by side: none calls another or looks into another's state. What more than
+ * one of them uses is the core's (mg_shared.c, mg_release.c, mg_peer_rpc.h), made before any
+ * service's init — the agents, then the peer caches, then the peer directory that uses them —
+ * and let go after every service's free; the peer front is closed before the first free. */
+
+/* This daemon's agents (moongate/agents.h): the agent service registers and ends them, the peer
+ * service answers peers about them, transfers and notifications name them. */
+mg_agents *mg_gateway_agents(const mg_gateway *gw);
+/* The agent `ref` names on this daemon (ref->peer is not looked at), of `tenant`, or NULL. */
+mg_agent *mg_gateway_agent_find(const mg_gateway *gw, const char *tenant, const mg_agent_ref *ref);
+
+/* The peer front, NULL without a segment registry (no transfers then): the peer directory
+ * (moongate/peerdir.h: one entry per peer and tenant, its session and its line in the transfer
+ * scheduler; each entry's control channel, mg_peer_rpc.h), and what peers said of their targets
+ * (the peer cache) and of their agents (the agent cache), per epoch. */
+mg_peerdir *mg_gateway_peers(const mg_gateway *gw);
+mg_peer_cache *mg_gateway_peer_cache(const mg_gateway *gw);
+mg_agent_cache *mg_gateway_agent_cache(const mg_gateway *gw);
+/* Non-zero once the front closed (the daemon stops): a peer call's answer that comes after is
+ * dropped, and no new call is made. */
+int mg_gateway_peers_closed(const mg_gateway *gw);
 
 /* Segments let go of (mg_release.c). Unmaps seg, which mg_registry_unregister marked
  * UNREGISTERING, on a worker; done runs once it is gone (NULL: nobody waits, the daemon's own:

@@ -5,13 +5,15 @@
  * (mg_call_bind): the agent lives as long as that connection, which is then never closed for
  * being idle. When it ends — Unregister, or the connection closes — its name and port are free
  * and the regions its process registered with client_address are unregistered, each once no
- * request holds it (mg_memory_release), unless another agent of the same process and tenant
+ * request holds it (mg_gateway_release), unless another agent of the same process and tenant
  * is still alive. Describe shows an agent here, or asks a peer for one of its own
- * (svc_transfer_agent.c: the same call transfers by (agent, address) make). Loop thread only.
+ * (mg_peer_ask_agent: the same call transfers by (agent, address) make). The agents themselves
+ * are the core's (mg_gateway_agents: the peer service, transfers and notifications look them
+ * up); this service keeps what binds each to its connection. Loop thread only.
  */
-#include "svc_agent.h"
 #include "mg_agentdesc.h"
-#include "svc_transfer.h"
+#include "mg_gateway.h"
+#include "mg_peer_rpc.h"
 #include "mg_service.h"
 
 #include "mg_addr.h"
@@ -31,7 +33,7 @@
 
 typedef struct agent_svc {
     mg_gateway *gw;
-    mg_agents *agents;
+    mg_agents *agents; /* the core's (mg_gateway_agents) */
     uint64_t registered, ended;
 } agent_svc;
 
@@ -47,20 +49,6 @@ extern const mg_service mg_svc_agent;
 static agent_svc *agent_of(mg_gateway *gw)
 {
     return *mg_gateway_state(gw, &mg_svc_agent);
-}
-
-mg_agents *mg_agent_table(mg_gateway *gw)
-{
-    return agent_of(gw) ? agent_of(gw)->agents : NULL;
-}
-
-mg_agent *mg_agent_find(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref)
-{
-    mg_agents *a = mg_agent_table(gw);
-    if (a == NULL)
-        return NULL;
-    return ref->name[0] ? mg_agents_by_name(a, tenant, ref->name)
-                        : mg_agents_by_port(a, tenant, ref->port);
 }
 
 /* The agent ends: its regions go with it (unless its process has another agent here). */
@@ -272,7 +260,7 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     if (ref.peer[0] == '\0') {
-        if ((ag = mg_agent_find(gw, mg_call_tenant(call), &ref)) == NULL) {
+        if ((ag = mg_gateway_agent_find(gw, mg_call_tenant(call), &ref)) == NULL) {
             mg_call_fail(call, MG_ERR_NOT_FOUND, "no %s on this daemon",
                          mg_agent_ref_str(&ref, who, sizeof(who)));
             return;
@@ -285,7 +273,7 @@ static void describe_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     mg_call_ref(call);
-    if (mg_xfer_agent_ask(gw, mg_call_tenant(call), &ref, describe_answered, call, why,
+    if (mg_peer_ask_agent(gw, mg_call_tenant(call), &ref, describe_answered, call, why,
                           sizeof(why)) != 0) {
         mg_call_unref(call);
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "peer %s: %s", ref.peer, why);
@@ -347,9 +335,7 @@ static void export_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__AgentRegion *rm = calloc(cap, sizeof(*rm));
     Moongate__V1__AgentRegion **rp = calloc(cap, sizeof(*rp));
     mg_region *regions = calloc(cap, sizeof(*regions));
-    mg_agent *ag = mg_agent_table(gw)
-                       ? mg_agents_by_name(mg_agent_table(gw), mg_call_tenant(call), req->name)
-                       : NULL;
+    mg_agent *ag = mg_agents_by_name(mg_gateway_agents(gw), mg_call_tenant(call), req->name);
     char endpoint[MG_PEER_NAME_MAX + 1];
     uint8_t *blob = NULL;
     if (ag == NULL) {
@@ -437,7 +423,7 @@ static void import_message(mg_call *call, const ProtobufCMessage *m)
         snprintf(ref.name, sizeof(ref.name), "%s", d->name);
         *ic = (import_call){call, d};
         mg_call_ref(call);
-        if (mg_xfer_agent_ask(gw, mg_call_tenant(call), &ref, import_answered, ic, why,
+        if (mg_peer_ask_agent(gw, mg_call_tenant(call), &ref, import_answered, ic, why,
                               sizeof(why)) == 0)
             return;
         mg_call_unref(call);
@@ -467,55 +453,19 @@ static const mg_route agent_routes[] = {
     {"GET", "/v1/agents", 0, "/moongate.v1.Agent/ListAgents"},
 };
 
-/* "LO-HI" of --agent-ports. Returns 0, or -1. */
-static int port_range(const char *s, uint32_t *lo, uint32_t *hi)
-{
-    unsigned a, b;
-    char tail;
-    if (sscanf(s, "%u-%u%c", &a, &b, &tail) != 2 || a == 0 || a > b || b > 65535)
-        return -1;
-    *lo = a;
-    *hi = b;
-    return 0;
-}
-
-/* The daemon's own ports (never an agent's): its control, h2c and peer ports. */
-static void own_ports(const mg_gateway *gw, uint32_t *out, size_t cap)
-{
-    const char *lists[] = {gw->cfg->listen, gw->cfg->h2c_listen, gw->cfg->data_listen};
-    size_t n = 0;
-    out[n++] = (uint32_t)gw->cfg->peer_port;
-    for (size_t i = 0; i < MG_NELEM(lists) && n < cap; i++) {
-        char host[256];
-        int port;
-        const char *comma = strchr(lists[i], ',');
-        char first[300];
-        snprintf(first, sizeof(first), "%.*s",
-                 comma ? (int)(comma - lists[i]) : (int)strlen(lists[i]), lists[i]);
-        if (mg_split_host_port(first, host, sizeof(host), &port) == 0 && port > 0)
-            out[n++] = (uint32_t)port;
-    }
-}
-
 static int mg_svc_agent_init(mg_gateway *gw)
 {
     agent_svc *as;
-    mg_agents_config ac = {.max_agents = (size_t)gw->cfg->max_agents};
     int rc = mg_gateway_add_methods(gw, agent_methods, MG_NELEM(agent_methods), agent_routes,
                                     MG_NELEM(agent_routes));
     if (rc != 0)
         return rc;
-    if (port_range(gw->cfg->agent_ports, &ac.port_lo, &ac.port_hi) != 0) {
-        mg_error("start_failed", "reason=\"--agent-ports %s is not LO-HI within 1..65535\"",
-                 gw->cfg->agent_ports);
-        return MG_ERR_INVALID;
-    }
-    own_ports(gw, ac.reserved, MG_NELEM(ac.reserved));
     if ((as = calloc(1, sizeof(*as))) == NULL)
         return MG_ERR_NOMEM;
     *mg_gateway_state(gw, &mg_svc_agent) = as;
     as->gw = gw;
-    return mg_agents_new(&as->agents, &ac);
+    as->agents = mg_gateway_agents(gw);
+    return 0;
 }
 
 static void mg_svc_agent_free(mg_gateway *gw)
@@ -533,8 +483,7 @@ static void mg_svc_agent_free(mg_gateway *gw)
             free(f);
         }
     }
-    mg_agents_del(as->agents);
-    free(as);
+    free(as); /* the table is the core's, empty now */
     *mg_gateway_state(gw, &mg_svc_agent) = NULL;
 }
 

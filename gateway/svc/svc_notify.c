@@ -15,8 +15,6 @@
  */
 #include "svc_notify.h"
 
-#include "svc_agent.h"
-
 #include "mg_auth.h"
 
 #include "mg_log.h"
@@ -63,7 +61,7 @@ typedef struct topic {
     struct topic *next;
 } topic;
 
-static int topic_ok(const char *s)
+int mg_notify_topic_ok(const char *s)
 {
     size_t n = strlen(s);
     if (n == 0 || n > TOPIC_MAX)
@@ -248,7 +246,7 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
     const char *tenant = req->tenant[0] ? req->tenant : "default";
     char why[512];
     int rc;
-    if (!topic_ok(req->topic)) {
+    if (!mg_notify_topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
         return;
     }
@@ -276,8 +274,9 @@ static void deliver_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_INVALID, "agent_port %u is not 1..65535", req->agent_port);
         return;
     }
-    if (req->agent_port && (mg_agent_table(ns->gw) == NULL ||
-                            !mg_agents_by_port(mg_agent_table(ns->gw), tenant, req->agent_port))) {
+    if (req->agent_port &&
+        (mg_gateway_agents(ns->gw) == NULL ||
+         !mg_agents_by_port(mg_gateway_agents(ns->gw), tenant, req->agent_port))) {
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no agent at port %u of tenant \"%s\" on this daemon",
                      req->agent_port, tenant);
         return;
@@ -304,7 +303,7 @@ static void watch_message(mg_call *call, const ProtobufCMessage *m)
     struct mg_notify_svc *ns = notify_of(mg_call_gateway(call));
     watcher *w;
     topic *t;
-    if (!topic_ok(req->topic)) {
+    if (!mg_notify_topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
         return;
     }
@@ -355,7 +354,7 @@ static void poll_message(mg_call *call, const ProtobufCMessage *m)
     Moongate__V1__Notification **msgs;
     note **got;
     topic *t;
-    if (!topic_ok(req->topic)) {
+    if (!mg_notify_topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "a topic is 1..%d printable characters", TOPIC_MAX);
         return;
     }

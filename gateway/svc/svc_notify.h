@@ -43,6 +43,9 @@ int mg_notify_post(struct mg_notify_svc *ns, const char *tenant,
                    const Moongate__V1__Notification *m, const char *from, int own, char *why,
                    size_t cap);
 
+/* Non-zero when s is a topic: 1..128 printable characters. */
+int mg_notify_topic_ok(const char *s);
+
 /* Claims a notification queued on the tenant's topic that no expectation claimed yet (it met
 an Expect declared after it). Returns 1 when there was one, else 0. */
 int mg_notify_claim(struct mg_notify_svc *ns, const char *tenant, const char *name);

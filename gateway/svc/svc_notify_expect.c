@@ -5,13 +5,12 @@
  * sender (a peer daemon, or an agent on one). The first notification queued on the topic meets
  * it (svc_notify.c calls mg_notify_expect_heard). Otherwise this daemon posts a failure notice to
  * the topic saying why — deadline passed, sender unreachable, restarted, or its agent gone — so a
- * Watch or Poll of the topic always ends. Senders are probed with Peer/Ping over the transfer
- * service's peer channels, every --peer-liveness-timeout / 4 (at most 1 s apart), one probe in
- * flight per sender. One timer wakes the service for the next probe or expectation due. Loop
- * thread only.
+ * Watch or Poll of the topic always ends. Senders are probed with Peer/Ping over the core's peer
+ * channels (mg_peer_rpc.h, on the entries of mg_gateway_peers) every --peer-liveness-timeout / 4
+ * (at most 1 s apart), one probe in flight per sender. One timer wakes the service for the next
+ * probe or expectation due. Loop thread only.
  */
 #include "svc_notify.h"
-#include "svc_transfer.h"
 
 #include "mg_peer_rpc.h"
 
@@ -74,9 +73,9 @@ static void probe_answered(void *arg, int status, const char *message, ProtobufC
 static void probe(void *arg, mg_expect_sender *d)
 {
     struct mg_notify_svc *ns = arg;
-    struct mg_transfer_svc *ts = transfer_of(ns->gw);
+    mg_peerdir *dir = mg_gateway_peers_closed(ns->gw) ? NULL : mg_gateway_peers(ns->gw);
     Moongate__V1__PeerAgentRequest req = MOONGATE__V1__PEER_AGENT_REQUEST__INIT;
-    mg_xfer_peer *p = ts && !ts->closing ? mg_peerdir_get(ts->dir, d->peer, d->tenant) : NULL;
+    mg_xfer_peer *p = dir ? mg_peerdir_get(dir, d->peer, d->tenant) : NULL;
     probe_call *pc = p ? calloc(1, sizeof(*pc)) : NULL;
     char err[160];
     req.tenant = d->tenant;
@@ -91,9 +90,9 @@ static void probe(void *arg, mg_expect_sender *d)
         free(pc);
     } else {
         snprintf(err, sizeof(err), "%s",
-                 ts == NULL || ts->closing ? "this daemon cannot call peers"
-                 : p                       ? "out of memory"
-                                           : "this daemon already knows its limit of peers");
+                 dir == NULL ? "this daemon cannot call peers"
+                 : p         ? "out of memory"
+                             : "this daemon already knows its limit of peers");
     }
     ns->probes_unanswered++;
     snprintf(d->last_error, sizeof(d->last_error), "%s", err);
@@ -210,7 +209,7 @@ static int spec_of(mg_call *call, const Moongate__V1__ExpectRequest *req, mg_exp
                            .lease = req->lease,
                            .segment = req->segment,
                            .timeout_ms = req->timeout_ms};
-    if (mg_xfer_note_bad(req->topic, 0)) {
+    if (!mg_notify_topic_ok(req->topic)) {
         mg_call_fail(call, MG_ERR_INVALID, "topic must be 1..128 printable characters");
         return -1;
     }
@@ -242,7 +241,7 @@ static int spec_of(mg_call *call, const Moongate__V1__ExpectRequest *req, mg_exp
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no segment %" PRIu64, req->segment);
         return -1;
     }
-    if (sp->peer[0] && transfer_of(gw) == NULL) {
+    if (sp->peer[0] && mg_gateway_peers(gw) == NULL) {
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot call peers to ask the sender");
         return -1;
     }

@@ -11,7 +11,6 @@
  */
 #include "mg_gateway.h"
 #include "mg_service.h"
-#include "svc_agent.h"
 #include "moongate/pools.h"
 
 #include "mg_auth.h"
@@ -214,7 +213,7 @@ static void ping_message(mg_call *call, const ProtobufCMessage *m)
     resp.epoch = gw->epoch;
     if (req->name[0] || req->port) {
         snprintf(ref.name, sizeof(ref.name), "%.*s", MG_AGENT_NAME_MAX, req->name);
-        ag = mg_agent_find(gw, req->tenant[0] ? req->tenant : "default", &ref);
+        ag = mg_gateway_agent_find(gw, req->tenant[0] ? req->tenant : "default", &ref);
         resp.agent_present = ag != NULL;
         resp.agent_id = ag ? ag->id : 0;
     }
@@ -244,7 +243,7 @@ static void describe_agent_message(mg_call *call, const ProtobufCMessage *m)
     if (!peer_tenant(call, req->tenant))
         return;
     snprintf(ref.name, sizeof(ref.name), "%.*s", MG_AGENT_NAME_MAX, req->name);
-    if ((ag = mg_agent_find(gw, tenant, &ref)) == NULL) { /* another tenant's: the same */
+    if ((ag = mg_gateway_agent_find(gw, tenant, &ref)) == NULL) { /* another tenant's: the same */
         mg_call_fail(call, MG_ERR_NOT_FOUND, "no agent %s%s%s%.0u here", req->name[0] ? "\"" : "",
                      req->name, req->name[0] ? "\"" : "at port ", req->port);
         return;

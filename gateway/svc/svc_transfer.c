@@ -7,13 +7,13 @@
  * Loop thread. Submit turns the message into a batch whose requests are checked all before any
  * moves (local memory resolved and held, remote targets against what the peers described), and
  * answers its id; Wait streams a batch's progress, and GetBatch and Cancel find it. The service
- * speaks to peers for the engine — OpenSession and ConnectRdma when the directory asks
- * (svc/mg_peer_rpc.c), DescribeTarget before a batch starts, Notify/Deliver when a batch's
- * notification is due — and keeps the timers: each batch's timeout, Wait's progress ticks, the
- * retention sweep.
+ * runs the batches over the core's peer front (mg_service.h: the peer directory, its caches
+ * and channels, which also opens sessions and RDMA queue pairs when the directory asks), asks
+ * peers DescribeTarget before a batch starts and Notify/Deliver when a batch's notification is
+ * due (core/mg_peer_rpc.c), and keeps the timers: each batch's timeout, Wait's progress ticks,
+ * the retention sweep.
  */
 #include "svc_transfer.h"
-#include "svc_agent.h"
 
 #include "mg_service.h"
 
@@ -32,10 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* clang-format off */
-#define MAX_PEERS      1024           /* peer directory entries (each a line in /metrics) */
-#define NOTIFY_MAX     16
-/* clang-format on */
+#define NOTIFY_MAX 16
 
 /* ---- requests finishing ---- */
 
@@ -57,23 +54,8 @@ static void batch_timeout(evutil_socket_t fd, short what, void *arg)
     mg_batch_stop(b, MG_ERR_TIMEOUT, why);
 }
 
-/* ---- the peer directory's calls to peers (moongate/peerdir.h) ---- */
-
 static void submit_go(mg_call *call, mg_batch *b);
 static void submit_checked(mg_call *call, mg_batch *b);
-
-/* The directory's ops: the calls over svc/mg_peer_rpc.c. */
-static void open_session(void *arg, mg_xfer_peer *p)
-{
-    mg_peer_open_session(((struct mg_transfer_svc *)arg)->gw, p);
-}
-
-static int connect_rdma(void *arg, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
-                        void *job, char *why, size_t cap)
-{
-    return mg_peer_connect_rdma(((struct mg_transfer_svc *)arg)->gw, p, device, local, job, why,
-                                cap);
-}
 
 /* ---- handlers ---- */
 
@@ -228,7 +210,7 @@ static void describe_answered(void *arg, const mg_remote_desc *d, uint64_t epoch
     describe_call *dc = arg;
     submit_wait *sw = dc->sw;
     struct mg_transfer_svc *ts = svc_of(sw->b);
-    if (ts->closing) { /* the daemon stops: the Submit waiting for this goes with it */
+    if (transfer_closing(ts)) { /* the daemon stops: the Submit waiting for this goes with it */
         free(dc);
         if (--sw->pending == 0) {
             submit_wait_unlink(sw);
@@ -564,101 +546,57 @@ static const mg_route transfer_routes[] = {
 
 static int mg_svc_transfer_init(mg_gateway *gw)
 {
+    struct mg_transfer_svc *ts;
+    struct timeval every = {1, 0};
     int rc = mg_gateway_add_methods(gw, transfer_methods, MG_NELEM(transfer_methods),
                                     transfer_routes, MG_NELEM(transfer_routes));
-    if (rc != 0)
+    if (rc != 0 || mg_gateway_peers(gw) == NULL) /* no registry: nothing to transfer */
         return rc;
-    if (mg_engine_registry(gw->engine) == NULL)
-        return 0;
-    *mg_gateway_state(gw, &mg_svc_transfer) = calloc(1, sizeof(*transfer_of(gw)));
-    if (transfer_of(gw) == NULL)
+    if ((ts = calloc(1, sizeof(*ts))) == NULL)
         return MG_ERR_NOMEM;
-    transfer_of(gw)->gw = gw;
-    if (mg_peer_cache_new(&transfer_of(gw)->descs, MAX_PEERS, 4096) != 0 ||
-        mg_agent_cache_new(&transfer_of(gw)->agents, 1024) != 0)
-        return MG_ERR_NOMEM;
+    *mg_gateway_state(gw, &mg_svc_transfer) = ts;
+    *ts = (struct mg_transfer_svc){.gw = gw,
+                                   .dir = mg_gateway_peers(gw),
+                                   .descs = mg_gateway_peer_cache(gw),
+                                   .agents = mg_gateway_agent_cache(gw)};
     {
         mg_batches_config bc = {.reg = mg_engine_registry(gw->engine),
                                 .pools = gw->pools,
-                                .agents = mg_agent_table(gw),
+                                .agents = mg_gateway_agents(gw),
                                 .spans = gw->spans,
                                 .peer_port = (int)gw->cfg->peer_port,
                                 .max_batches = gw->cfg->max_batches,
                                 .retention_ms = gw->cfg->batch_retention * 1000,
-                                .arg = transfer_of(gw),
+                                .arg = ts,
                                 .request_ended = request_ended,
                                 .note_due = mg_xfer_note_due,
                                 .changed = mg_xfer_svc_changed,
                                 .freed = mg_xfer_svc_freed};
-        if ((rc = mg_batches_new(&transfer_of(gw)->batches, &bc)) != 0)
+        if ((rc = mg_batches_new(&ts->batches, &bc)) != 0)
             return rc;
     }
-    {
-        char err[512];
-        if ((rc = mg_dp_congestion_check(gw->cfg->tcp_congestion, err, sizeof(err))) != 0) {
-            /* checked here, where it is needed even without a data listener of our own */
-            mg_error("start_failed", "reason=\"--tcp-congestion: %s\"", err);
-            return rc;
-        }
-    }
-    {
-        const mg_config *cfg = gw->cfg;
-        mg_peerdir_config pc = {.max_peers = MAX_PEERS,
-                                .front_bytes = sizeof(mg_peer_chan),
-                                .sched = {.workers = gw->engine,
-                                          .io = gw->io,
-                                          .cq = gw->cq,
-                                          .worker_slots = (unsigned)cfg->workers,
-                                          .io_slots = (unsigned)cfg->io_threads,
-                                          .max_parts = (unsigned)cfg->tcp_conns_per_peer,
-                                          .slice_bytes = cfg->slice_bytes},
-                                .descs = transfer_of(gw)->descs,
-                                .engine = gw->engine,
-                                .cq = gw->cq,
-                                .rdma = gw->rdma,
-                                .rdma_why = gw->rdma_why,
-                                .rdma_qps = (unsigned)cfg->rdma_qps_per_peer,
-                                .io_timeout_ms = (uint32_t)cfg->data_io_timeout * 1000,
-                                .crc = cfg->data_crc,
-                                .arg = transfer_of(gw),
-                                .open_session = open_session,
-                                .connect_rdma = connect_rdma,
-                                .agent_stale = mg_xfer_agent_stale,
-                                .verify = mg_xfer_verify};
-        snprintf(pc.congestion, sizeof(pc.congestion), "%s", cfg->tcp_congestion);
-        pc.send_buffer = cfg->data_tcp.send_buffer;
-        if ((rc = mg_peerdir_new(&transfer_of(gw)->dir, &pc)) != 0)
-            return rc;
-    }
-    {
-        struct timeval every = {1, 0};
-        transfer_of(gw)->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, transfer_of(gw));
-        if (transfer_of(gw)->sweep == NULL || event_add(transfer_of(gw)->sweep, &every) != 0)
-            return MG_ERR_NOMEM;
-    }
+    /* the requests the directory moves are the batches': what to do when they come back */
+    mg_peerdir_set_batch_ops(ts->dir, &(mg_peerdir_batch_ops){.arg = ts,
+                                                              .agent_stale = mg_xfer_agent_stale,
+                                                              .verify = mg_xfer_verify});
+    ts->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ts);
+    if (ts->sweep == NULL || event_add(ts->sweep, &every) != 0)
+        return MG_ERR_NOMEM;
     return 0;
 }
 
-/* After the engine stopped (no job runs). */
+/* After the engine stopped (no job runs) and the core closed the peer front (the jobs that
+ * came back ran, the calls on the peers' channels ended): the batches go. */
 static void mg_svc_transfer_free(mg_gateway *gw)
 {
     struct mg_transfer_svc *ts = transfer_of(gw);
     if (ts == NULL)
         return;
-    ts->closing = 1; /* no new peer calls; answers to open ones are dropped */
-    if (ts->dir)
-        mg_peerdir_close(ts->dir); /* jobs coming back start no others */
+    mg_peerdir_set_batch_ops(ts->dir, NULL);
     if (ts->sweep)
         event_free(ts->sweep);
-    if (gw->cq)
-        mg_cq_drain(gw->cq, 0); /* the jobs' completions still point at batches */
-    mg_peerdir_foreach (ts->dir, p)
-        mg_peer_chan_free(mg_peer_chan_of(p));
-    mg_xfer_notes_free(ts); /* before the batches whose notifications wait in line */
-    mg_peerdir_del(ts->dir);
+    mg_xfer_notes_free(ts);      /* before the batches whose notifications wait in line */
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
-    mg_peer_cache_del(ts->descs);
-    mg_agent_cache_del(ts->agents);
     free(ts);
     *mg_gateway_state(gw, &mg_svc_transfer) = NULL;
 }
@@ -671,8 +609,6 @@ static void mg_svc_transfer_stop(mg_gateway *gw)
         mg_batches_stop_running(transfer_of(gw)->batches, MG_ERR_SHUTDOWN);
 }
 
-/* Its free runs after the engine stopped: it first runs the completions of the jobs the
- * workers gave up, while every service is still there. */
 const mg_service mg_svc_transfer = {.name = "transfer",
                                     .init = mg_svc_transfer_init,
                                     .drain = mg_xfer_svc_drain,

@@ -56,13 +56,14 @@ typedef struct mg_transfer_stats {
 
 struct mg_transfer_svc {
     mg_gateway *gw;
-    mg_batches *batches;  /* the batches and their requests (moongate/batches.h) */
-    mg_peerdir *dir;      /* the peers, and the scheduler of their lines (moongate/peerdir.h) */
-    int closing;          /* freeing: answers of peer calls are dropped */
-    struct event *sweep;  /* forgets batches past --batch-retention */
-    mg_peer_cache *descs; /* what peers said of their targets, per epoch */
+    mg_batches *batches; /* the batches and their requests (moongate/batches.h) */
+    /* The core's peer front (mg_service.h): the peers and the scheduler of their lines
+     * (moongate/peerdir.h), what peers said of their targets and of their agents. */
+    mg_peerdir *dir;
+    mg_peer_cache *descs;
+    mg_agent_cache *agents;
+    struct event *sweep; /* forgets batches past --batch-retention */
     struct submit_wait *waits;
-    mg_agent_cache *agents;     /* what peers said of their agents, per epoch */
     struct relookup *relookups; /* agents asked again while their requests wait */
     struct note_line *lines;    /* notifications in order per (connection, peer, topic) */
     mg_transfer_stats stats;
@@ -81,22 +82,14 @@ static inline struct mg_transfer_svc *svc_of(const mg_batch *b)
     return mg_batches_arg(b->set);
 }
 
-static inline struct mg_transfer_svc *peer_svc(const mg_xfer_peer *p)
+/* The daemon stops: the peer front closed, answers of peer calls are dropped. */
+static inline int transfer_closing(const struct mg_transfer_svc *ts)
 {
-    return mg_peerdir_arg(p->dir);
+    return mg_gateway_peers_closed(ts->gw);
 }
 
 /* ---- svc_transfer_agent.c ---- */
 
-struct Moongate__V1__PeerAgent;
-/* What a peer said of one of its agents: code 0 and a (kept in the caches already), or a gRPC
- * code and why. `peer` is the peer's control endpoint. */
-typedef void (*mg_xfer_agent_fn)(void *arg, int code, const char *msg,
-                                 const struct Moongate__V1__PeerAgent *a, const char *peer);
-/* Asks the peer ref->peer for its agent `ref` of `tenant` (Peer/DescribeAgent). Returns 0 (fn
- * will be called once), or -1 with why set. */
-int mg_xfer_agent_ask(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
-                      mg_xfer_agent_fn fn, void *arg, char *why, size_t cap);
 /* Submit refused before b started: the call fails with gRPC status `code` and the message,
  * b's notifications' peers hear when that is for good (mg_xfer_notes_refused), b is discarded. */
 void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
@@ -108,13 +101,15 @@ void mg_xfer_svc_refuse_request(mg_call *call, mg_batch *b, int err, size_t i, c
  * call failed, b discarded) or 1 (peers are asked; `then` continues with b once they answered
  * and every request resolved, else the call fails). */
 int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, mg_batch *));
-/* The peer directory's agent_stale: r's region was refused; asks where its address is now. */
+/* The peer directory's agent_stale (mg_peerdir_batch_ops): r's region was refused; asks where
+ * its address is now. */
 void mg_xfer_agent_stale(void *arg, mg_batch_req *r);
 
 /* ---- svc_transfer_digest.c ---- */
 
-/* The peer directory's verify: request r of a batch with a digest moved over RDMA; the CRC32C
- * of its local range and of the peer's are compared, and r ends DONE or DATA_LOSS. */
+/* The peer directory's verify (mg_peerdir_batch_ops): request r of a batch with a digest moved over
+ * RDMA; the CRC32C of its local range and of the peer's are compared, and r ends DONE or DATA_LOSS.
+ */
 void mg_xfer_verify(void *arg, mg_batch_req *r);
 
 /* ---- svc_transfer_notes.c ---- */

@@ -6,8 +6,9 @@
  * peer's epoch (moongate/agentcache.h). An agent it does not know — or knows without a region
  * holding the range, since the agent may have registered one since — is asked for once with
  * Peer/DescribeAgent, which also says what DescribeTarget would of each region (they go into
- * the peer cache: no second round trip). Then every request must resolve, or the Submit fails
- * naming it and nothing moves. Describe (svc_agent.c) asks the same way. Loop thread only.
+ * the peer cache: no second round trip; the core's mg_peer_describe_agent, which the agent
+ * service's Describe uses too). Then every request must resolve, or the Submit fails naming it
+ * and nothing moves. Loop thread only.
  */
 #include "svc_transfer.h"
 
@@ -21,102 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct ask_call {
-    struct mg_transfer_svc *ts;
-    mg_xfer_peer *p;
-    mg_xfer_agent_fn fn;
-    void *arg;
-} ask_call;
-
-/* Keeps what the peer said of the agent: its regions' descriptors and the regions. Returns 0,
- * or -1 when the answer cannot be kept (why set). */
-static int keep(struct mg_transfer_svc *ts, mg_xfer_peer *p, const Moongate__V1__PeerAgent *a,
-                char *why, size_t cap)
-{
-    mg_remote_region *rr = calloc(a->n_regions + 1, sizeof(*rr));
-    mg_remote_agent ra = {.port = a->port, .agent_id = a->agent_id, .n = a->n_regions};
-    int rc = mg_peer_cache_epoch(ts->descs, p->key, a->epoch, mg_now_mono_ms());
-    if (rr == NULL || rc < 0 || strlen(a->name) > MG_AGENT_NAME_MAX) {
-        free(rr);
-        snprintf(why, cap, rc < 0 ? "its epoch cannot be kept" : "a malformed agent");
-        return -1;
-    }
-    for (size_t i = 0; i < a->n_regions && rc >= 0; i++) {
-        mg_remote_desc d;
-        if (a->regions[i]->target == NULL) {
-            rc = -1;
-            break;
-        }
-        mg_peer_desc_of(a->regions[i]->target, &d);
-        rr[i] = (mg_remote_region){a->regions[i]->address, d.size, d.id};
-        mg_peer_cache_put(ts->descs, p->key, a->epoch, &d);
-    }
-    snprintf(ra.name, sizeof(ra.name), "%s", a->name);
-    ra.regions = rr;
-    if (rc < 0 || mg_agent_cache_put(ts->agents, p->key, a->epoch, &ra) != 0) {
-        free(rr);
-        snprintf(why, cap, "its regions are malformed (out of order, overlapping or empty)");
-        return -1;
-    }
-    free(rr);
-    return 0;
-}
-
-static void ask_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
-{
-    ask_call ac = *(ask_call *)arg;
-    Moongate__V1__PeerAgent *a = (void *)m;
-    char why[160];
-    free(arg);
-    if (a && (ac.ts->closing || keep(ac.ts, ac.p, a, why, sizeof(why)) != 0)) {
-        moongate__v1__peer_agent__free_unpacked(a, NULL);
-        ac.fn(ac.arg, MG_GRPC_UNAVAILABLE, ac.ts->closing ? "the daemon is stopping" : why, NULL,
-              ac.p->addr);
-        return;
-    }
-    ac.fn(ac.arg, a ? 0 : status ? status : MG_GRPC_UNAVAILABLE, message, a, ac.p->addr);
-    if (a)
-        moongate__v1__peer_agent__free_unpacked(a, NULL);
-}
-
-/* Asks the peer of entry p for an agent of p's tenant. Returns 0 (fn will be called once), or
- * -1 with why set. */
-static int ask_peer(struct mg_transfer_svc *ts, mg_xfer_peer *p, const mg_agent_ref *ref,
-                    mg_xfer_agent_fn fn, void *arg, char *why, size_t cap)
-{
-    Moongate__V1__PeerAgentRequest req = MOONGATE__V1__PEER_AGENT_REQUEST__INIT;
-    ask_call *ac = malloc(sizeof(*ac));
-    if (ac == NULL) {
-        snprintf(why, cap, "out of memory");
-        return -1;
-    }
-    *ac = (ask_call){ts, p, fn, arg};
-    req.tenant = p->tenant;
-    req.name = (char *)ref->name;
-    req.port = ref->port;
-    if (mg_peer_unary(ts->gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Peer/DescribeAgent",
-                      &req.base, &moongate__v1__peer_agent__descriptor, ask_answered, ac, why,
-                      cap) != 0) {
-        free(ac);
-        return -1;
-    }
-    return 0;
-}
-
-int mg_xfer_agent_ask(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
-                      mg_xfer_agent_fn fn, void *arg, char *why, size_t cap)
-{
-    struct mg_transfer_svc *ts = transfer_of(gw);
-    mg_xfer_peer *p = ts ? mg_peerdir_get(ts->dir, ref->peer, tenant) : NULL;
-    if (p == NULL) {
-        snprintf(why, cap,
-                 ts ? "this daemon already knows its limit of peers"
-                    : "this daemon cannot transfer");
-        return -1;
-    }
-    return ask_peer(ts, p, ref, fn, arg, why, cap);
-}
 
 /* ---- a Submit's agents ---- */
 
@@ -137,10 +42,10 @@ static void agents_end(agents_wait *w)
     char why[400];
     size_t bad = 0;
     int rc = 0;
-    if (!mg_call_done(call) && w->code == 0 && !ts->closing)
+    if (!mg_call_done(call) && w->code == 0 && !transfer_closing(ts))
         rc = mg_batch_resolve_agents(w->b, ts->agents, ts->descs, 1, NULL, NULL, &bad, why,
                                      sizeof(why));
-    if (mg_call_done(call) || ts->closing) {
+    if (mg_call_done(call) || transfer_closing(ts)) {
         mg_batch_discard(w->b);
     } else if (w->code) {
         mg_xfer_svc_refuse(call, w->b, w->code, "%s; nothing was moved", w->msg);
@@ -193,7 +98,8 @@ int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, m
     *w = (agents_wait){.call = call, .b = b, .then = then, .pending = nask + 1};
     mg_call_ref(call);
     for (size_t i = 0; i < nask; i++) {
-        if (ask_peer(ts, ask[i].peer, ask[i].ref, agent_answered, w, why, sizeof(why)) != 0) {
+        if (mg_peer_describe_agent(ts->gw, ask[i].peer, ask[i].ref, agent_answered, w, why,
+                                   sizeof(why)) != 0) {
             if (w->code == 0) {
                 w->code = MG_GRPC_UNAVAILABLE;
                 snprintf(w->msg, sizeof(w->msg), "peer %.80s: %.300s", ask[i].peer->addr, why);
@@ -258,7 +164,7 @@ static void relookup_answered(void *arg, int code, const char *msg,
         ;
     if (*pp)
         *pp = lk->next;
-    while (!lk->ts->closing && !mg_list_empty(&lk->waiting)) {
+    while (!transfer_closing(lk->ts) && !mg_list_empty(&lk->waiting)) {
         mg_batch_req *r = mg_container_of(mg_list_first(&lk->waiting), mg_batch_req, wait);
         mg_list_remove(&r->wait);
         restart(lk, r, code, msg);
@@ -288,7 +194,8 @@ void mg_xfer_agent_stale(void *arg, mg_batch_req *r)
     lk->ref = *ref;
     mg_list_init(&lk->waiting);
     mg_list_push_back(&lk->waiting, &r->wait);
-    if (ask_peer(ts, r->peer, ref, relookup_answered, lk, why, sizeof(why)) != 0) {
+    if (mg_peer_describe_agent(ts->gw, r->peer, ref, relookup_answered, lk, why, sizeof(why)) !=
+        0) {
         mg_list_remove(&r->wait);
         free(lk);
         mg_batch_req_end(r, MG_ERR_NOT_FOUND, r->msg ? r->msg : "its region was refused");

@@ -48,7 +48,7 @@ static void remote_answered(void *arg, int status, const char *message, Protobuf
     mg_batch_req *r = v->r;
     Moongate__V1__ChecksumResponse *a = (void *)m;
     char msg[400];
-    if (v->ts->closing) {
+    if (transfer_closing(v->ts)) {
         free(v);
     } else if (a == NULL) {
         snprintf(msg, sizeof(msg), "digest: peer %s did not give the CRC32C of the range: %s (%s)",
@@ -84,7 +84,7 @@ static void local_done(void *arg, int result)
     Moongate__V1__PeerChecksumRequest req = MOONGATE__V1__PEER_CHECKSUM_REQUEST__INIT;
     char err[256], msg[400];
     (void)result;
-    if (v->ts->closing) {
+    if (transfer_closing(v->ts)) {
         free(v);
         return;
     }

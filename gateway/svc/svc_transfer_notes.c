@@ -171,7 +171,7 @@ static void deliver_closed(mg_rpc *rpc, int status, const char *message, void *a
     int answered = rpc && mg_rpc_header(rpc, "grpc-status") != NULL;
     char why[400];
     free(arg);
-    if (dc.ts->closing)
+    if (transfer_closing(dc.ts))
         return; /* the lines went with the service */
     note_traced_end(dc.ts, dc.it, status);
     if (n && n->g.failed_write) { /* it was the failure notice */
@@ -319,7 +319,7 @@ void mg_xfer_note_due(void *arg, mg_batch_note *n)
 {
     struct mg_transfer_svc *ts = arg;
     note_item *it = n->front;
-    if (ts->closing) {
+    if (transfer_closing(ts)) {
         mg_batch_note_end(n, MG_NOTE_FAILED, MG_GRPC_UNAVAILABLE,
                           "not sent: the daemon is stopping");
         return;
@@ -415,7 +415,7 @@ static int refused_for_good(int code)
 void mg_xfer_notes_refused(mg_batch *b, const char *traceparent, int code, const char *why)
 {
     struct mg_transfer_svc *ts = svc_of(b);
-    if (!refused_for_good(code) || ts->closing)
+    if (!refused_for_good(code) || transfer_closing(ts))
         return;
     for (size_t i = 0; i < b->nnotes; i++) {
         const mg_batch_note *n = &b->notes[i];

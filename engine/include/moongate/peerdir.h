@@ -19,8 +19,8 @@
  * A request whose job ends with a token the peer no longer knows, or a data plane that is not
  * where the session said (the peer restarted: a new epoch), goes back to its entry once while
  * a new session is opened; the second failure ends it with both reasons. One naming (agent,
- * address) whose segment the peer no longer has goes back to the front once (agent_stale),
- * which asks the peer where that address is now.
+ * address) whose segment the peer no longer has goes back to whoever runs the batches once
+ * (mg_peerdir_batch_ops.agent_stale), which asks the peer where that address is now.
  *
  * The front speaks to peers: the directory asks through ops (open a session, hand over RDMA
  * endpoints) and the front answers with mg_peerdir_opened/_failed/_rdma_answered, on the loop.
@@ -124,13 +124,19 @@ typedef struct mg_peerdir_config {
     int crc;
     char congestion[MG_DP_CONGESTION_MAX]; /* TCP congestion control of data connections */
     uint32_t send_buffer;                  /* theirs, as mg_dp_tcp's */
-    void *arg;
+    void *arg;                             /* what the ops below are called with */
     /* Ask the peer for a session for p->tenant; answer with mg_peerdir_opened or _failed. */
     void (*open_session)(void *arg, mg_xfer_peer *p);
     /* Give the peer our RDMA endpoint of device `device` (`token` is the session's); answer
      * with mg_peerdir_rdma_answered(job, ...). Returns 0, or -1 with why set (not sent). */
     int (*connect_rdma)(void *arg, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,
                         void *job, char *why, size_t cap);
+} mg_peerdir_config;
+
+/* What the directory hands back to whoever runs the batches, whose requests it moves (the
+ * directory may be made before them, and outlive them). */
+typedef struct mg_peerdir_batch_ops {
+    void *arg;
     /* Request r names (agent, address) and the peer refused the segment it was resolved to
      * (unregistered, perhaps registered again): r is PENDING again, in no line (requeued once);
      * the front resolves it anew and starts it (mg_peerdir_start) or ends it. NULL: it ends. */
@@ -139,10 +145,12 @@ typedef struct mg_peerdir_config {
      * daemon that received them): the front compares the CRC32C of both ranges and ends r.
      * NULL: such batches move over TCP. */
     void (*verify)(void *arg, mg_batch_req *r);
-} mg_peerdir_config;
+} mg_peerdir_batch_ops;
 
 /* Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */
 int mg_peerdir_new(mg_peerdir **out, const mg_peerdir_config *cfg);
+/* Sets the batch ops (copied; NULL: none, as before the first call). */
+void mg_peerdir_set_batch_ops(mg_peerdir *d, const mg_peerdir_batch_ops *ops);
 /* Jobs coming back start no others; answers that come later are dropped (the daemon stops). */
 void mg_peerdir_close(mg_peerdir *d);
 /* Accepts NULL. After mg_peerdir_close and once every job came back: frees the entries (their

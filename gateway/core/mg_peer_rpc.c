@@ -2,6 +2,7 @@
  * mg_peer_rpc: calls to peer daemons' control ports (see mg_peer_rpc.h).
  */
 #include "mg_peer_rpc.h"
+#include "mg_service.h"
 
 #include "mg_addr.h"
 #include "mg_log.h"
@@ -502,4 +503,103 @@ int mg_peer_describe(mg_gateway *gw, mg_xfer_peer *p, uint64_t id, int is_lease,
         return -1;
     }
     return 0;
+}
+
+/* ---- DescribeAgent: a peer's agent, kept in the caches ---- */
+
+typedef struct ask_call {
+    mg_gateway *gw;
+    mg_xfer_peer *p;
+    mg_peer_agent_fn fn;
+    void *arg;
+} ask_call;
+
+/* Keeps what the peer said of the agent: its regions' descriptors and the regions. Returns 0,
+ * or -1 when the answer cannot be kept (why set). */
+static int keep(mg_gateway *gw, mg_xfer_peer *p, const Moongate__V1__PeerAgent *a, char *why,
+                size_t cap)
+{
+    mg_peer_cache *descs = mg_gateway_peer_cache(gw);
+    mg_remote_region *rr = calloc(a->n_regions + 1, sizeof(*rr));
+    mg_remote_agent ra = {.port = a->port, .agent_id = a->agent_id, .n = a->n_regions};
+    int rc = mg_peer_cache_epoch(descs, p->key, a->epoch, mg_now_mono_ms());
+    if (rr == NULL || rc < 0 || strlen(a->name) > MG_AGENT_NAME_MAX) {
+        free(rr);
+        snprintf(why, cap, rc < 0 ? "its epoch cannot be kept" : "a malformed agent");
+        return -1;
+    }
+    for (size_t i = 0; i < a->n_regions && rc >= 0; i++) {
+        mg_remote_desc d;
+        if (a->regions[i]->target == NULL) {
+            rc = -1;
+            break;
+        }
+        mg_peer_desc_of(a->regions[i]->target, &d);
+        rr[i] = (mg_remote_region){a->regions[i]->address, d.size, d.id};
+        mg_peer_cache_put(descs, p->key, a->epoch, &d);
+    }
+    snprintf(ra.name, sizeof(ra.name), "%s", a->name);
+    ra.regions = rr;
+    if (rc < 0 || mg_agent_cache_put(mg_gateway_agent_cache(gw), p->key, a->epoch, &ra) != 0) {
+        free(rr);
+        snprintf(why, cap, "its regions are malformed (out of order, overlapping or empty)");
+        return -1;
+    }
+    free(rr);
+    return 0;
+}
+
+static void ask_answered(void *arg, int status, const char *message, ProtobufCMessage *m)
+{
+    ask_call ac = *(ask_call *)arg;
+    Moongate__V1__PeerAgent *a = (void *)m;
+    int closed = mg_gateway_peers_closed(ac.gw);
+    char why[160];
+    free(arg);
+    if (a && (closed || keep(ac.gw, ac.p, a, why, sizeof(why)) != 0)) {
+        moongate__v1__peer_agent__free_unpacked(a, NULL);
+        ac.fn(ac.arg, MG_GRPC_UNAVAILABLE, closed ? "the daemon is stopping" : why, NULL,
+              ac.p->addr);
+        return;
+    }
+    ac.fn(ac.arg, a ? 0 : status ? status : MG_GRPC_UNAVAILABLE, message, a, ac.p->addr);
+    if (a)
+        moongate__v1__peer_agent__free_unpacked(a, NULL);
+}
+
+int mg_peer_describe_agent(mg_gateway *gw, mg_xfer_peer *p, const mg_agent_ref *ref,
+                           mg_peer_agent_fn fn, void *arg, char *why, size_t cap)
+{
+    Moongate__V1__PeerAgentRequest req = MOONGATE__V1__PEER_AGENT_REQUEST__INIT;
+    ask_call *ac = malloc(sizeof(*ac));
+    if (ac == NULL) {
+        snprintf(why, cap, "out of memory");
+        return -1;
+    }
+    *ac = (ask_call){gw, p, fn, arg};
+    req.tenant = p->tenant;
+    req.name = (char *)ref->name;
+    req.port = ref->port;
+    if (mg_peer_unary(gw, mg_peer_chan_of(p), p->addr, "/moongate.v1.Peer/DescribeAgent", &req.base,
+                      &moongate__v1__peer_agent__descriptor, ask_answered, ac, why, cap) != 0) {
+        free(ac);
+        return -1;
+    }
+    return 0;
+}
+
+int mg_peer_ask_agent(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
+                      mg_peer_agent_fn fn, void *arg, char *why, size_t cap)
+{
+    mg_peerdir *dir = mg_gateway_peers(gw);
+    mg_xfer_peer *p =
+        dir && !mg_gateway_peers_closed(gw) ? mg_peerdir_get(dir, ref->peer, tenant) : NULL;
+    if (p == NULL) {
+        snprintf(why, cap,
+                 dir == NULL                   ? "this daemon cannot transfer"
+                 : mg_gateway_peers_closed(gw) ? "the daemon is stopping"
+                                               : "this daemon already knows its limit of peers");
+        return -1;
+    }
+    return mg_peer_describe_agent(gw, p, ref, fn, arg, why, cap);
 }

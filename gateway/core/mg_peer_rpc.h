@@ -1,7 +1,8 @@
 /*
  * mg_peer_rpc: calls to peer daemons' control ports over the C client library (mg_client.h),
  * on the gateway loop: one control channel per peer entry, opened on demand and replaced when
- * its connection failed.
+ * its connection failed. Part of the core's peer front (mg_shared.c): every service calls peers
+ * through it, on the entries of the core's peer directory (mg_gateway_peers).
  *
  * This daemon's identity towards peers is --peer-cert (else its server certificate), checked by
  * the peer against its --peer-ca; calls time out after --data-io-timeout, as the data plane.
@@ -11,6 +12,7 @@
 
 #include "mg_client.h"
 #include "mg_gateway.h"
+#include "moongate/agentcache.h"
 #include "moongate/peerdir.h"
 
 struct mg_peer_pending;
@@ -78,6 +80,20 @@ typedef void (*mg_peer_described_fn)(void *arg, const mg_remote_desc *d, uint64_
                                      int status);
 int mg_peer_describe(mg_gateway *gw, mg_xfer_peer *p, uint64_t id, int is_lease,
                      mg_peer_described_fn described, void *arg);
+/* DescribeAgent: what a peer said of one of its agents — code 0 and `a` (its regions and what
+ * DescribeTarget would say of each are in the core's agent and peer caches already), or a gRPC
+ * code and why. `peer` is the peer's control endpoint. */
+struct Moongate__V1__PeerAgent;
+typedef void (*mg_peer_agent_fn)(void *arg, int code, const char *msg,
+                                 const struct Moongate__V1__PeerAgent *a, const char *peer);
+/* Asks peer p for its agent `ref` of p's tenant. Returns 0 (fn will be called once), or -1
+ * with why set. */
+int mg_peer_describe_agent(mg_gateway *gw, mg_xfer_peer *p, const mg_agent_ref *ref,
+                           mg_peer_agent_fn fn, void *arg, char *why, size_t cap);
+/* The same of the peer ref->peer, for `tenant` (its entry in the directory made when new). */
+int mg_peer_ask_agent(mg_gateway *gw, const char *tenant, const mg_agent_ref *ref,
+                      mg_peer_agent_fn fn, void *arg, char *why, size_t cap);
+
 /* What a peer's TargetDescriptor says, as the peer cache keeps it. */
 struct Moongate__V1__TargetDescriptor;
 void mg_peer_desc_of(const struct Moongate__V1__TargetDescriptor *d, mg_remote_desc *out);
