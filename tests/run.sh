@@ -152,14 +152,22 @@ check_shell() {
     passed=$((passed + 1))
 }
 
+# The engine and common/ include nothing above them; the gateway's services sit side by side:
+# none includes another's svc_*.h or calls what another defines, and the core and ops call
+# none of them (tests/check_services.py).
 check_layers() {
-    local bad
+    local bad out
     bad=$(grep -rlE '#include .*(pb-c\.h|mg_gateway|mg_server_int|mg_call|mg_client|event2/)' \
         engine/
         grep -rE '#include "(moongate/|mg_gateway|mg_server_int|mg_client)' common/ |
             grep -v '"moongate/mg_error.h"' | cut -d: -f1)
     if [ -n "$bad" ]; then
         echo "  includes across the layers in: $bad"
+        failed=$((failed + 1))
+        return 1
+    fi
+    if ! out=$($py tests/check_services.py 2>&1); then
+        echo "$out" | sed 's/^/  services: /'
         failed=$((failed + 1))
         return 1
     fi
@@ -310,7 +318,7 @@ trap 'rm -rf "$certs"' EXIT
 certs/make-dev-certs.sh "$certs" >/dev/null
 
 stage "format (clang-format)" check_format
-stage "layers (engine and common include nothing above them)" check_layers
+stage "layers (engine and common include nothing above them; services side by side)" check_layers
 stage "shell scripts parse (bash -n)" check_shell
 stage "function length (120 lines)" check_functions
 stage "packager build (cmake Release)" packager_build
