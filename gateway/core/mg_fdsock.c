@@ -44,6 +44,8 @@ typedef struct mg_fdsock {
     unsigned nconns;
     uint64_t next_key;
     uint64_t discarded; /* descriptors closed because their message was no request to serve */
+    uint64_t warned_ms; /* the last fd_socket_protocol line: at most one a second */
+    uint64_t unsaid;    /* protocol errors since, not logged */
 } mg_fdsock;
 
 static void conn_close(fd_conn *c)
@@ -174,6 +176,22 @@ static int serve(fd_conn *c, char *text, size_t len, int *fds, int nfds)
     return reply(c, "OK %" PRIu64 " %" PRIu64, handle, mg_fd_handles_ttl_ms(fs->handles));
 }
 
+/* Logs a broken message, at most one line a second: a client that sends them in a loop does not
+ * flood the log (the line says how many went unsaid before it). */
+static void say_broken(fd_conn *c, int nfds, const char *why)
+{
+    mg_fdsock *fs = c->fs;
+    uint64_t now = mg_now_mono_ms();
+    if (fs->warned_ms && now - fs->warned_ms < 1000) {
+        fs->unsaid++;
+        return;
+    }
+    mg_warn("fd_socket_protocol", "uid=%u pid=%d descriptors=%d reason=\"%s\" unsaid=%" PRIu64,
+            (unsigned)c->uid, (int)c->proc.pid, nfds, why, fs->unsaid);
+    fs->warned_ms = now;
+    fs->unsaid = 0;
+}
+
 /* Why a message received as n bytes with nfds descriptors cannot be served and ends its
  * connection, or NULL when it is a request to serve. */
 static const char *broken(const struct msghdr *msg, ssize_t n, int nfds)
@@ -218,8 +236,7 @@ static void conn_read_cb(evutil_socket_t sock, short what, void *arg)
         if ((why = broken(&msg, n, nfds)) != NULL) {
             discard(c, fds, nfds < FDS_MAX ? nfds : FDS_MAX);
             if (why[0]) {
-                mg_warn("fd_socket_protocol", "uid=%u pid=%d descriptors=%d reason=\"%s\"",
-                        (unsigned)c->uid, (int)c->proc.pid, nfds, why);
+                say_broken(c, nfds, why);
                 reply(c, "ERR INVALID_ARGUMENT %s; the connection is closed", why);
             }
             conn_close(c);

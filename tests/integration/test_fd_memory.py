@@ -303,6 +303,7 @@ def test_every_descriptor_of_a_broken_or_refused_message_is_closed(make_daemon):
                         time.sleep(0.05)  # at its connection limit the daemon closed this one
                         break
 
+    began = time.monotonic()
     each_alone(b"", [fd])                 # empty: no request, the end of the connection
     each_alone(b"PUT " + b"x" * 2000, [fd])  # longer than a request (MSG_TRUNC)
     each_alone(b"PUT", [fd] * 12)         # more than fit (MSG_CTRUNC)
@@ -321,6 +322,9 @@ def test_every_descriptor_of_a_broken_or_refused_message_is_closed(make_daemon):
     assert d.metric("moongate_fd_handles_total", event="discarded") >= 5 * n
     assert d.metric("moongate_fd_handles", state="held") == 0
     assert serving(d)
+    # thousands of broken messages, at most one log line a second about them
+    said = d.read_log().count("event=fd_socket_protocol")
+    assert 1 <= said <= time.monotonic() - began + 1, said
 
 
 def test_without_an_fd_socket(make_daemon):
