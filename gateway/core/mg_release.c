@@ -17,6 +17,9 @@
 
 #include "mg_log.h"
 
+#include "moongate/v1/memory.pb-c.h"
+
+#include "moongate/checksum.h"
 #include "moongate/procmem.h"
 #include "moongate/segment.h"
 
@@ -211,4 +214,54 @@ void mg_gateway_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids
     w->next = *watches(gw);
     *watches(gw) = w;
     exited(-1, 0, w); /* what nobody holds goes now; the rest a second later */
+}
+
+/* ---- the CRC32C of a held range, answered as a ChecksumResponse ---- */
+
+typedef struct {
+    mg_call *call;
+    uint64_t length;
+} sum_call;
+
+static void summed(void *arg, int result, uint32_t crc, const char *why)
+{
+    sum_call *sc = arg;
+    Moongate__V1__ChecksumResponse resp = MOONGATE__V1__CHECKSUM_RESPONSE__INIT;
+    if (mg_call_done(sc->call))
+        ;
+    else if (result != 0)
+        mg_call_fail(sc->call, result, "reading the range: %s", why[0] ? why : "failed");
+    else {
+        resp.crc32c = crc;
+        resp.length = sc->length;
+        mg_call_reply(sc->call, &resp.base);
+    }
+    mg_call_unref(sc->call);
+    free(sc);
+}
+
+void mg_gateway_checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p,
+                         uint64_t length)
+{
+    mg_gateway *gw = mg_call_gateway(call);
+    sum_call *sc = malloc(sizeof(*sc));
+    int rc;
+    if (sc == NULL) {
+        mg_registry_put(mg_engine_registry(gw->engine), seg);
+        mg_pools_unuse(gw->pools, lease);
+        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        return;
+    }
+    *sc = (sum_call){call, length};
+    mg_call_ref(call);
+    rc = mg_checksum_async(gw->engine, gw->cq, gw->pools, seg, lease, p, length, summed, sc);
+    if (rc != 0) {
+        mg_call_unref(call);
+        free(sc);
+        if (rc == MG_ERR_NOMEM)
+            mg_call_fail(call, rc, NULL);
+        else
+            mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
+                         (unsigned)gw->cfg->queue_depth);
+    }
 }

@@ -88,5 +88,10 @@ void mg_gateway_watch_exit(mg_gateway *gw, mg_segment *seg);
  * second), logging `reason` (a static string). Those already gone are simply not found. */
 void mg_gateway_release(mg_gateway *gw, const mg_proc *proc, const uint64_t *ids, size_t n,
                         const char *reason);
+/* Answers call (Memory/Checksum, Peer/Checksum) with the ChecksumResponse of `length` bytes at
+ * p, summed on a worker (moongate/checksum.h). seg's reference and the lease's use (or NULL)
+ * are the job's to let go, whatever happens. */
+void mg_gateway_checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p,
+                         uint64_t length);
 
 #endif

@@ -16,7 +16,6 @@
  */
 #include "svc_memory.h"
 
-#include "moongate/checksum.h"
 #include "moongate/fault.h"
 #include "moongate/pools.h"
 #include "moongate/segment.h"
@@ -280,56 +279,7 @@ static void read_message(mg_call *call, const ProtobufCMessage *m)
     read_pump(st);
 }
 
-/* ---- Checksum: the CRC32C of a range, on a worker (moongate/checksum.h) ---- */
-
-typedef struct {
-    mg_call *call;
-    uint64_t length;
-} sum_call;
-
-static void summed(void *arg, int result, uint32_t crc, const char *why)
-{
-    sum_call *sc = arg;
-    Moongate__V1__ChecksumResponse resp = MOONGATE__V1__CHECKSUM_RESPONSE__INIT;
-    if (mg_call_done(sc->call))
-        ;
-    else if (result != 0)
-        mg_call_fail(sc->call, result, "reading the range: %s", why[0] ? why : "failed");
-    else {
-        resp.crc32c = crc;
-        resp.length = sc->length;
-        mg_call_reply(sc->call, &resp.base);
-    }
-    mg_call_unref(sc->call);
-    free(sc);
-}
-
-/* Answers call with the CRC32C of the range; seg's reference and the lease's use (or NULL) are
- * the job's to let go. */
-static void checksum(mg_call *call, mg_segment *seg, void *lease, const uint8_t *p, uint64_t length)
-{
-    mg_gateway *gw = mg_call_gateway(call);
-    sum_call *sc = malloc(sizeof(*sc));
-    int rc;
-    if (sc == NULL) {
-        mg_registry_put(mg_engine_registry(gw->engine), seg);
-        mg_pools_unuse(gw->pools, lease);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
-    }
-    *sc = (sum_call){call, length};
-    mg_call_ref(call);
-    rc = mg_checksum_async(gw->engine, gw->cq, gw->pools, seg, lease, p, length, summed, sc);
-    if (rc != 0) {
-        mg_call_unref(call);
-        free(sc);
-        if (rc == MG_ERR_NOMEM)
-            mg_call_fail(call, rc, NULL);
-        else
-            mg_call_fail(call, rc, "engine queue holds %u jobs (--queue-depth)",
-                         (unsigned)gw->cfg->queue_depth);
-    }
-}
+/* ---- Checksum: the CRC32C of a range, on a worker (mg_gateway_checksum) ---- */
 
 static void checksum_message(mg_call *call, const ProtobufCMessage *m)
 {
@@ -338,8 +288,8 @@ static void checksum_message(mg_call *call, const ProtobufCMessage *m)
     uint64_t base, length;
     void *lease;
     if (range_open(call, req, "Checksum", &seg, &base, &length, &lease) == 0)
-        checksum(call, seg, lease, (const uint8_t *)mg_segment_addr(seg) + base + req->offset,
-                 length);
+        mg_gateway_checksum(call, seg, lease,
+                            (const uint8_t *)mg_segment_addr(seg) + base + req->offset, length);
 }
 
 /* ---- WriteSegment: messages decoded and copied on workers, one at a time, in order ---- */

@@ -20,7 +20,6 @@
 
 #include "mg_rdma_wire.h"
 
-#include "moongate/checksum.h"
 #include "moongate/dataplane.h"
 #include "moongate/lease_table.h"
 #include "moongate/rdma.h"
@@ -444,28 +443,6 @@ static void mg_svc_peer_get_stats(mg_gateway *gw, mg_dp_server_stats *out)
 /* ---- Peer/Checksum: the CRC32C of a range of a remote-accessible target here, on a worker
  * (moongate/checksum.h) ---- */
 
-typedef struct {
-    mg_call *call;
-    uint64_t length;
-} sum_call;
-
-static void summed(void *arg, int result, uint32_t crc, const char *why)
-{
-    sum_call *sc = arg;
-    Moongate__V1__ChecksumResponse resp = MOONGATE__V1__CHECKSUM_RESPONSE__INIT;
-    if (mg_call_done(sc->call))
-        ;
-    else if (result != 0)
-        mg_call_fail(sc->call, result, "reading the range: %s", why[0] ? why : "failed");
-    else {
-        resp.crc32c = crc;
-        resp.length = sc->length;
-        mg_call_reply(sc->call, &resp.base);
-    }
-    mg_call_unref(sc->call);
-    free(sc);
-}
-
 static void checksum_message(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__PeerChecksumRequest *req = (const void *)m;
@@ -477,8 +454,6 @@ static void checksum_message(mg_call *call, const ProtobufCMessage *m)
     mg_segment *seg;
     uint64_t base = 0, size;
     void *lease = NULL;
-    sum_call *sc;
-    int rc;
     if (!peer_tenant(call, req->tenant))
         return;
     snprintf(holder, sizeof(holder), "a digest check by %s", mg_call_peer(call));
@@ -513,24 +488,8 @@ static void checksum_message(mg_call *call, const ProtobufCMessage *m)
                      req->offset, req->length, size);
         return;
     }
-    sc = malloc(sizeof(*sc));
-    if (sc == NULL) {
-        mg_registry_put(reg, seg);
-        mg_pools_unuse(gw->pools, lease);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return;
-    }
-    *sc = (sum_call){call, req->length};
-    mg_call_ref(call);
-    rc = mg_checksum_async(gw->engine, gw->cq, gw->pools, seg, lease,
-                           (const uint8_t *)mg_segment_addr(seg) + base + req->offset, req->length,
-                           summed, sc);
-    if (rc != 0) {
-        mg_call_unref(call);
-        free(sc);
-        mg_call_fail(call, rc,
-                     rc == MG_ERR_NOMEM ? NULL : "the engine's queue is full (--queue-depth)");
-    }
+    mg_gateway_checksum(call, seg, lease,
+                        (const uint8_t *)mg_segment_addr(seg) + base + req->offset, req->length);
 }
 
 /* Debug/CorruptSlices (with --debug-service): the data plane corrupts the next checksummed
