@@ -151,11 +151,5 @@ const mg_seg_kind mg_seg_fd = {
     .location_default = 1,
     .check = fd_check,
     .map = fd_map,
-    .rdma = mg_seg_file_rdma,
-    .unmap = mg_seg_file_unmap,
-    .range = mg_seg_file_range,
-    .read = mg_seg_file_read,
-    .write = mg_seg_file_write,
-    .crc32c = mg_seg_file_crc32c,
-    .describe = mg_seg_file_describe,
+    MG_SEG_FILE_OPS,
 };

@@ -210,4 +210,11 @@ int mg_seg_file_crc32c(const mg_segment *seg, uint64_t off, uint64_t len, uint32
                        size_t cap);
 void mg_seg_file_describe(const mg_segment *seg, mg_segment_info *out);
 
+/* The operations every file kind (anon, shm, fd) shares, as designated initializers of its
+ * table: each kind adds its own check, enter and map. */
+#define MG_SEG_FILE_OPS                                                                 \
+    .rdma = mg_seg_file_rdma, .unmap = mg_seg_file_unmap, .range = mg_seg_file_range,   \
+    .read = mg_seg_file_read, .write = mg_seg_file_write, .crc32c = mg_seg_file_crc32c, \
+    .describe = mg_seg_file_describe
+
 #endif

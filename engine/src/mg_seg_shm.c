@@ -142,11 +142,5 @@ const mg_seg_kind mg_seg_shm = {
     .check = shm_check,
     .enter = shm_enter,
     .map = shm_map,
-    .rdma = mg_seg_file_rdma,
-    .unmap = mg_seg_file_unmap,
-    .range = mg_seg_file_range,
-    .read = mg_seg_file_read,
-    .write = mg_seg_file_write,
-    .crc32c = mg_seg_file_crc32c,
-    .describe = mg_seg_file_describe,
+    MG_SEG_FILE_OPS,
 };
