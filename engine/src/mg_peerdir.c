@@ -156,6 +156,11 @@ void mg_peerdir_close(mg_peerdir *d)
     mg_xfer_sched_close(d->sched);
 }
 
+int mg_peerdir_closed(const mg_peerdir *d)
+{
+    return d->closing;
+}
+
 static mg_xfer_peer *peer_of(const mg_list_node *n)
 {
     return mg_container_of(n, mg_xfer_peer, link);

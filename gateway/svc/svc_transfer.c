@@ -44,6 +44,13 @@ static void request_ended(void *arg, mg_batch_req *r)
         mg_peerdir_request_ended(r);
 }
 
+/* Notification n is due (an event of the engine's batches): it goes when its turn comes. */
+static void note_due(void *arg, mg_batch_note *n)
+{
+    struct mg_transfer_svc *ts = arg;
+    mg_notelines_due(ts->lines, n);
+}
+
 static void batch_timeout(evutil_socket_t fd, short what, void *arg)
 {
     mg_batch *b = arg;
@@ -55,7 +62,6 @@ static void batch_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 static void submit_go(mg_call *call, mg_batch *b);
-static void submit_checked(mg_call *call, mg_batch *b);
 
 /* ---- handlers ---- */
 
@@ -133,143 +139,46 @@ static long submit_count(mg_call *call, const Moongate__V1__SubmitRequest *req, 
     return (long)n;
 }
 
-/* ---- remote targets: checked against the peers' descriptors before a batch starts ---- */
+/* ---- refusals ---- */
 
-typedef struct submit_wait {
-    struct submit_wait *next; /* the service's Submits waiting for descriptors */
-    mg_call *call;
-    mg_batch *b;
-    mg_batch_target *keys; /* the targets asked for, and what their peers said */
-    size_t nkeys, pending;
-} submit_wait;
-
-typedef struct {
-    submit_wait *sw;
-    mg_batch_target *k;
-} describe_call;
-
-void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
+/* Submit refused before b started: the call fails with gRPC status `code` and the message,
+ * b's notifications' peers hear when that is for good (mg_notelines_refused), b is discarded. */
+static void refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
 {
     char why[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    mg_xfer_notes_refused(b, mg_call_traceparent(call), code, why);
+    mg_notelines_refused(svc_of(b)->lines, b, mg_call_traceparent(call), code, why);
     mg_call_finish(call, code, "%s", why);
     mg_batch_discard(b);
 }
 
-void mg_xfer_svc_refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why)
+/* The same for request i of b, which cannot run for err (an MG_ERR_*) and why: "<err's text>:
+ * request i: why; nothing was moved", as mg_call_fail words it. */
+static void refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why)
 {
-    mg_xfer_svc_refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved",
-                       mg_strerror(err), i, why);
+    refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved", mg_strerror(err), i,
+           why);
 }
 
-/* Every remote request of b against the descriptors (mg_batch_check_remote); on the first
- * that cannot run, the call is refused (nothing moved), b discarded, and -1 returned. */
-static int remote_pass(mg_call *call, mg_batch *b, mg_batch_target *keys, size_t nkeys,
-                       mg_batch_target **fetch, size_t *nfetch)
+/* The runner's answer for a Submit's batch (moongate/runner.h): it starts, or is refused. */
+static void prepared(void *arg, void *ctx, mg_batch *b, const mg_xfer_refusal *no)
 {
-    char why[400];
-    size_t bad = 0;
-    int rc = mg_batch_check_remote(b, svc_of(b)->descs, keys, nkeys, fetch, nfetch, &bad, why,
-                                   sizeof(why));
-    if (rc == MG_ERR_INVALID)
-        mg_xfer_svc_refuse_request(call, b, rc, bad, why);
-    else if (rc)
-        mg_xfer_svc_refuse(call, b, mg_err_grpc(rc), "%s", mg_strerror(rc));
-    return rc ? -1 : 0;
-}
-
-static void submit_wait_unlink(submit_wait *sw)
-{
-    submit_wait **pp;
-    for (pp = &svc_of(sw->b)->waits; *pp && *pp != sw; pp = &(*pp)->next)
-        ;
-    if (*pp)
-        *pp = sw->next;
-}
-
-static void submit_wait_end(submit_wait *sw)
-{
-    mg_call *call = sw->call;
-    submit_wait_unlink(sw);
+    mg_call *call = ctx;
     mg_call_set_data(call, NULL); /* submit_go may set its own (a Submit with `wait`) */
-    if (mg_call_done(call))       /* the caller left */
-        mg_batch_discard(sw->b);
-    else if (remote_pass(call, sw->b, sw->keys, sw->nkeys, NULL, NULL) == 0)
-        submit_go(call, sw->b);
-    mg_call_unref(call);
-    free(sw->keys);
-    free(sw);
-}
-
-static void describe_answered(void *arg, const mg_remote_desc *d, uint64_t epoch, int status)
-{
-    describe_call *dc = arg;
-    submit_wait *sw = dc->sw;
-    struct mg_transfer_svc *ts = svc_of(sw->b);
-    if (transfer_closing(ts)) { /* the daemon stops: the Submit waiting for this goes with it */
-        free(dc);
-        if (--sw->pending == 0) {
-            submit_wait_unlink(sw);
-            mg_batch_discard(sw->b);
-            mg_call_unref(sw->call);
-            free(sw->keys);
-            free(sw);
-        }
-        return;
-    }
-    mg_batch_target_answered(ts->descs, dc->k, d, epoch, status == MG_GRPC_NOT_FOUND,
-                             mg_now_mono_ms());
-    free(dc);
-    if (--sw->pending == 0)
-        submit_wait_end(sw);
-}
-
-/* Before a batch starts: 0 when every remote target checks out against the descriptors known,
- * -1 when one cannot (the call failed, b is gone), 1 when peers are being asked first (the
- * batch starts, or fails, when they have answered). */
-static int remote_check(mg_call *call, mg_batch *b)
-{
-    mg_batch_target *fetch = NULL;
-    size_t nfetch = 0;
-    submit_wait *sw;
-    if (remote_pass(call, b, NULL, 0, &fetch, &nfetch) != 0) {
-        free(fetch);
-        return -1;
-    }
-    if (nfetch == 0)
-        return 0;
-    sw = calloc(1, sizeof(*sw));
-    if (sw == NULL) {
-        free(fetch);
+    if (mg_call_done(call) || transfer_closing(arg)) /* the caller left, or the daemon stops */
         mg_batch_discard(b);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
-        return -1;
-    }
-    sw->call = call;
-    sw->b = b;
-    sw->next = svc_of(b)->waits;
-    svc_of(b)->waits = sw;
-    sw->keys = fetch;
-    sw->nkeys = sw->pending = nfetch;
-    mg_call_ref(call);
-    sw->pending++; /* held until every call is started */
-    for (size_t i = 0; i < nfetch; i++) {
-        describe_call *dc = calloc(1, sizeof(*dc));
-        if (dc)
-            *dc = (describe_call){sw, &fetch[i]};
-        if (dc == NULL || mg_peer_describe(svc_of(b)->gw, fetch[i].peer, fetch[i].id,
-                                           fetch[i].is_lease, describe_answered, dc) != 0) {
-            free(dc);
-            sw->pending--; /* unreachable: left to the data plane */
-        }
-    }
-    if (--sw->pending == 0)
-        submit_wait_end(sw);
-    return 1;
+    else if (no == NULL)
+        submit_go(call, b);
+    else if (no->err && no->request != SIZE_MAX)
+        refuse_request(call, b, no->err, no->request, no->why);
+    else
+        refuse(call, b, no->err ? mg_err_grpc(no->err) : no->grpc, "%s", no->why);
+    mg_call_unref(call);
 }
 
 /* A Submit with a request_id a batch of the tenant already has gets that batch (answered now,
@@ -288,14 +197,11 @@ static int submit_retry(mg_call *call, struct mg_transfer_svc *ts,
             mg_call_reply(call, &again.base);
         return 1;
     }
-    for (submit_wait *w = ts->waits; req->request_id[0] && w; w = w->next) {
-        if (!strcmp(w->b->request_id, req->request_id) &&
-            !strcmp(w->b->tenant, mg_call_tenant(call))) {
-            mg_call_fail(call, MG_ERR_BUSY,
-                         "a Submit with request_id \"%s\" is still being checked; ask again",
-                         req->request_id);
-            return 1;
-        }
+    if (req->request_id[0] && mg_runner_preparing(ts->run, mg_call_tenant(call), req->request_id)) {
+        mg_call_fail(call, MG_ERR_BUSY,
+                     "a Submit with request_id \"%s\" is still being checked; ask again",
+                     req->request_id);
+        return 1;
     }
     return 0;
 }
@@ -309,7 +215,7 @@ static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
     }
     for (size_t i = 0; i < req->n_notify; i++) {
         const Moongate__V1__NotifyPeer *np = req->notify[i];
-        const char *bad = mg_is_host_port(np->peer) ? mg_xfer_note_bad(np->topic, np->payload.len)
+        const char *bad = mg_is_host_port(np->peer) ? mg_note_bad(np->topic, np->payload.len)
                                                     : "peer must be host:port";
         if (bad) {
             mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
@@ -326,9 +232,8 @@ static int quota_check(mg_call *call, struct mg_transfer_svc *ts)
     uint64_t running, max = ts->gw->cfg->max_tenant_batches;
     if (max == 0)
         return 0;
-    running = mg_batches_running(ts->batches, mg_call_tenant(call));
-    for (submit_wait *w = ts->waits; w; w = w->next)
-        running += !strcmp(w->b->tenant, mg_call_tenant(call));
+    running = mg_batches_running(ts->batches, mg_call_tenant(call)) +
+              mg_runner_preparing(ts->run, mg_call_tenant(call), NULL);
     if (running < max)
         return 0;
     mg_call_fail(call, MG_ERR_QUOTA,
@@ -361,7 +266,7 @@ static const char *req_fill(mg_batch *b, size_t i, const Moongate__V1__TransferR
 }
 
 /* The batch's notifications, copied out of the request message: first of all, so that a
- * refusal reaches their peers (mg_xfer_svc_refuse). Returns 0, or MG_ERR_NOMEM. */
+ * refusal reaches their peers (refuse). Returns 0, or MG_ERR_NOMEM. */
 static int batch_notes(mg_batch *b, const Moongate__V1__SubmitRequest *req)
 {
     struct mg_transfer_svc *ts = svc_of(b);
@@ -451,7 +356,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
         if (bad) { /* it may be the request's own text, which goes with the batch */
             int err = b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID;
-            mg_xfer_svc_refuse_request(call, b, err, i, bad);
+            refuse_request(call, b, err, i, bad);
             return;
         }
     }
@@ -467,15 +372,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
-    if (mg_xfer_agents_resolve(call, b, submit_checked) == 0)
-        submit_checked(call, b);
-}
-
-/* Every request names its target by id now: checked against what the peers said of them. */
-static void submit_checked(mg_call *call, mg_batch *b)
-{
-    if (remote_check(call, b) == 0)
-        submit_go(call, b);
+    mg_call_ref(call); /* until prepared */
+    mg_runner_prepare(ts->run, b, call);
 }
 
 /* The batch passed every check: it gets its id and its requests start. */
@@ -486,7 +384,6 @@ static void submit_go(mg_call *call, mg_batch *b)
     Moongate__V1__SubmitResponse resp = MOONGATE__V1__SUBMIT_RESPONSE__INIT;
     struct timeval tv = {b->timeout_ms / 1000, (suseconds_t)(b->timeout_ms % 1000) * 1000};
     batch_front *f = calloc(1, sizeof(*f));
-    size_t i;
     if (f == NULL || (f->timer = evtimer_new(gw->base, batch_timeout, b)) == NULL) {
         free(f);
         mg_batch_discard(b);
@@ -497,22 +394,11 @@ static void submit_go(mg_call *call, mg_batch *b)
     b->front = f;
     evtimer_add(f->timer, &tv);
     ts->stats.in_flight += b->n;
-    mg_xfer_notes_enter(b);
     mg_batches_add(ts->batches, b, mg_now_mono_ns());
     resp.batch_id = b->id;
     if (!b->wait || mg_xfer_svc_watch(call, b, 1, b->brief) != 0) /* no memory: the id, at least */
         mg_call_reply(call, &resp.base);
-
-    mg_xfer_sched_hold(mg_peerdir_sched(ts->dir)); /* every request joins its line, then */
-    for (i = 0; i < b->n; i++) {                   /* they start, small ones grouped */
-        mg_batch_req *r = &b->reqs[i];
-        if (r->peer == NULL)
-            mg_batch_req_end(r, MG_ERR_FULL, "this daemon already knows its limit of 1024 peers");
-        else
-            mg_peerdir_start(r, mg_now_mono_ms());
-    }
-    mg_xfer_sched_release(mg_peerdir_sched(ts->dir));
-    mg_batch_notes_start(b); /* those with no WRITE to wait for (in line: mg_xfer_notes_enter) */
+    mg_runner_start(ts->run, b);
 }
 
 static const mg_method transfer_methods[] = {
@@ -569,16 +455,14 @@ static int mg_svc_transfer_init(mg_gateway *gw)
                                 .retention_ms = gw->cfg->batch_retention * 1000,
                                 .arg = ts,
                                 .request_ended = request_ended,
-                                .note_due = mg_xfer_note_due,
+                                .note_due = note_due,
                                 .changed = mg_xfer_svc_changed,
                                 .freed = mg_xfer_svc_freed};
         if ((rc = mg_batches_new(&ts->batches, &bc)) != 0)
             return rc;
     }
-    /* the requests the directory moves are the batches': what to do when they come back */
-    mg_peerdir_set_batch_ops(ts->dir, &(mg_peerdir_batch_ops){.arg = ts,
-                                                              .agent_stale = mg_xfer_agent_stale,
-                                                              .verify = mg_xfer_verify});
+    if ((rc = mg_xfer_svc_engine(ts, prepared)) != 0)
+        return rc;
     ts->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ts);
     if (ts->sweep == NULL || event_add(ts->sweep, &every) != 0)
         return MG_ERR_NOMEM;
@@ -592,10 +476,10 @@ static void mg_svc_transfer_free(mg_gateway *gw)
     struct mg_transfer_svc *ts = transfer_of(gw);
     if (ts == NULL)
         return;
-    mg_peerdir_set_batch_ops(ts->dir, NULL);
     if (ts->sweep)
         event_free(ts->sweep);
-    mg_xfer_notes_free(ts);      /* before the batches whose notifications wait in line */
+    mg_runner_del(ts->run);      /* the batches it was preparing are discarded */
+    mg_notelines_del(ts->lines); /* before the batches whose notifications wait in line */
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
     free(ts);
     *mg_gateway_state(gw, &mg_svc_transfer) = NULL;

@@ -1,7 +1,8 @@
 /*
- * svc_transfer.h: what the transfer service's two files share. svc_transfer.c takes Submit,
- * the engine's events and its calls to peers; svc_transfer_view.c shows what the engine holds
- * (GetBatch, Wait streams, Cancel, ListPeers, the /metrics block and /status.json).
+ * svc_transfer.h: what the transfer service's three files share. svc_transfer.c takes Submit
+ * and the engine's events; svc_transfer_peers.c says in the protocol what the engine asks of
+ * peers, and takes Send; svc_transfer_view.c shows what the engine holds (GetBatch, Wait
+ * streams, Cancel, ListPeers, the /metrics block and /status.json).
  */
 #ifndef SVC_TRANSFER_H
 #define SVC_TRANSFER_H
@@ -9,7 +10,9 @@
 #include "mg_gateway.h"
 #include "mg_service.h"
 #include "moongate/batches.h"
+#include "moongate/notelines.h"
 #include "moongate/peerdir.h"
+#include "moongate/runner.h"
 
 #include <jansson.h>
 
@@ -51,7 +54,6 @@ typedef struct mg_transfer_stats {
     uint64_t buckets[12]; /* seconds from submit to end (mg_metrics_render_seconds) */
     uint64_t ended;
     double seconds_sum;
-    uint64_t notes_sent, notes_failed; /* notifications to peers */
 } mg_transfer_stats;
 
 struct mg_transfer_svc {
@@ -62,10 +64,9 @@ struct mg_transfer_svc {
     mg_peerdir *dir;
     mg_peer_cache *descs;
     mg_agent_cache *agents;
+    mg_notelines *lines; /* notifications in order per (connection, peer, topic) */
+    mg_runner *run;      /* batches from their checks to their start (moongate/runner.h) */
     struct event *sweep; /* forgets batches past --batch-retention */
-    struct submit_wait *waits;
-    struct relookup *relookups; /* agents asked again while their requests wait */
-    struct note_line *lines;    /* notifications in order per (connection, peer, topic) */
     mg_transfer_stats stats;
 };
 
@@ -88,47 +89,14 @@ static inline int transfer_closing(const struct mg_transfer_svc *ts)
     return mg_gateway_peers_closed(ts->gw);
 }
 
-/* ---- svc_transfer_agent.c ---- */
+/* ---- svc_transfer_peers.c ---- */
 
-/* Submit refused before b started: the call fails with gRPC status `code` and the message,
- * b's notifications' peers hear when that is for good (mg_xfer_notes_refused), b is discarded. */
-void mg_xfer_svc_refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* The same for request i of b, which cannot run for err (an MG_ERR_*) and why: "<err's text>:
- * request i: why; nothing was moved", as mg_call_fail words it. */
-void mg_xfer_svc_refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why);
-/* Resolves b's requests naming (agent, address) on peers. Returns 0 (resolved: go on), -1 (the
- * call failed, b discarded) or 1 (peers are asked; `then` continues with b once they answered
- * and every request resolved, else the call fails). */
-int mg_xfer_agents_resolve(mg_call *call, mg_batch *b, void (*then)(mg_call *, mg_batch *));
-/* The peer directory's agent_stale (mg_peerdir_batch_ops): r's region was refused; asks where
- * its address is now. */
-void mg_xfer_agent_stale(void *arg, mg_batch_req *r);
-
-/* ---- svc_transfer_digest.c ---- */
-
-/* The peer directory's verify (mg_peerdir_batch_ops): request r of a batch with a digest moved over
- * RDMA; the CRC32C of its local range and of the peer's are compared, and r ends DONE or DATA_LOSS.
- */
-void mg_xfer_verify(void *arg, mg_batch_req *r);
-
-/* ---- svc_transfer_notes.c ---- */
-
-/* b's notifications take their places in line (when b is entered). */
-void mg_xfer_notes_enter(mg_batch *b);
-/* The engine's note_due: a notification may go when its turn comes. */
-void mg_xfer_note_due(void *arg, mg_batch_note *n);
-/* What is wrong with a notification's topic or payload size, or NULL. */
-const char *mg_xfer_note_bad(const char *topic, size_t payload_len);
-/* Submit's call was refused with gRPC status `code` for `why` before b started: when that is
- * for good (a request that can never run as asked), each of b's notifications is replaced by a
- * failure notice to its peer (batch id 0), so that its receivers hear. traceparent: the
- * caller's, continued when sampled. b is the caller's to discard. */
-void mg_xfer_notes_refused(mg_batch *b, const char *traceparent, int code, const char *why);
+/* The engine's notification lines and batch runner of ts, which ask peers through this file;
+ * `prepared` is the runner's answer (mg_runner_config). Returns 0 or an MG_ERR_*. */
+int mg_xfer_svc_engine(struct mg_transfer_svc *ts,
+                       void (*prepared)(void *, void *, mg_batch *, const mg_xfer_refusal *));
 /* Notify/Send. */
 void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m);
-/* Frees the lines (the service's free; what waits there is not sent). */
-void mg_xfer_notes_free(struct mg_transfer_svc *ts);
 
 /* ---- svc_transfer_view.c ---- */
 

@@ -495,7 +495,10 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
 {
     static const mg_transfer_stats none;
     const mg_transfer_stats *s = transfer_of(gw) ? &transfer_of(gw)->stats : &none;
+    mg_notelines_stats notes = {0};
     static const char *const ops[] = {"read", "write"};
+    if (transfer_of(gw))
+        notes = mg_notelines_stats_of(transfer_of(gw)->lines);
     evbuffer_add_printf(out, "# HELP moongate_transfer_requests_total Transfer requests that "
                              "ended, by op and result.\n"
                              "# TYPE moongate_transfer_requests_total counter\n");
@@ -557,7 +560,7 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
         "sent to peers, by result.\n# TYPE moongate_transfer_notifications_total counter\n"
         "moongate_transfer_notifications_total{result=\"sent\"} %llu\n"
         "moongate_transfer_notifications_total{result=\"failed\"} %llu\n",
-        (unsigned long long)s->notes_sent, (unsigned long long)s->notes_failed);
+        (unsigned long long)notes.sent, (unsigned long long)notes.failed);
     render_peers(gw, out);
 }
 

@@ -153,6 +153,8 @@ int mg_peerdir_new(mg_peerdir **out, const mg_peerdir_config *cfg);
 void mg_peerdir_set_batch_ops(mg_peerdir *d, const mg_peerdir_batch_ops *ops);
 /* Jobs coming back start no others; answers that come later are dropped (the daemon stops). */
 void mg_peerdir_close(mg_peerdir *d);
+/* Whether mg_peerdir_close was called. */
+int mg_peerdir_closed(const mg_peerdir *d);
 /* Accepts NULL. After mg_peerdir_close and once every job came back: frees the entries (their
  * RDMA connections deleted here), and the scheduler. The front lets go of what its p->front
  * holds first. */
