@@ -227,6 +227,8 @@ static int readable_route(mg_call *call)
         mg_call_end(call, MG_GRPC_UNIMPLEMENTED, "this route does not take that verb", 0);
         return 1;
     default:
+        if (m.route->method == NULL)
+            return 0; /* a page: answered as the GET it is */
         break;
     }
     call->mode = MODE_JSON;
@@ -296,7 +298,7 @@ void mg_call_on_headers_end(mg_call *call)
             mg_call_http(call, 500, ctype, "out of memory\n", 14);
             return;
         }
-        status = mg_ops_route(gw, call->path, body, &ctype);
+        status = mg_gateway_page(gw, call->path, body, &ctype);
         if (strcmp(call->verb, "HEAD") != 0)
             evbuffer_add_buffer(call->out, body);
         evbuffer_free(body);

@@ -736,8 +736,31 @@ static void listeners_enable(mg_gateway *gw, int on)
         else
             evconnlistener_disable(l->lev);
     }
-    mg_ops_accepting(gw, on);
+    for (size_t i = 0; i < gw->n_others; i++) {
+        if (on)
+            evconnlistener_enable(gw->others[i]);
+        else
+            evconnlistener_disable(gw->others[i]);
+    }
     mg_fdsock_accepting(gw, on);
+}
+
+int mg_gateway_add_listener(mg_gateway *gw, struct evconnlistener *lev)
+{
+    if (gw->n_others == sizeof(gw->others) / sizeof(gw->others[0]))
+        return MG_ERR_FULL;
+    gw->others[gw->n_others++] = lev;
+    return 0;
+}
+
+void mg_gateway_del_listener(mg_gateway *gw, struct evconnlistener *lev)
+{
+    for (size_t i = 0; i < gw->n_others; i++) {
+        if (gw->others[i] == lev) {
+            gw->others[i] = gw->others[--gw->n_others];
+            return;
+        }
+    }
 }
 
 static void accept_timer_cb(evutil_socket_t fd, short what, void *arg)

@@ -1,6 +1,7 @@
 /*
- * mg_gateway: the gateway object: its method table, start-up (engine completion queue,
- * services, TLS context, listeners, ops port), the serving state and the graceful drain.
+ * mg_gateway: the gateway object: its method and route table (pages included), start-up
+ * (engine completion queue, services and the ops pages, TLS context, listeners), the serving
+ * state and the graceful drain.
  *
  * Drain: SIGTERM/SIGINT -> state draining (readiness false, Watch streams told NOT_SERVING) ->
  * listeners closed -> GOAWAY shutdown notice on every connection -> one second later (at once
@@ -12,6 +13,7 @@
 
 #include "mg_admit.h"
 #include "mg_fdsock.h"
+#include "mg_route.h"
 
 #include "mg_log.h"
 #include "mg_service.h"
@@ -21,6 +23,7 @@
 #include "moongate/procmem.h"
 
 #include <arpa/inet.h>
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/util.h>
 #include <netinet/in.h>
@@ -65,6 +68,35 @@ int mg_gateway_add_route(mg_gateway *gw, const mg_route *r)
         return MG_ERR_FULL;
     gw->routes[gw->n_routes++] = r;
     return 0;
+}
+
+int mg_gateway_add_page(mg_gateway *gw, const mg_page *p)
+{
+    return mg_gateway_add_route(gw, &p->route);
+}
+
+/* An unknown page: 404, the path (without its query string) and the pages there are. */
+static int page_not_found(mg_gateway *gw, const char *path, struct evbuffer *body)
+{
+    size_t n = strcspn(path, "?");
+    evbuffer_add_printf(body, "not found: %.*s (try", (int)(n < 255 ? n : 255), path);
+    for (size_t i = 0; i < gw->n_routes; i++) {
+        const mg_route *r = gw->routes[i];
+        if (r->method == NULL && !mg_container_of(r, mg_page, route)->hidden)
+            evbuffer_add_printf(body, " %s", r->prefix);
+    }
+    evbuffer_add(body, ")\n", 2);
+    return 404;
+}
+
+int mg_gateway_page(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    mg_route_match m;
+    *ctype = "text/plain; charset=utf-8";
+    if (mg_route_find(gw->routes, gw->n_routes, "GET", path, &m) == MG_ROUTE_HIT &&
+        m.route->method == NULL)
+        return mg_container_of(m.route, mg_page, route)->render(gw, path, body, ctype);
+    return page_not_found(gw, path, body);
 }
 
 int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
@@ -283,8 +315,6 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     if ((rc = mg_fdsock_start(gw)) != 0)
         goto fail;
-    if (*cfg->ops_listen && (rc = mg_ops_start(gw, cfg->ops_listen)) != 0)
-        goto fail;
     *out = gw;
     return 0;
 
@@ -305,7 +335,6 @@ void mg_gateway_del(mg_gateway *gw)
     mg_fdsock_stop(gw);
     while (!mg_list_empty(&gw->conns))
         mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
-    mg_ops_stop(gw);
     if (gw->accept_timer)
         event_free(gw->accept_timer);
     mg_shared_close(gw);
@@ -354,6 +383,22 @@ void mg_gateway_stop_services(mg_gateway *gw)
 {
     if (gw)
         each_service(gw, HOOK_STOP);
+}
+
+void mg_gateway_services_metrics(mg_gateway *gw, struct evbuffer *out)
+{
+    for (size_t i = 0; i < mg_n_services; i++) {
+        if (gw->started[i] && mg_services[i]->metrics)
+            mg_services[i]->metrics(gw, out);
+    }
+}
+
+void mg_gateway_services_status(mg_gateway *gw, struct json_t *obj)
+{
+    for (size_t i = 0; i < mg_n_services; i++) {
+        if (gw->started[i] && mg_services[i]->status)
+            mg_services[i]->status(gw, obj);
+    }
 }
 
 void mg_gateway_set_serving(mg_gateway *gw)

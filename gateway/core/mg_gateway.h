@@ -30,6 +30,8 @@
 #include "moongate/segment.h"
 
 struct evbuffer;
+struct evconnlistener;
+struct json_t;
 
 typedef enum {
     MG_RPC_UNARY,
@@ -84,7 +86,21 @@ typedef struct mg_route {
     const char *method; /* "/moongate.v1.Memory/GetSegment" */
 } mg_route;
 
-#define MG_MAX_ROUTES 32
+/* A page: plain HTTP for GET and HEAD (/livez, /metrics, the status page), answered alike on the
+ * control port and the ops port. It is a route without a method (route.method NULL) in the same
+ * table. render writes the body, may change *ctype (preset to "text/plain; charset=utf-8") and
+ * returns the HTTP status; path is the request's, query string included. Loop thread. */
+typedef struct mg_page {
+    mg_route route;
+    int (*render)(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
+    int hidden; /* not named in the 404 answer's list of pages (an alias) */
+} mg_page;
+#define MG_PAGE(path_, render_)                                 \
+    {                                                           \
+        .route = {"GET", (path_), 0, NULL}, .render = (render_) \
+    }
+
+#define MG_MAX_ROUTES 48
 
 /* A unary method's table entry: path, request and response descriptors, handler. */
 #define MG_UNARY(path_, in_, out_, handler_)                               \
@@ -197,7 +213,7 @@ int64_t mg_call_remaining_ms(const mg_call *call);
 typedef struct mg_method_stats {
     uint64_t started;
     uint64_t handled[MG_GRPC_CODE_COUNT];
-    uint64_t buckets[12]; /* latency histogram, see mg_metrics.c */
+    uint64_t buckets[12]; /* latency histogram: upper bounds mg_call_seconds_le */
     double seconds_sum;
 } mg_method_stats;
 
@@ -218,8 +234,6 @@ typedef struct mg_gateway_stats {
     uint64_t auth_denied;          /* calls refused: known identity without a tenant or role */
     uint64_t rate_refused;         /* calls refused: the tenant was over --tenant-rate */
     uint64_t accept_pauses;        /* times accepting paused: no descriptor to spare */
-    uint64_t ops_refused;          /* ops-port connections over --ops-max-connections */
-    uint64_t ops_header_timeouts;  /* ops-port connections closed: headers too slow */
 } mg_gateway_stats;
 
 struct mg_gateway {
@@ -255,9 +269,10 @@ struct mg_gateway {
     size_t n_methods;
     mg_gateway_stats stats;
 
-    struct mg_listener *listeners; /* control-port listeners */
+    struct mg_listener *listeners;    /* control-port listeners */
+    struct evconnlistener *others[8]; /* others on the loop (mg_gateway_add_listener) */
+    size_t n_others;
     mg_list conns;                 /* all open connections (mg_conn.link) */
-    struct mg_ops *ops;
     struct mg_fdsock *fdsock;      /* the fd socket (mg_fdsock.h), or NULL */
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
@@ -310,6 +325,16 @@ const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, 
                                         int *service_known);
 /* Registers a readable route (at start-up). Returns 0 or MG_ERR_FULL. */
 int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
+/* Registers a page (at start-up): its route, in the same table. Returns 0 or MG_ERR_FULL. */
+int mg_gateway_add_page(mg_gateway *gw, const mg_page *p);
+/* Answers a GET or HEAD of path (query string included) from the pages: fills body and *ctype
+ * and returns the HTTP status — the page's, or 404 with a line naming the pages. The control
+ * port and the ops port both answer through it. */
+int mg_gateway_page(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
+/* Runs every started service's metrics hook (its /metrics block) or status hook (its members
+ * of /status.json), in list order. */
+void mg_gateway_services_metrics(mg_gateway *gw, struct evbuffer *out);
+void mg_gateway_services_status(mg_gateway *gw, struct json_t *obj);
 /* A service's table: its n methods, then its nr routes (routes may be NULL). Returns 0 or the
  * first error of mg_gateway_add_method / _add_route. */
 int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
@@ -352,22 +377,20 @@ void mg_tls_ctx_free(void *ctx);
 int mg_reload_start(mg_gateway *gw);
 void mg_reload_free(mg_gateway *gw);
 
-/* mg_metrics.c: Prometheus text for everything the daemon counts. */
-void mg_metrics_render(mg_gateway *gw, struct evbuffer *out);
-/* Writes a histogram of the registration buckets (1 ms .. 10 s) with its HELP and TYPE lines:
- * for the services' own metrics blocks. */
+/* mg_metrics.c: histograms of seconds for the services' own /metrics blocks. Writes a
+ * histogram of the registration buckets (1 ms .. 10 s) with its HELP and TYPE lines. */
 void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const char *help,
                                const uint64_t buckets[12], uint64_t count, double sum);
-void mg_metrics_observe(mg_gateway *gw, int method_index, int code, double seconds);
 /* One observation into a histogram of the registration buckets (for mg_metrics_render_seconds). */
 void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds);
+/* The upper bounds of the call latency buckets (mg_method_stats: 0.1 ms .. 1 s). */
+extern const double mg_call_seconds_le[12];
 
-/* mg_ops.c: the plaintext HTTP/1.1 ops port (evhttp). */
-int mg_ops_start(mg_gateway *gw, const char *listen);
-void mg_ops_stop(mg_gateway *gw);
-/* Enables or disables accepting on the ops port's listeners (mg_accept_failed). */
-void mg_ops_accepting(mg_gateway *gw, int on);
-/* Shared by the ops port and the control port's GET routes: fills status and body. */
-int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
+/* mg_conn.c: a listener another part of the daemon opened on the gateway's loop (the ops
+ * port's) pauses and resumes with the gateway's own when descriptors run out
+ * (mg_accept_failed). Returns 0 or MG_ERR_FULL. mg_gateway_del_listener takes it back before
+ * it is freed. */
+int mg_gateway_add_listener(mg_gateway *gw, struct evconnlistener *lev);
+void mg_gateway_del_listener(mg_gateway *gw, struct evconnlistener *lev);
 
 #endif

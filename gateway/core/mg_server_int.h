@@ -152,7 +152,8 @@ int mg_unix_peer(int fd, uint32_t *uid, mg_proc *proc);
 /* When a listener's accept fails for want of a descriptor (EMFILE, ENFILE, ENOBUFS, ENOMEM),
  * the connection stays in the kernel's queue and an enabled listener would wake the loop again
  * at once, forever. mg_accept_failed() disables every listener of the gateway (control, h2c,
- * Unix socket, ops port), logs one line for the episode and counts it; accepting resumes when
+ * Unix socket, fd socket, and those of mg_gateway_add_listener: the ops port's), logs one line
+ * for the episode and counts it; accepting resumes when
  * a connection of the gateway closes, or after 100 ms, and the episode ends with the first
  * accept that succeeds (mg_accept_ok). Other accept errors are logged, rate-limited. */
 void mg_accept_failed(mg_gateway *gw, const char *where, int err);

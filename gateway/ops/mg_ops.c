@@ -1,7 +1,10 @@
 /*
- * mg_ops: the plaintext HTTP/1.1 ops port, served by libevent's evhttp on the gateway loop:
- * /livez, /readyz (/healthz), /metrics and a small status page at /. Read-only: nothing here
- * changes the daemon. The same routes answer GET on the control port (mg_ops_route).
+ * mg_ops: the ops pages — /livez, /readyz (/healthz), /metrics, /status.json, /traces and a
+ * small status page at / — and the plaintext HTTP/1.1 ops port, served by libevent's evhttp on
+ * the gateway loop. Read-only: nothing here changes the daemon. Its init (mg_ops_service, in
+ * the list of mg_services.c) registers the pages in the gateway's route table, where the
+ * control port finds them for GET and HEAD, and opens the ops port, which answers from the same
+ * table (mg_gateway_page).
  *
  * The port is open to anyone who reaches it, so its connections are bounded here, not by
  * evhttp (whose timeout starts again with every byte): each request must arrive whole within
@@ -13,7 +16,7 @@
  * are gone), which closes the descriptor. Each accept drops those first, so the limit counts
  * only connections evhttp still serves.
  */
-#include "mg_gateway.h"
+#include "mg_ops.h"
 #include "mg_server_int.h"
 #include "mg_service.h"
 
@@ -59,7 +62,16 @@ struct mg_ops {
     ops_conn *conns;
     uint64_t nconns;
     struct event *sweep;
+    mg_ops_counts counts;
 };
+
+extern const mg_service mg_ops_service;
+
+/* The ops port's state, NULL without the port (--ops-listen ""). */
+static mg_ops *ops_of(mg_gateway *gw)
+{
+    return *mg_gateway_state(gw, &mg_ops_service);
+}
 
 /* evhttp hands its listeners' error callback the evhttp, not ours: which gateway it is. Loop
  * thread only; a slot per gateway alive in the process. */
@@ -136,11 +148,9 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
                   "tcp", gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "process_vm",
                   pvm, "segments", "ready", (json_int_t)rs.segments, "registering",
                   (json_int_t)rs.registering, "bytes", (json_int_t)rs.bytes);
-    if (j)
+    if (j) {
         pools_status(gw, j);
-    for (size_t i = 0; j && i < mg_n_services; i++) { /* each service's own members */
-        if (gw->started[i] && mg_services[i]->status)
-            mg_services[i]->status(gw, j);
+        mg_gateway_services_status(gw, j); /* each service's own members */
     }
     text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     evbuffer_add_printf(body, "%s\n", text ? text : "{}");
@@ -206,60 +216,73 @@ static const char status_page[] =
     "tick();setInterval(tick,2000);"
     "</script></body></html>\n";
 
-int mg_ops_route(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
-{
-    char clean[256];
-    const char *q = strchr(path, '?');
-    size_t n = q ? (size_t)(q - path) : strlen(path);
-    int verbose = q && strstr(q, "verbose") != NULL;
-    if (n >= sizeof(clean))
-        n = sizeof(clean) - 1;
-    memcpy(clean, path, n);
-    clean[n] = '\0';
+/* The pages: each fills body (and *ctype, preset to plain text) and returns the status. */
 
-    *ctype = "text/plain; charset=utf-8";
-    if (!strcmp(clean, "/livez")) {
-        evbuffer_add_printf(body, "ok\n");
-        return 200;
-    }
-    if (!strcmp(clean, "/readyz") || !strcmp(clean, "/healthz")) {
-        int ready = gw->state == MG_STATE_SERVING;
-        if (verbose) {
-            char rdma[400];
-            rdma_line(gw, rdma, sizeof(rdma));
-            evbuffer_add_printf(body,
-                                "[%s] state: %s\n[+] engine: %u workers\n[+] transport tcp\n"
-                                "[%s] transport rdma: %s\n",
-                                ready ? "+" : "-", mg_state_name(gw->state),
-                                (unsigned)gw->cfg->workers, gw->rdma ? "+" : "-", rdma);
-        }
-        evbuffer_add_printf(body, "%s\n", ready ? "ok" : mg_state_name(gw->state));
-        return ready ? 200 : 503;
-    }
-    if (!strcmp(clean, "/metrics")) {
-        *ctype = "text/plain; version=0.0.4; charset=utf-8";
-        mg_metrics_render(gw, body);
-        return 200;
-    }
-    if (!strcmp(clean, "/status.json")) {
-        *ctype = "application/json";
-        status_json(gw, body);
-        return 200;
-    }
-    if (!strcmp(clean, "/traces")) { /* OTLP/JSON lines, oldest first */
-        *ctype = "application/x-ndjson";
-        mg_spans_export(gw->spans, "moongate", add_text, body);
-        return 200;
-    }
-    if (!strcmp(clean, "/")) {
-        *ctype = "text/html; charset=utf-8";
-        evbuffer_add(body, status_page, sizeof(status_page) - 1);
-        return 200;
-    }
-    evbuffer_add_printf(
-        body, "not found: %s (try /livez /readyz /metrics /status.json /traces /)\n", clean);
-    return 404;
+static int livez(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    evbuffer_add_printf(body, "ok\n");
+    return 200;
 }
+
+/* /readyz and /healthz: 200 while serving, else 503; ?verbose adds what it is made of. */
+static int readyz(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    const char *q = strchr(path, '?');
+    int ready = gw->state == MG_STATE_SERVING;
+    if (q && strstr(q, "verbose") != NULL) {
+        char rdma[400];
+        rdma_line(gw, rdma, sizeof(rdma));
+        evbuffer_add_printf(body,
+                            "[%s] state: %s\n[+] engine: %u workers\n[+] transport tcp\n"
+                            "[%s] transport rdma: %s\n",
+                            ready ? "+" : "-", mg_state_name(gw->state), (unsigned)gw->cfg->workers,
+                            gw->rdma ? "+" : "-", rdma);
+    }
+    evbuffer_add_printf(body, "%s\n", ready ? "ok" : mg_state_name(gw->state));
+    return ready ? 200 : 503;
+}
+
+static int metrics(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    static const mg_ops_counts none;
+    mg_ops *ops = ops_of(gw);
+    *ctype = "text/plain; version=0.0.4; charset=utf-8";
+    mg_ops_metrics(gw, ops ? &ops->counts : &none, body);
+    return 200;
+}
+
+static int status(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    *ctype = "application/json";
+    status_json(gw, body);
+    return 200;
+}
+
+/* OTLP/JSON lines of the sampled spans, oldest first. */
+static int traces(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    *ctype = "application/x-ndjson";
+    mg_spans_export(gw->spans, "moongate", add_text, body);
+    return 200;
+}
+
+static int index_page(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype)
+{
+    *ctype = "text/html; charset=utf-8";
+    evbuffer_add(body, status_page, sizeof(status_page) - 1);
+    return 200;
+}
+
+/* In the order the 404 answer names them; /healthz is /readyz's other name. */
+static const mg_page ops_pages[] = {
+    MG_PAGE("/livez", livez),
+    MG_PAGE("/readyz", readyz),
+    {.route = {"GET", "/healthz", 0, NULL}, .render = readyz, .hidden = 1},
+    MG_PAGE("/metrics", metrics),
+    MG_PAGE("/status.json", status),
+    MG_PAGE("/traces", traces),
+    MG_PAGE("/", index_page),
+};
 
 static ops_conn *find_conn(mg_ops *ops, const struct bufferevent *bev)
 {
@@ -303,7 +326,7 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
         if (!c->shut && (c->over || now > c->deadline_ns)) {
             evutil_socket_t sfd = bufferevent_getfd(c->bev);
             if (!c->over) {
-                gw->stats.ops_header_timeouts++;
+                ops->counts.header_timeouts++;
                 mg_info("ops_conn_timeout",
                         "reason=\"request not whole within --ops-header-timeout\" seconds=%llu",
                         (unsigned long long)gw->cfg->ops_header_timeout);
@@ -339,10 +362,10 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     reclaim(ops);
     if (ops->nconns >= gw->cfg->ops_max_connections) {
         c->over = 1;
-        if (gw->stats.ops_refused++ == 0 || gw->stats.ops_refused % 1000 == 0)
+        if (ops->counts.refused++ == 0 || ops->counts.refused % 1000 == 0)
             mg_warn("ops_conn_refused", "reason=\"--ops-max-connections\" limit=%llu refused=%llu",
                     (unsigned long long)gw->cfg->ops_max_connections,
-                    (unsigned long long)gw->stats.ops_refused);
+                    (unsigned long long)ops->counts.refused);
     }
     c->next = ops->conns;
     ops->conns = c;
@@ -367,25 +390,13 @@ static void ops_accept_error_cb(struct evconnlistener *lev, void *http)
     }
 }
 
-void mg_ops_accepting(mg_gateway *gw, int on)
-{
-    if (gw->ops == NULL)
-        return;
-    for (size_t i = 0; i < gw->ops->nlev; i++) {
-        if (on)
-            evconnlistener_enable(gw->ops->lev[i]);
-        else
-            evconnlistener_disable(gw->ops->lev[i]);
-    }
-}
-
 static void ops_cb(struct evhttp_request *req, void *arg)
 {
     mg_gateway *gw = arg;
+    mg_ops *ops = ops_of(gw);
     ops_conn *c =
-        gw->ops ? find_conn(gw->ops,
-                            evhttp_connection_get_bufferevent(evhttp_request_get_connection(req)))
-                : NULL;
+        ops ? find_conn(ops, evhttp_connection_get_bufferevent(evhttp_request_get_connection(req)))
+            : NULL;
     struct evbuffer *body = evbuffer_new();
     const char *ctype = "text/plain";
     int status;
@@ -399,7 +410,7 @@ static void ops_cb(struct evhttp_request *req, void *arg)
         evbuffer_add_printf(body, "the ops port is read-only: use GET\n");
         status = 405;
     } else {
-        status = mg_ops_route(gw, evhttp_request_get_uri(req), body, &ctype);
+        status = mg_gateway_page(gw, evhttp_request_get_uri(req), body, &ctype);
     }
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
     evhttp_send_reply(req, status,
@@ -413,14 +424,17 @@ static void ops_cb(struct evhttp_request *req, void *arg)
         c->deadline_ns = mg_now_mono_ns() + gw->cfg->ops_header_timeout * 1000000000ULL;
 }
 
-int mg_ops_start(mg_gateway *gw, const char *listen)
+/* Opens the ops port on each address of listen. Returns 0 or an MG_ERR_* (logged); what was
+ * made is let go by ops_stop either way. */
+static int ops_start(mg_gateway *gw, const char *listen)
 {
     char buf[512], *save = NULL, *tok;
     mg_ops *ops = calloc(1, sizeof(*ops));
     size_t slot = 0;
+    int rc;
     if (ops == NULL)
         return MG_ERR_NOMEM;
-    gw->ops = ops;
+    *mg_gateway_state(gw, &mg_ops_service) = ops;
     ops->gw = gw;
     ops->http = evhttp_new(gw->base);
     ops->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ops); /* while any is open */
@@ -436,10 +450,10 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
     owners[slot].ops = ops;
     evhttp_set_gencb(ops->http, ops_cb, gw);
     evhttp_set_bevcb(ops->http, bev_cb, ops);
-    evhttp_set_timeout(gw->ops->http, 30);
-    evhttp_set_max_headers_size(gw->ops->http, 16384);
-    evhttp_set_max_body_size(gw->ops->http, 0);
-    evhttp_set_allowed_methods(gw->ops->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
+    evhttp_set_timeout(ops->http, 30);
+    evhttp_set_max_headers_size(ops->http, 16384);
+    evhttp_set_max_body_size(ops->http, 0);
+    evhttp_set_allowed_methods(ops->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
     snprintf(buf, sizeof(buf), "%s", listen);
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         struct evhttp_bound_socket *bound;
@@ -462,18 +476,23 @@ int mg_ops_start(mg_gateway *gw, const char *listen)
             return MG_ERR_SYSTEM;
         }
         ops->lev[ops->nlev] = evhttp_bound_socket_get_listener(bound);
-        evconnlistener_set_error_cb(ops->lev[ops->nlev++], ops_accept_error_cb);
+        evconnlistener_set_error_cb(ops->lev[ops->nlev], ops_accept_error_cb);
+        /* paused with the gateway's own listeners when descriptors run out */
+        if ((rc = mg_gateway_add_listener(gw, ops->lev[ops->nlev++])) != 0)
+            return rc;
         mg_info("listen", "addr=%s%s%s:%d kind=ops", strchr(host, ':') ? "[" : "", host,
                 strchr(host, ':') ? "]" : "", port);
     }
     return 0;
 }
 
-void mg_ops_stop(mg_gateway *gw)
+static void ops_stop(mg_gateway *gw)
 {
-    mg_ops *ops = gw->ops;
+    mg_ops *ops = ops_of(gw);
     if (ops == NULL)
         return;
+    for (size_t i = 0; i < ops->nlev; i++)
+        mg_gateway_del_listener(gw, ops->lev[i]);
     for (size_t i = 0; i < sizeof(owners) / sizeof(owners[0]); i++) {
         if (owners[i].ops == ops)
             owners[i].http = NULL, owners[i].ops = NULL;
@@ -489,5 +508,18 @@ void mg_ops_stop(mg_gateway *gw)
     if (ops->sweep)
         event_free(ops->sweep);
     free(ops);
-    gw->ops = NULL;
+    *mg_gateway_state(gw, &mg_ops_service) = NULL;
 }
+
+/* At start: the pages into the route table, then the port (none with --ops-listen ""). */
+static int ops_init(mg_gateway *gw)
+{
+    int rc;
+    for (size_t i = 0; i < MG_NELEM(ops_pages); i++) {
+        if ((rc = mg_gateway_add_page(gw, &ops_pages[i])) != 0)
+            return rc;
+    }
+    return *gw->cfg->ops_listen ? ops_start(gw, gw->cfg->ops_listen) : 0;
+}
+
+const mg_service mg_ops_service = {.name = "ops", .init = ops_init, .free = ops_stop};

@@ -1,14 +1,14 @@
 /*
- * mg_metrics: Prometheus text exposition of what the gateway and the engine count. Counters are
- * plain integers written by the loop thread; this renderer runs on the same thread. Engine
- * figures come from mg_engine_get_stats(), which takes the engine's lock briefly.
+ * mg_ops_metrics: Prometheus text exposition of what the gateway and the engine count, for the
+ * /metrics page. Counters are plain integers written by the loop thread; this renderer runs on
+ * the same thread. Engine figures come from mg_engine_get_stats(), which takes the engine's
+ * lock briefly.
  */
-#include "mg_gateway.h"
+#include "mg_ops.h"
 
 #include "mg_auth.h"
 #include "mg_fdsock.h"
 #include "moongate/procmem.h"
-#include "mg_service.h"
 
 #include "moongate/pools.h"
 #include "moongate/rdma.h"
@@ -17,50 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const double reg_le[12] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                  0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
-
-static const double bucket_le[12] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                     0.01,   0.025,   0.05,   0.1,   0.5,    1.0};
-
-/* One observation into a histogram of 12 buckets with upper bounds `le`. */
-static void observe(const double le[12], uint64_t buckets[12], double *sum, double seconds)
-{
-    *sum += seconds;
-    for (int b = 0; b < 12; b++) {
-        if (seconds <= le[b])
-            buckets[b]++;
-    }
-}
-
-void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const char *help,
-                               const uint64_t buckets[12], uint64_t count, double sum)
-{
-    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int b = 0; b < 12; b++)
-        evbuffer_add_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, reg_le[b],
-                            (unsigned long long)buckets[b]);
-    evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-                        (unsigned long long)count, name, sum, name, (unsigned long long)count);
-}
-
-void mg_metrics_observe(mg_gateway *gw, int idx, int code, double seconds)
-{
-    mg_method_stats *s;
-    if (idx < 0 || (size_t)idx >= gw->n_methods)
-        return;
-    s = &gw->method_stats[idx];
-    if (code < 0 || code >= MG_GRPC_CODE_COUNT)
-        code = MG_GRPC_UNKNOWN;
-    s->handled[code]++;
-    observe(bucket_le, s->buckets, &s->seconds_sum, seconds);
-}
-
-void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds)
-{
-    observe(reg_le, buckets, sum, seconds);
-}
 
 /* "/pkg.Service/Method" -> service and method label values. */
 static void split_path(const char *path, char *svc, size_t scap, char *meth, size_t mcap)
@@ -75,7 +31,7 @@ static void split_path(const char *path, char *svc, size_t scap, char *meth, siz
 }
 
 /* The daemon itself: build, uptime, connections, HTTP/2, auth, descriptors. */
-static void render_daemon(mg_gateway *gw, struct evbuffer *out)
+static void render_daemon(mg_gateway *gw, const mg_ops_counts *ops, struct evbuffer *out)
 {
     static const char *const kinds[3] = {"tls", "h2c", "unix"};
     double uptime = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
@@ -165,8 +121,7 @@ static void render_daemon(mg_gateway *gw, struct evbuffer *out)
         (unsigned long long)gw->reloads[1], (unsigned long long)gw->reload_errors[0],
         (unsigned long long)gw->reload_errors[1], (unsigned long long)gw->open_files_limit,
         (unsigned long long)gw->stats.accept_pauses, gw->accept_episode,
-        (unsigned long long)gw->stats.ops_refused,
-        (unsigned long long)gw->stats.ops_header_timeouts);
+        (unsigned long long)ops->refused, (unsigned long long)ops->header_timeouts);
 }
 
 /* Calls by method: started, handled by code, latency. */
@@ -211,7 +166,8 @@ static void render_methods(mg_gateway *gw, struct evbuffer *out)
             evbuffer_add_printf(out,
                                 "moongate_grpc_handling_seconds_bucket{grpc_service=\"%s\","
                                 "grpc_method=\"%s\",le=\"%g\"} %llu\n",
-                                svc, meth, bucket_le[b], (unsigned long long)s->buckets[b]);
+                                svc, meth, mg_call_seconds_le[b],
+                                (unsigned long long)s->buckets[b]);
         evbuffer_add_printf(out,
                             "moongate_grpc_handling_seconds_bucket{grpc_service=\"%s\","
                             "grpc_method=\"%s\",le=\"+Inf\"} %llu\n"
@@ -428,17 +384,14 @@ static void render_pools(mg_gateway *gw, struct evbuffer *out)
     free(rows);
 }
 
-void mg_metrics_render(mg_gateway *gw, struct evbuffer *out)
+void mg_ops_metrics(mg_gateway *gw, const mg_ops_counts *ops, struct evbuffer *out)
 {
-    render_daemon(gw, out);
+    render_daemon(gw, ops, out);
     render_methods(gw, out);
     render_segments(gw, out);
     render_pools(gw, out);
     render_fd_handles(gw, out);
     render_process_vm(out);
-    for (size_t i = 0; i < mg_n_services; i++) { /* each service's own block */
-        if (gw->started[i] && mg_services[i]->metrics)
-            mg_services[i]->metrics(gw, out);
-    }
+    mg_gateway_services_metrics(gw, out); /* each service's own block */
     render_engine(gw, out);
 }
