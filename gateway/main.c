@@ -4,7 +4,7 @@
  * (exit 1 with the reason logged; 2 for a configuration error).
  */
 #include "mg_config.h"
-#include "mg_gateway.h"
+#include "mg_core.h"
 #include "mg_log.h"
 #include "mg_shm.h"
 #include "moongate/engine.h"
@@ -268,8 +268,7 @@ int main(int argc, char **argv)
         goto out;
     }
     mg_gateway_set_serving(gw);
-    mg_gateway_run(gw);
-    exit_code = gw->exit_code; /* 1 when start-up work (the pool) failed */
+    exit_code = mg_gateway_run(gw); /* 1 when start-up work (the pool) failed */
 
 out:
     if (sigterm)

@@ -18,6 +18,7 @@
 #include "mg_auth.h"
 #include "mg_config.h"
 #include "mg_gateway.h"
+#include "mg_tls.h"
 
 #include <stdint.h>
 

@@ -385,9 +385,9 @@ const double mg_call_seconds_le[12] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0
 static void count_call(mg_gateway *gw, int idx, int code, double seconds)
 {
     mg_method_stats *s;
-    if (idx < 0 || (size_t)idx >= gw->n_methods)
+    if (idx < 0 || (size_t)idx >= gw->core->n_methods)
         return;
-    s = &gw->method_stats[idx];
+    s = &gw->core->method_stats[idx];
     if (code < 0 || code >= MG_GRPC_CODE_COUNT)
         code = MG_GRPC_UNKNOWN;
     s->handled[code]++;
@@ -619,7 +619,7 @@ void mg_call_detach(mg_call *call, const char *why)
             call->next->prev = call->prev;
         call->next = call->prev = NULL;
         conn->nstreams--;
-        conn->gw->stats.streams_active--;
+        conn->gw->core->stats.streams_active--;
     }
     if (!call->finished) {
         call->stream_closed = 1;

@@ -194,15 +194,15 @@ static int admission(mg_call *call)
                       .open = call->method->open,
                       .peer_only = call->method->peer_only};
     if (mg_admit_peer(gw->cfg, &r, &v) == 0 &&
-        mg_admit_caller(gw->cfg, gw->auth, &r, &call->who, &v) == 0 &&
-        mg_admit_rate(gw->cfg, &gw->rates, &r, call->who.tenant, mg_now_mono_ns(), &v) == 0)
+        mg_admit_caller(gw->cfg, gw->core->auth, &r, &call->who, &v) == 0 &&
+        mg_admit_rate(gw->cfg, &gw->core->rates, &r, call->who.tenant, mg_now_mono_ns(), &v) == 0)
         return 0;
     if (v.why == MG_ADMIT_RATE)
-        gw->stats.rate_refused++;
+        gw->core->stats.rate_refused++;
     else if (v.why == MG_ADMIT_DENIED && !call->method->peer_only)
-        gw->stats.auth_denied++;
+        gw->core->stats.auth_denied++;
     else if (!call->method->peer_only)
-        gw->stats.auth_unauthenticated++;
+        gw->core->stats.auth_unauthenticated++;
     mg_call_end(call, v.code, v.message, 0);
     return 1;
 }
@@ -219,7 +219,7 @@ static int readable_route(mg_call *call)
     int known;
     json_t *obj;
 
-    switch (mg_route_find(gw->routes, gw->n_routes, call->verb, call->path, &m)) {
+    switch (mg_route_find(gw->core->routes, gw->core->n_routes, call->verb, call->path, &m)) {
     case MG_ROUTE_NONE:
         return 0;
     case MG_ROUTE_VERB:
@@ -242,7 +242,7 @@ static int readable_route(mg_call *call)
         return 1;
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
-    gw->method_stats[call->method_index].started++;
+    gw->core->method_stats[call->method_index].started++;
     if (admission(call)) {
         json_decref(obj);
         return 1;
@@ -293,7 +293,7 @@ void mg_call_on_headers_end(mg_call *call)
         struct evbuffer *body = evbuffer_new();
         const char *ctype = "text/plain; charset=utf-8";
         int status;
-        gw->stats.http_requests++;
+        gw->core->stats.http_requests++;
         if (body == NULL) {
             mg_call_http(call, 500, ctype, "out of memory\n", 14);
             return;
@@ -320,7 +320,7 @@ void mg_call_on_headers_end(mg_call *call)
     call->mode = is_grpc ? MODE_GRPC : MODE_JSON;
     call->method = mg_gateway_find_method(gw, call->path, strlen(call->path), &service_known);
     if (call->method == NULL) {
-        gw->stats.unknown_method_calls++;
+        gw->core->stats.unknown_method_calls++;
         if (service_known)
             snprintf(m, sizeof(m), "unknown method %s", call->path);
         else
@@ -329,7 +329,7 @@ void mg_call_on_headers_end(mg_call *call)
         return;
     }
     call->method_index = mg_gateway_method_index(gw, call->method);
-    gw->method_stats[call->method_index].started++;
+    gw->core->method_stats[call->method_index].started++;
     if (admission(call))
         return;
     if (is_grpc && !call->te_trailers) {

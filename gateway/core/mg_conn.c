@@ -61,7 +61,7 @@ static int on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, 
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, call);
     conn->nstreams++;
-    conn->gw->stats.streams_active++;
+    conn->gw->core->stats.streams_active++;
     if (conn->timer)
         evtimer_del(conn->timer);
     return 0;
@@ -112,7 +112,7 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
             mg_call_on_data_frame(call);
         break;
     case NGHTTP2_RST_STREAM:
-        conn->gw->stats.rst_received++;
+        conn->gw->core->stats.rst_received++;
         break;
     default:
         break;
@@ -143,7 +143,7 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
             mg_call_on_final_sent(call);
     } else if (frame->hd.type == NGHTTP2_GOAWAY) {
         mg_conn *conn = user_data;
-        conn->gw->stats.goaway_sent++;
+        conn->gw->core->stats.goaway_sent++;
         if (frame->goaway.error_code != NGHTTP2_NO_ERROR) /* the connection ends for a cause */
             mg_warn("conn_goaway", "peer=%s kind=%s error=%s last_stream=%d", conn->peer,
                     mg_conn_kind_names[conn->kind],
@@ -214,7 +214,7 @@ static int conn_session_new(mg_conn *conn)
     if (nghttp2_session_set_local_window_size(conn->ng, NGHTTP2_FLAG_NONE, 0,
                                               (int32_t)cfg->conn_window_bytes) != 0)
         return -1;
-    if (conn->gw->drain_phase >= 1)
+    if (conn->gw->core->drain_phase >= 1)
         nghttp2_submit_shutdown_notice(conn->ng);
     return 0;
 }
@@ -282,7 +282,7 @@ static int conn_feed(mg_conn *conn, const uint8_t *data, size_t len)
 {
     ssize_t r = nghttp2_session_mem_recv(conn->ng, data, len);
     if (r < 0) {
-        conn->gw->stats.protocol_errors++;
+        conn->gw->core->stats.protocol_errors++;
         mg_info("conn_protocol_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
                 mg_conn_kind_names[conn->kind], nghttp2_strerror((int)r));
         /* nghttp2 queued a GOAWAY where it could; send it, then close. */
@@ -308,7 +308,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 
     if (conn->ng == NULL)
         return;
-    conn->gw->conn_reads++;
+    conn->gw->core->conn_reads++;
     while (evbuffer_get_length(in) > 0) {
         size_t len = evbuffer_get_contiguous_space(in);
         uint8_t *data = evbuffer_pullup(in, (ssize_t)len);
@@ -339,7 +339,7 @@ static void conn_plain_read_cb(evutil_socket_t fd, short what, void *arg)
             mg_conn_free(conn);
             return;
         }
-        conn->gw->conn_reads++;
+        conn->gw->core->conn_reads++;
         if (conn_feed(conn, buf, (size_t)n) < 0)
             return;
         conn_check_output(conn);
@@ -384,13 +384,13 @@ static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
         return;
     }
     if (events & BEV_EVENT_TIMEOUT) {
-        conn->gw->stats.write_timeouts++;
+        conn->gw->core->stats.write_timeouts++;
         mg_info("conn_timeout", "peer=%s kind=%s reason=write unsent=%zu", conn->peer,
                 mg_conn_kind_names[conn->kind], evbuffer_get_length(bufferevent_get_output(bev)));
     }
     if (events & BEV_EVENT_ERROR && conn->kind == CONN_TLS && conn->ng == NULL) {
         char buf[256];
-        conn->gw->stats.tls_handshake_errors++;
+        conn->gw->core->stats.tls_handshake_errors++;
         mg_bev_error_reason(bufferevent_get_openssl_error(bev), sock_err, buf, sizeof(buf));
         mg_info("tls_handshake_failed", "peer=%s error=\"%s\"", conn->peer, buf);
     }
@@ -447,7 +447,7 @@ void mg_conn_free(mg_conn *conn)
     }
     if (mg_list_linked(&conn->link))
         mg_list_remove(&conn->link);
-    gw->stats.conns_active--;
+    gw->core->stats.conns_active--;
     mg_debug("conn_closed", "peer=%s kind=%s", conn->peer, mg_conn_kind_names[conn->kind]);
     free(conn);
     mg_accept_resume(gw); /* a descriptor is free: listeners paused for want of one go on */
@@ -515,13 +515,13 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     }
     conn->gw = gw;
     mg_list_init(&conn->binds);
-    conn->serial = ++gw->conns_opened;
+    conn->serial = ++gw->core->conns_opened;
     conn->kind = l->kind;
     peer_name(conn, conn->peer, sizeof(conn->peer), fd, sa, l->kind);
     if (l->kind != CONN_UNIX)
         setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
     if (l->kind == CONN_TLS) {
-        SSL *ssl = SSL_new(gw->ssl_ctx);
+        SSL *ssl = SSL_new(gw->core->ssl_ctx);
         if (ssl == NULL) {
             evutil_closesocket(fd);
             free(conn);
@@ -541,9 +541,9 @@ static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct soc
     }
     conn->timer = evtimer_new(gw->base, conn_timer_cb, conn);
     conn->flush_ev = event_new(gw->base, -1, 0, flush_cb, conn);
-    mg_list_push_front(&gw->conns, &conn->link);
-    gw->stats.conns_active++;
-    gw->stats.conns_total[l->kind]++;
+    mg_list_push_front(&gw->core->conns, &conn->link);
+    gw->core->stats.conns_active++;
+    gw->core->stats.conns_total[l->kind]++;
     if (conn->bev == NULL || conn->timer == NULL || conn->flush_ev == NULL ||
         (l->kind != CONN_TLS && (conn->stage == NULL || conn->read_ev == NULL))) {
         if (conn->bev == NULL)
@@ -624,8 +624,8 @@ static int add_listener(mg_gateway *gw, conn_kind kind, const char *addr)
         free(l);
         return MG_ERR_SYSTEM;
     }
-    l->next = gw->listeners;
-    gw->listeners = l;
+    l->next = gw->core->listeners;
+    gw->core->listeners = l;
     evconnlistener_set_error_cb(l->lev, listener_error_cb);
     mg_info("listen", "addr=%s kind=%s", addr, mg_conn_kind_names[kind]);
     return 0;
@@ -719,8 +719,8 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
         return MG_ERR_SYSTEM;
     }
     evconnlistener_set_error_cb(l->lev, listener_error_cb);
-    l->next = gw->listeners;
-    gw->listeners = l;
+    l->next = gw->core->listeners;
+    gw->core->listeners = l;
     mg_info("listen", "addr=unix:%s kind=unix", path);
     return 0;
 }
@@ -730,34 +730,34 @@ int mg_listener_add_unix(mg_gateway *gw, const char *path)
 
 static void listeners_enable(mg_gateway *gw, int on)
 {
-    for (mg_listener *l = gw->listeners; l; l = l->next) {
+    for (mg_listener *l = gw->core->listeners; l; l = l->next) {
         if (on)
             evconnlistener_enable(l->lev);
         else
             evconnlistener_disable(l->lev);
     }
-    for (size_t i = 0; i < gw->n_others; i++) {
+    for (size_t i = 0; i < gw->core->n_others; i++) {
         if (on)
-            evconnlistener_enable(gw->others[i]);
+            evconnlistener_enable(gw->core->others[i]);
         else
-            evconnlistener_disable(gw->others[i]);
+            evconnlistener_disable(gw->core->others[i]);
     }
     mg_fdsock_accepting(gw, on);
 }
 
 int mg_gateway_add_listener(mg_gateway *gw, struct evconnlistener *lev)
 {
-    if (gw->n_others == sizeof(gw->others) / sizeof(gw->others[0]))
+    if (gw->core->n_others == sizeof(gw->core->others) / sizeof(gw->core->others[0]))
         return MG_ERR_FULL;
-    gw->others[gw->n_others++] = lev;
+    gw->core->others[gw->core->n_others++] = lev;
     return 0;
 }
 
 void mg_gateway_del_listener(mg_gateway *gw, struct evconnlistener *lev)
 {
-    for (size_t i = 0; i < gw->n_others; i++) {
-        if (gw->others[i] == lev) {
-            gw->others[i] = gw->others[--gw->n_others];
+    for (size_t i = 0; i < gw->core->n_others; i++) {
+        if (gw->core->others[i] == lev) {
+            gw->core->others[i] = gw->core->others[--gw->core->n_others];
             return;
         }
     }
@@ -770,22 +770,22 @@ static void accept_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 void mg_accept_resume(mg_gateway *gw)
 {
-    if (!gw->accept_paused)
+    if (!gw->core->accept_paused)
         return;
-    gw->accept_paused = 0;
-    if (gw->accept_timer)
-        evtimer_del(gw->accept_timer);
+    gw->core->accept_paused = 0;
+    if (gw->core->accept_timer)
+        evtimer_del(gw->core->accept_timer);
     listeners_enable(gw, 1); /* the next accept tells whether a descriptor is free now */
 }
 
 void mg_accept_ok(mg_gateway *gw)
 {
-    if (!gw->accept_episode)
+    if (!gw->core->accept_episode)
         return;
-    gw->accept_episode = 0;
-    if (gw->accept_logged) /* the episode's pause was logged: so is its end */
+    gw->core->accept_episode = 0;
+    if (gw->core->accept_logged) /* the episode's pause was logged: so is its end */
         mg_info("accept_resumed", "paused_ms=%.0f",
-                (double)(mg_now_mono_ns() - gw->accept_pause_ns) / 1e6);
+                (double)(mg_now_mono_ns() - gw->core->accept_pause_ns) / 1e6);
 }
 
 void mg_accept_failed(mg_gateway *gw, const char *where, int err)
@@ -793,37 +793,37 @@ void mg_accept_failed(mg_gateway *gw, const char *where, int err)
     static const struct timeval retry = {0, 100 * 1000};
     if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) {
         uint64_t now = mg_now_mono_ns();
-        if (now - gw->accept_warn_ns > 1000000000ULL) { /* at most a line a second */
-            gw->accept_warn_ns = now;
+        if (now - gw->core->accept_warn_ns > 1000000000ULL) { /* at most a line a second */
+            gw->core->accept_warn_ns = now;
             mg_warn("accept_failed", "listener=%s error=\"%s\"", where, strerror(err));
         }
         return;
     }
-    if (!gw->accept_episode) {
+    if (!gw->core->accept_episode) {
         /* Episodes follow each other as fast as descriptors free and are taken again: each is
          * counted, a line logged a second at most. */
         uint64_t now = mg_now_mono_ns();
-        gw->accept_episode = 1;
-        gw->accept_pause_ns = now;
-        gw->stats.accept_pauses++;
-        gw->accept_logged = now - gw->accept_warn_ns >= 1000000000ULL;
-        if (gw->accept_logged) {
-            gw->accept_warn_ns = now;
+        gw->core->accept_episode = 1;
+        gw->core->accept_pause_ns = now;
+        gw->core->stats.accept_pauses++;
+        gw->core->accept_logged = now - gw->core->accept_warn_ns >= 1000000000ULL;
+        if (gw->core->accept_logged) {
+            gw->core->accept_warn_ns = now;
             mg_warn("accept_paused",
                     "listener=%s error=\"%s\" open_files_limit=%llu open_connections=%llu "
                     "note=\"accepting resumes when a descriptor frees\"",
                     where, strerror(err), (unsigned long long)gw->open_files_limit,
-                    (unsigned long long)gw->stats.conns_active);
+                    (unsigned long long)gw->core->stats.conns_active);
         }
     }
-    if (gw->accept_paused)
+    if (gw->core->accept_paused)
         return;
-    gw->accept_paused = 1;
+    gw->core->accept_paused = 1;
     listeners_enable(gw, 0);
-    if (gw->accept_timer == NULL)
-        gw->accept_timer = evtimer_new(gw->base, accept_timer_cb, gw);
-    if (gw->accept_timer)
-        evtimer_add(gw->accept_timer, &retry);
+    if (gw->core->accept_timer == NULL)
+        gw->core->accept_timer = evtimer_new(gw->base, accept_timer_cb, gw);
+    if (gw->core->accept_timer)
+        evtimer_add(gw->core->accept_timer, &retry);
 }
 
 static void listener_error_cb(struct evconnlistener *lev, void *arg)
@@ -834,9 +834,9 @@ static void listener_error_cb(struct evconnlistener *lev, void *arg)
 
 void mg_listeners_free(mg_gateway *gw)
 {
-    while (gw->listeners) {
-        mg_listener *l = gw->listeners;
-        gw->listeners = l->next;
+    while (gw->core->listeners) {
+        mg_listener *l = gw->core->listeners;
+        gw->core->listeners = l->next;
         evconnlistener_free(l->lev);
         if (l->unix_path) {
             unlink(l->unix_path);

@@ -127,7 +127,7 @@ static int admit(fd_conn *c, const char *token, mg_fd_owner *who)
         r.auth_header = 1;
         r.bearer_hash = hash;
     }
-    if (mg_admit_caller(gw->cfg, gw->auth, &r, &p, &v) != 0) {
+    if (mg_admit_caller(gw->cfg, gw->core->auth, &r, &p, &v) != 0) {
         reply(c, "ERR %s %s", mg_grpc_code_name(v.code), v.message);
         return -1;
     }
@@ -348,7 +348,7 @@ int mg_fdsock_start(mg_gateway *gw)
     fs->gw = gw;
     fs->fd = -1;
     mg_list_init(&fs->conns);
-    gw->fdsock = fs;
+    gw->core->fdsock = fs;
     if (strcmp(cfg->fd_socket, "auto") == 0)
         rc = snprintf(fs->path, sizeof(fs->path), "%s.fd", cfg->unix_socket);
     else
@@ -381,7 +381,7 @@ int mg_fdsock_start(mg_gateway *gw)
 
 void mg_fdsock_stop(mg_gateway *gw)
 {
-    mg_fdsock *fs = gw->fdsock;
+    mg_fdsock *fs = gw->core->fdsock;
     if (fs == NULL)
         return;
     while (!mg_list_empty(&fs->conns))
@@ -396,12 +396,12 @@ void mg_fdsock_stop(mg_gateway *gw)
     }
     mg_fd_handles_del(fs->handles);
     free(fs);
-    gw->fdsock = NULL;
+    gw->core->fdsock = NULL;
 }
 
 void mg_fdsock_accepting(mg_gateway *gw, int on)
 {
-    mg_fdsock *fs = gw->fdsock;
+    mg_fdsock *fs = gw->core->fdsock;
     if (fs == NULL || fs->accept_ev == NULL)
         return;
     if (on)
@@ -412,15 +412,15 @@ void mg_fdsock_accepting(mg_gateway *gw, int on)
 
 mg_fd_handles *mg_fdsock_handles(mg_gateway *gw)
 {
-    return gw->fdsock ? gw->fdsock->handles : NULL;
+    return gw->core->fdsock ? gw->core->fdsock->handles : NULL;
 }
 
 const char *mg_fdsock_path(const mg_gateway *gw)
 {
-    return gw->fdsock ? gw->fdsock->path : "";
+    return gw->core->fdsock ? gw->core->fdsock->path : "";
 }
 
 uint64_t mg_fdsock_discarded(const mg_gateway *gw)
 {
-    return gw->fdsock ? gw->fdsock->discarded : 0;
+    return gw->core->fdsock ? gw->core->fdsock->discarded : 0;
 }

@@ -55,18 +55,18 @@ int mg_gateway_add_method(mg_gateway *gw, const mg_method *m)
     int known;
     if (mg_gateway_find_method(gw, m->path, strlen(m->path), &known))
         return MG_ERR_EXISTS;
-    if (gw->n_methods >= MG_MAX_METHODS)
+    if (gw->core->n_methods >= MG_MAX_METHODS)
         return MG_ERR_FULL;
-    gw->method_len[gw->n_methods] = strlen(m->path);
-    gw->methods[gw->n_methods++] = m;
+    gw->core->method_len[gw->core->n_methods] = strlen(m->path);
+    gw->core->methods[gw->core->n_methods++] = m;
     return 0;
 }
 
 int mg_gateway_add_route(mg_gateway *gw, const mg_route *r)
 {
-    if (gw->n_routes >= MG_MAX_ROUTES)
+    if (gw->core->n_routes >= MG_MAX_ROUTES)
         return MG_ERR_FULL;
-    gw->routes[gw->n_routes++] = r;
+    gw->core->routes[gw->core->n_routes++] = r;
     return 0;
 }
 
@@ -80,8 +80,8 @@ static int page_not_found(mg_gateway *gw, const char *path, struct evbuffer *bod
 {
     size_t n = strcspn(path, "?");
     evbuffer_add_printf(body, "not found: %.*s (try", (int)(n < 255 ? n : 255), path);
-    for (size_t i = 0; i < gw->n_routes; i++) {
-        const mg_route *r = gw->routes[i];
+    for (size_t i = 0; i < gw->core->n_routes; i++) {
+        const mg_route *r = gw->core->routes[i];
         if (r->method == NULL && !mg_container_of(r, mg_page, route)->hidden)
             evbuffer_add_printf(body, " %s", r->prefix);
     }
@@ -93,7 +93,7 @@ int mg_gateway_page(mg_gateway *gw, const char *path, struct evbuffer *body, con
 {
     mg_route_match m;
     *ctype = "text/plain; charset=utf-8";
-    if (mg_route_find(gw->routes, gw->n_routes, "GET", path, &m) == MG_ROUTE_HIT &&
+    if (mg_route_find(gw->core->routes, gw->core->n_routes, "GET", path, &m) == MG_ROUTE_HIT &&
         m.route->method == NULL)
         return mg_container_of(m.route, mg_page, route)->render(gw, path, body, ctype);
     return page_not_found(gw, path, body);
@@ -114,10 +114,27 @@ int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
     return 0;
 }
 
+const mg_method *mg_gateway_method(const mg_gateway *gw, size_t i)
+{
+    return i < gw->core->n_methods ? gw->core->methods[i] : NULL;
+}
+
+const mg_method_stats *mg_gateway_method_stats(const mg_gateway *gw, size_t i)
+{
+    return i < gw->core->n_methods ? &gw->core->method_stats[i] : NULL;
+}
+
+void mg_gateway_get_stats(const mg_gateway *gw, mg_gateway_stats *out)
+{
+    *out = gw->core->stats;
+    out->auth_principals = mg_auth_count(gw->core->auth);
+    out->accept_paused = gw->core->accept_episode;
+}
+
 int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m)
 {
-    for (size_t i = 0; i < gw->n_methods; i++) {
-        if (gw->methods[i] == m)
+    for (size_t i = 0; i < gw->core->n_methods; i++) {
+        if (gw->core->methods[i] == m)
             return (int)i;
     }
     return -1;
@@ -129,15 +146,16 @@ const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, 
     const char *slash = len > 1 ? memchr(path + 1, '/', len - 1) : NULL;
     size_t svc_len = slash ? (size_t)(slash - path) : len;
     *service_known = 0;
-    for (size_t i = 0; i < gw->n_methods; i++) { /* lengths first: most differ */
-        if (gw->method_len[i] == len && memcmp(gw->methods[i]->path, path, len) == 0) {
+    for (size_t i = 0; i < gw->core->n_methods; i++) { /* lengths first: most differ */
+        if (gw->core->method_len[i] == len && memcmp(gw->core->methods[i]->path, path, len) == 0) {
             *service_known = 1;
-            return gw->methods[i];
+            return gw->core->methods[i];
         }
     }
-    for (size_t i = 0; i < gw->n_methods; i++) {
-        const char *p = gw->methods[i]->path;
-        if (gw->method_len[i] > svc_len && memcmp(p, path, svc_len) == 0 && p[svc_len] == '/') {
+    for (size_t i = 0; i < gw->core->n_methods; i++) {
+        const char *p = gw->core->methods[i]->path;
+        if (gw->core->method_len[i] > svc_len && memcmp(p, path, svc_len) == 0 &&
+            p[svc_len] == '/') {
             *service_known = 1;
             break;
         }
@@ -192,13 +210,13 @@ static int pools_new(mg_gateway *gw)
 static void pool_started(void *arg, int rc)
 {
     mg_gateway *gw = arg;
-    gw->starting_jobs--;
+    gw->core->starting_jobs--;
     if (rc != 0) {
-        gw->exit_code = 1;
+        gw->core->exit_code = 1;
         event_base_loopbreak(gw->base);
         return;
     }
-    if (gw->serve_wanted)
+    if (gw->core->serve_wanted)
         mg_gateway_set_serving(gw);
 }
 
@@ -209,7 +227,7 @@ static int start_work(mg_gateway *gw)
 {
     unsigned starting = 0;
     int rc = gw->pools ? mg_pools_start(gw->pools, pool_started, gw, &starting) : 0;
-    gw->starting_jobs += starting; /* each reports through pool_started */
+    gw->core->starting_jobs += starting; /* each reports through pool_started */
     return rc;
 }
 
@@ -217,11 +235,16 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
                    const mg_gateway_parts *parts)
 {
     mg_engine *engine = parts->engine;
-    mg_gateway *gw = calloc(1, sizeof(*gw));
+    struct {
+        mg_gateway gw; /* first: freeing the gateway frees both */
+        mg_core core;
+    } *both = calloc(1, sizeof(*both));
+    mg_gateway *gw = both ? &both->gw : NULL;
     int rc;
     if (gw == NULL)
         return MG_ERR_NOMEM;
-    mg_list_init(&gw->conns); /* first: mg_gateway_del walks it */
+    gw->core = &both->core;
+    mg_list_init(&gw->core->conns); /* first: mg_gateway_del walks it */
     gw->base = base;
     gw->cfg = cfg;
     gw->memlock = mg_config_memlock(cfg->memlock);
@@ -251,8 +274,8 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     rc = mg_cq_new(&gw->cq);
     if (rc != 0)
         goto fail;
-    gw->cq_event = event_new(base, mg_cq_fd(gw->cq), EV_READ | EV_PERSIST, cq_cb, gw);
-    if (gw->cq_event == NULL || event_add(gw->cq_event, NULL) != 0) {
+    gw->core->cq_event = event_new(base, mg_cq_fd(gw->cq), EV_READ | EV_PERSIST, cq_cb, gw);
+    if (gw->core->cq_event == NULL || event_add(gw->core->cq_event, NULL) != 0) {
         rc = MG_ERR_NOMEM;
         goto fail;
     }
@@ -260,7 +283,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         goto fail;
     if ((rc = pools_new(gw)) != 0 || (rc = mg_shared_new(gw)) != 0)
         goto fail;
-    if (mg_n_services > sizeof(gw->started)) {
+    if (mg_n_services > sizeof(gw->core->started)) {
         rc = MG_ERR_INVALID;
         goto fail;
     }
@@ -268,7 +291,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
         const mg_service *s = mg_services[i];
         if (s->wanted && !s->wanted(cfg))
             continue;
-        gw->started[i] = 1;
+        gw->core->started[i] = 1;
         if ((rc = s->init(gw)) != 0) {
             mg_error("start_failed", "service=%s error=\"%s\"", s->name, mg_strerror(rc));
             goto fail;
@@ -280,8 +303,9 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     if ((rc = mg_reload_start(gw)) != 0)
         goto fail;
     if (*cfg->tls_cert) {
-        gw->ssl_ctx = mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->peer_ca, cfg->client_ca);
-        if (gw->ssl_ctx == NULL) {
+        gw->core->ssl_ctx =
+            mg_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->peer_ca, cfg->client_ca);
+        if (gw->core->ssl_ctx == NULL) {
             rc = MG_ERR_INVALID;
             goto fail;
         }
@@ -333,33 +357,33 @@ void mg_gateway_del(mg_gateway *gw)
         mg_cq_settle(gw->cq);
     mg_listeners_free(gw);
     mg_fdsock_stop(gw);
-    while (!mg_list_empty(&gw->conns))
-        mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
-    if (gw->accept_timer)
-        event_free(gw->accept_timer);
+    while (!mg_list_empty(&gw->core->conns))
+        mg_conn_free(mg_container_of(mg_list_first(&gw->core->conns), mg_conn, link));
+    if (gw->core->accept_timer)
+        event_free(gw->core->accept_timer);
     mg_shared_close(gw);
     for (size_t i = mg_n_services; i-- > 0;) { /* Peer's joins the data-plane threads */
-        if (gw->started[i] && mg_services[i]->free)
+        if (gw->core->started[i] && mg_services[i]->free)
             mg_services[i]->free(gw);
     }
     mg_release_free(gw);
     mg_shared_free(gw);
     mg_pools_del(gw->pools); /* after the data plane's threads and every service */
     mg_lease_table_del(gw->leases);
-    if (gw->drain_timer)
-        event_free(gw->drain_timer);
-    if (gw->grace_timer)
-        event_free(gw->grace_timer);
-    if (gw->cq_event)
-        event_free(gw->cq_event);
+    if (gw->core->drain_timer)
+        event_free(gw->core->drain_timer);
+    if (gw->core->grace_timer)
+        event_free(gw->core->grace_timer);
+    if (gw->core->cq_event)
+        event_free(gw->core->cq_event);
     if (gw->cq) {
         mg_cq_drain(gw->cq, 0);
         mg_cq_del(gw->cq);
     }
     mg_reload_free(gw);
     mg_spans_del(gw->spans);
-    mg_rates_del(gw->rates);
-    mg_tls_ctx_free(gw->ssl_ctx);
+    mg_rates_del(gw->core->rates);
+    mg_tls_ctx_free(gw->core->ssl_ctx);
     free(gw);
 }
 
@@ -374,7 +398,7 @@ static void each_service(mg_gateway *gw, hook h)
                                    : h == HOOK_DRAIN       ? s->drain
                                    : h == HOOK_DRAIN_FINAL ? s->drain_final
                                                            : s->stop;
-        if (gw->started[i] && fn)
+        if (gw->core->started[i] && fn)
             fn(gw);
     }
 }
@@ -388,7 +412,7 @@ void mg_gateway_stop_services(mg_gateway *gw)
 void mg_gateway_services_metrics(mg_gateway *gw, struct evbuffer *out)
 {
     for (size_t i = 0; i < mg_n_services; i++) {
-        if (gw->started[i] && mg_services[i]->metrics)
+        if (gw->core->started[i] && mg_services[i]->metrics)
             mg_services[i]->metrics(gw, out);
     }
 }
@@ -396,15 +420,15 @@ void mg_gateway_services_metrics(mg_gateway *gw, struct evbuffer *out)
 void mg_gateway_services_status(mg_gateway *gw, struct json_t *obj)
 {
     for (size_t i = 0; i < mg_n_services; i++) {
-        if (gw->started[i] && mg_services[i]->status)
+        if (gw->core->started[i] && mg_services[i]->status)
             mg_services[i]->status(gw, obj);
     }
 }
 
 void mg_gateway_set_serving(mg_gateway *gw)
 {
-    gw->serve_wanted = 1;
-    if (gw->state != MG_STATE_STARTING || gw->starting_jobs > 0)
+    gw->core->serve_wanted = 1;
+    if (gw->state != MG_STATE_STARTING || gw->core->starting_jobs > 0)
         return;
     gw->state = MG_STATE_SERVING;
     each_service(gw, HOOK_STATE);
@@ -416,7 +440,8 @@ static uint64_t mono_us(void)
     return mg_now_mono_ns() / 1000u;
 }
 
-void mg_gateway_run(mg_gateway *gw)
+/* The loop, until it ends (mg_gateway_run). */
+static void run_loop(mg_gateway *gw)
 {
     uint64_t window = gw->cfg->busy_poll_us;
 
@@ -425,21 +450,21 @@ void mg_gateway_run(mg_gateway *gw)
         return;
     }
     for (;;) {
-        uint64_t seen = gw->conn_reads, last;
+        uint64_t seen = gw->core->conn_reads, last;
         /* Sleep until something happens; 1: nothing left to wait for. */
         if (event_base_loop(gw->base, EVLOOP_ONCE) != 0 || event_base_got_break(gw->base))
             return;
-        if (gw->conn_reads == seen)
+        if (gw->core->conn_reads == seen)
             continue; /* timers, workers' completions: no client waiting on a reply */
-        seen = gw->conn_reads;
+        seen = gw->core->conn_reads;
         last = mono_us();
         for (;;) {
             uint64_t now;
             if (event_base_loop(gw->base, EVLOOP_NONBLOCK) != 0 || event_base_got_break(gw->base))
                 return;
             now = mono_us();
-            if (gw->conn_reads != seen) {
-                seen = gw->conn_reads;
+            if (gw->core->conn_reads != seen) {
+                seen = gw->core->conn_reads;
                 last = now;
             } else if (now - last >= window) {
                 break;
@@ -448,9 +473,15 @@ void mg_gateway_run(mg_gateway *gw)
     }
 }
 
+int mg_gateway_run(mg_gateway *gw)
+{
+    run_loop(gw);
+    return gw->core->exit_code;
+}
+
 void mg_gateway_check_drained(mg_gateway *gw)
 {
-    if (gw->drain_phase == 2 && mg_list_empty(&gw->conns)) {
+    if (gw->core->drain_phase == 2 && mg_list_empty(&gw->core->conns)) {
         mg_info("drained", "result=clean");
         event_base_loopbreak(gw->base);
     }
@@ -460,13 +491,13 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
     unsigned n = 0;
-    mg_list_foreach (&gw->conns, node)
+    mg_list_foreach (&gw->core->conns, node)
         n++;
     mg_warn("drain_timeout", "grace_s=%llu connections_closed=%u",
             (unsigned long long)gw->cfg->grace, n);
-    gw->drain_phase = 3;
-    while (!mg_list_empty(&gw->conns))
-        mg_conn_free(mg_container_of(mg_list_first(&gw->conns), mg_conn, link));
+    gw->core->drain_phase = 3;
+    while (!mg_list_empty(&gw->core->conns))
+        mg_conn_free(mg_container_of(mg_list_first(&gw->core->conns), mg_conn, link));
     event_base_loopbreak(gw->base);
 }
 
@@ -474,9 +505,9 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     mg_gateway *gw = arg;
-    gw->drain_phase = 2;
+    gw->core->drain_phase = 2;
     each_service(gw, HOOK_DRAIN_FINAL);
-    mg_list_foreach_safe (&gw->conns, node, next) {
+    mg_list_foreach_safe (&gw->core->conns, node, next) {
         mg_conn *c = mg_container_of(node, mg_conn, link); /* only c may be freed here */
         if (c->ng == NULL) {
             mg_conn_free(c);
@@ -500,37 +531,37 @@ void mg_gateway_drain(mg_gateway *gw)
         return;
     }
     gw->state = MG_STATE_DRAINING;
-    gw->drain_phase = 1;
+    gw->core->drain_phase = 1;
     mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
     each_service(gw, HOOK_STATE);
     each_service(gw, HOOK_DRAIN);
     mg_listeners_free(gw); /* stop accepting */
-    mg_list_foreach (&gw->conns, node) {
+    mg_list_foreach (&gw->core->conns, node) {
         mg_conn *c = mg_container_of(node, mg_conn, link);
         if (c->ng) {
             nghttp2_submit_shutdown_notice(c->ng);
             mg_conn_schedule_flush(c);
         }
     }
-    gw->drain_timer = evtimer_new(gw->base, drain_cb, gw);
-    gw->grace_timer = evtimer_new(gw->base, grace_cb, gw);
-    if (gw->drain_timer == NULL || gw->grace_timer == NULL) {
+    gw->core->drain_timer = evtimer_new(gw->base, drain_cb, gw);
+    gw->core->grace_timer = evtimer_new(gw->base, grace_cb, gw);
+    if (gw->core->drain_timer == NULL || gw->core->grace_timer == NULL) {
         grace_cb(-1, 0, gw);
         return;
     }
     /* the second GOAWAY waits a round trip for clients to see the first: with no connection
      * open there is no one to wait for (a daemon stopped between tests, a node drained idle) */
-    if (gw->cfg->grace < 1 || mg_list_empty(&gw->conns))
+    if (gw->cfg->grace < 1 || mg_list_empty(&gw->core->conns))
         rtt.tv_sec = 0;
-    evtimer_add(gw->drain_timer, &rtt);
-    evtimer_add(gw->grace_timer, &grace);
+    evtimer_add(gw->core->drain_timer, &rtt);
+    evtimer_add(gw->core->grace_timer, &grace);
 }
 
 void **mg_gateway_state(mg_gateway *gw, const mg_service *svc)
 {
     for (size_t i = 0; i < mg_n_services; i++) {
         if (mg_services[i] == svc)
-            return &gw->service_state[i];
+            return &gw->core->service_state[i];
     }
     abort(); /* not a service of the list: a programming error */
 }

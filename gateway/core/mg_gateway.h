@@ -1,6 +1,9 @@
 /*
- * mg_gateway: the daemon's HTTP/2 side, internal API shared by the server, the services and the
- * ops port.
+ * mg_gateway: the handler API — what the services (gateway/svc) and the ops pages (gateway/ops)
+ * use of the daemon's HTTP/2 side: calls, the method and route table they register in, their
+ * state slots, and what they read of the gateway. The core's own header is mg_core.h (the
+ * daemon's entry point and the ops pages), its internals mg_server_int.h; no service includes
+ * either.
  *
  * Threads: everything here runs on the gateway loop thread (one libevent base), which never
  * blocks. Blocking work goes to the engine with mg_engine_submit() and comes back through the
@@ -30,8 +33,6 @@
 #include "moongate/segment.h"
 
 struct evbuffer;
-struct evconnlistener;
-struct json_t;
 
 typedef enum {
     MG_RPC_UNARY,
@@ -99,8 +100,6 @@ typedef struct mg_page {
     {                                                           \
         .route = {"GET", (path_), 0, NULL}, .render = (render_) \
     }
-
-#define MG_MAX_ROUTES 48
 
 /* A unary method's table entry: path, request and response descriptors, handler. */
 #define MG_UNARY(path_, in_, out_, handler_)                               \
@@ -210,32 +209,9 @@ int64_t mg_call_remaining_ms(const mg_call *call);
 
 /* ---- the gateway ---- */
 
-typedef struct mg_method_stats {
-    uint64_t started;
-    uint64_t handled[MG_GRPC_CODE_COUNT];
-    uint64_t buckets[12]; /* latency histogram: upper bounds mg_call_seconds_le */
-    double seconds_sum;
-} mg_method_stats;
-
-#define MG_MAX_METHODS 64
-
-typedef struct mg_gateway_stats {
-    uint64_t conns_total[3]; /* by kind: tls, h2c tcp, unix */
-    uint64_t conns_active;
-    uint64_t streams_active;
-    uint64_t tls_handshake_errors;
-    uint64_t protocol_errors;
-    uint64_t http_requests; /* GET routes on the control port */
-    uint64_t unknown_method_calls;
-    uint64_t rst_received;
-    uint64_t goaway_sent;
-    uint64_t write_timeouts;       /* connections closed: the client read nothing for too long */
-    uint64_t auth_unauthenticated; /* calls refused: no or unknown credentials */
-    uint64_t auth_denied;          /* calls refused: known identity without a tenant or role */
-    uint64_t rate_refused;         /* calls refused: the tenant was over --tenant-rate */
-    uint64_t accept_pauses;        /* times accepting paused: no descriptor to spare */
-} mg_gateway_stats;
-
+/* What services read of the gateway (loop thread). Set at start and fixed after, but for state
+ * (the core moves it) and data_endpoint (the peer service fills it at init). The core's own
+ * state is behind `core` (mg_server_int.h), which no service looks into. */
 struct mg_gateway {
     struct event_base *base;
     const mg_config *cfg;
@@ -246,136 +222,40 @@ struct mg_gateway {
     char rdma_why[300];
     int process_vm;           /* clients' own memory can be reached (moongate/procmem.h) */
     char process_vm_why[300]; /* when not, or only partly, why: read once at start */
-    mg_cq *cq;
-    struct event *cq_event;
-    void *ssl_ctx;        /* SSL_CTX, NULL when TLS is off; swapped when its files change */
-    struct mg_auth *auth; /* --auth-file's principals (NULL: none); swapped when it changes */
-    struct mg_reload *reload;
-    struct mg_rates *rates;    /* --tenant-rate limiters (mg_admit.c) */
-    uint64_t reloads[2];       /* files re-read and swapped in: auth, TLS */
-    uint64_t reload_errors[2]; /* changed files that failed to load: auth, TLS */
+    mg_cq *cq;                /* the loop's completion queue: engine jobs come back here */
     mg_state state;
     int memlock; /* --memlock as an mg_memlock: what MEMLOCK_DEFAULT means */
     uint64_t epoch;
-    uint64_t conns_opened; /* the last connection's id (mg_call_conn_id) */
     uint64_t start_unix_ms;
     uint64_t start_mono_ns;
-
-    const mg_route *routes[MG_MAX_ROUTES];
-    size_t n_routes;
-    const mg_method *methods[MG_MAX_METHODS];
-    size_t method_len[MG_MAX_METHODS]; /* strlen of each method's path */
-    mg_method_stats method_stats[MG_MAX_METHODS];
-    size_t n_methods;
-    mg_gateway_stats stats;
-
-    struct mg_listener *listeners;    /* control-port listeners */
-    struct evconnlistener *others[8]; /* others on the loop (mg_gateway_add_listener) */
-    size_t n_others;
-    mg_list conns;                 /* all open connections (mg_conn.link) */
-    struct mg_fdsock *fdsock;      /* the fd socket (mg_fdsock.h), or NULL */
+    uint64_t open_files_limit;     /* RLIMIT_NOFILE in force (main raises it to the hard limit) */
     struct mg_pools *pools;        /* the buffer pools (engine), or NULL without a pool */
     struct mg_lease_table *leases; /* remote-accessible leases, for the data plane */
     char data_endpoint[160]; /* the data plane's "host:port" ("" without one): the peer service's */
-    struct mg_shared *shared;           /* what the core makes for every service (mg_shared.c) */
-    struct mg_exit_watch *exit_watches; /* segments released when nobody holds them */
-    uint64_t unregistered_total;        /* unregistrations that completed (mg_release.c) */
-    unsigned starting_jobs;             /* start-up work (the pools) before the daemon may serve */
-    int serve_wanted;                   /* mg_gateway_set_serving() was called */
-    unsigned char started[16];          /* services whose init ran, by index in mg_services */
-    void *service_state[16]; /* each service's own state, by the same index (mg_gateway_state) */
-
-    struct event *drain_timer;
-    struct event *grace_timer;
-    int drain_phase;           /* 0 none, 1 notice sent, 2 final GOAWAY sent */
-    uint64_t conn_reads;       /* reads that delivered bytes from a connection: --busy-poll-us */
-    uint64_t open_files_limit; /* RLIMIT_NOFILE in force (main raises it to the hard limit) */
-    int accept_paused;         /* listeners disabled for want of descriptors (mg_conn.c) */
-    int accept_episode;        /* paused since the last accept that succeeded */
-    int accept_logged;         /* the episode's accept_paused line was written */
-    uint64_t accept_pause_ns;  /* when the episode began */
-    uint64_t accept_warn_ns;   /* the last accept_failed line */
-    struct event *accept_timer;
-    int exit_code;
+    struct mg_core *core;    /* the core's own */
 };
 
-/* The engine parts the gateway hands requests to. */
-typedef struct mg_gateway_parts {
-    mg_engine *engine;    /* workers, with the segment registry */
-    mg_engine *io;        /* transport threads, or NULL (the workers then) */
-    struct mg_rdma *rdma; /* RDMA devices, or NULL */
-    const char *rdma_why; /* why there are none */
-} mg_gateway_parts;
-
-/* Creates the gateway on `base`: TLS context, listeners, ops port, the lease table and buffer
- * pools, the services of mg_services.c. Returns 0 or a negative MG_ERR_* after logging what
- * failed. */
-int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *cfg,
-                   const mg_gateway_parts *parts);
-void mg_gateway_del(mg_gateway *gw);
 struct mg_service;
 /* Service svc's state slot (svc: its descriptor, one of mg_services): where its init keeps
  * what it made, NULL until then. */
 void **mg_gateway_state(mg_gateway *gw, const struct mg_service *svc);
-/* Runs every service's stop hook: the engine's workers are about to stop. Accepts NULL. */
-void mg_gateway_stop_services(mg_gateway *gw);
 /* Registers a method (at start-up). Returns 0, MG_ERR_FULL or MG_ERR_EXISTS. */
 int mg_gateway_add_method(mg_gateway *gw, const mg_method *m);
 const mg_method *mg_gateway_find_method(const mg_gateway *gw, const char *path, size_t len,
                                         int *service_known);
+#define MG_MAX_METHODS 64 /* methods one gateway holds */
+/* The registered method i (in registration order), or NULL past the last. */
+const mg_method *mg_gateway_method(const mg_gateway *gw, size_t i);
 /* Registers a readable route (at start-up). Returns 0 or MG_ERR_FULL. */
 int mg_gateway_add_route(mg_gateway *gw, const mg_route *r);
 /* Registers a page (at start-up): its route, in the same table. Returns 0 or MG_ERR_FULL. */
 int mg_gateway_add_page(mg_gateway *gw, const mg_page *p);
-/* Answers a GET or HEAD of path (query string included) from the pages: fills body and *ctype
- * and returns the HTTP status — the page's, or 404 with a line naming the pages. The control
- * port and the ops port both answer through it. */
-int mg_gateway_page(mg_gateway *gw, const char *path, struct evbuffer *body, const char **ctype);
-/* Runs every started service's metrics hook (its /metrics block) or status hook (its members
- * of /status.json), in list order. */
-void mg_gateway_services_metrics(mg_gateway *gw, struct evbuffer *out);
-void mg_gateway_services_status(mg_gateway *gw, struct json_t *obj);
 /* A service's table: its n methods, then its nr routes (routes may be NULL). Returns 0 or the
  * first error of mg_gateway_add_method / _add_route. */
 int mg_gateway_add_methods(mg_gateway *gw, const mg_method *methods, size_t n,
                            const mg_route *routes, size_t nr);
 #define MG_NELEM(a) (sizeof(a) / sizeof((a)[0]))
-/* Moves to SERVING (readiness true) once the start-up jobs are done, or starts the graceful
- * drain. */
-void mg_gateway_set_serving(mg_gateway *gw);
-void mg_gateway_drain(mg_gateway *gw);
-/* Runs the loop until the daemon stops (the drain ends it, or start-up work failed). With
- * --busy-poll-us the loop, once a connection delivered bytes, polls without sleeping until that
- * long passes with no more: a client's next call then finds the thread awake. */
-void mg_gateway_run(mg_gateway *gw);
 const char *mg_state_name(mg_state s);
-
-/* ---- pieces implemented in their own files ---- */
-
-/* mg_tls.c: a server SSL_CTX (TLS 1.2+, ALPN h2). With peer_ca or client_ca (not "") it asks
- * callers for a certificate and checks it against each CA apart; the handshake goes on either
- * way and the results are read with mg_tls_identity(). Returns NULL after logging why. */
-void *mg_tls_server_ctx(const char *cert, const char *key, const char *peer_ca,
-                        const char *client_ca);
-/* What a TLS connection's client certificate says, once the handshake is done. */
-typedef struct mg_tls_id {
-    int state;               /* against --peer-ca: MG_TLS_ID_NONE, _VERIFIED or _REFUSED */
-    int client_state;        /* against --client-ca: the same (NONE without --client-ca) */
-    char name[128];          /* the identity: CN, else the first DNS or URI SAN */
-    char names[512];         /* every CN, DNS and URI name, each followed by '\n' */
-    char reason[128];        /* state _REFUSED: OpenSSL's verification error */
-    char client_reason[128]; /* client_state _REFUSED: the same */
-} mg_tls_id;
-enum { MG_TLS_ID_NONE = 0, MG_TLS_ID_VERIFIED = 1, MG_TLS_ID_REFUSED = 2 };
-void mg_tls_identity(void *ssl, mg_tls_id *out);
-/* Non-zero when one of id's names is in the comma-separated list. */
-int mg_tls_id_in(const mg_tls_id *id, const char *list);
-void mg_tls_ctx_free(void *ctx);
-
-/* mg_reload.c: reads --auth-file (a bad file fails start-up, after logging why) and checks it
- * and the TLS files every --reload-interval seconds, swapping in what changed and loads. */
-int mg_reload_start(mg_gateway *gw);
-void mg_reload_free(mg_gateway *gw);
 
 /* mg_metrics.c: histograms of seconds for the services' own /metrics blocks. Writes a
  * histogram of the registration buckets (1 ms .. 10 s) with its HELP and TYPE lines. */
@@ -383,14 +263,5 @@ void mg_metrics_render_seconds(struct evbuffer *out, const char *name, const cha
                                const uint64_t buckets[12], uint64_t count, double sum);
 /* One observation into a histogram of the registration buckets (for mg_metrics_render_seconds). */
 void mg_metrics_observe_seconds(uint64_t buckets[12], double *sum, double seconds);
-/* The upper bounds of the call latency buckets (mg_method_stats: 0.1 ms .. 1 s). */
-extern const double mg_call_seconds_le[12];
-
-/* mg_conn.c: a listener another part of the daemon opened on the gateway's loop (the ops
- * port's) pauses and resumes with the gateway's own when descriptors run out
- * (mg_accept_failed). Returns 0 or MG_ERR_FULL. mg_gateway_del_listener takes it back before
- * it is freed. */
-int mg_gateway_add_listener(mg_gateway *gw, struct evconnlistener *lev);
-void mg_gateway_del_listener(mg_gateway *gw, struct evconnlistener *lev);
 
 #endif

@@ -43,7 +43,7 @@ typedef struct mg_exit_watch {
 
 static exit_watch **watches(mg_gateway *gw)
 {
-    return &gw->exit_watches;
+    return &gw->core->exit_watches;
 }
 
 /* ---- the unmap every unregistration ends with ---- */
@@ -57,7 +57,7 @@ typedef struct unmap_job {
 static void unmapped(void *arg, const mg_segment_info *info)
 {
     unmap_job *j = arg;
-    j->gw->unregistered_total++;
+    j->gw->core->stats.unregistered_total++;
     if (j->done)
         j->done(j->arg, info);
     else /* the daemon's own: nobody waits to hear it */

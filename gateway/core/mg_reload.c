@@ -10,7 +10,7 @@
  * change of inode. A file that fails to load leaves the old table or context in place, logged
  * once per change, and counted in moongate_reload_errors_total.
  */
-#include "mg_gateway.h"
+#include "mg_server_int.h"
 
 #include "mg_auth.h"
 #include "mg_log.h"
@@ -160,13 +160,13 @@ static void check_done(void *arg, int result)
     if (r->auth_changed) {
         r->seen[F_AUTH] = r->now[F_AUTH];
         if (r->new_auth) {
-            mg_auth_free(gw->auth);
-            gw->auth = r->new_auth;
-            gw->reloads[0]++;
+            mg_auth_free(gw->core->auth);
+            gw->core->auth = r->new_auth;
+            gw->core->stats.reloads[0]++;
             mg_info("auth_reloaded", "file=%s principals=%zu", gw->cfg->auth_file,
-                    mg_auth_count(gw->auth));
+                    mg_auth_count(gw->core->auth));
         } else {
-            gw->reload_errors[0]++;
+            gw->core->stats.reload_errors[0]++;
             mg_error("auth_reload_failed", "file=%s reason=\"%s\" keeping=\"the previous table\"",
                      gw->cfg->auth_file, r->auth_err);
         }
@@ -175,12 +175,12 @@ static void check_done(void *arg, int result)
         for (int i = F_CERT; i < F_N; i++)
             r->seen[i] = r->now[i];
         if (r->new_ctx) {
-            mg_tls_ctx_free(gw->ssl_ctx);
-            gw->ssl_ctx = r->new_ctx;
-            gw->reloads[1]++;
+            mg_tls_ctx_free(gw->core->ssl_ctx);
+            gw->core->ssl_ctx = r->new_ctx;
+            gw->core->stats.reloads[1]++;
             mg_info("tls_reloaded", "cert=%s", gw->cfg->tls_cert);
         } else {
-            gw->reload_errors[1]++;
+            gw->core->stats.reload_errors[1]++;
             mg_error("tls_reload_failed", "cert=%s keeping=\"the previous certificate\"",
                      gw->cfg->tls_cert);
         }
@@ -213,18 +213,19 @@ int mg_reload_start(mg_gateway *gw)
     if (r == NULL)
         return MG_ERR_NOMEM;
     r->gw = gw;
-    gw->reload = r;
+    gw->core->reload = r;
     tls_paths(cfg, p);
     /* What start-up reads is what later checks compare with. */
     for (int i = 0; i < F_N; i++)
         stat_file(p[i], &r->seen[i]);
     if (cfg->auth_file[0]) {
-        gw->auth = load_auth(cfg->auth_file, err, sizeof(err));
-        if (gw->auth == NULL) {
+        gw->core->auth = load_auth(cfg->auth_file, err, sizeof(err));
+        if (gw->core->auth == NULL) {
             mg_error("auth_file", "file=%s reason=\"%s\"", cfg->auth_file, err);
             return MG_ERR_INVALID;
         }
-        mg_info("auth_loaded", "file=%s principals=%zu", cfg->auth_file, mg_auth_count(gw->auth));
+        mg_info("auth_loaded", "file=%s principals=%zu", cfg->auth_file,
+                mg_auth_count(gw->core->auth));
     }
     if (!cfg->auth_file[0] && !cfg->client_ca[0] && !cfg->allow_anonymous)
         mg_warn("auth_none", "note=\"no --auth-file, --client-ca or --allow-anonymous: only "
@@ -241,7 +242,7 @@ int mg_reload_start(mg_gateway *gw)
 
 void mg_reload_free(mg_gateway *gw)
 {
-    struct mg_reload *r = gw->reload;
+    struct mg_reload *r = gw->core->reload;
     if (r == NULL)
         return;
     /* A check still on a worker came back through mg_cq_settle before this runs. */
@@ -250,7 +251,7 @@ void mg_reload_free(mg_gateway *gw)
     mg_auth_free(r->new_auth);
     mg_tls_ctx_free(r->new_ctx);
     free(r);
-    gw->reload = NULL;
-    mg_auth_free(gw->auth);
-    gw->auth = NULL;
+    gw->core->reload = NULL;
+    mg_auth_free(gw->core->auth);
+    gw->core->auth = NULL;
 }

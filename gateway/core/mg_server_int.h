@@ -1,19 +1,67 @@
 /*
- * mg_server_int: what the gateway's own files share and nothing else sees: the connection and
- * call structures, and the functions that pass a request from the connection layer (mg_conn.c:
- * sockets, TLS, nghttp2) to the call layer (mg_call.c: routing, gRPC/JSON/HTTP answers) and
- * back. All of it runs on the gateway loop thread.
+ * mg_server_int: what the core's own files (gateway/core) share and nothing else sees: the
+ * gateway's own state (struct mg_core), the connection and call structures, and the functions
+ * that pass a request from the connection layer (mg_conn.c: sockets, TLS, nghttp2) to the call
+ * layer (mg_call.c: routing, gRPC/JSON/HTTP answers) and back. Neither the services nor the ops
+ * pages include it. All of it runs on the gateway loop thread.
  */
 #ifndef MG_SERVER_INT_H
 #define MG_SERVER_INT_H
 
 #include "mg_auth.h"
+#include "mg_core.h"
 #include "mg_gateway.h"
 #include "mg_list.h"
+#include "mg_tls.h"
 
 #include <nghttp2/nghttp2.h>
 
 struct bufferevent;
+
+#define MG_MAX_ROUTES 48
+
+/* The gateway's own state, behind gw->core: what services do not see. */
+typedef struct mg_core mg_core;
+struct mg_core {
+    struct event *cq_event;
+    void *ssl_ctx;        /* SSL_CTX, NULL when TLS is off; swapped when its files change */
+    struct mg_auth *auth; /* --auth-file's principals (NULL: none); swapped when it changes */
+    struct mg_reload *reload;
+    struct mg_rates *rates; /* --tenant-rate limiters (mg_admit.c) */
+    uint64_t conns_opened;  /* the last connection's id (mg_call_conn_id) */
+
+    const mg_route *routes[MG_MAX_ROUTES]; /* readable routes and pages */
+    size_t n_routes;
+    const mg_method *methods[MG_MAX_METHODS];
+    size_t method_len[MG_MAX_METHODS]; /* strlen of each method's path */
+    mg_method_stats method_stats[MG_MAX_METHODS];
+    size_t n_methods;
+    mg_gateway_stats stats; /* its counters; the rest is filled by mg_gateway_get_stats */
+
+    struct mg_listener *listeners;    /* control-port listeners */
+    struct evconnlistener *others[8]; /* others on the loop (mg_gateway_add_listener) */
+    size_t n_others;
+    mg_list conns;                      /* all open connections (mg_conn.link) */
+    struct mg_fdsock *fdsock;           /* the fd socket (mg_fdsock.h), or NULL */
+    struct mg_shared *shared;           /* what the core makes for every service (mg_shared.c) */
+    struct mg_exit_watch *exit_watches; /* segments released when nobody holds them */
+    unsigned starting_jobs;             /* start-up work (the pools) before the daemon may serve */
+    int serve_wanted;                   /* mg_gateway_set_serving() was called */
+    unsigned char started[16];          /* services whose init ran, by index in mg_services */
+    void *service_state[16]; /* each service's own state, by the same index (mg_gateway_state) */
+
+    struct event *drain_timer;
+    struct event *grace_timer;
+    int drain_phase;          /* 0 none, 1 notice sent, 2 final GOAWAY sent */
+    uint64_t conn_reads;      /* reads that delivered bytes from a connection: --busy-poll-us */
+    int accept_paused;        /* listeners disabled for want of descriptors (mg_conn.c) */
+    int accept_episode;       /* paused since the last accept that succeeded */
+    int accept_logged;        /* the episode's accept_paused line was written */
+    uint64_t accept_pause_ns; /* when the episode began */
+    uint64_t accept_warn_ns;  /* the last accept_failed line */
+    struct event *accept_timer;
+    int exit_code;
+};
 
 typedef enum { CONN_TLS = 0, CONN_H2C = 1, CONN_UNIX = 2 } conn_kind;
 extern const char *const mg_conn_kind_names[];
@@ -149,17 +197,6 @@ void mg_listeners_free(mg_gateway *gw);
 /* The process behind a Unix-socket connection: its pid (SO_PEERCRED) and start time. Returns 0
  * with *uid and *proc set (pid 0 when the kernel names none), or -1. */
 int mg_unix_peer(int fd, uint32_t *uid, mg_proc *proc);
-/* When a listener's accept fails for want of a descriptor (EMFILE, ENFILE, ENOBUFS, ENOMEM),
- * the connection stays in the kernel's queue and an enabled listener would wake the loop again
- * at once, forever. mg_accept_failed() disables every listener of the gateway (control, h2c,
- * Unix socket, fd socket, and those of mg_gateway_add_listener: the ops port's), logs one line
- * for the episode and counts it; accepting resumes when
- * a connection of the gateway closes, or after 100 ms, and the episode ends with the first
- * accept that succeeds (mg_accept_ok). Other accept errors are logged, rate-limited. */
-void mg_accept_failed(mg_gateway *gw, const char *where, int err);
-void mg_accept_ok(mg_gateway *gw);
-/* Wakes paused listeners (a descriptor was freed). */
-void mg_accept_resume(mg_gateway *gw);
 
 /* ---- mg_gateway.c ---- */
 
@@ -169,6 +206,13 @@ int mg_gateway_method_index(const mg_gateway *gw, const mg_method *m);
 void mg_gateway_check_drained(mg_gateway *gw);
 /* mg_release.c: drops the release watches (after every service's free; nothing is released). */
 void mg_release_free(mg_gateway *gw);
+
+/* ---- mg_reload.c ---- */
+
+/* Reads --auth-file (a bad file fails start-up, after logging why) and checks it and the TLS
+ * files every --reload-interval seconds, swapping in what changed and loads. */
+int mg_reload_start(mg_gateway *gw);
+void mg_reload_free(mg_gateway *gw);
 
 /* ---- mg_shared.c: what the core makes for every service (mg_service.h) ---- */
 

@@ -138,7 +138,7 @@ int mg_shared_new(mg_gateway *gw)
 {
     struct mg_shared *sh = calloc(1, sizeof(*sh));
     int rc;
-    if ((gw->shared = sh) == NULL)
+    if ((gw->core->shared = sh) == NULL)
         return MG_ERR_NOMEM;
     if ((rc = agents_new(gw, sh)) != 0)
         return rc;
@@ -147,7 +147,7 @@ int mg_shared_new(mg_gateway *gw)
 
 void mg_shared_close(mg_gateway *gw)
 {
-    struct mg_shared *sh = gw->shared;
+    struct mg_shared *sh = gw->core->shared;
     if (sh == NULL || sh->dir == NULL || sh->closed)
         return;
     sh->closed = 1;            /* no new peer calls; answers to open ones are dropped */
@@ -159,7 +159,7 @@ void mg_shared_close(mg_gateway *gw)
 
 void mg_shared_free(mg_gateway *gw)
 {
-    struct mg_shared *sh = gw->shared;
+    struct mg_shared *sh = gw->core->shared;
     if (sh == NULL)
         return;
     mg_peerdir_del(sh->dir);
@@ -167,14 +167,14 @@ void mg_shared_free(mg_gateway *gw)
     mg_agent_cache_del(sh->agent_cache);
     mg_agents_del(sh->agents);
     free(sh);
-    gw->shared = NULL;
+    gw->core->shared = NULL;
 }
 
 /* ---- what the services get (mg_service.h) ---- */
 
 mg_agents *mg_gateway_agents(const mg_gateway *gw)
 {
-    return gw->shared ? gw->shared->agents : NULL;
+    return gw->core->shared ? gw->core->shared->agents : NULL;
 }
 
 mg_agent *mg_gateway_agent_find(const mg_gateway *gw, const char *tenant, const mg_agent_ref *ref)
@@ -188,20 +188,20 @@ mg_agent *mg_gateway_agent_find(const mg_gateway *gw, const char *tenant, const 
 
 mg_peerdir *mg_gateway_peers(const mg_gateway *gw)
 {
-    return gw->shared ? gw->shared->dir : NULL;
+    return gw->core->shared ? gw->core->shared->dir : NULL;
 }
 
 mg_peer_cache *mg_gateway_peer_cache(const mg_gateway *gw)
 {
-    return gw->shared ? gw->shared->descs : NULL;
+    return gw->core->shared ? gw->core->shared->descs : NULL;
 }
 
 mg_agent_cache *mg_gateway_agent_cache(const mg_gateway *gw)
 {
-    return gw->shared ? gw->shared->agent_cache : NULL;
+    return gw->core->shared ? gw->core->shared->agent_cache : NULL;
 }
 
 int mg_gateway_peers_closed(const mg_gateway *gw)
 {
-    return gw->shared && gw->shared->closed;
+    return gw->core->shared && gw->core->shared->closed;
 }

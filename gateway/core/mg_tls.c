@@ -3,7 +3,7 @@
  * ALPN selects h2 (gRPC clients refuse a connection without it). Built once at start-up on the
  * main thread; errors are logged with OpenSSL's reason so an operator can fix the files.
  */
-#include "mg_gateway.h"
+#include "mg_tls.h"
 
 #include "mg_bev_err.h"
 #include "mg_log.h"

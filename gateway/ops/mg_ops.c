@@ -17,7 +17,8 @@
  * only connections evhttp still serves.
  */
 #include "mg_ops.h"
-#include "mg_server_int.h"
+
+#include "mg_core.h"
 #include "mg_service.h"
 
 #include "mg_addr.h"
@@ -127,12 +128,14 @@ static void pools_status(mg_gateway *gw, json_t *obj)
 static void status_json(mg_gateway *gw, struct evbuffer *body)
 {
     mg_engine_stats es;
+    mg_gateway_stats gs;
     mg_registry_stats rs = {0};
     mg_registry *reg = mg_engine_registry(gw->engine);
     char rdma[400], epoch[21], pvm[300];
     json_t *j;
     char *text;
     mg_engine_get_stats(gw->engine, &es);
+    mg_gateway_get_stats(gw, &gs);
     if (reg)
         mg_registry_get_stats(reg, &rs);
     rdma_line(gw, rdma, sizeof(rdma));
@@ -142,11 +145,11 @@ static void status_json(mg_gateway *gw, struct evbuffer *body)
     j = json_pack("{s:s,s:s,s:s,s:f,s:I,s:I,s:{s:i,s:i,s:i},s:{s:s,s:s,s:s},s:{s:I,s:I,s:I}}",
                   "version", MG_VERSION, "state", mg_state_name(gw->state), "epoch", epoch,
                   "uptime_s", (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9, "connections",
-                  (json_int_t)gw->stats.conns_active, "streams",
-                  (json_int_t)gw->stats.streams_active, "engine", "workers", (int)es.workers,
-                  "in_flight", (int)es.in_flight, "queue_depth", (int)es.queue_depth, "transports",
-                  "tcp", gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "process_vm",
-                  pvm, "segments", "ready", (json_int_t)rs.segments, "registering",
+                  (json_int_t)gs.conns_active, "streams", (json_int_t)gs.streams_active, "engine",
+                  "workers", (int)es.workers, "in_flight", (int)es.in_flight, "queue_depth",
+                  (int)es.queue_depth, "transports", "tcp",
+                  gw->data_endpoint[0] ? "available" : "off", "rdma", rdma, "process_vm", pvm,
+                  "segments", "ready", (json_int_t)rs.segments, "registering",
                   (json_int_t)rs.registering, "bytes", (json_int_t)rs.bytes);
     if (j) {
         pools_status(gw, j);

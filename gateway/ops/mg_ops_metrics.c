@@ -6,7 +6,7 @@
  */
 #include "mg_ops.h"
 
-#include "mg_auth.h"
+#include "mg_core.h"
 #include "mg_fdsock.h"
 #include "moongate/procmem.h"
 
@@ -34,8 +34,10 @@ static void split_path(const char *path, char *svc, size_t scap, char *meth, siz
 static void render_daemon(mg_gateway *gw, const mg_ops_counts *ops, struct evbuffer *out)
 {
     static const char *const kinds[3] = {"tls", "h2c", "unix"};
+    mg_gateway_stats gs;
     double uptime = (double)(mg_now_mono_ns() - gw->start_mono_ns) / 1e9;
 
+    mg_gateway_get_stats(gw, &gs);
     evbuffer_add_printf(out,
                         "# HELP moongate_build_info Build information.\n"
                         "# TYPE moongate_build_info gauge\n"
@@ -49,7 +51,7 @@ static void render_daemon(mg_gateway *gw, const mg_ops_counts *ops, struct evbuf
                              "# TYPE moongate_connections_total counter\n");
     for (int k = 0; k < 3; k++)
         evbuffer_add_printf(out, "moongate_connections_total{kind=\"%s\"} %llu\n", kinds[k],
-                            (unsigned long long)gw->stats.conns_total[k]);
+                            (unsigned long long)gs.conns_total[k]);
     evbuffer_add_printf(
         out,
         "# HELP moongate_connections_active Open control connections.\n"
@@ -70,11 +72,10 @@ static void render_daemon(mg_gateway *gw, const mg_ops_counts *ops, struct evbuf
         "# HELP moongate_unknown_method_calls_total Calls to methods the daemon does not serve.\n"
         "# TYPE moongate_unknown_method_calls_total counter\n"
         "moongate_unknown_method_calls_total %llu\n",
-        (unsigned long long)gw->stats.conns_active, (unsigned long long)gw->stats.streams_active,
-        (unsigned long long)gw->stats.tls_handshake_errors,
-        (unsigned long long)gw->stats.protocol_errors, (unsigned long long)gw->stats.rst_received,
-        (unsigned long long)gw->stats.goaway_sent,
-        (unsigned long long)gw->stats.unknown_method_calls);
+        (unsigned long long)gs.conns_active, (unsigned long long)gs.streams_active,
+        (unsigned long long)gs.tls_handshake_errors, (unsigned long long)gs.protocol_errors,
+        (unsigned long long)gs.rst_received, (unsigned long long)gs.goaway_sent,
+        (unsigned long long)gs.unknown_method_calls);
     evbuffer_add_printf(
         out,
         "# HELP moongate_write_timeouts_total Connections closed because the client read "
@@ -114,52 +115,52 @@ static void render_daemon(mg_gateway *gw, const mg_ops_counts *ops, struct evbuf
         "was not whole within --ops-header-timeout.\n"
         "# TYPE moongate_ops_header_timeouts_total counter\n"
         "moongate_ops_header_timeouts_total %llu\n",
-        (unsigned long long)gw->stats.write_timeouts,
-        (unsigned long long)gw->stats.auth_unauthenticated,
-        (unsigned long long)gw->stats.auth_denied, (unsigned long long)gw->stats.rate_refused,
-        mg_auth_count(gw->auth), (unsigned long long)gw->reloads[0],
-        (unsigned long long)gw->reloads[1], (unsigned long long)gw->reload_errors[0],
-        (unsigned long long)gw->reload_errors[1], (unsigned long long)gw->open_files_limit,
-        (unsigned long long)gw->stats.accept_pauses, gw->accept_episode,
-        (unsigned long long)ops->refused, (unsigned long long)ops->header_timeouts);
+        (unsigned long long)gs.write_timeouts, (unsigned long long)gs.auth_unauthenticated,
+        (unsigned long long)gs.auth_denied, (unsigned long long)gs.rate_refused, gs.auth_principals,
+        (unsigned long long)gs.reloads[0], (unsigned long long)gs.reloads[1],
+        (unsigned long long)gs.reload_errors[0], (unsigned long long)gs.reload_errors[1],
+        (unsigned long long)gw->open_files_limit, (unsigned long long)gs.accept_pauses,
+        gs.accept_paused, (unsigned long long)ops->refused,
+        (unsigned long long)ops->header_timeouts);
 }
 
 /* Calls by method: started, handled by code, latency. */
 static void render_methods(mg_gateway *gw, struct evbuffer *out)
 {
+    const mg_method *m;
     evbuffer_add_printf(out, "# HELP moongate_grpc_started_total Calls started, by method.\n"
                              "# TYPE moongate_grpc_started_total counter\n");
-    for (size_t i = 0; i < gw->n_methods; i++) {
+    for (size_t i = 0; (m = mg_gateway_method(gw, i)) != NULL; i++) {
         char svc[128], meth[64];
-        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        split_path(m->path, svc, sizeof(svc), meth, sizeof(meth));
         evbuffer_add_printf(out,
                             "moongate_grpc_started_total{grpc_service=\"%s\",grpc_method=\"%s\"} "
                             "%llu\n",
-                            svc, meth, (unsigned long long)gw->method_stats[i].started);
+                            svc, meth, (unsigned long long)mg_gateway_method_stats(gw, i)->started);
     }
     evbuffer_add_printf(out, "# HELP moongate_grpc_handled_total Calls finished, by method and "
                              "status code.\n# TYPE moongate_grpc_handled_total counter\n");
-    for (size_t i = 0; i < gw->n_methods; i++) {
+    for (size_t i = 0; (m = mg_gateway_method(gw, i)) != NULL; i++) {
+        const mg_method_stats *s = mg_gateway_method_stats(gw, i);
         char svc[128], meth[64];
-        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        split_path(m->path, svc, sizeof(svc), meth, sizeof(meth));
         for (int c = 0; c < MG_GRPC_CODE_COUNT; c++) {
-            if (c != 0 && gw->method_stats[i].handled[c] == 0)
+            if (c != 0 && s->handled[c] == 0)
                 continue; /* OK is always present; other codes once seen */
             evbuffer_add_printf(
                 out,
                 "moongate_grpc_handled_total{grpc_service=\"%s\",grpc_method=\"%s\","
                 "grpc_code=\"%s\"} %llu\n",
-                svc, meth, mg_grpc_code_name(c),
-                (unsigned long long)gw->method_stats[i].handled[c]);
+                svc, meth, mg_grpc_code_name(c), (unsigned long long)s->handled[c]);
         }
     }
     evbuffer_add_printf(out, "# HELP moongate_grpc_handling_seconds Call latency, by method.\n"
                              "# TYPE moongate_grpc_handling_seconds histogram\n");
-    for (size_t i = 0; i < gw->n_methods; i++) {
+    for (size_t i = 0; (m = mg_gateway_method(gw, i)) != NULL; i++) {
         char svc[128], meth[64];
         uint64_t count = 0;
-        const mg_method_stats *s = &gw->method_stats[i];
-        split_path(gw->methods[i]->path, svc, sizeof(svc), meth, sizeof(meth));
+        const mg_method_stats *s = mg_gateway_method_stats(gw, i);
+        split_path(m->path, svc, sizeof(svc), meth, sizeof(meth));
         for (int c = 0; c < MG_GRPC_CODE_COUNT; c++)
             count += s->handled[c];
         for (int b = 0; b < 12; b++)
@@ -185,7 +186,9 @@ static void render_segments(mg_gateway *gw, struct evbuffer *out)
 {
     if (mg_engine_registry(gw->engine)) {
         mg_registry_stats rs;
+        mg_gateway_stats gs;
         mg_registry_get_stats(mg_engine_registry(gw->engine), &rs);
+        mg_gateway_get_stats(gw, &gs);
         evbuffer_add_printf(
             out,
             "# HELP moongate_segments Registered segments, by state.\n"
@@ -210,7 +213,7 @@ static void render_segments(mg_gateway *gw, struct evbuffer *out)
             "# HELP moongate_segment_unregistrations_total Unregistrations that completed.\n"
             "# TYPE moongate_segment_unregistrations_total counter\n"
             "moongate_segment_unregistrations_total %llu\n",
-            (unsigned long long)gw->unregistered_total);
+            (unsigned long long)gs.unregistered_total);
     }
 }
 

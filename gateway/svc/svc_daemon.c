@@ -26,7 +26,8 @@ static void info_message(mg_call *call, const ProtobufCMessage *m)
     mg_engine_stats es;
     char state[16];
 
-    features[nf++] = gw->ssl_ctx ? "tls" : "no-tls";
+    /* with --tls-cert the control port serves TLS: start-up fails without its context */
+    features[nf++] = *gw->cfg->tls_cert ? "tls" : "no-tls";
     features[nf++] = "h2c";
     if (*gw->cfg->unix_socket)
         features[nf++] = "unix";

@@ -204,8 +204,9 @@ static void refl_message(mg_call *call, const ProtobufCMessage *m)
     switch (req->message_request_case) {
     case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES: {
         size_t n = 0;
-        for (size_t i = 0; i < gw->n_methods; i++) {
-            const char *p = gw->methods[i]->path + 1;
+        const mg_method *meth;
+        for (size_t i = 0; (meth = mg_gateway_method(gw, i)) != NULL; i++) {
+            const char *p = meth->path + 1;
             const char *slash = strchr(p, '/');
             size_t len = slash ? (size_t)(slash - p) : strlen(p);
             int dup = 0;

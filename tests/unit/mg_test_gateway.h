@@ -7,7 +7,7 @@
 #define MG_TEST_GATEWAY_H
 
 #include "mg_config.h"
-#include "mg_gateway.h"
+#include "mg_core.h"
 #include "mg_log.h"
 
 #include <arpa/inet.h>
