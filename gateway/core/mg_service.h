@@ -1,7 +1,9 @@
 /*
  * mg_service: what the gateway's core knows of a service — one descriptor of its lifecycle
  * hooks. The services are listed once, in order, in mg_services.c; the core runs their hooks
- * through that list and names none of them. All hooks run on the loop thread.
+ * through that list and names none of them. The ops pages (gateway/ops) come through the same
+ * list: their init registers the pages and opens the ops port. All hooks run on the loop
+ * thread.
  *
  *   init        at start, in list order: registers the service's methods and routes and makes
  *               its state, kept in its slot of the gateway (mg_gateway_state: the core holds
