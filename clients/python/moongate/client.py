@@ -39,9 +39,11 @@ import mmap
 import os
 import socket
 import threading
+import time
 
 import grpc
 
+from moongate import restore as _restore  # noqa: E402
 from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,  # noqa: E402
                          memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc, pool_pb2,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
@@ -284,7 +286,11 @@ def _channel(target, ca, cert, key, plaintext, aio):
     opts = [("grpc.max_receive_message_length", 16 << 20),
             ("grpc.max_send_message_length", 16 << 20),
             # never closed for idleness: an agent lives as long as its connection
-            ("grpc.client_idle_timeout_ms", 2**31 - 1)]
+            ("grpc.client_idle_timeout_ms", 2**31 - 1),
+            # a daemon that restarts is found again quickly (MOONGATE_RECONNECT_BACKOFF_MS)
+            ("grpc.initial_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
+            ("grpc.min_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
+            ("grpc.max_reconnect_backoff_ms", _restore.reconnect_backoff_ms())]
     if target.startswith("unix:") or plaintext:
         return g.insecure_channel(target, options=opts)
 
@@ -386,8 +392,21 @@ def _batch_error(b):
     return Error(grpc.StatusCode.UNKNOWN, "batch %d failed" % b.id)
 
 
+def _fatal(e):
+    """Why reconnecting is pointless after probe error e (credentials the daemon that came
+    back refuses: said once, not retried), or None."""
+    code = e.code() if isinstance(e, grpc.RpcError) else getattr(e, "code", None)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        details = e.details() if isinstance(e, grpc.RpcError) else getattr(e, "message", str(e))
+        return ("the daemon came back and refuses this client's credentials (%s: %s); not "
+                "retried" % (code.name, details))
+    return None
+
+
 class Client:
-    """A synchronous client of one daemon."""
+    """A synchronous client of one daemon. When the daemon restarts, the client reconnects and
+    makes again what it had made there (moongate/restore.py; docs/api.md, \"When the daemon
+    restarts\")."""
 
     def __init__(self, target="unix:/run/moongate/moongate.sock", ca=None, cert=None, key=None,
                  token=None, plaintext=False, timeout=30.0, fd_socket=None):
@@ -405,6 +424,11 @@ class Client:
         self.agent = agent_pb2_grpc.AgentStub(self._ch)
         self.daemon = daemon_pb2_grpc.DaemonStub(self._ch)
         self._maps = _Maps()
+        # what comes back when the daemon does (moongate/restore.py)
+        self._table = _restore.Table()
+        self._batch_epochs = collections.OrderedDict()  # batch id -> the epoch it ran under
+        self._re = _restore.Reconnector(self._ch, self._table, self._probe, _fatal,
+                                        _restore.reconnect_bound_s())
 
     def __enter__(self):
         return self
@@ -413,19 +437,64 @@ class Client:
         self.close()
 
     def close(self):
+        self._re.close()
         with self._clock:
             if self._cclient:
                 _client_lib().mg_client_close(self._cclient)
                 self._cclient = None
         self._maps.close()
         self._ch.close()
+        self._table.close()
+
+    @property
+    def epoch(self):
+        """The daemon's epoch as this client last saw it (None before the first agent,
+        registration or expectation); a restart changes it (restarts counts them)."""
+        return self._re.epoch
+
+    @property
+    def restarts(self):
+        return self._re.restarts
+
+    def _probe(self, timeout):
+        return self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md, timeout=timeout,
+                                wait_for_ready=True).epoch
 
     def _call(self, fn, req, timeout=None, traceparent=""):
+        self._re.gate()
         try:
             return fn(req, metadata=_metadata(self.md, traceparent),
                       timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise Error(e.code(), e.details()) from None
+            raise self._error(e) from None
+
+    def _error(self, e):
+        """A call's error as Error; one that met a broken connection says so."""
+        if self._re.gone and e.code() in (grpc.StatusCode.UNAVAILABLE,
+                                          grpc.StatusCode.UNAUTHENTICATED,
+                                          grpc.StatusCode.PERMISSION_DENIED):
+            return Error(e.code(), self._re.gone)
+        if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table):
+            return Error(e.code(), e.details())
+        return Error(e.code(), "the connection to the daemon broke (%s): it may be restarting; "
+                     "this client reconnects and makes its agent, memory and expectations again "
+                     "(within MOONGATE_RECONNECT_S)" % e.details())
+
+    def _remember(self, key, what, redo=None, close=None):
+        """A row of the restore table; the daemon's epoch is learnt with the first."""
+        if self._re.epoch is None:
+            try:
+                self._re.seen(self._probe(self.timeout))
+            except grpc.RpcError:
+                pass
+        self._table.add(key, what, redo, close)
+
+    def _id(self, value):
+        """The segment id the daemon has now for one the program holds."""
+        try:
+            return self._table.id("segment", value)
+        except LookupError as why:
+            raise Error(grpc.StatusCode.NOT_FOUND, "segment %d: %s" % (value, why)) from None
 
     def info(self):
         """The daemon's Daemon/Info: version, epoch, transports, max_wait_ms, ..."""
@@ -437,11 +506,16 @@ class Client:
         daemon assigns): "host:port" then names it. It lives as long as this client's
         connection; the regions this process registered with their address are its regions.
         Returns the AgentInfo (.port is the port)."""
-        return self._call(self.agent.RegisterAgent,
+        info = self._call(self.agent.RegisterAgent,
                           agent_pb2.RegisterAgentRequest(name=name, port=port))
+        self._remember(("agent", name), "agent %r (port %d)" % (name, info.port),
+                       lambda: self._call(self.agent.RegisterAgent, agent_pb2.RegisterAgentRequest(
+                           name=name, port=info.port)) and None)
+        return info
 
     def unregister_agent(self, name):
         self._call(self.agent.UnregisterAgent, agent_pb2.UnregisterAgentRequest(name=name))
+        self._table.drop(("agent", name))
 
     def describe_agent(self, agent, peer=""):
         """An agent's port, epoch and regions: "host:port", or a name on `peer` ("" here)."""
@@ -469,9 +543,14 @@ class Client:
 
     # segments
     def register(self, name, size, remote_accessible=False, share_with=(), **kw):
-        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+        """A segment the daemon makes (or a shm file by name): it does not survive a
+        restart of the daemon; its id then says so."""
+        seg = self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote_accessible,
             share_with=list(share_with), **kw)).segment
+        self._remember(("segment", seg.id), "segment %d (%r, made by the daemon)" % (
+            seg.id, name))
+        return seg
 
     def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False, share_with=(),
                     **kw):
@@ -480,6 +559,19 @@ class Client:
         if not self.fd_socket:
             raise Error(grpc.StatusCode.FAILED_PRECONDITION,
                         "descriptors are passed on a Unix socket: connect with unix:PATH")
+        keep = os.dup(fd)  # passed again when the daemon comes back
+        try:
+            seg = self._register_fd(name, keep, offset, size, remote_accessible, share_with, kw)
+        except BaseException:
+            os.close(keep)
+            raise
+        self._remember(("segment", seg.id), "segment %d (%r, a file passed by descriptor)" % (
+            seg.id, name), lambda: self._register_fd(name, keep, offset, size, remote_accessible,
+                                                     share_with, kw).id,
+            lambda: os.close(keep))
+        return seg
+
+    def _register_fd(self, name, fd, offset, size, remote_accessible, share_with, kw):
         handle, _ = pass_fd(self.fd_socket, fd, self._token)
         return self._call(self.memory.RegisterSegment, _fd_request(
             name, handle, offset, size, remote_accessible, share_with, kw)).segment
@@ -519,12 +611,8 @@ class Client:
         try:
             for k in range(n):
                 p = pieces[k]
-                handle, _ = pass_fd(self.fd_socket, p.fd, self._token)
-                segs.append(self._call(self.memory.RegisterSegment, _fd_request(
-                    "%s-%d" % (name or "vram-%d-%x" % (os.getpid(), address), k), handle, 0,
-                    p.size, remote_accessible, (), dict(
-                        source=memory_pb2.DMABUF, client_address=p.address,
-                        location="cuda:%d" % p.device))).segment)
+                segs.append(self._vram_piece("%s-%d" % (
+                    name or "vram-%d-%x" % (os.getpid(), address), k), p, remote_accessible))
         except BaseException:
             for seg in segs:
                 self.unregister(seg.id)
@@ -533,6 +621,31 @@ class Client:
             for k in range(n):
                 os.close(pieces[k].fd)
         return segs
+
+    def _vram_piece(self, name, p, remote_accessible):
+        """One dma-buf piece registered; when the daemon comes back, exported again by its
+        address (the same allocation) and registered again."""
+        def make(p):
+            handle, _ = pass_fd(self.fd_socket, p.fd, self._token)
+            return self._call(self.memory.RegisterSegment, _fd_request(
+                name, handle, 0, p.size, remote_accessible, (), dict(
+                    source=memory_pb2.DMABUF, client_address=p.address,
+                    location="cuda:%d" % p.device))).segment
+
+        def again(address=p.address, size=p.size):
+            again_pieces, err = (_VramPiece * 1)(), ctypes.create_string_buffer(512)
+            if _client_lib().mg_vram_export(address, size, again_pieces, 1, err, 512) != 1:
+                raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                            "GPU memory at 0x%x: %s" % (address, err.value.decode(
+                                errors="replace") or "no longer one allocation"))
+            try:
+                return make(again_pieces[0]).id
+            finally:
+                os.close(again_pieces[0].fd)
+        seg = make(p)
+        self._remember(("segment", seg.id), "segment %d (%r, GPU memory at 0x%x)" % (
+            seg.id, name, p.address), again)
+        return seg
 
     def move_vram(self, write, address, size, peer="", remote_segment=0, remote_lease=0,
                   remote_agent="", remote_address=0, remote_offset=0, stream=0, chunk=0,
@@ -582,12 +695,22 @@ class Client:
         address_of) where it lies, with no file: the daemon reads and writes it with
         process_vm_readv/writev (copy and TCP paths; never RDMA). Transfers name it by segment id
         or by address. Keep the memory alive until it is unregistered."""
-        return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
-            name=name, source=memory_pb2.PROCESS, client_address=address, size=size,
-            **kw)).segment
+        def make():
+            return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+                name=name, source=memory_pb2.PROCESS, client_address=address, size=size,
+                **kw)).segment
+        seg = make()
+        self._remember(("segment", seg.id), "segment %d (%r, process memory at 0x%x)" % (
+            seg.id, name, address), lambda: make().id)
+        return seg
 
     def unregister(self, segment_id):
-        self._call(self.memory.UnregisterSegment, memory_pb2.UnregisterRequest(id=segment_id))
+        if self._table.lost(segment_id):  # gone with the daemon's restart: nothing to undo
+            self._table.drop(("segment", segment_id))
+            return
+        self._call(self.memory.UnregisterSegment,
+                   memory_pb2.UnregisterRequest(id=self._id(segment_id)))
+        self._table.drop(("segment", segment_id))
 
     def segments(self):
         token = ""
@@ -627,7 +750,7 @@ class Client:
         the Batch lists only the requests that failed (each with its index), not one status
         per request."""
         resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
-            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
@@ -638,14 +761,48 @@ class Client:
                traceparent=""):
         """Submits a batch without waiting; returns its id (see wait()). digest and
         traceparent as for transfer()."""
-        return self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
-            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+        bid = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+            requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, digest=digest), traceparent=traceparent).batch_id
+        self._ran(bid)
+        return bid
+
+    def _now(self, requests):
+        """The requests with the segment ids the daemon has now (after a restart)."""
+        out = []
+        for r in requests:
+            local = self._id(r.local_segment)
+            remote = self._id(r.remote_segment) if not r.peer else r.remote_segment
+            if (local, remote) != (r.local_segment, r.remote_segment):
+                r = transfer_pb2.TransferRequest.FromString(r.SerializeToString())
+                r.local_segment, r.remote_segment = local, remote
+            out.append(r)
+        return out
+
+    def _ran(self, batch_id):
+        """Keeps which epoch a batch ran under (the last 4096), to name a restart."""
+        if self._re.epoch is not None:
+            self._batch_epochs[batch_id] = self._re.epoch
+            while len(self._batch_epochs) > 4096:
+                self._batch_epochs.popitem(last=False)
+
+    def _batch_gone(self, batch_id, e):
+        """An Error for a batch the daemon does not know: one of an earlier epoch names the
+        restart (its outcome is unknown), else the daemon's own words."""
+        was = self._batch_epochs.get(batch_id)
+        if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE) and \
+                was is not None and self._re.epoch is not None and was != self._re.epoch:
+            return Error(grpc.StatusCode.UNAVAILABLE,
+                         "batch %d ran on the daemon before it restarted (epoch %016x, now "
+                         "%016x): daemon restarted; what it moved is unknown" % (
+                             batch_id, was, self._re.epoch))
+        return self._error(e)
 
     def wait(self, batch_id, progress=None, check=True, brief=False):
         """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report.
         brief: each report lists only the requests that failed (see transfer())."""
         last = None
+        self._re.gate()
         try:
             for b in self.transfers.Wait(transfer_pb2.GetBatchRequest(id=batch_id, brief=brief),
                                          metadata=self.md):
@@ -653,7 +810,7 @@ class Client:
                 if progress:
                     progress(b)
         except grpc.RpcError as e:
-            raise Error(e.code(), e.details()) from None
+            raise self._batch_gone(batch_id, e) from None
         if check and last is not None and last.state != transfer_pb2.DONE:
             raise _batch_error(last)
         return last
@@ -662,15 +819,27 @@ class Client:
     def notifications(self, topic, timeout=None):
         """Notifications of `topic` as they arrive (Notify/Watch); ends after `timeout`
         seconds (None: never) without raising."""
-        call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
-                                  timeout=timeout)
-        try:
-            yield from call
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise Error(e.code(), e.details()) from None
-        finally:
-            call.cancel()
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._re.gate()
+            left = None if end is None else max(0.0, end - time.monotonic())
+            call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
+                                      timeout=left)
+            try:
+                yield from call
+                return
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return
+                if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table) or \
+                        _restore.reconnect_bound_s() == 0:
+                    raise self._error(e) from None
+                _restore.log.warning("notifications of %r: the connection to the daemon broke "
+                                     "(%s); watching again once it is back (what it had queued "
+                                     "and not given is lost)", topic, e.details())
+                time.sleep(0.05)  # the channel's state reaches the restorer first
+            finally:
+                call.cancel()
 
     def send(self, topic, payload=b"", peer="", agent="", traceparent=""):
         """A notification to `topic` on a peer daemon (peer, or the daemon of agent
@@ -690,13 +859,23 @@ class Client:
         failure notice to the topic (outcome: DEADLINE, SENDER_UNREACHABLE, SENDER_RESTARTED
         or SENDER_AGENT_GONE), so notifications()/poll() of the topic always end. Returns the
         Expectation (its id for unexpect())."""
-        return self._call(self._notify.Expect, notify_pb2.ExpectRequest(
-            topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
-            lease=getattr(lease, "id", lease), segment=segment))
+        def make():
+            return self._call(self._notify.Expect, notify_pb2.ExpectRequest(
+                topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
+                lease=getattr(lease, "id", lease), segment=self._id(segment)))
+        got = make()
+        self._remember(("expect", got.id), "expectation %d of topic %r" % (got.id, topic),
+                       lambda: make().id)
+        return got
 
     def unexpect(self, expectation):
-        self._call(self._notify.Unexpect,
-                   notify_pb2.UnexpectRequest(id=getattr(expectation, "id", expectation)))
+        eid = getattr(expectation, "id", expectation)
+        try:
+            now = self._table.id("expect", eid)
+        except LookupError:
+            now = eid
+        self._call(self._notify.Unexpect, notify_pb2.UnexpectRequest(id=now))
+        self._table.drop(("expect", eid))
 
     def expectations(self):
         return list(self._call(self._notify.ListExpectations,

@@ -1,0 +1,247 @@
+"""Serving processes outlive their daemon: a daemon killed (SIGKILL) or stopped (SIGTERM) and
+started again costs its clients a pause, not their state. The Python client reconnects by itself
+and makes again its agent (same name, same port), the memory it registered (process memory,
+descriptors, buffers), its expectations; what cannot come back (daemon-made segments) says so
+when used; a batch of the old epoch names the restart. A Mooncake-shaped target and initiator
+keep looping WRITEs, READs and notifications across restarts of either daemon, failing only
+while one is away, with every byte they counted done in place. A daemon that does not come
+back, or comes back refusing the client's token, is said once, clearly."""
+import os
+import hashlib
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+import conftest
+import test_mooncake
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def restart(d, how):
+    """Stops d (SIGKILL or SIGTERM) and starts it again with the same arguments."""
+    if how == "kill":
+        d.kill()
+    else:
+        assert d.stop() == 0, d.read_log()
+    d.log.close()
+    d._start_once()
+
+
+def until(what, check, timeout=60):
+    """Waits for check() to hold (event-driven: each try is a call; the deadline is a net)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.05)
+
+
+def agents_of(d):
+    with mg.Client("unix:" + d.sock, timeout=5) as c:
+        return {a.name: a.port for a in c.agents()}
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_the_client_makes_again_what_it_had(make_daemon, how):
+    d = make_daemon()
+    c = mg.Client("unix:" + d.sock, timeout=10)
+    try:
+        info = c.register_agent("kv-0")
+        heap = bytearray(b"h" * 8192)
+        addr, size = mg.address_of(heap)
+        proc = c.register_memory("heap", addr, size)
+        buf = c.allocate_buffer(8192, remote_accessible=True)
+        heap[:5] = b"heapp"
+        made = c.register("made", 4096)
+        exp = c.expect("later", 600000, peer=d.h2c)
+        epoch = c.epoch
+        assert epoch
+        restart(d, how)
+        until("agent kv-0 back", lambda: agents_of(d).get("kv-0") == info.port)
+        until("the client restored", lambda: c.restarts == 1 and c.epoch != epoch)
+        # its memory is back, under the ids the program holds
+        names = until("segments back", lambda: {s.name for s in c.segments()} >= {"heap",
+                                                                                  buf.segment.name}
+                      and {s.name for s in c.segments()})
+        assert "made" not in names
+        batch = c.transfer([mg.write(segment=proc.id, peer="", remote_segment=buf.segment.id,
+                                     length=5)])
+        assert batch.state == mg.transfer_pb2.DONE
+        assert bytes(buf.view[:5]) == b"heapp"
+        assert [e.topic for e in c.expectations()] == ["later"]
+        # what did not come back says so
+        with pytest.raises(mg.Error) as e:
+            c.transfer([mg.write(segment=made.id, peer="", remote_segment=buf.segment.id,
+                                 length=5)])
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert "did not come back" in e.value.message, e.value.message
+        c.unregister(made.id)  # nothing to undo: no error
+        c.unexpect(exp)
+        assert c.expectations() == []
+        buf.free()
+        c.unregister(proc.id)
+        assert {s.name for s in c.segments()} == set()
+    finally:
+        c.close()
+
+
+def test_a_batch_of_the_old_epoch_names_the_restart(make_daemon):
+    d = make_daemon()
+    c = mg.Client("unix:" + d.sock, timeout=10)
+    try:
+        c.register_agent("kv-1")
+        a = c.allocate_buffer(4096)
+        b = c.allocate_buffer(4096)
+        bid = c.submit([mg.write(segment=a.segment.id, peer="", remote_segment=b.segment.id,
+                                 length=4096)])
+        restart(d, "kill")
+        until("the client restored", lambda: c.restarts == 1)
+        with pytest.raises(mg.Error) as e:
+            c.wait(bid)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "daemon restarted" in e.value.message, e.value.message
+    finally:
+        c.close()
+
+
+def test_a_daemon_that_does_not_come_back_is_said_once(make_daemon, monkeypatch):
+    monkeypatch.setenv("MOONGATE_RECONNECT_S", "1")
+    d = make_daemon()
+    c = mg.Client("unix:" + d.sock, timeout=5)
+    try:
+        c.register_agent("kv-2")
+        d.kill()
+
+        def gave_up():
+            try:
+                c.agents()
+            except mg.Error as e:
+                return "did not come back within MOONGATE_RECONNECT_S=1 s" in e.message and e
+            return False
+        e = until("the client gave up", gave_up)
+        assert e.code == grpc.StatusCode.UNAVAILABLE
+        # and once the daemon is back after all, the client is too
+        d.log.close()
+        d._start_once()
+        until("agent back", lambda: agents_of(d).get("kv-2"))
+    finally:
+        c.close()
+
+
+def sha(tok):
+    return "sha256:" + hashlib.sha256(tok.encode()).hexdigest()
+
+
+def test_a_daemon_back_with_another_auth_file_refuses_once(make_daemon, tmp_path):
+    auth = tmp_path / "auth"
+    auth.write_text("token %s team-a\n" % sha("tok-a-0123456789"))
+    d = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    c = mg.Client("unix:" + d.sock, token="tok-a-0123456789", timeout=5)
+    try:
+        c.register_agent("kv-3")
+        auth.write_text("token %s team-a\n" % sha("tok-b-0123456789"))
+        restart(d, "kill")
+
+        def refused():
+            try:
+                c.agents()
+            except mg.Error as e:
+                return "refuses this client's credentials" in e.message and e
+            return False
+        e = until("the client refused", refused)
+        assert e.code == grpc.StatusCode.UNAUTHENTICATED
+        time.sleep(0.5)  # the client does not try again and again: its probe, and our calls
+        refused = d.metric("moongate_auth_refused_total", reason="unauthenticated")
+        assert refused is not None and refused <= 5, refused
+    finally:
+        c.close()
+
+
+class Loop:
+    """tests/integration/mooncake/loop.py on daemon `d`, its lines collected as they come."""
+
+    def __init__(self, d, target, address, slots=32):
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "mooncake", "loop.py"), target, str(address),
+             str(slots)], env=test_mooncake.env_for(d), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.slots, self.lines, self.cv = slots, [], threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append(line.split(None, 3))
+                self.cv.notify_all()
+
+    def oks(self):
+        with self.cv:
+            return [(int(x[1]), float(x[2])) for x in self.lines if x[0] == "ok"]
+
+    def fails(self):
+        with self.cv:
+            return [(int(x[1]), float(x[2]), x[3].strip()) for x in self.lines if x[0] == "fail"]
+
+    def more_ok(self, n, timeout=90):
+        have = len(self.oks())
+        until("%d more iterations" % n, lambda: len(self.oks()) >= have + n, timeout)
+
+    def stop(self):
+        self.p.stdin.write("stop\n")
+        self.p.stdin.flush()
+        out = self.p.wait(60)
+        return out, self.p.stderr.read()
+
+
+def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
+    a, b = test_mooncake.pair(make_daemon)
+    t = children(test_mooncake.Target, b)
+    name_port = agents_of(b)
+    loop = Loop(a, t.session, t.address)
+    try:
+        loop.more_ok(10)
+        windows = []
+        for d, how in ((b, "kill"), (b, "term"), (a, "kill")):
+            t0 = time.monotonic()
+            restart(d, how)
+            loop.more_ok(10)
+            windows.append((t0, max(ts for _, ts in loop.oks())))
+            assert agents_of(b) == name_port  # the target's agent: same name, same port
+        rc, err = loop.stop()
+        assert rc == 0, err
+    finally:
+        if loop.p.poll() is None:
+            loop.p.kill()
+    oks, fails = loop.oks(), loop.fails()
+    # failures only while a daemon was away (from its stop to the loop's next success)
+    for i, ts, why in fails:
+        assert any(lo <= ts <= hi for lo, hi in windows), (i, ts, why, windows)
+    # every byte the loop counted done is in place: each slot's last writer, if it succeeded
+    last = {}
+    for i in sorted(set(i for i, _ in oks) | set(i for i, _, _ in fails)):
+        last[i % loop.slots] = i
+    done = set(i for i, _ in oks)
+    for slot, i in last.items():
+        if i in done:
+            assert t.dump(slot * 4096, 4096) == pattern(i), (slot, i)
+    # notifications of the iterations after the target's daemon last came back all arrived
+    back = windows[1][1]
+    notes = [int(m) for name, m in t.notifications() if name == "loop"]
+    assert notes == sorted(notes)  # in order
+    assert {i for i, ts in oks if ts > back} <= set(notes)
+    t.close()
+
+
+def pattern(i):
+    """The loop's pattern of iteration i (as loop.py makes it)."""
+    return (i.to_bytes(4, "little") * 1024)[:4096]
