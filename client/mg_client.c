@@ -71,6 +71,8 @@ struct mg_client {
     struct event *flush_ev;
     struct event *read_ev; /* h2c and unix once connected: the socket read directly */
     uint32_t busy_poll_us;
+    void (*on_broken)(void *arg, const char *why);
+    void *broken_arg;
     /* Depth of the library's event callbacks running now. A user callback inside one may call
      * mg_client_del(): the client is then only marked and freed as the outermost returns. */
     int in_cb;
@@ -452,12 +454,15 @@ static void client_fail(mg_client *c, const char *why)
 {
     if (c->read_ev)
         event_del(c->read_ev); /* a closed socket stays readable */
-    if (!c->failed) {
+    int first = !c->failed;
+    if (first) {
         c->failed = 1;
         snprintf(c->fail_msg, sizeof(c->fail_msg), "%s: %s", c->target, why);
     }
     while (c->rpcs)
         rpc_close(c->rpcs, MG_GRPC_UNAVAILABLE, c->fail_msg);
+    if (first && !c->doomed && c->on_broken)
+        c->on_broken(c->broken_arg, c->fail_msg);
 }
 
 static int feed(mg_client *c, const uint8_t *data, size_t len)
@@ -647,6 +652,8 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     c->tls = o->tls;
     c->max_message = o->max_message_bytes ? o->max_message_bytes : 4u * 1024u * 1024u;
     c->busy_poll_us = o->busy_poll_us;
+    c->on_broken = o->on_broken;
+    c->broken_arg = o->broken_arg;
     snprintf(c->target, sizeof(c->target), "%s", t);
     if (o->token && o->token[0]) {
         if (strlen(o->token) > 1024 || strpbrk(o->token, "\r\n")) {

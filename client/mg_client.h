@@ -44,6 +44,11 @@ typedef struct mg_client_options {
      * waiting; meant for callers on a hot path with short calls (lease acquire and release). 0:
      * never (the default). */
     uint32_t busy_poll_us;
+    /* Called once, on the client's base, when its connection breaks (the server closed it, an
+     * I/O, TLS or protocol error), after its open calls ended with UNAVAILABLE; never because
+     * of mg_client_del. The client is of no more use: make another. Optional. */
+    void (*on_broken)(void *arg, const char *why);
+    void *broken_arg;
 } mg_client_options;
 
 typedef struct mg_metadata {

@@ -44,31 +44,39 @@ static void token_of_env(te_engine *e)
     fclose(f);
 }
 
-static int register_agent(te_engine *e, uint64_t port)
+int te_register_agent(te_engine *e, uint64_t port, char *msg, size_t msgcap)
 {
     Moongate__V1__RegisterAgentRequest q = MOONGATE__V1__REGISTER_AGENT_REQUEST__INIT;
     Moongate__V1__AgentInfo *info;
     uint8_t *resp = NULL;
     size_t len = 0;
-    char msg[512];
     int st;
     q.name = e->name;
     q.port = (uint32_t)port;
     st = te_call_run(e, "/moongate.v1.Agent/RegisterAgent", &q.base, TE_TIMEOUT_MS, &resp, &len,
-                     msg, sizeof(msg));
-    if (st != 0) {
-        te_log(st == MG_GRPC_UNAVAILABLE ? "no moongate daemon answers at %s (MOONGATE_SOCKET): %s"
-                                         : "the daemon at %s refused the engine: %s",
-               e->target, msg);
-        return -1;
-    }
+                     msg, msgcap);
+    if (st != 0)
+        return st;
     info = moongate__v1__agent_info__unpack(NULL, len, resp);
     free(resp);
-    if (info == NULL)
-        return -1;
+    if (info == NULL) {
+        snprintf(msg, msgcap, "the daemon's AgentInfo did not decode");
+        return MG_GRPC_INTERNAL;
+    }
     e->port = info->port;
     moongate__v1__agent_info__free_unpacked(info, NULL);
     return 0;
+}
+
+static int register_agent(te_engine *e, uint64_t port)
+{
+    char msg[512];
+    int st = te_register_agent(e, port, msg, sizeof(msg));
+    if (st != 0)
+        te_log(st == MG_GRPC_UNAVAILABLE ? "no moongate daemon answers at %s (MOONGATE_SOCKET): %s"
+                                         : "the daemon at %s refused the engine: %s",
+               e->target, msg);
+    return st ? -1 : 0;
 }
 
 transfer_engine_t createTransferEngine(const char *metadata_conn_string,
@@ -112,6 +120,7 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
         free(e);
         return NULL;
     }
+    te_restore_init(e);
     return e;
 }
 

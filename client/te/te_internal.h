@@ -56,6 +56,7 @@ typedef struct te_region {
     uintptr_t addr;
     size_t len;
     uint64_t segment;
+    int remote; /* registered remote-accessible (registered so again after a restart) */
 } te_region;
 
 typedef struct te_call te_call;
@@ -88,6 +89,18 @@ typedef struct te_engine {
      * read needs. Never set in production. */
     int test_straddle;
     int test_mid_poll; /* a poll is between its two loads (atomic) */
+    /* The daemon restarted (te_restore.c): while the restorer thread reconnects and makes the
+     * agent and regions again, callers' calls wait (te_gate); if it gives up, `gone` says why
+     * and calls fail with it. Under mu. */
+    uint64_t bound_ms;   /* MOONGATE_RECONNECT_S (0: never reconnects) */
+    uint64_t backoff_ms; /* MOONGATE_RECONNECT_BACKOFF_MS: the longest wait between tries */
+    int restoring;
+    int quit; /* the engine is being destroyed: the restorer ends */
+    int restorer_joinable;
+    pthread_t restorer;
+    char gone[600];
+    uint64_t epoch; /* the daemon's, when last seen */
+    unsigned restarts;
 } te_engine;
 
 /* One unary call, made on the engine's loop. */
@@ -123,6 +136,27 @@ void te_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Starts the engine's loop thread and connection. Returns 0, or -1 (logged). */
 int te_start(te_engine *e);
+/* On the loop: drops the connection and opens a new one. Returns 0, or -1 with why set. */
+int te_connect(te_engine *e, char *why, size_t cap);
+/* A caller's thread: replaces the connection (on the loop) and waits. Returns a gRPC status. */
+int te_call_reconnect(te_engine *e, char *msg, size_t msgcap);
+
+/* ---- te_restore.c: the daemon restarted ---- */
+
+/* The connection broke (mg_client_options.on_broken, on the loop): the restorer starts. */
+void te_broken(void *arg, const char *why);
+/* A caller's thread: waits while the engine restores (the restorer itself passes). */
+void te_gate(te_engine *e);
+/* The reconnect settings from the environment, and the daemon's epoch now. */
+void te_restore_init(te_engine *e);
+/* Joins a restorer that ended or is told to (te_stop). */
+void te_restore_stop(te_engine *e);
+/* RegisterAgent of e->name with `port` (0: the daemon assigns); e->port is set. Returns a gRPC
+ * status, msg set. */
+int te_register_agent(te_engine *e, uint64_t port, char *msg, size_t msgcap);
+/* Region k registered again (after a restart); its segment id updated. Returns a gRPC
+ * status, msg set. */
+int te_register_again(te_engine *e, size_t k, char *msg, size_t msgcap);
 /* Stops the loop thread and frees the connection. */
 void te_stop(te_engine *e);
 

@@ -237,11 +237,28 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
     pthread_mutex_unlock(&e->mu);
 }
 
+int te_connect(te_engine *e, char *why, size_t cap)
+{
+    mg_client_options o = {.target = e->target,
+                           .token = e->token[0] ? e->token : NULL,
+                           .on_broken = te_broken,
+                           .broken_arg = e};
+    mg_client_del(e->client);
+    e->client = NULL;
+    return mg_client_new(&e->client, e->base, &o, why, cap);
+}
+
 static void call_start(te_engine *e, te_call *c)
 {
     static const mg_rpc_handlers h = {.on_message = call_message, .on_close = call_close};
-    mg_rpc *rpc =
-        e->client ? mg_rpc_start(e->client, c->path, NULL, 0, c->timeout_ms, &h, c) : NULL;
+    char why[512];
+    mg_rpc *rpc;
+    if (c->path == NULL) { /* te_call_reconnect */
+        int rc = te_connect(e, why, sizeof(why));
+        call_close(NULL, rc ? MG_GRPC_UNAVAILABLE : 0, rc ? why : "", c);
+        return;
+    }
+    rpc = e->client ? mg_rpc_start(e->client, c->path, NULL, 0, c->timeout_ms, &h, c) : NULL;
     if (rpc == NULL) {
         call_close(NULL, MG_GRPC_UNAVAILABLE, "the connection to the daemon is gone", c);
         return;
@@ -303,7 +320,6 @@ static void hand_over(te_engine *e, te_call *c)
 
 int te_start(te_engine *e)
 {
-    mg_client_options o = {.target = e->target, .token = e->token[0] ? e->token : NULL};
     char err[512];
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -314,7 +330,7 @@ int te_start(te_engine *e)
         te_log("the engine's loop: %s", strerror(errno));
         return -1;
     }
-    if (mg_client_new(&e->client, e->base, &o, err, sizeof(err)) != 0) {
+    if (te_connect(e, err, sizeof(err)) != 0) {
         te_log("no moongate daemon at %s (MOONGATE_SOCKET): %s", e->target, err);
         return -1;
     }
@@ -328,6 +344,7 @@ int te_start(te_engine *e)
 
 void te_stop(te_engine *e)
 {
+    te_restore_stop(e);
     if (e->running) {
         pthread_mutex_lock(&e->mu);
         e->stopping = 1;
@@ -364,15 +381,35 @@ static te_call *call_new(te_engine *e, const char *path, const ProtobufCMessage 
     return c;
 }
 
-/* Hands c to the loop and waits for its end; returns its status (c is then the caller's). */
+/* Hands c to the loop and waits for its end; returns its status (c is then the caller's).
+ * While the engine restores, a caller's call waits for it first; once it gave up, a call that
+ * meets no daemon says why. */
 static int call_wait(te_engine *e, te_call *c)
 {
+    te_gate(e);
     pthread_mutex_lock(&e->mu);
     hand_over(e, c);
     while (!c->done)
         pthread_cond_wait(&e->cv, &e->mu);
+    if (c->status == MG_GRPC_UNAVAILABLE && e->gone[0])
+        snprintf(c->msg, sizeof(c->msg), "%.500s", e->gone);
     pthread_mutex_unlock(&e->mu);
     return c->status;
+}
+
+int te_call_reconnect(te_engine *e, char *msg, size_t msgcap)
+{
+    te_call *c = calloc(1, sizeof(*c));
+    int status;
+    if (c == NULL) {
+        snprintf(msg, msgcap, "out of memory");
+        return MG_GRPC_RESOURCE_EXHAUSTED;
+    }
+    c->e = e; /* path NULL: the loop replaces the connection */
+    status = call_wait(e, c);
+    snprintf(msg, msgcap, "%s", c->msg);
+    call_free(c);
+    return status;
 }
 
 int te_call_run(te_engine *e, const char *path, const ProtobufCMessage *req, uint64_t timeout_ms,

@@ -142,7 +142,7 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
     char name[64], msg[512];
     uint8_t *resp = NULL;
     size_t len = 0;
-    int kind, st, busy;
+    int kind, st, busy, remote = remote_accessible;
     if (e == NULL || addr == NULL || length == 0)
         return ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&e->mu);
@@ -160,6 +160,7 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
                     "only (map a memfd sealed with F_SEAL_SHRINK for peers to reach it)",
                     addr, msg);
         st = register_call(e, a, length, 0, name, &kind, &resp, &len, msg, sizeof(msg));
+        remote = 0;
     }
     if (st != 0) {
         te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);
@@ -182,7 +183,7 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
         if (grown != NULL) {
             e->regions = grown;
             grown[e->n_regions++] =
-                (te_region){.addr = a, .len = length, .segment = r->segment->id};
+                (te_region){.addr = a, .len = length, .segment = r->segment->id, .remote = remote};
             st = 0;
         }
     }
@@ -190,6 +191,36 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
     if (r != NULL)
         moongate__v1__register_response__free_unpacked(r, NULL);
     return st;
+}
+
+int te_register_again(te_engine *e, size_t k, char *msg, size_t msgcap)
+{
+    Moongate__V1__RegisterResponse *r;
+    te_region g;
+    char name[64];
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    int kind, st;
+    pthread_mutex_lock(&e->mu);
+    g = e->regions[k];
+    pthread_mutex_unlock(&e->mu);
+    snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)g.addr);
+    st = register_call(e, g.addr, g.len, g.remote, name, &kind, &resp, &len, msg, msgcap);
+    if (st != 0)
+        return st;
+    r = moongate__v1__register_response__unpack(NULL, len, resp);
+    free(resp);
+    if (r == NULL || r->segment == NULL) {
+        if (r != NULL)
+            moongate__v1__register_response__free_unpacked(r, NULL);
+        snprintf(msg, msgcap, "the daemon's RegisterResponse did not decode");
+        return MG_GRPC_INTERNAL;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->regions[k].segment = r->segment->id;
+    pthread_mutex_unlock(&e->mu);
+    moongate__v1__register_response__free_unpacked(r, NULL);
+    return 0;
 }
 
 int registerLocalMemory(transfer_engine_t engine, void *addr, size_t length, const char *location,

@@ -18,6 +18,7 @@ import pytest
 
 import conftest
 import test_mooncake
+import test_mooncake_c
 
 os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
 import moongate_client as mg  # noqa: E402
@@ -203,19 +204,22 @@ class Loop:
         return out, self.p.stderr.read()
 
 
-def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
-    a, b = test_mooncake.pair(make_daemon)
-    t = children(test_mooncake.Target, b)
+def loop_across(a, b, t, restarts):
+    """The loop on daemon a against target t on daemon b across `restarts` ((daemon, how)...):
+    it fails only while a daemon is away, the target keeps its agent's name and port, every
+    byte the loop counted done is in place, and the notifications of the iterations after the
+    target's daemon last came back all arrived, in order."""
     name_port = agents_of(b)
     loop = Loop(a, t.session, t.address)
     try:
         loop.more_ok(10)
-        windows = []
-        for d, how in ((b, "kill"), (b, "term"), (a, "kill")):
+        windows, back = [], None
+        for d, how in restarts:
             t0 = time.monotonic()
             restart(d, how)
             loop.more_ok(10)
             windows.append((t0, max(ts for _, ts in loop.oks())))
+            back = windows[-1][1] if d is b else back
             assert agents_of(b) == name_port  # the target's agent: same name, same port
         rc, err = loop.stop()
         assert rc == 0, err
@@ -234,11 +238,25 @@ def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
     for slot, i in last.items():
         if i in done:
             assert t.dump(slot * 4096, 4096) == pattern(i), (slot, i)
-    # notifications of the iterations after the target's daemon last came back all arrived
-    back = windows[1][1]
     notes = [int(m) for name, m in t.notifications() if name == "loop"]
     assert notes == sorted(notes)  # in order
     assert {i for i, ts in oks if ts > back} <= set(notes)
+    return oks, fails
+
+
+def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
+    a, b = test_mooncake.pair(make_daemon)
+    t = children(test_mooncake.Target, b)
+    loop_across(a, b, t, ((b, "kill"), (b, "term"), (a, "kill")))
+    t.close()
+
+
+def test_a_c_target_outlives_its_daemon(make_daemon, children):
+    """Mooncake's C API (libtransfer_engine.so) as the target: its engine reconnects and makes
+    its agent and region again."""
+    a, b = test_mooncake.pair(make_daemon)
+    t = test_mooncake_c.c_target(lambda *x, **kw: children(test_mooncake.Target, *x, **kw), b)
+    loop_across(a, b, t, ((b, "kill"), (b, "term")))
     t.close()
 
 
