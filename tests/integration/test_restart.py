@@ -139,6 +139,37 @@ def test_a_daemon_that_does_not_come_back_is_said_once(make_daemon, monkeypatch)
         c.close()
 
 
+def test_leases_go_with_the_daemon_and_their_holders_are_told(make_daemon):
+    from moongate.pool import BufferPool, LeaseReleaseError
+    d = make_daemon("--pool-bytes", str(4 << 20))
+    c = mg.Client("unix:" + d.sock, timeout=10)
+    pool = BufferPool(2 << 20, client=c)
+    try:
+        old = pool.acquire(1 << 20)
+        old.buffer[:4] = b"old!"
+        mine = c.lease(4096)
+        restart(d, "kill")
+        until("the client restored", lambda: c.restarts == 1)
+        new = pool.acquire(1 << 20)  # the new daemon's pool file, mapped afresh
+        new.buffer[:4] = b"new!"
+        with pytest.raises(LeaseReleaseError) as e:
+            old.release()
+        assert "restarted" in str(e.value) and "lease %d" % old.id in str(e.value), e.value
+        with pytest.raises(mg.Error) as e2:
+            c.release(mine)
+        assert e2.value.code == grpc.StatusCode.NOT_FOUND and "restarted" in e2.value.message
+        assert pool.stats()["held_bytes"] == 1 << 20  # the lost lease's bytes counted back
+        # the new lease's bytes are the daemon's: read them through a segment copy
+        buf = c.allocate_buffer(4096)
+        c.transfer([mg.write(lease=new.id, peer="", remote_segment=buf.segment.id, length=4)])
+        assert bytes(buf.view[:4]) == b"new!"
+        new.release()
+        buf.free()
+    finally:
+        pool.close()
+        c.close()
+
+
 def sha(tok):
     return "sha256:" + hashlib.sha256(tok.encode()).hexdigest()
 

@@ -427,8 +427,9 @@ class Client:
         # what comes back when the daemon does (moongate/restore.py)
         self._table = _restore.Table()
         self._batch_epochs = collections.OrderedDict()  # batch id -> the epoch it ran under
+        self._after_restart = []  # f(was, now) of users of the client (BufferPool)
         self._re = _restore.Reconnector(self._ch, self._table, self._probe, _fatal,
-                                        _restore.reconnect_bound_s())
+                                        _restore.reconnect_bound_s(), self._restarted)
 
     def __enter__(self):
         return self
@@ -455,6 +456,10 @@ class Client:
     @property
     def restarts(self):
         return self._re.restarts
+
+    def _restarted(self, was, now):
+        for f in list(self._after_restart):
+            f(was, now)
 
     def _probe(self, timeout):
         return self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md, timeout=timeout,
@@ -732,12 +737,19 @@ class Client:
         msg = self._call(self.pool.AcquireLease, pool_pb2.AcquireLeaseRequest(
             size=size, ttl_ms=ttl_ms, block=block, remote_accessible=remote_accessible),
             timeout)
+        self._remember(("lease", msg.id), "lease %d" % msg.id)  # gone with a restart
         return _SyncLease(self, msg)
 
     def release(self, lease):
+        """Releases a lease; one that went with a restart of the daemon raises Error
+        (NOT_FOUND) saying so."""
         lid = lease.id if isinstance(lease, Lease) else lease
         if isinstance(lease, Lease):
             lease._drop_view()
+        why = self._table.lost(lid)
+        self._table.drop(("lease", lid))
+        if why:
+            raise Error(grpc.StatusCode.NOT_FOUND, "lease %d: %s" % (lid, why))
         self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
     # transfers

@@ -105,6 +105,14 @@ class BufferPool:
         self._maps = {}           # pool file path -> (mmap, address)
         self._max_wait_s = None
         self._counts = collections.Counter()
+        self._c._after_restart.append(self._restarted)
+
+    def _restarted(self, was, now):
+        """The daemon restarted: its pool file is another; the next lease maps it afresh (the
+        old mappings stay while leases of the old daemon still have views of them)."""
+        with self._cv:
+            self._maps.clear()
+            self._max_wait_s = None
 
     def __enter__(self):
         return self
@@ -168,6 +176,7 @@ class BufferPool:
             raise
         with self._cv:
             self._leases[lease.id] = lease
+        self._c._remember(("lease", lease.id), "lease %d of a BufferPool" % lease.id)
         return lease
 
     def _ask(self, nbytes, block, deadline, limit):
@@ -206,7 +215,11 @@ class BufferPool:
         self._give_back(lease)
 
     def _give_back(self, lease):
+        gone = self._c._table.lost(lease.id)  # the daemon restarted: it went with its pool file
+        self._c._table.drop(("lease", lease.id))
         try:
+            if gone:
+                raise mg.Error(grpc.StatusCode.NOT_FOUND, gone)
             self._c._call(self._c.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lease.id))
         except Exception as e:
             with self._cv:
@@ -259,6 +272,8 @@ class BufferPool:
         """Gives back every lease not yet released (views of them are then stale) and closes
         the pool's mappings and its own client."""
         self._drain()
+        if self._restarted in self._c._after_restart:
+            self._c._after_restart.remove(self._restarted)
         for lease in list(self._leases.values()):
             if not lease.released:
                 try:

@@ -132,8 +132,9 @@ class Reconnector:
     returns the daemon's epoch or raises), then replays the table. `gate()` holds calls while
     that runs."""
 
-    def __init__(self, channel, table, probe, fatal, bound_s):
+    def __init__(self, channel, table, probe, fatal, bound_s, after=None):
         self._table, self._probe, self._fatal, self._bound = table, probe, fatal, bound_s
+        self._after = after  # after(was, now): the table was replayed under a new epoch
         self._cv = threading.Condition()
         self._restoring = False
         self._ready_once = False
@@ -202,6 +203,8 @@ class Reconnector:
                 self.restarts += 1
             self.epoch = epoch
             made, failed = self._table.replay(was, epoch)
+            if self._after and was != epoch:
+                self._after(was, epoch)
             self.restores += 1
             self.gone = None
             if any(self._fatal(e) is None and "UNAVAILABLE" in str(getattr(e, "code", ""))
