@@ -1,7 +1,9 @@
 /*
  * mg_agents: the client processes that named themselves (moongate/agents.h). A small array in
  * id order: agents are few (one or a handful per client process) and looked up when a client
- * or a peer names one, not per byte moved.
+ * or a peer names one, not per byte moved. Holds are a second small array (at most max_agents),
+ * filled at start from what the daemon before this one had, and emptied as their agents come
+ * back or their time passes.
  */
 #include "moongate/agents.h"
 
@@ -15,6 +17,8 @@ struct mg_agents {
     size_t n;
     uint64_t next_id;
     uint32_t cursor; /* where the search for a port to assign starts */
+    mg_agent_hold *holds;
+    size_t n_holds;
 };
 
 int mg_agents_new(mg_agents **out, const mg_agents_config *cfg)
@@ -25,7 +29,10 @@ int mg_agents_new(mg_agents **out, const mg_agents_config *cfg)
         cfg->port_hi > 65535)
         return MG_ERR_INVALID;
     a = calloc(1, sizeof(*a));
-    if (a == NULL || (a->v = calloc(cfg->max_agents, sizeof(*a->v))) == NULL) {
+    if (a == NULL || (a->v = calloc(cfg->max_agents, sizeof(*a->v))) == NULL ||
+        (a->holds = calloc(cfg->max_agents, sizeof(*a->holds))) == NULL) {
+        if (a)
+            free(a->v);
         free(a);
         return MG_ERR_NOMEM;
     }
@@ -43,20 +50,32 @@ void mg_agents_del(mg_agents *a)
     for (size_t i = 0; i < a->n; i++)
         free(a->v[i]);
     free(a->v);
+    free(a->holds);
     free(a);
 }
 
-int mg_agent_name_ok(const char *s)
+/* Whether s is 1..max of [A-Za-z0-9._:-]. */
+static int word_ok(const char *s, size_t max)
 {
     size_t n = 0;
     for (; s[n]; n++) {
         char c = s[n];
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-' || c == ':') ||
-            n >= MG_AGENT_NAME_MAX)
+            n >= max)
             return 0;
     }
     return n > 0;
+}
+
+int mg_agent_name_ok(const char *s)
+{
+    return word_ok(s, MG_AGENT_NAME_MAX);
+}
+
+int mg_agent_tenant_ok(const char *s)
+{
+    return word_ok(s, MG_SEG_NAME_MAX);
 }
 
 static mg_agent *by_port(const mg_agents *a, uint32_t port)
@@ -77,14 +96,39 @@ static int reserved(const mg_agents *a, uint32_t port)
     return 0;
 }
 
+static mg_agent_hold *hold_of_port(const mg_agents *a, uint32_t port)
+{
+    for (size_t i = 0; i < a->n_holds; i++) {
+        if (a->holds[i].agent.port == port)
+            return &a->holds[i];
+    }
+    return NULL;
+}
+
+static mg_agent_hold *hold_of(const mg_agents *a, const char *tenant, const char *name)
+{
+    for (size_t i = 0; i < a->n_holds; i++) {
+        if (!strcmp(a->holds[i].agent.name, name) && !strcmp(a->holds[i].agent.tenant, tenant))
+            return &a->holds[i];
+    }
+    return NULL;
+}
+
+static void hold_end(mg_agents *a, mg_agent_hold *h)
+{
+    size_t i = (size_t)(h - a->holds);
+    memmove(h, h + 1, (a->n_holds - i - 1) * sizeof(*h));
+    a->n_holds--;
+}
+
 /* A free port of the range, searched from the cursor on (so a port just freed is not handed
- * out again at once); 0 when none is. */
+ * out again at once), none held; 0 when none is. */
 static uint32_t assign_port(mg_agents *a)
 {
     uint32_t span = a->cfg.port_hi - a->cfg.port_lo + 1;
     for (uint32_t k = 0; k < span; k++) {
         uint32_t p = a->cfg.port_lo + (a->cursor - a->cfg.port_lo + k) % span;
-        if (!reserved(a, p) && by_port(a, p) == NULL) {
+        if (!reserved(a, p) && by_port(a, p) == NULL && hold_of_port(a, p) == NULL) {
             a->cursor = p == a->cfg.port_hi ? a->cfg.port_lo : p + 1;
             return p;
         }
@@ -92,11 +136,31 @@ static uint32_t assign_port(mg_agents *a)
     return 0;
 }
 
+/* Why a port held for another agent is not the caller's: its agent is named only to its own
+ * tenant (another tenant's agents are none to the caller). */
+static void held_why(const mg_agent_hold *h, const char *tenant, uint64_t now_ms, char *why,
+                     size_t cap)
+{
+    unsigned long long left = (h->until_ms - now_ms + 999) / 1000;
+    char whose[MG_AGENT_NAME_MAX + 16];
+    if (!strcmp(h->agent.tenant, tenant))
+        snprintf(whose, sizeof(whose), "agent \"%s\"", h->agent.name);
+    else
+        snprintf(whose, sizeof(whose), "an agent of another tenant");
+    snprintf(why, cap,
+             "port %u is held for %s, which had it before this daemon restarted, until that "
+             "agent registers again or for %llu s more (--agent-port-hold); ask for another "
+             "port, or 0",
+             h->agent.port, whose, left);
+}
+
 int mg_agents_add(mg_agents *a, const char *tenant, const char *name, uint32_t port,
-                  const mg_proc *proc, mg_agent **out, char *why, size_t cap)
+                  const mg_proc *proc, uint64_t now_ms, mg_agent **out, char *why, size_t cap)
 {
     mg_agent *ag;
+    mg_agent_hold *mine, *held;
     *out = NULL;
+    mg_agents_expire(a, now_ms);
     if (!mg_agent_name_ok(name)) {
         snprintf(why, cap, "an agent's name is 1..%d of [A-Za-z0-9._:-]", MG_AGENT_NAME_MAX);
         return MG_ERR_INVALID;
@@ -113,10 +177,17 @@ int mg_agents_add(mg_agents *a, const char *tenant, const char *name, uint32_t p
         snprintf(why, cap, "port %u is another agent's on this host; ask for another, or 0", port);
         return MG_ERR_EXISTS;
     }
+    mine = hold_of(a, tenant, name);
+    if (port && (held = hold_of_port(a, port)) != NULL && held != mine) {
+        held_why(held, tenant, now_ms, why, cap);
+        return MG_ERR_EXISTS;
+    }
     if (a->n == a->cfg.max_agents) {
         snprintf(why, cap, "%zu agents are alive, the most this daemon keeps (--max-agents)", a->n);
         return MG_ERR_FULL;
     }
+    if (port == 0 && mine && by_port(a, mine->agent.port) == NULL)
+        port = mine->agent.port; /* its own again */
     if (port == 0 && (port = assign_port(a)) == 0) {
         snprintf(why, cap, "every port of %u-%u is an agent's (--agent-ports)", a->cfg.port_lo,
                  a->cfg.port_hi);
@@ -133,8 +204,84 @@ int mg_agents_add(mg_agents *a, const char *tenant, const char *name, uint32_t p
     if (proc)
         ag->proc = *proc;
     a->v[a->n++] = ag;
+    if (mine)
+        hold_end(a, mine); /* it is back: an agent like any other */
     *out = ag;
     return 0;
+}
+
+int mg_agents_hold(mg_agents *a, const mg_agent_entry *e, uint64_t until_ms, char *why, size_t cap)
+{
+    if (!mg_agent_tenant_ok(e->tenant) || !mg_agent_name_ok(e->name)) {
+        snprintf(why, cap, "a tenant and an agent's name are 1..%d of [A-Za-z0-9._:-]",
+                 MG_AGENT_NAME_MAX);
+        return MG_ERR_INVALID;
+    }
+    if (e->port == 0 || e->port > 65535 || reserved(a, e->port)) {
+        snprintf(why, cap, "port %u is not an agent's: 1..65535, none of the daemon's own",
+                 e->port);
+        return MG_ERR_INVALID;
+    }
+    if (mg_agents_by_name(a, e->tenant, e->name) || hold_of(a, e->tenant, e->name)) {
+        snprintf(why, cap, "agent \"%s\" of tenant \"%s\" is alive or held already", e->name,
+                 e->tenant);
+        return MG_ERR_EXISTS;
+    }
+    if (by_port(a, e->port) || hold_of_port(a, e->port)) {
+        snprintf(why, cap, "port %u is another agent's or held already", e->port);
+        return MG_ERR_EXISTS;
+    }
+    if (a->n_holds == a->cfg.max_agents) {
+        snprintf(why, cap, "%zu ports are held, the most this daemon keeps (--max-agents)",
+                 a->n_holds);
+        return MG_ERR_FULL;
+    }
+    a->holds[a->n_holds++] = (mg_agent_hold){*e, until_ms};
+    return 0;
+}
+
+size_t mg_agents_expire(mg_agents *a, uint64_t now_ms)
+{
+    size_t kept = 0, n = a->n_holds;
+    for (size_t i = 0; i < n; i++) {
+        if (a->holds[i].until_ms > now_ms)
+            a->holds[kept++] = a->holds[i];
+    }
+    a->n_holds = kept;
+    return n - kept;
+}
+
+size_t mg_agents_holds(const mg_agents *a, uint64_t now_ms, mg_agent_hold *out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < a->n_holds; i++) {
+        if (a->holds[i].until_ms <= now_ms)
+            continue;
+        if (n < max)
+            out[n] = a->holds[i];
+        n++;
+    }
+    return n;
+}
+
+size_t mg_agents_entries(const mg_agents *a, uint64_t now_ms, mg_agent_entry *out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < a->n; i++, n++) {
+        if (n < max) {
+            snprintf(out[n].tenant, sizeof(out[n].tenant), "%s", a->v[i]->tenant);
+            snprintf(out[n].name, sizeof(out[n].name), "%s", a->v[i]->name);
+            out[n].port = a->v[i]->port;
+        }
+    }
+    for (size_t i = 0; i < a->n_holds; i++) {
+        if (a->holds[i].until_ms <= now_ms)
+            continue;
+        if (n < max)
+            out[n] = a->holds[i].agent;
+        n++;
+    }
+    return n;
 }
 
 void mg_agents_remove(mg_agents *a, mg_agent *ag)

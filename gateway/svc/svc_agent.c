@@ -18,6 +18,7 @@
 
 #include "mg_addr.h"
 #include "mg_log.h"
+#include "mg_time.h"
 
 #include "moongate/v1/agent.pb-c.h"
 #include "moongate/v1/peer.pb-c.h"
@@ -156,8 +157,8 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_NOMEM, NULL);
         return;
     }
-    rc = mg_agents_add(as->agents, mg_call_tenant(call), req->name, req->port, &proc, &ag, why,
-                       sizeof(why));
+    rc = mg_agents_add(as->agents, mg_call_tenant(call), req->name, req->port, &proc,
+                       mg_now_mono_ms(), &ag, why, sizeof(why));
     if (rc != 0) {
         free(f);
         mg_call_fail(call, rc, "%s", why);
