@@ -138,6 +138,10 @@ static const opt_def opts[] = {
     {"agent-ports", T_STR, O(agent_ports), "20000-29999", 0, 0,
      "the range LO-HI of the ports the daemon assigns agents that ask for none"},
     {"max-agents", T_UINT, O(max_agents), "4096", 1, 65536, "agents alive at once at most"},
+    {"agent-port-hold", T_UINT, O(agent_port_hold), "60", 0, 86400,
+     "seconds after a start during which the ports of the agents the daemon before this one had "
+     "(<shm-dir>/.moongate.agents) stay theirs: each agent gets its port back when it registers "
+     "again, nobody else may have it meanwhile; 0: nothing is held"},
     {"peer-tls", T_BOOL, O(peer_tls), "true", 0, 1,
      "call peer daemons' control endpoints over TLS (false: h2c, for loopback and tests)"},
     {"peer-ca", T_STR, O(peer_ca), "", 0, 0,

@@ -63,6 +63,7 @@ typedef struct mg_config {
     char *agent_ports;        /* "LO-HI" */
     char *advertise;          /* our control endpoint for peers, in agent descriptors */
     uint64_t max_agents;
+    uint64_t agent_port_hold; /* seconds a restarted daemon holds its agents' ports (0: none) */
     int peer_tls;
     char *peer_ca;
     char *peer_cert; /* presented to peers ("": --tls-cert) */

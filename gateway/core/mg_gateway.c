@@ -351,6 +351,7 @@ void mg_gateway_del(mg_gateway *gw)
 {
     if (gw == NULL)
         return;
+    mg_agentfile_close(gw); /* agents ending from here on are not written */
     /* Jobs still on the workers (a failed start leaves the pool's mapping running) push to
      * this gateway's queue: let them all come back before anything they use is freed. */
     if (gw->cq)
@@ -533,6 +534,7 @@ void mg_gateway_drain(mg_gateway *gw)
     gw->state = MG_STATE_DRAINING;
     gw->core->drain_phase = 1;
     mg_info("draining", "grace_s=%llu", (unsigned long long)gw->cfg->grace);
+    mg_agentfile_drain(gw); /* the agents as they are now are what the next daemon holds */
     each_service(gw, HOOK_STATE);
     each_service(gw, HOOK_DRAIN);
     mg_listeners_free(gw); /* stop accepting */

@@ -17,6 +17,7 @@
 #include <nghttp2/nghttp2.h>
 
 struct bufferevent;
+struct mg_agents;
 
 #define MG_MAX_ROUTES 48
 
@@ -44,6 +45,7 @@ struct mg_core {
     mg_list conns;                      /* all open connections (mg_conn.link) */
     struct mg_fdsock *fdsock;           /* the fd socket (mg_fdsock.h), or NULL */
     struct mg_shared *shared;           /* what the core makes for every service (mg_shared.c) */
+    struct mg_agentfile *agentfile;     /* the agents' state file (mg_agentfile.c) */
     struct mg_exit_watch *exit_watches; /* segments released when nobody holds them */
     unsigned starting_jobs;             /* start-up work (the pools) before the daemon may serve */
     int serve_wanted;                   /* mg_gateway_set_serving() was called */
@@ -224,5 +226,18 @@ int mg_shared_new(mg_gateway *gw);
 void mg_shared_close(mg_gateway *gw);
 /* After every service's free. Accepts a gateway without them. */
 void mg_shared_free(mg_gateway *gw);
+
+/* ---- mg_agentfile.c: the agents' state file (<shm-dir>/.moongate.agents) ---- */
+
+/* After the agents are made, before the loop serves: reads the file the daemon before this one
+ * left and holds its agents' ports for --agent-port-hold seconds (what cannot be read is
+ * logged and ignored). Returns 0 or MG_ERR_NOMEM. */
+int mg_agentfile_new(mg_gateway *gw, struct mg_agents *agents);
+/* A drain began: the file keeps what it says now (a change not written yet still is). */
+void mg_agentfile_drain(mg_gateway *gw);
+/* The gateway is going: nothing more is written (a write in flight still comes back). */
+void mg_agentfile_close(mg_gateway *gw);
+/* After every job came back. Accepts a gateway without one. */
+void mg_agentfile_free(mg_gateway *gw);
 
 #endif

@@ -65,6 +65,12 @@ extern const size_t mg_n_services;
 mg_agents *mg_gateway_agents(const mg_gateway *gw);
 /* The agent `ref` names on this daemon (ref->peer is not looked at), of `tenant`, or NULL. */
 mg_agent *mg_gateway_agent_find(const mg_gateway *gw, const char *tenant, const mg_agent_ref *ref);
+/* An agent was added or ended (or a hold ended): the agents' state file (<shm-dir>/
+ * .moongate.agents, which the next daemon reads to hold their ports) is written again, on a
+ * worker; never after a drain began. Holds are ended by mg_agents_add and the core. */
+void mg_gateway_agents_changed(mg_gateway *gw);
+/* Writes of that file that succeeded, and that failed. */
+void mg_gateway_agents_file_stats(const mg_gateway *gw, uint64_t *written, uint64_t *failed);
 
 /* The peer front, NULL without a segment registry (no transfers then): the peer directory
  * (moongate/peerdir.h: one entry per peer and tenant, its session and its line in the transfer

@@ -7,7 +7,8 @@
  * (OpenSession, ConnectRdma) are made here; whoever runs the batches tells it what to do with
  * the requests that come back (mg_peerdir_set_batch_ops).
  *
- * Order: mg_shared_new runs before any service's init and makes the agents, then the caches,
+ * Order: mg_shared_new runs before any service's init and makes the agents (with the ports
+ * held for the agents of the daemon before, mg_agentfile.c), then the caches,
  * then the directory that uses them, so any service may use them from its init on.
  * mg_shared_close runs before any service's free: the directory takes no more work, the jobs
  * that came back run their completions while every service is still there, and the channels
@@ -71,13 +72,16 @@ static void own_ports(const mg_gateway *gw, uint32_t *out, size_t cap)
 static int agents_new(mg_gateway *gw, struct mg_shared *sh)
 {
     mg_agents_config ac = {.max_agents = (size_t)gw->cfg->max_agents};
+    int rc;
     if (port_range(gw->cfg->agent_ports, &ac.port_lo, &ac.port_hi) != 0) {
         mg_error("start_failed", "reason=\"--agent-ports %s is not LO-HI within 1..65535\"",
                  gw->cfg->agent_ports);
         return MG_ERR_INVALID;
     }
     own_ports(gw, ac.reserved, MG_NELEM(ac.reserved));
-    return mg_agents_new(&sh->agents, &ac);
+    if ((rc = mg_agents_new(&sh->agents, &ac)) != 0)
+        return rc;
+    return mg_agentfile_new(gw, sh->agents); /* the ports the daemon before had, held */
 }
 
 /* ---- the peer front ---- */
@@ -165,6 +169,7 @@ void mg_shared_free(mg_gateway *gw)
     mg_peerdir_del(sh->dir);
     mg_peer_cache_del(sh->descs);
     mg_agent_cache_del(sh->agent_cache);
+    mg_agentfile_free(gw);
     mg_agents_del(sh->agents);
     free(sh);
     gw->core->shared = NULL;

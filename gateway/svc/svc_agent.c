@@ -6,10 +6,12 @@
  * being idle. When it ends — Unregister, or the connection closes — its name and port are free
  * and the regions its process registered with client_address are unregistered, each once no
  * request holds it (mg_gateway_release), unless another agent of the same process and tenant
- * is still alive. Describe shows an agent here, or asks a peer for one of its own
- * (mg_peer_ask_agent: the same call transfers by (agent, address) make). The agents themselves
- * are the core's (mg_gateway_agents: the peer service, transfers and notifications look them
- * up); this service keeps what binds each to its connection. Loop thread only.
+ * is still alive. Every agent added or ended is written to the agents' state file
+ * (mg_gateway_agents_changed), from which a daemon started after this one holds their ports
+ * until they register again (--agent-port-hold). Describe shows an agent here, or asks a peer for
+ * one of its own (mg_peer_ask_agent: the same call transfers by (agent, address) make). The agents
+ * themselves are the core's (mg_gateway_agents: the peer service, transfers and notifications look
+ * them up); this service keeps what binds each to its connection. Loop thread only.
  */
 #include "mg_agentdesc.h"
 #include "mg_gateway.h"
@@ -65,6 +67,7 @@ static void agent_end(agent_svc *as, mg_agent *ag, const char *why)
     mg_agents_remove(as->agents, ag);
     free(f);
     as->ended++;
+    mg_gateway_agents_changed(as->gw);
     if (proc.pid > 0 && mg_agents_count(as->agents, tenant, &proc) == 0) {
         mg_region regions[256];
         uint64_t ids[256], after = 0;
@@ -174,6 +177,7 @@ static void register_message(mg_call *call, const ProtobufCMessage *m)
         return;
     }
     as->registered++;
+    mg_gateway_agents_changed(gw);
     mg_info("agent_registered", "tenant=%s agent=\"%s\" port=%u pid=%d by=%s", mg_call_tenant(call),
             ag->name, ag->port, (int)proc.pid, mg_call_peer(call));
     reply_local(call, ag);
@@ -491,8 +495,22 @@ static void mg_svc_agent_free(mg_gateway *gw)
 static void agent_metrics(mg_gateway *gw, struct evbuffer *out)
 {
     agent_svc *as = agent_of(gw);
+    uint64_t written, failed;
     if (as == NULL)
         return;
+    mg_gateway_agents_file_stats(gw, &written, &failed);
+    evbuffer_add_printf(
+        out,
+        "# HELP moongate_agents_held Ports held for agents of the daemon before this one until "
+        "they register again (--agent-port-hold).\n"
+        "# TYPE moongate_agents_held gauge\nmoongate_agents_held %zu\n"
+        "# HELP moongate_agents_state_writes_total Writes of the agents' state file "
+        "(<shm-dir>/.moongate.agents), by result.\n"
+        "# TYPE moongate_agents_state_writes_total counter\n"
+        "moongate_agents_state_writes_total{result=\"written\"} %llu\n"
+        "moongate_agents_state_writes_total{result=\"failed\"} %llu\n",
+        mg_agents_holds(as->agents, mg_now_mono_ms(), NULL, 0), (unsigned long long)written,
+        (unsigned long long)failed);
     evbuffer_add_printf(out,
                         "# HELP moongate_agents Agents alive on this daemon.\n"
                         "# TYPE moongate_agents gauge\nmoongate_agents %zu\n"

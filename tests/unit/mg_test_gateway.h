@@ -57,8 +57,9 @@ static inline void *mg_test_gw_main(void *arg)
 static inline int mg_test_gw_start(mg_test_gw *g, const char *tag, int tcp, int debug,
                                    unsigned queue_depth, mg_log_level level)
 {
-    char err[512], sock[96], h2c[64] = "--h2c-listen=";
+    char err[512], sock[96], h2c[64] = "--h2c-listen=", shm[96];
     char *argv[] = {"moongate",
+                    shm, /* the agents' state file goes there, as the segments do */
                     "--listen=",
                     "--ops-listen=",
                     "--access-log=false",
@@ -79,6 +80,7 @@ static inline int mg_test_gw_start(mg_test_gw *g, const char *tag, int tcp, int 
     snprintf(g->shm_dir, sizeof(g->shm_dir), "/tmp/mg-test-%s-shm-XXXXXX", tag);
     if (mkdtemp(g->shm_dir) == NULL)
         return -1;
+    snprintf(shm, sizeof(shm), "--shm-dir=%s", g->shm_dir);
     snprintf(sock, sizeof(sock), "--unix-socket=/tmp/mg-test-%s-%d.sock", tag, (int)getpid());
     snprintf(g->sock_target, sizeof(g->sock_target), "unix:/tmp/mg-test-%s-%d.sock", tag,
              (int)getpid());
@@ -114,6 +116,11 @@ static inline void mg_test_gw_stop(mg_test_gw *g)
     event_base_loop(g->base, EVLOOP_NONBLOCK); /* deferred frees of closed connections */
     event_base_free(g->base);
     mg_config_free(&g->cfg);
+    {
+        char state[128];
+        snprintf(state, sizeof(state), "%s/.moongate.agents", g->shm_dir);
+        unlink(state);
+    }
     rmdir(g->shm_dir);
 }
 
