@@ -11,6 +11,7 @@
 #include "moongate/fault.h"
 
 #include "mg_log.h"
+#include "mg_tsan.h"
 #include "mg_time.h"
 
 #include <errno.h>
@@ -181,7 +182,10 @@ static ssize_t recv_iov(int fd, struct iovec *iov, size_t iovcnt, int timeout_ms
 {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = iovcnt};
     for (;;) {
-        ssize_t r = recvmsg(fd, &mh, MSG_DONTWAIT);
+        ssize_t r;
+        MG_PAYLOAD_BEGIN(); /* into a segment's bytes (mg_tsan.h) */
+        r = recvmsg(fd, &mh, MSG_DONTWAIT);
+        MG_PAYLOAD_END();
         if (r > 0)
             return r;
         if (r == 0) {
@@ -222,7 +226,10 @@ static int write_iov(int fd, struct iovec *iov, size_t iovcnt, int more, int tim
 {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = iovcnt};
     while (mh.msg_iovlen > 0) {
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
+        ssize_t w;
+        MG_PAYLOAD_BEGIN(); /* from a segment's bytes (mg_tsan.h) */
+        w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
+        MG_PAYLOAD_END();
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 if (wait_ready(fd, POLLOUT, timeout_ms, stop) != 0)
@@ -544,7 +551,10 @@ static int read_payload(dp_conn *c, uint8_t *dst, uint64_t n, int timeout_ms, ui
              * the next header, or after a small payload all that is there. */
             struct iovec iov[2] = {{dst, n}, {c->rbuf, after}};
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-            ssize_t r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+            ssize_t r;
+            MG_PAYLOAD_BEGIN(); /* into the segment's bytes (mg_tsan.h) */
+            r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+            MG_PAYLOAD_END();
             c->rpos = c->rlen = 0;
             if (r > 0 && (uint64_t)r > n) {
                 c->rlen = (size_t)r - n;

@@ -7,6 +7,8 @@
  * sigsetjmp(.., 0) keeps the guard itself free of system calls.
  */
 #include "moongate/fault.h"
+
+#include "mg_tsan.h"
 #include "moongate/dataframe.h"
 #include "moongate/mg_error.h"
 
@@ -55,7 +57,11 @@ int mg_fault_guard(int (*fn)(void *), void *arg)
     mg_fault_init();
     if (sigsetjmp(jb, 0) == 0) {
         guard_jb = &jb;
+        /* a segment's bytes (mg_tsan.h); inside: ThreadSanitizer clears its ignores for the
+         * signal handler, which jumps back here without restoring them */
+        MG_PAYLOAD_BEGIN();
         rc = fn(arg);
+        MG_PAYLOAD_END();
     }
     guard_jb = outer;
     return rc;
