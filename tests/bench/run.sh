@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|receiver|digest|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -26,6 +26,11 @@
 #           WRITE refused, the sender's agent killed, its daemon restarted or frozen, the
 #           deadline) beside the probe interval, liveness timeout or deadline that bounds it
 #           (tests/bench/bench_receiver.py; `receiver -- --rounds 5 --liveness-ms 2000`).
+# restart:  what a daemon restart costs a serving process: a Mooncake target holding 1 GiB
+#           registered, its daemon SIGKILLed and started again under a looping initiator; the
+#           daemon's start-up beside the time to the first WRITE that succeeds after it, medians
+#           of 5 (tests/bench/bench_restart.py; `restart -- --rounds 5 --size 1G`); then the
+#           daemon's start-up alone, without a pool and with a 1 GiB pool.
 # digest:   what an end-to-end digest (SubmitRequest.digest) costs: one 1 GiB WRITE and READ and
 #           64 KiB x 128 scattered WRITEs with and without it, alternated, medians of 3
 #           (tests/bench/bench_digest.py; `digest -- --rounds 5`), then the CRC32C alone, each
@@ -93,6 +98,10 @@ wire)
     ;;
 receiver)
     /usr/bin/python3 tests/bench/bench_receiver.py --moongate "$build/moongate" "$@"
+    ;;
+restart)
+    MOONGATE_PYGEN=${MOONGATE_PYGEN:-$build/pygen} \
+        /usr/bin/python3 tests/bench/bench_restart.py --moongate "$build/moongate" "$@"
     ;;
 digest)
     /usr/bin/python3 tests/bench/bench_digest.py --moongate "$build/moongate" --mgbench "$build/mgbench" "$@"

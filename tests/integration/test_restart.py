@@ -96,6 +96,38 @@ def test_the_client_makes_again_what_it_had(make_daemon, how):
         c.close()
 
 
+def test_the_async_client_makes_again_what_it_had(make_daemon):
+    import asyncio
+    d = make_daemon()
+
+    async def main():
+        c = mg.AsyncClient("unix:" + d.sock, timeout=10)
+        try:
+            a = await c.allocate_buffer(4096)
+            b = await c.allocate_buffer(4096)
+            a.view[:5] = b"async"
+            made = await c.register("made", 4096)
+            await c.expect("later", 600000, peer=d.h2c)
+            epoch = c.epoch
+            restart(d, "kill")
+            deadline = time.monotonic() + 60
+            while c.restarts != 1 or c.epoch == epoch:
+                assert time.monotonic() < deadline, "the async client did not restore"
+                await asyncio.sleep(0.05)
+            await c.transfer([mg.write(segment=a.segment.id, peer="",
+                                       remote_segment=b.segment.id, length=5)])
+            assert bytes(b.view[:5]) == b"async"
+            with pytest.raises(mg.Error) as e:
+                await c.transfer([mg.write(segment=made.id, peer="", remote_segment=b.segment.id,
+                                           length=5)])
+            assert "did not come back" in e.value.message
+            await a.free()
+            await b.free()
+        finally:
+            await c.close()
+    asyncio.run(main())
+
+
 def test_a_batch_of_the_old_epoch_names_the_restart(make_daemon):
     d = make_daemon()
     c = mg.Client("unix:" + d.sock, timeout=10)

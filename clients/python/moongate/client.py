@@ -392,6 +392,19 @@ def _batch_error(b):
     return Error(grpc.StatusCode.UNKNOWN, "batch %d failed" % b.id)
 
 
+def _ids_now(requests, id_now):
+    """The requests with the segment ids the daemon has now (after a restart): id_now(id)."""
+    out = []
+    for r in requests:
+        local = id_now(r.local_segment)
+        remote = id_now(r.remote_segment) if not r.peer else r.remote_segment
+        if (local, remote) != (r.local_segment, r.remote_segment):
+            r = transfer_pb2.TransferRequest.FromString(r.SerializeToString())
+            r.local_segment, r.remote_segment = local, remote
+        out.append(r)
+    return out
+
+
 def _fatal(e):
     """Why reconnecting is pointless after probe error e (credentials the daemon that came
     back refuses: said once, not retried), or None."""
@@ -780,16 +793,7 @@ class Client:
         return bid
 
     def _now(self, requests):
-        """The requests with the segment ids the daemon has now (after a restart)."""
-        out = []
-        for r in requests:
-            local = self._id(r.local_segment)
-            remote = self._id(r.remote_segment) if not r.peer else r.remote_segment
-            if (local, remote) != (r.local_segment, r.remote_segment):
-                r = transfer_pb2.TransferRequest.FromString(r.SerializeToString())
-                r.local_segment, r.remote_segment = local, remote
-            out.append(r)
-        return out
+        return _ids_now(requests, self._id)
 
     def _ran(self, batch_id):
         """Keeps which epoch a batch ran under (the last 4096), to name a restart."""
@@ -921,7 +925,11 @@ class AsyncClient:
         self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
         self._notify = notify_pb2_grpc.NotifyStub(self._ch)
         self.agent = agent_pb2_grpc.AgentStub(self._ch)
+        self.daemon = daemon_pb2_grpc.DaemonStub(self._ch)
         self._maps = _Maps()
+        self._table = _restore.Table()  # what comes back with the daemon, as Client's
+        self._re = _restore.AsyncReconnector(self._ch, self._table, self._probe, _fatal,
+                                             _restore.reconnect_bound_s())
 
     async def __aenter__(self):
         return self
@@ -930,29 +938,77 @@ class AsyncClient:
         await self.close()
 
     async def close(self):
+        await self._re.close()
         self._maps.close()
         await self._ch.close()
+        self._table.close()
+
+    @property
+    def epoch(self):
+        return self._re.epoch
+
+    @property
+    def restarts(self):
+        return self._re.restarts
+
+    async def _probe(self, timeout):
+        return (await self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md,
+                                       timeout=timeout, wait_for_ready=True)).epoch
 
     async def _call(self, fn, req, timeout=None, traceparent=""):
+        await self._re.gate()
         try:
             return await fn(req, metadata=_metadata(self.md, traceparent),
                             timeout=timeout or self.timeout)
         except grpc.RpcError as e:
+            if self._re.gone and e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Error(e.code(), self._re.gone) from None
             raise Error(e.code(), e.details()) from None
 
+    async def _remember(self, key, what, redo=None, close=None):
+        if self._re.epoch is None:
+            try:
+                self._re.start(await self._probe(self.timeout))
+            except grpc.RpcError:
+                pass
+        self._table.add(key, what, redo, close)
+
+    def _id(self, value):
+        try:
+            return self._table.id("segment", value)
+        except LookupError as why:
+            raise Error(grpc.StatusCode.NOT_FOUND, "segment %d: %s" % (value, why)) from None
+
     async def register(self, name, size, remote_accessible=False, share_with=(), **kw):
-        return (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
+        seg = (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote_accessible,
             share_with=list(share_with), **kw))).segment
+        await self._remember(("segment", seg.id), "segment %d (%r, made by the daemon)" % (
+            seg.id, name))
+        return seg
 
     async def register_fd(self, name, fd, offset=0, size=0, remote_accessible=False,
                           share_with=(), **kw):
         if not self.fd_socket:
             raise Error(grpc.StatusCode.FAILED_PRECONDITION,
                         "descriptors are passed on a Unix socket: connect with unix:PATH")
-        handle, _ = pass_fd(self.fd_socket, fd, self._token)  # a local socket: no waiting
-        return (await self._call(self.memory.RegisterSegment, _fd_request(
-            name, handle, offset, size, remote_accessible, share_with, kw))).segment
+        keep = os.dup(fd)  # passed again when the daemon comes back
+
+        async def make():
+            handle, _ = pass_fd(self.fd_socket, keep, self._token)  # a local socket
+            return (await self._call(self.memory.RegisterSegment, _fd_request(
+                name, handle, offset, size, remote_accessible, share_with, kw))).segment
+        try:
+            seg = await make()
+        except BaseException:
+            os.close(keep)
+            raise
+
+        async def again():
+            return (await make()).id
+        await self._remember(("segment", seg.id), "segment %d (%r, a file passed by "
+                             "descriptor)" % (seg.id, name), again, lambda: os.close(keep))
+        return seg
 
     async def allocate_buffer(self, size, remote_accessible=False, name=None, **kw):
         """Client.allocate_buffer as a coroutine; `await b.free()`, or `async with` it."""
@@ -970,8 +1026,12 @@ class AsyncClient:
         return _AsyncBuffer(self, mm, seg)
 
     async def unregister(self, segment_id):
+        if self._table.lost(segment_id):
+            self._table.drop(("segment", segment_id))
+            return
         await self._call(self.memory.UnregisterSegment,
-                         memory_pb2.UnregisterRequest(id=segment_id))
+                         memory_pb2.UnregisterRequest(id=self._id(segment_id)))
+        self._table.drop(("segment", segment_id))
 
     def map(self, segment):
         return _Mapped(self._maps, segment.path, 0, segment.size)
@@ -984,12 +1044,16 @@ class AsyncClient:
         lid = lease.id if isinstance(lease, Lease) else lease
         if isinstance(lease, Lease):
             lease._drop_view()
+        why = self._table.lost(lid)
+        self._table.drop(("lease", lid))
+        if why:
+            raise Error(grpc.StatusCode.NOT_FOUND, "lease %d: %s" % (lid, why))
         await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
     async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
                        digest=False, traceparent="", brief=False):
         resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
-            requests=list(requests), notify=list(notify), timeout_ms=timeout_ms,
+            requests=_ids_now(requests, self._id), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
@@ -997,13 +1061,26 @@ class AsyncClient:
         return resp.batch
 
     async def expect(self, topic, timeout_ms, peer="", agent="", epoch=0, lease=0, segment=0):
-        return await self._call(self._notify.Expect, notify_pb2.ExpectRequest(
-            topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
-            lease=getattr(lease, "id", lease), segment=segment))
+        async def make():
+            return await self._call(self._notify.Expect, notify_pb2.ExpectRequest(
+                topic=topic, timeout_ms=timeout_ms, peer=peer, agent=agent, epoch=epoch,
+                lease=getattr(lease, "id", lease), segment=self._id(segment)))
+        got = await make()
+
+        async def again():
+            return (await make()).id
+        await self._remember(("expect", got.id), "expectation %d of topic %r" % (got.id, topic),
+                             again)
+        return got
 
     async def unexpect(self, expectation):
-        await self._call(self._notify.Unexpect,
-                         notify_pb2.UnexpectRequest(id=getattr(expectation, "id", expectation)))
+        eid = getattr(expectation, "id", expectation)
+        try:
+            now = self._table.id("expect", eid)
+        except LookupError:
+            now = eid
+        await self._call(self._notify.Unexpect, notify_pb2.UnexpectRequest(id=now))
+        self._table.drop(("expect", eid))
 
     async def notifications(self, topic, timeout=None):
         call = self._notify.Watch(notify_pb2.WatchRequest(topic=topic), metadata=self.md,
@@ -1027,6 +1104,7 @@ class _AsyncLeaseCtx:
 
     async def __aenter__(self):
         msg = await self.client._call(self.client.pool.AcquireLease, self.req, self.timeout)
+        await self.client._remember(("lease", msg.id), "lease %d" % msg.id)
         self.lease = Lease(self.client, msg)
         return self.lease
 

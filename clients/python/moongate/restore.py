@@ -92,31 +92,48 @@ class Table:
         with self._lock:
             return self._lost.get(value)
 
+    def _steps(self, epoch_was, epoch_now):
+        """The rows to make again, in order; those without redo are lost on the way."""
+        with self._lock:
+            rows = list(self._rows.items())
+        for key, row in rows:
+            if row.redo is not None:
+                yield key, row
+                continue
+            with self._lock:
+                self._rows.pop(key, None)
+                self._lost[key[1]] = ("%s was the daemon's before it restarted (epoch %016x, "
+                                      "now %016x) and did not come back" %
+                                      (row.what, epoch_was or 0, epoch_now))
+            if row.close:
+                row.close()
+
+    def _made(self, key, new):
+        if new is not None and key[0] in ("segment", "expect"):
+            with self._lock:
+                self._now[key[1]] = new
+
     def replay(self, epoch_was, epoch_now):
         """Makes every row again, in order. Rows without redo are lost. Returns the number
         made again and the failures [(what, error)]."""
-        with self._lock:
-            rows = list(self._rows.items())
         made, failed = 0, []
-        for key, row in rows:
-            if row.redo is None:
-                with self._lock:
-                    self._rows.pop(key, None)
-                    self._lost[key[1]] = ("%s was the daemon's before it restarted (epoch %016x, "
-                                          "now %016x) and did not come back" %
-                                          (row.what, epoch_was or 0, epoch_now))
-                if row.close:
-                    row.close()
-                continue
+        for key, row in self._steps(epoch_was, epoch_now):
             try:
-                new = row.redo()
+                self._made(key, row.redo())
+                made += 1
             except Exception as e:  # noqa: BLE001 - each row says what went wrong, then the next
                 failed.append((row.what, e))
-                continue
-            made += 1
-            if new is not None and key[0] in ("segment", "expect"):
-                with self._lock:
-                    self._now[key[1]] = new
+        return made, failed
+
+    async def areplay(self, epoch_was, epoch_now):
+        """replay() for an asyncio client, whose redo() are coroutines."""
+        made, failed = 0, []
+        for key, row in self._steps(epoch_was, epoch_now):
+            try:
+                self._made(key, await row.redo())
+                made += 1
+            except Exception as e:  # noqa: BLE001 - as replay()
+                failed.append((row.what, e))
         return made, failed
 
     def close(self):
@@ -243,3 +260,89 @@ class Reconnector:
         deadline = time.monotonic() + 0.5
         while getattr(state, "polling", False) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+class AsyncReconnector:
+    """Reconnector for grpc.aio: a task watches the channel's state (started with the first row,
+    inside the client's event loop); when the connection breaks it probes the daemon and
+    replays the table (areplay). `await gate()` holds calls meanwhile."""
+
+    def __init__(self, channel, table, probe, fatal, bound_s):
+        self._ch, self._table, self._probe, self._fatal = channel, table, probe, fatal
+        self._bound = bound_s
+        self._task = None
+        self._idle = None  # asyncio.Event: set when no restore runs
+        self.gone, self.epoch, self.restarts, self.restores = None, None, 0, 0
+
+    def start(self, epoch):
+        import asyncio
+        if self.epoch is None:
+            self.epoch = epoch
+        if self._task is None and self._bound > 0:
+            self._idle = asyncio.Event()
+            self._idle.set()
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def gate(self):
+        import asyncio
+        if self._idle is not None and not self._idle.is_set() and \
+                asyncio.current_task() is not self._task:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self._bound + 5)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _watch(self):
+        import grpc
+        ready = False
+        while True:
+            state = self._ch.get_state(try_to_connect=False)
+            if state == grpc.ChannelConnectivity.READY and not self.gone:
+                ready = True
+            elif state == grpc.ChannelConnectivity.SHUTDOWN:
+                return
+            elif (ready or (self.gone and state == grpc.ChannelConnectivity.READY)) and \
+                    len(self._table):  # the connection broke, or the daemon is back after all
+                ready = False
+                self._idle.clear()
+                try:
+                    await self._restore()
+                finally:
+                    self._idle.set()
+                continue
+            await self._ch.wait_for_state_change(state)
+
+    async def _restore(self):
+        t0 = time.monotonic()
+        deadline = t0 + self._bound
+        while True:
+            try:
+                epoch = await self._probe(max(0.05, min(1.0, deadline - time.monotonic())))
+                break
+            except Exception as e:  # noqa: BLE001 - the probe's error is the reason given
+                why = self._fatal(e)
+                if why or time.monotonic() >= deadline:
+                    self.gone = why or ("the daemon did not come back within "
+                                        "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until "
+                                        "it does" % (self._bound, e))
+                    log.error("moongate: %s", self.gone)
+                    return
+        was = self.epoch
+        self.restarts += was is not None and epoch != was
+        self.epoch = epoch
+        made, failed = await self._table.areplay(was, epoch)
+        self.restores += 1
+        self.gone = None
+        for what, e in failed:
+            log.warning("after the daemon came back, %s could not be made again: %s", what, e)
+        log.info("daemon %s (epoch %016x): %d things made again in %.0f ms",
+                 "restarted" if was != epoch else "reconnected", epoch, made,
+                 (time.monotonic() - t0) * 1000)
+
+    async def close(self):
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - cancelled, as asked
+                pass
