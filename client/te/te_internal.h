@@ -95,7 +95,9 @@ typedef struct te_engine {
     uint64_t bound_ms;   /* MOONGATE_RECONNECT_S (0: never reconnects) */
     uint64_t backoff_ms; /* MOONGATE_RECONNECT_BACKOFF_MS: the longest wait between tries */
     int restoring;
-    int quit; /* the engine is being destroyed: the restorer ends */
+    int quit;        /* the engine is being destroyed: the restorer ends */
+    int fatal;       /* gone for good: the daemon back refuses the token, or is another's */
+    long sock_owner; /* the uid the daemon's socket belonged to (-1: not known) */
     int restorer_joinable;
     pthread_t restorer;
     char gone[600];

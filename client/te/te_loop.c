@@ -388,6 +388,12 @@ static int call_wait(te_engine *e, te_call *c)
 {
     te_gate(e);
     pthread_mutex_lock(&e->mu);
+    if (e->fatal) { /* said once when it happened; the engine is done with the daemon */
+        c->status = MG_GRPC_UNAVAILABLE;
+        snprintf(c->msg, sizeof(c->msg), "%.500s", e->gone);
+        pthread_mutex_unlock(&e->mu);
+        return c->status;
+    }
     hand_over(e, c);
     while (!c->done)
         pthread_cond_wait(&e->cv, &e->mu);

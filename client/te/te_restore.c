@@ -14,6 +14,7 @@
 #include "moongate/v1/daemon.pb-c.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,14 @@ static uint64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The uid owning the daemon's socket file, or -1. */
+static long socket_owner(const te_engine *e)
+{
+    struct stat st;
+    return strncmp(e->target, "unix:", 5) == 0 && stat(e->target + 5, &st) == 0 ? (long)st.st_uid
+                                                                                : -1;
 }
 
 /* The daemon's epoch (Daemon/Info). Returns a gRPC status, msg set. */
@@ -72,6 +81,7 @@ void te_restore_init(te_engine *e)
         e->backoff_ms = 10;
     if (daemon_epoch(e, 5000, &e->epoch, msg, sizeof(msg)) != 0)
         e->epoch = 0;
+    e->sock_owner = socket_owner(e);
 }
 
 void te_gate(te_engine *e)
@@ -106,6 +116,17 @@ static int reconnect(te_engine *e, uint64_t *epoch)
         st = te_call_reconnect(e, msg, sizeof(msg));
         if (st == 0 && !quitting(e))
             st = daemon_epoch(e, left < 1000 ? (left ? left : 1) : 1000, epoch, msg, sizeof(msg));
+        if (st == 0 && e->sock_owner >= 0 && socket_owner(e) >= 0 &&
+            socket_owner(e) != e->sock_owner) {
+            pthread_mutex_lock(&e->mu);
+            snprintf(e->gone, sizeof(e->gone),
+                     "the daemon came back on %s as another user's (the socket is uid %ld's, was "
+                     "uid %ld's): refused, this engine makes nothing there",
+                     e->target + 5, socket_owner(e), e->sock_owner);
+            e->fatal = 1;
+            pthread_mutex_unlock(&e->mu);
+            return -1;
+        }
         if (st == 0)
             return 0;
         if (st == MG_GRPC_UNAUTHENTICATED || st == MG_GRPC_PERMISSION_DENIED) {
@@ -114,6 +135,7 @@ static int reconnect(te_engine *e, uint64_t *epoch)
                      "the daemon came back and refuses this engine's credentials (%s: %s); not "
                      "tried again",
                      mg_grpc_code_name(st), msg);
+            e->fatal = 1;
             pthread_mutex_unlock(&e->mu);
             return -1;
         }
@@ -180,7 +202,7 @@ void te_broken(void *arg, const char *why)
     te_engine *e = arg;
     int start;
     pthread_mutex_lock(&e->mu);
-    start = !e->stopping && !e->quit && !e->restoring && e->bound_ms > 0 && e->running;
+    start = !e->stopping && !e->quit && !e->restoring && !e->fatal && e->bound_ms > 0 && e->running;
     if (start) {
         if (e->restorer_joinable) /* the last one ended: let it go */
             pthread_join(e->restorer, NULL);

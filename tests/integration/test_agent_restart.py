@@ -22,6 +22,13 @@ import moongate_client as mg  # noqa: E402
 STATE = ".moongate.agents"
 
 
+@pytest.fixture(autouse=True)
+def no_reconnect(monkeypatch):
+    """The daemon's holds alone: the clients here do not come back by themselves (their
+    libraries would register the agents again the moment the daemon is up: test_restart.py)."""
+    monkeypatch.setenv("MOONGATE_RECONNECT_S", "0")
+
+
 def client(d):
     return mg.Client("unix:" + d.sock)
 

@@ -223,12 +223,61 @@ def test_a_daemon_back_with_another_auth_file_refuses_once(make_daemon, tmp_path
                 return "refuses this client's credentials" in e.message and e
             return False
         e = until("the client refused", refused)
-        assert e.code == grpc.StatusCode.UNAUTHENTICATED
+        assert e.code == grpc.StatusCode.UNAVAILABLE
         time.sleep(0.5)  # the client does not try again and again: its probe, and our calls
         refused = d.metric("moongate_auth_refused_total", reason="unauthenticated")
         assert refused is not None and refused <= 5, refused
     finally:
         c.close()
+
+
+OTHER_UID = 4242  # a second local user (as test_auth.py's)
+
+
+def test_a_daemon_back_as_another_users_is_refused(certs):
+    """The socket path the client knew comes back owned by another uid: the client makes
+    nothing there (no agent, no memory) and its calls say why."""
+    import shutil
+    import tempfile
+    world = tempfile.mkdtemp(prefix="moongate-owner-")
+    os.chmod(world, 0o777)
+    for f in ("server.pem", "server.key", "ca.pem"):
+        shutil.copy(os.path.join(certs, f), world)
+        os.chmod(os.path.join(world, f), 0o644)
+    sock = os.path.join(world, "moongate.sock")
+    shm = os.path.join(world, "shm")
+    os.mkdir(shm)
+    os.chmod(shm, 0o777)
+    mine = conftest.Daemon(world, world, ("--unix-socket", sock, "--shm-dir", shm)).start()
+    theirs = None
+    c = mg.Client("unix:" + sock, timeout=5)
+    try:
+        c.register_agent("kv-4")
+        mine.kill()
+        mine.log.close()
+        theirs = conftest.Daemon(world, world, ("--unix-socket", sock, "--shm-dir", shm + "-b"),
+                                 wrap=["setpriv", "--reuid=%d" % OTHER_UID,
+                                       "--regid=%d" % OTHER_UID, "--clear-groups"])
+        os.mkdir(shm + "-b")
+        os.chmod(shm + "-b", 0o777)
+        theirs.start()
+        assert os.stat(sock).st_uid == OTHER_UID
+
+        def refused():
+            try:
+                c.agents()
+            except mg.Error as e:
+                return "as another user's" in e.message and e
+            return False
+        e = until("the client refused", refused)
+        assert e.code == grpc.StatusCode.UNAVAILABLE
+        with mg.Client("unix:" + sock, timeout=5) as other:
+            assert "kv-4" not in [a.name for a in other.agents()]  # it made nothing there
+    finally:
+        c.close()
+        if theirs is not None:
+            assert theirs.stop() == 0, theirs.read_log()
+        shutil.rmtree(world, ignore_errors=True)
 
 
 class Loop:

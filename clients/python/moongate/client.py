@@ -405,9 +405,35 @@ def _ids_now(requests, id_now):
     return out
 
 
+class _OtherOwner(Exception):
+    """The Unix socket the daemon came back on is another user's."""
+
+
+def _socket_owner(target):
+    """The uid owning a unix: target's socket file, or None (another kind of target, or none
+    there)."""
+    if not target.startswith("unix:"):
+        return None
+    try:
+        return os.stat(target[5:]).st_uid
+    except OSError:
+        return None
+
+
+def _same_owner(target, uid):
+    """Raises _OtherOwner when the socket at target is no longer owned by uid."""
+    now = _socket_owner(target)
+    if uid is not None and now is not None and now != uid:
+        raise _OtherOwner("the daemon came back on %s as another user's (the socket is uid %d's, "
+                          "was uid %d's): refused, this client makes nothing there" % (
+                              target[5:], now, uid))
+
+
 def _fatal(e):
     """Why reconnecting is pointless after probe error e (credentials the daemon that came
-    back refuses: said once, not retried), or None."""
+    back refuses: said once, not retried; a socket now another user's), or None."""
+    if isinstance(e, _OtherOwner):
+        return str(e)
     code = e.code() if isinstance(e, grpc.RpcError) else getattr(e, "code", None)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         details = e.details() if isinstance(e, grpc.RpcError) else getattr(e, "message", str(e))
@@ -441,6 +467,7 @@ class Client:
         self._table = _restore.Table()
         self._batch_epochs = collections.OrderedDict()  # batch id -> the epoch it ran under
         self._after_restart = []  # f(was, now) of users of the client (BufferPool)
+        self._owner = _socket_owner(target)  # who the daemon's socket belongs to
         self._re = _restore.Reconnector(self._ch, self._table, self._probe, _fatal,
                                         _restore.reconnect_bound_s(), self._restarted)
 
@@ -475,11 +502,15 @@ class Client:
             f(was, now)
 
     def _probe(self, timeout):
-        return self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md, timeout=timeout,
-                                wait_for_ready=True).epoch
+        epoch = self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md, timeout=timeout,
+                                 wait_for_ready=True).epoch
+        _same_owner(self._target, self._owner)
+        return epoch
 
     def _call(self, fn, req, timeout=None, traceparent=""):
         self._re.gate()
+        if self._re.fatal:  # said once when it happened; this client is done with the daemon
+            raise Error(grpc.StatusCode.UNAVAILABLE, self._re.gone)
         try:
             return fn(req, metadata=_metadata(self.md, traceparent),
                       timeout=timeout or self.timeout)
@@ -928,6 +959,7 @@ class AsyncClient:
         self.daemon = daemon_pb2_grpc.DaemonStub(self._ch)
         self._maps = _Maps()
         self._table = _restore.Table()  # what comes back with the daemon, as Client's
+        self._target, self._owner = target, _socket_owner(target)
         self._re = _restore.AsyncReconnector(self._ch, self._table, self._probe, _fatal,
                                              _restore.reconnect_bound_s())
 
@@ -952,11 +984,15 @@ class AsyncClient:
         return self._re.restarts
 
     async def _probe(self, timeout):
-        return (await self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md,
-                                       timeout=timeout, wait_for_ready=True)).epoch
+        epoch = (await self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md,
+                                        timeout=timeout, wait_for_ready=True)).epoch
+        _same_owner(self._target, self._owner)
+        return epoch
 
     async def _call(self, fn, req, timeout=None, traceparent=""):
         await self._re.gate()
+        if self._re.fatal:
+            raise Error(grpc.StatusCode.UNAVAILABLE, self._re.gone)
         try:
             return await fn(req, metadata=_metadata(self.md, traceparent),
                             timeout=timeout or self.timeout)

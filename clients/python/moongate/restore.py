@@ -158,6 +158,7 @@ class Reconnector:
         self._thread = None
         self._closed = False
         self.gone = None       # why calls fail now (the daemon did not come back), or None
+        self.fatal = False     # gone for good: the daemon back refuses us, or is another's
         self.epoch = None      # the daemon's epoch when last seen
         self.restarts = 0      # restarts of the daemon this client went through
         self.restores = 0      # times the table was replayed
@@ -172,6 +173,8 @@ class Reconnector:
 
     def _on_state(self, state):
         import grpc
+        if self.fatal:
+            return
         if state == grpc.ChannelConnectivity.READY:
             self._ready_once = True
             if self.gone:  # back after the client gave up: restore now
@@ -210,6 +213,7 @@ class Reconnector:
                 last = e
                 why = self._fatal(e)
                 if why or time.monotonic() >= deadline:
+                    self.fatal = why is not None
                     self._give_up(why or "the daemon did not come back within "
                                   "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until it "
                                   "does" % (self._bound, e))
@@ -273,6 +277,7 @@ class AsyncReconnector:
         self._task = None
         self._idle = None  # asyncio.Event: set when no restore runs
         self.gone, self.epoch, self.restarts, self.restores = None, None, 0, 0
+        self.fatal = False
 
     def start(self, epoch):
         import asyncio
@@ -299,7 +304,7 @@ class AsyncReconnector:
             state = self._ch.get_state(try_to_connect=False)
             if state == grpc.ChannelConnectivity.READY and not self.gone:
                 ready = True
-            elif state == grpc.ChannelConnectivity.SHUTDOWN:
+            elif state == grpc.ChannelConnectivity.SHUTDOWN or self.fatal:
                 return
             elif (ready or (self.gone and state == grpc.ChannelConnectivity.READY)) and \
                     len(self._table):  # the connection broke, or the daemon is back after all
@@ -322,6 +327,7 @@ class AsyncReconnector:
             except Exception as e:  # noqa: BLE001 - the probe's error is the reason given
                 why = self._fatal(e)
                 if why or time.monotonic() >= deadline:
+                    self.fatal = why is not None
                     self.gone = why or ("the daemon did not come back within "
                                         "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until "
                                         "it does" % (self._bound, e))
