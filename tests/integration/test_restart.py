@@ -283,10 +283,12 @@ def test_a_daemon_back_as_another_users_is_refused(certs):
 class Loop:
     """tests/integration/mooncake/loop.py on daemon `d`, its lines collected as they come."""
 
-    def __init__(self, d, target, address, slots=32):
+    def __init__(self, d, target, address, slots=32, c_door=False):
+        argv = ([test_mooncake_c.HARNESS, test_mooncake_c.LIB, "loop"] if c_door else
+                [sys.executable, os.path.join(HERE, "mooncake", "loop.py")])
         self.p = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "mooncake", "loop.py"), target, str(address),
-             str(slots)], env=test_mooncake.env_for(d), stdin=subprocess.PIPE,
+            argv + [target, str(address), str(slots)], env=test_mooncake.env_for(d),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.slots, self.lines, self.cv = slots, [], threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -316,13 +318,13 @@ class Loop:
         return out, self.p.stderr.read()
 
 
-def loop_across(a, b, t, restarts):
+def loop_across(a, b, t, restarts, c_door=False):
     """The loop on daemon a against target t on daemon b across `restarts` ((daemon, how)...):
     it fails only while a daemon is away, the target keeps its agent's name and port, every
     byte the loop counted done is in place, and the notifications of the iterations after the
     target's daemon last came back all arrived, in order."""
     name_port = agents_of(b)
-    loop = Loop(a, t.session, t.address)
+    loop = Loop(a, t.session, t.address, c_door=c_door)
     try:
         loop.more_ok(10)
         windows, back = [], None
@@ -360,6 +362,15 @@ def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
     a, b = test_mooncake.pair(make_daemon)
     t = children(test_mooncake.Target, b)
     loop_across(a, b, t, ((b, "kill"), (b, "term"), (a, "kill")))
+    t.close()
+
+
+def test_a_c_initiator_outlives_its_daemon(make_daemon, children):
+    """Mooncake's C API as the initiator (tests/te/te_harness.c loop): its own daemon killed and
+    stopped under it, then the target's."""
+    a, b = test_mooncake.pair(make_daemon)
+    t = children(test_mooncake.Target, b)
+    loop_across(a, b, t, ((a, "kill"), (a, "term"), (b, "kill")), c_door=True)
     t.close()
 
 

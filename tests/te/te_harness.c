@@ -10,6 +10,11 @@
  *       "notifs" ([[name, msg], ...]), "quit".
  *   te_harness LIB initiator SESSION ADDRESS
  *       the calls those users make, against the target: one JSON object of outcomes on stdout.
+ *   te_harness LIB loop SESSION ADDRESS SLOTS
+ *       loops as a serving process does, as tests/integration/mooncake/loop.py: iteration i
+ *       WRITEs 4 KiB of pattern i to slot i % SLOTS at ADDRESS with a notification ("loop", i),
+ *       READs it back and compares; "ok I T" or "fail I T WHY" per iteration (T: the monotonic
+ *       clock, seconds); a line on stdin stops it ("end").
  *   te_harness LIB polls N SIZE BATCH
  *       N copies of SIZE bytes between two regions of this engine (LOCAL_SEGMENT), BATCH tasks a
  *       submit, each task polled in a tight loop until it ends while a thread spins beside it:
@@ -19,6 +24,8 @@
  * Environment: MOONGATE_SOCKET, as for any program using the library.
  */
 #include <dlfcn.h>
+#include <poll.h>
+#include <time.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -375,6 +382,68 @@ static int initiator(const char *session, uint64_t taddr)
     return 0;
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One task of a new batch (with a notification when note is not NULL); 0 when it completed. */
+static int one_task(engine_t e, int op, uint8_t *local, int32_t seg, uint64_t remote,
+                    const char *note)
+{
+    struct transfer_request r = {op, local, seg, remote, 4096};
+    unsigned long polls = 0;
+    uint64_t b = te.allocateBatchID(e, 1);
+    int rc;
+    if (b == INVALID_BATCH)
+        return -1;
+    rc = note ? te.submitTransferWithNotify(e, b, &r, 1, (notify_msg_t){"loop", (char *)note})
+              : te.submitTransfer(e, b, &r, 1);
+    if (rc == 0)
+        rc = wait_tasks(e, b, 1, &polls) == 1 ? 0 : -1;
+    te.freeBatchID(e, b);
+    return rc;
+}
+
+static int loop(const char *session, uint64_t taddr, unsigned slots)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    uint8_t *buf = shared_memory(8192, 0);
+    struct pollfd in = {.fd = 0, .events = POLLIN};
+    int32_t seg;
+    if (e == NULL || buf == NULL || te.registerLocalMemory(e, buf, 8192, "cpu:0", 1) != 0 ||
+        (seg = te.openSegment(e, session)) < 0) {
+        printf("fail -1 %f initialize\n", mono_s());
+        return 1;
+    }
+    for (uint32_t i = 0; poll(&in, 1, 0) == 0; i++) {
+        uint64_t peer = taddr + (uint64_t)(i % slots) * 4096;
+        const char *why = NULL;
+        char note[16];
+        for (size_t k = 0; k < 4096; k += 4)
+            memcpy(buf + k, &i, 4); /* pattern i: i, little-endian, over and over */
+        snprintf(note, sizeof(note), "%u", i);
+        if (one_task(e, OPCODE_WRITE, buf, seg, peer, note) != 0)
+            why = "write";
+        else if (one_task(e, OPCODE_READ, buf + 4096, seg, peer, NULL) != 0)
+            why = "read";
+        else if (memcmp(buf, buf + 4096, 4096) != 0)
+            why = "compare";
+        if (why == NULL) {
+            printf("ok %u %f\n", i, mono_s());
+        } else {
+            printf("fail %u %f %s\n", i, mono_s(), why);
+            usleep(20000); /* a daemon on its way back: no hot loop */
+        }
+        fflush(stdout);
+    }
+    te.destroyTransferEngine(e);
+    printf("end\n");
+    return 0;
+}
+
 static int spinning; /* atomic: the main thread ends the spin */
 
 static void *spin(void *arg)
@@ -446,13 +515,15 @@ int main(int argc, char **argv)
 {
     if (argc < 4 || load(argv[1]) != 0) {
         fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS | "
-                        "LIB polls N SIZE BATCH\n");
+                        "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH\n");
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
         return target(strtoull(argv[3], NULL, 0));
     if (strcmp(argv[2], "initiator") == 0 && argc > 4)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
+    if (strcmp(argv[2], "loop") == 0 && argc > 5)
+        return loop(argv[3], strtoull(argv[4], NULL, 0), (unsigned)strtoul(argv[5], NULL, 0));
     if (strcmp(argv[2], "polls") == 0 && argc > 5)
         return polls(strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0),
                      strtoul(argv[5], NULL, 0));

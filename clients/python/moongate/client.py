@@ -392,6 +392,15 @@ def _batch_error(b):
     return Error(grpc.StatusCode.UNKNOWN, "batch %d failed" % b.id)
 
 
+def _segment_now(table, value):
+    """The segment id the daemon has now for one the program holds (restore.Table); Error
+    NOT_FOUND when it did not survive a restart."""
+    try:
+        return table.id("segment", value)
+    except LookupError as why:
+        raise Error(grpc.StatusCode.NOT_FOUND, "segment %d: %s" % (value, why)) from None
+
+
 def _ids_now(requests, id_now):
     """The requests with the segment ids the daemon has now (after a restart): id_now(id)."""
     out = []
@@ -539,11 +548,7 @@ class Client:
         self._table.add(key, what, redo, close)
 
     def _id(self, value):
-        """The segment id the daemon has now for one the program holds."""
-        try:
-            return self._table.id("segment", value)
-        except LookupError as why:
-            raise Error(grpc.StatusCode.NOT_FOUND, "segment %d: %s" % (value, why)) from None
+        return _segment_now(self._table, value)
 
     def info(self):
         """The daemon's Daemon/Info: version, epoch, transports, max_wait_ms, ..."""
@@ -1010,10 +1015,7 @@ class AsyncClient:
         self._table.add(key, what, redo, close)
 
     def _id(self, value):
-        try:
-            return self._table.id("segment", value)
-        except LookupError as why:
-            raise Error(grpc.StatusCode.NOT_FOUND, "segment %d: %s" % (value, why)) from None
+        return _segment_now(self._table, value)
 
     async def register(self, name, size, remote_accessible=False, share_with=(), **kw):
         seg = (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
