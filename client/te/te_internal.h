@@ -97,6 +97,7 @@ typedef struct te_engine {
     int restoring;
     int quit;        /* the engine is being destroyed: the restorer ends */
     int fatal;       /* gone for good: the daemon back refuses the token, or is another's */
+    int retry_once;  /* the restorer tries once (a call after it gave up), not for the bound */
     long sock_owner; /* the uid the daemon's socket belonged to (-1: not known) */
     int restorer_joinable;
     pthread_t restorer;
@@ -147,6 +148,8 @@ int te_call_reconnect(te_engine *e, char *msg, size_t msgcap);
 
 /* The connection broke (mg_client_options.on_broken, on the loop): the restorer starts. */
 void te_broken(void *arg, const char *why);
+/* A caller's thread, after the engine gave up on its daemon: one more try (it may be back). */
+void te_retry(te_engine *e);
 /* A caller's thread: waits while the engine restores (the restorer itself passes). */
 void te_gate(te_engine *e);
 /* The reconnect settings from the environment, and the daemon's epoch now. */

@@ -106,7 +106,7 @@ static int quitting(te_engine *e)
  * 0 with the epoch, else -1 with e->gone set. */
 static int reconnect(te_engine *e, uint64_t *epoch)
 {
-    uint64_t deadline = mono_ms() + e->bound_ms, wait_ms = 50, left;
+    uint64_t deadline = mono_ms() + (e->retry_once ? 0 : e->bound_ms), wait_ms = 50, left;
     char msg[512];
     int st = MG_GRPC_UNAVAILABLE;
     for (;;) {
@@ -141,9 +141,11 @@ static int reconnect(te_engine *e, uint64_t *epoch)
         }
         if (mono_ms() >= deadline) {
             pthread_mutex_lock(&e->mu);
-            snprintf(e->gone, sizeof(e->gone),
-                     "the daemon did not come back within MOONGATE_RECONNECT_S=%.3g s (last: %s)",
-                     (double)e->bound_ms / 1000, msg);
+            if (!e->retry_once || e->gone[0] == '\0')
+                snprintf(e->gone, sizeof(e->gone),
+                         "the daemon did not come back within MOONGATE_RECONNECT_S=%.3g s (last: "
+                         "%.400s); calls fail until it does",
+                         (double)e->bound_ms / 1000, msg);
             pthread_mutex_unlock(&e->mu);
             return -1;
         }
@@ -187,7 +189,7 @@ static void *restore_main(void *arg)
         e->epoch = epoch;
         e->gone[0] = '\0';
         pthread_mutex_unlock(&e->mu);
-    } else if (e->gone[0]) {
+    } else if (e->gone[0] && !e->retry_once) {
         te_log("%s", e->gone);
     }
     pthread_mutex_lock(&e->mu);
@@ -197,22 +199,40 @@ static void *restore_main(void *arg)
     return NULL;
 }
 
+/* With e->mu held: starts the restorer, unless one runs or there is no point; once: one try
+ * (a call after the engine gave up). Returns 1 when it started. */
+static int start_restorer(te_engine *e, int once)
+{
+    if (e->stopping || e->quit || e->restoring || e->fatal || e->bound_ms == 0 || !e->running)
+        return 0;
+    if (e->restorer_joinable) /* the last one ended: let it go */
+        pthread_join(e->restorer, NULL);
+    e->restorer_joinable = 0;
+    e->restoring = 1;
+    e->retry_once = once;
+    if (pthread_create(&e->restorer, NULL, restore_main, e) != 0) {
+        e->restoring = 0;
+        return 0;
+    }
+    e->restorer_joinable = 1;
+    return 1;
+}
+
+void te_retry(te_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->gone[0] && !(e->restorer_joinable && pthread_equal(pthread_self(), e->restorer)))
+        start_restorer(e, 1);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void te_broken(void *arg, const char *why)
 {
     te_engine *e = arg;
     int start;
     pthread_mutex_lock(&e->mu);
-    start = !e->stopping && !e->quit && !e->restoring && !e->fatal && e->bound_ms > 0 && e->running;
-    if (start) {
-        if (e->restorer_joinable) /* the last one ended: let it go */
-            pthread_join(e->restorer, NULL);
-        e->restorer_joinable = 0;
-        e->restoring = 1;
-        if (pthread_create(&e->restorer, NULL, restore_main, e) == 0)
-            e->restorer_joinable = 1;
-        else
-            e->restoring = 0;
-    }
+    e->gone[0] = '\0';
+    start = start_restorer(e, 0);
     pthread_mutex_unlock(&e->mu);
     if (start)
         te_log("the connection to the daemon broke (%s): reconnecting (MOONGATE_RECONNECT_S=%.3g)",

@@ -376,7 +376,8 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     mg_runner_prepare(ts->run, b, call);
 }
 
-/* The batch passed every check: it gets its id and its requests start. */
+/* The batch passed every check: it is entered, answered with its id (minted by mg_batch_new)
+ * and its requests start. */
 static void submit_go(mg_call *call, mg_batch *b)
 {
     struct mg_transfer_svc *ts = svc_of(b);

@@ -374,6 +374,37 @@ def test_a_c_initiator_outlives_its_daemon(make_daemon, children):
     t.close()
 
 
+def test_a_c_engine_gives_up_and_comes_back_with_its_daemon(make_daemon, children,
+                                                           monkeypatch):
+    """MOONGATE_RECONNECT_S=1 and a daemon away longer: libtransfer_engine.so says once that it
+    gave up; the daemon back, the engine's next call finds it and makes its agent again."""
+    monkeypatch.setenv("MOONGATE_RECONNECT_S", "1")
+    b = make_daemon()
+    t = test_mooncake_c.c_target(lambda *x, **kw: children(test_mooncake.Target, *x, **kw), b)
+    had = agents_of(b)
+    err = t.p.stderr.fileno()
+    os.set_blocking(err, False)
+    said = []
+
+    def stderr_has(text):
+        try:
+            said.append(os.read(err, 65536).decode(errors="replace"))
+        except BlockingIOError:
+            pass
+        return text in "".join(said)
+    b.kill()
+    until("the engine gave up", lambda: stderr_has("did not come back within "
+                                                   "MOONGATE_RECONNECT_S=1 s"))
+    b.log.close()
+    b._start_once()
+    assert agents_of(b) == {}  # nothing until the engine calls
+    assert t.notifications() == []  # a call: the engine tries again, finds the daemon
+    until("the agent back", lambda: agents_of(b) == had)
+    assert "".join(said).count("did not come back") == 1  # said once
+    os.set_blocking(err, True)
+    t.close()
+
+
 def test_a_c_target_outlives_its_daemon(make_daemon, children):
     """Mooncake's C API (libtransfer_engine.so) as the target: its engine reconnects and makes
     its agent and region again."""

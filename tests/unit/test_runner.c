@@ -7,7 +7,8 @@
  * by request_id; once the directory is closed, prepare answers UNAVAILABLE; a started batch's
  * requests join their peers and its notifications with no WRITE are due; a region refused
  * while running is asked for once for every request on it, and the request starts again or
- * ends with both reasons; a digest ends a request DONE or DATA_LOSS.
+ * ends with both reasons (refused again: the peer's); a digest ends a request DONE, DATA_LOSS
+ * or UNAVAILABLE.
  */
 #include "mg_test_jobs.h"
 #include "moongate/dataframe.h"
@@ -400,8 +401,9 @@ static void session_open(void)
 }
 
 /* A region refused while running: one ask for both requests on it; the answer moves them to
- * where the address is now and they start again; refused once more, or gone, they end saying
- * both reasons. */
+ * where the address is now and they start again; an address no region holds now ends its
+ * request with both reasons, and a request refused once more ends with the peer's (no second
+ * ask). */
 static void test_region_refused(void)
 {
     mg_batch *b;
@@ -430,8 +432,37 @@ static void test_region_refused(void)
     CU_ASSERT_EQUAL(b->reqs[1].err, MG_ERR_NOT_FOUND); /* no region holds its address */
     CU_ASSERT_PTR_NOT_NULL(strstr(b->reqs[1].msg, "peer 10.0.0.2:7443: its region at 0x11000 was "
                                                   "refused, and asked again: "));
-    mg_test_job_back(0);
-    CU_ASSERT_EQUAL(b->reqs[0].life.state, MG_REQ_DONE);
+    CU_ASSERT_STRING_EQUAL(b->reqs[1].msg,
+                           "peer 10.0.0.2:7443: its region at 0x11000 was refused, and asked "
+                           "again: agent \"a\" on t1@10.0.0.2:7443 has no region holding address "
+                           "0x11000 (1 regions)");
+    mg_test_job_back(MG_ERR_NOT_FOUND); /* refused once more: it ends, no second ask */
+    CU_ASSERT_EQUAL(n_agent_asks, 1);
+    CU_ASSERT_EQUAL(b->reqs[0].life.state, MG_REQ_FAILED);
+    CU_ASSERT_EQUAL(b->reqs[0].err, MG_ERR_NOT_FOUND);
+    CU_ASSERT_STRING_EQUAL(b->reqs[0].msg, "peer 10.0.0.2:7443: not found"); /* the peer's */
+    close_runner();
+}
+
+/* The peer could not say where the address is now: the request ends with both reasons. */
+static void test_region_refused_unanswered(void)
+{
+    mg_batch *b;
+    open_runner();
+    agent_known(7, 1 << 20);
+    target_known(7, 1 << 20);
+    b = agent_batch(1, "");
+    mg_runner_prepare(run, b, NULL);
+    mg_batches_add(set, b, 1);
+    mg_runner_start(run, b);
+    session_open();
+    mg_test_job_back(MG_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL_FATAL(n_agent_asks, 1);
+    mg_runner_agent_answered(agent_jobs[0], MG_GRPC_UNAVAILABLE, "connection refused");
+    CU_ASSERT_EQUAL(b->reqs[0].life.state, MG_REQ_FAILED);
+    CU_ASSERT_EQUAL(b->reqs[0].err, MG_ERR_NOT_FOUND);
+    CU_ASSERT_STRING_EQUAL(b->reqs[0].msg, "peer 10.0.0.2:7443: its region at 0x10000 was "
+                                           "refused, and asked again: connection refused");
     close_runner();
 }
 
@@ -477,8 +508,13 @@ static void test_digest(void)
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_prepare), MG_TEST(test_prepare_refused), MG_TEST(test_prepare_closed),
-        MG_TEST(test_start),   MG_TEST(test_region_refused),  MG_TEST(test_digest),
+        MG_TEST(test_prepare),
+        MG_TEST(test_prepare_refused),
+        MG_TEST(test_prepare_closed),
+        MG_TEST(test_start),
+        MG_TEST(test_region_refused),
+        MG_TEST(test_digest),
+        MG_TEST(test_region_refused_unanswered),
     };
     return mg_test_run("batch runner", cases, sizeof(cases) / sizeof(cases[0]));
 }
