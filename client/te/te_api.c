@@ -63,7 +63,8 @@ int te_register_agent(te_engine *e, uint64_t port, char *msg, size_t msgcap)
         snprintf(msg, msgcap, "the daemon's AgentInfo did not decode");
         return MG_GRPC_INTERNAL;
     }
-    e->port = info->port;
+    if (e->port != info->port) /* at creation; registered again, it asked for this very port */
+        e->port = info->port;
     moongate__v1__agent_info__free_unpacked(info, NULL);
     return 0;
 }
