@@ -274,6 +274,22 @@ def test_an_agent_whose_connection_drops_mid_transfer(make_daemon, agents):
     assert b2.port > 0
 
 
+def test_closing_a_client_ends_its_agent_while_another_of_the_process_stays(make_daemon):
+    """Each Client has a connection of its own (grpc would share one between the channels of a
+    process to one target): closing one ends its agent, not the other's."""
+    d = make_daemon()
+    c1, c2 = client(d), client(d)
+    c1.register_agent("mine")
+    c2.register_agent("other")
+    c1.close()
+    deadline = time.monotonic() + 30
+    while "mine" in {a.name for a in c2.agents()}:
+        assert time.monotonic() < deadline, "agent 'mine' outlived its client"
+        time.sleep(0.02)
+    assert {a.name for a in c2.agents()} == {"other"}
+    c2.close()
+
+
 def test_from_c(make_daemon):
     d = make_daemon("--idle-timeout", "1")
     out = subprocess.run([os.path.join(conftest.BUILD, "example_agent"), "unix:" + d.sock,

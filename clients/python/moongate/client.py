@@ -287,6 +287,9 @@ def _channel(target, ca, cert, key, plaintext, aio):
             ("grpc.max_send_message_length", 16 << 20),
             # never closed for idleness: an agent lives as long as its connection
             ("grpc.client_idle_timeout_ms", 2**31 - 1),
+            # a connection of its own: grpc would share one between the channels of a process
+            # to the same target, so that closing one client would not end its agent
+            ("grpc.use_local_subchannel_pool", 1),
             # a daemon that restarts is found again quickly (MOONGATE_RECONNECT_BACKOFF_MS)
             ("grpc.initial_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
             ("grpc.min_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
