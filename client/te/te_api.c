@@ -107,7 +107,8 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
         snprintf(e->host, sizeof(e->host), "localhost");
     if (strcmp(conn, "P2PHANDSHAKE") == 0) {
         port = 0; /* the daemon assigns it: getLocalIpAndPort reads it back */
-        snprintf(e->name, sizeof(e->name), "mooncake-%d-%lu", (int)getpid(),
+        /* "-c-": apart from the Python door's names, should one process hold engines of both */
+        snprintf(e->name, sizeof(e->name), "mooncake-c-%d-%lu", (int)getpid(),
                  __atomic_add_fetch(&te_names, 1, __ATOMIC_RELAXED));
     } else {
         TE_LOG_ONCE("metadata server \"%s\" not needed: peers are found through their daemons",

@@ -163,6 +163,29 @@ def test_python_initiator_against_a_c_target(make_daemon, target):
     assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
 
 
+BOTH_DOORS = """
+import ctypes, sys
+from mooncake.engine import TransferEngine
+py = TransferEngine()
+assert py.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+te = ctypes.CDLL(sys.argv[1])
+te.createTransferEngine.restype = ctypes.c_void_p
+te.createTransferEngine.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                    ctypes.c_uint64, ctypes.c_int]
+c = te.createTransferEngine(b"P2PHANDSHAKE", b"127.0.0.1", b"", 0, 1)
+print("c engine" if c else "no c engine", py.get_rpc_port() > 0)
+"""
+
+
+def test_one_process_holds_an_engine_of_each_door(make_daemon):
+    """The Python door and the C library name their engines apart: both initialize in one
+    process."""
+    d = make_daemon()
+    run = subprocess.run([sys.executable, "-c", BOTH_DOORS, LIB], env=env_for(d), text=True,
+                         capture_output=True, timeout=120)
+    assert run.stdout.split() == ["c", "engine", "True"], run.stdout + run.stderr
+
+
 def test_no_daemon_answers_null(tmp_path):
     env = dict(os.environ, MOONGATE_SOCKET=str(tmp_path / "none.sock"))
     run = subprocess.run([HARNESS, LIB, "initiator", "127.0.0.1:20000", "4096"], env=env,
