@@ -256,6 +256,7 @@ TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpoo
     $ti/test_restart.py::test_a_c_target_outlives_its_daemon
     $ti/test_restart.py::test_a_c_initiator_outlives_its_daemon
     $ti/test_restart.py::test_a_c_engine_gives_up_and_comes_back_with_its_daemon
+    $ti/test_restart.py::test_a_c_engine_refused_by_the_daemon_back_says_so_once
     $ti/test_fd_memory.py::test_from_c $ti/test_fd_memory.py::test_from_c_buffers
     $ti/test_fd_memory.py::test_memfd_bytes_move_where_they_lie
     $ti/test_fd_memory.py::test_buffers_move_by_address_into_the_clients_mapping

@@ -382,26 +382,61 @@ def test_a_c_engine_gives_up_and_comes_back_with_its_daemon(make_daemon, childre
     b = make_daemon()
     t = test_mooncake_c.c_target(lambda *x, **kw: children(test_mooncake.Target, *x, **kw), b)
     had = agents_of(b)
-    err = t.p.stderr.fileno()
-    os.set_blocking(err, False)
-    said = []
-
-    def stderr_has(text):
-        try:
-            said.append(os.read(err, 65536).decode(errors="replace"))
-        except BlockingIOError:
-            pass
-        return text in "".join(said)
+    err = StderrOf(t)
     b.kill()
-    until("the engine gave up", lambda: stderr_has("did not come back within "
-                                                   "MOONGATE_RECONNECT_S=1 s"))
+    until("the engine gave up", lambda: err.has("did not come back within "
+                                                "MOONGATE_RECONNECT_S=1 s"))
     b.log.close()
     b._start_once()
     assert agents_of(b) == {}  # nothing until the engine calls
     assert t.notifications() == []  # a call: the engine tries again, finds the daemon
     until("the agent back", lambda: agents_of(b) == had)
-    assert "".join(said).count("did not come back") == 1  # said once
-    os.set_blocking(err, True)
+    assert err.count("did not come back") == 1  # said once
+    os.set_blocking(err.fd, True)
+    t.close()
+
+
+class StderrOf:
+    """What a child process says on stderr so far, read without blocking."""
+
+    def __init__(self, child):
+        self.fd, self.said = child.p.stderr.fileno(), []
+        os.set_blocking(self.fd, False)
+
+    def has(self, text):
+        try:
+            self.said.append(os.read(self.fd, 65536).decode(errors="replace"))
+        except BlockingIOError:
+            pass
+        return text in "".join(self.said)
+
+    def count(self, text):
+        self.has("")
+        return "".join(self.said).count(text)
+
+
+def test_a_c_engine_refused_by_the_daemon_back_says_so_once(make_daemon, children, tmp_path,
+                                                            monkeypatch):
+    """The daemon comes back with an auth file without the engine's token: the engine says so
+    once and does not knock again and again."""
+    auth = tmp_path / "auth"
+    auth.write_text("token %s team-a\n" % sha("tok-a-0123456789"))
+    b = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    token = tmp_path / "token"
+    token.write_text("tok-a-0123456789\n")
+    monkeypatch.setenv("MOONGATE_TOKEN_FILE", str(token))
+    t = test_mooncake_c.c_target(lambda *x, **kw: children(test_mooncake.Target, *x, **kw), b)
+    err = StderrOf(t)
+    auth.write_text("token %s team-a\n" % sha("tok-b-0123456789"))
+    restart(b, "kill")
+    until("the engine refused", lambda: err.has("refuses this engine's credentials"))
+    for _ in range(5):  # calls fail at once, saying why; nothing knocks on the daemon
+        assert t.notifications() == []
+    # the engine's own line once (each failed call then logs its error, naming the reason)
+    assert err.count("transfer_engine: the daemon came back and refuses this engine's") == 1
+    refused = b.metric("moongate_auth_refused_total", reason="unauthenticated")
+    assert refused is not None and refused <= 3, refused
+    os.set_blocking(err.fd, True)
     t.close()
 
 
