@@ -386,7 +386,8 @@ static te_call *call_new(te_engine *e, const char *path, const ProtobufCMessage 
  * meets no daemon says why. */
 static int call_wait(te_engine *e, te_call *c)
 {
-    te_retry(e);
+    te_gate(e);  /* a restore on its way ends first: it may give up just now */
+    te_retry(e); /* given up: one more try, the daemon may be back */
     te_gate(e);
     pthread_mutex_lock(&e->mu);
     if (e->fatal) { /* said once when it happened; the engine is done with the daemon */
