@@ -7,6 +7,7 @@ Environment:
   TSAN_OPTIONS   for a ThreadSanitizer build (MG_TSAN): default TSAN_DEFAULTS below; log_path is
                  always the harness's own, see tsan_reports
 """
+import http.client
 import json
 import os
 import random
@@ -108,8 +109,14 @@ def free_port():
     by number), which must never be one of a daemon's own."""
     lo, _ = _ephemeral_range()
     top = min(max(lo, 12000), 20000)
+    # each pytest-xdist worker draws from a slice of its own: a port one worker tried and let go
+    # could otherwise be bound by another worker's daemon before this worker's daemon binds it
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    width = (top - 10000) // max(workers, 1)
+    first = 10000 + worker * width
     for _ in range(200):
-        port = random.randrange(10000, top)
+        port = random.randrange(first, first + width)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -204,8 +211,8 @@ class Daemon:
             try:
                 if self.ops_get("/readyz")[0] == 200:
                     return self
-            except OSError:
-                pass
+            except (OSError, http.client.HTTPException):
+                pass  # not listening yet, or another program's port it is about to fail on
             time.sleep(0.05)
         raise RuntimeError("moongate did not become ready:\n" + self.read_log())
 

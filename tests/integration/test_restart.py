@@ -147,6 +147,21 @@ def test_a_batch_of_the_old_epoch_names_the_restart(make_daemon):
         c.close()
 
 
+def test_a_daemon_slow_to_answer_a_new_connection_is_waited_for(make_daemon):
+    """A daemon back but busy (here: stopped for 2 s) answers a new connection late; the client's
+    calls wait for it within their timeout instead of failing on a short connect timeout."""
+    import signal
+    d = make_daemon()
+    d.signal(signal.SIGSTOP)
+    woke = threading.Timer(2.0, d.signal, (signal.SIGCONT,))
+    woke.start()
+    try:
+        with mg.Client("unix:" + d.sock, timeout=30) as c:
+            assert c.agents() == []
+    finally:
+        woke.join()
+
+
 def test_a_daemon_that_does_not_come_back_is_said_once(make_daemon, monkeypatch):
     monkeypatch.setenv("MOONGATE_RECONNECT_S", "1")
     d = make_daemon()

@@ -291,8 +291,9 @@ def _channel(target, ca, cert, key, plaintext, aio):
             # to the same target, so that closing one client would not end its agent
             ("grpc.use_local_subchannel_pool", 1),
             # a daemon that restarts is found again quickly (MOONGATE_RECONNECT_BACKOFF_MS)
+            # (not grpc.min_reconnect_backoff_ms: grpc takes it as the time a connection has to
+            # answer too, and a busy daemon answering a new connection after it would fail calls)
             ("grpc.initial_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
-            ("grpc.min_reconnect_backoff_ms", min(100, _restore.reconnect_backoff_ms())),
             ("grpc.max_reconnect_backoff_ms", _restore.reconnect_backoff_ms())]
     if target.startswith("unix:") or plaintext:
         return g.insecure_channel(target, options=opts)
