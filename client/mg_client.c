@@ -4,6 +4,7 @@
  * has a bounded deframer for responses and an evbuffer of request bytes read by the data source.
  */
 #include "mg_client.h"
+#include "mg_client_int.h"
 #include "mg_bev.h"
 #include "mg_bev_err.h"
 #include "mg_str.h"
@@ -78,11 +79,13 @@ struct mg_client {
     int in_cb;
     int doomed;
     int owns_base; /* made by mg_client_open: its base goes with it */
+    mg_keep *keep; /* made by mg_client_open: what it makes again after a restart */
 };
 
 static void client_fail(mg_client *c, const char *why);
 static void client_flush(mg_client *c);
 static void client_free(mg_client *c);
+static int client_connect(mg_client *c, const mg_client_options *o, char *err, size_t errcap);
 
 static void enter(mg_client *c)
 {
@@ -637,13 +640,6 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
                   size_t errcap)
 {
     mg_client *c = calloc(1, sizeof(*c));
-    nghttp2_session_callbacks *cbs = NULL;
-    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 4 * 1024 * 1024}};
-    struct timeval ct;
-    char host[256];
-    const char *t = o->target;
-
     if (c == NULL) {
         snprintf(err, errcap, "out of memory");
         return -1;
@@ -654,14 +650,35 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     c->busy_poll_us = o->busy_poll_us;
     c->on_broken = o->on_broken;
     c->broken_arg = o->broken_arg;
-    snprintf(c->target, sizeof(c->target), "%s", t);
+    snprintf(c->target, sizeof(c->target), "%s", o->target);
     if (o->token && o->token[0]) {
         if (strlen(o->token) > 1024 || strpbrk(o->token, "\r\n")) {
             snprintf(err, errcap, "the token is longer than 1024 bytes or holds a line break");
-            goto fail;
+            mg_client_del(c);
+            return -1;
         }
         snprintf(c->bearer, sizeof(c->bearer), "Bearer %s", o->token);
     }
+    if (client_connect(c, o, err, errcap) != 0) {
+        mg_client_del(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+/* The connection of c to o->target: its socket, TLS, nghttp2 session and flush event. Returns 0,
+ * or -1 with err set (the caller frees what was made). */
+static int client_connect(mg_client *c, const mg_client_options *o, char *err, size_t errcap)
+{
+    struct event_base *base = c->base;
+    nghttp2_session_callbacks *cbs = NULL;
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 4 * 1024 * 1024}};
+    struct timeval ct;
+    char host[256];
+    const char *t = o->target;
+
     ct.tv_sec = o->connect_timeout_ms ? o->connect_timeout_ms / 1000 : 10;
     ct.tv_usec = o->connect_timeout_ms ? (suseconds_t)(o->connect_timeout_ms % 1000) * 1000 : 0;
 
@@ -774,7 +791,6 @@ int mg_client_new(mg_client **out, struct event_base *base, const mg_client_opti
     c->flush_ev = event_new(base, -1, 0, flush_cb, c);
     if (c->flush_ev == NULL)
         goto fail_ng;
-    *out = c;
     return 0;
 
 fail_ng:
@@ -782,7 +798,6 @@ fail_ng:
     if (cbs)
         nghttp2_session_callbacks_del(cbs);
 fail:
-    mg_client_del(c);
     return -1;
 }
 
@@ -800,7 +815,8 @@ void mg_client_del(mg_client *c)
     client_free(c);
 }
 
-static void client_free(mg_client *c)
+/* Ends c's connection (its calls with CANCELLED) and frees what client_connect made. */
+static void client_disconnect(mg_client *c)
 {
     while (c->rpcs)
         rpc_close(c->rpcs, MG_GRPC_CANCELLED, "client closed");
@@ -816,7 +832,71 @@ static void client_free(mg_client *c)
         bufferevent_free(c->bev);
     if (c->ssl_ctx)
         SSL_CTX_free(c->ssl_ctx);
+    c->ng = NULL;
+    c->flush_ev = c->read_ev = NULL;
+    c->stage = NULL;
+    c->bev = NULL;
+    c->ssl_ctx = NULL;
+}
+
+static void client_free(mg_client *c)
+{
+    client_disconnect(c);
+    mgc_keep_free(c->keep);
     free(c);
+}
+
+int mgc_reconnect(mg_client *c, char *err, size_t errcap)
+{
+    mg_client_options o = {.target = c->target, .token = mg_client_token(c)};
+    if (c->in_cb > 0 || c->doomed || c->tls) {
+        snprintf(err, errcap, "this client cannot reconnect");
+        return -1;
+    }
+    client_disconnect(c);
+    c->connected = c->failed = 0;
+    c->fail_msg[0] = '\0';
+    if (client_connect(c, &o, err, errcap) != 0) {
+        client_disconnect(c);
+        c->failed = 1;
+        snprintf(c->fail_msg, sizeof(c->fail_msg), "%s: %s", c->target, err);
+        return -1;
+    }
+    return 0;
+}
+
+mg_keep *mgc_keep_of(const mg_client *c)
+{
+    return c->keep;
+}
+
+const char *mgc_fail_msg(const mg_client *c)
+{
+    return c->failed ? c->fail_msg : NULL;
+}
+
+/* A blocking client's connection: anything the daemon sent meanwhile is read now, so that a
+ * connection it closed (or is closing: GOAWAY) since the last call is known before a call
+ * goes out on it. */
+static void client_check(mg_client *c)
+{
+    if (c->in_cb > 0 || c->failed || !c->connected)
+        return;
+    enter(c);
+    if (c->read_ev)
+        plain_read(c);
+    if (!c->failed && !nghttp2_session_check_request_allowed(c->ng))
+        client_fail(c, "the daemon is closing the connection (GOAWAY)");
+    leave(c);
+}
+
+int mgc_ready(mg_client *c, int *status, char *message, size_t msgcap)
+{
+    if (c->keep == NULL) /* a client of mg_client_new: its owner handles a broken connection */
+        return 0;
+    client_check(c);
+    return c->failed || mgc_keep_refused(c->keep) ? mgc_keep_restore(c, status, message, msgcap)
+                                                  : 0;
 }
 
 /* ------------------------------------------------------------------ blocking calls */
@@ -874,6 +954,8 @@ static int call_run(mg_client *c, const char *path, const uint8_t *req, size_t r
     *status = MG_GRPC_UNKNOWN;
     if (msgcap)
         message[0] = '\0';
+    if (mgc_ready(c, status, message, msgcap) != 0)
+        return 0;
     rpc = mg_rpc_start(c, path, NULL, 0, timeout_ms, &h, &s);
     if (rpc == NULL) {
         snprintf(message, msgcap, "%s", c->failed ? c->fail_msg : "out of memory");
@@ -915,6 +997,8 @@ static int call_run(mg_client *c, const char *path, const uint8_t *req, size_t r
     if (*status == MG_GRPC_OK) {
         *resp = s.resp;
         *resp_len = s.len;
+        if (c->keep)
+            mgc_keep_called(c, path, req, req_len, s.resp, s.len);
     } else {
         free(s.resp);
     }
@@ -973,7 +1057,13 @@ static mg_client *client_open(const mg_client_options *o, char *err, size_t errc
 mg_client *mg_client_open(const char *target, const char *token, char *err, size_t errcap)
 {
     mg_client_options o = {.target = target, .token = token};
-    return client_open(&o, err, errcap);
+    mg_client *c = client_open(&o, err, errcap);
+    if (c && (c->keep = mgc_keep_new(c)) == NULL) {
+        snprintf(err, errcap, "out of memory");
+        mg_client_close(c);
+        return NULL;
+    }
+    return c;
 }
 
 void mg_client_close(mg_client *c)

@@ -134,6 +134,41 @@ void mg_client_close(mg_client *c);
 const char *mg_client_target(const mg_client *c);
 const char *mg_client_token(const mg_client *c);
 
+/* ---- Outliving the daemon ----
+ * A client of mg_client_open comes back with its daemon when the daemon is restarted, upgraded
+ * or killed. A call whose connection breaks under it ends UNAVAILABLE, once. The next call
+ * connects again first — trying with a back-off up to MOONGATE_RECONNECT_BACKOFF_MS (default
+ * 1000 ms) for at most MOONGATE_RECONNECT_S seconds (default 30; 0: never) — and makes again
+ * what the client made there, in the order it was made:
+ *   - agents registered with Agent/RegisterAgent: the same name and the same port;
+ *   - process memory registered with Memory/RegisterSegment (source PROCESS): again by address;
+ *   - buffers of mg_buffer_alloc (the library keeps a descriptor of each);
+ *   - GPU memory of mg_vram_register: exported again and registered by address.
+ * Segments the daemon made (ANON, SHM) and descriptors the program passed itself (FD) do not
+ * come back: mg_client_segment_now() answers 0 for them. A daemon that does not come back in
+ * time fails the call ("the daemon did not come back within MOONGATE_RECONNECT_S=30 s"); the
+ * next call tries once more. One that comes back refusing the client's token, or as another
+ * user's daemon on the same socket path, fails every call from then on, with that reason, and
+ * is not tried again. All of it runs on the calling thread, inside its call. */
+
+/* The daemon's id now of segment `id`, one this client was handed (by RegisterSegment,
+ * mg_client_register, mg_buffer_alloc or mg_vram_register): the same id until a restart made it
+ * again under another, 0 if it did not come back. A connection that broke since the last call
+ * is restored first, as a call would: map ids as the request that names them is built.
+ * Requests that name this process's memory by address (TransferRequest.local_address) need no
+ * mapping; mg_client_unregister and mg_buffer_free map by themselves. */
+uint64_t mg_client_segment_now(mg_client *c, uint64_t id);
+/* The daemon's epoch when last seen (0: not asked yet), and the restarts this client went
+ * through (a new epoch after a reconnect). */
+uint64_t mg_client_epoch(const mg_client *c);
+unsigned mg_client_restarts(const mg_client *c);
+/* MOONGATE_RECONNECT_S and MOONGATE_RECONNECT_BACKOFF_MS in milliseconds (defaults 30000 and
+ * 1000; the back-off at least 10). -1 with err naming a value that is not a number (its default
+ * is used), else 0. */
+int mg_client_reconnect_env(uint64_t *bound_ms, uint64_t *backoff_ms, char *err, size_t errcap);
+/* The uid owning the socket file of a "unix:" target, or -1. */
+long mg_client_socket_owner(const char *target);
+
 /* Memory for transfers that this library allocates and the daemon registers where it lies:
  * a memfd sealed against shrinking and growing (safe for RDMA), mapped here, passed on the fd
  * socket and registered with its address, in one call. Transfers name it by segment_id or,

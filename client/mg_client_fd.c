@@ -1,6 +1,7 @@
 /* mg_client_fd: memory the program has — a descriptor passed on the daemon's fd socket
  * (mg_fd_pass), and buffers allocated here and registered where they lie (mg_buffer_alloc). */
 #include "mg_client.h"
+#include "mg_client_int.h"
 #include "mg_fdproto.h"
 
 #include "moongate/v1/memory.pb-c.h"
@@ -131,6 +132,53 @@ int mg_client_register(mg_client *c, const Moongate__V1__RegisterRequest *req, u
     return 0;
 }
 
+/* What makes a buffer again after a restart: the library keeps its memfd. */
+typedef struct {
+    int fd;
+    size_t size;
+    int remote_accessible;
+    void *addr;
+    char name[128];
+} kept_buffer;
+
+static void buffer_drop(void *arg)
+{
+    kept_buffer *b = arg;
+    close(b->fd);
+    free(b);
+}
+
+static int buffer_redo(mg_client *c, void *arg, uint64_t *id, char *err, size_t errcap)
+{
+    kept_buffer *b = arg;
+    char sock[128];
+    uint64_t handle, ttl_ms;
+    int status;
+    if (mg_fd_socket_of(mg_client_target(c), sock, sizeof(sock)) != 0 ||
+        mg_fd_pass(sock, b->fd, mg_client_token(c), &handle, &ttl_ms, &status, err, errcap) != 0)
+        return -1;
+    return register_buffer(c, b->name, handle, b->size, b->remote_accessible, b->addr, id, &status,
+                           err, errcap);
+}
+
+/* Keeps fd (the caller's to close either way) so that the buffer can be made again. */
+static void buffer_keep(mg_client *c, int fd, size_t size, int remote_accessible, void *addr,
+                        const char *name, uint64_t id)
+{
+    kept_buffer *b;
+    if (mgc_keep_of(c) == NULL || (b = calloc(1, sizeof(*b))) == NULL)
+        return;
+    if ((b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        free(b);
+        return; /* it does not come back after a restart; nothing else is lost */
+    }
+    b->size = size;
+    b->remote_accessible = remote_accessible;
+    b->addr = addr;
+    snprintf(b->name, sizeof(b->name), "%s", name);
+    mgc_keep_redo(c, id, buffer_redo, buffer_drop, b, 0);
+}
+
 int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char *name,
                     mg_buffer *out, int *status, char *err, size_t errcap)
 {
@@ -164,6 +212,7 @@ int mg_buffer_alloc(mg_client *c, size_t size, int remote_accessible, const char
         close(fd);
         return -1;
     }
+    buffer_keep(c, fd, size, remote_accessible, addr, name, id);
     close(fd); /* the mapping here and the daemon's keep the memory */
     out->addr = addr;
     out->size = size;
@@ -177,7 +226,11 @@ int mg_client_unregister(mg_client *c, uint64_t id, int *status, char *err, size
     uint8_t buf[16], *resp = NULL;
     size_t n, resp_len = 0;
     int rc;
-    req.id = id;
+    req.id = mg_client_segment_now(c, id);
+    if (mgc_keep_forget(c, id)) { /* it did not come back after a restart: nothing to undo */
+        *status = MG_GRPC_OK;
+        return 0;
+    }
     n = moongate__v1__unregister_request__pack(&req, buf);
     rc = mg_client_call(c, "/moongate.v1.Memory/UnregisterSegment", buf, n, 30000, &resp, &resp_len,
                         status, err, errcap);

@@ -4,6 +4,7 @@
 #include "mg_vram.h"
 
 #include "mg_client.h"
+#include "mg_client_int.h"
 #include "mg_cuda.h"
 
 #include "moongate/v1/memory.pb-c.h"
@@ -97,12 +98,67 @@ fail:
     return -1;
 }
 
+/* One piece's registration: the dma-buf passed on the fd socket and RegisterSegment. */
+static int register_piece(mg_client *c, const char *sock, const mg_vram_piece *p, const char *name,
+                          int remote_accessible, uint64_t *id, int *status, char *err,
+                          size_t errcap)
+{
+    Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    char location[24];
+    uint64_t handle, ttl;
+    snprintf(location, sizeof(location), "cuda:%d", p->device);
+    if (mg_fd_pass(sock, p->fd, mg_client_token(c), &handle, &ttl, status, err, errcap) != 0)
+        return -1;
+    req.name = (char *)name;
+    req.source = MOONGATE__V1__SEGMENT_SOURCE__DMABUF;
+    req.fd_handle = handle;
+    req.size = p->size;
+    req.client_address = p->address;
+    req.location = location;
+    req.remote_accessible = remote_accessible != 0;
+    return mg_client_register(c, &req, id, status, err, errcap);
+}
+
+/* What makes a piece again after a restart: its range, exported again. */
+typedef struct {
+    uint64_t address, size;
+    int remote_accessible;
+    char name[160];
+} kept_piece;
+
+static int piece_redo(mg_client *c, void *arg, uint64_t *id, char *err, size_t errcap)
+{
+    kept_piece *k = arg;
+    mg_vram_piece p;
+    char sock[4200];
+    int status, rc;
+    if (mg_fd_socket_of(mg_client_target(c), sock, sizeof(sock)) != 0 ||
+        mg_vram_export((uintptr_t)k->address, k->size, &p, 1, err, errcap) != 1)
+        return -1;
+    rc = register_piece(c, sock, &p, k->name, k->remote_accessible, id, &status, err, errcap);
+    close(p.fd);
+    return rc;
+}
+
+static void piece_keep(mg_client *c, const mg_vram_piece *p, const char *name,
+                       int remote_accessible, uint64_t id)
+{
+    kept_piece *k = mgc_keep_of(c) ? calloc(1, sizeof(*k)) : NULL;
+    if (k == NULL)
+        return; /* it does not come back after a restart; nothing else is lost */
+    k->address = p->address;
+    k->size = p->size;
+    k->remote_accessible = remote_accessible;
+    snprintf(k->name, sizeof(k->name), "%s", name);
+    mgc_keep_redo(c, id, piece_redo, free, k, 1);
+}
+
 int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
                      const char *name, uint64_t *ids, int cap, int *status, char *err,
                      size_t errcap)
 {
     mg_vram_piece pieces[64];
-    char sock[4200], names[160], location[24];
+    char sock[4200], names[160];
     int n, k = 0;
     *status = MG_GRPC_FAILED_PRECONDITION;
     if (mg_fd_socket_of(mg_client_target(c), sock, sizeof(sock)) != 0) {
@@ -114,26 +170,15 @@ int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessi
     if ((n = mg_vram_export(ptr, len, pieces, cap < 64 ? cap : 64, err, errcap)) < 0)
         return -1;
     for (; k < n; k++) {
-        Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
-        uint64_t handle, ttl;
         if (name)
             snprintf(names, sizeof(names), "%.120s-%d", name, k);
         else
             snprintf(names, sizeof(names), "vram-%d-%llx-%d", (int)getpid(),
                      (unsigned long long)ptr, k);
-        snprintf(location, sizeof(location), "cuda:%d", pieces[k].device);
-        if (mg_fd_pass(sock, pieces[k].fd, mg_client_token(c), &handle, &ttl, status, err,
-                       errcap) != 0)
+        if (register_piece(c, sock, &pieces[k], names, remote_accessible, &ids[k], status, err,
+                           errcap) != 0)
             break;
-        req.name = names;
-        req.source = MOONGATE__V1__SEGMENT_SOURCE__DMABUF;
-        req.fd_handle = handle;
-        req.size = pieces[k].size;
-        req.client_address = pieces[k].address;
-        req.location = location;
-        req.remote_accessible = remote_accessible != 0;
-        if (mg_client_register(c, &req, &ids[k], status, err, errcap) != 0)
-            break;
+        piece_keep(c, &pieces[k], names, remote_accessible, ids[k]);
     }
     for (int i = 0; i < n; i++)
         close(pieces[i].fd); /* passed: the daemon has its own */

@@ -246,7 +246,8 @@ tsan_restore() {
 # The integration tests whose threads share state, about two minutes under ThreadSanitizer on
 # two cores (docs/testing.md says why these): libtransfer_engine.so's loop thread against its
 # callers (the C harness: submits from several places, tight status polls; its restorer thread
-# making the agent and regions again while callers wait across a daemon restart), the C examples and
+# making the agent and regions again while callers wait across a daemon restart; the C client
+# doing the same inside a call), the C examples and
 # Python threads sharing a client, the BufferPool's threads, descriptors and process memory
 # moved on the workers and transport threads, transfers between two daemons (cancel, kill -9,
 # restart, drain, a shrunk file), and the same over the RDMA emulator's queue pairs and pollers.
@@ -257,6 +258,7 @@ TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpoo
     $ti/test_restart.py::test_a_c_initiator_outlives_its_daemon
     $ti/test_restart.py::test_a_c_engine_gives_up_and_comes_back_with_its_daemon
     $ti/test_restart.py::test_a_c_engine_refused_by_the_daemon_back_says_so_once
+    $ti/test_restart.py::test_a_c_client_makes_again_what_it_had
     $ti/test_fd_memory.py::test_from_c $ti/test_fd_memory.py::test_from_c_buffers
     $ti/test_fd_memory.py::test_memfd_bytes_move_where_they_lie
     $ti/test_fd_memory.py::test_buffers_move_by_address_into_the_clients_mapping

@@ -20,35 +20,11 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t env_u64(const char *name, uint64_t dflt, double scale)
-{
-    const char *v = getenv(name);
-    char *end;
-    double d;
-    if (v == NULL || *v == '\0')
-        return dflt;
-    errno = 0;
-    d = strtod(v, &end);
-    if (errno != 0 || *end != '\0' || d < 0 || d > 1e9) {
-        te_log("%s=\"%s\" is not a number: %llu used", name, v, (unsigned long long)(dflt / scale));
-        return dflt;
-    }
-    return (uint64_t)(d * scale);
-}
-
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* The uid owning the daemon's socket file, or -1. */
-static long socket_owner(const te_engine *e)
-{
-    struct stat st;
-    return strncmp(e->target, "unix:", 5) == 0 && stat(e->target + 5, &st) == 0 ? (long)st.st_uid
-                                                                                : -1;
 }
 
 /* The daemon's epoch (Daemon/Info). Returns a gRPC status, msg set. */
@@ -75,13 +51,11 @@ static int daemon_epoch(te_engine *e, uint64_t timeout_ms, uint64_t *epoch, char
 void te_restore_init(te_engine *e)
 {
     char msg[512];
-    e->bound_ms = env_u64("MOONGATE_RECONNECT_S", 30000, 1000);
-    e->backoff_ms = env_u64("MOONGATE_RECONNECT_BACKOFF_MS", 1000, 1);
-    if (e->backoff_ms < 10)
-        e->backoff_ms = 10;
+    if (mg_client_reconnect_env(&e->bound_ms, &e->backoff_ms, msg, sizeof(msg)) != 0)
+        te_log("%s", msg);
     if (daemon_epoch(e, 5000, &e->epoch, msg, sizeof(msg)) != 0)
         e->epoch = 0;
-    e->sock_owner = socket_owner(e);
+    e->sock_owner = mg_client_socket_owner(e->target);
 }
 
 void te_gate(te_engine *e)
@@ -116,13 +90,13 @@ static int reconnect(te_engine *e, uint64_t *epoch)
         st = te_call_reconnect(e, msg, sizeof(msg));
         if (st == 0 && !quitting(e))
             st = daemon_epoch(e, left < 1000 ? (left ? left : 1) : 1000, epoch, msg, sizeof(msg));
-        if (st == 0 && e->sock_owner >= 0 && socket_owner(e) >= 0 &&
-            socket_owner(e) != e->sock_owner) {
+        if (st == 0 && e->sock_owner >= 0 && mg_client_socket_owner(e->target) >= 0 &&
+            mg_client_socket_owner(e->target) != e->sock_owner) {
             pthread_mutex_lock(&e->mu);
             snprintf(e->gone, sizeof(e->gone),
                      "the daemon came back on %s as another user's (the socket is uid %ld's, was "
                      "uid %ld's): refused, this engine makes nothing there",
-                     e->target + 5, socket_owner(e), e->sock_owner);
+                     e->target + 5, mg_client_socket_owner(e->target), e->sock_owner);
             e->fatal = 1;
             pthread_mutex_unlock(&e->mu);
             return -1;

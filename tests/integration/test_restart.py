@@ -249,9 +249,10 @@ def test_a_daemon_back_with_another_auth_file_refuses_once(make_daemon, tmp_path
 OTHER_UID = 4242  # a second local user (as test_auth.py's)
 
 
-def test_a_daemon_back_as_another_users_is_refused(certs):
-    """The socket path the client knew comes back owned by another uid: the client makes
-    nothing there (no agent, no memory) and its calls say why."""
+@pytest.mark.parametrize("door", ["python", "c"])
+def test_a_daemon_back_as_another_users_is_refused(certs, door):
+    """The socket path the client knew comes back owned by another uid: the client (Python, or
+    C: libmgclient) makes nothing there (no agent, no memory) and its calls say why."""
     import shutil
     import tempfile
     world = tempfile.mkdtemp(prefix="moongate-owner-")
@@ -265,9 +266,12 @@ def test_a_daemon_back_as_another_users_is_refused(certs):
     os.chmod(shm, 0o777)
     mine = conftest.Daemon(world, world, ("--unix-socket", sock, "--shm-dir", shm)).start()
     theirs = None
-    c = mg.Client("unix:" + sock, timeout=5)
+    c = mg.Client("unix:" + sock, timeout=5) if door == "python" else CProgram(mine, sock=sock)
     try:
-        c.register_agent("kv-4")
+        if door == "python":
+            c.register_agent("kv-4")
+        else:
+            assert c("agent", "kv-4")[0] == "port"
         mine.kill()
         mine.log.close()
         theirs = conftest.Daemon(world, world, ("--unix-socket", sock, "--shm-dir", shm + "-b"),
@@ -284,8 +288,12 @@ def test_a_daemon_back_as_another_users_is_refused(certs):
             except mg.Error as e:
                 return "as another user's" in e.message and e
             return False
-        e = until("the client refused", refused)
-        assert e.code == grpc.StatusCode.UNAVAILABLE
+        if door == "python":
+            e = until("the client refused", refused)
+            assert e.code == grpc.StatusCode.UNAVAILABLE
+        else:
+            said = " ".join(c("anon", "x", 4096))
+            assert said.startswith("error UNAVAILABLE the daemon came back as another user's"), said
         with mg.Client("unix:" + sock, timeout=5) as other:
             assert "kv-4" not in [a.name for a in other.agents()]  # it made nothing there
     finally:
@@ -467,3 +475,117 @@ def test_a_c_target_outlives_its_daemon(make_daemon, children):
 def pattern(i):
     """The loop's pattern of iteration i (as loop.py makes it)."""
     return (i.to_bytes(4, "little") * 1024)[:4096]
+
+
+class CProgram:
+    """tests/client/mgc_harness.c: a program on the C client (mg_client_open), a command a
+    line; each answers one line."""
+
+    def __init__(self, d, env=None, sock=None):
+        self.p = subprocess.Popen([os.path.join(conftest.BUILD, "mgc_harness"),
+                                   "unix:" + (sock or d.sock)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **(env or {})))
+
+    def __call__(self, *words):
+        self.p.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        assert line, "mgc_harness ended: " + self.p.stderr.read()
+        return line.split()
+
+    def close(self):
+        self.p.stdin.close()
+        assert self.p.wait(30) == 0, self.p.stderr.read()
+        self.p.stderr.close()
+        self.p.stdout.close()
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_a_c_client_makes_again_what_it_had(make_daemon, how):
+    """The C client (libmgclient): its agent (same name and port), process memory and buffers
+    come back under the ids the program holds; a segment the daemon made does not, and says
+    so; no call of the program fails when it makes none while the daemon is away."""
+    d = make_daemon()
+    c = CProgram(d)
+    try:
+        _, port = c("agent", "kv-c")
+        _, src, src_at = c("process", "c-heap", 8192)
+        _, dst, dst_at = c("buffer", 8192)
+        _, made = c("anon", "c-made", 4096)
+        assert c("fill", src_at, 0x61, 8192) == ["ok"]
+        assert c("copy", src, dst, 8192) == ["DONE"]
+        assert c("check", dst_at, 0x61, 8192) == ["ok"]
+        epoch = c("epoch")[1]
+        restart(d, how)
+        assert c("fill", src_at, 0x62, 8192) == ["ok"]
+        assert c("copy", src, dst, 8192) == ["DONE"]  # the first call: restored, then made
+        assert c("check", dst_at, 0x62, 8192) == ["ok"]
+        assert agents_of(d) == {"kv-c": int(port)}
+        e = c("epoch")
+        assert e[1] != epoch and e[3] == "1", e
+        assert c("now", src) != ["now", src]  # made again under another id, mapped
+        assert c("now", made) == ["now", "0"]  # did not come back
+        assert c("unregister", made) == ["ok"]  # nothing to undo
+        with mg.Client("unix:" + d.sock, timeout=10) as py:
+            assert {"c-heap", "c-made"} & {s.name for s in py.segments()} == {"c-heap"}
+            assert c("unregister", src) == ["ok"]
+            assert c("unregister", dst) == ["ok"]
+            assert [s.name for s in py.segments()] == []
+    finally:
+        c.close()
+
+
+def test_a_c_client_gives_up_then_comes_back(make_daemon):
+    d = make_daemon()
+    c = CProgram(d, {"MOONGATE_RECONNECT_S": "1"})
+    try:
+        _, port = c("agent", "kv-c2")
+        d.kill()
+        said = c("epoch") and c("copy", 1, 2, 1)
+        assert said[:2] == ["error", "UNAVAILABLE"], said
+        assert "did not come back within MOONGATE_RECONNECT_S=1 s" in " ".join(said), said
+        d.log.close()
+        d._start_once()
+        assert c("anon", "c-after", 4096)[0] == "anon"  # one more try finds it, and restores
+        assert agents_of(d) == {"kv-c2": int(port)}
+    finally:
+        c.close()
+
+
+def test_a_c_client_refused_by_the_daemon_back_says_so(make_daemon, tmp_path):
+    auth = tmp_path / "auth"
+    auth.write_text("token %s team-a\n" % sha("tok-a-0123456789"))
+    d = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
+    c = CProgram(d, {"MOONGATE_TOKEN": "tok-a-0123456789"})
+    try:
+        assert c("agent", "kv-c3")[0] == "port"
+        auth.write_text("token %s team-a\n" % sha("tok-b-0123456789"))
+        restart(d, "kill")
+        for _ in range(5):  # said each time, tried once
+            said = " ".join(c("anon", "x", 4096))
+            assert said.startswith("error UNAVAILABLE the daemon came back and refuses this "
+                                   "client's credentials"), said
+        refused = d.metric("moongate_auth_refused_total", reason="unauthenticated")
+        assert refused is not None and refused <= 2, refused
+    finally:
+        c.close()
+
+
+def test_a_c_clients_gpu_memory_comes_back(make_daemon):
+    """Device memory (the CUDA driver emulator) registered by mg_vram_register is exported and
+    registered again by address after a restart."""
+    d = make_daemon("--ibverbs-lib", os.path.join(conftest.BUILD, "libmgverbs_emu.so"))
+    c = CProgram(d, {"MOONGATE_CUDA_LIB": os.path.join(conftest.BUILD, "libmgcuda_emu.so")})
+    try:
+        _, seg, at = c("vram", 1 << 20)
+        restart(d, "kill")
+        _, now = c("now", seg)
+        assert now not in ("0", seg)
+        with mg.Client("unix:" + d.sock, timeout=10) as py:
+            back = {s.name: s for s in py.segments()}["c-vram-0"]
+            assert back.id == int(now) and back.location == "cuda:0", back
+        assert c("unregister", seg) == ["ok"]
+    finally:
+        c.close()
