@@ -19,12 +19,37 @@
 
 #define TE_TIMEOUT_MS             30000
 #define ERR_INVALID_ARGUMENT      (-1)
+#define ERR_TOO_MANY_REQUESTS     (-2)
+#define ERR_SOCKET                (-102)
+#define ERR_REJECT_HANDSHAKE      (-104)
+#define ERR_ENDPOINT              (-201)
+#define ERR_MEMORY                (-302)
 #define ST_INVALID_ARGUMENT       1
 #define ST_TOO_MANY_REQUESTS      2
 #define ST_ADDRESS_NOT_REGISTERED 3
 #define ST_BATCH_BUSY             4
 
 static unsigned long te_names;
+
+/* Mooncake's error code (its error.h) for a call the daemon answered with gRPC status st: the
+ * daemon away or the call timed out, a refused token, a peer or agent unknown, a limit. */
+static int te_error_of(int st)
+{
+    switch (st) {
+    case MG_GRPC_UNAVAILABLE:
+    case MG_GRPC_DEADLINE_EXCEEDED:
+        return ERR_SOCKET;
+    case MG_GRPC_UNAUTHENTICATED:
+    case MG_GRPC_PERMISSION_DENIED:
+        return ERR_REJECT_HANDSHAKE;
+    case MG_GRPC_NOT_FOUND:
+        return ERR_ENDPOINT;
+    case MG_GRPC_RESOURCE_EXHAUSTED:
+        return ERR_TOO_MANY_REQUESTS;
+    default:
+        return ERR_INVALID_ARGUMENT;
+    }
+}
 
 /* ---- engines ---- */
 
@@ -595,33 +620,38 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t
 {
     te_engine *e = engine;
     Moongate__V1__SendRequest q = MOONGATE__V1__SEND_REQUEST__INIT;
-    char topic[64], msg[512], *to, *payload;
+    char topic[64], msg[512], *to, *payload = NULL;
     const char *colon;
-    int st = -1;
+    int st;
     if (e == NULL)
         return ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&e->mu);
     to = target_id > INT32_MAX ? NULL : segment_name(e, (int64_t)target_id);
     pthread_mutex_unlock(&e->mu);
-    payload = te_note_payload(notify_msg.name, notify_msg.msg);
     colon = to ? strrchr(to, ':') : NULL;
-    if (colon != NULL && payload != NULL) {
-        te_note_topic(topic, sizeof(topic), (uint32_t)strtoul(colon + 1, NULL, 10));
-        q.agent = to;
-        q.topic = topic;
-        q.payload.data = (uint8_t *)payload;
-        q.payload.len = strlen(payload);
-        st = te_call_run(e, "/moongate.v1.Notify/Send", &q.base, TE_TIMEOUT_MS, NULL, NULL, msg,
-                         sizeof(msg));
-        if (st != 0)
-            te_log("genNotifyInEngine to %s: %s", to, msg);
-    } else {
+    if (colon == NULL) {
         te_log("genNotifyInEngine: no \"host:port\" segment opened with id %llu",
                (unsigned long long)target_id);
+        free(to);
+        return ERR_INVALID_ARGUMENT;
     }
+    if ((payload = te_note_payload(notify_msg.name, notify_msg.msg)) == NULL) {
+        te_log("genNotifyInEngine to %s: no memory for the notification", to);
+        free(to);
+        return ERR_MEMORY;
+    }
+    te_note_topic(topic, sizeof(topic), (uint32_t)strtoul(colon + 1, NULL, 10));
+    q.agent = to;
+    q.topic = topic;
+    q.payload.data = (uint8_t *)payload;
+    q.payload.len = strlen(payload);
+    st = te_call_run(e, "/moongate.v1.Notify/Send", &q.base, TE_TIMEOUT_MS, NULL, NULL, msg,
+                     sizeof(msg));
+    if (st != 0)
+        te_log("genNotifyInEngine to %s: %s (%s)", to, msg, mg_grpc_code_name(st));
     free(to);
     free(payload);
-    return st == 0 ? 0 : -1;
+    return st == 0 ? 0 : te_error_of(st);
 }
 
 /* Appends the notifications of one Poll answer to *out. Returns how many Poll gave. */
@@ -637,14 +667,17 @@ static size_t take_notes(const uint8_t *resp, size_t len, notify_msg_t **out, in
     for (size_t i = 0; i < got; i++) {
         const ProtobufCBinaryData *p = &r->notifications[i]->payload;
         json_t *o = json_loadb((const char *)p->data, p->len, 0, NULL);
-        const char *name = json_string_value(json_object_get(o, "name"));
-        const char *msg = json_string_value(json_object_get(o, "msg"));
+        char *name = te_note_text(o, "name"), *msg = te_note_text(o, "msg");
         if (name != NULL && msg != NULL) {
-            (*out)[*n].name = strdup(name);
-            (*out)[*n].msg = strdup(msg);
+            (*out)[*n].name = name;
+            (*out)[*n].msg = msg;
             (*n)++;
         } else {
-            te_log("getNotifsFromEngine: a notification not from a transfer engine skipped");
+            te_log("getNotifsFromEngine: a notification that is not a transfer engine's (%zu "
+                   "bytes, no \"name\" and \"msg\") skipped",
+                   p->len);
+            free(name);
+            free(msg);
         }
         json_decref(o);
     }

@@ -10,6 +10,7 @@
 #include "mg_client.h"
 #include "transfer_engine_c.h"
 
+#include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -183,8 +184,13 @@ int te_task_status(const te_batch *b, size_t k);
 /* Test only (e->test_straddle): a poll of task k of b, between its two loads, marks itself there
  * and waits (bounded) until the task's status is terminal. */
 void te_test_straddle(te_engine *e, const te_batch *b, size_t k);
-/* A notification's payload: {"name": name, "msg": msg} (malloc'd), or NULL. */
+/* A notification's payload (malloc'd), or NULL: {"name": name, "msg": msg}, each as a JSON
+ * string when it is UTF-8, else as "name_b64" / "msg_b64", its bytes in base64 (as
+ * moongate.compat.mooncake writes and reads them). */
 char *te_note_payload(const char *name, const char *msg);
+/* A payload's o[key] (or o[key + "_b64"] decoded) as a C string (malloc'd; up to its first
+ * NUL), or NULL when it has neither. */
+char *te_note_text(json_t *o, const char *key);
 /* The topic an engine's notifications arrive on (shared with moongate.compat.mooncake). */
 void te_note_topic(char *out, size_t cap, uint32_t port);
 /* With e->mu held: once every submit of the batch has ended, sends its notification when every

@@ -3,6 +3,7 @@
  * Wait streams that keep the transfer statuses current (te_internal.h).
  */
 #include "te_internal.h"
+#include "mg_b64.h"
 
 #include "moongate/v1/notify.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
@@ -462,12 +463,53 @@ int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint3
 
 /* ---- notifications ---- */
 
+/* o[key] = text when it is UTF-8, else o[key + "_b64"] = its bytes in base64. 0, or -1. */
+static int put_text(json_t *o, const char *key, const char *text)
+{
+    size_t n = strlen(text);
+    json_t *s = json_stringn(text, n);
+    char k[16];
+    if (s == NULL) { /* not UTF-8: Mooncake's notifications are bytes */
+        char *b = malloc(mg_b64_encoded_size(n));
+        if (b != NULL)
+            s = json_stringn(b, mg_b64_encode(b, (const uint8_t *)text, n));
+        free(b);
+        snprintf(k, sizeof(k), "%s_b64", key);
+        key = k;
+    }
+    return s != NULL ? json_object_set_new(o, key, s) : -1;
+}
+
 char *te_note_payload(const char *name, const char *msg)
 {
-    json_t *o = json_pack("{s:s, s:s}", "name", name ? name : "", "msg", msg ? msg : "");
-    char *out = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_t *o = json_object();
+    char *out = NULL;
+    if (o != NULL && put_text(o, "name", name ? name : "") == 0 &&
+        put_text(o, "msg", msg ? msg : "") == 0)
+        out = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return out;
+}
+
+char *te_note_text(json_t *o, const char *key)
+{
+    char k[16];
+    const char *b64;
+    uint8_t *out;
+    long n;
+    json_t *s = json_object_get(o, key);
+    if (json_is_string(s)) /* up to its first NUL: all a C string holds */
+        return strdup(json_string_value(s));
+    snprintf(k, sizeof(k), "%s_b64", key);
+    if ((b64 = json_string_value(json_object_get(o, k))) == NULL ||
+        (out = malloc(strlen(b64) * 3 / 4 + 4)) == NULL)
+        return NULL;
+    if ((n = mg_b64_decode(out, b64, strlen(b64))) < 0) {
+        free(out);
+        return NULL;
+    }
+    out[n] = '\0';
+    return (char *)out;
 }
 
 void te_note_topic(char *out, size_t cap, uint32_t port)

@@ -69,7 +69,7 @@ EXPECTED = {
     "batch_sync_write": 0, "batch_sync_read": 0, "batch_same": True,
     "async_write_id": True, "batch_status": 0, "check_status": 1,
     "check_status_after_free": -1, "async_same": True, "submit_write": 1,
-    "sync_notify": 0, "batch_notify": 0,
+    "sync_notify": 0, "batch_notify": 0, "bytes_notify": 0,
     "first_buffer": True, "probe": 0, "probe_unknown": -1,
     "unknown_sync": -1, "unknown_async": 0, "beyond_region": -1, "mismatch": -1,
     "register": 0, "kind": ["process", "descriptor"], "overlap": -7, "heap_write": 0,
@@ -102,7 +102,8 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     # what the initiator's calls left in the target's memory, and told it
     heap = t.dump(MiB - 64 * 1024, 64 * 1024)
     assert t.dump(0, 4096) == heap[:4096]  # the notified 4 KiB write and the heap write agree
-    assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
+    assert t.notifications() == [["req-1", "written"], ["req-2", "read"],
+                                 ["req-3", {"bytes": "800400ff656e64"}]]
     assert t.notifications() == []  # drained
     # memory the target mapped itself from a shared file: registered by descriptor, a target
     assert t.shared_kind == "descriptor"

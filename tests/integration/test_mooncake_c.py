@@ -38,6 +38,7 @@ C_EXPECTED = {
     "read": 0, "read_completed": 4, "read_same": 1,
     "heap_write": 0, "heap_completed": 1, "mixed": 0, "mixed_completed": 2, "mixed_same": 1,
     "notify_submit": 0, "notify_completed": 1, "gen_notify": 0,
+    "notify_binary": 0, "notify_binary_completed": 1, "gen_binary": 0, "gen_unknown_segment": -1,
     "unregistered_source": 3, "unknown_segment": 1, "bad_opcode": 1, "past_the_region": 3,
     "past_the_region_state": 0, "forged_batch": 1, "no_meaning": 1, "no_notifs": 1,
     "unregister": 0, "unregister_again": -3,
@@ -98,13 +99,17 @@ def test_c_target_and_initiator(make_daemon, target, transport):
     assert t.dump(5 * K64, K64) == b"\x5a" * K64
     assert t.dump(6 * K64, 4096) == pattern(4096)
     assert t.dump(7 * K64, 4096) == pattern(4096)
-    assert t.notifications() == [["kv-7", "written"], ["gen", "hello"]]
+    # bytes that are not UTF-8 arrive as they were sent (here, a byte per \u00XX)
+    assert t.notifications() == [["kv-7", "written"], ["gen", "hello"],
+                                 ["bin", "\x80\x04\x95pickle\xff\x01."],
+                                 ["\xc3\x28", "\xfe\xff text"]]
+    assert 'genNotifyInEngine: no "host:port" segment opened with id 99' in run.stderr
     # statuses came from the snapshot the Wait streams keep: not one GetBatch for the polls
     assert polls >= 15
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
                     grpc_method="GetBatch") == 0
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
-                    grpc_method="Wait") == 6  # one per accepted submit
+                    grpc_method="Wait") == 7  # one per accepted submit
     # the refusals were said, with what was wrong
     assert "no region this process registered holds address" in run.stderr, run.stderr
     assert "no segment opened with id 99" in run.stderr, run.stderr
@@ -160,7 +165,21 @@ def test_python_initiator_against_a_c_target(make_daemon, target):
                          capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == EXPECTED, run.stderr
-    assert t.notifications() == [["req-1", "written"], ["req-2", "read"]]
+    # bytes sent from Python arrive in C up to their first NUL: all a char * holds
+    assert t.notifications() == [["req-1", "written"], ["req-2", "read"], ["req-3", "\x80\x04"]]
+
+
+def test_a_c_engine_notifies_a_python_target_in_bytes(make_daemon, target):
+    """genNotifyInEngine from C to a Python door's engine: text stays text, other bytes arrive
+    as the bytes they were."""
+    a, b = pair(make_daemon)
+    t = target(b)
+    for name, msg in ((b"gen", b"hello"), (b"bin", b"\x80\x04\x95pickle\xff\x01.")):
+        run = subprocess.run([HARNESS, LIB, "notify", t.session, name.hex(), msg.hex()],
+                             env=env_for(a), capture_output=True, text=True, timeout=60)
+        assert run.stdout == "0\n", run.stderr
+    assert t.notifications() == [["gen", "hello"],
+                                 ["bin", {"bytes": "8004957069636b6c65ff012e"}]]
 
 
 BOTH_DOORS = """

@@ -7,7 +7,8 @@
  *   te_harness LIB target SIZE
  *       an engine (P2PHANDSHAKE) with SIZE bytes of shared memory (shm_open) registered; prints
  *       {"session": "host:port", "address": N}, then obeys stdin: "dump OFF LEN" (hex),
- *       "notifs" ([[name, msg], ...]), "quit".
+ *       "notifs" ([[name, msg], ...]: JSON strings, each byte outside printable ASCII as
+ *       \u00XX), "quit".
  *   te_harness LIB initiator SESSION ADDRESS
  *       the calls those users make, against the target: one JSON object of outcomes on stdout.
  *   te_harness LIB loop SESSION ADDRESS SLOTS
@@ -20,6 +21,8 @@
  *       submit, each task polled in a tight loop until it ends while a thread spins beside it:
  *       {"transfers", "completed", "torn" (COMPLETED with a count other than SIZE),
  *       "straddled" (tasks a poll saw not yet ended with all SIZE bytes), "polls"}.
+ *   te_harness LIB notify SESSION NAME_HEX MSG_HEX
+ *       genNotifyInEngine of those bytes to SESSION; prints its return code.
  *
  * Environment: MOONGATE_SOCKET, as for any program using the library.
  */
@@ -217,6 +220,19 @@ static void *sealed_memory(size_t size)
     return p == MAP_FAILED ? NULL : p; /* fd stays open, as a program keeps its memfd */
 }
 
+/* A C string as a JSON string, each byte outside printable ASCII as \u00XX (a notification's
+ * bytes read back one for one). */
+static void json_text(const char *t)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++)
+        if (*p < 0x20 || *p >= 0x7f || *p == '"' || *p == '\\')
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    putchar('"');
+}
+
 static int target(size_t size)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
@@ -237,8 +253,13 @@ static int target(size_t size)
             int n = 0;
             notify_msg_t *m = te.getNotifsFromEngine(e, &n);
             printf("[");
-            for (int i = 0; i < n; i++)
-                printf("%s[\"%s\", \"%s\"]", i ? ", " : "", m[i].name, m[i].msg);
+            for (int i = 0; i < n; i++) {
+                printf("%s[", i ? ", " : "");
+                json_text(m[i].name);
+                printf(", ");
+                json_text(m[i].msg);
+                printf("]");
+            }
             printf("]\n");
             te.freeNotifsMsgBuf(m, n);
         } else if (strncmp(line, "quit", 4) == 0) {
@@ -349,6 +370,18 @@ static int initiator(const char *session, uint64_t taddr)
     OUT("notify_completed", "%zu", wait_tasks(e, b, 1, &polls));
     te.freeBatchID(e, b);
     OUT("gen_notify", "%d", te.genNotifyInEngine(e, (uint64_t)seg, (notify_msg_t){"gen", "hello"}));
+    /* bytes that are not UTF-8 (a pickled message, as NIXL's first notification is) */
+    b = te.allocateBatchID(e, 1);
+    r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + 6 * 65536, 4096};
+    OUT("notify_binary", "%d",
+        te.submitTransferWithNotify(e, b, r, 1,
+                                    (notify_msg_t){"bin", "\x80\x04\x95pickle\xff\x01."}));
+    OUT("notify_binary_completed", "%zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+    OUT("gen_binary", "%d",
+        te.genNotifyInEngine(e, (uint64_t)seg, (notify_msg_t){"\xc3\x28", "\xfe\xff text"}));
+    OUT("gen_unknown_segment", "%d",
+        te.genNotifyInEngine(e, 99, (notify_msg_t){"gen", "to nobody"}));
 
     /* refusals */
     b = te.allocateBatchID(e, 2);
@@ -511,11 +544,47 @@ static int polls(unsigned long n, uint64_t size, size_t batch)
     return 0;
 }
 
+/* hex to a C string (malloc'd), or NULL */
+static char *unhex(const char *h)
+{
+    size_t n = strlen(h) / 2;
+    char *out = malloc(n + 1);
+    for (size_t i = 0; out != NULL && i < n; i++) {
+        unsigned v;
+        if (sscanf(h + 2 * i, "%2x", &v) != 1) {
+            free(out);
+            return NULL;
+        }
+        out[i] = (char)v;
+    }
+    if (out != NULL)
+        out[n] = '\0';
+    return out;
+}
+
+/* genNotifyInEngine of NAME and MSG (hex) to SESSION; prints its return code. */
+static int notify(const char *session, const char *name_hex, const char *msg_hex)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    char *name = unhex(name_hex), *msg = unhex(msg_hex);
+    int seg = e ? te.openSegment(e, session) : -1, rc = 1;
+    if (seg >= 0 && name != NULL && msg != NULL) {
+        printf("%d\n", te.genNotifyInEngine(e, (uint64_t)seg, (notify_msg_t){name, msg}));
+        rc = 0;
+    }
+    free(name);
+    free(msg);
+    if (e != NULL)
+        te.destroyTransferEngine(e);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4 || load(argv[1]) != 0) {
         fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS | "
-                        "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH\n");
+                        "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH | "
+                        "LIB notify SESSION NAME_HEX MSG_HEX\n");
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
@@ -524,6 +593,8 @@ int main(int argc, char **argv)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
     if (strcmp(argv[2], "loop") == 0 && argc > 5)
         return loop(argv[3], strtoull(argv[4], NULL, 0), (unsigned)strtoul(argv[5], NULL, 0));
+    if (strcmp(argv[2], "notify") == 0 && argc > 5)
+        return notify(argv[3], argv[4], argv[5]);
     if (strcmp(argv[2], "polls") == 0 && argc > 5)
         return polls(strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0),
                      strtoul(argv[5], NULL, 0));

@@ -67,6 +67,9 @@ def main():
     out["batch_notify"] = e.batch_transfer_sync(target, [dst], [taddr], [4096],
                                                 TransferEngine.TransferOpcode.Read,
                                                 TransferNotify("req-2", "read"))
+    # bytes of any value (a pickled message), NUL included
+    out["bytes_notify"] = e.transfer_sync(target, src, taddr, 4096, TransferOpcode.Write,
+                                          notify=TransferNotify("req-3", b"\x80\x04\x00\xffend"))
 
     # names
     out["first_buffer"] = e.get_first_buffer_address(target) == first

@@ -5,7 +5,8 @@ allocates a managed buffer, says where it is (one JSON line) and obeys lines on 
   dump OFF LEN   the buffer's bytes there, in hex
   peek ADDR LEN  the bytes at an address of memory it registered, in hex
   fill OFF HEX   writes them (write_bytes_to_buffer)
-  notifies       the notifications so far (get_notifies), as JSON [[name, msg], ...]
+  notifies       the notifications so far (get_notifies), as JSON [[name, msg], ...] (a name or
+                 msg that came as bytes as {"bytes": HEX})
   quit
 
 Usage: target.py HOST SIZE
@@ -18,6 +19,10 @@ import os
 import sys
 
 from mooncake.engine import TransferEngine
+
+
+def as_json(v):
+    return {"bytes": v.hex()} if isinstance(v, bytes) else v
 
 
 def main():
@@ -46,7 +51,8 @@ def main():
             data = bytes.fromhex(cmd[2])
             print(engine.write_bytes_to_buffer(addr + int(cmd[1]), data, len(data)), flush=True)
         elif cmd[0] == "notifies":
-            print(json.dumps([[n.name, n.msg] for n in engine.get_notifies()]), flush=True)
+            print(json.dumps([[as_json(n.name), as_json(n.msg)] for n in engine.get_notifies()]),
+                  flush=True)
         elif cmd[0] == "quit":
             break
 

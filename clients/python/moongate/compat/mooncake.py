@@ -23,6 +23,7 @@ descriptor too; of any other memory (a bytearray, a NumPy array) as process memo
 side of transfers (TCP and copies, never RDMA, never a peer's target). It says which once, and
 memory_kind(addr) tells.
 """
+import base64
 import ctypes
 import enum
 import itertools
@@ -127,6 +128,32 @@ class TransferNotify:
 
     def __repr__(self):
         return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
+
+
+def note_payload(name, msg):
+    """A notification's payload, as libtransfer_engine.so writes it: JSON {"name", "msg"}, each a
+    string when it is text (str), else its bytes in base64 as "name_b64" / "msg_b64" — so
+    that bytes of any value, NUL included, arrive as they were sent."""
+    d = {}
+    for key, v in (("name", name), ("msg", msg)):
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            d[key + "_b64"] = base64.b64encode(bytes(v)).decode()
+        else:
+            d[key] = str(v)
+    return json.dumps(d).encode()
+
+
+def note_of_payload(payload):
+    """(name, msg) of a payload note_payload() made (or libtransfer_engine.so): str for text,
+    bytes for what was sent as bytes. Raises ValueError or KeyError for another payload."""
+    d = json.loads(payload)
+    out = []
+    for key in ("name", "msg"):
+        if key in d:
+            out.append(str(d[key]))
+        else:
+            out.append(base64.b64decode(d[key + "_b64"], validate=True))
+    return out
 
 
 def transfer_timeout_s():
@@ -622,7 +649,7 @@ class TransferEngine:
         if port is None:
             log.error("%s: a notification goes to a \"host:port\" engine, not %r", what, target)
             return -1
-        payload = json.dumps({"name": notify.name, "msg": notify.msg}).encode()
+        payload = note_payload(notify.name, notify.msg)
         try:
             self._c.send(notify_topic(port), payload, agent=target)
         except mg.Error as e:
@@ -643,11 +670,10 @@ class TransferEngine:
                 return out
             for n in got:
                 try:
-                    d = json.loads(n.payload)
-                    out.append(TransferNotify(d["name"], d["msg"]))
+                    out.append(TransferNotify(*note_of_payload(n.payload)))
                 except (ValueError, KeyError, TypeError):
-                    log.warning("get_notifies: a notification not from a TransferEngine (%d "
-                                "bytes) skipped", len(n.payload))
+                    log.warning("get_notifies: a notification that is not a TransferEngine's "
+                                "(%d bytes, no \"name\" and \"msg\") skipped", len(n.payload))
             if len(got) < 100:
                 return out
 
