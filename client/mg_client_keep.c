@@ -398,6 +398,15 @@ static int reconnect(mg_client *c, mg_keep *k, uint64_t *epoch, int *status, cha
     char err[400] = "";
     for (;;) {
         uint64_t now = mono_ms(), left = deadline > now ? deadline - now : 0;
+        long owner = mg_client_socket_owner(mg_client_target(c));
+        if (k->owner >= 0 && owner >= 0 && owner != k->owner) { /* before the token goes there */
+            k->fatal = 1;
+            snprintf(k->gone, sizeof(k->gone),
+                     "the daemon came back as another user's (its socket %s belongs to uid %ld "
+                     "now, not %ld): refused",
+                     mg_client_target(c) + 5, owner, k->owner);
+            break;
+        }
         if (mgc_reconnect(c, err, sizeof(err)) == 0) {
             int st =
                 daemon_epoch(c, left < 1000 ? (left ? left : 1000) : 1000, epoch, err, sizeof(err));
@@ -430,7 +439,6 @@ int mgc_keep_restore(mg_client *c, int *status, char *msg, size_t cap)
 {
     mg_keep *k = mgc_keep_of(c);
     uint64_t epoch = 0;
-    long owner;
     int rc;
     if (k->restoring)
         return 0; /* the table's own calls meet the broken connection themselves */
@@ -447,17 +455,6 @@ int mgc_keep_restore(mg_client *c, int *status, char *msg, size_t cap)
     }
     k->restoring = 1;
     rc = reconnect(c, k, &epoch, status, msg, cap);
-    owner = mg_client_socket_owner(mg_client_target(c));
-    if (rc == 0 && k->owner >= 0 && owner >= 0 && owner != k->owner) {
-        k->fatal = 1;
-        *status = MG_GRPC_UNAVAILABLE;
-        snprintf(k->gone, sizeof(k->gone),
-                 "the daemon came back as another user's (its socket %s belongs to uid %ld "
-                 "now, not %ld): refused",
-                 mg_client_target(c) + 5, owner, k->owner);
-        snprintf(msg, cap, "%s", k->gone);
-        rc = -1;
-    }
     if (rc == 0) {
         replay(c, k, epoch != k->epoch);
         k->restarts += k->epoch != 0 && epoch != k->epoch;

@@ -438,6 +438,7 @@ static int submit(te_engine *e, size_t slot, uint32_t gen, size_t first,
         q.n_blocks = grouped ? 1 : 0;
         q.requests = rp;
         q.n_requests = grouped ? 0 : count;
+        q.wait = 1; /* one call: answered with the batch once it is over */
         st = te_call_submit(e, &q.base, slot, gen, first, count, msg, sizeof(msg));
     } else {
         snprintf(msg, sizeof(msg), "out of memory");
@@ -478,6 +479,12 @@ static int reserve(te_engine *e, batch_id_t batch_id, struct transfer_request *e
                    entries[i].target_id);
             return ST_INVALID_ARGUMENT;
         }
+        if (!te_holds(e, (uintptr_t)entries[i].source, entries[i].length)) {
+            te_log("submitTransfer: entry %zu: [%p, +%llu) lies in no region this engine "
+                   "registered (registerLocalMemory)",
+                   i, entries[i].source, (unsigned long long)entries[i].length);
+            return ST_ADDRESS_NOT_REGISTERED;
+        }
     }
     *gen = b->gen;
     *first = b->n;
@@ -511,7 +518,7 @@ static int submit_transfer(te_engine *e, batch_id_t batch_id, struct transfer_re
         free(b->note_payload);
         b->note_to = strdup(names[0]);
         b->note_payload = te_note_payload(note->name, note->msg);
-        /* publish: before the Submit whose Wait stream moves the tasks' statuses, so that a
+        /* publish: before the Submit whose answer moves the tasks' statuses, so that a
          * poll that loads a COMPLETED status loads this (or a later) note_state after it */
         TE_SET(b->note_state, b->note_to && b->note_payload ? TE_NOTE_WAITING : TE_NOTE_FAILED);
     }
@@ -556,7 +563,7 @@ int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size_t task
     int rc = ST_INVALID_ARGUMENT;
     if (e == NULL || status == NULL)
         return rc;
-    /* the snapshot the Wait streams keep, read without the lock: no call to the daemon, and
+    /* the snapshot the submits' answers make, read without the lock: no call to the daemon, and
      * nothing a tight loop of polls holds the loop thread up with */
     b = te_batch_find(e, batch_id, NULL);
     if (b != NULL && task_id < TE_GET(b->n)) {
@@ -598,7 +605,7 @@ int freeBatchID(transfer_engine_t engine, batch_id_t batch_id)
         rc = ST_INVALID_ARGUMENT;
     } else if (batch_busy(b)) {
         rc = ST_BATCH_BUSY;
-    } else { /* a Wait stream still closing finds its slot gone (or reused: another gen) */
+    } else {               /* a Submit answered late finds its slot gone (or reused: another gen) */
         TE_SET(b->gen, 0); /* unpublish first: te_slot then finds no batch here */
         free(b->tasks);
         free(b->note_to);

@@ -1,8 +1,9 @@
 /*
  * libtransfer_engine internals: an engine is one connection to the daemon (mg_client), run by a
  * thread of its own (its libevent loop). Callers' threads hand it calls (te_call) and wait for
- * their answers; transfer statuses come from Wait streams the loop keeps open for every submit,
- * into a snapshot that getTransferStatus reads under the engine's lock (no call per poll).
+ * their answers; a submit is one Submit call with `wait`, nobody waiting, whose answer (the batch
+ * at its end) the loop writes into a snapshot that getTransferStatus reads without the engine's
+ * lock (no call per poll).
  */
 #ifndef TE_INTERNAL_H
 #define TE_INTERNAL_H
@@ -47,7 +48,7 @@ typedef struct te_batch {
     size_t slot;
     size_t cap, n;
     te_task *tasks;
-    int streams;        /* submits not yet ended (Submit in flight or its Wait stream open) */
+    int streams;        /* submits not yet ended (their Submit calls not answered yet) */
     char *note_to;      /* the agent told once every task is done (submitTransferWithNotify) */
     char *note_payload; /* {"name":..., "msg":...} */
     int note_state;     /* TE_NOTE_* */
@@ -121,7 +122,7 @@ struct te_call {
     int done;
     int detached; /* nobody waits: the loop frees it */
     int note;     /* the notification of batch `slot`: its outcome goes there */
-    /* Submit: the batch slot, generation and task range its Wait stream updates */
+    /* Submit: the batch slot, generation and task range its answer ends */
     int watch;
     size_t slot;
     uint32_t gen;
@@ -171,7 +172,10 @@ void te_stop(te_engine *e);
  * and msg. */
 int te_call_run(te_engine *e, const char *path, const ProtobufCMessage *req, uint64_t timeout_ms,
                 uint8_t **resp, size_t *resp_len, char *msg, size_t msgcap);
-/* The same for a Submit whose Wait stream updates tasks [first, first + count) of a batch. */
+/* A Submit (with `wait`) of tasks [first, first + count) of a batch, handed to the loop without
+ * waiting: its answer, the batch at its end, makes the tasks' statuses (a failed call fails
+ * them, logged with the daemon's reason). Returns 0, or a gRPC status with msg when the call
+ * cannot go (the engine is done with its daemon, no memory). */
 int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint32_t gen,
                    size_t first, size_t count, char *msg, size_t msgcap);
 
@@ -184,6 +188,8 @@ int te_task_status(const te_batch *b, size_t k);
 /* Test only (e->test_straddle): a poll of task k of b, between its two loads, marks itself there
  * and waits (bounded) until the task's status is terminal. */
 void te_test_straddle(te_engine *e, const te_batch *b, size_t k);
+/* With e->mu held: [addr, addr + len) lies in one region this engine registered. */
+int te_holds(te_engine *e, uintptr_t addr, size_t len);
 /* A notification's payload (malloc'd), or NULL: {"name": name, "msg": msg}, each as a JSON
  * string when it is UTF-8, else as "name_b64" / "msg_b64", its bytes in base64 (as
  * moongate.compat.mooncake writes and reads them). */

@@ -1,6 +1,7 @@
 /*
  * The engine's loop thread: the connection to the daemon, the calls callers hand it, and the
- * Wait streams that keep the transfer statuses current (te_internal.h).
+ * Submit calls whose answers (each the batch at its end) make the transfer statuses
+ * (te_internal.h).
  */
 #include "te_internal.h"
 #include "mg_b64.h"
@@ -105,85 +106,69 @@ te_batch *te_slot(te_engine *e, size_t s, uint32_t gen)
     return &chunk[s % TE_CHUNK];
 }
 
-/* ---- Wait streams ---- */
+/* ---- submits: one call each, answered when the batch is over ---- */
 
+/* The tasks a Submit call moves: batch slot, generation and range. */
 typedef struct te_watch {
     te_engine *e;
     size_t slot, first, count;
     uint32_t gen;
 } te_watch;
 
-static te_batch *watched(te_watch *w)
+/* What the daemon's final batch says of each task (the bytes, then the status). */
+static void apply_batch(const te_watch *w, const Moongate__V1__Batch *b)
 {
-    return te_slot(w->e, w->slot, w->gen);
-}
-
-static void watch_message(mg_rpc *rpc, const uint8_t *msg, size_t len, void *arg)
-{
-    te_watch *w = arg;
-    Moongate__V1__Batch *b = moongate__v1__batch__unpack(NULL, len, msg);
     te_batch *tb;
-    if (b == NULL)
-        return;
     if (w->e->test_straddle)
-        test_wait_for_a_poll(w->e, watched(w), w->first, b, w->count);
+        test_wait_for_a_poll(w->e, te_slot(w->e, w->slot, w->gen), w->first, b, w->count);
     pthread_mutex_lock(&w->e->mu);
-    tb = watched(w);
+    tb = te_slot(w->e, w->slot, w->gen);
     for (size_t k = 0; tb != NULL && k < b->n_requests && k < w->count; k++) {
         /* publish: the bytes, then the status (getTransferStatus loads the status first) */
         TE_SET(tb->tasks[w->first + k].bytes, b->requests[k]->bytes_done);
         TE_SET(tb->tasks[w->first + k].status, task_state(b->requests[k]));
     }
     pthread_mutex_unlock(&w->e->mu);
-    moongate__v1__batch__free_unpacked(b, NULL);
 }
 
-static void watch_close(mg_rpc *rpc, int status, const char *message, void *arg)
+/* The Submit call ended (status, message): its tasks not ended by then failed, and the batch's
+ * notification goes once its last submit is over. */
+static void submit_ended(const te_watch *w, int status, const char *message)
 {
-    te_watch *w = arg;
     te_batch *tb;
     pthread_mutex_lock(&w->e->mu);
-    tb = watched(w);
+    tb = te_slot(w->e, w->slot, w->gen);
     if (tb != NULL) {
-        /* the stream ended first: say so (publish: the status alone, the bytes stay) */
+        int failed = 0;
         for (size_t k = w->first; k < w->first + w->count; k++)
-            if (!terminal(tb->tasks[k].status))
+            if (!terminal(tb->tasks[k].status)) { /* publish: the status alone, the bytes stay */
                 TE_SET(tb->tasks[k].status, STATUS_FAILED);
-        if (status != 0)
-            te_log("following a batch: %s", message);
+                failed = 1;
+            }
+        if (status != 0 && failed)
+            te_log("submitTransfer: %s (%s)", message, mg_grpc_code_name(status));
         tb->streams--;
         te_batch_settle(w->e, tb);
     }
     pthread_mutex_unlock(&w->e->mu);
-    free(w);
 }
 
-static void watch_start(te_engine *e, const te_call *c, uint64_t batch_id)
+/* The answer to a Submit with `wait`: the batch at its end. */
+static void submit_answered(te_call *c, int status, const char *message)
 {
-    static const mg_rpc_handlers h = {.on_message = watch_message, .on_close = watch_close};
-    Moongate__V1__GetBatchRequest q = MOONGATE__V1__GET_BATCH_REQUEST__INIT;
-    uint8_t buf[16];
-    te_watch *w = calloc(1, sizeof(*w));
-    mg_rpc *rpc = NULL;
-    if (w != NULL) {
-        *w = (te_watch){
-            .e = e, .slot = c->slot, .first = c->first, .count = c->count, .gen = c->gen};
-        q.id = batch_id;
-        rpc = mg_rpc_start(e->client, "/moongate.v1.Transfer/Wait", NULL, 0, 0, &h, w);
+    const te_watch w = {
+        .e = c->e, .slot = c->slot, .first = c->first, .count = c->count, .gen = c->gen};
+    Moongate__V1__SubmitResponse *r =
+        status == 0 ? moongate__v1__submit_response__unpack(NULL, c->resp_len, c->resp) : NULL;
+    if (status == 0 && (r == NULL || r->batch == NULL)) {
+        status = MG_GRPC_INTERNAL;
+        message = "the daemon's answer to Submit holds no batch";
+    } else if (r != NULL) {
+        apply_batch(&w, r->batch);
     }
-    if (rpc == NULL) { /* no stream: the tasks cannot be followed */
-        te_watch gone = {
-            .e = e, .slot = c->slot, .first = c->first, .count = c->count, .gen = c->gen};
-        free(w);
-        w = malloc(sizeof(*w));
-        if (w != NULL) {
-            *w = gone;
-            watch_close(NULL, MG_GRPC_UNAVAILABLE, "the connection to the daemon is gone", w);
-        }
-        return;
-    }
-    mg_rpc_send(rpc, buf, moongate__v1__get_batch_request__pack(&q, buf));
-    mg_rpc_close_send(rpc);
+    submit_ended(&w, status, message);
+    if (r != NULL)
+        moongate__v1__submit_response__free_unpacked(r, NULL);
 }
 
 /* ---- calls ---- */
@@ -209,16 +194,10 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
 {
     te_call *c = arg;
     te_engine *e = c->e;
-    if (status == 0 && c->watch) {
-        Moongate__V1__SubmitResponse *r =
-            moongate__v1__submit_response__unpack(NULL, c->resp_len, c->resp);
-        if (r == NULL) {
-            status = MG_GRPC_INTERNAL;
-            message = "the daemon's answer to Submit did not decode";
-        } else {
-            watch_start(e, c, r->batch_id);
-            moongate__v1__submit_response__free_unpacked(r, NULL);
-        }
+    if (c->watch) { /* nobody waits for a submit: its answer goes to its tasks */
+        submit_answered(c, status, message);
+        call_free(c);
+        return;
     }
     pthread_mutex_lock(&e->mu);
     c->status = status;
@@ -382,10 +361,10 @@ static te_call *call_new(te_engine *e, const char *path, const ProtobufCMessage 
     return c;
 }
 
-/* Hands c to the loop and waits for its end; returns its status (c is then the caller's).
- * While the engine restores, a caller's call waits for it first; once it gave up, a call that
- * meets no daemon says why. */
-static int call_wait(te_engine *e, te_call *c)
+/* Before a call goes: while the engine restores, it waits for that first; once it gave up, a
+ * call that meets no daemon says why. Returns with e->mu held: 0, or UNAVAILABLE with c->msg
+ * set when the engine is done with the daemon. */
+static int call_may_go(te_engine *e, te_call *c)
 {
     te_gate(e);  /* a restore on its way ends first: it may give up just now */
     te_retry(e); /* given up: one more try, the daemon may be back */
@@ -394,6 +373,15 @@ static int call_wait(te_engine *e, te_call *c)
     if (e->fatal) { /* said once when it happened; the engine is done with the daemon */
         c->status = MG_GRPC_UNAVAILABLE;
         snprintf(c->msg, sizeof(c->msg), "%.500s", e->gone);
+        return c->status;
+    }
+    return 0;
+}
+
+/* Hands c to the loop and waits for its end; returns its status (c is then the caller's). */
+static int call_wait(te_engine *e, te_call *c)
+{
+    if (call_may_go(e, c) != 0) {
         pthread_mutex_unlock(&e->mu);
         return c->status;
     }
@@ -445,7 +433,6 @@ int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint3
                    size_t first, size_t count, char *msg, size_t msgcap)
 {
     te_call *c = call_new(e, "/moongate.v1.Transfer/Submit", req, 0);
-    int status;
     if (c == NULL) {
         snprintf(msg, msgcap, "out of memory");
         return MG_GRPC_RESOURCE_EXHAUSTED;
@@ -455,10 +442,16 @@ int te_call_submit(te_engine *e, const ProtobufCMessage *req, size_t slot, uint3
     c->gen = gen;
     c->first = first;
     c->count = count;
-    status = call_wait(e, c);
-    snprintf(msg, msgcap, "%s", c->msg);
-    call_free(c);
-    return status;
+    if (call_may_go(e, c) != 0) {
+        int status = c->status;
+        pthread_mutex_unlock(&e->mu);
+        snprintf(msg, msgcap, "%s", c->msg);
+        call_free(c);
+        return status;
+    }
+    hand_over(e, c); /* the loop frees it once answered */
+    pthread_mutex_unlock(&e->mu);
+    return 0;
 }
 
 /* ---- notifications ---- */

@@ -121,6 +121,15 @@ static int overlaps(te_engine *e, uintptr_t addr, size_t len)
     return 0;
 }
 
+int te_holds(te_engine *e, uintptr_t addr, size_t len)
+{
+    for (size_t i = 0; i < e->n_regions; i++)
+        if (e->regions[i].addr <= addr && len <= e->regions[i].len &&
+            addr - e->regions[i].addr <= e->regions[i].len - len)
+            return 1;
+    return 0;
+}
+
 /* One RegisterSegment of the range, by descriptor or as process memory (*kind 1 or 0). */
 static int register_call(te_engine *e, uintptr_t a, size_t length, int remote, char *name,
                          int *kind, uint8_t **resp, size_t *len, char *msg, size_t msgcap)

@@ -5,7 +5,7 @@
  * MOONGATE_RECONNECT_S seconds (default 30; 0: never) — and makes again what the engine had made
  * on the daemon: its agent, with the same name and port, then each region it registered, in the
  * order registered. Callers' calls wait meanwhile (they would meet a daemon that does not know
- * them yet); transfers that were on their way fail, as their Wait streams ended. If the daemon
+ * them yet); transfers that were on their way fail, as their Submit calls ended. If the daemon
  * does not come back in time, or comes back refusing the engine's token (said once, not tried
  * again), calls fail with that reason until the connection breaks again.
  */
@@ -87,10 +87,8 @@ static int reconnect(te_engine *e, uint64_t *epoch)
         if (quitting(e))
             return -1;
         left = deadline > mono_ms() ? deadline - mono_ms() : 0;
-        st = te_call_reconnect(e, msg, sizeof(msg));
-        if (st == 0 && !quitting(e))
-            st = daemon_epoch(e, left < 1000 ? (left ? left : 1) : 1000, epoch, msg, sizeof(msg));
-        if (st == 0 && e->sock_owner >= 0 && mg_client_socket_owner(e->target) >= 0 &&
+        /* whose daemon is there, before the token goes to it */
+        if (e->sock_owner >= 0 && mg_client_socket_owner(e->target) >= 0 &&
             mg_client_socket_owner(e->target) != e->sock_owner) {
             pthread_mutex_lock(&e->mu);
             snprintf(e->gone, sizeof(e->gone),
@@ -101,6 +99,9 @@ static int reconnect(te_engine *e, uint64_t *epoch)
             pthread_mutex_unlock(&e->mu);
             return -1;
         }
+        st = te_call_reconnect(e, msg, sizeof(msg));
+        if (st == 0 && !quitting(e))
+            st = daemon_epoch(e, left < 1000 ? (left ? left : 1) : 1000, epoch, msg, sizeof(msg));
         if (st == 0)
             return 0;
         if (st == MG_GRPC_UNAUTHENTICATED || st == MG_GRPC_PERMISSION_DENIED) {

@@ -285,9 +285,11 @@ static ssize_t call_read_cb(nghttp2_session *ng, int32_t stream_id, uint8_t *buf
 static int submit_with_body(mg_call *call, const char *status, const char *ctype)
 {
     nghttp2_data_provider dp = {.source.ptr = call, .read_callback = call_read_cb};
+    /* moongate-epoch: a client that reconnected on its own learns that the daemon restarted */
     nghttp2_nv hdrs[] = {NV(":status", status), NV("content-type", ctype),
-                         NV("grpc-accept-encoding", "identity")};
-    size_t n = call->mode == MODE_GRPC ? 3 : 2;
+                         NV("grpc-accept-encoding", "identity"),
+                         NV("moongate-epoch", call->conn->gw->epoch_hex)};
+    size_t n = call->mode == MODE_GRPC ? 4 : 2;
     int rv = nghttp2_submit_response(call->conn->ng, call->stream_id, hdrs, n, &dp);
     call->headers_sent = 1;
     return rv;
@@ -441,17 +443,18 @@ void mg_call_submit_final(mg_call *call)
         }
         {
             /* Trailers-Only: one HEADERS frame with END_STREAM. */
-            nghttp2_nv hdrs[4] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+            nghttp2_nv hdrs[5] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                                  NV("moongate-epoch", call->conn->gw->epoch_hex),
                                   NV("grpc-status", "0"), NV("grpc-message", "")};
-            size_t n = 3;
+            size_t n = 4;
             snprintf(codebuf, sizeof(codebuf), "%d", call->status);
-            hdrs[2].value = (uint8_t *)codebuf;
-            hdrs[2].valuelen = strlen(codebuf);
+            hdrs[3].value = (uint8_t *)codebuf;
+            hdrs[3].valuelen = strlen(codebuf);
             if (call->message && *call->message) {
                 mg_pct_encode(pct, sizeof(pct), call->message, strlen(call->message));
-                hdrs[3].value = (uint8_t *)pct;
-                hdrs[3].valuelen = strlen(pct);
-                n = 4;
+                hdrs[4].value = (uint8_t *)pct;
+                hdrs[4].valuelen = strlen(pct);
+                n = 5;
             }
             nghttp2_submit_response(ng, call->stream_id, hdrs, n, NULL);
             call->headers_sent = 1;

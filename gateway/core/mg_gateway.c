@@ -261,6 +261,7 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     gw->start_mono_ns = mg_now_mono_ns();
     if (getrandom(&gw->epoch, sizeof(gw->epoch), 0) != sizeof(gw->epoch))
         gw->epoch = gw->start_mono_ns ^ gw->start_unix_ms;
+    snprintf(gw->epoch_hex, sizeof(gw->epoch_hex), "%016llx", (unsigned long long)gw->epoch);
     if (cfg->trace_spans && (gw->spans = mg_spans_new(cfg->trace_spans)) == NULL) {
         rc = MG_ERR_NOMEM;
         goto fail;

@@ -226,6 +226,7 @@ struct mg_gateway {
     mg_state state;
     int memlock; /* --memlock as an mg_memlock: what MEMLOCK_DEFAULT means */
     uint64_t epoch;
+    char epoch_hex[17]; /* the epoch as every gRPC answer's moongate-epoch header says it */
     uint64_t start_unix_ms;
     uint64_t start_mono_ns;
     uint64_t open_files_limit;     /* RLIMIT_NOFILE in force (main raises it to the hard limit) */

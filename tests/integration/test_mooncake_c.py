@@ -39,7 +39,7 @@ C_EXPECTED = {
     "heap_write": 0, "heap_completed": 1, "mixed": 0, "mixed_completed": 2, "mixed_same": 1,
     "notify_submit": 0, "notify_completed": 1, "gen_notify": 0,
     "notify_binary": 0, "notify_binary_completed": 1, "gen_binary": 0, "gen_unknown_segment": -1,
-    "unregistered_source": 3, "unknown_segment": 1, "bad_opcode": 1, "past_the_region": 3,
+    "unregistered_source": 3, "unknown_segment": 1, "bad_opcode": 1, "past_the_region": 0,
     "past_the_region_state": 0, "forged_batch": 1, "no_meaning": 1, "no_notifs": 1,
     "unregister": 0, "unregister_again": -3,
 }
@@ -109,9 +109,12 @@ def test_c_target_and_initiator(make_daemon, target, transport):
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
                     grpc_method="GetBatch") == 0
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",
-                    grpc_method="Wait") == 7  # one per accepted submit
+                    grpc_method="Wait") == 0  # each submit is one call
     # the refusals were said, with what was wrong
-    assert "no region this process registered holds address" in run.stderr, run.stderr
+    assert "submitTransfer: entry 0: [0x" in run.stderr and \
+        "lies in no region this engine registered" in run.stderr, run.stderr
+    # a range past the target's region: the daemon's refusal fails the task, said by name
+    assert "runs past the end of agent at port" in run.stderr, run.stderr
     assert "no segment opened with id 99" in run.stderr, run.stderr
     assert "entry 0: opcode 7 is neither OPCODE_READ (0) nor OPCODE_WRITE (1)" in run.stderr
     assert "entry 0: no segment opened with id 1\n" not in run.stderr, run.stderr

@@ -147,6 +147,42 @@ def test_a_batch_of_the_old_epoch_names_the_restart(make_daemon):
         c.close()
 
 
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_the_first_call_after_a_restart_names_memory_by_the_ids_held(make_daemon, how):
+    """A call made at once after the daemon is back (the library may not have begun to restore)
+    names segments by the ids the program holds and goes, mapped to the daemon's new ones."""
+    d = make_daemon()
+    c = mg.Client("unix:" + d.sock, timeout=10)
+    try:
+        a = c.allocate_buffer(4096)
+        b = c.allocate_buffer(4096)
+        a.view[:4] = b"now!"
+        restart(d, how)
+        batch = c.transfer([mg.write(segment=a.segment.id, peer="", remote_segment=b.segment.id,
+                                     length=4)])
+        assert batch.state == mg.transfer_pb2.DONE
+        assert bytes(b.view[:4]) == b"now!"
+        assert c.restarts == 1
+        b.free()  # by the id held, too
+        assert [s.name for s in c.segments()] == [a.segment.name]
+        a.free()
+    finally:
+        c.close()
+
+
+def test_a_peer_away_is_not_called_a_broken_connection(make_daemon):
+    """UNAVAILABLE that the daemon answers (a peer it cannot reach) is said as the daemon says
+    it, even by a client with things to restore."""
+    d = make_daemon()
+    with mg.Client("unix:" + d.sock, timeout=10) as c:
+        c.register_agent("kv-peer")
+        with pytest.raises(mg.Error) as e:
+            c.send("t", b"x", peer="127.0.0.1:1")
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "connection to the daemon broke" not in e.value.message, e.value.message
+        assert "127.0.0.1:1" in e.value.message
+
+
 def test_a_daemon_slow_to_answer_a_new_connection_is_waited_for(make_daemon):
     """A daemon back but busy (here: stopped for 2 s) answers a new connection late; the client's
     calls wait for it within their timeout instead of failing on a short connect timeout."""
@@ -332,7 +368,13 @@ class Loop:
 
     def more_ok(self, n, timeout=90):
         have = len(self.oks())
-        until("%d more iterations" % n, lambda: len(self.oks()) >= have + n, timeout)
+        try:
+            until("%d more iterations" % n, lambda: len(self.oks()) >= have + n, timeout)
+        except AssertionError:
+            with self.cv:
+                last = self.lines[-5:]
+            raise AssertionError("%d more iterations did not come; the last lines: %s" % (
+                n, last)) from None
 
     def stop(self):
         self.p.stdin.write("stop\n")

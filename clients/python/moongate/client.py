@@ -515,6 +515,7 @@ class Client:
             f(was, now)
 
     def _probe(self, timeout):
+        _same_owner(self._target, self._owner)  # before the credentials go to whoever is there
         epoch = self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md, timeout=timeout,
                                  wait_for_ready=True).epoch
         _same_owner(self._target, self._owner)
@@ -525,10 +526,14 @@ class Client:
         if self._re.fatal:  # said once when it happened; this client is done with the daemon
             raise Error(grpc.StatusCode.UNAVAILABLE, self._re.gone)
         try:
-            return fn(req, metadata=_metadata(self.md, traceparent),
-                      timeout=timeout or self.timeout)
+            out, call = fn.with_call(req, metadata=_metadata(self.md, traceparent),
+                                     timeout=timeout or self.timeout)
         except grpc.RpcError as e:
+            self._re.answered(e.trailing_metadata())
             raise self._error(e) from None
+        self._re.mark_up()
+        self._re.answered(call.initial_metadata())
+        return out
 
     def _error(self, e):
         """A call's error as Error; one that met a broken connection says so."""
@@ -536,8 +541,8 @@ class Client:
                                           grpc.StatusCode.UNAUTHENTICATED,
                                           grpc.StatusCode.PERMISSION_DENIED):
             return Error(e.code(), self._re.gone)
-        if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table):
-            return Error(e.code(), e.details())
+        if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table) or self._re.up():
+            return Error(e.code(), e.details())  # the daemon's own answer (a peer away, ...)
         return Error(e.code(), "the connection to the daemon broke (%s): it may be restarting; "
                      "this client reconnects and makes its agent, memory and expectations again "
                      "(within MOONGATE_RECONNECT_S)" % e.details())
@@ -762,12 +767,28 @@ class Client:
             seg.id, name, address), lambda: make().id)
         return seg
 
+    def _call_ids(self, fn, build, **kw):
+        """_call(fn, build()) for a request naming segments by the ids the program holds: built
+        after any restore on its way, and built and made once more when a restore ran while it
+        went and the daemon refused it for an id (it was mapped before the restore)."""
+        self._re.gate()
+        restores = self._re.restores
+        try:
+            return self._call(fn, build(), **kw)
+        except Error as e:
+            if e.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) or \
+                    (self._re.restores == restores and not self._re.busy()):
+                raise
+        self._re.gate()
+        return self._call(fn, build(), **kw)
+
     def unregister(self, segment_id):
+        self._re.gate()
         if self._table.lost(segment_id):  # gone with the daemon's restart: nothing to undo
             self._table.drop(("segment", segment_id))
             return
-        self._call(self.memory.UnregisterSegment,
-                   memory_pb2.UnregisterRequest(id=self._id(segment_id)))
+        self._call_ids(self.memory.UnregisterSegment,
+                       lambda: memory_pb2.UnregisterRequest(id=self._id(segment_id)))
         self._table.drop(("segment", segment_id))
 
     def segments(self):
@@ -814,7 +835,8 @@ class Client:
         landed differ); traceparent: a W3C traceparent the batch's trace continues; brief:
         the Batch lists only the requests that failed (each with its index), not one status
         per request."""
-        resp = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+        requests = list(requests)
+        resp = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
@@ -826,7 +848,8 @@ class Client:
                traceparent=""):
         """Submits a batch without waiting; returns its id (see wait()). digest and
         traceparent as for transfer()."""
-        bid = self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+        requests = list(requests)
+        bid = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, digest=digest), traceparent=traceparent).batch_id
         self._ran(bid)
@@ -993,6 +1016,7 @@ class AsyncClient:
         return self._re.restarts
 
     async def _probe(self, timeout):
+        _same_owner(self._target, self._owner)  # before the credentials go to whoever is there
         epoch = (await self.daemon.Info(daemon_pb2.InfoRequest(), metadata=self.md,
                                         timeout=timeout, wait_for_ready=True)).epoch
         _same_owner(self._target, self._owner)
@@ -1003,9 +1027,14 @@ class AsyncClient:
         if self._re.fatal:
             raise Error(grpc.StatusCode.UNAVAILABLE, self._re.gone)
         try:
-            return await fn(req, metadata=_metadata(self.md, traceparent),
-                            timeout=timeout or self.timeout)
+            call = fn(req, metadata=_metadata(self.md, traceparent),
+                      timeout=timeout or self.timeout)
+            out = await call
+            self._re.mark_up()
+            self._re.answered(await call.initial_metadata())
+            return out
         except grpc.RpcError as e:
+            self._re.answered(e.trailing_metadata())
             if self._re.gone and e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise Error(e.code(), self._re.gone) from None
             raise Error(e.code(), e.details()) from None
@@ -1068,11 +1097,12 @@ class AsyncClient:
         return _AsyncBuffer(self, mm, seg)
 
     async def unregister(self, segment_id):
+        await self._re.gate()
         if self._table.lost(segment_id):
             self._table.drop(("segment", segment_id))
             return
-        await self._call(self.memory.UnregisterSegment,
-                         memory_pb2.UnregisterRequest(id=self._id(segment_id)))
+        await self._call_ids(self.memory.UnregisterSegment,
+                             lambda: memory_pb2.UnregisterRequest(id=self._id(segment_id)))
         self._table.drop(("segment", segment_id))
 
     def map(self, segment):
@@ -1092,9 +1122,23 @@ class AsyncClient:
             raise Error(grpc.StatusCode.NOT_FOUND, "lease %d: %s" % (lid, why))
         await self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
+    async def _call_ids(self, fn, build, **kw):
+        """Client._call_ids for coroutines."""
+        await self._re.gate()
+        restores = self._re.restores
+        try:
+            return await self._call(fn, build(), **kw)
+        except Error as e:
+            if e.code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND) or \
+                    (self._re.restores == restores and not self._re.busy()):
+                raise
+        await self._re.gate()
+        return await self._call(fn, build(), **kw)
+
     async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
                        digest=False, traceparent="", brief=False):
-        resp = await self._call(self.transfers.Submit, transfer_pb2.SubmitRequest(
+        requests = list(requests)
+        resp = await self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=_ids_now(requests, self._id), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, wait=True, digest=digest, brief=brief),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)

@@ -144,6 +144,25 @@ class Table:
                 row.close()
 
 
+def _epoch_of(metadata):
+    """The moongate-epoch header's value among a call's metadata, or None."""
+    for key, value in metadata or ():
+        if key == "moongate-epoch":
+            try:
+                return int(value, 16)
+            except ValueError:
+                return None
+    return None
+
+
+def _said(e):
+    """An error in one line: a gRPC error's code and details, not its whole repr."""
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    if callable(code) and callable(details):
+        return "%s: %s" % (getattr(code(), "name", code()), details())
+    return str(e)
+
+
 class Reconnector:
     """Watches a channel; when its connection breaks, waits for the daemon (`probe()`, which
     returns the daemon's epoch or raises), then replays the table. `gate()` holds calls while
@@ -163,6 +182,7 @@ class Reconnector:
         self.restarts = 0      # restarts of the daemon this client went through
         self.restores = 0      # times the table was replayed
         self._channel = channel
+        self._state = None  # the channel's connectivity as last told
         if bound_s > 0:
             channel.subscribe(self._on_state, try_to_connect=False)
 
@@ -173,6 +193,7 @@ class Reconnector:
 
     def _on_state(self, state):
         import grpc
+        self._state = state
         if self.fatal:
             return
         if state == grpc.ChannelConnectivity.READY:
@@ -196,6 +217,27 @@ class Reconnector:
     def busy(self):
         return self._restoring
 
+    def mark_up(self):
+        """A call just went through: the connection was up (grpc's state watcher, polling, may
+        not have seen it READY before it broke)."""
+        self._ready_once = True
+
+    def answered(self, metadata):
+        """A call's answer, with its moongate-epoch header: a daemon with another epoch than the
+        one this client restored for is a restart that grpc reconnected to on its own (its state
+        watcher, polling, can miss a break and a reconnect in between): restore now."""
+        epoch = _epoch_of(metadata)
+        if epoch is None or self.epoch is None or epoch == self.epoch:
+            return
+        if self._bound > 0 and not self.fatal and not self._restoring:
+            self._start()
+
+    def up(self):
+        """The connection is up and nothing is being restored: an UNAVAILABLE now is the
+        daemon's own answer (a peer away), not a break of this client's connection."""
+        import grpc
+        return self._state in (None, grpc.ChannelConnectivity.READY) and not self._restoring
+
     def gate(self):
         """Waits while the client restores (the restoring thread itself passes)."""
         if not self._restoring or threading.current_thread() is self._thread:
@@ -216,7 +258,7 @@ class Reconnector:
                     self.fatal = why is not None
                     self._give_up(why or "the daemon did not come back within "
                                   "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until it "
-                                  "does" % (self._bound, e))
+                                  "does" % (self._bound, _said(e)))
                     return
                 continue
             was = self.epoch
@@ -234,9 +276,11 @@ class Reconnector:
                 continue  # the connection broke again meanwhile: once more, from the top
             for what, e in failed:
                 log.warning("after the daemon came back, %s could not be made again: %s", what, e)
-            log.info("daemon %s (epoch %016x): %d things made again in %.0f ms%s",
-                     "restarted" if was != epoch else "reconnected", epoch, made,
-                     (time.monotonic() - t0) * 1000, " (last error: %s)" % last if last else "")
+            log.log(logging.WARNING if was != epoch else logging.INFO,
+                    "daemon %s (epoch %016x): %d things made again in %.0f ms%s",
+                    "restarted" if was != epoch else "reconnected", epoch, made,
+                    (time.monotonic() - t0) * 1000,
+                    " (last error: %s)" % _said(last) if last else "")
             break
         self._end()
 
@@ -278,6 +322,8 @@ class AsyncReconnector:
         self._idle = None  # asyncio.Event: set when no restore runs
         self.gone, self.epoch, self.restarts, self.restores = None, None, 0, 0
         self.fatal = False
+        self._was_ready = False  # the connection was seen up since the last restore
+        self._restorer = None    # the task restoring now (its calls pass the gate)
 
     def start(self, epoch):
         import asyncio
@@ -288,28 +334,55 @@ class AsyncReconnector:
             self._idle.set()
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
+    def busy(self):
+        return self._idle is not None and not self._idle.is_set()
+
     async def gate(self):
         import asyncio
         if self._idle is not None and not self._idle.is_set() and \
-                asyncio.current_task() is not self._task:
+                asyncio.current_task() is not self._restorer:
             try:
                 await asyncio.wait_for(self._idle.wait(), self._bound + 5)
             except asyncio.TimeoutError:
                 pass
 
+    def mark_up(self):
+        """A call just went through: the connection was up."""
+        self._was_ready = True
+
+    def answered(self, metadata):
+        """Reconnector.answered for the asyncio client: a daemon of another epoch is restored
+        for now, whatever states the watcher saw."""
+        import asyncio
+        epoch = _epoch_of(metadata)
+        if epoch is None or self.epoch is None or epoch == self.epoch or self.fatal or \
+                self._idle is None or not self._idle.is_set() or not len(self._table):
+            return
+        self._idle.clear()  # before any other call of this loop can pass the gate
+        asyncio.get_running_loop().create_task(self._restore_now())
+
+    async def _restore_now(self):
+        import asyncio
+        self._restorer = asyncio.current_task()
+        try:
+            await self._restore()
+        finally:
+            self._idle.set()
+
     async def _watch(self):
         import grpc
-        ready = False
+        self._was_ready = False
         while True:
             state = self._ch.get_state(try_to_connect=False)
             if state == grpc.ChannelConnectivity.READY and not self.gone:
-                ready = True
+                self._was_ready = True
             elif state == grpc.ChannelConnectivity.SHUTDOWN or self.fatal:
                 return
-            elif (ready or (self.gone and state == grpc.ChannelConnectivity.READY)) and \
-                    len(self._table):  # the connection broke, or the daemon is back after all
-                ready = False
+            elif (self._was_ready or (self.gone and state == grpc.ChannelConnectivity.READY)) \
+                    and len(self._table):  # the connection broke, or the daemon is back after all
+                self._was_ready = False
                 self._idle.clear()
+                self._restorer = self._task
                 try:
                     await self._restore()
                 finally:
@@ -330,7 +403,7 @@ class AsyncReconnector:
                     self.fatal = why is not None
                     self.gone = why or ("the daemon did not come back within "
                                         "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until "
-                                        "it does" % (self._bound, e))
+                                        "it does" % (self._bound, _said(e)))
                     log.error("moongate: %s", self.gone)
                     return
         was = self.epoch
@@ -341,9 +414,10 @@ class AsyncReconnector:
         self.gone = None
         for what, e in failed:
             log.warning("after the daemon came back, %s could not be made again: %s", what, e)
-        log.info("daemon %s (epoch %016x): %d things made again in %.0f ms",
-                 "restarted" if was != epoch else "reconnected", epoch, made,
-                 (time.monotonic() - t0) * 1000)
+        log.log(logging.WARNING if was != epoch else logging.INFO,
+                "daemon %s (epoch %016x): %d things made again in %.0f ms",
+                "restarted" if was != epoch else "reconnected", epoch, made,
+                (time.monotonic() - t0) * 1000)
 
     async def close(self):
         if self._task is not None:
