@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -12,6 +12,9 @@
 #           native lease API and register-per-read.
 # mooncake: Mooncake's APIs (Python mooncake.engine, C libtransfer_engine.so) against the
 #           native client, the same WRITEs to a peer's engine.
+# cdoor:    one 4 KiB WRITE at a time to a peer daemon's engine through libtransfer_engine.so
+#           from C (submit, tight getTransferStatus polls) against mgbench's same WRITE,
+#           alternated, p50s of 5 rounds (tests/bench/bench_cdoor.py; `cdoor -- --rounds 9`).
 # scale:    per-call times (register, get, list a page, lease, list leases) on a daemon holding
 #           10 and one holding 10,000 segments and leases, call for call (bench_scale.py).
 # wire:     the shapes serving systems move beside their references, alternated, medians of 5
@@ -85,6 +88,11 @@ pool)
 mooncake)
     /usr/bin/python3 tests/bench/bench_mooncake.py --moongate "$build/moongate" \
         --lib "$build/libtransfer_engine.so" "$@"
+    ;;
+cdoor)
+    /usr/bin/python3 tests/bench/bench_cdoor.py --moongate "$build/moongate" \
+        --lib "$build/libtransfer_engine.so" --harness "$build/te_harness" \
+        --mgbench "$build/mgbench" "$@"
     ;;
 gpu)
     MG_BUILD_DIR=$build MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so tests/gpu/check.sh \
@@ -233,5 +241,5 @@ report)
     /usr/bin/python3 tests/bench/report.py --run "$root/tests/bench/run.sh" \
         --out "${MG_BENCH_OUT:-$build/bench-report}" "$@"
     ;;
-*) echo "usage: $0 [control|register|batch|memory|names|pool|mooncake|gpu|scale|fanout|wire|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
+*) echo "usage: $0 [control|register|batch|memory|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
 esac

@@ -23,6 +23,12 @@
  *       "straddled" (tasks a poll saw not yet ended with all SIZE bytes), "polls"}.
  *   te_harness LIB notify SESSION NAME_HEX MSG_HEX
  *       genNotifyInEngine of those bytes to SESSION; prints its return code.
+ *   te_harness LIB latency SESSION ADDRESS N SIZE
+ *       N WRITEs of SIZE bytes to ADDRESS, one at a time, each in a batch of its own
+ *       (allocateBatchID(1), submitTransfer, getTransferStatus in a tight loop until it ends,
+ *       freeBatchID), after 200 untimed: {"n", "size", "p50_us", "p99_us", "avg_us" (from just
+ *       before submitTransfer to the poll that saw COMPLETED), "failed", "submit_avg_us" (the
+ *       time submitTransfer took), "allocate_avg_us", "free_avg_us", "polls_avg"}.
  *
  * Environment: MOONGATE_SOCKET, as for any program using the library.
  */
@@ -544,6 +550,86 @@ static int polls(unsigned long n, uint64_t size, size_t batch)
     return 0;
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+#define LATENCY_WARMUP 200
+
+/* One WRITE of SIZE bytes at a time, as a serving system makes it: allocateBatchID(1),
+ * submitTransfer, getTransferStatus in a tight loop until the task ends, freeBatchID. Each
+ * iteration's time runs from just before submitTransfer to the poll that saw it COMPLETED;
+ * allocateBatchID and freeBatchID (no call to the daemon) are timed on their own. */
+static int latency(const char *session, uint64_t taddr, unsigned long n, uint64_t size)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    uint8_t *src = size > 0 ? shared_memory(size, 1) : NULL;
+    uint64_t *ns = n > 0 && n <= 10000000 ? calloc(n, sizeof(*ns)) : NULL;
+    uint64_t alloc_ns = 0, submit_ns = 0, free_ns = 0, sum = 0;
+    unsigned long got = 0, failed = 0, polls = 0;
+    int32_t seg;
+    if (e == NULL || src == NULL || ns == NULL ||
+        te.registerLocalMemory(e, src, size, "cpu:0", 1) != 0 ||
+        (seg = te.openSegment(e, session)) < 0) {
+        fprintf(stderr, "latency: the engine, its memory or the segment %s failed\n", session);
+        free(ns);
+        return 1;
+    }
+    memset(src, 0x6b, size);
+    for (unsigned long i = 0; i < n + LATENCY_WARMUP; i++) {
+        struct transfer_request r = {OPCODE_WRITE, src, seg, taddr, size};
+        struct transfer_status s = {0};
+        uint64_t t0 = mono_ns(), t1, ts = 0, t2, t3;
+        uint64_t b = te.allocateBatchID(e, 1);
+        int ok = b != INVALID_BATCH;
+        t1 = mono_ns();
+        if (ok && te.submitTransfer(e, b, &r, 1) == 0) {
+            ts = mono_ns();
+            do /* the tight loop callers write */
+                polls++;
+            while (te.getTransferStatus(e, b, 0, &s) == 0 && s.status < STATUS_CANCELED);
+        }
+        t2 = mono_ns();
+        ok = ok && s.status == STATUS_COMPLETED;
+        if (b != INVALID_BATCH && te.freeBatchID(e, b) != 0)
+            ok = 0;
+        t3 = mono_ns();
+        if (i < LATENCY_WARMUP)
+            continue;
+        if (!ok) {
+            failed++;
+            continue;
+        }
+        ns[got++] = t2 - t1;
+        sum += t2 - t1;
+        alloc_ns += t1 - t0;
+        submit_ns += ts - t1;
+        free_ns += t3 - t2;
+    }
+    qsort(ns, got, sizeof(*ns), cmp_u64);
+    printf("{\"n\": %lu, \"size\": %llu, \"p50_us\": %.1f, \"p99_us\": %.1f, \"avg_us\": %.1f, "
+           "\"failed\": %lu, \"submit_avg_us\": %.1f, \"allocate_avg_us\": %.3f, "
+           "\"free_avg_us\": %.3f, \"polls_avg\": %.1f}\n",
+           got, (unsigned long long)size, got ? (double)ns[got / 2] / 1e3 : 0,
+           got ? (double)ns[got * 99 / 100] / 1e3 : 0, got ? (double)sum / (double)got / 1e3 : 0,
+           failed, got ? (double)submit_ns / (double)got / 1e3 : 0,
+           got ? (double)alloc_ns / (double)got / 1e3 : 0,
+           got ? (double)free_ns / (double)got / 1e3 : 0,
+           (double)polls / (double)(n + LATENCY_WARMUP));
+    free(ns);
+    te.destroyTransferEngine(e);
+    return failed ? 1 : 0;
+}
+
 /* hex to a C string (malloc'd), or NULL */
 static char *unhex(const char *h)
 {
@@ -584,7 +670,8 @@ int main(int argc, char **argv)
     if (argc < 4 || load(argv[1]) != 0) {
         fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS | "
                         "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH | "
-                        "LIB notify SESSION NAME_HEX MSG_HEX\n");
+                        "LIB notify SESSION NAME_HEX MSG_HEX | "
+                        "LIB latency SESSION ADDRESS N SIZE\n");
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
@@ -595,6 +682,9 @@ int main(int argc, char **argv)
         return loop(argv[3], strtoull(argv[4], NULL, 0), (unsigned)strtoul(argv[5], NULL, 0));
     if (strcmp(argv[2], "notify") == 0 && argc > 5)
         return notify(argv[3], argv[4], argv[5]);
+    if (strcmp(argv[2], "latency") == 0 && argc > 6)
+        return latency(argv[3], strtoull(argv[4], NULL, 0), strtoul(argv[5], NULL, 0),
+                       strtoull(argv[6], NULL, 0));
     if (strcmp(argv[2], "polls") == 0 && argc > 5)
         return polls(strtoul(argv[3], NULL, 0), strtoull(argv[4], NULL, 0),
                      strtoul(argv[5], NULL, 0));
