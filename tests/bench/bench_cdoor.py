@@ -10,8 +10,8 @@ ways taken in a rotating order each round, --rounds rounds:
   c:        te_harness latency: allocateBatchID(1), submitTransfer, getTransferStatus in a tight
             loop until COMPLETED, freeBatchID (the serving systems' shape); the time from just
             before submitTransfer to the poll that saw COMPLETED, after 200 untimed
-  native:   mgbench transfer, one thread, one batch in flight: Submit, then Wait (the same two
-            calls the C door makes); the time from Submit to Wait's answer
+  native:   mgbench transfer, one thread, one batch in flight: Submit, then Wait; the time
+            from Submit to Wait's answer
   one call: the same with --submit-wait: Submit answers at the batch's end (one call)
 Each run prints its p50; then medians [min-max] of the rounds' p50s, and the median of the
 rounds' ratios C / native. Both sides reach daemon a over its Unix socket.
