@@ -245,3 +245,29 @@ def test_the_token_file_reaches_the_daemon(make_daemon, tmp_path):
     run = subprocess.run([HARNESS, LIB, "target", str(MiB)], env=env_for(d), input="quit\n",
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "refused the engine: no credentials" in run.stderr, run.stderr
+
+
+def test_a_program_shaped_like_nixls_mooncake_plugin(certs, tmp_path):
+    """As NIXL's Mooncake plugin runs (its own example: two agents in one process): an engine per
+    agent, one on each of two daemons, openSegment both ways, WRITEs and READs both ways polled
+    in tight loops, notifications both ways, the first a pickled message (bytes that are not
+    UTF-8)."""
+    b = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false"])
+    a = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false", "--peer-port",
+                                                str(b.h2c_port)])
+    b.args += ["--peer-port", str(a.h2c_port)]  # each reaches the other's engines by host:port
+    started = []
+    try:
+        for d in (a, b):
+            started.append(d._start_once())
+        run = subprocess.run([HARNESS, LIB, "nixl", a.sock, b.sock], env=env_for(a),
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout) == {
+            "register_a": 0, "register_b": 0, "open_both": 1, "write_ab": 1, "write_ba": 1,
+            "landed_ab": 1, "read_ab": 1, "read_same": 1, "notify_ab": 0, "notify_ba": 0,
+            "note_at_b": ["agent-a", "\x80\x04\x95pickled"], "note_at_a": ["agent-b", "ack"]}, \
+            run.stderr
+    finally:
+        for d in started:
+            assert d.stop() == 0, d.read_log()

@@ -21,6 +21,10 @@
  *       submit, each task polled in a tight loop until it ends while a thread spins beside it:
  *       {"transfers", "completed", "torn" (COMPLETED with a count other than SIZE),
  *       "straddled" (tasks a poll saw not yet ended with all SIZE bytes), "polls"}.
+ *   te_harness LIB nixl SOCKET_A SOCKET_B
+ *       as NIXL's Mooncake plugin: an engine per agent (one on each daemon), openSegment both
+ *       ways, WRITEs and READs both ways in tight polls, notifications both ways: one JSON
+ *       object of outcomes.
  *   te_harness LIB notify SESSION NAME_HEX MSG_HEX
  *       genNotifyInEngine of those bytes to SESSION; prints its return code.
  *   te_harness LIB latency SESSION ADDRESS N SIZE
@@ -630,6 +634,93 @@ static int latency(const char *session, uint64_t taddr, unsigned long n, uint64_
     return failed ? 1 : 0;
 }
 
+/* One task to its end (tight polls): 1 when COMPLETED. */
+static int move_polled(engine_t e, int op, void *src, int seg, uint64_t addr, size_t len)
+{
+    uint64_t b = te.allocateBatchID(e, 1);
+    unsigned long polls = 0;
+    struct transfer_request r = {op, src, seg, addr, len};
+    int ok = b != INVALID_BATCH && te.submitTransfer(e, b, &r, 1) == 0 &&
+             wait_tasks(e, b, 1, &polls) == 1;
+    te.freeBatchID(e, b);
+    return ok;
+}
+
+/* The first notification engine e gets within 10 s, printed as JSON [name, msg], or null. */
+static void first_note(engine_t e)
+{
+    for (int i = 0; i < 10000; i++) {
+        int n = 0;
+        notify_msg_t *m = te.getNotifsFromEngine(e, &n);
+        if (n > 0) {
+            printf("[");
+            json_text(m[0].name);
+            printf(", ");
+            json_text(m[0].msg);
+            printf("]");
+            te.freeNotifsMsgBuf(m, n);
+            return;
+        }
+        usleep(1000);
+    }
+    printf("null");
+}
+
+/* As NIXL's Mooncake plugin runs its agents: an engine per agent (here two, one on each daemon,
+ * in one process, as NIXL's own example makes them), each registering its memory, openSegment
+ * both ways, WRITEs and READs both ways polled in a tight loop, notifications both ways (NIXL's
+ * first is a pickled message: bytes that are not UTF-8). One JSON object of outcomes. */
+static int nixl(const char *sock_a, const char *sock_b)
+{
+    size_t size = 1 << 20, first = 0;
+    engine_t ea, eb;
+    uint8_t *ma, *mb;
+    char na[128], nb[128];
+    int sa, sb;
+    setenv("MOONGATE_SOCKET", sock_a, 1);
+    ea = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    setenv("MOONGATE_SOCKET", sock_b, 1);
+    eb = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    ma = sealed_memory(size);
+    mb = sealed_memory(size);
+    if (ea == NULL || eb == NULL || ma == NULL || mb == NULL ||
+        te.getLocalIpAndPort(ea, na, sizeof(na)) != 0 ||
+        te.getLocalIpAndPort(eb, nb, sizeof(nb)) != 0)
+        return 1;
+    for (size_t i = 0; i < size; i++) {
+        ma[i] = (uint8_t)(i * 7 + 3);
+        mb[i] = (uint8_t)(i * 5 + 1);
+    }
+    OUT("register_a", "%d", te.registerLocalMemory(ea, ma, size, "*", 1));
+    OUT("register_b", "%d", te.registerLocalMemory(eb, mb, size, "*", 1));
+    sb = te.openSegment(ea, nb); /* each agent opens the other */
+    sa = te.openSegment(eb, na);
+    OUT("open_both", "%d", sa >= 1 && sb >= 1);
+    /* A writes its first 64 KiB into B's second; B writes its first into A's second */
+    OUT("write_ab", "%d",
+        move_polled(ea, OPCODE_WRITE, ma, sb, (uint64_t)(uintptr_t)(mb + 65536), 65536));
+    OUT("write_ba", "%d",
+        move_polled(eb, OPCODE_WRITE, mb, sa, (uint64_t)(uintptr_t)(ma + 65536), 65536));
+    OUT("landed_ab", "%d", memcmp(mb + 65536, ma, 65536) != 0 ? 0 : 1);
+    /* A reads B's third 64 KiB into its fourth */
+    OUT("read_ab", "%d",
+        move_polled(ea, OPCODE_READ, ma + 3 * 65536, sb, (uint64_t)(uintptr_t)(mb + 2 * 65536),
+                    65536));
+    OUT("read_same", "%d", memcmp(ma + 3 * 65536, mb + 2 * 65536, 65536) == 0);
+    OUT("notify_ab", "%d",
+        te.genNotifyInEngine(ea, (uint64_t)sb, (notify_msg_t){"agent-a", "\x80\x04\x95pickled"}));
+    OUT("notify_ba", "%d",
+        te.genNotifyInEngine(eb, (uint64_t)sa, (notify_msg_t){"agent-b", "ack"}));
+    printf(", \"note_at_b\": ");
+    first_note(eb);
+    printf(", \"note_at_a\": ");
+    first_note(ea);
+    printf("}\n");
+    te.destroyTransferEngine(ea);
+    te.destroyTransferEngine(eb);
+    return 0;
+}
+
 /* hex to a C string (malloc'd), or NULL */
 static char *unhex(const char *h)
 {
@@ -680,6 +771,8 @@ int main(int argc, char **argv)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
     if (strcmp(argv[2], "loop") == 0 && argc > 5)
         return loop(argv[3], strtoull(argv[4], NULL, 0), (unsigned)strtoul(argv[5], NULL, 0));
+    if (strcmp(argv[2], "nixl") == 0 && argc > 4)
+        return nixl(argv[3], argv[4]);
     if (strcmp(argv[2], "notify") == 0 && argc > 5)
         return notify(argv[3], argv[4], argv[5]);
     if (strcmp(argv[2], "latency") == 0 && argc > 6)
