@@ -277,15 +277,16 @@ class Reconnector:
             for what, e in failed:
                 log.warning("after the daemon came back, %s could not be made again: %s", what, e)
             log.log(logging.WARNING if was != epoch else logging.INFO,
-                    "daemon %s (epoch %016x): %d things made again in %.0f ms%s",
+                    "daemon %s (epoch %016x): %d thing%s made again in %.0f ms%s",
                     "restarted" if was != epoch else "reconnected", epoch, made,
+                    "" if made == 1 else "s",
                     (time.monotonic() - t0) * 1000,
                     " (last error: %s)" % _said(last) if last else "")
             break
         self._end()
 
     def _give_up(self, why):
-        log.error("moongate: %s", why)
+        log.error("%s", why)
         self.gone = why
         self._end()
 
@@ -404,7 +405,7 @@ class AsyncReconnector:
                     self.gone = why or ("the daemon did not come back within "
                                         "MOONGATE_RECONNECT_S=%g s (last: %s); calls fail until "
                                         "it does" % (self._bound, _said(e)))
-                    log.error("moongate: %s", self.gone)
+                    log.error("%s", self.gone)
                     return
         was = self.epoch
         self.restarts += was is not None and epoch != was
@@ -415,8 +416,9 @@ class AsyncReconnector:
         for what, e in failed:
             log.warning("after the daemon came back, %s could not be made again: %s", what, e)
         log.log(logging.WARNING if was != epoch else logging.INFO,
-                "daemon %s (epoch %016x): %d things made again in %.0f ms",
+                "daemon %s (epoch %016x): %d thing%s made again in %.0f ms",
                 "restarted" if was != epoch else "reconnected", epoch, made,
+                "" if made == 1 else "s",
                 (time.monotonic() - t0) * 1000)
 
     async def close(self):
