@@ -504,8 +504,10 @@ static int submit_transfer(te_engine *e, batch_id_t batch_id, struct transfer_re
     size_t slot = 0, first = 0;
     uint32_t gen = 0;
     int rc;
-    if (e == NULL || (entries == NULL && count > 0))
+    if (e == NULL || (entries == NULL && count > 0)) {
+        te_log("submitTransfer: %s", e == NULL ? "no engine (NULL)" : "no entries (NULL)");
         return ST_INVALID_ARGUMENT;
+    }
     if (count == 0)
         return 0;
     if ((names = calloc(count, sizeof(*names))) == NULL)
@@ -630,8 +632,10 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t
     char topic[64], msg[512], *to, *payload = NULL;
     const char *colon;
     int st;
-    if (e == NULL)
+    if (e == NULL) {
+        te_log("genNotifyInEngine: no engine (NULL: createTransferEngine failed, or none made)");
         return ERR_INVALID_ARGUMENT;
+    }
     pthread_mutex_lock(&e->mu);
     to = target_id > INT32_MAX ? NULL : segment_name(e, (int64_t)target_id);
     pthread_mutex_unlock(&e->mu);

@@ -206,9 +206,10 @@ static void call_close(mg_rpc *rpc, int status, const char *message, void *arg)
     if (c->note && te_slot(e, c->slot, c->gen) != NULL) /* publish: read after a status */
         TE_SET(te_slot(e, c->slot, c->gen)->note_state,
                status == 0 ? TE_NOTE_SENT : TE_NOTE_FAILED);
-    if (c->detached) {
+    if (c->detached) { /* the notification of a submitTransferWithNotify */
         if (status != 0)
-            te_log("%s: %s", c->path, message);
+            te_log("submitTransferWithNotify: the notification was not delivered: %s (%s)", message,
+                   mg_grpc_code_name(status));
         pthread_mutex_unlock(&e->mu);
         call_free(c);
         return;
@@ -523,7 +524,9 @@ void te_batch_settle(te_engine *e, te_batch *b)
     for (size_t k = 0; k < b->n; k++)
         all_done &= b->tasks[k].status == STATUS_COMPLETED;
     if (!all_done) {
-        te_log("a notification to %s not sent: a transfer of its batch failed", b->note_to);
+        te_log("submitTransferWithNotify: the notification to %s was not sent: a transfer of "
+               "its batch failed",
+               b->note_to);
         TE_SET(b->note_state, TE_NOTE_FAILED);
         return;
     }
@@ -536,6 +539,7 @@ void te_batch_settle(te_engine *e, te_batch *b)
     q.payload.len = strlen(b->note_payload);
     c = call_new(e, "/moongate.v1.Notify/Send", &q.base, 30000);
     if (c == NULL) {
+        te_log("submitTransferWithNotify: no memory for the notification to %s", b->note_to);
         TE_SET(b->note_state, TE_NOTE_FAILED);
         return;
     }

@@ -39,6 +39,7 @@ C_EXPECTED = {
     "heap_write": 0, "heap_completed": 1, "mixed": 0, "mixed_completed": 2, "mixed_same": 1,
     "notify_submit": 0, "notify_completed": 1, "gen_notify": 0,
     "notify_binary": 0, "notify_binary_completed": 1, "gen_binary": 0, "gen_unknown_segment": -1,
+    "gen_no_engine": -1, "notify_after_failure": 0, "notify_after_failure_state": 0,
     "unregistered_source": 3, "unknown_segment": 1, "bad_opcode": 1, "past_the_region": 0,
     "past_the_region_state": 0, "forged_batch": 1, "no_meaning": 1, "no_notifs": 1,
     "unregister": 0, "unregister_again": -3,
@@ -103,7 +104,11 @@ def test_c_target_and_initiator(make_daemon, target, transport):
     assert t.notifications() == [["kv-7", "written"], ["gen", "hello"],
                                  ["bin", "\x80\x04\x95pickle\xff\x01."],
                                  ["\xc3\x28", "\xfe\xff text"]]
+    # each failure names its cause
     assert 'genNotifyInEngine: no "host:port" segment opened with id 99' in run.stderr
+    assert "genNotifyInEngine: no engine (NULL" in run.stderr
+    assert "submitTransferWithNotify: the notification to 127.0.0.1:" in run.stderr and \
+        "was not sent: a transfer of its batch failed" in run.stderr, run.stderr
     # statuses came from the snapshot the Wait streams keep: not one GetBatch for the polls
     assert polls >= 15
     assert a.metric("moongate_grpc_started_total", grpc_service="moongate.v1.Transfer",

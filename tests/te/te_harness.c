@@ -392,6 +392,7 @@ static int initiator(const char *session, uint64_t taddr)
         te.genNotifyInEngine(e, (uint64_t)seg, (notify_msg_t){"\xc3\x28", "\xfe\xff text"}));
     OUT("gen_unknown_segment", "%d",
         te.genNotifyInEngine(e, 99, (notify_msg_t){"gen", "to nobody"}));
+    OUT("gen_no_engine", "%d", te.genNotifyInEngine(NULL, 1, (notify_msg_t){"gen", "x"}));
 
     /* refusals */
     b = te.allocateBatchID(e, 2);
@@ -404,6 +405,11 @@ static int initiator(const char *session, uint64_t taddr)
     r[0] = (struct transfer_request){OPCODE_WRITE, src, seg, taddr + size - 8, 4096};
     OUT("past_the_region", "%d", te.submitTransfer(e, b, r, 1));
     OUT("past_the_region_state", "%zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+    b = te.allocateBatchID(e, 1); /* its notification is not sent: said so */
+    OUT("notify_after_failure", "%d",
+        te.submitTransferWithNotify(e, b, r, 1, (notify_msg_t){"kv-8", "never"}));
+    OUT("notify_after_failure_state", "%zu", wait_tasks(e, b, 1, &polls));
     te.freeBatchID(e, b);
     OUT("forged_batch", "%d", te.getTransferStatus(e, 0x1234567800000001ull, 0, &st));
     OUT("polls", "%lu", polls);
