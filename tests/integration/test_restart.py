@@ -103,6 +103,7 @@ def test_the_async_client_makes_again_what_it_had(make_daemon):
     async def main():
         c = mg.AsyncClient("unix:" + d.sock, timeout=10)
         try:
+            info = await c.register_agent("kv-async")
             a = await c.allocate_buffer(4096)
             b = await c.allocate_buffer(4096)
             a.view[:5] = b"async"
@@ -117,6 +118,7 @@ def test_the_async_client_makes_again_what_it_had(make_daemon):
             await c.transfer([mg.write(segment=a.segment.id, peer="",
                                        remote_segment=b.segment.id, length=5)])
             assert bytes(b.view[:5]) == b"async"
+            assert {x.name: x.port for x in await c.agents()} == {"kv-async": info.port}
             with pytest.raises(mg.Error) as e:
                 await c.transfer([mg.write(segment=made.id, peer="", remote_segment=b.segment.id,
                                            length=5)])

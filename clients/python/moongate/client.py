@@ -1050,6 +1050,25 @@ class AsyncClient:
     def _id(self, value):
         return _segment_now(self._table, value)
 
+    async def register_agent(self, name, port=0):
+        """Client.register_agent: made again (same name and port) after a daemon restart."""
+        info = await self._call(self.agent.RegisterAgent,
+                                agent_pb2.RegisterAgentRequest(name=name, port=port))
+
+        async def again():
+            await self._call(self.agent.RegisterAgent,
+                             agent_pb2.RegisterAgentRequest(name=name, port=info.port))
+        await self._remember(("agent", name), "agent %r (port %d)" % (name, info.port), again)
+        return info
+
+    async def unregister_agent(self, name):
+        await self._call(self.agent.UnregisterAgent, agent_pb2.UnregisterAgentRequest(name=name))
+        self._table.drop(("agent", name))
+
+    async def agents(self):
+        return list((await self._call(self.agent.ListAgents,
+                                      agent_pb2.ListAgentsRequest())).agents)
+
     async def register(self, name, size, remote_accessible=False, share_with=(), **kw):
         seg = (await self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
             name=name, size=size, remote_accessible=remote_accessible,
