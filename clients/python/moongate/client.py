@@ -541,7 +541,9 @@ class Client:
                                           grpc.StatusCode.UNAUTHENTICATED,
                                           grpc.StatusCode.PERMISSION_DENIED):
             return Error(e.code(), self._re.gone)
-        if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table) or self._re.up():
+        if e.code() != grpc.StatusCode.UNAVAILABLE or not len(self._table) or \
+                _restore.epoch_of(tuple(e.initial_metadata() or ()) +
+                                  tuple(e.trailing_metadata() or ())) is not None:
             return Error(e.code(), e.details())  # the daemon's own answer (a peer away, ...)
         return Error(e.code(), "the connection to the daemon broke (%s): it may be restarting; "
                      "this client reconnects and makes its agent, memory and expectations again "

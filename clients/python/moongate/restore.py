@@ -144,7 +144,7 @@ class Table:
                 row.close()
 
 
-def _epoch_of(metadata):
+def epoch_of(metadata):
     """The moongate-epoch header's value among a call's metadata, or None."""
     for key, value in metadata or ():
         if key == "moongate-epoch":
@@ -182,7 +182,6 @@ class Reconnector:
         self.restarts = 0      # restarts of the daemon this client went through
         self.restores = 0      # times the table was replayed
         self._channel = channel
-        self._state = None  # the channel's connectivity as last told
         if bound_s > 0:
             channel.subscribe(self._on_state, try_to_connect=False)
 
@@ -193,7 +192,6 @@ class Reconnector:
 
     def _on_state(self, state):
         import grpc
-        self._state = state
         if self.fatal:
             return
         if state == grpc.ChannelConnectivity.READY:
@@ -226,17 +224,12 @@ class Reconnector:
         """A call's answer, with its moongate-epoch header: a daemon with another epoch than the
         one this client restored for is a restart that grpc reconnected to on its own (its state
         watcher, polling, can miss a break and a reconnect in between): restore now."""
-        epoch = _epoch_of(metadata)
+        epoch = epoch_of(metadata)
         if epoch is None or self.epoch is None or epoch == self.epoch:
             return
         if self._bound > 0 and not self.fatal and not self._restoring:
             self._start()
 
-    def up(self):
-        """The connection is up and nothing is being restored: an UNAVAILABLE now is the
-        daemon's own answer (a peer away), not a break of this client's connection."""
-        import grpc
-        return self._state in (None, grpc.ChannelConnectivity.READY) and not self._restoring
 
     def gate(self):
         """Waits while the client restores (the restoring thread itself passes)."""
@@ -355,7 +348,7 @@ class AsyncReconnector:
         """Reconnector.answered for the asyncio client: a daemon of another epoch is restored
         for now, whatever states the watcher saw."""
         import asyncio
-        epoch = _epoch_of(metadata)
+        epoch = epoch_of(metadata)
         if epoch is None or self.epoch is None or epoch == self.epoch or self.fatal or \
                 self._idle is None or not self._idle.is_set() or not len(self._table):
             return
