@@ -100,6 +100,16 @@ static int valid_request_id(const char *s)
  * a passed file's. */
 static int check_common(const mg_seg_kind *kind, const mg_segment_spec *spec, char *err)
 {
+    if (spec->client_addr != 0 && spec->client.pid <= 0 && spec->caller_uid_known) {
+        /* on the Unix socket, but the kernel gave no pid: the caller is in a pid namespace
+         * this daemon does not see */
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "this daemon cannot see the calling process (its pid is 0 here: it runs in a "
+                 "pid namespace the daemon's does not contain), so it cannot reach its memory: "
+                 "run the daemon in the host's pid namespace (on Kubernetes hostPID, the chart's "
+                 "processMemory.enabled)");
+        return MG_ERR_PERMISSION;
+    }
     if (spec->client_addr != 0 && spec->client.pid <= 0) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "a client address is a local process's: register it on "

@@ -682,3 +682,24 @@ def test_a_batch_registration_names_its_handles(make_daemon):
     for fd in fds:
         os.close(fd)
     assert d.metric("moongate_fd_handles", state="held") == 0
+
+
+def test_a_caller_the_daemon_cannot_see_is_told_to_share_the_pid_namespace(make_daemon):
+    """The daemon in a pid namespace of its own (as a pod without hostPID): a process outside it
+    connects on the Unix socket with a pid of 0 there, and registering its memory is refused
+    naming the pid namespace and hostPID, not the socket it is already on."""
+    if subprocess.run(["unshare", "--pid", "--fork", "true"]).returncode != 0:
+        pytest.skip("no pid namespaces here")
+    d = make_daemon(wrap=["unshare", "--pid", "--fork", "--kill-child"])
+    mine = bytearray(4096)
+    addr, size = mg.address_of(mine)
+    try:
+        with client(d) as c:
+            with pytest.raises(mg.Error) as e:
+                c.register_memory("heap", addr, size)
+            assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+            assert "pid namespace" in e.value.message and "hostPID" in e.value.message, \
+                e.value.message
+            assert c.register("daemon-made", 4096).size == 4096  # the rest serves on
+    finally:
+        d.kill()  # unshare ends its child with itself

@@ -1117,10 +1117,14 @@ static void test_client_addresses(void)
         CU_ASSERT_EQUAL(r[1].address, 0x12000);
         CU_ASSERT(r[1].order < r[0].order);
     }
-    /* An address needs a process and a size. */
+    /* An address needs a process and a size: off the Unix socket there is none; on it, pid 0
+     * is a caller in a pid namespace this daemon does not see. */
     s = anon("t", "nopid", 4096);
     s.client_addr = 0x40000;
+    s.caller_uid_known = 0;
     expect_reserve(reg, &s, MG_ERR_INVALID, "local process's");
+    s.caller_uid_known = 1;
+    expect_reserve(reg, &s, MG_ERR_PERMISSION, "hostPID");
     s = fd_spec("nosize", -1, 0, 0);
     s.fd = open("/dev/null", O_RDONLY);
     s.client_addr = 0x40000;
