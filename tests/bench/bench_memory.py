@@ -13,8 +13,15 @@
    address / id.
 3. The same WRITE from memory the client allocated itself (a bytearray registered as PROCESS,
    read with process_vm_readv and staged over TCP) against the buffer by address.
+4. 64 MiB, one request (section "big", not run by default): one WRITE of --big-bytes to a peer's
+   segment (daemon-made, remote-accessible, prefaulted) from a memfd registered by descriptor
+   (allocate_buffer, the reference) and from a bytearray registered as PROCESS, both filled
+   first; one warm-up each, then --big-rounds rounds alternated (AB, BA, ...). Every round's
+   GB/s, the medians [min-max] and the ratio process / memfd (the median of the rounds'
+   ratios). Then, for information, a READ of the peer's segment into each, the same way.
 
-Usage: bench_memory.py --moongate BIN [--size BYTES] [--rounds N] [--transfer-rounds N]
+Usage: bench_memory.py --moongate BIN [--sections registration,address,big] [--size BYTES]
+                       [--rounds N] [--transfer-rounds N] [--big-bytes BYTES] [--big-rounds N]
 """
 import argparse
 import os
@@ -139,6 +146,53 @@ def by_address(c, peer, a):
     buf.free()
 
 
+def spread(xs):
+    return "%.3f [%.3f-%.3f]" % (statistics.median(xs), min(xs), max(xs))
+
+
+def one_request(c, peer, a):
+    """One WRITE (and READ) of --big-bytes, a memfd against process memory, alternated."""
+    size = a.big_bytes
+    data = os.urandom(1 << 20) * (size >> 20)
+    dst = peer.register("big-dst", size, remote_accessible=True, prefault=True)
+    buf = c.allocate_buffer(size)
+    buf.view[:] = data  # every page of the memfd written
+    heap = bytearray(size)  # calloc'd: zero pages until written
+    heap[:] = data
+    heap_addr, _ = mg.address_of(heap)
+    heap_seg = c.register_memory("big-heap", heap_addr, size)
+    segs = {"memfd": buf.segment.id, "process": heap_seg.id}
+
+    def run(op, way):
+        r = op(segment=segs[way], peer=a.peer, remote_segment=dst.id, length=size)
+        t0 = time.perf_counter()
+        c.transfer([r])
+        return size / (time.perf_counter() - t0) / 1e9
+
+    print("64 MiB, one request: %d MiB from memory on daemon a to a peer's segment over TCP, "
+          "one Submit with wait, %d rounds alternated (medians [min-max])" %
+          (size >> 20, a.big_rounds))
+    for name, op in (("WRITE", mg.write), ("READ", mg.read)):
+        run(op, "memfd")
+        run(op, "process")
+        gb = {"memfd": [], "process": []}
+        for r in range(a.big_rounds):
+            for way in (("memfd", "process") if r % 2 == 0 else ("process", "memfd")):
+                gb[way].append(run(op, way))
+        ratios = [p / m for m, p in zip(gb["memfd"], gb["process"])]
+        print("  %-5s memfd %s GB/s   process %s GB/s   process/memfd %s" %
+              (name, spread(gb["memfd"]), spread(gb["process"]), spread(ratios)))
+        for r in range(a.big_rounds):
+            print("    round %d (%s first): memfd %.3f  process %.3f  ratio %.3f" %
+                  (r + 1, "memfd" if r % 2 == 0 else "process", gb["memfd"][r],
+                   gb["process"][r], ratios[r]))
+    if bytes(buf.view) != data or heap != data:
+        raise SystemExit("the bytes read back differ from those written")
+    c.unregister(heap_seg.id)
+    buf.free()
+    peer.unregister(dst.id)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--moongate", required=True)
@@ -147,7 +201,15 @@ def main():
     ap.add_argument("--blocks", type=int, default=1024)
     ap.add_argument("--block-bytes", type=int, default=64 << 10)
     ap.add_argument("--transfer-rounds", type=int, default=9)
+    ap.add_argument("--sections", default="registration,address",
+                    help="comma-separated: registration, address, big (default: the first two)")
+    ap.add_argument("--big-bytes", type=int, default=64 << 20)
+    ap.add_argument("--big-rounds", type=int, default=5)
     a = ap.parse_args()
+    sections = a.sections.split(",")
+    unknown = set(sections) - {"registration", "address", "big"}
+    if unknown:
+        ap.error("--sections: unknown %s (registration, address, big)" % ", ".join(sorted(unknown)))
     with tempfile.TemporaryDirectory(dir="/dev/shm") as work:
         a.peer = "127.0.0.1:%d" % free_port()
         p, sock = start(a.moongate, work, "a")
@@ -155,8 +217,12 @@ def main():
         try:
             with mg.Client("unix:" + sock, timeout=300) as c, \
                     mg.Client(a.peer, plaintext=True, timeout=300) as peer:
-                registration(c, a)
-                by_address(c, peer, a)
+                if "registration" in sections:
+                    registration(c, a)
+                if "address" in sections:
+                    by_address(c, peer, a)
+                if "big" in sections:
+                    one_request(c, peer, a)
         finally:
             for d in (p, q):
                 d.terminate()

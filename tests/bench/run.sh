@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
 # memory:   a 1 GiB memfd passed by descriptor and registered against a daemon-made segment;
 #           64 KiB WRITEs to a peer with local memory named by address against by segment id.
+# pmem:     one 64 MiB WRITE to a peer from a bytearray registered as process memory (read with
+#           process_vm_readv) against from a memfd, alternated, medians of 5; then the same
+#           READ (bench_memory.py --sections big; `pmem -- --big-rounds 9`).
 # names:    remote memory by (agent, address) and by "host:port", a peer by DNS name, against
 #           by segment id and numeric address; Notify/Send against a batch's notification.
 # pool:     1024 1 MiB READs into leases through the BufferPool shape (moongate.pool), the
@@ -78,6 +81,9 @@ batch)
     ;;
 memory)
     /usr/bin/python3 tests/bench/bench_memory.py --moongate "$build/moongate" "$@"
+    ;;
+pmem)
+    /usr/bin/python3 tests/bench/bench_memory.py --moongate "$build/moongate" --sections big "$@"
     ;;
 names)
     /usr/bin/python3 tests/bench/bench_names.py --moongate "$build/moongate" "$@"
@@ -241,5 +247,5 @@ report)
     /usr/bin/python3 tests/bench/report.py --run "$root/tests/bench/run.sh" \
         --out "${MG_BENCH_OUT:-$build/bench-report}" "$@"
     ;;
-*) echo "usage: $0 [control|register|batch|memory|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
+*) echo "usage: $0 [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|lease|dataplane|transfer|report|compare REV] [-- options]" >&2; exit 64 ;;
 esac
