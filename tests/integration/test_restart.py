@@ -336,6 +336,8 @@ def test_a_daemon_back_as_another_users_is_refused(certs, door):
             assert "kv-4" not in [a.name for a in other.agents()]  # it made nothing there
     finally:
         c.close()
+        if mine.alive():  # the test failed before its kill
+            mine.kill()
         if theirs is not None:
             assert theirs.stop() == 0, theirs.read_log()
         shutil.rmtree(world, ignore_errors=True)
