@@ -58,6 +58,7 @@ struct mg_client {
     struct event_base *base;
     struct bufferevent *bev;
     struct evbuffer *stage; /* output written straight to the socket (h2c, unix); mg_bev.h */
+    int send_capped;        /* send_cb stopped at its output cap in this send */
     nghttp2_session *ng;
     SSL_CTX *ssl_ctx;
     char target[256];
@@ -299,8 +300,10 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, 
     mg_client *c = user_data;
     if (!c->connected)
         return NGHTTP2_ERR_WOULDBLOCK;
-    if (mg_bev_pending(c->bev, c->stage) > 4 * 1024 * 1024)
+    if (mg_bev_pending(c->bev, c->stage) > 4 * 1024 * 1024) {
+        c->send_capped = 1;
         return NGHTTP2_ERR_WOULDBLOCK;
+    }
     if (mg_bev_add(c->bev, c->stage, data, length) != 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     return (ssize_t)length;
@@ -429,8 +432,10 @@ static void client_send(mg_client *c)
     int rv;
     if (c->ng == NULL || !c->connected || c->failed)
         return;
-    rv = nghttp2_session_send(c->ng);
-    mg_bev_flush(c->bev, c->stage);
+    do { /* stopped at the output cap, and all of it went straight to the socket: go on */
+        c->send_capped = 0;
+        rv = nghttp2_session_send(c->ng);
+    } while (mg_bev_flush(c->bev, c->stage) && rv == 0 && c->send_capped);
     if (rv != 0) {
         char why[128];
         snprintf(why, sizeof(why), "HTTP/2: %s", nghttp2_strerror(rv));

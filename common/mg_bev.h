@@ -32,15 +32,18 @@ static inline int mg_bev_add(struct bufferevent *bev, struct evbuffer *stage, co
 }
 
 /* Writes the staged bytes: to the socket now when nothing is queued before them, whatever the
- * socket did not take onto bev. */
-static inline void mg_bev_flush(struct bufferevent *bev, struct evbuffer *stage)
+ * socket did not take onto bev. Returns 1 when nothing is left queued on bev: its write callback
+ * will then not run, so a sender that stopped at its output cap must send again itself (else
+ * it waits for the next input, which may never come). */
+static inline int mg_bev_flush(struct bufferevent *bev, struct evbuffer *stage)
 {
-    if (stage == NULL || evbuffer_get_length(stage) == 0)
-        return;
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && bufferevent_getfd(bev) >= 0)
-        (void)evbuffer_write(stage, bufferevent_getfd(bev));
-    if (evbuffer_get_length(stage) > 0)
-        bufferevent_write_buffer(bev, stage);
+    if (stage != NULL && evbuffer_get_length(stage) > 0) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && bufferevent_getfd(bev) >= 0)
+            (void)evbuffer_write(stage, bufferevent_getfd(bev));
+        if (evbuffer_get_length(stage) > 0)
+            bufferevent_write_buffer(bev, stage);
+    }
+    return evbuffer_get_length(bufferevent_get_output(bev)) == 0;
 }
 
 #endif

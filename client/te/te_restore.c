@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#define TE_INFO_MS 5000 /* the time an Info call gets when no bound limits it */
+
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
@@ -53,7 +55,7 @@ void te_restore_init(te_engine *e)
     char msg[512];
     if (mg_client_reconnect_env(&e->bound_ms, &e->backoff_ms, msg, sizeof(msg)) != 0)
         te_log("%s", msg);
-    if (daemon_epoch(e, 5000, &e->epoch, msg, sizeof(msg)) != 0)
+    if (daemon_epoch(e, TE_INFO_MS, &e->epoch, msg, sizeof(msg)) != 0)
         e->epoch = 0;
     e->sock_owner = mg_client_socket_owner(e->target);
 }
@@ -80,7 +82,7 @@ static int quitting(te_engine *e)
  * 0 with the epoch, else -1 with e->gone set. */
 static int reconnect(te_engine *e, uint64_t *epoch)
 {
-    uint64_t deadline = mono_ms() + (e->retry_once ? 0 : e->bound_ms), wait_ms = 50, left;
+    uint64_t deadline = mono_ms() + (e->retry_once ? 0 : e->bound_ms), wait_ms = 50, left, info_ms;
     char msg[512];
     int st = MG_GRPC_UNAVAILABLE;
     for (;;) {
@@ -100,8 +102,11 @@ static int reconnect(te_engine *e, uint64_t *epoch)
             return -1;
         }
         st = te_call_reconnect(e, msg, sizeof(msg));
+        /* Info's time: what is left of the bound, at most 1 s; the one try after giving up has
+         * no bound left and gets an Info's usual time (1 ms failed it on a busy machine) */
+        info_ms = e->retry_once ? TE_INFO_MS : left < 1000 ? (left ? left : 1) : 1000;
         if (st == 0 && !quitting(e))
-            st = daemon_epoch(e, left < 1000 ? (left ? left : 1) : 1000, epoch, msg, sizeof(msg));
+            st = daemon_epoch(e, info_ms, epoch, msg, sizeof(msg));
         if (st == 0)
             return 0;
         if (st == MG_GRPC_UNAUTHENTICATED || st == MG_GRPC_PERMISSION_DENIED) {

@@ -43,8 +43,10 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t length, 
                        void *user_data)
 {
     mg_conn *conn = user_data;
-    if (mg_bev_pending(conn->bev, conn->stage) >= conn->gw->cfg->max_conn_output_bytes)
+    if (mg_bev_pending(conn->bev, conn->stage) >= conn->gw->cfg->max_conn_output_bytes) {
+        conn->send_capped = 1;
         return NGHTTP2_ERR_WOULDBLOCK;
+    }
     if (mg_bev_add(conn->bev, conn->stage, data, length) != 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     return (ssize_t)length;
@@ -237,9 +239,11 @@ int mg_conn_send(mg_conn *conn)
     if (conn->ng == NULL)
         return 0;
     conn->in_send = 1;
-    rv = nghttp2_session_send(conn->ng);
+    do { /* stopped at the output cap, and all of it went straight to the socket: go on */
+        conn->send_capped = 0;
+        rv = nghttp2_session_send(conn->ng);
+    } while (mg_bev_flush(conn->bev, conn->stage) && rv == 0 && conn->send_capped);
     conn->in_send = 0;
-    mg_bev_flush(conn->bev, conn->stage);
     if (rv != 0) {
         mg_warn("conn_error", "peer=%s kind=%s error=\"%s\"", conn->peer,
                 mg_conn_kind_names[conn->kind], nghttp2_strerror(rv));

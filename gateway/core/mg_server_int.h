@@ -96,6 +96,7 @@ typedef struct mg_conn {
     int got_frame;
     int read_paused;
     int in_send;
+    int send_capped; /* send_cb stopped at --max-conn-output-bytes in this send */
     mg_call *calls;
     mg_list binds;     /* what services bound to the connection (mg_call_bind) */
     mg_list_node link; /* in gw->conns */

@@ -2,7 +2,7 @@
 # The GPU check: moongate moving this machine's GPU memory, with moongate's binaries and bash
 # only (no Python, no compiler, no Debian packages: it runs from the bundle, scripts/bundle.sh).
 #
-#   check.sh [--size 1G] [--rounds 3]
+#   check.sh [--size 1G] [--rounds 3] [--ports PORT_B,PORT_A]
 #
 # Two daemons on loopback (A with a buffer pool for staging, B the target), then mgbench vram:
 # resolves every CUDA driver symbol moongate's table uses, allocates device memory, moves SIZE
@@ -14,6 +14,8 @@
 # Skipped (exit 0, "skipped: ...") where no NVIDIA driver is present, unless MOONGATE_CUDA_LIB
 # names a driver library (the tests give it the CUDA driver emulator). Binaries: the bundle's
 # bin/ beside this script, else $MG_BUILD_DIR, else build/release of the source tree.
+# --ports gives the two daemons' h2c ports (B's peer port first); without it, free ones are drawn
+# from 10000-19999, below the kernel's ephemeral range.
 # Exit status 0 when every move ended OK and the bytes compared equal.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,11 +26,13 @@ else
 fi
 size=1G
 rounds=3
+ports=
 while [ $# -gt 0 ]; do
     case "$1" in
     --size) size=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ports) ports=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 64 ;;
     esac
 done
@@ -54,7 +58,7 @@ trap cleanup EXIT
 free_port() {
     local p
     for _ in $(seq 1 100); do
-        p=$((20000 + RANDOM % 40000))
+        p=$((10000 + RANDOM % 10000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return
@@ -87,10 +91,19 @@ start() {
     exit 1
 }
 
-port=$(free_port)
-port_b=$port
+if [ -n "$ports" ]; then
+    port_b=${ports%%,*}
+    port_a=${ports#*,}
+    case "$port_b$port_a" in
+    '' | *[!0-9]*) echo "check.sh: --ports wants two port numbers, PORT_B,PORT_A" >&2; exit 64 ;;
+    esac
+else
+    port_b=$(free_port)
+    port_a=$(free_port)
+fi
+port=$port_b
 start b --pool-bytes 0
-port=$(free_port)
+port=$port_a
 start a --pool-bytes 256M --peer-port "$port_b"
 
 echo "check.sh: $("$bin/moongate" --version 2>/dev/null | head -n 1), $size, $rounds rounds"

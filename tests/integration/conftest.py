@@ -126,6 +126,16 @@ def free_port():
     raise RuntimeError("no free port")
 
 
+def two_free_ports():
+    """Two different free ports of this worker's slice, as "A,B" (for scripts that start their
+    own daemons, such as tests/gpu/check.sh --ports)."""
+    a = free_port()
+    b = free_port()
+    while b == a:
+        b = free_port()
+    return f"{a},{b}"
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory):
     d = os.environ.get("MG_CERTS")

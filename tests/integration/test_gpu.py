@@ -450,7 +450,8 @@ def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
     """tests/gpu/check.sh from the source tree: two daemons, device memory through staging and
     back, compared on the device; without a driver (and none named) it says it is skipped."""
     check = os.path.join(conftest.ROOT, "tests", "gpu", "check.sh")
-    run = subprocess.run([check, "--size", "8M", "--rounds", "1"],
+    run = subprocess.run([check, "--size", "8M", "--rounds", "1",
+                          "--ports", conftest.two_free_ports()],
                          env=gpu_env(MG_BUILD_DIR=conftest.BUILD), capture_output=True, text=True,
                          timeout=480)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -103,7 +103,8 @@ def test_bundle_runs_where_it_is_unpacked(tmp_path):
             assert "=> " + str(top / "lib") in line.replace("/bin/../lib", "/lib"), (f, line)
     readme = (top / "README").read_text()
     assert re.search(r"glibc 2\.\d+ or newer", readme), readme
-    check = subprocess.run([str(top / "check.sh"), "--size", "8M", "--rounds", "1"],
+    check = subprocess.run([str(top / "check.sh"), "--size", "8M", "--rounds", "1",
+                            "--ports", conftest.two_free_ports()],
                            env=dict(env, MOONGATE_CUDA_LIB=os.path.join(BUILD,
                                                                         "libmgcuda_emu.so")),
                            capture_output=True, text=True, timeout=480)

@@ -477,7 +477,9 @@ def test_readable_routes_with_curl(make_daemon):
 
 
 def test_read_segment_inline(make_daemon):
-    d = make_daemon()
+    # the daemon queues at most 64 KiB of a call's answer, so a read the client does not take
+    # stays open (see the held read below)
+    d = make_daemon("--max-conn-output-bytes", "64K")
     ch, m = stub(d)
     size = 3 * (1 << 20) + 123
     pattern = bytes((i * 7 + 3) & 0xff for i in range(size))
@@ -492,9 +494,13 @@ def test_read_segment_inline(make_daemon):
             id=seg.id, offset=1000, length=5000, chunk_bytes=2048), timeout=30))
         assert [len(c.data) for c in part] == [2048, 2048, 904]
         assert b"".join(c.data for c in part) == pattern[1000:6000]
-        # A read in progress holds the segment.
-        stream = m.ReadSegment(memory_pb2.ReadSegmentRequest(id=seg.id, chunk_bytes=4096),
-                               timeout=30)
+        # A read in progress holds the segment. The reader's channel keeps a small window and
+        # does not grow it, and the daemon queues 64 KiB: the 800-chunk stream stays open
+        # however fast the daemon is.
+        slow = grpc.insecure_channel(d.h2c, options=[("grpc.http2.bdp_probe", 0),
+                                                     ("grpc.http2.lookahead_bytes", 16384)])
+        stream = memory_pb2_grpc.MemoryStub(slow).ReadSegment(
+            memory_pb2.ReadSegmentRequest(id=seg.id, chunk_bytes=4096), timeout=30)
         next(stream)
         with pytest.raises(grpc.RpcError) as e:
             m.UnregisterSegment(memory_pb2.UnregisterRequest(id=seg.id))
@@ -502,6 +508,7 @@ def test_read_segment_inline(make_daemon):
         assert "held by 1" in e.value.details()
         assert "the latest: ReadSegment by 127.0.0.1:" in e.value.details()
         stream.cancel()
+        slow.close()
         import time
         deadline = time.monotonic() + 10
         while True:  # the cancelled read lets go of the segment

@@ -7,6 +7,7 @@ keep looping WRITEs, READs and notifications across restarts of either daemon, f
 while one is away, with every byte they counted done in place. A daemon that does not come
 back, or comes back refusing the client's token, is said once, clearly."""
 import os
+import signal
 import hashlib
 import subprocess
 import sys
@@ -446,7 +447,8 @@ def test_a_c_initiator_outlives_its_daemon(make_daemon, children):
 def test_a_c_engine_gives_up_and_comes_back_with_its_daemon(make_daemon, children,
                                                            monkeypatch):
     """MOONGATE_RECONNECT_S=1 and a daemon away longer: libtransfer_engine.so says once that it
-    gave up; the daemon back, the engine's next call finds it and makes its agent again."""
+    gave up; the daemon back, the engine's next call finds it and makes its agent again, even
+    when the daemon is slow to answer that call's one try."""
     monkeypatch.setenv("MOONGATE_RECONNECT_S", "1")
     b = make_daemon()
     t = test_mooncake_c.c_target(lambda *x, **kw: children(test_mooncake.Target, *x, **kw), b)
@@ -458,6 +460,8 @@ def test_a_c_engine_gives_up_and_comes_back_with_its_daemon(make_daemon, childre
     b.log.close()
     b._start_once()
     assert agents_of(b) == {}  # nothing until the engine calls
+    b.proc.send_signal(signal.SIGSTOP)  # a busy machine: the daemon answers 0.3 s late
+    threading.Timer(0.3, b.proc.send_signal, (signal.SIGCONT,)).start()
     assert t.notifications() == []  # a call: the engine tries again, finds the daemon
     until("the agent back", lambda: agents_of(b) == had)
     assert err.count("did not come back") == 1  # said once
