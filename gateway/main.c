@@ -228,16 +228,23 @@ int main(int argc, char **argv)
     if (open_rdma(&cfg, &rdma, rdma_why, sizeof(rdma_why)) != 0)
         goto out;
     {
-        mg_engine_config ec = {(unsigned)cfg.workers,
-                               (unsigned)cfg.queue_depth,
-                               {.shm_dir = cfg.shm_dir,
-                                .file_mode = (unsigned)cfg.shm_mode,
-                                .max_segments = cfg.max_segments,
-                                .max_registered_bytes = cfg.max_registered_bytes,
-                                .max_tenant_segments = cfg.max_tenant_segments,
-                                .max_tenant_bytes = cfg.max_tenant_bytes,
-                                .file_gid = shm_gid,
-                                .rdma = rdma}};
+        mg_engine_config ec = {
+            (unsigned)cfg.workers,
+            (unsigned)cfg.queue_depth,
+            {.shm_dir = cfg.shm_dir,
+             .file_mode = (unsigned)cfg.shm_mode,
+             .max_segments = cfg.max_segments,
+             .max_registered_bytes = cfg.max_registered_bytes,
+             .max_tenant_segments = cfg.max_tenant_segments,
+             .max_tenant_bytes = cfg.max_tenant_bytes,
+             .file_gid = shm_gid,
+             .rdma = rdma,
+             .process_memory_off = cfg.process_memory
+                                       ? NULL
+                                       : "process memory is off on this daemon "
+                                         "(--process-memory=false; with the helm chart, "
+                                         "processMemory.enabled=false)",
+             .tcp_targets = cfg.data_listen[0] != '\0'}};
         mg_engine_config ic = {(unsigned)cfg.io_threads, (unsigned)cfg.queue_depth, {0}};
         rc = mg_engine_new(&engine, &ec);
         if (rc == 0)

@@ -34,6 +34,7 @@ enum {
     ST_INVALID_ARGUMENT = 3,
     ST_NOT_FOUND = 5,
     ST_PERMISSION_DENIED = 7,
+    ST_FAILED_PRECONDITION = 9,
     ST_OUT_OF_RANGE = 11,
     ST_UNIMPLEMENTED = 12,
     ST_INTERNAL = 13,
@@ -52,6 +53,8 @@ int mg_dp_status_err(uint32_t st)
         return MG_ERR_NOT_FOUND;
     case ST_PERMISSION_DENIED:
         return MG_ERR_PERMISSION;
+    case ST_FAILED_PRECONDITION:
+        return MG_ERR_STATE;
     case ST_OUT_OF_RANGE:
         return MG_ERR_RANGE;
     case ST_UNIMPLEMENTED:
@@ -318,9 +321,11 @@ typedef struct dp_conn {
     int ahead;
     size_t rpos, rlen; /* rbuf[rpos, rlen): received, not used yet */
     uint8_t rbuf[RBUF_BYTES];
-    uint8_t *stage; /* checksummed READ answers pass through here summed, side by side */
+    uint8_t *stage; /* checksummed READ answers pass through here summed, side by side, and
+                     * READ answers from memory this process does not map (a process's) */
     size_t stage_cap;
     size_t staged; /* bytes of it the answers held use */
+    uint8_t *land; /* WRITEs into memory this process does not map land here first (LAND_BYTES) */
     /* The segments the last WRITE and the last READ slice used ([1]: READ), let go when the
      * answers go out, and so before the connection waits for the next frame: the WRITE's
      * before (a client that has its acks may unregister the segment at once), the READ's
@@ -639,7 +644,10 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
         mg_registry_put(s->cfg.registry, *seg);
         return ST_OUT_OF_RANGE;
     }
-    *addr = (uint8_t *)mg_segment_addr(*seg) + h->offset;
+    /* memory this process does not map (a process's) is moved through its kind's read and
+     * write (dp_unmapped_*): no address */
+    *addr = mg_segment_caps(*seg) & MG_SEG_CAP_MAPPED ? (uint8_t *)mg_segment_addr(*seg) + h->offset
+                                                      : NULL;
     *size = info.size;
     return ST_OK;
 }
@@ -664,12 +672,90 @@ static uint32_t check_hot_target(dp_conn *c, const char *tenant, const char *hol
         return ST_OK;
     }
     st = check_target(c->srv, tenant, holder, h, t, addr, &size);
-    if (st == ST_OK && t->seg && (h->type == MG_DF_WRITE || !hot->t.seg)) {
+    if (st == ST_OK && t->seg && *addr && (h->type == MG_DF_WRITE || !hot->t.seg)) {
         target_done(c->srv, &hot->t); /* a WRITE's: its slices have landed */
         *hot = (dp_hot){*t, h->target, size, *addr - h->offset};
         *t = (dp_target){NULL, NULL};
     }
     return st;
+}
+
+/* ---- memory this process does not map (a process's: no MG_SEG_CAP_MAPPED) ---- */
+
+#define LAND_BYTES (256u << 10) /* a WRITE into it lands here piece by piece, in the cache */
+
+/* The wire status of the kind's read or write failing. */
+static uint32_t unmapped_status(int rc)
+{
+    switch (rc) {
+    case MG_ERR_STATE: /* its process exited, or is another one now */
+        return ST_FAILED_PRECONDITION;
+    case MG_ERR_DATA_LOSS: /* part of the range is not mapped there any more */
+        return ST_DATA_LOSS;
+    case MG_ERR_PERMISSION:
+        return ST_PERMISSION_DENIED;
+    case MG_ERR_RANGE:
+        return ST_OUT_OF_RANGE;
+    default:
+        return ST_INTERNAL;
+    }
+}
+
+/* A WRITE's n payload bytes into seg at off: each piece received into c->land (summed into *crc
+ * when crc; its first byte flipped when flip), then written there with the kind's write (one
+ * copy more than into a mapping, from the cache). After a failure the rest is taken off the
+ * stream and dropped. Returns 0 with *st ST_OK or the failure's, or -1 (the connection
+ * failed). */
+static int unmapped_write(dp_conn *c, mg_segment *seg, uint64_t off, uint64_t n, int timeout_ms,
+                          uint32_t *crc, int flip, uint32_t *st)
+{
+    char why[256];
+    int rc;
+    if (c->land == NULL && (c->land = malloc(LAND_BYTES)) == NULL)
+        *st = ST_INTERNAL;
+    for (uint64_t done = 0; done < n;) {
+        size_t k = n - done < LAND_BYTES ? (size_t)(n - done) : LAND_BYTES;
+        int ok = *st == ST_OK;
+        if ((rc = read_payload(c, ok ? c->land : NULL, k, timeout_ms, ok ? crc : NULL,
+                               ok && flip)) == -1)
+            return -1;
+        flip = 0;
+        if (ok && rc == 0 && (rc = mg_segment_write(seg, off + done, c->land, k, why, sizeof(why))))
+            *st = unmapped_status(rc);
+        else if (ok && rc != 0)
+            *st = ST_INTERNAL;
+        done += k;
+    }
+    return 0;
+}
+
+/* A READ's n bytes of seg at off, copied with the kind's read into the stage behind the answers
+ * held (they go first when it is full), summed into *crc when crc. Returns the payload, or NULL
+ * with *st the failure's, or with *broken set (sending the answers held failed). */
+static const uint8_t *unmapped_read(dp_conn *c, mg_segment *seg, uint64_t off, uint32_t n,
+                                    uint32_t *crc, uint32_t *st, int *broken)
+{
+    char why[256];
+    uint8_t *p;
+    int rc;
+    if (c->staged > 0 && c->staged + n > c->stage_cap && out_flush(c, 1) != 0) {
+        *broken = 1;
+        return NULL;
+    }
+    if (c->staged == 0 &&
+        stage_grow(&c->stage, &c->stage_cap, n > STAGE_GATHER_BYTES ? n : STAGE_GATHER_BYTES)) {
+        *st = ST_INTERNAL;
+        return NULL;
+    }
+    p = c->stage + c->staged;
+    if ((rc = mg_segment_read(seg, off, p, n, why, sizeof(why))) != 0) {
+        *st = unmapped_status(rc);
+        return NULL;
+    }
+    if (crc)
+        *crc = mg_crc32c(0, p, n);
+    c->staged += n;
+    return p;
 }
 
 /* HELLO: returns 0 with the tenant, or -1 after answering ERROR. */
@@ -743,8 +829,12 @@ static void *conn_main(void *arg)
              * checksummed slice's CRC32C is taken of each piece as it lands. */
             uint32_t crc = 0;
             int summed = st == ST_OK && (h.flags & MG_DF_CRC);
-            rc = read_payload(c, st == ST_OK ? addr : NULL, h.length, timeout, summed ? &crc : NULL,
-                              summed && corrupt_this(s));
+            if (st == ST_OK && addr == NULL) /* a process's memory */
+                rc = unmapped_write(c, tgt.seg, h.offset, h.length, timeout, summed ? &crc : NULL,
+                                    summed && corrupt_this(s), &st);
+            else
+                rc = read_payload(c, st == ST_OK ? addr : NULL, h.length, timeout,
+                                  summed ? &crc : NULL, summed && corrupt_this(s));
             c->ahead = h.length < MG_DP_AHEAD_BYTES;
             if (rc == -1) {
                 target_done(s, &tgt);
@@ -763,8 +853,16 @@ static void *conn_main(void *arg)
         } else {
             uint32_t crc = 0;
             const uint8_t *payload = addr;
-            c->ahead = 1; /* READ frames are headers alone */
-            if (st == ST_OK && (h.flags & MG_DF_CRC)) {
+            c->ahead = 1;                      /* READ frames are headers alone */
+            if (st == ST_OK && addr == NULL) { /* a process's memory: copied into the stage */
+                int broken = 0;
+                payload = unmapped_read(c, tgt.seg, h.offset, h.length,
+                                        (h.flags & MG_DF_CRC) ? &crc : NULL, &st, &broken);
+                if (broken) {
+                    target_done(s, &tgt);
+                    break;
+                }
+            } else if (st == ST_OK && (h.flags & MG_DF_CRC)) {
                 /* Summed into the stage behind the answers held, once they went if it is full. */
                 if (c->staged > 0 && c->staged + h.length > c->stage_cap && out_flush(c, 1) != 0) {
                     target_done(s, &tgt);
@@ -796,7 +894,9 @@ static void *conn_main(void *arg)
             break;
     }
 out:
-    out_flush(c, 0);            /* answers still held: the connection failed under them */
+    out_flush(c, 0); /* answers still held: the connection failed under them */
+    free(c->land);
+    c->land = NULL;
     shutdown(c->fd, SHUT_RDWR); /* the peer sees the end now; the descriptor closes at reap */
     pthread_mutex_lock(&s->lock);
     s->active--;
@@ -1456,7 +1556,14 @@ static void slice_failed(const mg_dp_conn *c, mg_dp_op *op, uint64_t slice, cons
         cause = ": the bytes landed corrupted (a CRC32C mismatch), or its file there is shorter "
                 "than registered (a client truncated it)";
     else if (op->rc == MG_ERR_DATA_LOSS)
-        cause = ": its file there is shorter than registered (a client truncated it)";
+        cause = ": its file there is shorter than registered (a client truncated it), or its "
+                "process there no longer maps the range";
+    else if (op->rc == MG_ERR_STATE)
+        cause = ": the process whose memory it is there exited";
+    else if (op->rc == MG_ERR_NOT_FOUND)
+        cause = op->lease ? ": the peer holds no such lease (released or expired)"
+                          : ": the peer holds no such segment (unregistered, or the process whose "
+                            "memory it was exited)";
     snprintf(op->err, op->errcap, "peer %s %s slice %llu (offset %llu, %u bytes) of %s %llu: %s%s",
              c->peer, lost ? "sent" : "refused", (unsigned long long)slice,
              (unsigned long long)sl->remote_offset, sl->length, op->lease ? "lease" : "segment",

@@ -146,7 +146,7 @@ const mg_seg_kind mg_seg_fd = {
     .what = "a range of a file the client passed",
     .hint = "",
     .caps = MG_SEG_CAP_TCP | MG_SEG_CAP_RDMA | MG_SEG_CAP_COPY | MG_SEG_CAP_TARGET |
-            MG_SEG_CAP_INLINE | MG_SEG_CAP_FD,
+            MG_SEG_CAP_INLINE | MG_SEG_CAP_FD | MG_SEG_CAP_MAPPED,
     .location = "cpu",
     .location_default = 1,
     .check = fd_check,

@@ -40,6 +40,8 @@ typedef struct mg_seg_env {
     unsigned file_mode;
     unsigned file_gid;
     mg_rdma *rdma; /* NULL: no RDMA devices */
+    const char *process_memory_off; /* mg_registry_config's */
+    int tcp_targets;
 } mg_seg_env;
 
 typedef struct mg_seg_kind mg_seg_kind;

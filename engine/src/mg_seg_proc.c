@@ -2,10 +2,12 @@
  * mg_seg_proc: process memory by address (MG_SEG_PROCESS) — memory a local client allocated
  * itself (malloc'd buffers, CPU tensors) with no file to pass. The daemon maps nothing: it
  * reaches the bytes in the client's process with process_vm_readv/writev (moongate/procmem.h),
- * on the copy and TCP paths only, as the local side of a request — never over RDMA, never a
- * target of a copy or of a peer, never read or written inline. Only the process itself
- * registers it, on the Unix socket, by address and size; it must run as the socket's uid.
- * seg->addr is the client's address, never dereferenced here.
+ * on the copy and TCP paths only: as the local side of a request, and, registered
+ * remote-accessible, as a peer's target over the TCP data plane (which lands and sends its
+ * slices with the kind's read and write: the kind lacks MG_SEG_CAP_MAPPED) — never over RDMA,
+ * never a target of a copy on this daemon, never shared, never read or written inline. Only
+ * the process itself registers it, on the Unix socket, by address and size; it must run as the
+ * socket's uid. seg->addr is the client's address, never dereferenced here.
  */
 #include "mg_seg_kind.h"
 
@@ -15,18 +17,28 @@
 
 static int proc_check(const mg_seg_env *env, const mg_segment_spec *spec, char *err)
 {
-    (void)env;
+    if (env->process_memory_off) {
+        snprintf(err, MG_SEG_ERROR_MAX, "%s", env->process_memory_off);
+        return MG_ERR_STATE;
+    }
     if (spec->client_addr == 0 || spec->size == 0 || !spec->caller_uid_known) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "process memory is named by its address and size (client_address, size), "
                  "by the process that has it, on the Unix socket");
         return MG_ERR_INVALID;
     }
-    if (spec->remote_accessible || (spec->share && spec->share[0])) {
+    if (spec->share && spec->share[0]) {
         snprintf(err, MG_SEG_ERROR_MAX,
-                 "process memory is reached by this daemon only, with process_vm: it is "
-                 "never remote-accessible nor shared (register it by descriptor for that)");
+                 "process memory is never shared with other tenants (register it by "
+                 "descriptor for that)");
         return MG_ERR_INVALID;
+    }
+    if (spec->remote_accessible && !env->tcp_targets) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "peers reach process memory over the TCP data plane, which is off on this "
+                 "daemon (--data-listen \"\"): register it without remote access, or by "
+                 "descriptor");
+        return MG_ERR_STATE;
     }
     return 0;
 }

@@ -135,8 +135,8 @@ const mg_seg_kind mg_seg_shm = {
     .name = "shm",
     .what = "a client's file in the shm directory",
     .hint = "",
-    .caps =
-        MG_SEG_CAP_TCP | MG_SEG_CAP_RDMA | MG_SEG_CAP_COPY | MG_SEG_CAP_TARGET | MG_SEG_CAP_INLINE,
+    .caps = MG_SEG_CAP_TCP | MG_SEG_CAP_RDMA | MG_SEG_CAP_COPY | MG_SEG_CAP_TARGET |
+            MG_SEG_CAP_INLINE | MG_SEG_CAP_MAPPED,
     .location = "cpu",
     .location_default = 1,
     .check = shm_check,

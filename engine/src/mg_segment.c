@@ -184,6 +184,8 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
         nb <<= 1;
     reg->nbuckets = nb;
     reg->env.rdma = cfg->rdma;
+    reg->env.process_memory_off = cfg->process_memory_off;
+    reg->env.tcp_targets = cfg->tcp_targets;
     mg_idmap_init(&reg->ids, nb);
     reg->by_name = calloc(nb, sizeof(*reg->by_name));
     reg->by_req = calloc(nb, sizeof(*reg->by_req));

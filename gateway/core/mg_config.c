@@ -83,6 +83,10 @@ static const opt_def opts[] = {
     {"memlock", T_STR, O(memlock), "off", 0, 0,
      "what a registration's MEMLOCK_DEFAULT means: off, try (lock if RLIMIT_MEMLOCK allows) or "
      "require (fail otherwise)"},
+    {"process-memory", T_BOOL, O(process_memory), "true", 0, 1,
+     "let local clients register memory they allocated themselves by address (process memory, "
+     "reached with process_vm; the daemon needs the clients' uid or CAP_SYS_PTRACE, and to see "
+     "their pids); false refuses such registrations, naming this setting"},
     {"max-segments", T_UINT, O(max_segments), "65536", 1, 16777216, "registered segments at most"},
     {"max-tenant-segments", T_UINT, O(max_tenant_segments), "4096", 1, 16777216,
      "registered segments of one tenant at most"},

@@ -35,8 +35,9 @@ typedef struct mg_config {
     uint64_t reload_interval; /* seconds; 0: files are read once */
     char *shm_dir;
     uint64_t shm_mode;
-    char *memlock;   /* off, try, require */
-    char *shm_group; /* group (name or number) of the shm directory and the daemon's files */
+    char *memlock;      /* off, try, require */
+    int process_memory; /* clients may register their own memory by address */
+    char *shm_group;    /* group (name or number) of the shm directory and the daemon's files */
     uint64_t max_segments;
     uint64_t max_tenant_segments;
     uint64_t max_tenant_bytes; /* quotas per tenant; 0: none */

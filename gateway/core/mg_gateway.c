@@ -255,7 +255,11 @@ int mg_gateway_new(mg_gateway **out, struct event_base *base, const mg_config *c
     gw->rdma = parts->rdma;
     snprintf(gw->rdma_why, sizeof(gw->rdma_why), "%s", parts->rdma_why ? parts->rdma_why : "");
     /* procfs reads, done here once rather than on the loop at every Info or status call */
-    gw->process_vm = mg_procmem_available(gw->process_vm_why, sizeof(gw->process_vm_why));
+    if (!cfg->process_memory)
+        snprintf(gw->process_vm_why, sizeof(gw->process_vm_why),
+                 "off on this daemon (--process-memory=false)");
+    else
+        gw->process_vm = mg_procmem_available(gw->process_vm_why, sizeof(gw->process_vm_why));
     gw->state = MG_STATE_STARTING;
     gw->start_unix_ms = mg_now_unix_ms();
     gw->start_mono_ns = mg_now_mono_ns();

@@ -7,7 +7,6 @@ import os
 import socket
 import time
 
-import grpc
 
 from conftest import MGCTL, curl, h2c_channel, register, req
 from mgstd import health_pb2, health_pb2_grpc

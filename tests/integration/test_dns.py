@@ -13,7 +13,6 @@ import random
 import socket
 import subprocess
 import threading
-import time
 
 import grpc
 import pytest

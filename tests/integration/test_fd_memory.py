@@ -12,6 +12,7 @@ import fcntl
 import json
 import mmap
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -527,15 +528,82 @@ def test_malloced_memory_moves_with_process_vm(make_daemon):
             c.transfer([mg.write(segment=here.id, peer="", remote_segment=seg.id, length=8)])
         assert "local side of a request only" in e.value.message
         with pytest.raises(mg.Error) as e:
-            c.register_memory("remote", addr, size, remote_accessible=True)
+            c.register_memory("shared", addr, size, share_with=["other-tenant"])
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert "never remote-accessible" in e.value.message
+        assert "never shared" in e.value.message
         c.unregister(seg.id)
     assert a.metric("moongate_process_vm_bytes_total", op="read") >= size + 4096
     assert a.metric("moongate_process_vm_bytes_total", op="write") >= 2 * 4096
     assert not a.metric("moongate_pool_lease_events_total", pool="default", event="acquired")
     status = json.loads(a.ops_get("/status.json")[1])
     assert status["transports"]["process_vm"] == "available"  # root, no Yama here
+
+
+def test_process_memory_is_a_peers_target(make_daemon):
+    """Registered remote-accessible, memory this process allocated is a peer's target over TCP:
+    the daemon holding it lands a peer's WRITE with process_vm_writev and answers its READ with
+    process_vm_readv, at any offset, in slices larger than its bounce buffer."""
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    size = 3 * MiB + 123
+    theirs = bytearray(size + 5)  # the target: this process's heap, registered with b
+    ours = bytearray(os.urandom(size))  # the source: registered with a
+    t_addr, t_size = mg.address_of(theirs)
+    o_addr, _ = mg.address_of(ours)
+    with client(b) as cb, client(a) as ca:
+        target = cb.register_memory("kv", t_addr, t_size, remote_accessible=True)
+        assert target.source == memory_pb2.PROCESS and list(target.transports) == ["tcp"]
+        ca.register_memory("src", o_addr, size)
+        batch = ca.transfer([mg.write(address=o_addr, peer=b.h2c, remote_segment=target.id,
+                                      remote_offset=5, length=size)])
+        assert batch.requests[0].transport == "process_vm"  # this end: from process memory
+        assert bytes(theirs[5:]) == bytes(ours) and bytes(theirs[:5]) == bytes(5)
+        # back: a READ from it into a segment of a, and into a's process memory
+        here = ca.register("here", 4 * MiB)
+        batch = ca.transfer([mg.read(segment=here.id, peer=b.h2c, remote_segment=target.id,
+                                     remote_offset=5, length=size)])
+        assert batch.requests[0].transport == "tcp"
+        assert read_segment(a, here.id, size) == bytes(ours)
+        ours[:] = bytes(size)
+        ca.transfer([mg.read(address=o_addr + 1, peer=b.h2c, remote_segment=target.id,
+                             remote_offset=6, length=size - 1)])
+        assert bytes(ours[1:]) == bytes(theirs[6:])
+        # not shared, not read inline, not the target of a copy on its own daemon
+        with pytest.raises(grpc.RpcError) as e:
+            read_segment(b, target.id, 16)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        cb.unregister(target.id)
+    assert b.metric("moongate_process_vm_bytes_total", op="write") >= size
+    assert b.metric("moongate_process_vm_bytes_total", op="read") >= 2 * size - 1
+    assert serving(a) and serving(b)
+
+
+def test_process_memory_is_a_target_only_where_a_path_serves_it(make_daemon):
+    """A registration no path can serve fails at registration, naming why: process memory off
+    on the daemon (the chart's setting), or remote access with the TCP data plane off."""
+    heap = bytearray(4096)
+    addr, size = mg.address_of(heap)
+    off = make_daemon("--process-memory=false")
+    with client(off) as c:
+        for kw in ({}, {"remote_accessible": True}):
+            with pytest.raises(mg.Error) as e:
+                c.register_memory("heap", addr, size, **kw)
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert "--process-memory=false" in e.value.message
+            assert "processMemory.enabled" in e.value.message
+        pvm = [t for t in c.info().transports if t.name == "process_vm"][0]
+        assert not pvm.available and "--process-memory=false" in pvm.reason
+    status = json.loads(off.ops_get("/status.json")[1])
+    assert status["transports"]["process_vm"] == "off on this daemon (--process-memory=false)"
+    no_tcp = make_daemon("--data-listen", "")
+    with client(no_tcp) as c:
+        with pytest.raises(mg.Error) as e:
+            c.register_memory("heap", addr, size, remote_accessible=True)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert '--data-listen ""' in e.value.message
+        seg = c.register_memory("heap", addr, size)  # the local side of requests: fine
+        c.unregister(seg.id)
+    assert serving(off) and serving(no_tcp)
 
 
 def test_process_memory_is_checked_at_registration(make_daemon):
@@ -630,6 +698,54 @@ def test_a_process_that_exits_mid_transfer_fails_its_requests_only(make_daemon):
         # its segment is released once the failed request let go of it
         assert wait_gone(c, seg_id)
     assert "event=segments_released pid=" in a.read_log()
+    assert serving(a) and serving(b)
+
+
+def test_a_target_process_that_exits_fails_the_peers_requests_only(make_daemon):
+    """The process whose memory a peer writes into exits while the slices are on their way
+    (its daemon frozen meanwhile, so they are): those requests fail by name, the batch's other
+    request lands, and both daemons serve on."""
+    a = make_daemon("--peer-tls=false")
+    b = make_daemon("--peer-tls=false")
+    size = 64 * MiB
+    src = register(a, "src", size)
+    other = register(b, "other", MiB, remote=True)
+    p = subprocess.Popen([sys.executable, "-c", CHILD % dict(
+        path=CLIENT_DIR, sock=b.sock, size=size, body=(
+            "seg = c.register_memory('kv', addr, size, remote_accessible=True)\n"
+            "print(seg.id, flush=True)\n"
+            "sys.stdin.read()\n"))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        seg_id = int(p.stdout.readline())
+        with client(a) as c:
+            # first WRITEs that land: a knows both targets (Submit asks b nothing more) and
+            # has a connection to b
+            c.transfer([mg.write(segment=src.id, peer=b.h2c, remote_segment=seg_id,
+                                 length=MiB),
+                        mg.write(segment=src.id, peer=b.h2c, remote_segment=other.id,
+                                 length=MiB)])
+            b.signal(signal.SIGSTOP)
+            try:
+                bid = c.submit([mg.write(segment=src.id, peer=b.h2c, remote_segment=seg_id,
+                                         length=size),
+                                mg.write(segment=src.id, peer=b.h2c, remote_segment=other.id,
+                                         length=MiB)])
+                p.kill()
+                p.wait()
+            finally:
+                b.signal(signal.SIGCONT)
+            batch = c.wait(bid, check=False)
+            gone, fine = batch.requests
+            assert fine.code == 0, batch
+            # the daemon lands into it and finds it gone, or learns first that it exited
+            assert gone.code in (grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                                 grpc.StatusCode.NOT_FOUND.value[0]), batch
+            assert "segment %d" % seg_id in gone.message and "exited" in gone.message, batch
+    finally:
+        p.kill()
+        p.wait()
+    with client(b) as cb:
+        assert wait_gone(cb, seg_id)
     assert serving(a) and serving(b)
 
 

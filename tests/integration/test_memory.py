@@ -671,7 +671,6 @@ def test_write_in_progress_holds_the_segment(make_daemon):
 def test_a_fast_writer_waits_for_the_workers(make_daemon):
     """Flow control: while the workers are held, the daemon takes in at most about one stream
     window beyond the message on the worker, and the writer waits; released, all of it lands."""
-    import threading
     import time
     from moongate.v1 import debug_pb2, debug_pb2_grpc
     d = make_daemon("--debug-service", "--stream-window-bytes", "1M")

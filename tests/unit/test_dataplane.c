@@ -8,6 +8,7 @@
  */
 #include "mg_test.h"
 #include "moongate/dataplane.h"
+#include "moongate/procmem.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -15,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MiB (1024u * 1024u)
@@ -59,7 +63,8 @@ static uint64_t add_segment(const char *name, int remote, uint64_t size, uint8_t
 
 static void start(unsigned max_conns)
 {
-    mg_registry_config rc = {.shm_dir = dir, .file_mode = 0600, .max_segments = 8};
+    mg_registry_config rc = {
+        .shm_dir = dir, .file_mode = 0600, .max_segments = 8, .tcp_targets = 1};
     mg_dp_server_config sc = {.host = "127.0.0.1",
                               .leases = leases,
                               .max_slice = 4 * MiB,
@@ -612,6 +617,124 @@ static void test_held_segments(void)
     stop();
 }
 
+/* A child process's buffer, registered remote-accessible as process memory (MG_SEG_PROCESS) by
+ * (pid, address): its id. The child answers 'y' or 'n' to each byte on *ask: whether its
+ * buffer holds want[0, size - 7) at offset 7. */
+static uint64_t add_child_memory(pid_t *pid, int *ask, int *answer, const uint8_t *want,
+                                 uint64_t size)
+{
+    int up[2], down[2];
+    uint64_t addr = 0;
+    mg_segment_spec spec = {.tenant = "t",
+                            .name = "child",
+                            .source = MG_SEG_PROCESS,
+                            .size = size,
+                            .caller_uid_known = 1,
+                            .caller_uid = (uint32_t)getuid(),
+                            .remote_accessible = 1};
+    mg_segment *seg;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX], q;
+    CU_ASSERT_FATAL(pipe(up) == 0 && pipe(down) == 0);
+    *pid = fork();
+    CU_ASSERT_FATAL(*pid >= 0);
+    if (*pid == 0) {
+        uint8_t *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        uint64_t a = (uint64_t)(uintptr_t)m;
+        if (m == MAP_FAILED || write(up[1], &a, sizeof(a)) != (ssize_t)sizeof(a))
+            _exit(2);
+        while (read(down[0], &q, 1) == 1) {
+            char r = memcmp(m + 7, want, size - 7) == 0 ? 'y' : 'n';
+            if (write(up[1], &r, 1) != 1)
+                _exit(3);
+        }
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    *ask = down[1];
+    *answer = up[0];
+    CU_ASSERT_FATAL(read(*answer, &addr, sizeof(addr)) == (ssize_t)sizeof(addr));
+    spec.client_addr = addr;
+    spec.client = (mg_proc){*pid, mg_proc_start_time(*pid)};
+    CU_ASSERT_EQUAL_FATAL(mg_registry_reserve(reg, &spec, &seg, err), 0);
+    mg_registry_commit(reg, seg, mg_segment_map(seg));
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL_FATAL(info.state, MG_SEG_READY);
+    return info.id;
+}
+
+/* Whether the child's buffer holds what it was given to compare. */
+static int child_has(int ask, int answer)
+{
+    char r = 0;
+    CU_ASSERT_FATAL(write(ask, "?", 1) == 1 && read(answer, &r, 1) == 1);
+    return r == 'y';
+}
+
+/* A process's memory as a peer's target: not mapped here, its slices land with
+ * process_vm_writev (from a bounce) and go with process_vm_readv (through the stage). WRITEs,
+ * plain and checksummed, land in the child's own buffer; READs, large and small, give them
+ * back; a corrupted checksummed slice is refused; slices to it and to a mapped segment mix on
+ * one stream. Once the child is killed, its slices fail FAILED_PRECONDITION naming the exit,
+ * and the stream goes on: a slice to another segment lands after them. */
+static void test_process_memory_as_a_target(void)
+{
+    enum { SIZE = 6 * MiB };
+    static uint8_t src[SIZE], back[SIZE];
+    mg_dp_options big = {.slice_bytes = 1 * MiB, .window = 4};
+    mg_dp_options small = {.slice_bytes = 4096, .window = 64};
+    mg_dp_options summed = {.slice_bytes = 512 * 1024, .window = 8, .crc = 1};
+    mg_dp_op ops[3];
+    char err[256], errs[3][256];
+    int ask, answer, st = 0;
+    pid_t pid;
+    uint64_t id;
+    mg_dp_conn *c = start_filled(src, sizeof(src));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    id = add_child_memory(&pid, &ask, &answer, src, SIZE);
+    CU_ASSERT_EQUAL(mg_dp_write(c, id, 7, src, SIZE - 7, &big, err, sizeof(err)), 0);
+    CU_ASSERT(child_has(ask, answer)); /* in the child's memory itself */
+    CU_ASSERT_EQUAL(mg_dp_read(c, id, 7, back, SIZE - 7, &big, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, SIZE - 7), 0);
+    memset(back, 0, SIZE);
+    CU_ASSERT_EQUAL(mg_dp_read(c, id, 7, back, 1 * MiB + 5, &small, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, 1 * MiB + 5), 0); /* 257 slices, many in flight */
+    memset(back, 0, SIZE);
+    CU_ASSERT_EQUAL(mg_dp_read(c, id, 7, back, SIZE - 7, &summed, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, src, SIZE - 7), 0);
+    /* checksummed WRITEs: a zeroed range, then the bytes again; one corrupted slice refused */
+    memset(back, 0, SIZE);
+    CU_ASSERT_EQUAL(mg_dp_write(c, id, 7, back, 2 * MiB, &summed, err, sizeof(err)), 0);
+    CU_ASSERT_FALSE(child_has(ask, answer));
+    mg_dp_server_corrupt(srv, 1);
+    CU_ASSERT_EQUAL(mg_dp_write(c, id, 7, src, 2 * MiB, &summed, err, sizeof(err)),
+                    MG_ERR_DATA_LOSS);
+    CU_ASSERT_EQUAL(mg_dp_write(c, id, 7, src, 2 * MiB, &summed, err, sizeof(err)), 0);
+    CU_ASSERT(child_has(ask, answer));
+    /* one run: a WRITE to the child, one to a mapped segment, a READ from the child */
+    ops[0] = write_op(id, 7, src, 1 * MiB, errs[0], sizeof(errs[0]));
+    ops[1] = write_op(open_id, 0, src, 3 * MiB, errs[1], sizeof(errs[1]));
+    ops[2] = write_op(id, 7 + 1 * MiB, back, 2 * MiB, errs[2], sizeof(errs[2]));
+    ops[2].write = 0;
+    CU_ASSERT_EQUAL(mg_dp_run(c, ops, 3, &big), 0);
+    CU_ASSERT(ops[0].rc == 0 && ops[1].rc == 0 && ops[2].rc == 0);
+    CU_ASSERT_EQUAL(memcmp(back, src + 1 * MiB, 2 * MiB), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem, src, 3 * MiB), 0);
+    /* the process exits: its slices fail by name, the stream stays in step */
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    close(ask);
+    close(answer);
+    CU_ASSERT_EQUAL(mg_dp_write(c, id, 0, src, 3 * MiB, &big, err, sizeof(err)), MG_ERR_STATE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "exited"));
+    CU_ASSERT_EQUAL(mg_dp_read(c, id, 0, back, 3 * MiB, &summed, err, sizeof(err)), MG_ERR_STATE);
+    CU_ASSERT_EQUAL(mg_dp_write(c, open_id, 0, "ok", 2, &big, err, sizeof(err)), 0);
+    CU_ASSERT_EQUAL(memcmp(open_mem, "ok", 2), 0);
+    mg_dp_close(c);
+    stop();
+}
+
 /* READs from a segment whose file a client cut short after registration: a plain slice's bytes
  * would go from the mapping by the kernel's copy (EFAULT past the file's end, after the answer's
  * header went), a checksummed one's through the stage by the CPU's (guarded). Either way the
@@ -797,6 +920,7 @@ int main(void)
         MG_TEST(test_wide_window_many_frames),
         MG_TEST(test_held_segments),
         MG_TEST(test_reads_of_a_shrunk_file),
+        MG_TEST(test_process_memory_as_a_target),
         MG_TEST(test_checksummed_slices_share_sends),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),

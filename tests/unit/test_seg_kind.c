@@ -196,10 +196,9 @@ static void test_a_mapped_file_read_and_written(void)
 
 /* A process's memory through its kind: the same calls reach this process's own buffer with
  * process_vm; inline and RDMA are refused by name; listings show no path. */
-static void test_process_memory_read_and_written(void)
+/* 8 KiB of this process's memory at mem, as process memory. */
+static mg_segment_spec heap_spec(const char *mem)
 {
-    mg_registry *reg = open_reg();
-    char *mem = calloc(1, 8192), buf[8] = "", why[MG_SEG_ERROR_MAX];
     mg_segment_spec spec = {.tenant = "t",
                             .name = "heap",
                             .source = MG_SEG_PROCESS,
@@ -208,6 +207,14 @@ static void test_process_memory_read_and_written(void)
                             .client = {getpid(), mg_proc_start_time(getpid())},
                             .caller_uid_known = 1,
                             .caller_uid = (uint32_t)getuid()};
+    return spec;
+}
+
+static void test_process_memory_read_and_written(void)
+{
+    mg_registry *reg = open_reg();
+    char *mem = calloc(1, 8192), buf[8] = "", why[MG_SEG_ERROR_MAX];
+    mg_segment_spec spec = heap_spec(mem);
     mg_segment_info info;
     mg_segment *seg;
     uint32_t crc = 0;
@@ -247,12 +254,71 @@ static void test_unknown_source_is_refused(void)
     close_reg(reg);
 }
 
+/* Process memory is refused at registration where no path serves it, naming why: the
+ * daemon's --process-memory=false (the setting named), remote access without a TCP data
+ * plane, sharing. Remote-accessible with a data plane, it is a TCP target (not mapped here:
+ * the data plane moves it with the kind's read and write). */
+static void test_process_memory_refusals_and_target(void)
+{
+    char *mem = calloc(1, 8192), err[MG_SEG_ERROR_MAX];
+    mg_registry_config cfg = {.shm_dir = dir,
+                              .file_mode = 0600,
+                              .max_segments = 16,
+                              .max_registered_bytes = 1 << 24,
+                              .process_memory_off = "process memory is off (--process-memory)"};
+    mg_segment_spec spec = heap_spec(mem);
+    mg_registry *reg = NULL;
+    mg_segment *seg = NULL;
+    mg_segment_info info;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+    spec.remote_accessible = 1;
+    snprintf(dir, sizeof(dir), "/tmp/mgkind-XXXXXX");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &cfg), 0);
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &spec, &seg, err), MG_ERR_STATE);
+    CU_ASSERT_STRING_EQUAL(err, "process memory is off (--process-memory)");
+    close_reg(reg);
+
+    reg = open_reg(); /* process memory on, no TCP data plane */
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &spec, &seg, err), MG_ERR_STATE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "--data-listen"));
+    spec.remote_accessible = 0;
+    spec.share = "u";
+    CU_ASSERT_EQUAL(mg_registry_reserve(reg, &spec, &seg, err), MG_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "never shared"));
+    close_reg(reg);
+
+    cfg.process_memory_off = NULL;
+    cfg.tcp_targets = 1;
+    spec.share = NULL;
+    spec.remote_accessible = 1;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(strcpy(dir, "/tmp/mgkind-XXXXXX")));
+    CU_ASSERT_EQUAL_FATAL(mg_registry_new(&reg, &cfg), 0);
+    seg = reg_map(reg, &spec);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(info.transports[MG_TRANSPORT_TCP].registered, 1);
+    CU_ASSERT_EQUAL(info.transports[MG_TRANSPORT_RDMA].registered, 0);
+    CU_ASSERT_EQUAL(mg_segment_caps(seg) & MG_SEG_CAP_MAPPED, 0);
+    CU_ASSERT_EQUAL(mg_segment_caps(seg) & MG_SEG_CAP_TCP, MG_SEG_CAP_TCP);
+    /* the kinds the data plane moves in place: the mapped files */
+    CU_ASSERT(mg_seg_source_caps(MG_SEG_ANON) & MG_SEG_CAP_MAPPED);
+    CU_ASSERT(mg_seg_source_caps(MG_SEG_SHM) & MG_SEG_CAP_MAPPED);
+    CU_ASSERT(mg_seg_source_caps(MG_SEG_FD) & MG_SEG_CAP_MAPPED);
+    CU_ASSERT_FALSE(mg_seg_source_caps(MG_SEG_DMABUF) & MG_SEG_CAP_MAPPED);
+    close_reg(reg);
+    free(mem);
+}
+
 int main(void)
 {
     static const mg_test_case cases[] = {
-        MG_TEST(test_every_kind_has_its_operations),   MG_TEST(test_what_a_kind_lacks_is_named),
-        MG_TEST(test_inline_refusals_name_the_memory), MG_TEST(test_a_mapped_file_read_and_written),
-        MG_TEST(test_process_memory_read_and_written), MG_TEST(test_unknown_source_is_refused),
+        MG_TEST(test_every_kind_has_its_operations),
+        MG_TEST(test_what_a_kind_lacks_is_named),
+        MG_TEST(test_inline_refusals_name_the_memory),
+        MG_TEST(test_a_mapped_file_read_and_written),
+        MG_TEST(test_process_memory_read_and_written),
+        MG_TEST(test_unknown_source_is_refused),
+        MG_TEST(test_process_memory_refusals_and_target),
     };
     return mg_test_run("segment kinds", cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -759,7 +759,8 @@ class Client:
         """Registers memory this process allocated itself (a bytearray, a numpy array: see
         address_of) where it lies, with no file: the daemon reads and writes it with
         process_vm_readv/writev (copy and TCP paths; never RDMA). Transfers name it by segment id
-        or by address. Keep the memory alive until it is unregistered."""
+        or by address; with remote_accessible=True peers write into and read from it over TCP.
+        Keep the memory alive until it is unregistered."""
         def make():
             return self._call(self.memory.RegisterSegment, memory_pb2.RegisterRequest(
                 name=name, source=memory_pb2.PROCESS, client_address=address, size=size,

@@ -84,6 +84,12 @@ typedef struct mg_registry_config {
     /* RDMA devices (moongate/rdma.h) every segment is registered with once mapped, on the
      * worker that maps it; NULL: none. Segments are deregistered before they are unmapped. */
     struct mg_rdma *rdma;
+    /* Process memory (MG_SEG_PROCESS) refused at registration, and why (an operator's setting
+     * to name); NULL: allowed. */
+    const char *process_memory_off;
+    /* A TCP data plane serves peers here: process memory may be remote-accessible (it has no
+     * RDMA path). */
+    int tcp_targets;
 } mg_registry_config;
 
 typedef struct mg_segment_spec {
@@ -175,6 +181,9 @@ typedef struct mg_segment_info {
 #define MG_SEG_CAP_CALLER                                                 \
     0x80u /* the caller's own memory, by address: its process runs as the \
            * socket's uid */
+#define MG_SEG_CAP_MAPPED                                                                  \
+    0x100u /* mapped into this process (mg_segment_addr points at the bytes): the TCP data \
+            * plane moves them in place; else through the kind's read and write */
 
 /* The kind's name ("anon", "shm", "fd", "process", "dmabuf"), or NULL for a value that names
  * none. */
