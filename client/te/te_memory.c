@@ -4,8 +4,8 @@
  * by descriptor, where it lies: peers may read and write it, and RDMA reaches it (where the
  * daemon has devices, a remote-accessible file must be sealed against shrinking: a memfd with
  * F_SEAL_SHRINK). Any other memory (malloc, the stack, a private mapping) is
- * registered as process memory: the local side of transfers, over TCP and copies, never RDMA
- * and never a peer's target. Which one it was is logged, once each.
+ * registered as process memory: the daemon reaches it with process_vm, and, remote-accessible,
+ * peers read and write it over TCP (never RDMA). Which one it was is logged, once each.
  */
 #include "te_internal.h"
 
@@ -94,6 +94,7 @@ static int describe_memory(te_engine *e, uintptr_t addr, size_t len, int remote,
     int fd = file_of(addr, len, &offset), st = 0;
     q->client_address = addr;
     q->size = len;
+    q->remote_accessible = remote != 0;
     if (fd < 0) {
         q->source = MOONGATE__V1__SEGMENT_SOURCE__PROCESS;
         return 0;
@@ -109,7 +110,6 @@ static int describe_memory(te_engine *e, uintptr_t addr, size_t len, int remote,
     q->source = MOONGATE__V1__SEGMENT_SOURCE__FD;
     q->fd_handle = handle;
     q->offset = offset;
-    q->remote_accessible = remote != 0;
     return 1;
 }
 
@@ -163,23 +163,29 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
     }
     snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)a);
     st = register_call(e, a, length, remote_accessible, name, &kind, &resp, &len, msg, sizeof(msg));
-    if (st == MG_GRPC_FAILED_PRECONDITION && kind == 1 && remote_accessible) {
-        /* a file that may shrink, with RDMA devices on the daemon: this process's use only */
-        TE_LOG_ONCE("registerLocalMemory(%p): %s; registered for this process's transfers "
-                    "only (map a memfd sealed with F_SEAL_SHRINK for peers to reach it)",
-                    addr, msg);
+    if (st == MG_GRPC_FAILED_PRECONDITION && remote_accessible) {
+        /* a file that may shrink with RDMA devices on the daemon, or process memory with its
+         * data plane off: this process's use only (process memory off fails again, below) */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", msg);
         st = register_call(e, a, length, 0, name, &kind, &resp, &len, msg, sizeof(msg));
+        if (st == 0)
+            TE_LOG_ONCE("registerLocalMemory(%p): %s; registered for this process's transfers "
+                        "only%s",
+                        addr, why,
+                        kind ? " (map a memfd sealed with F_SEAL_SHRINK for peers to reach it)"
+                             : "");
         remote = 0;
     }
     if (st != 0) {
         te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);
         return st == MG_GRPC_ALREADY_EXISTS ? ERR_ADDRESS_OVERLAPPED : -1;
     }
-    if (kind == 0 && remote_accessible)
-        TE_LOG_ONCE("registerLocalMemory: memory of no shared file is process memory: the local "
-                    "side of transfers (TCP and copies, never RDMA); peers cannot name it as a "
-                    "target. Memory mapped from a shared file (shm_open, /dev/shm, a memfd) is "
-                    "registered by descriptor and can be both.");
+    if (kind == 0 && remote)
+        TE_LOG_ONCE("registerLocalMemory: memory of no shared file is process memory: the daemon "
+                    "reaches it with process_vm, and peers read and write it over TCP (never "
+                    "RDMA). Memory mapped from a shared file (shm_open, /dev/shm, a memfd) is "
+                    "registered by descriptor and RDMA reaches it too.");
     else if (kind == 1)
         TE_LOG_ONCE("registerLocalMemory: memory mapped from a shared file is registered by "
                     "descriptor: peers may read and write it, RDMA reaches it");

@@ -122,6 +122,49 @@ def test_target_and_initiator_processes(make_daemon, target, transport):
     t.close()
 
 
+class Blocks(conftest.Child):
+    """mooncake/blocks.py as a target: n anonymous mmap blocks of `size` registered (with
+    batch_register_memory when asked), then "peek ADDR LEN" in hex."""
+
+    def __init__(self, d, n, size, batch):
+        super().__init__([sys.executable, os.path.join(HERE, "mooncake", "blocks.py"), "target",
+                          "127.0.0.1", str(n), str(size)] + (["batch"] if batch else []),
+                         env=env_for(d))
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_anonymous_memory_blocks_are_a_peers_target(make_daemon, children, batch):
+    """Blocks of the target's own memory (anonymous mmap, no file: process memory), registered
+    as Mooncake's users register KV-cache pools: a peer READs each whole block and WRITEs into
+    each, through mooncake.engine at both ends, over TCP."""
+    a, b = pair(make_daemon)
+    size = 3 * MiB + 4096
+    t = children(Blocks, b, 4, size, batch)
+    assert t.rc == 0
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "blocks.py"),
+                          "initiator", "127.0.0.1", t.session, "4", str(size)],
+                         input=json.dumps({"blocks": t.blocks}) + "\n", env=env_for(a),
+                         text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got == {"first": t.blocks[0], "reads": [0] * 4, "same": [True] * 4,
+                   "writes": [0] * 4}, run.stderr
+    for i, addr in enumerate(t.blocks):  # in the target's memory itself, the rest untouched
+        assert bytes.fromhex(t.ask("peek %d 4100" % addr)) == \
+            b"\xee" * 4096 + bytes([i + 1]) * 4
+    assert b.metric("moongate_process_vm_bytes_total", op="write") >= 4 * 4096
+    assert b.metric("moongate_process_vm_bytes_total", op="read") >= 4 * size
+
+
+def test_process_memory_off_fails_registration_by_name(make_daemon, children):
+    """On a daemon with process memory off (the helm chart's default), registering memory of
+    no file fails at registration, with the setting named: never later, at a peer."""
+    d = make_daemon("--process-memory=false")
+    t = children(Blocks, d, 2, MiB, True)
+    assert t.rc == -1
+    assert "processMemory.enabled=false" in t.close()
+
+
 def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, monkeypatch):
     """The initiator's daemon is stopped (SIGSTOP) before a transfer_sync_write: the call waits
     for its answer. A second thread, which can only run if the waiting call let go of the GIL,

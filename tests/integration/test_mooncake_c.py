@@ -25,9 +25,11 @@ MiB = 1 << 20
 K64 = 65536
 
 
-def c_target(make_target, d, size=MiB):
-    """The C harness as a target process on daemon d."""
-    return make_target(d, [HARNESS, LIB, "target", str(size)], notes="notifs")
+def c_target(make_target, d, size=MiB, memory="memfd"):
+    """The C harness as a target process on daemon d, its memory a sealed memfd's mapping or
+    malloc'd ("malloc": process memory, a peer's target over TCP)."""
+    return make_target(d, [HARNESS, LIB, "target", str(size)] +
+                       (["malloc"] if memory == "malloc" else []), notes="notifs")
 
 
 C_EXPECTED = {
@@ -85,10 +87,11 @@ def pattern(n, start=0):
     return bytes(((start + i) * 7 + 3) & 0xff for i in range(n))
 
 
-@pytest.mark.parametrize("transport", ["tcp", "rdma"])
-def test_c_target_and_initiator(make_daemon, target, transport):
+@pytest.mark.parametrize("transport,memory", [("tcp", "memfd"), ("rdma", "memfd"),
+                                              ("tcp", "malloc"), ("rdma", "malloc")])
+def test_c_target_and_initiator(make_daemon, target, transport, memory):
     a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if transport == "rdma" else []))
-    t = c_target(target, b)
+    t = c_target(target, b, memory=memory)
     run = subprocess.run([HARNESS, LIB, "initiator", t.session, str(t.address)], env=env_for(a),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -127,6 +130,14 @@ def test_c_target_and_initiator(make_daemon, target, transport):
     assert 'segment "127.0.0.2:9": the engine at port 9 of 127.0.0.2 cannot be reached: the ' \
         "daemon of 127.0.0.2 does not answer" in run.stderr, run.stderr
     assert "4 more tasks" not in run.stderr and "1 more tasks in a batch of 4" in run.stderr
+    if memory == "malloc":  # the target's process memory: over TCP, whatever the devices
+        assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                        transport="tcp") >= 4 * K64
+        assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default",
+                            op="write", transport="rdma")
+        assert b.metric("moongate_process_vm_bytes_total", op="write") >= 4 * K64
+        assert "peers read and write it over TCP" in t.close()
+        return
     if transport == "rdma":
         assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
                         transport="rdma") >= 4 * K64
@@ -164,9 +175,10 @@ def test_tight_polls_of_many_small_transfers_are_never_torn(make_daemon):
     assert (got["transfers"], got["completed"], got["torn"]) == (n, n, 0), got
 
 
-def test_python_initiator_against_a_c_target(make_daemon, target):
+@pytest.mark.parametrize("memory", ["memfd", "malloc"])
+def test_python_initiator_against_a_c_target(make_daemon, target, memory):
     a, b = pair(make_daemon)
-    t = c_target(target, b)
+    t = c_target(target, b, memory=memory)
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "initiator.py"),
                           t.session, str(t.address), str(t.address)],  # its one region
                          env=env_for(a), text=True,
@@ -224,6 +236,17 @@ def test_no_daemon_answers_null(tmp_path):
     assert run.returncode == 1 and run.stdout == "", run.stdout
     assert "moongate transfer_engine: no moongate daemon" in run.stderr, run.stderr
     assert str(tmp_path / "none.sock") in run.stderr
+
+
+def test_malloc_memory_on_a_daemon_with_process_memory_off(make_daemon):
+    """registerLocalMemory of malloc'd memory where the daemon has process memory off (the helm
+    chart's default): -1 at registration, the setting named; never a failure later at a peer."""
+    d = make_daemon("--process-memory=false")
+    run = subprocess.run([HARNESS, LIB, "target", str(MiB), "malloc"], env=env_for(d),
+                         input="quit\n", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stdout == "", run.stdout
+    assert "registerLocalMemory(0x" in run.stderr and \
+        "processMemory.enabled=false" in run.stderr, run.stderr
 
 
 def test_the_token_file_reaches_the_daemon(make_daemon, tmp_path):

@@ -243,13 +243,16 @@ static void json_text(const char *t)
     putchar('"');
 }
 
-static int target(size_t size)
+/* A target engine with `size` bytes of memory registered remote-accessible: a sealed memfd's
+ * mapping, or with `heap`, malloc'd memory registered as TensorRT-LLM's and NIXL's Mooncake
+ * backends register theirs (location "*"). */
+static int target(size_t size, int heap)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
     char where[128], line[256];
-    uint8_t *mem = sealed_memory(size);
+    uint8_t *mem = heap ? calloc(1, size) : sealed_memory(size);
     if (e == NULL || mem == NULL || te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
-        te.registerLocalMemory(e, mem, size, "cpu:0", 1) != 0)
+        te.registerLocalMemory(e, mem, size, heap ? "*" : "cpu:0", 1) != 0)
         return 1;
     printf("{\"session\": \"%s\", \"address\": %llu}\n", where, (unsigned long long)(uintptr_t)mem);
     fflush(stdout);
@@ -765,14 +768,15 @@ static int notify(const char *session, const char *name_hex, const char *msg_hex
 int main(int argc, char **argv)
 {
     if (argc < 4 || load(argv[1]) != 0) {
-        fprintf(stderr, "usage: te_harness LIB target SIZE | LIB initiator SESSION ADDRESS | "
+        fprintf(stderr, "usage: te_harness LIB target SIZE [malloc] | "
+                        "LIB initiator SESSION ADDRESS | "
                         "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH | "
                         "LIB notify SESSION NAME_HEX MSG_HEX | "
                         "LIB latency SESSION ADDRESS N SIZE\n");
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
-        return target(strtoull(argv[3], NULL, 0));
+        return target(strtoull(argv[3], NULL, 0), argc > 4 && strcmp(argv[4], "malloc") == 0);
     if (strcmp(argv[2], "initiator") == 0 && argc > 4)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
     if (strcmp(argv[2], "loop") == 0 && argc > 5)

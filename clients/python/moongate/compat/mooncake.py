@@ -19,9 +19,9 @@ byte, as Mooncake's.
 Memory: allocate_managed_buffer memory is a memfd this library maps and the daemon registers by
 descriptor: peers may read and write it and RDMA reaches it. register_memory of memory the caller
 mapped from a shared file (a memfd it keeps open, a /dev/shm file) registers that file by
-descriptor too; of any other memory (a bytearray, a NumPy array) as process memory: the local
-side of transfers (TCP and copies, never RDMA, never a peer's target). It says which once, and
-memory_kind(addr) tells.
+descriptor too; of any other memory (malloc'd, an anonymous mmap, a bytearray, a NumPy array) as
+process memory, remote-accessible: the daemon reads and writes it with process_vm, and peers
+read and write it over TCP (never RDMA). It says which once, and memory_kind(addr) tells.
 """
 import base64
 import ctypes
@@ -347,16 +347,16 @@ class TransferEngine:
             if shared is not None:
                 seg, kind = self._register_shared(name, addr, size, *shared), "descriptor"
             else:
-                seg, kind = self._c.register_memory(name, addr, size), "process"
+                seg, kind = self._register_process(name, addr, size), "process"
         except mg.Error as e:
             log.error("register_memory(0x%x, %d): %s", addr, size, e)
             return ERR_ADDRESS_OVERLAPPED if e.code == grpc.StatusCode.ALREADY_EXISTS else -1
         if kind == "process":
             say_once("process-memory", logging.INFO, "register_memory: memory of no shared "
-                     "file is registered as process memory: the local side of transfers (TCP "
-                     "and copies, never RDMA); peers cannot name it as a target. Memory from "
+                     "file is registered as process memory: the daemon reaches it with "
+                     "process_vm, and peers read and write it over TCP (never RDMA). Memory from "
                      "allocate_managed_buffer, or mapped from a shared file (a memfd kept open, "
-                     "/dev/shm), is registered by descriptor and can be both.")
+                     "/dev/shm), is registered by descriptor and RDMA reaches it too.")
         else:
             say_once("shared-memory", logging.INFO, "register_memory: memory mapped from a "
                      "shared file is registered by descriptor: peers may read and write it, "
@@ -364,6 +364,21 @@ class TransferEngine:
         with self._lock:
             self._regions[addr] = (size, seg.id, kind)
         return 0
+
+    def _register_process(self, name, addr, size):
+        """Process memory, a peer's target as Mooncake's memory is; on a daemon whose data plane
+        is off (FAILED_PRECONDITION naming it), this process's own transfers only. A daemon with
+        process memory off refuses both, and that error is the registration's."""
+        try:
+            return self._c.register_memory(name, addr, size, remote_accessible=True)
+        except mg.Error as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            why = e.message
+        seg = self._c.register_memory(name, addr, size)
+        say_once("no-tcp-targets", logging.WARNING, "register_memory(0x%x): %s; registered for "
+                 "this process's transfers only", addr, why)
+        return seg
 
     def _register_shared(self, name, addr, size, fd, offset):
         try:
