@@ -1338,23 +1338,55 @@ void mg_dp_close(mg_dp_conn *c)
  * the connection's stage at offset `at` (the stage holds at least at + its length when at > 0,
  * so that slices gathered before it stay where they are). Returns 0, or -1 (errno EFAULT: the
  * local bytes went missing while they were summed). */
-static int frame_slice(mg_dp_conn *c, int write, uint64_t target, const mg_slice *sl,
-                       const uint8_t *buf, const mg_dp_options *o, uint64_t id, size_t at,
-                       uint8_t head[MG_DF_HEADER_BYTES], const uint8_t **payload)
+/* A WRITE slice's payload copied out of memory reached by op->access, into the stage at `at`
+ * (behind payloads staged there and not sent yet; at 0 the stage first grows to hold several),
+ * summed into *crc when asked. Returns the staged bytes, or NULL with op->rc and op->err set. */
+static const uint8_t *staged_from_access(mg_dp_conn *c, mg_dp_op *op, const mg_slice *sl, size_t at,
+                                         uint32_t *crc)
+{
+    size_t n = sl->length;
+    int rc;
+    if (at == 0 &&
+        stage_grow(&c->stage, &c->stage_cap, n > STAGE_GATHER_BYTES ? n : STAGE_GATHER_BYTES)) {
+        op->rc = MG_ERR_NOMEM;
+        snprintf(op->err, op->errcap, "out of memory (a stage of %zu bytes)", n);
+        return NULL;
+    }
+    if ((rc = op->access->get(op->access->ctx, sl->local_offset, c->stage + at, n, op->err,
+                              op->errcap)) != 0) {
+        op->rc = rc;
+        return NULL;
+    }
+    if (crc)
+        *crc = mg_crc32c(0, c->stage + at, n);
+    return c->stage + at;
+}
+
+/* Frames slice sl of op: its header in head, and in *payload what follows it (NULL for a READ).
+ * Returns 0; -1 with errno when the local bytes are not there (EFAULT); 1 when op's own access
+ * failed (op->rc set: the op sends no more). */
+static int frame_slice(mg_dp_conn *c, mg_dp_op *op, const mg_slice *sl, const mg_dp_options *o,
+                       uint64_t id, size_t at, uint8_t head[MG_DF_HEADER_BYTES],
+                       const uint8_t **payload)
 {
     mg_df_header h = {0};
-    h.type = write ? MG_DF_WRITE : MG_DF_READ;
+    h.type = op->write ? MG_DF_WRITE : MG_DF_READ;
     h.flags = (o->crc ? MG_DF_CRC : 0) | (o->lease ? MG_DF_LEASE : 0);
     h.slice = id;
-    h.target = target;
+    h.target = op->target;
     h.offset = sl->remote_offset;
     h.length = sl->length;
-    *payload = write ? buf + sl->local_offset : NULL;
-    if (write && o->crc &&
-        (*payload = summed_at(&c->stage, &c->stage_cap, at, *payload, sl->length,
-                              &h.payload_crc)) == NULL) {
-        errno = EFAULT; /* as send() reports a missing page of the local segment */
-        return -1;
+    *payload = NULL;
+    if (op->write && op->access) {
+        if ((*payload = staged_from_access(c, op, sl, at, o->crc ? &h.payload_crc : NULL)) == NULL)
+            return 1;
+    } else if (op->write) {
+        *payload = op->buf + sl->local_offset;
+        if (o->crc && (*payload = summed_at(&c->stage, &c->stage_cap, at, *payload, sl->length,
+                                            &h.payload_crc)) == NULL) {
+            errno = EFAULT; /* as send() reports a missing page of the local segment */
+            return -1;
+        }
     }
     mg_df_encode(&h, head);
     return 0;
@@ -1487,18 +1519,21 @@ static int run_send(run_state *r)
             return run_fail(r, rc, 1);
         mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice, &sl, 1);
         so.lease = op->lease;
-        if (op->write && so.crc && g->staged > 0 && g->staged + sl.length > c->stage_cap) {
+        if (op->write && (so.crc || op->access) && g->staged > 0 &&
+            g->staged + sl.length > c->stage_cap) {
             /* The stage is full: what it holds goes first, pushed (held back, its last packet
-             * would wait for this slice's sum). */
+             * would wait for this slice's sum or copy). */
             if ((rc = run_flush(r, 0)) != 0)
                 return rc;
             held = 0;
         }
-        e = (in_flight){r->sop, r->sslice, c->next_slice++};
         if (g->frames == 0)
             g->first = r->sslice;
-        if (frame_slice(c, op->write, op->target, &sl, op->buf, &so, e.id, g->staged,
-                        g->heads[g->frames], &payload) != 0) {
+        if ((rc = frame_slice(c, op, &sl, &so, c->next_slice, g->staged, g->heads[g->frames],
+                              &payload)) == 1)
+            continue; /* its own memory failed it: the slices in flight are still answered */
+        e = (in_flight){r->sop, r->sslice, c->next_slice++};
+        if (rc != 0) {
             int err = errno; /* before snprintf may change it */
             snprintf(r->why, sizeof(r->why), "peer %s: sending slice %llu: %s", c->peer,
                      (unsigned long long)r->sslice, strerror(err));
@@ -1539,7 +1574,35 @@ static int run_send(run_state *r)
 }
 
 /* Where a slice's bytes were lost, when this end saw it (0: the peer answered the status). */
-enum { LOST_HERE = 1, LOST_ON_THE_WAY };
+enum { LOST_HERE = 1, LOST_ON_THE_WAY, LOST_TO_ACCESS };
+
+/* A READ slice's n payload bytes into memory reached by op->access at `off`: piece by piece
+ * through the stage, summed into *crc when crc is not NULL. Returns 0, LOST_TO_ACCESS (put failed:
+ * op->rc and op->err set once; the rest is still taken off the stream), MG_ERR_NOMEM (no stage:
+ * nothing read) or -1 (the connection failed, errno). */
+static int read_into_access(mg_dp_conn *c, mg_dp_op *op, uint64_t off, size_t n, uint32_t *crc)
+{
+    char spare[8]; /* why, when the op failed before */
+    int lost = 0, rc;
+    if (stage_grow(&c->stage, &c->stage_cap, RBUF_BYTES) != 0)
+        return MG_ERR_NOMEM;
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < c->stage_cap ? n - done : c->stage_cap;
+        if (conn_read(c, c->stage, k) != 0)
+            return -1;
+        if (crc)
+            *crc = mg_crc32c(*crc, c->stage, k);
+        if (!lost && (rc = op->access->put(op->access->ctx, off + done, c->stage, k,
+                                           op->rc ? spare : op->err,
+                                           op->rc ? sizeof(spare) : op->errcap)) != 0) {
+            if (op->rc == 0)
+                op->rc = rc;
+            lost = LOST_TO_ACCESS;
+        }
+        done += k;
+    }
+    return lost;
+}
 
 /* A slice failed with status st: the op takes its error and a message naming the slice, its
  * segment (or lease) and, for DATA_LOSS, what this end can tell of the cause. */
@@ -1606,11 +1669,14 @@ static int run_answer(run_state *r)
         return run_fail(r, MG_ERR_PROTOCOL, 0);
     }
     if (!op->write && h.status == ST_OK) {
-        uint8_t *dst = op->buf + expect.local_offset;
+        uint8_t *dst = op->access ? NULL : op->buf + expect.local_offset;
         uint32_t crc = 0;
         int got;
         if (h.length != expect.length)
             got = -1;
+        else if (op->access)
+            got = read_into_access(c, op, expect.local_offset, h.length,
+                                   h.flags & MG_DF_CRC ? &crc : NULL);
         else if (h.flags & MG_DF_CRC)
             got = read_summed(c, dst, h.length, &crc);
         else
@@ -1623,6 +1689,8 @@ static int run_answer(run_state *r)
         }
         if (got == MG_ERR_DATA_LOSS)
             lost = LOST_HERE;
+        else if (got == LOST_TO_ACCESS)
+            lost = LOST_TO_ACCESS;
         else if ((h.flags & MG_DF_CRC) && crc != h.payload_crc)
             lost = LOST_ON_THE_WAY;
     }

@@ -145,99 +145,72 @@ static mg_dp_options tcp_options(const mg_xfer_link *link)
                            .in_flight = link->in_flight};
 }
 
-/* The parts chained from `head` as one stream of slices on one connection (mg_dp_run); parts
- * of a client process's memory are left to part_tcp_process. */
+/* A part's local side in a client process's memory (pt->pm), for the data plane: its bytes at
+ * pt->local + off, read and written with process_vm. */
+static int process_get(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap)
+{
+    const mg_xfer_part *pt = ctx;
+    return mg_procmem_read(pt->pm, dst, (uint64_t)(uintptr_t)pt->local + off, n, why, cap);
+}
+
+static int process_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
+{
+    const mg_xfer_part *pt = ctx;
+    return mg_procmem_write(pt->pm, (uint64_t)(uintptr_t)pt->local + off, src, n, why, cap);
+}
+
+/* The parts chained from `head` as one stream of slices on one connection (mg_dp_run). Those
+ * whose local side is a client process's memory go through the connection's stage, copied with
+ * process_vm as their slices go and come (mg_dp_access): the window stays full meanwhile. */
 static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
 {
     mg_dp_options o = tcp_options(link);
     size_t n = 0, i = 0;
     uint64_t bytes = 0;
     mg_dp_op *ops;
+    mg_dp_access *access;
     char(*why)[MG_XFER_MSG_MAX]; /* each op's message, if it fails (untouched until then) */
     for (mg_xfer_part *pt = head; pt; pt = pt->next) {
-        n += pt->pm == NULL;
-        bytes += pt->pm == NULL ? pt->length : 0;
+        n++;
+        bytes += pt->length;
     }
-    if (n == 0)
-        return head->rc;
     if (n > 1) /* small slices: more of them in flight, the smallest most */
         o.window = bytes / n <= TINY_SLICE_BYTES ? 64 : 32;
     ops = calloc(n, sizeof(*ops));
-    why = ops ? malloc(n * sizeof(*why)) : NULL;
-    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
-        if (pt->pm)
-            continue;
-        if (why == NULL) {
+    access = calloc(n, sizeof(*access));
+    why = ops && access ? malloc(n * sizeof(*why)) : NULL;
+    if (why == NULL) {
+        for (mg_xfer_part *pt = head; pt; pt = pt->next)
             part_fails(pt, MG_ERR_NOMEM, "out of memory");
-            continue;
-        }
+        free(access);
+        free(ops);
+        return MG_ERR_NOMEM;
+    }
+    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
         pt->rc = 0;
         why[i][0] = '\0';
+        access[i] = (mg_dp_access){process_get, process_put, pt};
         ops[i] = (mg_dp_op){.write = pt->write,
                             .lease = pt->lease,
                             .target = pt->target,
                             .offset = pt->remote,
-                            .buf = pt->local,
+                            .buf = pt->pm ? NULL : pt->local,
+                            .access = pt->pm ? &access[i] : NULL,
                             .len = pt->length,
                             .progress = &pt->progress,
                             .err = why[i],
                             .errcap = sizeof(why[i])};
-        i++;
-    }
-    if (why == NULL) {
-        free(ops);
-        return MG_ERR_NOMEM;
     }
     ops_run(ops, n, &o, link, ops[0].err, ops[0].errcap);
     i = 0;
-    for (mg_xfer_part *pt = head; pt; pt = pt->next) {
-        if (pt->pm == NULL && (pt->rc = ops[i].rc) != 0)
+    for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
+        if ((pt->rc = ops[i].rc) != 0)
             mg_xfer_part_say(pt, "%s", why[i]);
-        i += pt->pm == NULL;
     }
     free(why);
+    free(access);
     free(ops);
     return head->rc;
-}
-
-/* A part whose local side is a client process's memory, over TCP: staged through a buffer of
- * the daemon's in COPY_STEP steps (process_vm_readv, then the slices; or the slices, then
- * process_vm_writev), one step on the connection at a time. */
-static int part_tcp_process(mg_xfer_part *pt, const mg_xfer_link *link)
-{
-    mg_dp_options o = tcp_options(link);
-    uint64_t cap = pt->length < COPY_STEP ? pt->length : COPY_STEP, progress;
-    uint8_t *stage = malloc(cap ? cap : 1);
-    char why[MG_XFER_MSG_MAX] = "";
-    __atomic_store_n(&pt->progress, 0, __ATOMIC_RELAXED);
-    if (stage == NULL)
-        return part_fails(pt, MG_ERR_NOMEM, "out of memory");
-    pt->rc = 0;
-    for (uint64_t done = 0, step; done < pt->length && pt->rc == 0; done += step) {
-        uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
-        mg_dp_op op = {.write = pt->write,
-                       .lease = pt->lease,
-                       .target = pt->target,
-                       .offset = pt->remote + done,
-                       .buf = stage,
-                       .progress = &progress,
-                       .err = why,
-                       .errcap = sizeof(why)};
-        step = pt->length - done < cap ? pt->length - done : cap;
-        op.len = step;
-        if (pt->write &&
-            (pt->rc = mg_procmem_read(pt->pm, stage, addr, step, why, sizeof(why))) != 0)
-            break;
-        ops_run(&op, 1, &o, link, why, sizeof(why));
-        if ((pt->rc = op.rc) != 0)
-            break;
-        if (!pt->write &&
-            (pt->rc = mg_procmem_write(pt->pm, addr, stage, step, why, sizeof(why))) != 0)
-            break;
-        __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
-    }
-    free(stage);
-    return pt->rc ? part_fails(pt, pt->rc, why) : 0;
 }
 
 /* The parts over the peer's RDMA queue pairs, one after another. */
@@ -268,12 +241,7 @@ int mg_xfer_run(mg_xfer_kind kind, mg_xfer_part *head, const mg_xfer_link *link)
     case MG_XFER_RDMA:
         return parts_rdma(head, link);
     default:
-        for (mg_xfer_part *pt = head; pt; pt = pt->next) {
-            if (pt->pm)
-                part_tcp_process(pt, link);
-        }
-        parts_tcp(head, link);
-        return head->rc;
+        return parts_tcp(head, link);
     }
 }
 

@@ -18,7 +18,10 @@
    (allocate_buffer, the reference) and from a bytearray registered as PROCESS, both filled
    first; one warm-up each, then --big-rounds rounds alternated (AB, BA, ...). Every round's
    GB/s, the medians [min-max] and the ratio process / memfd (the median of the rounds'
-   ratios). Then, for information, a READ of the peer's segment into each, the same way.
+   ratios). Then a READ of the peer's segment into each, the same way. Then the other end: a
+   WRITE from the memfd into the peer's memory, a memfd (allocate_buffer, remote-accessible)
+   against a bytearray registered there as PROCESS, remote-accessible, by a client of its own
+   (the peer lands it with process_vm_writev); and a READ out of each.
 
 Usage: bench_memory.py --moongate BIN [--sections registration,address,big] [--size BYTES]
                        [--rounds N] [--transfer-rounds N] [--big-bytes BYTES] [--big-rounds N]
@@ -150,8 +153,28 @@ def spread(xs):
     return "%.3f [%.3f-%.3f]" % (statistics.median(xs), min(xs), max(xs))
 
 
-def one_request(c, peer, a):
-    """One WRITE (and READ) of --big-bytes, a memfd against process memory, alternated."""
+def alternate(what, run, ways, rounds):
+    """One warm-up each, then `rounds` rounds of run(way) alternated (AB, BA, ...): every
+    round's GB/s, the medians [min-max] and the ratio ways[1] / ways[0] (the rounds' ratios)."""
+    run(ways[0])
+    run(ways[1])
+    gb = {ways[0]: [], ways[1]: []}
+    for r in range(rounds):
+        for way in (ways if r % 2 == 0 else ways[::-1]):
+            gb[way].append(run(way))
+    ratios = [p / m for m, p in zip(gb[ways[0]], gb[ways[1]])]
+    print("  %-14s %s %s GB/s   %s %s GB/s   %s/%s %s" %
+          (what, ways[0], spread(gb[ways[0]]), ways[1], spread(gb[ways[1]]), ways[1], ways[0],
+           spread(ratios)))
+    for r in range(rounds):
+        print("    round %d (%s first): %s %.3f  %s %.3f  ratio %.3f" %
+              (r + 1, ways[r % 2], ways[0], gb[ways[0]][r], ways[1], gb[ways[1]][r], ratios[r]))
+
+
+def one_request(c, cb, peer, a):
+    """One WRITE (and READ) of --big-bytes: from (into) a memfd against process memory on
+    daemon a, to (from) a peer's segment; then from a memfd on a into (out of) a memfd against
+    process memory on the peer, registered remote-accessible by a process of its own."""
     size = a.big_bytes
     data = os.urandom(1 << 20) * (size >> 20)
     dst = peer.register("big-dst", size, remote_accessible=True, prefault=True)
@@ -161,35 +184,38 @@ def one_request(c, peer, a):
     heap[:] = data
     heap_addr, _ = mg.address_of(heap)
     heap_seg = c.register_memory("big-heap", heap_addr, size)
-    segs = {"memfd": buf.segment.id, "process": heap_seg.id}
+    there = cb.allocate_buffer(size, remote_accessible=True)
+    there.view[:] = data
+    there_heap = bytearray(size)
+    there_heap[:] = data
+    th_addr, _ = mg.address_of(there_heap)
+    th_seg = cb.register_memory("big-there", th_addr, size, remote_accessible=True)
+    local = {"memfd": buf.segment.id, "process": heap_seg.id}
+    remote = {"memfd": there.segment.id, "process": th_seg.id}
 
-    def run(op, way):
-        r = op(segment=segs[way], peer=a.peer, remote_segment=dst.id, length=size)
+    def timed(r):
         t0 = time.perf_counter()
         c.transfer([r])
         return size / (time.perf_counter() - t0) / 1e9
 
-    print("64 MiB, one request: %d MiB from memory on daemon a to a peer's segment over TCP, "
-          "one Submit with wait, %d rounds alternated (medians [min-max])" %
-          (size >> 20, a.big_rounds))
+    print("64 MiB, one request: %d MiB between daemon a and its peer over TCP, one Submit with "
+          "wait, %d rounds alternated (medians [min-max])" % (size >> 20, a.big_rounds))
     for name, op in (("WRITE", mg.write), ("READ", mg.read)):
-        run(op, "memfd")
-        run(op, "process")
-        gb = {"memfd": [], "process": []}
-        for r in range(a.big_rounds):
-            for way in (("memfd", "process") if r % 2 == 0 else ("process", "memfd")):
-                gb[way].append(run(op, way))
-        ratios = [p / m for m, p in zip(gb["memfd"], gb["process"])]
-        print("  %-5s memfd %s GB/s   process %s GB/s   process/memfd %s" %
-              (name, spread(gb["memfd"]), spread(gb["process"]), spread(ratios)))
-        for r in range(a.big_rounds):
-            print("    round %d (%s first): memfd %.3f  process %.3f  ratio %.3f" %
-                  (r + 1, "memfd" if r % 2 == 0 else "process", gb["memfd"][r],
-                   gb["process"][r], ratios[r]))
-    if bytes(buf.view) != data or heap != data:
+        alternate(name + " from", lambda way: timed(op(segment=local[way], peer=a.peer,
+                                                       remote_segment=dst.id, length=size)),
+                  ("memfd", "process"), a.big_rounds)
+    for name, op in (("WRITE", mg.write), ("READ", mg.read)):
+        alternate(name + " into", lambda way: timed(op(segment=buf.segment.id, peer=a.peer,
+                                                       remote_segment=remote[way],
+                                                       length=size)),
+                  ("memfd", "process"), a.big_rounds)
+    if bytes(buf.view) != data or heap != data or bytes(there.view) != data or \
+            there_heap != data:
         raise SystemExit("the bytes read back differ from those written")
     c.unregister(heap_seg.id)
+    cb.unregister(th_seg.id)
     buf.free()
+    there.free()
     peer.unregister(dst.id)
 
 
@@ -213,16 +239,17 @@ def main():
     with tempfile.TemporaryDirectory(dir="/dev/shm") as work:
         a.peer = "127.0.0.1:%d" % free_port()
         p, sock = start(a.moongate, work, "a")
-        q, _ = start(a.moongate, work, "b", h2c=a.peer)
+        q, sock_b = start(a.moongate, work, "b", h2c=a.peer)
         try:
             with mg.Client("unix:" + sock, timeout=300) as c, \
+                    mg.Client("unix:" + sock_b, timeout=300) as cb, \
                     mg.Client(a.peer, plaintext=True, timeout=300) as peer:
                 if "registration" in sections:
                     registration(c, a)
                 if "address" in sections:
                     by_address(c, peer, a)
                 if "big" in sections:
-                    one_request(c, peer, a)
+                    one_request(c, cb, peer, a)
         finally:
             for d in (p, q):
                 d.terminate()

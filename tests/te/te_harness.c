@@ -252,8 +252,13 @@ static int target(size_t size, int heap)
     char where[128], line[256];
     uint8_t *mem = heap ? calloc(1, size) : sealed_memory(size);
     if (e == NULL || mem == NULL || te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
-        te.registerLocalMemory(e, mem, size, heap ? "*" : "cpu:0", 1) != 0)
+        te.registerLocalMemory(e, mem, size, heap ? "*" : "cpu:0", 1) != 0) {
+        if (e != NULL)
+            te.destroyTransferEngine(e);
+        if (heap)
+            free(mem);
         return 1;
+    }
     printf("{\"session\": \"%s\", \"address\": %llu}\n", where, (unsigned long long)(uintptr_t)mem);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL) {
@@ -281,6 +286,8 @@ static int target(size_t size, int heap)
         fflush(stdout);
     }
     te.destroyTransferEngine(e);
+    if (heap)
+        free(mem);
     return 0;
 }
 

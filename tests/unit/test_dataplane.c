@@ -735,6 +735,98 @@ static void test_process_memory_as_a_target(void)
     stop();
 }
 
+/* Local memory reached through an access (mg_dp_access) rather than mapped: a buffer with a
+ * byte past which get and put fail, as process_vm does for a process that exited. */
+typedef struct {
+    uint8_t *mem;
+    uint64_t fail_at; /* the first offset get and put refuse */
+    unsigned calls;
+} fake_proc;
+
+static int fake_get(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap)
+{
+    fake_proc *f = ctx;
+    f->calls++;
+    if (off + n > f->fail_at) {
+        snprintf(why, cap, "process 4242 exited");
+        return MG_ERR_STATE;
+    }
+    memcpy(dst, f->mem + off, n);
+    return 0;
+}
+
+static int fake_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
+{
+    fake_proc *f = ctx;
+    f->calls++;
+    if (off + n > f->fail_at) {
+        snprintf(why, cap, "process 4242 exited");
+        return MG_ERR_STATE;
+    }
+    memcpy(f->mem + off, src, n);
+    return 0;
+}
+
+/* A run whose local sides are reached by get and put: WRITEs staged from it and READs put into
+ * it, plain and checksummed, large and small slices, beside an op on mapped memory. An access
+ * that fails part-way fails its op alone with the access's code and words; the others land and
+ * the stream stays in step. */
+static void test_local_memory_through_an_access(void)
+{
+    enum { SIZE = 5 * MiB + 3 };
+    static uint8_t src[SIZE], mem[SIZE], other[SIZE];
+    fake_proc f = {mem, UINT64_MAX, 0};
+    mg_dp_access acc = {fake_get, fake_put, &f};
+    mg_dp_options big = {.slice_bytes = 1 * MiB, .window = 4};
+    mg_dp_options small = {.slice_bytes = 4096, .window = 64};
+    mg_dp_options summed = {.slice_bytes = 256 * 1024, .window = 8, .crc = 1};
+    const mg_dp_options *opts[3] = {&big, &small, &summed};
+    mg_dp_op ops[2];
+    char errs[2][256];
+    mg_dp_conn *c = start_filled(src, sizeof(src));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+    for (int k = 0; k < 3; k++) {
+        uint64_t len = k == 1 ? 1 * MiB + 5 : SIZE;
+        memcpy(mem, src, SIZE);
+        memset(open_mem, 0, SIZE + 16);
+        ops[0] = write_op(open_id, 9, NULL, len, errs[0], sizeof(errs[0]));
+        ops[0].access = &acc;
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, 1, opts[k]), 0);
+        CU_ASSERT_EQUAL(ops[0].rc, 0);
+        CU_ASSERT_EQUAL(memcmp(open_mem + 9, src, len), 0);
+        memset(mem, 0, SIZE);
+        ops[0].write = 0;
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, 1, opts[k]), 0);
+        CU_ASSERT_EQUAL(ops[0].rc, 0);
+        CU_ASSERT_EQUAL(memcmp(mem, src, len), 0);
+    }
+    CU_ASSERT(f.calls > 256); /* small slices: a get or put each */
+    /* the access fails past 2 MiB: that op fails by its words, the mapped one beside it lands */
+    for (int write = 1; write >= 0; write--) {
+        f.fail_at = 2 * MiB;
+        memset(other, 0, SIZE);
+        ops[0] = write_op(open_id, 0, NULL, 4 * MiB, errs[0], sizeof(errs[0]));
+        ops[0].access = &acc;
+        ops[0].write = write;
+        ops[1] = write_op(open_id, 8 * MiB, write ? src : other, 3 * MiB, errs[1], sizeof(errs[1]));
+        ops[1].write = write;
+        if (!write)
+            memcpy(open_mem + 8 * MiB, src, 3 * MiB);
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, 2, &big), 0); /* the stream stayed in step */
+        CU_ASSERT_EQUAL(ops[0].rc, MG_ERR_STATE);
+        CU_ASSERT_STRING_EQUAL(errs[0], "process 4242 exited");
+        CU_ASSERT_EQUAL(ops[0].done, 2 * MiB); /* the slices before it */
+        CU_ASSERT_EQUAL(ops[1].rc, 0);
+        CU_ASSERT_EQUAL(memcmp(write ? open_mem + 8 * MiB : other, src, 3 * MiB), 0);
+        f.fail_at = UINT64_MAX;
+        ops[0].rc = 0;
+        CU_ASSERT_EQUAL(mg_dp_run(c, ops, 1, &summed), 0);
+        CU_ASSERT_EQUAL(ops[0].rc, 0);
+    }
+    mg_dp_close(c);
+    stop();
+}
+
 /* READs from a segment whose file a client cut short after registration: a plain slice's bytes
  * would go from the mapping by the kernel's copy (EFAULT past the file's end, after the answer's
  * header went), a checksummed one's through the stage by the CPU's (guarded). Either way the
@@ -921,6 +1013,7 @@ int main(void)
         MG_TEST(test_held_segments),
         MG_TEST(test_reads_of_a_shrunk_file),
         MG_TEST(test_process_memory_as_a_target),
+        MG_TEST(test_local_memory_through_an_access),
         MG_TEST(test_checksummed_slices_share_sends),
         MG_TEST(test_idle_pool),
         MG_TEST(test_sessions),

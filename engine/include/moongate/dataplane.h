@@ -155,6 +155,15 @@ int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf
 int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint64_t len,
                const mg_dp_options *o, char *err, size_t errcap);
 
+/* Local memory this process does not map (a client process's, reached with process_vm): the
+ * op's bytes [off, off + n) are copied out of it with get and into it with put. Each returns 0,
+ * or an MG_ERR_* with why. */
+typedef struct mg_dp_access {
+    int (*get)(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap);
+    int (*put)(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap);
+    void *ctx;
+} mg_dp_access;
+
 /* One transfer of several run together on a connection (mg_dp_run). */
 typedef struct mg_dp_op {
     int write;       /* 1: buf -> the peer; 0: the peer -> buf */
@@ -162,6 +171,12 @@ typedef struct mg_dp_op {
     uint64_t target; /* segment or lease id on the peer */
     uint64_t offset; /* in the target */
     uint8_t *buf;
+    /* Optional, instead of buf: the local memory's own access. A WRITE's payloads are copied
+     * out with get into the connection's stage as their slices are framed, side by side, and
+     * go from there; a READ's answers come through the stage and are copied in with put. The
+     * window stays full meanwhile. A get or put that fails fails this op alone, with its code
+     * and why (a READ's payload is still taken off the stream). */
+    const mg_dp_access *access;
     uint64_t len;
     uint64_t *progress; /* optional: bytes confirmed are added here (atomically) */
     char *err;          /* why it failed, errcap bytes */

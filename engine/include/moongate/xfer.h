@@ -11,7 +11,9 @@
  *         truncating a segment's file (moongate/fault.h);
  *   TCP   the peer's data plane (moongate/dataplane.h): an idle connection of the peer's pool
  *         (a broken one is replaced once by a fresh one: the same bytes to the same place
- *         again), the whole chain as one stream of slices;
+ *         again), the whole chain as one stream of slices; a part whose local side is a
+ *         client process's memory is read and written through the connection's stage with
+ *         process_vm, slice by slice as they go and come (mg_dp_access);
  *   RDMA  the peer's queue pairs (moongate/rdma.h), one part after another, slices taking turns
  *         over every device's connection.
  *
