@@ -39,7 +39,7 @@ typedef struct mg_seg_env {
     int dirfd; /* shm_dir, opened */
     unsigned file_mode;
     unsigned file_gid;
-    mg_rdma *rdma; /* NULL: no RDMA devices */
+    mg_rdma *rdma;                  /* NULL: no RDMA devices */
     const char *process_memory_off; /* mg_registry_config's */
     int tcp_targets;
 } mg_seg_env;

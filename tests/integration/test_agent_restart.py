@@ -188,4 +188,8 @@ def test_a_state_file_that_cannot_be_written_is_logged_once_and_counted(make_dae
         c.register_agent("c")
         written(d, {"a": c.describe_agent("a").port, "b": c.describe_agent("b").port,
                     "c": c.describe_agent("c").port})
-        assert "event=agents_state_written" in d.read_log()
+        # said by the loop once the worker's write is back: after the file is in place
+        deadline = time.monotonic() + 30
+        while "event=agents_state_written" not in d.read_log():
+            assert time.monotonic() < deadline, d.read_log()
+            time.sleep(0.02)
