@@ -165,6 +165,53 @@ def test_process_memory_off_fails_registration_by_name(make_daemon, children):
     assert "processMemory.enabled=false" in t.close()
 
 
+def gpu_env(d):
+    """env_for(d), with the CUDA driver emulator as the driver and the build's libmgclient."""
+    env = dict(env_for(d), MOONGATE_CUDA_LIB=os.path.join(conftest.BUILD, "libmgcuda_emu.so"),
+               MOONGATE_CLIENT_LIB=os.path.join(conftest.BUILD, "libmgclient.so.0"))
+    env.update(conftest.sanitizer_preload())  # python3 loads the build's libmgclient
+    return env
+
+
+class GpuTarget(conftest.Child):
+    """mooncake/gpu.py as a target: device memory registered with register_memory."""
+
+    def __init__(self, d, size):
+        super().__init__([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "target",
+                          "127.0.0.1", str(size)], env=gpu_env(d))
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children):
+    """register_memory of a device pointer (the CUDA driver emulator's) through mooncake.engine:
+    found by the driver once the daemon cannot reach it as host memory, registered by its
+    dma-buf, and moved device to device between two daemons over RDMA (the verbs emulator), a
+    WRITE into the target's device memory and a READ back. A daemon without RDMA devices
+    refuses it at registration, saying why."""
+    a, b = pair(make_daemon, "--ibverbs-lib", EMU)
+    size = 256 * 1024
+    t = children(GpuTarget, b, size)
+    assert (t.rc, t.kind) == (0, "device")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "initiator",
+                          "127.0.0.1", t.session, str(t.address), str(size)],
+                         env=gpu_env(a), text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"register": 0, "kind": "device", "write": 0, "read": 0,
+                                      "same": True}, run.stderr
+    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == bytes((i * 7 + 3) & 0xff
+                                                             for i in range(size))
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                    transport="rdma") >= size
+    assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default",
+                        op="write", transport="tcp")
+    t.close()
+    plain = make_daemon()  # no RDMA devices: no path reaches device memory
+    t = children(GpuTarget, plain, size)
+    assert t.rc == -1 and t.kind is None
+    assert "GPU memory moves over RDMA only, and this daemon has no RDMA device" in t.close()
+
+
 def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, monkeypatch):
     """The initiator's daemon is stopped (SIGSTOP) before a transfer_sync_write: the call waits
     for its answer. A second thread, which can only run if the waiting call let go of the GIL,

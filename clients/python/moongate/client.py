@@ -49,7 +49,7 @@ from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
 __all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
-           "address_of", "default_target", "default_token"]
+           "address_of", "device_of", "default_target", "default_token"]
 _names = itertools.count(1)
 
 
@@ -139,6 +139,27 @@ VRAM_PATHS = {"auto": 0, "staged": 1, "dmabuf": 2}
 _mgclient = None
 
 
+class _CudaPtrInfo(ctypes.Structure):  # mg_cuda_ptr_info (client/mg_cuda.h)
+    _fields_ = [("device", ctypes.c_int), ("context", ctypes.c_void_p),
+                ("base", ctypes.c_ulonglong), ("size", ctypes.c_size_t)]
+
+
+def device_of(address):
+    """The CUDA device ordinal of `address` when the driver knows it as device memory, else
+    None: host memory, or no CUDA driver or C library to ask. The driver ($MOONGATE_CUDA_LIB,
+    else libcuda.so.1) and libmgclient are loaded by the first call, not before."""
+    try:
+        lib = _client_lib()
+    except Error:
+        return None
+    err = ctypes.create_string_buffer(256)
+    cu = lib.mg_cuda_get(err, 256)
+    info = _CudaPtrInfo()
+    if not cu or lib.mg_cuda_pointer(cu, address, ctypes.byref(info)) != 1:
+        return None
+    return info.device
+
+
 def _client_lib():
     """libmgclient.so.0 ($MOONGATE_CLIENT_LIB, else the system's): the CUDA driver work (loaded
     at run time, never linked) is the C library's."""
@@ -154,6 +175,11 @@ def _client_lib():
         lib.mg_vram_export.argtypes = [ctypes.c_uint64, ctypes.c_size_t,
                                        ctypes.POINTER(_VramPiece), ctypes.c_int,
                                        ctypes.c_char_p, ctypes.c_size_t]
+        lib.mg_cuda_get.restype = ctypes.c_void_p
+        lib.mg_cuda_get.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.mg_cuda_pointer.restype = ctypes.c_int
+        lib.mg_cuda_pointer.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
+                                        ctypes.POINTER(_CudaPtrInfo)]
         lib.mg_client_open.restype = ctypes.c_void_p
         lib.mg_client_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                        ctypes.c_size_t]

@@ -180,6 +180,19 @@ def notify_topic(port):
     return "mooncake.notify.%d" % port
 
 
+# What register_memory says once for each kind of memory it registered.
+SAID = {
+    "process": "memory of no shared file is registered as process memory: the daemon reaches "
+               "it with process_vm, and peers read and write it over TCP (never RDMA). Memory "
+               "from allocate_managed_buffer, or mapped from a shared file (a memfd kept open, "
+               "/dev/shm), is registered by descriptor and RDMA reaches it too.",
+    "descriptor": "memory mapped from a shared file is registered by descriptor: peers may read "
+                  "and write it, RDMA reaches it",
+    "device": "GPU memory is registered by its dma-bufs: peers read and write it over RDMA "
+              "(both daemons need RDMA devices)",
+}
+
+
 class TransferEngine:
     """Mooncake's TransferEngine on moongate: one agent of this process on its daemon."""
 
@@ -190,7 +203,7 @@ class TransferEngine:
         self._lock = threading.Lock()
         self._host, self._port, self._name = "", 0, ""
         self._managed = {}     # address -> mg.Buffer (allocate_managed_buffer)
-        self._regions = {}     # address -> (size, segment id or None: inside a managed buffer)
+        self._regions = {}     # address -> (size, segment ids (none: inside a managed buffer), kind)
         self._batches = {}     # async batch id -> "timeout" once it timed out, else None
         self._targets = set()  # target names a peer has answered for
         self._timeout_s = transfer_timeout_s()
@@ -313,8 +326,8 @@ class TransferEngine:
         return None
 
     def memory_kind(self, addr):
-        """"descriptor" (managed memory, or a shared file's mapping), "process" (other memory
-        the caller registered) or None."""
+        """"descriptor" (managed memory, or a shared file's mapping), "device" (GPU memory),
+        "process" (other memory the caller registered) or None."""
         with self._lock:
             if self._managed_of(addr, 1):
                 return "descriptor"
@@ -334,7 +347,7 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         with self._lock:
             if self._managed_of(addr, size):
-                self._regions[addr] = (size, None, "descriptor")  # registered already
+                self._regions[addr] = (size, (), "descriptor")  # registered already
                 return 0
             for a, (n, _, _) in self._regions.items():
                 if a < addr + size and addr < a + n:
@@ -345,40 +358,37 @@ class TransferEngine:
         try:
             shared = shared_file_of(addr, size)
             if shared is not None:
-                seg, kind = self._register_shared(name, addr, size, *shared), "descriptor"
+                segs, kind = [self._register_shared(name, addr, size, *shared)], "descriptor"
             else:
-                seg, kind = self._register_process(name, addr, size), "process"
+                segs, kind = self._register_own(name, addr, size)
         except mg.Error as e:
             log.error("register_memory(0x%x, %d): %s", addr, size, e)
             return ERR_ADDRESS_OVERLAPPED if e.code == grpc.StatusCode.ALREADY_EXISTS else -1
-        if kind == "process":
-            say_once("process-memory", logging.INFO, "register_memory: memory of no shared "
-                     "file is registered as process memory: the daemon reaches it with "
-                     "process_vm, and peers read and write it over TCP (never RDMA). Memory from "
-                     "allocate_managed_buffer, or mapped from a shared file (a memfd kept open, "
-                     "/dev/shm), is registered by descriptor and RDMA reaches it too.")
-        else:
-            say_once("shared-memory", logging.INFO, "register_memory: memory mapped from a "
-                     "shared file is registered by descriptor: peers may read and write it, "
-                     "RDMA reaches it")
+        say_once(kind, logging.INFO, "register_memory: %s", SAID[kind])
         with self._lock:
-            self._regions[addr] = (size, seg.id, kind)
+            self._regions[addr] = (size, tuple(s.id for s in segs), kind)
         return 0
 
-    def _register_process(self, name, addr, size):
-        """Process memory, a peer's target as Mooncake's memory is; on a daemon whose data plane
-        is off (FAILED_PRECONDITION naming it), this process's own transfers only. A daemon with
-        process memory off refuses both, and that error is the registration's."""
+    def _register_own(self, name, addr, size):
+        """Memory of no shared file: (segments, kind). Process memory, a peer's target as
+        Mooncake's memory is; on a daemon whose data plane is off (FAILED_PRECONDITION naming
+        it), this process's own transfers only. A daemon with process memory off refuses both,
+        and that error is the registration's. Memory the daemon cannot reach in this process
+        that the CUDA driver (loaded only then) knows as a device's is GPU memory: registered by
+        its dma-bufs (one segment per allocation), a peer's target over RDMA."""
         try:
-            return self._c.register_memory(name, addr, size, remote_accessible=True)
+            return [self._c.register_memory(name, addr, size, remote_accessible=True)], "process"
         except mg.Error as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT and mg.device_of(addr) is not None:
+                return self._c.register_vram(addr, size, remote_accessible=True,
+                                             name=name), "device"
             if e.code != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             why = e.message
         seg = self._c.register_memory(name, addr, size)
         say_once("no-tcp-targets", logging.WARNING, "register_memory(0x%x): %s; registered for "
                  "this process's transfers only", addr, why)
-        return seg
+        return [seg], "process"
 
     def _register_shared(self, name, addr, size, fd, offset):
         try:
@@ -405,9 +415,9 @@ class TransferEngine:
         if ent is None:
             log.error("unregister_memory(0x%x): not registered", buffer_addr)
             return ERR_ADDRESS_NOT_REGISTERED
-        if ent[1] is not None:
+        for seg_id in ent[1]:
             try:
-                self._c.unregister(ent[1])
+                self._c.unregister(seg_id)
             except mg.Error as e:
                 log.error("unregister_memory(0x%x): %s", buffer_addr, e)
                 return -1
