@@ -778,6 +778,9 @@ static int cmd_doctor(const ctl *c, const char *shm_dir)
                 report(&d, 0, name, "available (%zu device%s)",
                        json_array_size(json_object_get(t, "devices")),
                        json_array_size(json_object_get(t, "devices")) == 1 ? "" : "s");
+            else if (!strcmp(name, "process_vm") && why && !strncmp(why, "off on this daemon", 18))
+                report(&d, 0, name, "%s: process memory is refused at registration, by choice",
+                       why); /* the operator's setting (the helm chart's default), not a fault */
             else
                 report(&d, !strcmp(name, "rdma") ? 1 : 2, name, "unavailable: %s%s", why ? why : "",
                        !strcmp(name, "rdma") ? " (transfers go over TCP)" : "");

@@ -23,8 +23,9 @@ static const char *resolve_other(mg_batch_req *r, const mg_batch_item *t, const 
         return t->remote_lease ? "no such lease on this daemon (peer \"\")"
                                : "no such segment on this daemon (peer \"\")";
     if (rc == 0 && mg_segment_procmem(r->other))
-        return "the target is a process's memory (reached with process_vm): it is the local "
-               "side of a request only";
+        return "the target is a process's memory (reached with process_vm): a copy on this "
+               "daemon (peer \"\") cannot land in it; peers reach it when it is registered "
+               "remote-accessible";
     if (rc == 0 && (mg_segment_gpu(r->other) || (r->local && mg_segment_gpu(r->local))))
         return "GPU memory moves over RDMA only: a copy on this daemon (peer \"\") cannot "
                "reach it";

@@ -526,7 +526,7 @@ def test_malloced_memory_moves_with_process_vm(make_daemon):
         assert "process_vm" in e.value.details()
         with pytest.raises(mg.Error) as e:
             c.transfer([mg.write(segment=here.id, peer="", remote_segment=seg.id, length=8)])
-        assert "local side of a request only" in e.value.message
+        assert "a copy on this daemon (peer \"\") cannot land in it" in e.value.message
         with pytest.raises(mg.Error) as e:
             c.register_memory("shared", addr, size, share_with=["other-tenant"])
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -170,6 +170,18 @@ def test_resources_tables_json_and_exit_codes(make_daemon, tmp_path):
     assert rc == 9 and "FAIL  daemon" in out, (out, err)
 
 
+def test_doctor_on_a_daemon_with_process_memory_off(make_daemon, tmp_path):
+    """Process memory turned off (the helm chart's default) is the operator's choice: doctor
+    says so and passes; it fails only for what is wrong."""
+    d = make_daemon("--process-memory=false")
+    rc, out, err = mgctl("--target", "unix:" + d.sock, "--json", "doctor", "--shm-dir",
+                         str(tmp_path))
+    checks = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert checks["process_vm"]["result"] == "ok", checks
+    assert "--process-memory=false" in checks["process_vm"]["detail"], checks
+    assert rc == 0, (out, err)
+
+
 def test_doctor_names_an_expired_certificate(make_daemon, tmp_path):
     d = make_daemon()
     import time

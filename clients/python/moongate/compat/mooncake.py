@@ -364,7 +364,8 @@ class TransferEngine:
         except mg.Error as e:
             log.error("register_memory(0x%x, %d): %s", addr, size, e)
             return ERR_ADDRESS_OVERLAPPED if e.code == grpc.StatusCode.ALREADY_EXISTS else -1
-        say_once(kind, logging.INFO, "register_memory: %s", SAID[kind])
+        if all(s.remote_accessible for s in segs):  # else a warning said what it is instead
+            say_once(kind, logging.INFO, "register_memory: %s", SAID[kind])
         with self._lock:
             self._regions[addr] = (size, tuple(s.id for s in segs), kind)
         return 0
