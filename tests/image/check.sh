@@ -33,7 +33,19 @@ chroot "$rootfs" /usr/bin/moongate --help | grep -q -- "--auth-file" ||
     fail "moongate --help in the image lacks the options"
 echo "  moongate --help and --version run in the image's root"
 
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A port that binds now, below the kernel's ephemeral range (32768-): one the kernel picked would
+# be free for another process's outgoing connection to take before the daemon binds it.
+port() {
+    /usr/bin/python3 -c 'import random, socket
+for _ in range(200):
+    p = random.randrange(10000, 20000)
+    try:
+        socket.socket().bind(("127.0.0.1", p))
+        print(p)
+        break
+    except OSError:
+        pass'
+}
 ops=$(port)
 h2c=$(port)
 mkdir -p "$rootfs/tmp/segments"
