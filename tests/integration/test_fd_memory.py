@@ -92,7 +92,10 @@ def test_memfd_bytes_move_where_they_lie(make_daemon):
     mine.close()
     os.close(fd)
     assert a.metric("moongate_fd_handles", state="held") == 0
-    assert a.metric("moongate_fd_handles_total", event="claimed") == 1
+    # claimed, not expired: once, or once more if the client took a channel state change for a
+    # broken connection and replayed its table (the same daemon refuses it ALREADY_EXISTS)
+    assert a.metric("moongate_fd_handles_total", event="claimed") >= 1
+    assert not a.metric("moongate_fd_handles_total", event="expired")
 
 
 def test_tmpfs_file_from_an_unaligned_offset(make_daemon):

@@ -155,6 +155,16 @@ def epoch_of(metadata):
     return None
 
 
+def _still_there(was, now, failed):
+    """The failures of a replay, less those a reconnect to the same daemon (the same epoch: only
+    the connection broke) met because the daemon still has the thing (ALREADY_EXISTS): those
+    stand as they were, under the ids the program holds."""
+    if was is None or was != now:
+        return failed
+    return [(what, e) for what, e in failed
+            if "ALREADY_EXISTS" not in str(getattr(e, "code", ""))]
+
+
 def _said(e):
     """An error in one line: a gRPC error's code and details, not its whole repr."""
     code, details = getattr(e, "code", None), getattr(e, "details", None)
@@ -259,6 +269,7 @@ class Reconnector:
                 self.restarts += 1
             self.epoch = epoch
             made, failed = self._table.replay(was, epoch)
+            failed = _still_there(was, epoch, failed)
             if self._after and was != epoch:
                 self._after(was, epoch)
             self.restores += 1
@@ -404,6 +415,7 @@ class AsyncReconnector:
         self.restarts += was is not None and epoch != was
         self.epoch = epoch
         made, failed = await self._table.areplay(was, epoch)
+        failed = _still_there(was, epoch, failed)
         self.restores += 1
         self.gone = None
         for what, e in failed:
