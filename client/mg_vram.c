@@ -98,6 +98,23 @@ fail:
     return -1;
 }
 
+int mg_vram_piece_request(const char *sock, const char *token, const mg_vram_piece *p,
+                          int remote_accessible, Moongate__V1__RegisterRequest *req, char *location,
+                          size_t loccap, int *status, char *err, size_t errcap)
+{
+    uint64_t handle, ttl;
+    snprintf(location, loccap, "cuda:%d", p->device);
+    if (mg_fd_pass(sock, p->fd, token, &handle, &ttl, status, err, errcap) != 0)
+        return -1;
+    req->source = MOONGATE__V1__SEGMENT_SOURCE__DMABUF;
+    req->fd_handle = handle;
+    req->size = p->size;
+    req->client_address = p->address;
+    req->location = location;
+    req->remote_accessible = remote_accessible != 0;
+    return 0;
+}
+
 /* One piece's registration: the dma-buf passed on the fd socket and RegisterSegment. */
 static int register_piece(mg_client *c, const char *sock, const mg_vram_piece *p, const char *name,
                           int remote_accessible, uint64_t *id, int *status, char *err,
@@ -105,17 +122,10 @@ static int register_piece(mg_client *c, const char *sock, const mg_vram_piece *p
 {
     Moongate__V1__RegisterRequest req = MOONGATE__V1__REGISTER_REQUEST__INIT;
     char location[24];
-    uint64_t handle, ttl;
-    snprintf(location, sizeof(location), "cuda:%d", p->device);
-    if (mg_fd_pass(sock, p->fd, mg_client_token(c), &handle, &ttl, status, err, errcap) != 0)
+    if (mg_vram_piece_request(sock, mg_client_token(c), p, remote_accessible, &req, location,
+                              sizeof(location), status, err, errcap) != 0)
         return -1;
     req.name = (char *)name;
-    req.source = MOONGATE__V1__SEGMENT_SOURCE__DMABUF;
-    req.fd_handle = handle;
-    req.size = p->size;
-    req.client_address = p->address;
-    req.location = location;
-    req.remote_accessible = remote_accessible != 0;
     return mg_client_register(c, &req, id, status, err, errcap);
 }
 

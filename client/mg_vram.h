@@ -37,6 +37,16 @@ int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessi
                      const char *name, uint64_t *ids, int cap, int *status, char *err,
                      size_t errcap);
 
+/* The request that registers one piece, for callers that make the RegisterSegment call
+ * themselves (the Mooncake C door, from its own loop): passes p->fd on the daemon's fd socket
+ * `sock` (with `token`, or NULL), then fills req's source (DMABUF), fd_handle, size,
+ * client_address, remote_accessible and location ("cuda:N", written into location[loccap]);
+ * the caller sets the name. 0, or -1 with *status and err. */
+struct Moongate__V1__RegisterRequest;
+int mg_vram_piece_request(const char *sock, const char *token, const mg_vram_piece *p,
+                          int remote_accessible, struct Moongate__V1__RegisterRequest *req,
+                          char *location, size_t loccap, int *status, char *err, size_t errcap);
+
 /* ---- moving GPU memory: by dma-buf over RDMA, or staged through leases ---- */
 
 enum {

@@ -54,11 +54,15 @@ typedef struct te_batch {
     int note_state;     /* TE_NOTE_* */
 } te_batch;
 
+/* A registered range. Device memory is one region per allocation the range crosses (each its
+ * own dma-buf registration); `group` ties them to the address registerLocalMemory was given. */
 typedef struct te_region {
     uintptr_t addr;
     size_t len;
     uint64_t segment;
-    int remote; /* registered remote-accessible (registered so again after a restart) */
+    int remote;      /* registered remote-accessible (registered so again after a restart) */
+    int device;      /* -1: host memory; else the CUDA device (registered by its dma-buf) */
+    uintptr_t group; /* the address registerLocalMemory was given */
 } te_region;
 
 typedef struct te_call te_call;

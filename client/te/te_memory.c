@@ -5,10 +5,16 @@
  * daemon has devices, a remote-accessible file must be sealed against shrinking: a memfd with
  * F_SEAL_SHRINK). Any other memory (malloc, the stack, a private mapping) is
  * registered as process memory: the daemon reaches it with process_vm, and, remote-accessible,
- * peers read and write it over TCP (never RDMA). Which one it was is logged, once each.
+ * peers read and write it over TCP (never RDMA). Device memory (a CUDA pointer: location
+ * "cuda:N", or any range no host mapping of this process holds, asked of the driver loaded at
+ * run time only then) is registered by its dma-buf, one region per allocation the range
+ * crosses: peers read and write it over RDMA; a daemon without RDMA devices refuses it at
+ * registration, saying why. Which one it was is logged, once each.
  */
 #include "te_internal.h"
 
+#include "mg_cuda.h"
+#include "mg_vram.h"
 #include "moongate/v1/memory.pb-c.h"
 
 #include <dirent.h>
@@ -144,7 +150,147 @@ static int register_call(te_engine *e, uintptr_t a, size_t length, int remote, c
                        msgcap);
 }
 
-static int register_one(te_engine *e, void *addr, size_t length, int remote_accessible)
+/* 1 when every byte of [addr, addr + len) lies in a readable and writable mapping of this
+ * process that is not a GPU driver's device file: host memory, never asked of the driver. */
+static int host_memory(uintptr_t addr, size_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4400], perms[8], path[4096];
+    unsigned long start, end, off, ino;
+    unsigned int major, minor;
+    uintptr_t at = addr;
+    while (f != NULL && at - addr < len && fgets(line, sizeof(line), f) != NULL) {
+        path[0] = '\0';
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %4095[^\n]", &start, &end, perms, &off, &major,
+                   &minor, &ino, path) < 7 ||
+            at < start || at >= end)
+            continue; /* the maps are in address order: a gap ends the search below */
+        if (strncmp(perms, "rw", 2) != 0 || strncmp(path, "/dev/nvidia", 11) == 0)
+            break;
+        at = end;
+    }
+    if (f != NULL)
+        fclose(f);
+    return at - addr >= len;
+}
+
+/* The CUDA device of [addr, addr + len) when the driver knows it as device memory; -1 when it
+ * does not (host memory), or -2 with why (no driver, or location "cuda:N" naming memory the
+ * driver does not hold). The driver is loaded only when asked for: a "cuda" location, or a
+ * range no host mapping holds. */
+static int device_of(uintptr_t addr, size_t len, const char *location, char *why, size_t cap)
+{
+    int asked = location != NULL && strncmp(location, "cuda", 4) == 0;
+    mg_cuda_ptr_info info;
+    const mg_cuda *cu;
+    if (!asked && host_memory(addr, len))
+        return -1;
+    if ((cu = mg_cuda_get(why, cap)) == NULL)
+        return asked ? -2 : -1; /* no driver: the daemon says what it makes of the range */
+    if (mg_cuda_pointer(cu, addr, &info) == 1)
+        return info.device;
+    if (asked)
+        snprintf(why, cap,
+                 "location \"%s\", but the CUDA driver does not know %#lx as device "
+                 "memory",
+                 location, (unsigned long)addr);
+    return asked ? -2 : -1;
+}
+
+/* Unregisters segment id, registered for addr, with the daemon: 0, or -1 (logged). */
+static int unregister_id(te_engine *e, uint64_t id, const void *addr)
+{
+    Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
+    char msg[512];
+    q.id = id;
+    if (te_call_run(e, "/moongate.v1.Memory/UnregisterSegment", &q.base, 60000, NULL, NULL, msg,
+                    sizeof(msg)) == 0)
+        return 0;
+    te_log("unregisterLocalMemory(%p): segment %llu: %s", addr, (unsigned long long)id, msg);
+    return -1;
+}
+
+/* One RegisterSegment of device memory's piece p, by its dma-buf; its id in *id. */
+static int register_piece(te_engine *e, const char *sock, const mg_vram_piece *p, char *name,
+                          int remote, uint64_t *id, char *msg, size_t msgcap)
+{
+    Moongate__V1__RegisterRequest q = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    Moongate__V1__RegisterResponse *r;
+    char location[24];
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    int st;
+    if (mg_vram_piece_request(sock, e->token[0] ? e->token : NULL, p, remote, &q, location,
+                              sizeof(location), &st, msg, msgcap) != 0)
+        return st ? st : MG_GRPC_UNAVAILABLE;
+    q.name = name;
+    if ((st = te_call_run(e, "/moongate.v1.Memory/RegisterSegment", &q.base, 60000, &resp, &len,
+                          msg, msgcap)) != 0)
+        return st;
+    r = moongate__v1__register_response__unpack(NULL, len, resp);
+    free(resp);
+    st = r != NULL && r->segment != NULL ? 0 : MG_GRPC_INTERNAL;
+    if (st == 0)
+        *id = r->segment->id;
+    else
+        snprintf(msg, msgcap, "the daemon's RegisterResponse did not decode");
+    if (r != NULL)
+        moongate__v1__register_response__free_unpacked(r, NULL);
+    return st;
+}
+
+/* Device memory [a, a + length) registered by its dma-bufs: a region per allocation it
+ * crosses, all or none. 0, or a gRPC code with msg. */
+static int register_device(te_engine *e, uintptr_t a, size_t length, int remote, char *msg,
+                           size_t msgcap)
+{
+    mg_vram_piece pieces[16];
+    te_region made[16];
+    char sock[4200], name[80];
+    int n, k = 0, st = 0;
+    if (mg_fd_socket_of(e->target, sock, sizeof(sock)) != 0) {
+        snprintf(msg, msgcap, "GPU memory is passed as dma-bufs on the daemon's Unix socket");
+        return MG_GRPC_FAILED_PRECONDITION;
+    }
+    if ((n = mg_vram_export(a, length, pieces, 16, msg, msgcap)) < 0)
+        return MG_GRPC_FAILED_PRECONDITION;
+    for (; k < n && st == 0; k++) {
+        uintptr_t from = pieces[k].address > a ? pieces[k].address : a;
+        uintptr_t to = pieces[k].address + pieces[k].size < a + length
+                           ? pieces[k].address + pieces[k].size
+                           : a + length;
+        snprintf(name, sizeof(name), "mooncake-%d-%lx-%d", (int)getpid(), (unsigned long)a, k);
+        made[k] = (te_region){.addr = from,
+                              .len = to - from,
+                              .remote = remote,
+                              .device = pieces[k].device,
+                              .group = a};
+        st = register_piece(e, sock, &pieces[k], name, remote, &made[k].segment, msg, msgcap);
+    }
+    for (int i = 0; i < n; i++)
+        close(pieces[i].fd); /* passed: the daemon holds its own */
+    if (st == 0) {
+        pthread_mutex_lock(&e->mu);
+        te_region *grown = realloc(e->regions, (e->n_regions + n) * sizeof(*grown));
+        if (grown != NULL) {
+            e->regions = grown;
+            memcpy(grown + e->n_regions, made, n * sizeof(*made));
+            e->n_regions += n;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (grown != NULL)
+            return 0;
+        snprintf(msg, msgcap, "out of memory");
+        st = MG_GRPC_RESOURCE_EXHAUSTED;
+        k++;
+    }
+    for (int i = 0; i + 1 < k; i++) /* nothing stays: those registered before go */
+        unregister_id(e, made[i].segment, (void *)a);
+    return st;
+}
+
+static int register_one(te_engine *e, void *addr, size_t length, const char *location,
+                        int remote_accessible)
 {
     Moongate__V1__RegisterResponse *r;
     uintptr_t a = (uintptr_t)addr;
@@ -160,6 +306,21 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
     if (busy) {
         te_log("registerLocalMemory(%p, %zu): overlaps memory registered before", addr, length);
         return ERR_ADDRESS_OVERLAPPED;
+    }
+    if ((st = device_of(a, length, location, msg, sizeof(msg))) == -2) {
+        te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);
+        return ERR_INVALID_ARGUMENT;
+    }
+    if (st >= 0) {
+        int device = st;
+        if ((st = register_device(e, a, length, remote_accessible, msg, sizeof(msg))) != 0) {
+            te_log("registerLocalMemory(%p, %zu): device memory (CUDA device %d): %s", addr, length,
+                   device, msg);
+            return st == MG_GRPC_ALREADY_EXISTS ? ERR_ADDRESS_OVERLAPPED : -1;
+        }
+        TE_LOG_ONCE("registerLocalMemory: device memory is registered by its dma-buf: the NIC "
+                    "reads and writes it, and peers reach it over RDMA");
+        return 0;
     }
     snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)a);
     st = register_call(e, a, length, remote_accessible, name, &kind, &resp, &len, msg, sizeof(msg));
@@ -197,8 +358,12 @@ static int register_one(te_engine *e, void *addr, size_t length, int remote_acce
         te_region *grown = realloc(e->regions, (e->n_regions + 1) * sizeof(*grown));
         if (grown != NULL) {
             e->regions = grown;
-            grown[e->n_regions++] =
-                (te_region){.addr = a, .len = length, .segment = r->segment->id, .remote = remote};
+            grown[e->n_regions++] = (te_region){.addr = a,
+                                                .len = length,
+                                                .segment = r->segment->id,
+                                                .remote = remote,
+                                                .device = -1,
+                                                .group = a};
             st = 0;
         }
     }
@@ -219,6 +384,24 @@ int te_register_again(te_engine *e, size_t k, char *msg, size_t msgcap)
     pthread_mutex_lock(&e->mu);
     g = e->regions[k];
     pthread_mutex_unlock(&e->mu);
+    if (g.device >= 0) { /* its allocation's dma-buf, exported again */
+        mg_vram_piece p;
+        char sock[4200];
+        uint64_t id = 0;
+        snprintf(name, sizeof(name), "mooncake-%d-%lx-%lx", (int)getpid(), (unsigned long)g.group,
+                 (unsigned long)g.addr);
+        if (mg_fd_socket_of(e->target, sock, sizeof(sock)) != 0 ||
+            mg_vram_export(g.addr, g.len, &p, 1, msg, msgcap) != 1)
+            return MG_GRPC_FAILED_PRECONDITION;
+        st = register_piece(e, sock, &p, name, g.remote, &id, msg, msgcap);
+        close(p.fd);
+        if (st == 0) {
+            pthread_mutex_lock(&e->mu);
+            e->regions[k].segment = id;
+            pthread_mutex_unlock(&e->mu);
+        }
+        return st;
+    }
     snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)g.addr);
     st = register_call(e, g.addr, g.len, g.remote, name, &kind, &resp, &len, msg, msgcap);
     if (st != 0)
@@ -241,34 +424,33 @@ int te_register_again(te_engine *e, size_t k, char *msg, size_t msgcap)
 int registerLocalMemory(transfer_engine_t engine, void *addr, size_t length, const char *location,
                         int remote_accessible)
 {
-    return register_one(engine, addr, length, remote_accessible);
+    return register_one(engine, addr, length, location, remote_accessible);
 }
 
 int unregisterLocalMemory(transfer_engine_t engine, void *addr)
 {
     te_engine *e = engine;
-    Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
-    char msg[512];
-    int found = 0, st;
+    uint64_t ids[16];
+    int found = 0, rc = 0;
     if (e == NULL)
         return ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&e->mu);
-    for (size_t i = 0; i < e->n_regions && !found; i++)
-        if (e->regions[i].addr == (uintptr_t)addr) {
-            q.id = e->regions[i].segment;
+    for (size_t i = 0; i < e->n_regions && found < 16;) /* device memory: every piece */
+        if (e->regions[i].group == (uintptr_t)addr) {
+            ids[found++] = e->regions[i].segment;
             e->regions[i] = e->regions[--e->n_regions];
-            found = 1;
+        } else {
+            i++;
         }
     pthread_mutex_unlock(&e->mu);
     if (!found) {
         te_log("unregisterLocalMemory(%p): not registered", addr);
         return ERR_ADDRESS_NOT_REGISTERED;
     }
-    st = te_call_run(e, "/moongate.v1.Memory/UnregisterSegment", &q.base, 60000, NULL, NULL, msg,
-                     sizeof(msg));
-    if (st != 0)
-        te_log("unregisterLocalMemory(%p): %s", addr, msg);
-    return st == 0 ? 0 : -1;
+    for (int k = 0; k < found; k++)
+        if (unregister_id(e, ids[k], addr) != 0)
+            rc = -1;
+    return rc;
 }
 
 int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_list,
@@ -279,7 +461,7 @@ int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_li
     if (engine == NULL || (buffer_list == NULL && buffer_len > 0))
         return ERR_INVALID_ARGUMENT;
     for (i = 0; i < buffer_len && rc == 0; i++)
-        rc = register_one(engine, buffer_list[i].addr, buffer_list[i].length, 1);
+        rc = register_one(engine, buffer_list[i].addr, buffer_list[i].length, location, 1);
     if (rc != 0) /* all or nothing, as Mooncake's */
         for (size_t k = 0; k + 1 < i; k++)
             unregisterLocalMemory(engine, buffer_list[k].addr);

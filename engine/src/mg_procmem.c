@@ -269,11 +269,12 @@ int mg_procmem_probe(mg_procmem *pm, uint64_t addr, uint64_t len, char *why, siz
         if (n == k)
             continue;
         if (n >= 0 || errno == EFAULT) {
-            snprintf(why, cap,
-                     "address 0x%llx is not memory the daemon can reach in process %d: not mapped "
-                     "there, or a GPU's (device memory is not reached through the process's "
-                     "pages; register it by descriptor, or wait for GPU memory support)",
-                     (unsigned long long)(uintptr_t)rv[n > 0 ? n : 0].iov_base, (int)pm->proc.pid);
+            snprintf(
+                why, cap,
+                "address 0x%llx is not memory the daemon can reach in process %d: not mapped "
+                "there, or a GPU's (device memory is not reached through the process's "
+                "pages: register it by its dma-buf, source DMABUF, as the client libraries do)",
+                (unsigned long long)(uintptr_t)rv[n > 0 ? n : 0].iov_base, (int)pm->proc.pid);
             return MG_ERR_INVALID;
         }
         return copy(pm, 0, sink, addr, 1, why, cap); /* the same failure, with its reason */

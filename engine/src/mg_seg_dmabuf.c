@@ -23,7 +23,8 @@ static int dmabuf_check(const mg_seg_env *env, const mg_segment_spec *spec, char
     if (env->rdma == NULL) {
         snprintf(err, MG_SEG_ERROR_MAX,
                  "GPU memory moves over RDMA only, and this daemon has no RDMA device: "
-                 "the client library stages it through the buffer pool instead");
+                 "no peer can reach it here (moongate's own move_vram stages device memory "
+                 "through the buffer pool, unregistered)");
         return MG_ERR_STATE;
     }
     return 0;

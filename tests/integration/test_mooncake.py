@@ -37,10 +37,10 @@ class Target(conftest.Child):
     """A target process (argv) on daemon d: it says {"session", "address", ...} in one JSON line,
     then answers "dump OFF LEN" in hex, its notifications as JSON, and "quit"."""
 
-    def __init__(self, d, argv=None, notes="notifies"):
+    def __init__(self, d, argv=None, notes="notifies", env=None):
         self.notes = notes
         super().__init__(argv or [sys.executable, os.path.join(HERE, "mooncake", "target.py"),
-                                  "127.0.0.1", str(MiB)], env=env_for(d))
+                                  "127.0.0.1", str(MiB)], env=env or env_for(d))
         assert getattr(self, "rc", 0) == 0, self.__dict__
 
     def dump(self, off, n):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import conftest
-from test_mooncake import EXPECTED, env_for, pair, target  # noqa: F401 (a fixture)
+from test_mooncake import EXPECTED, GpuTarget, env_for, gpu_env, pair, target  # noqa: F401
 
 HARNESS = os.path.join(conftest.BUILD, "te_harness")
 LIB = os.path.join(conftest.BUILD, "libtransfer_engine.so")
@@ -142,6 +142,49 @@ def test_c_target_and_initiator(make_daemon, target, transport, memory):
         assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
                         transport="rdma") >= 4 * K64
     assert "registered by descriptor" in t.close()
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_device_memory_through_the_c_door(make_daemon, target, children):
+    """registerLocalMemory of device pointers (the CUDA driver emulator's): a C target's device
+    memory, registered with location "*" as TensorRT-LLM's and NIXL's Mooncake backends register
+    theirs, is found by the driver (no host mapping holds it) and registered by its dma-buf; a C
+    initiator's device memory ("cuda:0") WRITEs into it and READs it back over RDMA (the verbs
+    emulator), device to device. Python's door and C's reach each other's device memory both
+    ways. A daemon without RDMA devices refuses device memory at registration, saying why."""
+    a, b = pair(make_daemon, "--ibverbs-lib", EMU)
+    size = 256 * 1024
+
+    def c_device(t):
+        run = subprocess.run([HARNESS, LIB, "device", t.session, str(t.address), str(size)],
+                             env=gpu_env(a), capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout) == {"register": 0, "write": 1, "read": 1, "same": 1,
+                                          "unregister": 0}, run.stderr
+        assert bytes.fromhex(t.ask("dump 0 %d" % size)) == pattern(size)
+
+    t = target(b, [HARNESS, LIB, "target", str(size), "device"], notes="notifs", env=gpu_env(b))
+    c_device(t)
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                    transport="rdma") >= size
+    assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
+                        transport="tcp")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "initiator",
+                          "127.0.0.1", t.session, str(t.address), str(size)],
+                         env=gpu_env(a), text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"register": 0, "kind": "device", "write": 0, "read": 0,
+                                      "same": True}, run.stderr
+    assert "registered by its dma-buf" in t.close()
+    c_device(children(GpuTarget, b, size))  # the Python door's device memory as the target
+    plain = make_daemon()  # no RDMA devices: no path reaches device memory
+    run = subprocess.run([HARNESS, LIB, "target", str(size), "device"], env=gpu_env(plain),
+                         capture_output=True, text=True, timeout=300, input="")
+    assert run.returncode == 1
+    assert "device memory (CUDA device 0): " in run.stderr, run.stderr
+    assert "GPU memory moves over RDMA only, and this daemon has no RDMA device: no peer can " \
+        "reach it here" in run.stderr, run.stderr
 
 
 def polls(d, n, batch, **env):

@@ -4,8 +4,9 @@
  * x86-64 and aarch64 LP64), loads libtransfer_engine.so with dlopen (as TensorRT-LLM loads its
  * wrapper) and finds every function of transfer_engine_c.h by name.
  *
- *   te_harness LIB target SIZE
- *       an engine (P2PHANDSHAKE) with SIZE bytes of shared memory (shm_open) registered; prints
+ *   te_harness LIB target SIZE [malloc|device]
+ *       an engine (P2PHANDSHAKE) with SIZE bytes registered: a sealed memfd's mapping, malloc'd
+ *       memory, or device memory of the CUDA driver ($MOONGATE_CUDA_LIB, location "*"); prints
  *       {"session": "host:port", "address": N}, then obeys stdin: "dump OFF LEN" (hex),
  *       "notifs" ([[name, msg], ...]: JSON strings, each byte outside printable ASCII as
  *       \u00XX), "quit".
@@ -25,6 +26,10 @@
  *       as NIXL's Mooncake plugin: an engine per agent (one on each daemon), openSegment both
  *       ways, WRITEs and READs both ways in tight polls, notifications both ways: one JSON
  *       object of outcomes.
+ *   te_harness LIB device SESSION ADDRESS SIZE
+ *       SIZE bytes of device memory ($MOONGATE_CUDA_LIB) filled with a pattern and registered
+ *       (location "cuda:0"): WRITEs it all to ADDRESS, clears it, READs it back; one JSON object
+ *       {"register", "write", "read", "same"}.
  *   te_harness LIB notify SESSION NAME_HEX MSG_HEX
  *       genNotifyInEngine of those bytes to SESSION; prints its return code.
  *   te_harness LIB latency SESSION ADDRESS N SIZE
@@ -230,6 +235,43 @@ static void *sealed_memory(size_t size)
     return p == MAP_FAILED ? NULL : p; /* fd stays open, as a program keeps its memfd */
 }
 
+/* ---- device memory, from the CUDA driver ($MOONGATE_CUDA_LIB) ---- */
+static struct {
+    int (*init)(unsigned);
+    int (*retain)(void **, int);
+    int (*set_current)(void *);
+    int (*alloc)(uint64_t *, size_t);
+    int (*htod)(uint64_t, const void *, size_t);
+    int (*dtoh)(void *, uint64_t, size_t);
+} cu;
+
+/* SIZE bytes of device 0's memory, zeroed, or NULL (said on stderr). */
+static void *device_memory(size_t size)
+{
+    const char *lib = getenv("MOONGATE_CUDA_LIB");
+    void *h = dlopen(lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx, *zero;
+    uint64_t d = 0;
+    int ok;
+    if (h == NULL) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return NULL;
+    }
+    *(void **)&cu.init = dlsym(h, "cuInit");
+    *(void **)&cu.retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&cu.set_current = dlsym(h, "cuCtxSetCurrent");
+    *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu.htod = dlsym(h, "cuMemcpyHtoD_v2");
+    *(void **)&cu.dtoh = dlsym(h, "cuMemcpyDtoH_v2");
+    zero = calloc(1, size);
+    ok = cu.init && cu.retain && cu.set_current && cu.alloc && cu.htod && cu.dtoh && zero &&
+         cu.init(0) == 0 && cu.retain(&ctx, 0) == 0 && cu.set_current(ctx) == 0 &&
+         cu.alloc(&d, size) == 0 && cu.htod(d, zero, size) == 0;
+    free(zero);
+    if (!ok)
+        fprintf(stderr, "device memory: the CUDA driver failed\n");
+    return ok ? (void *)(uintptr_t)d : NULL;
+}
+
 /* A C string as a JSON string, each byte outside printable ASCII as \u00XX (a notification's
  * bytes read back one for one). */
 static void json_text(const char *t)
@@ -244,15 +286,18 @@ static void json_text(const char *t)
 }
 
 /* A target engine with `size` bytes of memory registered remote-accessible: a sealed memfd's
- * mapping, or with `heap`, malloc'd memory registered as TensorRT-LLM's and NIXL's Mooncake
- * backends register theirs (location "*"). */
-static int target(size_t size, int heap)
+ * mapping, or malloc'd memory ("malloc") or device memory ("device") registered as TensorRT-LLM's
+ * and NIXL's Mooncake backends register theirs (location "*"). */
+static int target(size_t size, const char *kind)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
     char where[128], line[256];
-    uint8_t *mem = heap ? calloc(1, size) : sealed_memory(size);
-    if (e == NULL || mem == NULL || te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
-        te.registerLocalMemory(e, mem, size, heap ? "*" : "cpu:0", 1) != 0) {
+    int heap = strcmp(kind, "malloc") == 0, device = strcmp(kind, "device") == 0;
+    uint8_t *mem = heap ? calloc(1, size) : device ? device_memory(size) : sealed_memory(size);
+    uint8_t *seen = device ? malloc(size) : mem;
+    if (e == NULL || mem == NULL || seen == NULL ||
+        te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
+        te.registerLocalMemory(e, mem, size, heap || device ? "*" : "cpu:0", 1) != 0) {
         if (e != NULL)
             te.destroyTransferEngine(e);
         if (heap)
@@ -264,8 +309,10 @@ static int target(size_t size, int heap)
     while (fgets(line, sizeof(line), stdin) != NULL) {
         size_t off, len;
         if (sscanf(line, "dump %zu %zu", &off, &len) == 2 && off + len <= size) {
+            if (device && cu.dtoh(seen, (uintptr_t)mem, size) != 0)
+                memset(seen, 0, size);
             for (size_t i = 0; i < len; i++)
-                printf("%02x", mem[off + i]);
+                printf("%02x", seen[off + i]);
             printf("\n");
         } else if (strncmp(line, "notifs", 6) == 0) {
             int n = 0;
@@ -288,6 +335,8 @@ static int target(size_t size, int heap)
     te.destroyTransferEngine(e);
     if (heap)
         free(mem);
+    if (device)
+        free(seen);
     return 0;
 }
 
@@ -682,6 +731,32 @@ static void first_note(engine_t e)
     printf("null");
 }
 
+/* Device memory as the local side: WRITE a pattern to the target, clear, READ it back. */
+static int device(const char *session, uint64_t taddr, size_t size)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
+    uint8_t *d = device_memory(size), *host = malloc(size), *back = calloc(1, size);
+    int first = 0, seg;
+    if (e == NULL || d == NULL || host == NULL || back == NULL)
+        return 1;
+    for (size_t i = 0; i < size; i++)
+        host[i] = (uint8_t)(i * 7 + 3);
+    OUT("register", "%d", te.registerLocalMemory(e, d, size, "cuda:0", 1));
+    seg = te.openSegment(e, session);
+    OUT("write", "%d",
+        cu.htod((uintptr_t)d, host, size) == 0 &&
+            move_polled(e, OPCODE_WRITE, d, seg, taddr, size));
+    OUT("read", "%d",
+        cu.htod((uintptr_t)d, back, size) == 0 && move_polled(e, OPCODE_READ, d, seg, taddr, size));
+    OUT("same", "%d", cu.dtoh(back, (uintptr_t)d, size) == 0 && memcmp(back, host, size) == 0);
+    OUT("unregister", "%d", te.unregisterLocalMemory(e, d));
+    printf("}\n");
+    te.destroyTransferEngine(e);
+    free(host);
+    free(back);
+    return 0;
+}
+
 /* As NIXL's Mooncake plugin runs its agents: an engine per agent (here two, one on each daemon,
  * in one process, as NIXL's own example makes them), each registering its memory, openSegment
  * both ways, WRITEs and READs both ways polled in a tight loop, notifications both ways (NIXL's
@@ -775,7 +850,8 @@ static int notify(const char *session, const char *name_hex, const char *msg_hex
 int main(int argc, char **argv)
 {
     if (argc < 4 || load(argv[1]) != 0) {
-        fprintf(stderr, "usage: te_harness LIB target SIZE [malloc] | "
+        fprintf(stderr, "usage: te_harness LIB target SIZE [malloc|device] | "
+                        "LIB device SESSION ADDRESS SIZE | "
                         "LIB initiator SESSION ADDRESS | "
                         "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH | "
                         "LIB notify SESSION NAME_HEX MSG_HEX | "
@@ -783,7 +859,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(argv[2], "target") == 0)
-        return target(strtoull(argv[3], NULL, 0), argc > 4 && strcmp(argv[4], "malloc") == 0);
+        return target(strtoull(argv[3], NULL, 0), argc > 4 ? argv[4] : "memfd");
+    if (strcmp(argv[2], "device") == 0 && argc > 5)
+        return device(argv[3], strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0));
     if (strcmp(argv[2], "initiator") == 0 && argc > 4)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
     if (strcmp(argv[2], "loop") == 0 && argc > 5)
