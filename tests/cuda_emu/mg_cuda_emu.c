@@ -13,7 +13,8 @@
  *             fails), as with a GPU. Each allocation is a memfd the emulator maps a second time
  *             where only it looks, and copies go through that mapping.
  *   copies    real memcpy, on a thread per stream in the order they were queued (the legacy
- *             default stream, 0, has one too); events complete in order with the stream;
+ *             default stream, 0, has one too); events complete in order with the stream, and
+ *             host functions (cuLaunchHostFunc) run there in order too;
  *             a copy's error is reported by the stream's next synchronization and by the
  *             events recorded after it, as the driver's asynchronous errors are (it is not
  *             sticky: the stream's synchronization clears it)
@@ -96,7 +97,8 @@ enum {
     CUresult cuEventDestroy_v2(CUevent);                                                          \
     CUresult cuEventRecord(CUevent, CUstream);                                                    \
     CUresult cuEventQuery(CUevent);                                                               \
-    CUresult cuEventSynchronize(CUevent);
+    CUresult cuEventSynchronize(CUevent);                                                         \
+    CUresult cuLaunchHostFunc(CUstream, void (*)(void *), void *);
 EXPORT_API
 
 #define MAX_DEVICES 8
@@ -117,11 +119,13 @@ typedef struct alloc {
 } alloc;
 
 typedef struct op {
-    enum { OP_COPY, OP_EVENT } kind;
+    enum { OP_COPY, OP_EVENT, OP_HOST } kind;
     void *dst;
     const void *src;
     size_t n;
     CUevent ev;
+    void (*fn)(void *); /* OP_HOST: a host function, run on the stream's thread */
+    void *arg;
     struct op *next;
 } op;
 
@@ -221,6 +225,8 @@ static void run_op(struct emu_stream *s, op *o)
             memcpy(o->dst, o->src, o->n);
         else if (s->error == CUDA_SUCCESS)
             s->error = inj;
+    } else if (o->kind == OP_HOST) {
+        o->fn(o->arg); /* work queued after it waits for its return, as on a stream */
     } else {
         pthread_mutex_lock(&lock);
         o->ev->done = 1;
@@ -743,6 +749,18 @@ EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
     o = calloc(1, sizeof(*o));
     if (o != NULL)
         *o = (op){.kind = OP_EVENT, .ev = ev};
+    return enqueue(s, o);
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg)
+{
+    op *o;
+    ENTER("cuLaunchHostFunc");
+    if (fn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    o = calloc(1, sizeof(*o));
+    if (o != NULL)
+        *o = (op){.kind = OP_HOST, .fn = fn, .arg = arg};
     return enqueue(s, o);
 }
 

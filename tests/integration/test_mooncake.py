@@ -212,6 +212,32 @@ def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children):
     assert "GPU memory moves over RDMA only, and this daemon has no RDMA device" in t.close()
 
 
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_transfers_on_a_cuda_stream(make_daemon, children):
+    """Mooncake's *_on_cuda methods: a WRITE and a READ of device memory queued on a CUDA stream
+    run in the stream's order, after the copy queued before them and before the copy after,
+    and the calls return at once. The stream is held by a host function of the test's own
+    until all is queued, so a transfer run at the call would see the bytes of before the
+    copies, not after. A WRITE that fails on the stream ends the process with its failure
+    logged, as Mooncake's does: nothing else could tell the stream's later work."""
+    a, b = pair(make_daemon, "--ibverbs-lib", EMU)
+    size = 256 * 1024
+    t = children(GpuTarget, b, size)
+    argv = [sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "on_cuda", "127.0.0.1",
+            t.session, str(t.address), str(size)]
+    run = subprocess.run(argv, env=gpu_env(a), text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"returned": True, "same": True}, run.stderr
+    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == bytes((i * 7 + 3) & 0xff
+                                                             for i in range(size))
+    run = subprocess.run(argv + [str(size)], env=gpu_env(a), text=True, capture_output=True,
+                         timeout=300)  # past the target's region
+    assert run.returncode == 1, run.stderr
+    assert "transfer_write_on_cuda to %s: " % t.session in run.stderr, run.stderr
+    assert "failed on its CUDA stream (said above): ending the process" in run.stderr
+
+
 def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, monkeypatch):
     """The initiator's daemon is stopped (SIGSTOP) before a transfer_sync_write: the call waits
     for its answer. A second thread, which can only run if the waiting call let go of the GIL,
@@ -279,8 +305,8 @@ def test_the_first_buffer_is_the_one_registered_first(make_daemon, monkeypatch):
 
 def test_the_module_has_mooncakes_names(make_daemon):
     """What Mooncake's mooncake.engine exports at module level, as code reads it at import:
-    the SUPPORT_* flags of its build (none of those transports, no *_on_cuda here: False) and
-    TransferOpcode's members as module names."""
+    the SUPPORT_* flags of its build (none of those transports: False; CUDA: True, with the
+    *_on_cuda methods) and TransferOpcode's members as module names."""
     code = ("import json, mooncake.engine as m\n"
             "print(json.dumps([m.SUPPORT_EFA, m.SUPPORT_HIP, m.SUPPORT_MNNVL, "
             "m.SUPPORT_INTRA_NVLINK, m.SUPPORT_CUDA, int(m.Read), int(m.Write), "
@@ -290,7 +316,7 @@ def test_the_module_has_mooncakes_names(make_daemon):
     run = subprocess.run([sys.executable, "-c", code], env=env_for(make_daemon()),
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == [False] * 5 + [0, 1, True, True, False, "x"]
+    assert json.loads(run.stdout) == [False] * 4 + [True, 0, 1, True, True, True, "x"]
 
 
 def test_no_daemon_fails_soft(tmp_path, monkeypatch, caplog):

@@ -11,11 +11,18 @@ $MOONGATE_CUDA_LIB) passed to register_memory and to the transfers.
       allocates SIZE bytes of device memory filled with a pattern, registers it, WRITEs it all
       to ADDRESS of SESSION, clears it and READs it back. Says {"register", "kind", "write",
       "read", "same"}.
+  gpu.py on_cuda HOST SESSION ADDRESS SIZE [OFFSET]
+      as initiator, on a CUDA stream held by a host function of its own until it is done
+      queueing: the pattern's copy into device memory, then transfer_write_on_cuda to
+      ADDRESS + OFFSET; then a clearing copy, batch_transfer_read_on_cuda back and the copy out.
+      Says {"returned" (both calls returned while their stream was held), "same"}. An OFFSET
+      past the target's region makes the WRITE fail on the stream.
 """
 import ctypes
 import json
 import os
 import sys
+import threading
 
 from mooncake.engine import TransferEngine
 
@@ -73,8 +80,51 @@ def initiator(host, session, addr, size):
     print(json.dumps(out), flush=True)
 
 
+def on_cuda(host, session, addr, size):
+    e = engine(host)
+    d = device_memory(size)
+    data = bytes((i * 7 + 3) & 0xff for i in range(size))
+    assert e.register_memory(d, size) == 0
+    s, ev = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cu.cuStreamCreate(ctypes.byref(s), 0) == 0 and cu.cuEventCreate(ctypes.byref(ev), 0) == 0
+    gate = threading.Event()
+    hold = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: gate.wait())
+    cu.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, type(hold), ctypes.c_void_p]
+
+    def closed():
+        """The stream held until the gate opens: what is queued after runs only then."""
+        gate.clear()
+        assert cu.cuLaunchHostFunc(s, hold, None) == 0
+
+    def pending():
+        """The stream's work queued so far has not ended (CUDA_ERROR_NOT_READY)."""
+        assert cu.cuEventRecord(ev, s) == 0
+        return cu.cuEventQuery(ev) == 600
+
+    # a WRITE that ran before the copy in (at the call, say) would send zeros
+    closed()
+    assert cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(d), data, ctypes.c_size_t(size), s) == 0
+    e.transfer_write_on_cuda(session, d, addr, size, s.value)
+    returned = pending()
+    gate.set()
+    assert cu.cuStreamSynchronize(s) == 0
+    # a READ that ran before the clearing copy, or after the copy out, would leave zeros
+    zero, back = bytes(size), ctypes.create_string_buffer(size)
+    closed()
+    assert cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(d), zero, ctypes.c_size_t(size), s) == 0
+    e.batch_transfer_read_on_cuda(session, [d], [addr], [size], s.value)
+    assert cu.cuMemcpyDtoHAsync_v2(back, ctypes.c_uint64(d), ctypes.c_size_t(size), s) == 0
+    returned = pending() and returned
+    gate.set()
+    assert cu.cuStreamSynchronize(s) == 0
+    print(json.dumps({"returned": returned, "same": back.raw == data}), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "target":
+    if sys.argv[1] == "on_cuda":
+        on_cuda(sys.argv[2], sys.argv[3], int(sys.argv[4]) + int((sys.argv[6:] or [0])[0]),
+                int(sys.argv[5]))
+    elif sys.argv[1] == "target":
         target(sys.argv[2], int(sys.argv[3]))
     else:
         initiator(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

@@ -99,13 +99,33 @@ def _open_file(dev, ino, path, lo, hi):
 
 
 # What Mooncake's mooncake.engine says of its build, for code that reads it at import: this
-# module has no EFA, HIP, MNNVL or intra-node NVLink transport (the daemon chooses RDMA or TCP)
-# and no *_on_cuda methods, as Mooncake's builds without them.
+# module has no EFA, HIP, MNNVL or intra-node NVLink transport (the daemon chooses RDMA or TCP),
+# and it has what Mooncake's CUDA builds have: device pointers and the *_on_cuda methods (the
+# CUDA driver loaded at run time, when a call needs it).
 SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
-SUPPORT_CUDA = False
+SUPPORT_CUDA = True
+
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_cuda = None
+
+
+def _cuda_driver():
+    """The CUDA driver ($MOONGATE_CUDA_LIB, else libcuda.so.1), loaded by the first call that
+    needs it; RuntimeError naming the dlopen error."""
+    global _cuda
+    if _cuda is None:
+        path = os.environ.get("MOONGATE_CUDA_LIB") or "libcuda.so.1"
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise RuntimeError("the CUDA driver (%s): %s" % (path, e))
+        lib.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, _HOST_FN, ctypes.c_void_p]
+        lib.cuLaunchHostFunc.restype = ctypes.c_int
+        _cuda = lib
+    return _cuda
 
 
 class TransferOpcode(enum.IntEnum):
@@ -207,6 +227,7 @@ class TransferEngine:
         self._batches = {}     # async batch id -> "timeout" once it timed out, else None
         self._targets = set()  # target names a peer has answered for
         self._timeout_s = transfer_timeout_s()
+        self._host_fns = []    # [callback, ran] of *_on_cuda calls: kept until they ran
 
     # setup
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
@@ -561,6 +582,63 @@ class TransferEngine:
                             opcode, notify=None, transport_hint=""):
         return self._sync("batch_transfer_sync", target_hostname, buffers,
                           peer_buffer_addresses, lengths, opcode, notify)
+
+    def _on_cuda(self, what, target, buffers, peer_addresses, lengths, opcode, stream_ptr):
+        """Mooncake's *_on_cuda: the batch runs from a host function queued on the CUDA stream
+        (cuLaunchHostFunc), after the work queued there before it; work queued after it waits
+        for its end. The call returns at once. A host function cannot report back: a failure
+        is logged, naming it, and ends the process (status 1), as Mooncake's does, since the
+        stream's later work would use bytes that never came. A host function may make no CUDA
+        call, so the memory is what moves without one: device memory registered by its dma-buf
+        (RDMA), host memory."""
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            raise RuntimeError("buffers, peer_buffer_addresses and lengths have different size")
+        if not self._ready(what) or not self._open(target):
+            raise RuntimeError("Failed to open segment %s" % target)
+        cu = _cuda_driver()
+        buffers, peer_addresses, lengths = list(buffers), list(peer_addresses), list(lengths)
+        slot = [None, False]
+
+        def run(_):
+            try:
+                rc = self._sync(what, target, buffers, peer_addresses, lengths, opcode, None)
+            except Exception as e:  # noqa: BLE001 (nothing may escape a host function)
+                log.error("%s to %s: %s", what, target, e)
+                rc = -1
+            slot[1] = True
+            if rc != 0:
+                log.critical("%s to %s failed on its CUDA stream (said above): ending the "
+                             "process, as Mooncake's does", what, target)
+                logging.shutdown()
+                os._exit(1)
+
+        slot[0] = _HOST_FN(run)
+        with self._lock:  # the callbacks that ran go; this one stays until it has
+            self._host_fns = [f for f in self._host_fns if not f[1]] + [slot]
+        rc = cu.cuLaunchHostFunc(ctypes.c_void_p(stream_ptr or None), slot[0], None)
+        if rc != 0:
+            slot[1] = True
+            raise RuntimeError("cuLaunchHostFunc failed: CUDA error %d" % rc)
+
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint=""):
+        self._on_cuda("transfer_write_on_cuda", target_hostname, [buffer],
+                      [peer_buffer_address], [length], TransferOpcode.Write, stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint=""):
+        self._on_cuda("transfer_read_on_cuda", target_hostname, [buffer],
+                      [peer_buffer_address], [length], TransferOpcode.Read, stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint=""):
+        self._on_cuda("batch_transfer_write_on_cuda", target_hostname, buffers,
+                      peer_buffer_addresses, lengths, TransferOpcode.Write, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint=""):
+        self._on_cuda("batch_transfer_read_on_cuda", target_hostname, buffers,
+                      peer_buffer_addresses, lengths, TransferOpcode.Read, stream_ptr)
 
     def _async(self, what, target, buffers, peer_addresses, lengths, opcode):
         blocks = self._blocks(what, target, buffers, peer_addresses, lengths, opcode)
