@@ -37,12 +37,42 @@ int mg_vram_register(mg_client *c, uintptr_t ptr, size_t len, int remote_accessi
                      const char *name, uint64_t *ids, int cap, int *status, char *err,
                      size_t errcap);
 
+/* Registers device memory [ptr, ptr + len) with the daemon of c (a "unix:" target) as STAGED:
+ * a peer's target over TCP where no RDMA path reaches it (a daemon without RDMA devices, a GPU
+ * without dma-buf). This library serves the range's copy channel on a thread of its own from
+ * then on (moongate/stagewire.h): a peer's WRITE is copied from the daemon's staging buffer
+ * into the device, a READ out of it, in the context that owns ptr, while the program does
+ * nothing. The registration lives as long as c's connection (or its agent), and is made again
+ * after a daemon restart. Returns 0 with *id, or -1 with *status (a gRPC code) and err: no
+ * driver, memory the driver does not know as a device's, the daemon's refusal. */
+int mg_vram_register_staged(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
+                            const char *name, uint64_t *id, int *status, char *err, size_t errcap);
+
+/* Serves fd, this process's end of a staged registration's copy channel, from now on (it is
+ * this library's to close): for callers that register the range themselves (Python's client).
+ * ptr is the range's device pointer, whose context the copies run in; *device its device.
+ * Returns 0, or -1 with *status and err (no driver; not device memory). */
+int mg_vram_stage_serve(int fd, uintptr_t ptr, int *device, int *status, char *err, size_t errcap);
+
+struct Moongate__V1__RegisterRequest;
+
+/* For callers that make the RegisterSegment call themselves (the Mooncake C door): a copy
+ * channel for device memory [ptr, ptr + len) made and served (mg_vram_stage_serve), the
+ * daemon's end passed on the fd socket `sock` (with `token`, or NULL), and req filled to register
+ * it STAGED (source, fd_handle, size, client_address, location into location[loccap],
+ * remote_accessible); the caller sets the name. 0 with *chan the served end (shut it down,
+ * shutdown(2), if the registration fails: the serving thread then lets it go), or -1 with
+ * *status and err. */
+int mg_vram_stage_request(const char *sock, const char *token, uintptr_t ptr, size_t len,
+                          int remote_accessible, struct Moongate__V1__RegisterRequest *req,
+                          char *location, size_t loccap, int *chan, int *status, char *err,
+                          size_t errcap);
+
 /* The request that registers one piece, for callers that make the RegisterSegment call
  * themselves (the Mooncake C door, from its own loop): passes p->fd on the daemon's fd socket
  * `sock` (with `token`, or NULL), then fills req's source (DMABUF), fd_handle, size,
  * client_address, remote_accessible and location ("cuda:N", written into location[loccap]);
  * the caller sets the name. 0, or -1 with *status and err. */
-struct Moongate__V1__RegisterRequest;
 int mg_vram_piece_request(const char *sock, const char *token, const mg_vram_piece *p,
                           int remote_accessible, struct Moongate__V1__RegisterRequest *req,
                           char *location, size_t loccap, int *status, char *err, size_t errcap);

@@ -62,6 +62,7 @@ typedef struct te_region {
     uint64_t segment;
     int remote;      /* registered remote-accessible (registered so again after a restart) */
     int device;      /* -1: host memory; else the CUDA device (registered by its dma-buf) */
+    int staged;      /* device memory staged by this process's copy thread (no RDMA path) */
     uintptr_t group; /* the address registerLocalMemory was given */
 } te_region;
 

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -210,21 +211,15 @@ static int unregister_id(te_engine *e, uint64_t id, const void *addr)
     return -1;
 }
 
-/* One RegisterSegment of device memory's piece p, by its dma-buf; its id in *id. */
-static int register_piece(te_engine *e, const char *sock, const mg_vram_piece *p, char *name,
-                          int remote, uint64_t *id, char *msg, size_t msgcap)
+/* RegisterSegment of q; the segment's id in *id. 0, or a gRPC code with msg. */
+static int register_request(te_engine *e, Moongate__V1__RegisterRequest *q, uint64_t *id, char *msg,
+                            size_t msgcap)
 {
-    Moongate__V1__RegisterRequest q = MOONGATE__V1__REGISTER_REQUEST__INIT;
     Moongate__V1__RegisterResponse *r;
-    char location[24];
     uint8_t *resp = NULL;
     size_t len = 0;
     int st;
-    if (mg_vram_piece_request(sock, e->token[0] ? e->token : NULL, p, remote, &q, location,
-                              sizeof(location), &st, msg, msgcap) != 0)
-        return st ? st : MG_GRPC_UNAVAILABLE;
-    q.name = name;
-    if ((st = te_call_run(e, "/moongate.v1.Memory/RegisterSegment", &q.base, 60000, &resp, &len,
+    if ((st = te_call_run(e, "/moongate.v1.Memory/RegisterSegment", &q->base, 60000, &resp, &len,
                           msg, msgcap)) != 0)
         return st;
     r = moongate__v1__register_response__unpack(NULL, len, resp);
@@ -236,6 +231,43 @@ static int register_piece(te_engine *e, const char *sock, const mg_vram_piece *p
         snprintf(msg, msgcap, "the daemon's RegisterResponse did not decode");
     if (r != NULL)
         moongate__v1__register_response__free_unpacked(r, NULL);
+    return st;
+}
+
+/* One RegisterSegment of device memory's piece p, by its dma-buf; its id in *id. */
+static int register_piece(te_engine *e, const char *sock, const mg_vram_piece *p, char *name,
+                          int remote, uint64_t *id, char *msg, size_t msgcap)
+{
+    Moongate__V1__RegisterRequest q = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    char location[24];
+    int st;
+    if (mg_vram_piece_request(sock, e->token[0] ? e->token : NULL, p, remote, &q, location,
+                              sizeof(location), &st, msg, msgcap) != 0)
+        return st ? st : MG_GRPC_UNAVAILABLE;
+    q.name = name;
+    return register_request(e, &q, id, msg, msgcap);
+}
+
+/* Device memory g->addr, g->len registered STAGED (no RDMA path reaches it): its copy channel
+ * served by this process's copy thread (mg_vram_stage_serve), the daemon's end passed on the fd
+ * socket. Sets g->segment and g->device. 0, or a gRPC code with msg. */
+static int register_staged(te_engine *e, te_region *g, char *msg, size_t msgcap)
+{
+    Moongate__V1__RegisterRequest q = MOONGATE__V1__REGISTER_REQUEST__INIT;
+    char sock[4200], location[24], name[80];
+    int chan, st = MG_GRPC_FAILED_PRECONDITION;
+    if (mg_fd_socket_of(e->target, sock, sizeof(sock)) != 0) {
+        snprintf(msg, msgcap, "GPU memory is staged through the daemon's Unix socket");
+        return st;
+    }
+    if (mg_vram_stage_request(sock, e->token[0] ? e->token : NULL, g->addr, g->len, g->remote, &q,
+                              location, sizeof(location), &chan, &st, msg, msgcap) != 0)
+        return st ? st : MG_GRPC_UNAVAILABLE;
+    g->device = atoi(location + 5); /* "cuda:N" */
+    snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)g->addr);
+    q.name = name;
+    if ((st = register_request(e, &q, &g->segment, msg, msgcap)) != 0)
+        shutdown(chan, SHUT_RDWR); /* the copy thread sees the end and lets it go */
     return st;
 }
 
@@ -289,6 +321,23 @@ static int register_device(te_engine *e, uintptr_t a, size_t length, int remote,
     return st;
 }
 
+/* Adds region g to the engine's list: 0, or -1 (out of memory: the segment is let go). */
+static int add_region(te_engine *e, const te_region *g)
+{
+    te_region *grown;
+    pthread_mutex_lock(&e->mu);
+    grown = realloc(e->regions, (e->n_regions + 1) * sizeof(*grown));
+    if (grown != NULL) {
+        e->regions = grown;
+        grown[e->n_regions++] = *g;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (grown != NULL)
+        return 0;
+    unregister_id(e, g->segment, (void *)g->addr);
+    return -1;
+}
+
 static int register_one(te_engine *e, void *addr, size_t length, const char *location,
                         int remote_accessible)
 {
@@ -313,14 +362,35 @@ static int register_one(te_engine *e, void *addr, size_t length, const char *loc
     }
     if (st >= 0) {
         int device = st;
-        if ((st = register_device(e, a, length, remote_accessible, msg, sizeof(msg))) != 0) {
-            te_log("registerLocalMemory(%p, %zu): device memory (CUDA device %d): %s", addr, length,
-                   device, msg);
-            return st == MG_GRPC_ALREADY_EXISTS ? ERR_ADDRESS_OVERLAPPED : -1;
+        if ((st = register_device(e, a, length, remote_accessible, msg, sizeof(msg))) == 0) {
+            TE_LOG_ONCE("registerLocalMemory: device memory is registered by its dma-buf: the "
+                        "NIC reads and writes it, and peers reach it over RDMA");
+            return 0;
         }
-        TE_LOG_ONCE("registerLocalMemory: device memory is registered by its dma-buf: the NIC "
-                    "reads and writes it, and peers reach it over RDMA");
-        return 0;
+        if (st == MG_GRPC_FAILED_PRECONDITION) { /* no RDMA path: staged by this process */
+            te_region g = {
+                .addr = a, .len = length, .remote = remote_accessible, .staged = 1, .group = a};
+            char why[512];
+            snprintf(why, sizeof(why), "%s", msg);
+            if ((st = register_staged(e, &g, msg, sizeof(msg))) == MG_GRPC_FAILED_PRECONDITION &&
+                g.remote) { /* no TCP data plane for peers: this process's transfers only */
+                g.remote = 0;
+                st = register_staged(e, &g, msg, sizeof(msg));
+            }
+            if (st == 0) {
+                TE_LOG_ONCE("registerLocalMemory(%p): device memory by its dma-buf: %s; "
+                            "registered staged instead: %s, this process's copy thread moving "
+                            "it to and from the device",
+                            addr, why,
+                            g.remote ? "peers reach it over TCP"
+                                     : "for this process's transfers only (no TCP data plane "
+                                       "for peers on this daemon)");
+                return add_region(e, &g);
+            }
+        }
+        te_log("registerLocalMemory(%p, %zu): device memory (CUDA device %d): %s", addr, length,
+               device, msg);
+        return st == MG_GRPC_ALREADY_EXISTS ? ERR_ADDRESS_OVERLAPPED : -1;
     }
     snprintf(name, sizeof(name), "mooncake-%d-%lx", (int)getpid(), (unsigned long)a);
     st = register_call(e, a, length, remote_accessible, name, &kind, &resp, &len, msg, sizeof(msg));
@@ -384,6 +454,14 @@ int te_register_again(te_engine *e, size_t k, char *msg, size_t msgcap)
     pthread_mutex_lock(&e->mu);
     g = e->regions[k];
     pthread_mutex_unlock(&e->mu);
+    if (g.staged) { /* a new copy channel */
+        if ((st = register_staged(e, &g, msg, msgcap)) == 0) {
+            pthread_mutex_lock(&e->mu);
+            e->regions[k].segment = g.segment;
+            pthread_mutex_unlock(&e->mu);
+        }
+        return st;
+    }
     if (g.device >= 0) { /* its allocation's dma-buf, exported again */
         mg_vram_piece p;
         char sock[4200];

@@ -10,11 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const transport_names[] = {"", "tcp", "rdma", "copy", "process_vm"};
+static const char *const transport_names[] = {"", "tcp", "rdma", "copy", "process_vm", "staged"};
 
 const char *mg_batch_transport_name(mg_batch_transport t)
 {
-    return (unsigned)t < 5 ? transport_names[t] : "";
+    return (unsigned)t < sizeof(transport_names) / sizeof(transport_names[0]) ? transport_names[t]
+                                                                              : "";
 }
 
 static const char *const tag_names[MG_TAG_COUNT] = {"", "staged", "rdma-dmabuf"};
@@ -411,11 +412,12 @@ mg_batch_rec mg_batch_record(const mg_batch *b, size_t i)
     rec.msg = r->msg;
     rec.err = r->err;
     rec.state = (uint8_t)r->life.state;
-    rec.transport = r->x.pm                           ? MG_TR_PROCESS_VM
-                    : r->local_copy                   ? MG_TR_COPY
-                    : r->rdma                         ? MG_TR_RDMA
-                    : r->life.state != MG_REQ_PENDING ? MG_TR_TCP
-                                                      : MG_TR_NONE;
+    rec.transport = r->x.unmapped && mg_segment_procmem(r->x.unmapped) ? MG_TR_PROCESS_VM
+                    : r->x.unmapped                                    ? MG_TR_STAGED
+                    : r->local_copy                                    ? MG_TR_COPY
+                    : r->rdma                                          ? MG_TR_RDMA
+                    : r->life.state != MG_REQ_PENDING                  ? MG_TR_TCP
+                                                                       : MG_TR_NONE;
     return rec;
 }
 

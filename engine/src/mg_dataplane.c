@@ -701,6 +701,16 @@ static uint32_t unmapped_status(int rc)
     }
 }
 
+/* The wire status of a kind's failed read or write, said in the log with its reason (the wire
+ * carries the status alone). */
+static uint32_t unmapped_failed(const char *op, uint64_t off, int rc, const char *why)
+{
+    char q[300];
+    mg_log(MG_LOG_WARN, "dp_target_failed", "op=%s offset=%llu why=%s", op, (unsigned long long)off,
+           mg_log_quote(q, sizeof(q), why));
+    return unmapped_status(rc);
+}
+
 /* A WRITE's n payload bytes into seg at off: each piece received into c->land (summed into *crc
  * when crc; its first byte flipped when flip), then written there with the kind's write (one
  * copy more than into a mapping, from the cache). After a failure the rest is taken off the
@@ -721,11 +731,13 @@ static int unmapped_write(dp_conn *c, mg_segment *seg, uint64_t off, uint64_t n,
             return -1;
         flip = 0;
         if (ok && rc == 0 && (rc = mg_segment_write(seg, off + done, c->land, k, why, sizeof(why))))
-            *st = unmapped_status(rc);
+            *st = unmapped_failed("write", off + done, rc, why);
         else if (ok && rc != 0)
             *st = ST_INTERNAL;
         done += k;
     }
+    if (*st == ST_OK && (rc = mg_segment_sync(seg, why, sizeof(why))) != 0)
+        *st = unmapped_failed("write", off, rc, why); /* acknowledged once it landed */
     return 0;
 }
 
@@ -749,7 +761,7 @@ static const uint8_t *unmapped_read(dp_conn *c, mg_segment *seg, uint64_t off, u
     }
     p = c->stage + c->staged;
     if ((rc = mg_segment_read(seg, off, p, n, why, sizeof(why))) != 0) {
-        *st = unmapped_status(rc);
+        *st = unmapped_failed("read", off, rc, why);
         return NULL;
     }
     if (crc)
@@ -1622,7 +1634,8 @@ static void slice_failed(const mg_dp_conn *c, mg_dp_op *op, uint64_t slice, cons
         cause = ": its file there is shorter than registered (a client truncated it), or its "
                 "process there no longer maps the range";
     else if (op->rc == MG_ERR_STATE)
-        cause = ": the process whose memory it is there exited";
+        cause = ": the process whose memory it is there exited (or, for GPU memory it stages, "
+                "stopped serving its copies: the peer's log says which)";
     else if (op->rc == MG_ERR_NOT_FOUND)
         cause = op->lease ? ": the peer holds no such lease (released or expired)"
                           : ": the peer holds no such segment (unregistered, or the process whose "

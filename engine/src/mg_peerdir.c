@@ -259,7 +259,11 @@ static void req_link(mg_batch_req *r)
     x->batch = r->b;
     x->write = r->write;
     x->local = r->local_addr;
-    x->pm = r->local ? mg_segment_procmem(r->local) : NULL; /* a client process's memory */
+    /* a client process's memory, GPU memory staged by its process: moved with its kind's ops */
+    x->unmapped = r->local && (mg_segment_caps(r->local) & (MG_SEG_CAP_MAPPED | MG_SEG_CAP_TCP)) ==
+                                  MG_SEG_CAP_TCP
+                      ? r->local
+                      : NULL;
     x->other = r->other_addr;
     x->length = r->length;
     x->lease = r->remote_lease;

@@ -89,8 +89,9 @@ struct mg_segment {
     int created;                    /* the daemon created the file: it removes it */
     void *map_base;                 /* the mapping: addr rounded down to its page */
     uint64_t map_len;
-    uint64_t page;  /* the mapping's page size: the system's, or a hugetlbfs file's */
-    mg_procmem *pm; /* process memory: its process, once mapped */
+    uint64_t page;         /* the mapping's page size: the system's, or a hugetlbfs file's */
+    mg_procmem *pm;        /* process memory: its process, once mapped */
+    struct mg_staged *stg; /* staged GPU memory: its staging buffer (mg_seg_staged.c) */
 };
 
 /* A kind of memory. Every operation runs on the thread it names; the segment is the caller's
@@ -132,6 +133,10 @@ struct mg_seg_kind {
     int (*read)(const mg_segment *seg, uint64_t off, void *dst, size_t n, char *why, size_t cap);
     int (*write)(const mg_segment *seg, uint64_t off, const void *src, size_t n, char *why,
                  size_t cap);
+    /* Worker: every write so far is where it belongs, for kinds whose write returns before
+     * then (GPU memory its process copies in). Returns 0 or an MG_ERR_* with why set. NULL:
+     * write returns once the bytes are there. */
+    int (*sync)(const mg_segment *seg, char *why, size_t cap);
     /* Worker: the CRC32C of len bytes at off where they lie, continuing *crc. NULL: summed
      * from read, in steps. */
     int (*crc32c)(const mg_segment *seg, uint64_t off, uint64_t len, uint32_t *crc, char *why,
@@ -141,7 +146,8 @@ struct mg_seg_kind {
     void (*describe)(const mg_segment *seg, mg_segment_info *out);
 };
 
-extern const mg_seg_kind mg_seg_anon, mg_seg_shm, mg_seg_fd, mg_seg_proc, mg_seg_dmabuf;
+extern const mg_seg_kind mg_seg_anon, mg_seg_shm, mg_seg_fd, mg_seg_proc, mg_seg_dmabuf,
+    mg_seg_staged;
 
 /* The table of a source, or NULL for a value that names none. */
 const mg_seg_kind *mg_seg_kind_of(mg_seg_source source);

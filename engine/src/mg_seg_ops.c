@@ -183,6 +183,11 @@ int mg_segment_write(const mg_segment *seg, uint64_t off, const void *src, size_
     return seg->kind->write(seg, off, src, n, why, cap);
 }
 
+int mg_segment_sync(const mg_segment *seg, char *why, size_t cap)
+{
+    return seg->kind->sync ? seg->kind->sync(seg, why, cap) : 0;
+}
+
 int mg_segment_crc32c(const mg_segment *seg, const uint8_t *addr, uint64_t len, uint32_t *crc,
                       char *why, size_t cap)
 {

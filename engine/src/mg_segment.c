@@ -71,8 +71,9 @@ const char *const mg_transport_names[MG_TRANSPORT_COUNT] = {"tcp", "rdma"};
 
 /* The one place a source becomes a kind: each kind's table is in its own file. */
 static const mg_seg_kind *const mg_seg_kinds[] = {
-    [MG_SEG_ANON] = &mg_seg_anon,    [MG_SEG_SHM] = &mg_seg_shm,       [MG_SEG_FD] = &mg_seg_fd,
-    [MG_SEG_PROCESS] = &mg_seg_proc, [MG_SEG_DMABUF] = &mg_seg_dmabuf,
+    [MG_SEG_ANON] = &mg_seg_anon,     [MG_SEG_SHM] = &mg_seg_shm,
+    [MG_SEG_FD] = &mg_seg_fd,         [MG_SEG_PROCESS] = &mg_seg_proc,
+    [MG_SEG_DMABUF] = &mg_seg_dmabuf, [MG_SEG_STAGED] = &mg_seg_staged,
 };
 
 const mg_seg_kind *mg_seg_kind_of(mg_seg_source source)

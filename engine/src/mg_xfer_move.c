@@ -33,13 +33,23 @@ static int part_fails(mg_xfer_part *pt, int rc, const char *why)
     return pt->rc = rc;
 }
 
-/* One step of a copy whose local side is a client process's memory (pt->pm): straight between
- * the process and the other range's mapping. Returns 0 or an MG_ERR_* with why set. */
-static int step_process(mg_xfer_part *pt, uint64_t done, uint64_t step, char *why, size_t cap)
+/* Where offset off of pt's local range lies in its unmapped segment. */
+static uint64_t unmapped_off(const mg_xfer_part *pt, uint64_t off)
 {
-    uint64_t addr = (uint64_t)(uintptr_t)pt->local + done;
-    return pt->write ? mg_procmem_read(pt->pm, pt->other + done, addr, step, why, cap)
-                     : mg_procmem_write(pt->pm, addr, pt->other + done, step, why, cap);
+    return (uint64_t)((uintptr_t)pt->local - (uintptr_t)mg_segment_addr(pt->unmapped)) + off;
+}
+
+/* One step of a copy whose local side is a segment this daemon does not map (pt->unmapped):
+ * straight between it and the other range's mapping, with its kind's read or write. Returns 0
+ * or an MG_ERR_* with why set. */
+static int step_unmapped(mg_xfer_part *pt, uint64_t done, uint64_t step, char *why, size_t cap)
+{
+    uint64_t off = unmapped_off(pt, done);
+    int rc;
+    if (pt->write)
+        return mg_segment_read(pt->unmapped, off, pt->other + done, step, why, cap);
+    rc = mg_segment_write(pt->unmapped, off, pt->other + done, step, why, cap);
+    return rc ? rc : mg_segment_sync(pt->unmapped, why, cap);
 }
 
 /* A part of a copy between two ranges of this daemon, in COPY_STEP steps. */
@@ -56,9 +66,9 @@ static int part_copy(mg_xfer_part *pt, const int *stop_word)
             return pt->rc = stop;
         }
         step = pt->length - done < COPY_STEP ? pt->length - done : COPY_STEP;
-        if (pt->pm && (rc = step_process(pt, done, step, why, sizeof(why))) != 0)
+        if (pt->unmapped && (rc = step_unmapped(pt, done, step, why, sizeof(why))) != 0)
             return part_fails(pt, rc, why);
-        if (pt->pm) {
+        if (pt->unmapped) {
             __atomic_fetch_add(&pt->progress, step, __ATOMIC_RELAXED);
             continue;
         }
@@ -145,18 +155,20 @@ static mg_dp_options tcp_options(const mg_xfer_link *link)
                            .in_flight = link->in_flight};
 }
 
-/* A part's local side in a client process's memory (pt->pm), for the data plane: its bytes at
- * pt->local + off, read and written with process_vm. */
-static int process_get(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap)
+/* A part's local side in a segment this daemon does not map (pt->unmapped), for the data
+ * plane: its bytes at pt->local + off, read and written with the kind's ops (process_vm for a
+ * process's memory, the device copies of staged GPU memory). */
+static int unmapped_get(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap)
 {
     const mg_xfer_part *pt = ctx;
-    return mg_procmem_read(pt->pm, dst, (uint64_t)(uintptr_t)pt->local + off, n, why, cap);
+    return mg_segment_read(pt->unmapped, unmapped_off(pt, off), dst, n, why, cap);
 }
 
-static int process_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
+static int unmapped_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
 {
     const mg_xfer_part *pt = ctx;
-    return mg_procmem_write(pt->pm, (uint64_t)(uintptr_t)pt->local + off, src, n, why, cap);
+    int rc = mg_segment_write(pt->unmapped, unmapped_off(pt, off), src, n, why, cap);
+    return rc ? rc : mg_segment_sync(pt->unmapped, why, cap);
 }
 
 /* The parts chained from `head` as one stream of slices on one connection (mg_dp_run). Those
@@ -189,13 +201,13 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
         pt->rc = 0;
         why[i][0] = '\0';
-        access[i] = (mg_dp_access){process_get, process_put, pt};
+        access[i] = (mg_dp_access){unmapped_get, unmapped_put, pt};
         ops[i] = (mg_dp_op){.write = pt->write,
                             .lease = pt->lease,
                             .target = pt->target,
                             .offset = pt->remote,
-                            .buf = pt->pm ? NULL : pt->local,
-                            .access = pt->pm ? &access[i] : NULL,
+                            .buf = pt->unmapped ? NULL : pt->local,
+                            .access = pt->unmapped ? &access[i] : NULL,
                             .len = pt->length,
                             .progress = &pt->progress,
                             .err = why[i],

@@ -221,7 +221,7 @@ static void req_plan(mg_xfer_sched *s, mg_xfer_req *r, unsigned room)
                                .remote = r->remote + off,
                                .lkeys = r->lkeys,
                                .rkeys = r->rkeys,
-                               .pm = r->pm};
+                               .unmapped = r->unmapped};
     }
     r->parts_left = r->nparts;
 }

@@ -229,6 +229,14 @@ static void render_process_vm(struct evbuffer *out)
                         "moongate_process_vm_bytes_total{op=\"read\"} %llu\n"
                         "moongate_process_vm_bytes_total{op=\"write\"} %llu\n",
                         (unsigned long long)rd, (unsigned long long)wr);
+    mg_segment_staged_bytes(&rd, &wr);
+    evbuffer_add_printf(out,
+                        "# HELP moongate_staged_bytes_total Bytes copied out of (op read) and "
+                        "into (op write) GPU memory its own process stages (source STAGED).\n"
+                        "# TYPE moongate_staged_bytes_total counter\n"
+                        "moongate_staged_bytes_total{op=\"read\"} %llu\n"
+                        "moongate_staged_bytes_total{op=\"write\"} %llu\n",
+                        (unsigned long long)rd, (unsigned long long)wr);
 }
 
 /* Descriptors passed on the fd socket (mg_fdsock.h), when the daemon has one. */

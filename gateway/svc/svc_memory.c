@@ -240,7 +240,7 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     memset(&spec, 0, sizeof(spec));
     spec.source = (mg_seg_source)req->source; /* the engine's kinds have the proto's numbers */
     if (mg_seg_source_name(spec.source) == NULL) {
-        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD, PROCESS or DMABUF");
+        snprintf(err, MG_SEG_ERROR_MAX, "source must be ANON, SHM, FD, PROCESS, DMABUF or STAGED");
         return MG_ERR_INVALID;
     }
     if (!(mg_seg_source_caps(spec.source) & MG_SEG_CAP_FD) && (req->fd_handle || req->offset)) {

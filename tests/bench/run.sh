@@ -100,6 +100,11 @@ cdoor)
         --lib "$build/libtransfer_engine.so" --harness "$build/te_harness" \
         --mgbench "$build/mgbench" "$@"
     ;;
+staged)
+    MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so MOONGATE_CLIENT_LIB=$build/libmgclient.so.0 \
+        MOONGATE_PYGEN=${MOONGATE_PYGEN:-$build/pygen} /usr/bin/python3 tests/bench/bench_staged.py \
+        --moongate "$build/moongate" "$@"
+    ;;
 gpu)
     MG_BUILD_DIR=$build MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so tests/gpu/check.sh \
         --size 64M --rounds 3 "$@"

@@ -17,8 +17,8 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
   fillasync OFF HEX     queues that write on its stream (cuMemcpyHtoDAsync), not waiting
   quit
 
-Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none)   (NAME "-": no agent; REMOTE none: the
-memory is not registered; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB; GPU_PROC_STREAM=1: moves go
+Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none|staged)   (NAME "-": no agent; REMOTE none:
+the memory is not registered; staged: registered staged, Client.register_vram_staged; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB; GPU_PROC_STREAM=1: moves go
 on the process's own CUDA stream, the one fillasync uses)
 """
 import ctypes
@@ -45,7 +45,9 @@ def main():
     c = mg.Client("unix:" + sock)
     port = c.register_agent(name).port if name != "-" else 0  # "-": no agent
     segs = []
-    if sys.argv[4] != "none":
+    if sys.argv[4] == "staged":
+        segs = [c.register_vram_staged(d, size)]
+    elif sys.argv[4] != "none":
         segs = c.register_vram(d, size, remote_accessible=sys.argv[4] == "1")
     print(json.dumps({"port": port, "address": d, "segments": [s.id for s in segs],
                       "source": segs[0].source if segs else 0,

@@ -47,7 +47,8 @@ class Gpu(conftest.Child):
 
     def __init__(self, d, name, size=MiB, remote=True, **env):
         super().__init__([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock, name,
-                          str(size), "none" if remote is None else "1" if remote else "0"],
+                          str(size), "none" if remote is None else remote if remote == "staged"
+                          else "1" if remote else "0"],
                          env=gpu_env(**env))
 
     def move(self, *args):
@@ -57,6 +58,16 @@ class Gpu(conftest.Child):
             code, _, msg = out[4:].partition(" ")
             raise mg.Error(getattr(mg.grpc.StatusCode, code), msg)
         return json.loads(out[3:])
+
+
+def assert_gone(d, source):
+    """Daemon d lets every segment of `source` go (once no request holds it), within 60 s."""
+    with mg.Client("unix:" + d.sock) as c:
+        for _ in range(1200):
+            if not any(s.source == source for s in c.segments()):
+                break
+            time.sleep(0.05)
+        assert not any(s.source == source for s in c.segments())
 
 
 @pytest.fixture
@@ -99,12 +110,7 @@ def test_device_to_device_over_rdma(make_daemon, gpus):
     assert out.startswith("err INVALID_ARGUMENT") and "GPU memory moves over RDMA only" in out
     # the agent ends with its connection: its dma-buf registrations go with it
     t.close()
-    with mg.Client("unix:" + b.sock) as c:
-        for _ in range(1200):
-            if not any(s.source == memory_pb2.DMABUF for s in c.segments()):
-                break
-            time.sleep(0.05)
-        assert not any(s.source == memory_pb2.DMABUF for s in c.segments())
+    assert_gone(b, memory_pb2.DMABUF)
     assert "agent_ended" in b.read_log()
     i.close()
 
@@ -265,6 +271,37 @@ def test_staged_over_tcp_write_and_read(make_daemon, gpus):
     assert b.metric("moongate_data_bytes_total", dir="in") >= n  # over TCP
     assert pool_leases(a) == 0
     g.close()
+
+
+def test_a_staged_target_over_tcp(make_daemon, gpus):
+    """Client.register_vram_staged on a daemon without RDMA devices: GPU memory a peer WRITEs
+    into and READs from over TCP by (agent, address), unaligned, the target's copy thread
+    moving each piece between its device and the daemon's staging buffer (the WRITE done only
+    once the bytes are in device memory: dumped right after). The segment says STAGED and TCP;
+    it goes with its connection, and its copy channel with it."""
+    a, b = pair(make_daemon, a_flags=(), b_flags=())
+    t = gpus(b, "decode-0", size=4 * MiB, remote="staged")
+    assert (t.source, t.location, t.transports) == (memory_pb2.STAGED, "cuda:0", ["tcp"])
+    n = 2 * MiB + 4097
+    data = os.urandom(n)
+    agent = "127.0.0.1:%d" % t.port
+    with mg.Client("unix:" + a.sock) as c:
+        buf = c.allocate_buffer(3 * MiB)
+        buf.view[:n] = data
+        b1 = c.transfer([mg.write(address=buf.address, agent=agent, remote_address=t.address + 5,
+                                  length=n)])
+        got = b"".join(bytes.fromhex(t.ask("dump %d %d" % (5 + o, min(65536, n - o))))
+                       for o in range(0, n, 65536))
+        assert got == data
+        buf.view[:n] = bytes(n)
+        b2 = c.transfer([mg.read(address=buf.address, agent=agent, remote_address=t.address + 5,
+                                 length=n)])
+        assert bytes(buf.view[:n]) == data
+        assert b1.requests[0].transport == b2.requests[0].transport == "tcp"
+        buf.free()
+    assert b.metric("moongate_data_bytes_total", dir="in") >= n
+    t.close()
+    assert_gone(b, memory_pb2.STAGED)
 
 
 def test_staged_through_a_small_pool_and_refused_without_one(make_daemon, gpus):

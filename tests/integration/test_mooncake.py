@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -181,35 +182,108 @@ class GpuTarget(conftest.Child):
                           "127.0.0.1", str(size)], env=gpu_env(d))
 
 
+def gpu_py(d, *args):
+    """mooncake/gpu.py ARGS on daemon d: its JSON answer."""
+    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py")] +
+                         [str(a) for a in args], env=gpu_env(d), text=True, capture_output=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def pattern(n):
+    return bytes((i * 7 + 3) & 0xff for i in range(n))
+
+
 @pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
                     "libmgclient without reports from grpcio's own threads")
-def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children):
+@pytest.mark.parametrize("path", ["rdma-dmabuf", "staged"])
+def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children, path):
     """register_memory of a device pointer (the CUDA driver emulator's) through mooncake.engine:
-    found by the driver once the daemon cannot reach it as host memory, registered by its
-    dma-buf, and moved device to device between two daemons over RDMA (the verbs emulator), a
-    WRITE into the target's device memory and a READ back. A daemon without RDMA devices
-    refuses it at registration, saying why."""
-    a, b = pair(make_daemon, "--ibverbs-lib", EMU)
-    size = 256 * 1024
+    found by the driver once the daemon cannot reach it as host memory, and moved device to
+    device between two daemons, a WRITE into the target's device memory and a READ back. Where
+    both daemons have RDMA devices (the verbs emulator) by its dma-buf over RDMA; where they
+    have none, staged over TCP: each process's copy thread moves the bytes between its device
+    and its daemon's staging buffer, in pieces (the range is larger than the buffer and not a
+    multiple of it). A host initiator reaches a staged target too."""
+    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if path == "rdma-dmabuf" else []))
+    size = 256 * 1024 if path == "rdma-dmabuf" else 3 * MiB + 4096
     t = children(GpuTarget, b, size)
     assert (t.rc, t.kind) == (0, "device")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "initiator",
-                          "127.0.0.1", t.session, str(t.address), str(size)],
-                         env=gpu_env(a), text=True, capture_output=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout) == {"register": 0, "kind": "device", "write": 0, "read": 0,
-                                      "same": True}, run.stderr
-    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == bytes((i * 7 + 3) & 0xff
-                                                             for i in range(size))
+    assert gpu_py(a, "initiator", "127.0.0.1", t.session, t.address, size) == {
+        "register": 0, "kind": "device", "write": 0, "read": 0, "same": True}
+    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == pattern(size)
+    moved, never = ("rdma", "tcp") if path == "rdma-dmabuf" else ("tcp", "rdma")
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
-                    transport="rdma") >= size
+                    transport=moved) >= size
     assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default",
-                        op="write", transport="tcp")
+                        op="write", transport=never)
+    if path == "staged":  # each daemon says what its processes copied, both ways
+        assert b.metric("moongate_staged_bytes_total", op="write") == size
+        assert b.metric("moongate_staged_bytes_total", op="read") == size
+        assert a.metric("moongate_staged_bytes_total", op="read") == size  # the source
+        assert a.metric("moongate_staged_bytes_total", op="write") == size  # read back
+        assert gpu_py(a, "host", "127.0.0.1", t.session, t.address, size) == {
+            "write": 0, "read": 0, "same": True}
+        assert "registered staged instead: peers reach it over TCP" in t.close()
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_a_staged_targets_notification_comes_after_its_device_copies(make_daemon, children):
+    """A WRITE with a notification into GPU memory staged at the target, whose device copies
+    the emulator slows down (MG_CUDA_EMU_COPY_US): the target, watching for the notification
+    while the WRITE goes, sees it only once the bytes are in its device memory (read the moment
+    the notification is seen)."""
+    a, b = pair(make_daemon)
+    size = MiB + 4096
+    t = children(Target, b, [sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "target",
+                             "127.0.0.1", str(size)],
+                 env=dict(gpu_env(b), MG_CUDA_EMU_COPY_US="50000"))
+    w = subprocess.Popen([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "host",
+                          "127.0.0.1", t.session, str(t.address), str(size), "kv-9"],
+                         env=gpu_env(a), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    name, msg, seen = json.loads(t.ask("noted %d" % size))  # watching while it lands
+    out, err = w.communicate(timeout=120)
+    assert json.loads(out) == {"write": 0, "read": 0, "same": True}, err
+    assert (name, msg) == ("gpu", "kv-9")
+    assert bytes.fromhex(seen) == pattern(size)
     t.close()
-    plain = make_daemon()  # no RDMA devices: no path reaches device memory
-    t = children(GpuTarget, plain, size)
-    assert t.rc == -1 and t.kind is None
-    assert "GPU memory moves over RDMA only, and this daemon has no RDMA device" in t.close()
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_a_staged_target_killed_mid_landing(make_daemon, children):
+    """A staged GPU target frozen (SIGSTOP) while a peer WRITEs into it, then killed: the WRITE
+    fails naming why (the process stopped serving its copies, or, had the kill come first, its
+    segment gone with it), the READ after it too, and the target's daemon goes on serving: a
+    new target registers and is written. A device copy that fails (CUDA_ERROR_ILLEGAL_ADDRESS,
+    the emulator's injected failure) fails the WRITE too, the CUDA error in the daemon's log."""
+    a, b = pair(make_daemon)
+    size = 2 * MiB
+    t = children(GpuTarget, b, size)
+    t.p.send_signal(signal.SIGSTOP)
+    w = subprocess.Popen([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "host",
+                          "127.0.0.1", t.session, str(t.address), str(size)], env=gpu_env(a),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # landing or not yet: either way the outcome is named
+    t.p.kill()
+    out, err = w.communicate(timeout=120)
+    assert json.loads(out) == {"write": -1, "read": -1, "same": False}, err
+    assert ("stopped serving its copies" in err or "no such segment" in err or
+            "unknown agent" in err or "not found" in err.lower()), err
+    t2 = children(GpuTarget, b, MiB)  # the daemon goes on
+    assert gpu_py(a, "host", "127.0.0.1", t2.session, t2.address, MiB) == {
+        "write": 0, "read": 0, "same": True}
+    t2.close()
+    env = dict(gpu_env(b), MG_CUDA_EMU_FAIL="copy:3")  # the target's third device copy fails
+    t3 = children(Target, b, [sys.executable, os.path.join(HERE, "mooncake", "gpu.py"),
+                              "target", "127.0.0.1", str(MiB)], env=env)
+    got = gpu_py(a, "host", "127.0.0.1", t3.session, t3.address, MiB)
+    assert got["write"] == -1, got
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in b.read_log()
+    t3.close()
 
 
 @pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "

@@ -146,15 +146,18 @@ def test_c_target_and_initiator(make_daemon, target, transport, memory):
 
 @pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
                     "libmgclient without reports from grpcio's own threads")
-def test_device_memory_through_the_c_door(make_daemon, target, children):
+@pytest.mark.parametrize("path", ["rdma-dmabuf", "staged"])
+def test_device_memory_through_the_c_door(make_daemon, target, children, path):
     """registerLocalMemory of device pointers (the CUDA driver emulator's): a C target's device
     memory, registered with location "*" as TensorRT-LLM's and NIXL's Mooncake backends register
-    theirs, is found by the driver (no host mapping holds it) and registered by its dma-buf; a C
-    initiator's device memory ("cuda:0") WRITEs into it and READs it back over RDMA (the verbs
-    emulator), device to device. Python's door and C's reach each other's device memory both
-    ways. A daemon without RDMA devices refuses device memory at registration, saying why."""
-    a, b = pair(make_daemon, "--ibverbs-lib", EMU)
-    size = 256 * 1024
+    theirs, is found by the driver (no host mapping holds it); a C initiator's device memory
+    ("cuda:0") WRITEs into it and READs it back, device to device: by dma-buf over RDMA where
+    both daemons have devices (the verbs emulator), else staged over TCP by each process's copy
+    thread. Python's door and C's reach each other's device memory both ways. On a daemon
+    without RDMA devices or a TCP data plane, no peer can reach it: it is registered staged for
+    the process's own transfers, and the log says so."""
+    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if path == "rdma-dmabuf" else []))
+    size = 256 * 1024 if path == "rdma-dmabuf" else 3 * MiB + 4096
 
     def c_device(t):
         run = subprocess.run([HARNESS, LIB, "device", t.session, str(t.address), str(size)],
@@ -166,25 +169,28 @@ def test_device_memory_through_the_c_door(make_daemon, target, children):
 
     t = target(b, [HARNESS, LIB, "target", str(size), "device"], notes="notifs", env=gpu_env(b))
     c_device(t)
+    moved, never = ("rdma", "tcp") if path == "rdma-dmabuf" else ("tcp", "rdma")
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
-                    transport="rdma") >= size
+                    transport=moved) >= size
     assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
-                        transport="tcp")
+                        transport=never)
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "initiator",
                           "127.0.0.1", t.session, str(t.address), str(size)],
                          env=gpu_env(a), text=True, capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == {"register": 0, "kind": "device", "write": 0, "read": 0,
                                       "same": True}, run.stderr
-    assert "registered by its dma-buf" in t.close()
+    assert ("registered by its dma-buf" if path == "rdma-dmabuf" else
+            "registered staged instead: peers reach it over TCP") in t.close()
     c_device(children(GpuTarget, b, size))  # the Python door's device memory as the target
-    plain = make_daemon()  # no RDMA devices: no path reaches device memory
+    if path == "staged":
+        return
+    plain = make_daemon("--data-listen", "")  # no RDMA devices, no TCP data plane: no peer
     run = subprocess.run([HARNESS, LIB, "target", str(size), "device"], env=gpu_env(plain),
                          capture_output=True, text=True, timeout=300, input="")
-    assert run.returncode == 1
-    assert "device memory (CUDA device 0): " in run.stderr, run.stderr
-    assert "GPU memory moves over RDMA only, and this daemon has no RDMA device: no peer can " \
-        "reach it here" in run.stderr, run.stderr
+    assert run.returncode == 0, run.stderr
+    assert "registered staged instead: for this process's transfers only (no TCP data plane " \
+        "for peers on this daemon)" in run.stderr, run.stderr
 
 
 def polls(d, n, batch, **env):

@@ -513,19 +513,22 @@ def test_a_c_engine_refused_by_the_daemon_back_says_so_once(make_daemon, childre
     t.close()
 
 
-@pytest.mark.parametrize("memory", ["memfd", "malloc", "device"])
+@pytest.mark.parametrize("memory", ["memfd", "malloc", "device", "staged"])
 def test_a_c_target_outlives_its_daemon(make_daemon, children, memory):
     """Mooncake's C API (libtransfer_engine.so) as the target: its engine reconnects and makes
     its agent and region again, for each kind of memory it registers: a memfd's mapping (by
-    descriptor), malloc'd memory (process memory, a peer's target over TCP) and device memory
-    (its dma-buf exported again, over RDMA: the verbs and CUDA emulators)."""
-    if memory == "device" and conftest.tsan():
+    descriptor), malloc'd memory (process memory, a peer's target over TCP), device memory by
+    its dma-buf (exported again, over RDMA: the verbs and CUDA emulators) and device memory
+    staged (a new copy channel, over TCP)."""
+    gpu = memory in ("device", "staged")
+    if gpu and conftest.tsan():
         pytest.skip("python3 cannot host a ThreadSanitizer build's libmgclient")
     flags = ["--ibverbs-lib", test_mooncake_c.EMU] if memory == "device" else []
     a, b = test_mooncake.pair(make_daemon, *flags)
     argv = [test_mooncake_c.HARNESS, test_mooncake_c.LIB, "target", str(1 << 20)]
-    t = children(test_mooncake.Target, b, argv + ([memory] if memory != "memfd" else []),
-                 notes="notifs", env=test_mooncake.gpu_env(b) if memory == "device" else None)
+    kind = {"memfd": [], "malloc": ["malloc"], "device": ["device"], "staged": ["device"]}
+    t = children(test_mooncake.Target, b, argv + kind[memory], notes="notifs",
+                 env=test_mooncake.gpu_env(b) if gpu else None)
     loop_across(a, b, t, ((b, "kill"), (b, "term")))
     t.close()
 

@@ -43,7 +43,7 @@ static void test_every_kind_has_its_operations(void)
 {
     size_t n;
     const mg_seg_kind *const *all = mg_seg_kinds_all(&n);
-    CU_ASSERT_EQUAL_FATAL(n, 5);
+    CU_ASSERT_EQUAL_FATAL(n, 6);
     for (size_t i = 0; i < n; i++) {
         const mg_seg_kind *k = all[i];
         const ProtobufCEnumValue *v;
@@ -119,7 +119,8 @@ static void test_what_a_kind_lacks_is_named(void)
         }
         /* Outside the segment: a range error whatever the kind (nothing is reached). */
         CU_ASSERT_EQUAL(mg_segment_check_range(seg, 4000, 97, why, sizeof(why)), MG_ERR_RANGE);
-        CU_ASSERT_EQUAL(mg_segment_gpu(seg), !strcmp(all[i]->location, "cuda"));
+        /* GPU memory only RDMA reaches: by dma-buf; staged GPU memory moves over TCP */
+        CU_ASSERT_EQUAL(mg_segment_gpu(seg), all[i]->source == MG_SEG_DMABUF);
         free(seg);
     }
 }
@@ -250,7 +251,7 @@ static void test_unknown_source_is_refused(void)
     mg_segment *seg = NULL;
     char err[MG_SEG_ERROR_MAX];
     CU_ASSERT_EQUAL(mg_registry_reserve(reg, &spec, &seg, err), MG_ERR_INVALID);
-    CU_ASSERT_STRING_EQUAL(err, "source must be anon, shm, fd, process or dmabuf");
+    CU_ASSERT_STRING_EQUAL(err, "source must be anon, shm, fd, process, dmabuf or staged");
     close_reg(reg);
 }
 

@@ -185,6 +185,11 @@ def _client_lib():
                                        ctypes.c_size_t]
         lib.mg_client_close.restype = None
         lib.mg_client_close.argtypes = [ctypes.c_void_p]
+        lib.mg_vram_stage_serve.restype = ctypes.c_int
+        lib.mg_vram_stage_serve.argtypes = [ctypes.c_int, ctypes.c_uint64,
+                                            ctypes.POINTER(ctypes.c_int),
+                                            ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                            ctypes.c_size_t]
         lib.mg_vram_move.restype = ctypes.c_int
         lib.mg_vram_move.argtypes = [ctypes.c_void_p, ctypes.POINTER(_VramMoveArgs),
                                      ctypes.POINTER(_VramMoveResult), ctypes.POINTER(ctypes.c_int),
@@ -736,6 +741,49 @@ class Client:
         seg = make(p)
         self._remember(("segment", seg.id), "segment %d (%r, GPU memory at 0x%x)" % (
             seg.id, name, p.address), again)
+        return seg
+
+    def register_vram_staged(self, address, size, remote_accessible=True, name=None):
+        """Registers GPU memory [address, address + size) as STAGED: a peer's target over TCP
+        where no RDMA path reaches it (a daemon without RDMA devices, a GPU without dma-buf).
+        moongate's C library (libmgclient.so.0, or $MOONGATE_CLIENT_LIB) serves the range's
+        copy channel on a thread of its own: a peer's WRITE is copied from the daemon's staging
+        buffer into the device, and a READ out of it, in the context that owns the pointer,
+        while this program does nothing (the GIL is never taken). Returns the Segment; made
+        again after a daemon restart."""
+        if not self.fd_socket:
+            raise Error(grpc.StatusCode.FAILED_PRECONDITION,
+                        "staged GPU memory is registered on a Unix socket: connect with "
+                        "unix:PATH")
+        lib = _client_lib()
+        name = name or "vram-staged-%d-%x" % (os.getpid(), address)
+
+        def make():
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            served = socket.socket(fileno=os.dup(mine.fileno()))  # to end it on a refusal
+            dev, status = ctypes.c_int(), ctypes.c_int()
+            err = ctypes.create_string_buffer(512)
+            fd = mine.detach()  # the C library's from here, served and closed by it
+            try:
+                if lib.mg_vram_stage_serve(fd, address, ctypes.byref(dev), ctypes.byref(status),
+                                           err, 512) != 0:
+                    os.close(fd)
+                    raise Error(_code(status.value), err.value.decode(errors="replace"))
+                handle, _ = pass_fd(self.fd_socket, theirs.fileno(), self._token)
+                return self._call(self.memory.RegisterSegment, _fd_request(
+                    name, handle, 0, size, remote_accessible, (), dict(
+                        source=memory_pb2.STAGED, client_address=address,
+                        location="cuda:%d" % dev.value))).segment
+            except BaseException:
+                served.shutdown(socket.SHUT_RDWR)  # the serving thread sees the end
+                raise
+            finally:
+                served.close()
+                theirs.close()
+
+        seg = make()
+        self._remember(("segment", seg.id), "segment %d (%r, staged GPU memory at 0x%x)" % (
+            seg.id, name, address), lambda: make().id)
         return seg
 
     def move_vram(self, write, address, size, peer="", remote_segment=0, remote_lease=0,

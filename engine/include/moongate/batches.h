@@ -53,10 +53,11 @@ typedef enum {
     MG_TR_TCP,
     MG_TR_RDMA,
     MG_TR_COPY,
-    MG_TR_PROCESS_VM /* the local side is a client process's memory (moongate/procmem.h) */
+    MG_TR_PROCESS_VM, /* the local side is a client process's memory (moongate/procmem.h) */
+    MG_TR_STAGED      /* the local side is GPU memory its own process stages */
 } mg_batch_transport;
 
-/* "", "tcp", "rdma", "copy", "process_vm". */
+/* "", "tcp", "rdma", "copy", "process_vm", "staged". */
 const char *mg_batch_transport_name(mg_batch_transport t);
 
 /* What the client library made of the caller's memory before submitting (SubmitRequest.tag):

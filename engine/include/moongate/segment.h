@@ -47,13 +47,16 @@ typedef struct mg_segment mg_segment;
  * is a file of the engine's of its own (engine/src/mg_seg_<kind>.c); what one allows is
  * mg_seg_source_caps(). MG_SEG_DMABUF: GPU memory, a dma-buf the client exported (its device's
  * "cuda:N" location): registered with the RDMA devices by its client address (the iova), never
- * mapped, read or written here — every path but RDMA refuses it (mg_segment_gpu). */
+ * mapped, read or written here — every path but RDMA refuses it (mg_segment_gpu).
+ * MG_SEG_STAGED: GPU memory its own process copies to and from the device, ordered over a copy
+ * channel (moongate/stagewire.h): a peer's target over TCP where no RDMA path reaches it. */
 typedef enum {
     MG_SEG_ANON = 0,
     MG_SEG_SHM = 1,
     MG_SEG_FD = 2,
     MG_SEG_PROCESS = 3,
-    MG_SEG_DMABUF = 4
+    MG_SEG_DMABUF = 4,
+    MG_SEG_STAGED = 5
 } mg_seg_source;
 typedef enum { MG_MEMLOCK_OFF = 0, MG_MEMLOCK_TRY = 1, MG_MEMLOCK_REQUIRE = 2 } mg_memlock;
 typedef enum { MG_SEG_REGISTERING = 0, MG_SEG_READY = 1, MG_SEG_UNREGISTERING = 2 } mg_seg_state;
@@ -315,6 +318,13 @@ int mg_segment_read(const mg_segment *seg, uint64_t off, void *dst, size_t n, ch
                     size_t cap);
 int mg_segment_write(const mg_segment *seg, uint64_t off, const void *src, size_t n, char *why,
                      size_t cap);
+/* Worker: every mg_segment_write so far has landed where the segment's bytes are (a kind may
+ * return from a write before: GPU memory its own process copies in). 0 or an MG_ERR_* with why
+ * set. */
+int mg_segment_sync(const mg_segment *seg, char *why, size_t cap);
+/* Bytes copied out of (read) and ordered into (written) GPU memory staged by its own process,
+ * every such segment's, since start (the metrics' moongate_staged_bytes_total). */
+void mg_segment_staged_bytes(uint64_t *read, uint64_t *written);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
 

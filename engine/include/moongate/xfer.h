@@ -68,9 +68,11 @@ typedef struct mg_xfer_part {
     uint64_t remote;       /* TCP: the offset in it; RDMA: the remote range's address */
     const uint32_t *lkeys; /* RDMA: the local range's key on each device */
     const uint32_t *rkeys; /* RDMA: the remote range's key on each of the peer's devices */
-    /* COPY and TCP: the local range is this process's memory at address `local` (another
-     * process's, moongate/procmem.h), not the daemon's; NULL: the daemon's own mapping. */
-    struct mg_procmem *pm;
+    /* COPY and TCP: the local range lies in this segment, which the daemon does not map
+     * (another process's memory, GPU memory its process stages): `local` is its address there,
+     * and its bytes move with the kind's read and write (mg_segment_read/_write); NULL: the
+     * daemon's own mapping. */
+    const struct mg_segment *unmapped;
     struct mg_xfer_part *next; /* the next part of the same job, or NULL */
     /* Results. */
     uint64_t progress; /* bytes confirmed (atomic) */
@@ -145,11 +147,11 @@ struct mg_xfer_req {
     uint8_t *local; /* the local range's first byte */
     uint8_t *other; /* COPY: the other range's */
     uint64_t length;
-    int lease;                     /* TCP: target is a lease */
-    uint64_t target;               /* TCP: the peer's segment or lease */
-    uint64_t remote;               /* TCP: the offset in it; RDMA: the remote address */
-    const uint32_t *lkeys, *rkeys; /* RDMA */
-    struct mg_procmem *pm;         /* the local range is this process's (mg_xfer_part.pm) */
+    int lease;                         /* TCP: target is a lease */
+    uint64_t target;                   /* TCP: the peer's segment or lease */
+    uint64_t remote;                   /* TCP: the offset in it; RDMA: the remote address */
+    const uint32_t *lkeys, *rkeys;     /* RDMA */
+    const struct mg_segment *unmapped; /* mg_xfer_part.unmapped */
     mg_xfer_link link; /* how its jobs reach the other side (link.stop: &stop; link.in_flight:
                         * the scheduler's counter when NULL) */
     int stop;          /* its stop word: mg_xfer_req_stop */

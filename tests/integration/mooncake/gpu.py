@@ -6,11 +6,16 @@ $MOONGATE_CUDA_LIB) passed to register_memory and to the transfers.
       allocates SIZE bytes of device memory, registers it and says {"rc", "session",
       "address", "kind"} in one JSON line; then obeys lines on stdin:
         dump OFF LEN   the device bytes there, in hex
+        noted LEN      waits for the first notification, then at once the device's first LEN
+                       bytes: [name, msg, hex]
         quit
   gpu.py initiator HOST SESSION ADDRESS SIZE
       allocates SIZE bytes of device memory filled with a pattern, registers it, WRITEs it all
       to ADDRESS of SESSION, clears it and READs it back. Says {"register", "kind", "write",
       "read", "same"}.
+  gpu.py host HOST SESSION ADDRESS SIZE [NOTE]
+      as initiator, but from host memory (a managed buffer); with NOTE, the WRITE carries the
+      notification ("gpu", NOTE). Says {"write", "read", "same"}.
   gpu.py on_cuda HOST SESSION ADDRESS SIZE [OFFSET]
       as initiator, on a CUDA stream held by a host function of its own until it is done
       queueing: the pattern's copy into device memory, then transfer_write_on_cuda to
@@ -24,7 +29,7 @@ import os
 import sys
 import threading
 
-from mooncake.engine import TransferEngine
+from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
 cu = ctypes.CDLL(os.environ["MOONGATE_CUDA_LIB"])
 
@@ -63,6 +68,12 @@ def target(host, size):
         cmd = line.split()
         if cmd[0] == "dump":
             print(from_device(d + int(cmd[1]), int(cmd[2])).hex(), flush=True)
+        elif cmd[0] == "noted":
+            notes = []
+            while not notes:
+                notes = e.get_notifies()
+            seen = from_device(d, int(cmd[1])).hex()
+            print(json.dumps([notes[0].name, notes[0].msg, seen]), flush=True)
         elif cmd[0] == "quit":
             break
 
@@ -77,6 +88,22 @@ def initiator(host, session, addr, size):
     to_device(d, bytes(size))
     out["read"] = e.transfer_sync_read(session, d, addr, size)
     out["same"] = from_device(d, size) == data
+    print(json.dumps(out), flush=True)
+
+
+def host_initiator(host, session, addr, size, note=None):
+    e = engine(host)
+    buf = e.allocate_managed_buffer(size)
+    data = bytes((i * 7 + 3) & 0xff for i in range(size))
+    e.write_bytes_to_buffer(buf, data, size)
+    if note is None:
+        out = {"write": e.transfer_sync_write(session, buf, addr, size)}
+    else:
+        out = {"write": e.transfer_sync(session, buf, addr, size, TransferOpcode.Write,
+                                        TransferNotify("gpu", note))}
+    e.write_bytes_to_buffer(buf, bytes(size), size)
+    out["read"] = e.transfer_sync_read(session, buf, addr, size)
+    out["same"] = e.read_bytes_from_buffer(buf, size) == data
     print(json.dumps(out), flush=True)
 
 
@@ -121,7 +148,10 @@ def on_cuda(host, session, addr, size):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "on_cuda":
+    if sys.argv[1] == "host":
+        host_initiator(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                       *sys.argv[6:7])
+    elif sys.argv[1] == "on_cuda":
         on_cuda(sys.argv[2], sys.argv[3], int(sys.argv[4]) + int((sys.argv[6:] or [0])[0]),
                 int(sys.argv[5]))
     elif sys.argv[1] == "target":
