@@ -720,20 +720,40 @@ static int unmapped_write(dp_conn *c, mg_segment *seg, uint64_t off, uint64_t n,
                           uint32_t *crc, int flip, uint32_t *st)
 {
     char why[256];
-    int rc;
-    if (c->land == NULL && (c->land = malloc(LAND_BYTES)) == NULL)
+    int rc, lands = mg_segment_lands(seg);
+    if (!lands && c->land == NULL && (c->land = malloc(LAND_BYTES)) == NULL)
         *st = ST_INTERNAL;
     for (uint64_t done = 0; done < n;) {
-        size_t k = n - done < LAND_BYTES ? (size_t)(n - done) : LAND_BYTES;
-        int ok = *st == ST_OK;
-        if ((rc = read_payload(c, ok ? c->land : NULL, k, timeout_ms, ok ? crc : NULL,
-                               ok && flip)) == -1)
+        size_t k = n - done < LAND_BYTES ? (size_t)(n - done) : LAND_BYTES, cap;
+        int ok = *st == ST_OK, ticket = -1;
+        uint8_t *dst = c->land;
+        if (ok && lands) { /* straight into the kind's own buffer (a staging slot) */
+            if ((dst = mg_segment_land(seg, &cap, &ticket, why, sizeof(why))) == NULL) {
+                *st = unmapped_failed("write", off + done, MG_ERR_STATE, why);
+                ok = 0;
+            } else {
+                k = n - done < cap ? (size_t)(n - done) : cap; /* a slot's worth */
+            }
+        }
+        if ((rc = read_payload(c, ok ? dst : NULL, k, timeout_ms, ok ? crc : NULL, ok && flip)) ==
+            -1) {
+            if (ticket >= 0)
+                mg_segment_commit(seg, ticket, 0, 0, why, sizeof(why)); /* given back */
             return -1;
+        }
         flip = 0;
-        if (ok && rc == 0 && (rc = mg_segment_write(seg, off + done, c->land, k, why, sizeof(why))))
+        if (ticket >= 0) {
+            int got = rc == 0;
+            if ((rc = mg_segment_commit(seg, ticket, off + done, got ? k : 0, why, sizeof(why))))
+                *st = unmapped_failed("write", off + done, rc, why);
+            else if (!got)
+                *st = ST_INTERNAL;
+        } else if (ok && rc == 0 &&
+                   (rc = mg_segment_write(seg, off + done, c->land, k, why, sizeof(why)))) {
             *st = unmapped_failed("write", off + done, rc, why);
-        else if (ok && rc != 0)
+        } else if (ok && rc != 0) {
             *st = ST_INTERNAL;
+        }
         done += k;
     }
     if (*st == ST_OK && (rc = mg_segment_sync(seg, why, sizeof(why))) != 0)

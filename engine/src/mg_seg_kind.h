@@ -137,6 +137,14 @@ struct mg_seg_kind {
      * then (GPU memory its process copies in). Returns 0 or an MG_ERR_* with why set. NULL:
      * write returns once the bytes are there. */
     int (*sync)(const mg_segment *seg, char *why, size_t cap);
+    /* Worker, both or neither: kinds that land a WRITE's bytes in buffers of their own, straight
+     * from the network (GPU memory staged by its process: the staging slots). land holds a
+     * buffer for the caller (waiting for one to be free): its address, its size in *cap and
+     * what commit names it by in *ticket; NULL with why (the memory can take no more). commit
+     * puts the n bytes landed there at off (n 0: the buffer given back unused), as write does;
+     * sync waits for them. Returns 0 or an MG_ERR_* with why set. */
+    void *(*land)(const mg_segment *seg, size_t *cap, int *ticket, char *why, size_t whycap);
+    int (*commit)(const mg_segment *seg, int ticket, uint64_t off, size_t n, char *why, size_t cap);
     /* Worker: the CRC32C of len bytes at off where they lie, continuing *crc. NULL: summed
      * from read, in steps. */
     int (*crc32c)(const mg_segment *seg, uint64_t off, uint64_t len, uint32_t *crc, char *why,

@@ -188,6 +188,26 @@ int mg_segment_sync(const mg_segment *seg, char *why, size_t cap)
     return seg->kind->sync ? seg->kind->sync(seg, why, cap) : 0;
 }
 
+void *mg_segment_land(const mg_segment *seg, size_t *cap, int *ticket, char *why, size_t whycap)
+{
+    return seg->kind->land ? seg->kind->land(seg, cap, ticket, why, whycap) : NULL;
+}
+
+int mg_segment_commit(const mg_segment *seg, int ticket, uint64_t off, size_t n, char *why,
+                      size_t cap)
+{
+    if (n > 0 && mg_bounds_check(seg->size, off, n) != 0) {
+        seg->kind->commit(seg, ticket, 0, 0, why, cap); /* given back */
+        return mg_segment_check_range(seg, off, n, why, cap);
+    }
+    return seg->kind->commit(seg, ticket, off, n, why, cap);
+}
+
+int mg_segment_lands(const mg_segment *seg)
+{
+    return seg->kind->land != NULL;
+}
+
 int mg_segment_crc32c(const mg_segment *seg, const uint8_t *addr, uint64_t len, uint32_t *crc,
                       char *why, size_t cap)
 {

@@ -72,6 +72,9 @@ static void test_every_kind_has_its_operations(void)
         } else {
             CU_ASSERT(k->read == NULL && k->write == NULL && k->crc32c == NULL);
         }
+        /* Landing in buffers of its own: both operations or neither, and a sync to wait. */
+        CU_ASSERT_EQUAL(k->land != NULL, k->commit != NULL);
+        CU_ASSERT(k->land == NULL || k->sync != NULL);
         /* RDMA: the kind says how it registers with the devices, and only then. */
         CU_ASSERT_EQUAL(k->rdma != NULL, (k->caps & MG_SEG_CAP_RDMA) != 0);
         /* Memory that moves at all. */

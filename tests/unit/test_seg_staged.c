@@ -171,6 +171,40 @@ static void test_written_in_pieces_and_read_back(void)
     free(back);
 }
 
+/* A WRITE landed straight in the slots, as the data plane lands one: each held, filled and
+ * committed (one given back unused, one past the end refused and given back), then synced. */
+static void test_landed_in_the_slots(void)
+{
+    mg_registry *reg = open_reg();
+    fake f = {0};
+    char err[MG_SEG_ERROR_MAX], why[256];
+    uint8_t want[3 * 1000];
+    size_t cap;
+    int rc, ticket;
+    mg_segment *seg = staged(reg, &f, &rc, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(seg);
+    CU_ASSERT(mg_segment_lands(seg));
+    fill(want, sizeof(want), 5);
+    for (int i = 0; i < 3; i++) {
+        uint8_t *p = mg_segment_land(seg, &cap, &ticket, why, sizeof(why));
+        CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+        CU_ASSERT(cap >= 1000);
+        memcpy(p, want + i * 1000, 1000);
+        CU_ASSERT_EQUAL(
+            mg_segment_commit(seg, ticket, 77 + (uint64_t)i * 1000, 1000, why, sizeof(why)), 0);
+    }
+    for (int i = 0; i < 8; i++) { /* given back: never a slot lost (there are fewer than 8) */
+        CU_ASSERT_PTR_NOT_NULL_FATAL(mg_segment_land(seg, &cap, &ticket, why, sizeof(why)));
+        CU_ASSERT_EQUAL(mg_segment_commit(seg, ticket, 0, 0, why, sizeof(why)), 0);
+    }
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mg_segment_land(seg, &cap, &ticket, why, sizeof(why)));
+    CU_ASSERT_EQUAL(mg_segment_commit(seg, ticket, DEV_SIZE - 1, 2, why, sizeof(why)),
+                    MG_ERR_RANGE);
+    CU_ASSERT_EQUAL(mg_segment_sync(seg, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(memcmp(f.dev + 77, want, sizeof(want)), 0);
+    done(reg, &f);
+}
+
 typedef struct {
     mg_segment *seg;
     uint64_t off;
@@ -261,6 +295,7 @@ int main(void)
 {
     static const mg_test_case cases[] = {
         MG_TEST(test_written_in_pieces_and_read_back),
+        MG_TEST(test_landed_in_the_slots),
         MG_TEST(test_two_writers_at_once_all_land),
         MG_TEST(test_the_channels_failures_are_named_and_stay),
         MG_TEST(test_a_hello_refused_fails_the_registration),

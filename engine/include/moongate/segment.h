@@ -325,6 +325,15 @@ int mg_segment_sync(const mg_segment *seg, char *why, size_t cap);
 /* Bytes copied out of (read) and ordered into (written) GPU memory staged by its own process,
  * every such segment's, since start (the metrics' moongate_staged_bytes_total). */
 void mg_segment_staged_bytes(uint64_t *read, uint64_t *written);
+/* Worker: 1 when the segment's kind lands a WRITE's bytes in buffers of its own (the staging
+ * slots of GPU memory staged by its process): mg_segment_land holds one for the caller (its
+ * address; *cap its size; NULL with why when the memory can take no more), the caller receives
+ * the bytes into it and mg_segment_commit puts n of them at off (n 0: the buffer given back;
+ * bounds checked), as mg_segment_write does (mg_segment_sync waits for them). */
+int mg_segment_lands(const mg_segment *seg);
+void *mg_segment_land(const mg_segment *seg, size_t *cap, int *ticket, char *why, size_t whycap);
+int mg_segment_commit(const mg_segment *seg, int ticket, uint64_t off, size_t n, char *why,
+                      size_t cap);
 /* Its size in bytes (fixed once registered; no lock needed while referenced). */
 uint64_t mg_segment_size(const mg_segment *seg);
 
