@@ -59,11 +59,6 @@ static void dmabuf_unmap(mg_segment *seg)
     seg->addr = NULL;
 }
 
-static void dmabuf_describe(const mg_segment *seg, mg_segment_info *out)
-{
-    out->offset = seg->offset;
-}
-
 const mg_seg_kind mg_seg_dmabuf = {
     .source = MG_SEG_DMABUF,
     .name = "dmabuf",
@@ -76,5 +71,5 @@ const mg_seg_kind mg_seg_dmabuf = {
     .map = dmabuf_map,
     .rdma = dmabuf_rdma,
     .unmap = dmabuf_unmap,
-    .describe = dmabuf_describe,
+    .describe = mg_seg_describe_offset,
 };

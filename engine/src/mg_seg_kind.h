@@ -164,6 +164,9 @@ const mg_seg_kind *const *mg_seg_kinds_all(size_t *n);
 
 /* ---- what the registry offers the kinds (mg_segment.c) ---- */
 
+/* A kind's describe for memory with no file of the daemon's: the offset alone (mg_seg_ops.c). */
+void mg_seg_describe_offset(const mg_segment *seg, mg_segment_info *out);
+
 /* Counts a map or unmap job and whether it runs on an engine worker (mg_registry_stats). */
 void mg_seg_count_job(mg_segment *seg);
 

@@ -183,6 +183,11 @@ int mg_segment_write(const mg_segment *seg, uint64_t off, const void *src, size_
     return seg->kind->write(seg, off, src, n, why, cap);
 }
 
+void mg_seg_describe_offset(const mg_segment *seg, mg_segment_info *out)
+{
+    out->offset = seg->offset;
+}
+
 int mg_segment_sync(const mg_segment *seg, char *why, size_t cap)
 {
     return seg->kind->sync ? seg->kind->sync(seg, why, cap) : 0;

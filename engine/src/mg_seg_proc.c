@@ -83,11 +83,6 @@ static int proc_write(const mg_segment *seg, uint64_t off, const void *src, size
     return mg_procmem_write(seg->pm, seg->client_addr + off, src, n, why, cap);
 }
 
-static void proc_describe(const mg_segment *seg, mg_segment_info *out)
-{
-    out->offset = seg->offset;
-}
-
 const mg_seg_kind mg_seg_proc = {
     .source = MG_SEG_PROCESS,
     .name = "process",
@@ -102,5 +97,5 @@ const mg_seg_kind mg_seg_proc = {
     .range = proc_range,
     .read = proc_read,
     .write = proc_write,
-    .describe = proc_describe,
+    .describe = mg_seg_describe_offset,
 };

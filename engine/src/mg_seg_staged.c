@@ -420,11 +420,6 @@ static int staged_sync(const mg_segment *seg, char *why, size_t cap)
     return rc;
 }
 
-static void staged_describe(const mg_segment *seg, mg_segment_info *out)
-{
-    out->offset = seg->offset;
-}
-
 const mg_seg_kind mg_seg_staged = {
     .source = MG_SEG_STAGED,
     .name = "staged",
@@ -441,5 +436,5 @@ const mg_seg_kind mg_seg_staged = {
     .sync = staged_sync,
     .land = staged_land,
     .commit = staged_commit,
-    .describe = staged_describe,
+    .describe = mg_seg_describe_offset,
 };
