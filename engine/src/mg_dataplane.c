@@ -1564,6 +1564,11 @@ static int run_send(run_state *r)
         if ((rc = frame_slice(c, op, &sl, &so, c->next_slice, g->staged, g->heads[g->frames],
                               &payload)) == 1)
             continue; /* its own memory failed it: the slices in flight are still answered */
+        if (op->write && op->access && op->access->ahead && r->sslice + 1 < op->slices) {
+            mg_slice next; /* fetched while this one goes out */
+            mg_slice_plan(0, op->offset, op->len, r->o.slice_bytes, r->sslice + 1, &next, 1);
+            op->access->ahead(op->access->ctx, next.local_offset, next.length);
+        }
         e = (in_flight){r->sop, r->sslice, c->next_slice++};
         if (rc != 0) {
             int err = errno; /* before snprintf may change it */

@@ -145,6 +145,12 @@ struct mg_seg_kind {
      * sync waits for them. Returns 0 or an MG_ERR_* with why set. */
     void *(*land)(const mg_segment *seg, size_t *cap, int *ticket, char *why, size_t whycap);
     int (*commit)(const mg_segment *seg, int ticket, uint64_t off, size_t n, char *why, size_t cap);
+    /* Worker, both or neither: a read of [off, off + n) (inside the segment) `token`'s caller
+     * will make next, started now if it can be without waiting (a hint: read is called for it
+     * all the same, and takes what was fetched); drop lets go of what `token` fetched and did
+     * not read. Only ever within one request, so what was fetched is never older than it. */
+    void (*prefetch)(const mg_segment *seg, const void *token, uint64_t off, size_t n);
+    void (*drop)(const mg_segment *seg, const void *token);
     /* Worker: the CRC32C of len bytes at off where they lie, continuing *crc. NULL: summed
      * from read, in steps. */
     int (*crc32c)(const mg_segment *seg, uint64_t off, uint64_t len, uint32_t *crc, char *why,

@@ -208,6 +208,18 @@ int mg_segment_commit(const mg_segment *seg, int ticket, uint64_t off, size_t n,
     return seg->kind->commit(seg, ticket, off, n, why, cap);
 }
 
+void mg_segment_prefetch(const mg_segment *seg, const void *token, uint64_t off, size_t n)
+{
+    if (seg->kind->prefetch && mg_bounds_check(seg->size, off, n) == 0)
+        seg->kind->prefetch(seg, token, off, n);
+}
+
+void mg_segment_prefetch_drop(const mg_segment *seg, const void *token)
+{
+    if (seg->kind->prefetch)
+        seg->kind->drop(seg, token);
+}
+
 int mg_segment_lands(const mg_segment *seg)
 {
     return seg->kind->land != NULL;

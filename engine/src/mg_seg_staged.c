@@ -52,6 +52,13 @@ struct mg_staged {
     int q_to_device[STAGE_SLOTS]; /* each one's a TO_DEVICE (its slot FREE once answered) */
     uint64_t issued, answered;
     int reading;
+    int orphan[STAGE_SLOTS]; /* a read ahead nobody will take: its slot freed once answered */
+    struct {
+        const void *token; /* whose (mg_segment_prefetch) */
+        uint64_t off, seq;
+        size_t n;
+        int slot; /* -1: none */
+    } ahead[STAGE_SLOTS];
     char broken[320]; /* why the channel can no longer be used, or "" (sticky) */
     int broken_rc;    /* and its MG_ERR_* */
 };
@@ -166,10 +173,12 @@ static int read_answer(const mg_segment *seg)
                       n == 0 ? "ended, or closed its copy channel, before its copies were done"
                              : "answered its copy channel out of turn");
     slot = st->q[0];
-    if (slot >= 0 && st->q_to_device[0])
-        st->state[slot] = SLOT_FREE; /* in device memory: free again */
-    else if (slot >= 0)
+    if (slot >= 0 && (st->q_to_device[0] || st->orphan[slot])) {
+        st->state[slot] = SLOT_FREE; /* in device memory, or read ahead for nobody: free */
+        st->orphan[slot] = 0;
+    } else if (slot >= 0) {
         st->state[slot] = SLOT_HELD; /* copied out: its reader takes it, then frees it */
+    }
     memmove(st->q, st->q + 1, (STAGE_SLOTS - 1) * sizeof(st->q[0]));
     memmove(st->q_to_device, st->q_to_device + 1, (STAGE_SLOTS - 1) * sizeof(st->q_to_device[0]));
     st->answered++;
@@ -250,6 +259,8 @@ static int staged_map(mg_segment *seg)
     }
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
+    for (int i = 0; i < STAGE_SLOTS; i++)
+        st->ahead[i].slot = -1;
     seg->stg = st;
     st->buf = MAP_FAILED;
     if ((mfd = memfd_create("moongate-stage", MFD_CLOEXEC)) < 0 ||
@@ -293,8 +304,75 @@ static void staged_unmap(mg_segment *seg)
     seg->addr = NULL;
 }
 
-/* n bytes out of device memory at off into dst: as many pieces ordered at once as slots are
- * free (at least one), each taken as soon as it is answered. */
+/* Starts reading [off, off + n) into a slot for token's next read, if a slot is free now. */
+static void staged_prefetch(const mg_segment *seg, const void *token, uint64_t off, size_t n)
+{
+    struct mg_staged *st = seg->stg;
+    int e = -1, slot;
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        if (st->ahead[i].slot >= 0 && st->ahead[i].off == off && st->ahead[i].n == n)
+            e = -2; /* on its way already */
+        else if (st->ahead[i].slot < 0 && e == -1)
+            e = i;
+    }
+    if (e >= 0 && n > 0 && n <= SLOT_BYTES && !st->broken[0] && a_slot_free(st, 0) &&
+        (slot = take_slot(seg)) >= 0) {
+        mg_stage_order o = {.type = MG_STAGE_FROM_DEVICE, .addr = seg->client_addr + off, .len = n};
+        if (issue(seg, &o, slot, -1) != 0) {
+            give_back(st, slot);
+        } else {
+            st->ahead[e].token = token;
+            st->ahead[e].off = off;
+            st->ahead[e].n = n;
+            st->ahead[e].seq = st->issued;
+            st->ahead[e].slot = slot;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Lets go of what token read ahead and did not take. */
+static void staged_drop(const mg_segment *seg, const void *token)
+{
+    struct mg_staged *st = seg->stg;
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        int slot = st->ahead[i].slot;
+        if (slot < 0 || st->ahead[i].token != token)
+            continue;
+        if (st->state[slot] == SLOT_HELD)
+            give_back(st, slot); /* answered: free now */
+        else
+            st->orphan[slot] = 1; /* freed once answered */
+        st->ahead[i].slot = -1;
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* [off, off + n) read ahead (staged_prefetch): taken once answered. 1 when there was such a
+ * read, with *rc its outcome; 0 when none. Under st->mu. */
+static int take_ahead(const mg_segment *seg, uint64_t off, void *dst, size_t n, int *rc)
+{
+    struct mg_staged *st = seg->stg;
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        int slot = st->ahead[i].slot;
+        if (slot < 0 || st->ahead[i].off != off || st->ahead[i].n != n)
+            continue;
+        st->ahead[i].slot = -1;
+        if ((*rc = wait_until(seg, answered_to, st->ahead[i].seq)) == 0) {
+            memcpy(dst, st->buf + (size_t)slot * SLOT_BYTES, n);
+            __atomic_fetch_add(&bytes_read, n, __ATOMIC_RELAXED);
+            give_back(st, slot);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* n bytes out of device memory at off into dst: what was read ahead for it, else as many
+ * pieces ordered at once as slots are free (at least one), each taken as soon as it is
+ * answered. */
 static int staged_read(const mg_segment *seg, uint64_t off, void *dst, size_t n, char *why,
                        size_t cap)
 {
@@ -304,6 +382,8 @@ static int staged_read(const mg_segment *seg, uint64_t off, void *dst, size_t n,
     size_t issued = 0, taken = 0;
     int held = 0, first = 0, rc = 0;
     pthread_mutex_lock(&st->mu);
+    if (take_ahead(seg, off, dst, n, &rc))
+        taken = n; /* done, or failed with rc */
     while (rc == 0 && taken < n) {
         /* order more while slots are free (and always one when none of this read's is out) */
         while (rc == 0 && issued < n && held < STAGE_SLOTS && (held == 0 || a_slot_free(st, 0))) {
@@ -436,5 +516,7 @@ const mg_seg_kind mg_seg_staged = {
     .sync = staged_sync,
     .land = staged_land,
     .commit = staged_commit,
+    .prefetch = staged_prefetch,
+    .drop = staged_drop,
     .describe = mg_seg_describe_offset,
 };

@@ -164,6 +164,12 @@ static int unmapped_get(void *ctx, uint64_t off, void *dst, size_t n, char *why,
     return mg_segment_read(pt->unmapped, unmapped_off(pt, off), dst, n, why, cap);
 }
 
+static void unmapped_ahead(void *ctx, uint64_t off, size_t n)
+{
+    const mg_xfer_part *pt = ctx;
+    mg_segment_prefetch(pt->unmapped, pt, unmapped_off(pt, off), n);
+}
+
 static int unmapped_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
 {
     const mg_xfer_part *pt = ctx;
@@ -201,7 +207,7 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
         pt->rc = 0;
         why[i][0] = '\0';
-        access[i] = (mg_dp_access){unmapped_get, unmapped_put, pt};
+        access[i] = (mg_dp_access){unmapped_get, unmapped_put, pt, unmapped_ahead};
         ops[i] = (mg_dp_op){.write = pt->write,
                             .lease = pt->lease,
                             .target = pt->target,
@@ -218,6 +224,8 @@ static int parts_tcp(mg_xfer_part *head, const mg_xfer_link *link)
     for (mg_xfer_part *pt = head; pt; pt = pt->next, i++) {
         if ((pt->rc = ops[i].rc) != 0)
             mg_xfer_part_say(pt, "%s", why[i]);
+        if (pt->unmapped) /* what it fetched ahead and did not take goes with it */
+            mg_segment_prefetch_drop(pt->unmapped, pt);
     }
     free(why);
     free(access);

@@ -112,17 +112,7 @@ if [ -x "$build/moongate" ]; then
         name=$(basename "$(dirname "$conf")")
         shm=$(mktemp -d /dev/shm/mg-chart-XXXXXX)
         log=$work/$name.log
-        # a port that binds now, below the kernel's ephemeral range (32768-): a port the kernel
-        # picked would be free for another process's outgoing connection to take meanwhile
-        port=$(/usr/bin/python3 -c 'import random, socket
-for _ in range(200):
-    p = random.randrange(10000, 20000)
-    try:
-        socket.socket().bind(("127.0.0.1", p))
-        print(p)
-        break
-    except OSError:
-        pass')
+        port=$(/usr/bin/python3 "$root/tests/free_port.py")
         POD_IP=10.1.2.3 "$build/moongate" --config "$conf" --listen "127.0.0.1:$port" --h2c-listen "" \
             --ops-listen "" --data-listen 127.0.0.1:0 --unix-socket "$shm/sock" \
             --shm-dir "$shm/segments" --tls-cert "$certs/server.pem" \

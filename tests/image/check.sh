@@ -33,18 +33,9 @@ chroot "$rootfs" /usr/bin/moongate --help | grep -q -- "--auth-file" ||
     fail "moongate --help in the image lacks the options"
 echo "  moongate --help and --version run in the image's root"
 
-# A port that binds now, below the kernel's ephemeral range (32768-): one the kernel picked would
-# be free for another process's outgoing connection to take before the daemon binds it.
+# A port that binds now, below the kernel's ephemeral range (tests/free_port.py says why).
 port() {
-    /usr/bin/python3 -c 'import random, socket
-for _ in range(200):
-    p = random.randrange(10000, 20000)
-    try:
-        socket.socket().bind(("127.0.0.1", p))
-        print(p)
-        break
-    except OSError:
-        pass'
+    /usr/bin/python3 "$root/tests/free_port.py"
 }
 ops=$(port)
 h2c=$(port)

@@ -741,18 +741,29 @@ typedef struct {
     uint8_t *mem;
     uint64_t fail_at; /* the first offset get and put refuse */
     unsigned calls;
+    uint64_t ahead_off; /* the slice said next (ahead), and how long */
+    size_t ahead_n;
+    unsigned foretold; /* gets of exactly the slice said next */
 } fake_proc;
 
 static int fake_get(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap)
 {
     fake_proc *f = ctx;
     f->calls++;
+    f->foretold += off == f->ahead_off && n == f->ahead_n;
     if (off + n > f->fail_at) {
         snprintf(why, cap, "process 4242 exited");
         return MG_ERR_STATE;
     }
     memcpy(dst, f->mem + off, n);
     return 0;
+}
+
+static void fake_ahead(void *ctx, uint64_t off, size_t n)
+{
+    fake_proc *f = ctx;
+    f->ahead_off = off;
+    f->ahead_n = n;
 }
 
 static int fake_put(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap)
@@ -775,8 +786,8 @@ static void test_local_memory_through_an_access(void)
 {
     enum { SIZE = 5 * MiB + 3 };
     static uint8_t src[SIZE], mem[SIZE], other[SIZE];
-    fake_proc f = {mem, UINT64_MAX, 0};
-    mg_dp_access acc = {fake_get, fake_put, &f};
+    fake_proc f = {mem, UINT64_MAX, 0, 0, 0, 0};
+    mg_dp_access acc = {fake_get, fake_put, &f, fake_ahead};
     mg_dp_options big = {.slice_bytes = 1 * MiB, .window = 4};
     mg_dp_options small = {.slice_bytes = 4096, .window = 64};
     mg_dp_options summed = {.slice_bytes = 256 * 1024, .window = 8, .crc = 1};
@@ -801,6 +812,8 @@ static void test_local_memory_through_an_access(void)
         CU_ASSERT_EQUAL(memcmp(mem, src, len), 0);
     }
     CU_ASSERT(f.calls > 256); /* small slices: a get or put each */
+    /* every WRITE slice after an op's first was said ahead, while the one before it went */
+    CU_ASSERT_EQUAL(f.foretold, (SIZE / MiB) + ((1 * MiB + 5) / 4096) + (SIZE / (256 * 1024)));
     /* the access fails past 2 MiB: that op fails by its words, the mapped one beside it lands */
     for (int write = 1; write >= 0; write--) {
         f.fail_at = 2 * MiB;

@@ -205,6 +205,37 @@ static void test_landed_in_the_slots(void)
     done(reg, &f);
 }
 
+/* Reads fetched ahead: taken by the read they were for, and, not taken, let go of with their
+ * token, answered or not, every slot back (four held at once after). */
+static void test_read_ahead_taken_or_let_go(void)
+{
+    mg_registry *reg = open_reg();
+    fake f = {0};
+    char err[MG_SEG_ERROR_MAX], why[256];
+    uint8_t back[4096];
+    size_t cap;
+    int rc, tickets[4], a, b;
+    mg_segment *seg = staged(reg, &f, &rc, err);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(seg);
+    fill(f.dev, DEV_SIZE, 9);
+    mg_segment_prefetch(seg, &a, 8192, sizeof(back));
+    mg_segment_prefetch(seg, &a, 8192, sizeof(back)); /* on its way already: once */
+    CU_ASSERT_EQUAL(mg_segment_read(seg, 8192, back, sizeof(back), why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, f.dev + 8192, sizeof(back)), 0);
+    mg_segment_prefetch(seg, &b, 0, 4096); /* never read: */
+    mg_segment_prefetch(seg, &b, 4096, 4096);
+    CU_ASSERT_EQUAL(mg_segment_sync(seg, why, sizeof(why)), 0); /* one answered, say */
+    mg_segment_prefetch(seg, &b, 65536, 4096);
+    mg_segment_prefetch_drop(seg, &b);
+    for (int i = 0; i < 4; i++) /* every slot free again, sooner or later */
+        CU_ASSERT_PTR_NOT_NULL(mg_segment_land(seg, &cap, &tickets[i], why, sizeof(why)));
+    for (int i = 0; i < 4; i++)
+        CU_ASSERT_EQUAL(mg_segment_commit(seg, tickets[i], 0, 0, why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(mg_segment_read(seg, 0, back, sizeof(back), why, sizeof(why)), 0);
+    CU_ASSERT_EQUAL(memcmp(back, f.dev, sizeof(back)), 0);
+    done(reg, &f);
+}
+
 typedef struct {
     mg_segment *seg;
     uint64_t off;
@@ -296,6 +327,7 @@ int main(void)
     static const mg_test_case cases[] = {
         MG_TEST(test_written_in_pieces_and_read_back),
         MG_TEST(test_landed_in_the_slots),
+        MG_TEST(test_read_ahead_taken_or_let_go),
         MG_TEST(test_two_writers_at_once_all_land),
         MG_TEST(test_the_channels_failures_are_named_and_stay),
         MG_TEST(test_a_hello_refused_fails_the_registration),

@@ -155,13 +155,16 @@ int mg_dp_write(mg_dp_conn *c, uint64_t target, uint64_t offset, const void *buf
 int mg_dp_read(mg_dp_conn *c, uint64_t target, uint64_t offset, void *buf, uint64_t len,
                const mg_dp_options *o, char *err, size_t errcap);
 
-/* Local memory this process does not map (a client process's, reached with process_vm): the
- * op's bytes [off, off + n) are copied out of it with get and into it with put. Each returns 0,
- * or an MG_ERR_* with why. */
+/* Local memory this process does not map (a client process's, reached with process_vm; GPU
+ * memory its process stages): the op's bytes [off, off + n) are copied out of it with get and
+ * into it with put. Each returns 0, or an MG_ERR_* with why. Optional, ahead: a WRITE's next
+ * slice, [off, off + n), said while this one goes, so that memory slow to reach can start
+ * fetching it (a hint: get is called for it all the same). */
 typedef struct mg_dp_access {
     int (*get)(void *ctx, uint64_t off, void *dst, size_t n, char *why, size_t cap);
     int (*put)(void *ctx, uint64_t off, const void *src, size_t n, char *why, size_t cap);
     void *ctx;
+    void (*ahead)(void *ctx, uint64_t off, size_t n);
 } mg_dp_access;
 
 /* One transfer of several run together on a connection (mg_dp_run). */

@@ -331,6 +331,12 @@ void mg_segment_staged_bytes(uint64_t *read, uint64_t *written);
  * the bytes into it and mg_segment_commit puts n of them at off (n 0: the buffer given back;
  * bounds checked), as mg_segment_write does (mg_segment_sync waits for them). */
 int mg_segment_lands(const mg_segment *seg);
+/* Worker: a hint that `token`'s caller will mg_segment_read [off, off + n) next, so a kind slow
+ * to reach (GPU memory staged by its process) starts fetching it; mg_segment_prefetch_drop lets
+ * go of whatever `token` fetched and did not read, once its request is over. Nothing for kinds
+ * without it. */
+void mg_segment_prefetch(const mg_segment *seg, const void *token, uint64_t off, size_t n);
+void mg_segment_prefetch_drop(const mg_segment *seg, const void *token);
 void *mg_segment_land(const mg_segment *seg, size_t *cap, int *ticket, char *why, size_t whycap);
 int mg_segment_commit(const mg_segment *seg, int ticket, uint64_t off, size_t n, char *why,
                       size_t cap);
