@@ -324,9 +324,27 @@ static void req_go(mg_batch_req *r)
     mg_xfer_sched_add(&p->line, &r->x);
 }
 
+/* RDMA that failed to set up is tried again by a request after a backoff: 1 s, doubling to
+ * 60 s (a peer that restarted may not have been ready, and GPU memory has no other path). */
+static void rdma_retry(mg_xfer_peer *p, uint64_t now_ms)
+{
+    if (p->rdma_state != MG_PEER_RDMA_OFF || !rdma_wanted(p))
+        return;
+    if (p->rdma_retry_ms == 0) {
+        p->rdma_backoff_ms = p->rdma_backoff_ms ? p->rdma_backoff_ms * 2 : 1000;
+        if (p->rdma_backoff_ms > 60000)
+            p->rdma_backoff_ms = 60000;
+        p->rdma_retry_ms = now_ms + p->rdma_backoff_ms;
+    } else if (now_ms >= p->rdma_retry_ms) {
+        p->rdma_retry_ms = 0;
+        p->rdma_state = MG_PEER_RDMA_NONE; /* this request sets it up again */
+    }
+}
+
 void mg_peerdir_start(mg_batch_req *r, uint64_t now_ms)
 {
     mg_xfer_peer *p = r->peer;
+    rdma_retry(p, now_ms);
     if (p->state == MG_PEER_OPEN && now_ms < p->expires_ms) {
         req_go(r);
         return;
@@ -422,8 +440,10 @@ void mg_peerdir_opened(mg_xfer_peer *p, const mg_peer_session *s, uint64_t now_m
     }
     p->peer_rdma = s->rdma;
     p->peer_rdma_devices = s->rdma_devices;
-    if (p->rdma_state == MG_PEER_RDMA_OFF) /* a new session: try again */
+    if (p->rdma_state == MG_PEER_RDMA_OFF) { /* a new session: try again */
         p->rdma_state = MG_PEER_RDMA_NONE;
+        p->rdma_retry_ms = 0;
+    }
     if (cfg->rdma == NULL)
         snprintf(p->rdma_why, sizeof(p->rdma_why), "this daemon has no RDMA device: %.180s",
                  cfg->rdma_why ? cfg->rdma_why : "");
@@ -559,6 +579,7 @@ static void rdma_setup_end(rdma_setup_job *j, const char *why)
     p->rref = ref;
     p->rdma_state = MG_PEER_RDMA_READY;
     p->rdma_why[0] = '\0';
+    p->rdma_backoff_ms = 0;
     mg_info("rdma_ready", "peer=%s devices=%u qps=%u mtu=%u", p->addr, ref->n, j->local.nqps,
             j->remote.mtu < j->local.mtu ? j->remote.mtu : j->local.mtu);
     rdma_job_drop(j);
@@ -573,11 +594,26 @@ static void rdma_step(rdma_setup_job *j)
         rdma_setup_end(j, "the engine's queue is full (--queue-depth)");
 }
 
-void mg_peerdir_rdma_answered(void *job, const mg_rdma_ep *remote, const char *why)
+void mg_peerdir_rdma_answered(void *job, const mg_rdma_ep *remote, const char *why,
+                              int session_gone)
 {
     rdma_setup_job *j = job;
-    if (j->p->dir->closing) {
+    mg_xfer_peer *p = j->p;
+    if (p->dir->closing) {
         rdma_job_drop(j);
+        return;
+    }
+    if (remote == NULL && session_gone) { /* the peer restarted under us: a new session */
+        mg_info("peer_session_refused", "peer=%s epoch=%016" PRIx64 " during=rdma_setup", p->addr,
+                p->epoch);
+        rdma_job_drop(j);
+        p->rdma_state = MG_PEER_RDMA_NONE;
+        if (p->state == MG_PEER_OPEN)
+            p->state = MG_PEER_NONE; /* that token is dead */
+        if (!mg_list_empty(&p->waiting) && p->state != MG_PEER_OPENING) {
+            p->state = MG_PEER_OPENING; /* the requests waiting go on in it */
+            p->dir->cfg.open_session(p->dir->cfg.arg, p);
+        }
         return;
     }
     if (remote == NULL) {

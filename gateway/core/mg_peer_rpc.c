@@ -411,7 +411,8 @@ static void connect_answered(void *arg, int status, const char *message, Protobu
         why[0] = '\0';
     if (resp)
         moongate__v1__connect_rdma_response__free_unpacked(resp, NULL);
-    mg_peerdir_rdma_answered(cc.job, why[0] ? NULL : &remote, why);
+    mg_peerdir_rdma_answered(cc.job, why[0] ? NULL : &remote, why,
+                             resp == NULL && status == MG_GRPC_UNAUTHENTICATED);
 }
 
 int mg_peer_connect_rdma(mg_gateway *gw, mg_xfer_peer *p, unsigned device, const mg_rdma_ep *local,

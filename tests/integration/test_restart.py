@@ -378,8 +378,9 @@ class Loop:
         except AssertionError:
             with self.cv:
                 last = self.lines[-5:]
-            raise AssertionError("%d more iterations did not come; the last lines: %s" % (
-                n, last)) from None
+            self.p.kill()  # what it logged says why
+            raise AssertionError("%d more iterations did not come; the last lines: %s; its log "
+                                 "ends: %s" % (n, last, self.p.stderr.read()[-3000:])) from None
 
     def stop(self):
         self.p.stdin.write("stop\n")

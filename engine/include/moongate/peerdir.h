@@ -13,7 +13,9 @@
  * have RDMA devices the first request after a session opens waits while the queue pairs are set
  * up: a worker creates ours, the front hands them to the peer (Peer/ConnectRdma) and brings
  * back the peer's, a worker connects them. Requests then move over RDMA; a failure on the way
- * leaves the peer on TCP until the next session, with the reason in rdma_why. A connection
+ * leaves the peer on TCP, with the reason in rdma_why, until a request after a backoff (1 s,
+ * doubling to 60 s) or the next session tries again (a peer that restarted may not have been
+ * ready; GPU memory has no other path). A connection
  * that breaks is retired: deleted on a worker once its last job ended, set up anew on next use.
  *
  * A request whose job ends with a token the peer no longer knows, or a data plane that is not
@@ -46,7 +48,7 @@ extern "C" {
 /* The values are those of moongate.v1.PeerState. */
 typedef enum { MG_PEER_NONE, MG_PEER_OPENING, MG_PEER_OPEN, MG_PEER_FAILED } mg_peer_state;
 /* RDMA to a peer: not tried yet (or torn down: set up on next use), being set up, connected,
- * or not used (rdma_why says why; tried again with the next session). */
+ * or not used (rdma_why says why; tried again after a backoff, or with the next session). */
 typedef enum {
     MG_PEER_RDMA_NONE,
     MG_PEER_RDMA_SETUP,
@@ -91,6 +93,8 @@ struct mg_xfer_peer {
     unsigned peer_rdma_devices;
     mg_peer_rdma rdma_state;
     char rdma_why[240];
+    uint64_t rdma_retry_ms;    /* OFF: when a request may try again (0: not set yet) */
+    uint32_t rdma_backoff_ms;  /* the wait before the next try (doubling; 0: the first) */
     struct mg_rconn_ref *rref; /* READY: the connections */
     unsigned rdma_qps;
     void *front;       /* the front's state of it (front_bytes): its control channel */
@@ -184,8 +188,11 @@ void mg_peerdir_request_ended(const mg_batch_req *r);
 void mg_peerdir_opened(mg_xfer_peer *p, const mg_peer_session *s, uint64_t now_ms);
 /* code: MG_ERR_*; why is the peer's (or the channel's) reason. */
 void mg_peerdir_failed(mg_xfer_peer *p, int code, const char *why);
-/* The peer's RDMA endpoint for the set-up `job` (NULL: it failed, `why` says why). */
-void mg_peerdir_rdma_answered(void *job, const mg_rdma_ep *remote, const char *why);
+/* The peer's RDMA endpoint for the set-up `job` (NULL: it failed, `why` says why).
+ * session_gone: the peer did not know the session (it restarted, or the session expired): a new
+ * session is opened, and the set-up starts again in it. */
+void mg_peerdir_rdma_answered(void *job, const mg_rdma_ep *remote, const char *why,
+                              int session_gone);
 
 #ifdef __cplusplus
 }
