@@ -93,12 +93,16 @@ class Table:
             return self._lost.get(value)
 
     def _steps(self, epoch_was, epoch_now):
-        """The rows to make again, in order; those without redo are lost on the way."""
+        """The rows to make again, in order. Across a restart (another epoch) those without redo
+        are lost on the way; across a reconnect to the same daemon (the same epoch: only the
+        connection broke) the daemon still has them, and they stay as they are."""
         with self._lock:
             rows = list(self._rows.items())
         for key, row in rows:
             if row.redo is not None:
                 yield key, row
+                continue
+            if epoch_was is not None and epoch_was == epoch_now:
                 continue
             with self._lock:
                 self._rows.pop(key, None)
