@@ -126,14 +126,21 @@ def free_port():
     raise RuntimeError("no free port")
 
 
+def free_ports(n):
+    """n different free ports of this worker's slice (each free_port alone may repeat one: none
+    of them is bound until the daemon starts)."""
+    ports = []
+    while len(ports) < n:
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
 def two_free_ports():
     """Two different free ports of this worker's slice, as "A,B" (for scripts that start their
     own daemons, such as tests/gpu/check.sh --ports)."""
-    a = free_port()
-    b = free_port()
-    while b == a:
-        b = free_port()
-    return f"{a},{b}"
+    return "%d,%d" % tuple(free_ports(2))
 
 
 @pytest.fixture(scope="session")
@@ -161,9 +168,8 @@ class Daemon:
 
     def _pick_ports(self):
         certs, workdir, extra = self.certs, self.workdir, self.extra
-        self.tls_port = free_port()
-        self.h2c_port = free_port()
-        self.ops_port = free_port()
+        # three different ports: a daemon once drew the same one for TLS and h2c, and failed
+        self.tls_port, self.h2c_port, self.ops_port = free_ports(3)
         self.sock = os.path.join(workdir, "moongate-%d.sock" % self.tls_port)
         self.shm = os.path.join(workdir, "shm-%d" % self.tls_port)  # one per daemon
         if "--shm-dir" in extra:  # the flag given last wins, in the daemon as here
