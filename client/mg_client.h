@@ -190,6 +190,30 @@ int mg_client_register(mg_client *c, const struct Moongate__V1__RegisterRequest 
                        int *status, char *err, size_t errcap);
 /* UnregisterSegment of segment id on c, blocking. Returns 0, or -1 with *status and err. */
 int mg_client_unregister(mg_client *c, uint64_t id, int *status, char *err, size_t errcap);
+/* What mg_client_register_any made. */
+typedef struct mg_registered {
+    const char *kind; /* "process" (host memory) or "device" */
+    const char *path; /* how peers reach it: "process_vm" (TCP), "dmabuf" (RDMA), "staged" (TCP,
+                       * this library's copy thread moving it to and from the device), or ""
+                       * (this process's own transfers only) */
+    char why[640];    /* what refused a better path ("" when none did) */
+} mg_registered;
+/* Registers memory of this process by its address, whatever it is (malloc'd, mmap'd, pinned
+ * host memory from the CUDA driver, GPU memory), over c (a "unix:" target) the way a path
+ * serves it: host memory as process memory (source PROCESS: the daemon reaches it with
+ * process_vm); memory the daemon cannot reach as this process's that the CUDA driver (loaded
+ * only then) knows as a device's by its dma-bufs (mg_vram_register: peers reach it over RDMA),
+ * and where that is refused (no RDMA device on the daemon, a GPU without dma-buf) staged
+ * (mg_vram_register_staged: over TCP). Remote-accessible if asked and a path lets peers reach
+ * it; else (no TCP data plane for peers) registered for this process's transfers only, and
+ * out->why says why. Named name (NULL: "mem-PID-ADDR"); made again after a daemon restart.
+ * Returns how many segments (ids[0..n), at most cap; one but by dma-buf, one per allocation the
+ * range crosses) with *out, or -1 with *status and err: FAILED_PRECONDITION where no path serves
+ * it at all (process memory off on the daemon: the error names the setting), INVALID_ARGUMENT
+ * naming both ways tried for memory that is neither (freed, another process's). */
+int mg_client_register_any(mg_client *c, uintptr_t ptr, size_t len, int remote_accessible,
+                           const char *name, uint64_t *ids, int cap, mg_registered *out,
+                           int *status, char *err, size_t errcap);
 /* Unregisters and unmaps a buffer. Returns 0, or -1 with *status and err (the mapping is gone
  * either way; a segment the daemon still holds is unregistered by its id later). */
 int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap);

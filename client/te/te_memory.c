@@ -176,18 +176,21 @@ static int host_memory(uintptr_t addr, size_t len)
 }
 
 /* The CUDA device of [addr, addr + len) when the driver knows it as device memory; -1 when it
- * does not (host memory), or -2 with why (no driver, or location "cuda:N" naming memory the
- * driver does not hold). The driver is loaded only when asked for: a "cuda" location, or a
- * range no host mapping holds. */
+ * does not (host memory; why says so where no host mapping holds it either), or -2 with why (no
+ * driver, or location "cuda:N" naming memory the driver does not hold). The driver is loaded
+ * only when asked for: a "cuda" location, or a range no host mapping holds. */
 static int device_of(uintptr_t addr, size_t len, const char *location, char *why, size_t cap)
 {
     int asked = location != NULL && strncmp(location, "cuda", 4) == 0;
     mg_cuda_ptr_info info;
     const mg_cuda *cu;
+    char err[256];
     if (!asked && host_memory(addr, len))
         return -1;
-    if ((cu = mg_cuda_get(why, cap)) == NULL)
-        return asked ? -2 : -1; /* no driver: the daemon says what it makes of the range */
+    if ((cu = mg_cuda_get(err, sizeof(err))) == NULL) {
+        snprintf(why, cap, "no CUDA driver: %s", err);
+        return asked ? -2 : -1; /* the daemon says what it makes of the range */
+    }
     if (mg_cuda_pointer(cu, addr, &info) == 1)
         return info.device;
     if (asked)
@@ -195,6 +198,8 @@ static int device_of(uintptr_t addr, size_t len, const char *location, char *why
                  "location \"%s\", but the CUDA driver does not know %#lx as device "
                  "memory",
                  location, (unsigned long)addr);
+    else
+        snprintf(why, cap, "the CUDA driver does not know it as device memory");
     return asked ? -2 : -1;
 }
 
@@ -343,7 +348,7 @@ static int register_one(te_engine *e, void *addr, size_t length, const char *loc
 {
     Moongate__V1__RegisterResponse *r;
     uintptr_t a = (uintptr_t)addr;
-    char name[64], msg[512];
+    char name[64], msg[512], not_device[512] = "";
     uint8_t *resp = NULL;
     size_t len = 0;
     int kind, st, busy, remote = remote_accessible;
@@ -356,8 +361,8 @@ static int register_one(te_engine *e, void *addr, size_t length, const char *loc
         te_log("registerLocalMemory(%p, %zu): overlaps memory registered before", addr, length);
         return ERR_ADDRESS_OVERLAPPED;
     }
-    if ((st = device_of(a, length, location, msg, sizeof(msg))) == -2) {
-        te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);
+    if ((st = device_of(a, length, location, not_device, sizeof(not_device))) == -2) {
+        te_log("registerLocalMemory(%p, %zu): %s", addr, length, not_device);
         return ERR_INVALID_ARGUMENT;
     }
     if (st >= 0) {
@@ -407,6 +412,13 @@ static int register_one(te_engine *e, void *addr, size_t length, const char *loc
                         kind ? " (map a memfd sealed with F_SEAL_SHRINK for peers to reach it)"
                              : "");
         remote = 0;
+    }
+    if (st == MG_GRPC_INVALID_ARGUMENT && not_device[0] != '\0') {
+        te_log("registerLocalMemory(%p, %zu): neither memory of this process nor device memory "
+               "the CUDA driver knows (freed, another process's, or of a context that is gone): "
+               "as host memory, %s; as device memory, %s",
+               addr, length, msg, not_device);
+        return -1;
     }
     if (st != 0) {
         te_log("registerLocalMemory(%p, %zu): %s", addr, length, msg);

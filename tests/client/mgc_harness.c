@@ -6,12 +6,16 @@
  *   process NAME SIZE      -> "process ID ADDR" (malloc'd, RegisterSegment source PROCESS)
  *   anon NAME SIZE         -> "anon ID"         (RegisterSegment of a daemon-made file)
  *   fill ADDR BYTE LEN     -> "ok"              (memset here)
- *   check ADDR BYTE LEN    -> "ok" or "differs at N"
+ *   check ADDR BYTE LEN    -> "ok" or "differs at N" (device memory: copied out first)
  *   copy FROM TO LEN       -> "DONE"            (Submit with wait: a WRITE from segment FROM
  *                                                to segment TO on this daemon, by the ids
  *                                                handed out, mapped by mg_client_segment_now)
  *   vram SIZE              -> "vram ID ADDR"    (device memory of the CUDA driver, its primary
  *                                                context, mg_vram_register: one allocation)
+ *   any KIND SIZE          -> "any N ID ADDR KIND PATH" (mg_client_register_any, remote-accessible,
+ *                                                of malloc'd memory, "pinned" host memory
+ *                                                (cuMemHostAlloc), "device" memory, or a
+ *                                                "freed" device pointer; ID the first of N)
  *   now ID                 -> "now ID2"         (mg_client_segment_now)
  *   unregister ID          -> "ok"
  *   epoch                  -> "epoch E restarts R"
@@ -25,6 +29,7 @@
 #include "moongate/v1/memory.pb-c.h"
 #include "moongate/v1/transfer.pb-c.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,17 +128,76 @@ static void vram(mg_client *c, size_t size)
     printf("vram %llu %llu\n", (unsigned long long)id, (unsigned long long)d);
 }
 
+/* SIZE bytes of KIND (malloc, pinned, device, freed) for "any"; NULL with err. */
+static void *any_memory(const char *kind, size_t size, char *err, size_t errcap)
+{
+    const char *lib = getenv("MOONGATE_CUDA_LIB");
+    int (*host_alloc)(void **, size_t, unsigned) = NULL;
+    const mg_cuda *cu;
+    mg_cu_context ctx;
+    mg_cu_ptr d;
+    void *h, *p = NULL;
+    if (strcmp(kind, "malloc") == 0)
+        return n_held < 64 ? (held[n_held++] = calloc(1, size)) : NULL;
+    if ((cu = mg_cuda_get(err, errcap)) == NULL)
+        return NULL;
+    if (cu->cuDevicePrimaryCtxRetain(&ctx, 0) || cu->cuCtxSetCurrent(ctx))
+        return NULL;
+    if (strcmp(kind, "pinned") == 0) {
+        h = dlopen(lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (h != NULL)
+            *(void **)&host_alloc = dlsym(h, "cuMemHostAlloc");
+        if (host_alloc == NULL || host_alloc(&p, size, 0) != 0)
+            return NULL;
+        return memset(p, 0, size);
+    }
+    if (cu->cuMemAlloc(&d, size))
+        return NULL;
+    if (strcmp(kind, "freed") == 0 && cu->cuMemFree(d))
+        return NULL;
+    return (void *)(uintptr_t)d;
+}
+
+static void any(mg_client *c, const char *kind, size_t size)
+{
+    uint64_t ids[8];
+    mg_registered how;
+    char err[1024] = "no such memory";
+    int st, n;
+    void *p = any_memory(kind, size, err, sizeof(err));
+    if (p == NULL)
+        return fail(MG_GRPC_RESOURCE_EXHAUSTED, err);
+    n = mg_client_register_any(c, (uintptr_t)p, size, 1, NULL, ids, 8, &how, &st, err, sizeof(err));
+    if (n < 0)
+        return fail(st, err);
+    printf("any %d %llu %llu %s %s\n", n, (unsigned long long)ids[0],
+           (unsigned long long)(uintptr_t)p, how.kind, how.path[0] ? how.path : "-");
+}
+
 static void check(const char *a, const char *v, const char *n)
 {
     const unsigned char *p = (const unsigned char *)(uintptr_t)strtoull(a, NULL, 0);
     unsigned char byte = (unsigned char)strtoul(v, NULL, 0);
     size_t len = strtoull(n, NULL, 0);
+    mg_cuda_ptr_info info;
+    const mg_cuda *cu = mg_cuda_get(NULL, 0);
+    unsigned char *copy = NULL;
+    if (cu != NULL && mg_cuda_pointer(cu, (uintptr_t)p, &info) == 1) {
+        if ((copy = malloc(len)) == NULL || cu->cuMemcpyDtoH(copy, (uintptr_t)p, len) != 0) {
+            free(copy);
+            printf("differs at 0 (the device copy failed)\n");
+            return;
+        }
+        p = copy;
+    }
     for (size_t i = 0; i < len; i++)
         if (p[i] != byte) {
             printf("differs at %zu\n", i);
+            free(copy);
             return;
         }
     printf("ok\n");
+    free(copy);
 }
 
 int main(int argc, char **argv)
@@ -170,6 +234,8 @@ int main(int argc, char **argv)
             check(a, b, n);
         } else if (sscanf(line, "copy %159s %63s %63s", a, b, n) == 3) {
             copy(c, strtoull(a, NULL, 0), strtoull(b, NULL, 0), strtoull(n, NULL, 0));
+        } else if (sscanf(line, "any %159s %63s", a, n) == 2) {
+            any(c, a, strtoull(n, NULL, 0));
         } else if (sscanf(line, "vram %63s", n) == 1) {
             vram(c, strtoull(n, NULL, 0));
         } else if (sscanf(line, "now %63s", n) == 1) {

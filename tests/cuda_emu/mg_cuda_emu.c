@@ -8,6 +8,9 @@
  *   devices   MG_CUDA_EMU_DEVICES of them (default 1; 0: cuInit fails CUDA_ERROR_NO_DEVICE),
  *             each with a primary context; DMA_BUF_SUPPORTED 1 (MG_CUDA_EMU_DMABUF=0: 0)
  *   contexts  current per thread; copies and allocations need one (CUDA_ERROR_INVALID_CONTEXT)
+ *   pinned    cuMemHostAlloc maps page-locked host memory (plain memory of the process, as the
+ *             driver's is); cuPointerGetAttribute knows it and cuMemHostRegister's ranges as
+ *             host memory (MEMORY_TYPE HOST)
  *   memory    device memory lies in an address range reserved PROT_NONE in the process: a
  *             device pointer is not host memory (touching it faults; process_vm_readv of it
  *             fails), as with a GPU. Each allocation is a memfd the emulator maps a second time
@@ -86,6 +89,8 @@ enum {
     CUresult cuMemGetHandleForAddressRange(void *, CUdeviceptr, size_t, int, unsigned long long); \
     CUresult cuMemHostRegister_v2(void *, size_t, unsigned int);                                  \
     CUresult cuMemHostUnregister(void *);                                                         \
+    CUresult cuMemHostAlloc(void **, size_t, unsigned int);                                       \
+    CUresult cuMemFreeHost(void *);                                                               \
     CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);                         \
     CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);                   \
     CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);                                        \
@@ -155,6 +160,7 @@ static int n_allocs;
 static struct {
     void *p;
     size_t n;
+    int allocated; /* cuMemHostAlloc's: the emulator's mapping, unmapped by cuMemFreeHost */
 } host_regs[256];
 static struct emu_stream default_stream;
 static __thread CUcontext current;
@@ -527,6 +533,26 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The host_regs entry holding p, or -1. With `lock` held. */
+static int host_reg_of(const void *p)
+{
+    for (int i = 0; i < 256 && host_regs[i].p != NULL; i++)
+        if ((const char *)host_regs[i].p <= (const char *)p &&
+            (const char *)p < (const char *)host_regs[i].p + host_regs[i].n)
+            return i;
+    return -1;
+}
+
+/* Drops host_regs entry i (the table stays packed). With `lock` held. */
+static void host_reg_drop(int i)
+{
+    int last = i;
+    while (last + 1 < 256 && host_regs[last + 1].p != NULL)
+        last++;
+    host_regs[i] = host_regs[last];
+    host_regs[last].p = NULL;
+}
+
 EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
 {
     alloc *a;
@@ -534,7 +560,14 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
     ENTER("cuPointerGetAttribute");
     pthread_mutex_lock(&lock);
     a = find(ptr, 1);
-    if (a == NULL || data == NULL)
+    if (a == NULL && data != NULL && host_reg_of((void *)(uintptr_t)ptr) >= 0) {
+        if (attribute == 2) /* MEMORY_TYPE: host memory the driver pinned */
+            *(unsigned int *)data = 1;
+        else if (attribute == 1) /* CONTEXT */
+            *(CUcontext *)data = &primary[0];
+        else
+            rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (a == NULL || data == NULL)
         rc = CUDA_ERROR_INVALID_VALUE; /* host memory the driver was never told of */
     else if (attribute == 1)           /* CONTEXT */
         *(CUcontext *)data = &primary[a->device];
@@ -598,6 +631,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
     if (rc == CUDA_SUCCESS) {
         host_regs[i].p = p;
         host_regs[i].n = size;
+        host_regs[i].allocated = 0;
     }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -609,12 +643,55 @@ EXPORT CUresult cuMemHostUnregister(void *p)
     ENTER("cuMemHostUnregister");
     pthread_mutex_lock(&lock);
     for (int i = 0; i < 256 && host_regs[i].p != NULL; i++)
-        if (host_regs[i].p == p) {
-            int last = i;
-            while (last + 1 < 256 && host_regs[last + 1].p != NULL)
-                last++;
-            host_regs[i] = host_regs[last];
-            host_regs[last].p = NULL;
+        if (host_regs[i].p == p && !host_regs[i].allocated) {
+            host_reg_drop(i);
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+    void *p;
+    int i;
+    (void)flags;
+    ENTER("cuMemHostAlloc");
+    if (current == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pp == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < 256 && host_regs[i].p != NULL; i++)
+        ;
+    if (i < 256) {
+        host_regs[i].p = p;
+        host_regs[i].n = len;
+        host_regs[i].allocated = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    if (i == 256) {
+        munmap(p, len);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    ENTER("cuMemFreeHost");
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < 256 && host_regs[i].p != NULL; i++)
+        if (host_regs[i].p == p && host_regs[i].allocated) {
+            munmap(p, host_regs[i].n);
+            host_reg_drop(i);
             rc = CUDA_SUCCESS;
             break;
         }

@@ -9,13 +9,18 @@
 # from the device to B and back onto a second device buffer through staging and compares the
 # bytes there, and prints staging GB/s beside the same transfer from host memory and beside a
 # plain cuMemcpyDtoH into pinned memory, measured in the same run. Where A has an RDMA device it
-# does the same by dma-buf (GPUDirect RDMA).
+# does the same by dma-buf (GPUDirect RDMA). Then, where python3 with grpcio and the source tree
+# are here (not from the bundle), device to device through Mooncake's Python API: two daemons
+# with RDMA off, each process's device memory registered with mooncake.engine's register_memory
+# and so staged at both ends, WRITEs timed beside host to host, then a pattern written and read
+# back through the peer's device and compared (tests/bench/bench_staged.py --verify).
 #
 # Skipped (exit 0, "skipped: ...") where no NVIDIA driver is present, unless MOONGATE_CUDA_LIB
 # names a driver library (the tests give it the CUDA driver emulator). Binaries: the bundle's
 # bin/ beside this script, else $MG_BUILD_DIR, else build/release of the source tree.
-# --ports gives the two daemons' h2c ports (B's peer port first); without it, free ones are drawn
-# from 10000-19999, below the kernel's ephemeral range.
+# --ports gives the two daemons' h2c ports (B's peer port first; the first serves the Python
+# part's target too); without it, free ones are drawn from 10000-19999, below the kernel's
+# ephemeral range.
 # Exit status 0 when every move ended OK and the bytes compared equal.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +37,7 @@ while [ $# -gt 0 ]; do
     --size) size=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --ports) ports=$2; shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 64 ;;
     esac
 done
@@ -114,5 +119,21 @@ if "$bin/mgctl" --target "unix:$work/a.sock" info | grep -q '^ *rdma *available'
         --rounds "$rounds" --path dmabuf --register --verify
 else
     echo "check.sh: by dma-buf: not run (daemon A has no RDMA device)"
+fi
+staged=$here/../bench/bench_staged.py
+py=
+for p in /usr/bin/python3 python3; do
+    if "$p" -c 'import grpc' 2>/dev/null; then py=$p; break; fi
+done
+if [ -f "$staged" ] && [ -n "$py" ]; then
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+    echo "check.sh: device to device through mooncake.engine, staged at both ends:"
+    MOONGATE_CLIENT_LIB=${MOONGATE_CLIENT_LIB:-$bin/libmgclient.so.0} \
+        MOONGATE_PYGEN=${MOONGATE_PYGEN:-$bin/pygen} "$py" "$staged" --moongate "$bin/moongate" \
+        --size "$(numfmt --from=iec "$size")" --rounds "$rounds" --port "$port_b" --verify
+else
+    echo "check.sh: through mooncake.engine: not run (needs python3 with grpcio, and the source tree)"
 fi
 echo "check.sh: ok"

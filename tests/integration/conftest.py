@@ -404,6 +404,31 @@ def sanitizer_preload():
             "ASAN_OPTIONS": (opts + ":" if opts else "") + "detect_leaks=0"}
 
 
+class CProgram:
+    """tests/client/mgc_harness.c: a program on the C client (mg_client_open), a command a
+    line; each answers one line."""
+
+    def __init__(self, d, env=None, sock=None):
+        self.p = subprocess.Popen([os.path.join(BUILD, "mgc_harness"),
+                                   "unix:" + (sock or d.sock)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **(env or {})))
+
+    def __call__(self, *words):
+        self.p.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        assert line, "mgc_harness ended: " + self.p.stderr.read()
+        return line.split()
+
+    def close(self):
+        self.p.stdin.close()
+        assert self.p.wait(30) == 0, self.p.stderr.read()
+        self.p.stderr.close()
+        self.p.stdout.close()
+
+
 class Child:
     """A helper process the tests drive by lines (agent_proc.py, mooncake/target.py,
     gpu_proc.py, the C harness): it says where it is in one JSON line (its fields become

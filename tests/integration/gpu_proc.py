@@ -17,8 +17,9 @@ its dma-buf (Client.register_vram), says where it is (one JSON line), then obeys
   fillasync OFF HEX     queues that write on its stream (cuMemcpyHtoDAsync), not waiting
   quit
 
-Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none|staged)   (NAME "-": no agent; REMOTE none:
-the memory is not registered; staged: registered staged, Client.register_vram_staged; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB; GPU_PROC_STREAM=1: moves go
+Usage: gpu_proc.py SOCKET NAME SIZE REMOTE(0|1|none|staged|any)   (NAME "-": no agent; REMOTE
+none: the memory is not registered; staged: registered staged, Client.register_vram_staged;
+any: Client.register_any, the JSON line saying its "kind" and "path" too; $MOONGATE_CUDA_LIB, $MOONGATE_CLIENT_LIB; GPU_PROC_STREAM=1: moves go
 on the process's own CUDA stream, the one fillasync uses)
 """
 import ctypes
@@ -44,15 +45,19 @@ def main():
     on_stream = os.environ.get("GPU_PROC_STREAM") == "1"
     c = mg.Client("unix:" + sock)
     port = c.register_agent(name).port if name != "-" else 0  # "-": no agent
-    segs = []
-    if sys.argv[4] == "staged":
+    segs, said = [], {}
+    if sys.argv[4] == "any":
+        r = c.register_any(d, size)
+        segs, said = r.segments, {"kind": r.kind, "path": r.path}
+    elif sys.argv[4] == "staged":
         segs = [c.register_vram_staged(d, size)]
     elif sys.argv[4] != "none":
         segs = c.register_vram(d, size, remote_accessible=sys.argv[4] == "1")
     print(json.dumps({"port": port, "address": d, "segments": [s.id for s in segs],
                       "source": segs[0].source if segs else 0,
                       "location": segs[0].location if segs else "",
-                      "transports": list(segs[0].transports) if segs else []}), flush=True)
+                      "transports": list(segs[0].transports) if segs else [], **said}),
+          flush=True)
     for line in sys.stdin:
         cmd = line.split()
         try:

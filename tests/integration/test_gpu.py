@@ -47,8 +47,8 @@ class Gpu(conftest.Child):
 
     def __init__(self, d, name, size=MiB, remote=True, **env):
         super().__init__([sys.executable, os.path.join(HERE, "gpu_proc.py"), d.sock, name,
-                          str(size), "none" if remote is None else remote if remote == "staged"
-                          else "1" if remote else "0"],
+                          str(size), "none" if remote is None else remote
+                          if remote in ("staged", "any") else "1" if remote else "0"],
                          env=gpu_env(**env))
 
     def move(self, *args):
@@ -304,6 +304,48 @@ def test_a_staged_target_over_tcp(make_daemon, gpus):
     assert_gone(b, memory_pb2.STAGED)
 
 
+def test_any_memory_by_address_through_moongates_own_clients(make_daemon, gpus):
+    """Client.register_any (Python) and mg_client_register_any (C) register memory of the
+    process by its address whatever it is: malloc'd and pinned host memory (cuMemHostAlloc) as
+    process memory, device memory by its dma-buf where both daemons have RDMA devices, else
+    staged; each a peer's target over the path they say (a WRITE from daemon a lands, read back
+    where it lies). A freed device pointer is refused INVALID_ARGUMENT naming both ways tried."""
+    a, b = pair(make_daemon, a_flags=(), b_flags=())
+    n = MiB + 4097
+    t = gpus(b, "any-py", size=2 * MiB, remote="any")
+    assert (t.kind, t.path, t.source) == ("device", "staged", memory_pb2.STAGED)
+    c_prog = conftest.CProgram(b, gpu_env())
+    try:
+        with mg.Client("unix:" + a.sock) as c:
+            buf = c.allocate_buffer(2 * MiB)
+            for kind, how in (("malloc", ["process", "process_vm"]),
+                              ("pinned", ["process", "process_vm"]),
+                              ("device", ["device", "staged"])):
+                said = c_prog("any", kind, 2 * MiB)
+                assert said[0] == "any" and said[4:] == how, said
+                seg, at = int(said[2]), int(said[3])
+                buf.view[:n] = bytes([0x5a]) * n
+                c.transfer([mg.write(address=buf.address, peer=b.h2c, remote_segment=seg,
+                                     remote_offset=7, length=n)])
+                assert c_prog("check", at + 7, 0x5a, n) == ["ok"], kind
+            buf.view[:n] = os.urandom(n)
+            c.transfer([mg.write(address=buf.address, agent="127.0.0.1:%d" % t.port,
+                                 remote_address=t.address + 3, length=n)])
+            assert bytes.fromhex(t.ask("dump 3 %d" % n)) == bytes(buf.view[:n])
+            buf.free()
+        said = " ".join(c_prog("any", "freed", MiB))
+        assert said.startswith("error INVALID_ARGUMENT") and "is neither memory of this " \
+            "process nor device memory the CUDA driver knows" in said and \
+            "the CUDA driver does not know it as device memory" in said, said
+    finally:
+        c_prog.close()
+    t.close()
+    a2, b2 = pair(make_daemon)  # both with RDMA devices: by its dma-buf
+    t = gpus(b2, "any-rdma", size=MiB, remote="any")
+    assert (t.kind, t.path, t.source) == ("device", "dmabuf", memory_pb2.DMABUF)
+    t.close()
+
+
 def test_staged_through_a_small_pool_and_refused_without_one(make_daemon, gpus):
     a, b = staged_pair(make_daemon, pool="1M")
     g = gpus(a, "-", size=3 * MiB, remote=None)
@@ -485,7 +527,9 @@ def test_submit_tags_are_checked_and_shown(make_daemon):
 
 def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
     """tests/gpu/check.sh from the source tree: two daemons, device memory through staging and
-    back, compared on the device; without a driver (and none named) it says it is skipped."""
+    back, compared on the device; then device to device through mooncake.engine, staged at
+    both ends, read back and compared; without a driver (and none named) it says it is
+    skipped."""
     check = os.path.join(conftest.ROOT, "tests", "gpu", "check.sh")
     run = subprocess.run([check, "--size", "8M", "--rounds", "1",
                           "--ports", conftest.two_free_ports()],
@@ -499,6 +543,9 @@ def test_gpu_check_on_the_emulator_and_skipped_without_a_driver():
     assert "cuMemcpyDtoH into pinned host memory" in run.stdout
     assert re.search(r"CUDA driver \d+\.\d+: every symbol moongate's table uses resolved",
                      run.stdout), run.stdout
+    assert "verify: 8388608 bytes written device -> peer device and read back through " \
+        "mooncake.engine (staged): equal" in run.stdout, run.stdout
+    assert re.search(r"device -> device, staged at both ends +[\d.]+", run.stdout), run.stdout
     if not os.path.exists("/proc/driver/nvidia/version"):
         env = {k: v for k, v in gpu_env(MG_BUILD_DIR=conftest.BUILD).items()
                if k != "MOONGATE_CUDA_LIB"}

@@ -166,28 +166,32 @@ def test_process_memory_off_fails_registration_by_name(make_daemon, children):
     assert "processMemory.enabled=false" in t.close()
 
 
-def gpu_env(d):
-    """env_for(d), with the CUDA driver emulator as the driver and the build's libmgclient."""
+def gpu_env(d, **more):
+    """env_for(d), with the CUDA driver emulator as the driver and the build's libmgclient
+    (and `more`: the emulator's settings)."""
     env = dict(env_for(d), MOONGATE_CUDA_LIB=os.path.join(conftest.BUILD, "libmgcuda_emu.so"),
-               MOONGATE_CLIENT_LIB=os.path.join(conftest.BUILD, "libmgclient.so.0"))
+               MOONGATE_CLIENT_LIB=os.path.join(conftest.BUILD, "libmgclient.so.0"), **more)
     env.update(conftest.sanitizer_preload())  # python3 loads the build's libmgclient
     return env
 
 
 class GpuTarget(conftest.Child):
-    """mooncake/gpu.py as a target: device memory registered with register_memory."""
+    """mooncake/gpu.py as a target: device memory (or `what`="pinned": page-locked host
+    memory) registered with register_memory."""
 
-    def __init__(self, d, size):
-        super().__init__([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), "target",
-                          "127.0.0.1", str(size)], env=gpu_env(d))
+    def __init__(self, d, size, what="target", **more):
+        super().__init__([sys.executable, os.path.join(HERE, "mooncake", "gpu.py"), what,
+                          "127.0.0.1", str(size)], env=gpu_env(d, **more))
 
 
-def gpu_py(d, *args):
-    """mooncake/gpu.py ARGS on daemon d: its JSON answer."""
+def gpu_py(d, *args, **more):
+    """mooncake/gpu.py ARGS on daemon d (`more`: the emulator's settings): its JSON answer, and
+    what it logged."""
     run = subprocess.run([sys.executable, os.path.join(HERE, "mooncake", "gpu.py")] +
-                         [str(a) for a in args], env=gpu_env(d), text=True, capture_output=True,
-                         timeout=300)
+                         [str(a) for a in args], env=gpu_env(d, **more), text=True,
+                         capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr
+    gpu_py.stderr = run.stderr
     return json.loads(run.stdout)
 
 
@@ -197,23 +201,27 @@ def pattern(n):
 
 @pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
                     "libmgclient without reports from grpcio's own threads")
-@pytest.mark.parametrize("path", ["rdma-dmabuf", "staged"])
+@pytest.mark.parametrize("path", ["rdma-dmabuf", "staged", "rdma-without-dmabuf"])
 def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children, path):
     """register_memory of a device pointer (the CUDA driver emulator's) through mooncake.engine:
     found by the driver once the daemon cannot reach it as host memory, and moved device to
     device between two daemons, a WRITE into the target's device memory and a READ back. Where
     both daemons have RDMA devices (the verbs emulator) by its dma-buf over RDMA; where they
-    have none, staged over TCP: each process's copy thread moves the bytes between its device
-    and its daemon's staging buffer, in pieces (the range is larger than the buffer and not a
-    multiple of it). A host initiator reaches a staged target too."""
-    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if path == "rdma-dmabuf" else []))
+    have none, or the GPUs export no dma-buf (RDMA without GPUDirect), staged over TCP: each
+    process's copy thread moves the bytes between its device and its daemon's staging buffer,
+    in pieces (the range is larger than the buffer and not a multiple of it). A host initiator
+    reaches a staged target too."""
+    a, b = pair(make_daemon, *(["--ibverbs-lib", EMU] if path.startswith("rdma") else []))
+    emu = {"MG_CUDA_EMU_DMABUF": "0"} if path == "rdma-without-dmabuf" else {}
     size = 256 * 1024 if path == "rdma-dmabuf" else 3 * MiB + 4096
-    t = children(GpuTarget, b, size)
+    t = children(GpuTarget, b, size, **emu)
     assert (t.rc, t.kind) == (0, "device")
-    assert gpu_py(a, "initiator", "127.0.0.1", t.session, t.address, size) == {
+    assert gpu_py(a, "initiator", "127.0.0.1", t.session, t.address, size, **emu) == {
         "register": 0, "kind": "device", "write": 0, "read": 0, "same": True}
     assert bytes.fromhex(t.ask("dump 0 %d" % size)) == pattern(size)
     moved, never = ("rdma", "tcp") if path == "rdma-dmabuf" else ("tcp", "rdma")
+    if path == "rdma-without-dmabuf":
+        path = "staged"
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="write",
                     transport=moved) >= size
     assert not a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default",
@@ -226,6 +234,31 @@ def test_device_pointers_are_registered_as_gpu_memory(make_daemon, children, pat
         assert gpu_py(a, "host", "127.0.0.1", t.session, t.address, size) == {
             "write": 0, "read": 0, "same": True}
         assert "registered staged instead: peers reach it over TCP" in t.close()
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_pinned_host_memory_is_a_peers_target_and_a_lost_pointer_is_named(make_daemon,
+                                                                           children):
+    """Page-locked host memory from the CUDA driver (cuMemHostAlloc, what cudaHostAlloc makes)
+    registered through mooncake.engine is host memory: process memory, a peer's target over
+    TCP, written from a peer's device memory and read back. A device pointer the driver no
+    longer knows (freed; as a pointer of another process or a destroyed context) is refused
+    at registration, naming both ways it was tried, and the engine goes on."""
+    a, b = pair(make_daemon)
+    size = MiB + 4096
+    t = children(GpuTarget, b, size, "pinned")
+    assert (t.rc, t.kind) == (0, "process")
+    assert gpu_py(a, "initiator", "127.0.0.1", t.session, t.address, size) == {
+        "register": 0, "kind": "device", "write": 0, "read": 0, "same": True}
+    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == pattern(size)
+    assert a.metric("moongate_staged_bytes_total", op="read") == size  # the device source
+    assert not b.metric("moongate_staged_bytes_total", op="write")  # no device copy there
+    assert gpu_py(b, "unreachable", "127.0.0.1") == {"freed": -1, "kind": None}
+    said = gpu_py.stderr
+    assert "neither memory of this process nor device memory the CUDA driver knows" in said, \
+        said
+    t.close()
 
 
 @pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "

@@ -193,6 +193,32 @@ def test_device_memory_through_the_c_door(make_daemon, target, children, path):
         "for peers on this daemon)" in run.stderr, run.stderr
 
 
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_pinned_memory_is_a_target_and_a_lost_device_pointer_is_named(make_daemon, target):
+    """Through the C door: page-locked host memory from the CUDA driver (cuMemHostAlloc, what
+    cudaHostAlloc makes), registered with location "*", is process memory, a peer's target; a C
+    initiator WRITEs into it from device memory and READs it back. A device pointer the driver
+    no longer knows (freed) is refused at registration (-1), the log naming both ways tried."""
+    a, b = pair(make_daemon)
+    size = MiB + 4096
+    t = target(b, [HARNESS, LIB, "target", str(size), "pinned"], notes="notifs", env=gpu_env(b))
+    run = subprocess.run([HARNESS, LIB, "device", t.session, str(t.address), str(size)],
+                         env=gpu_env(a), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"register": 0, "write": 1, "read": 1, "same": 1,
+                                      "unregister": 0}, run.stderr
+    assert bytes.fromhex(t.ask("dump 0 %d" % size)) == pattern(size)
+    assert not b.metric("moongate_staged_bytes_total", op="write")  # no device copy there
+    assert "memory of no shared file is process memory" in t.close()
+    run = subprocess.run([HARNESS, LIB, "target", str(MiB), "freed"], env=gpu_env(b),
+                         input="quit\n", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stdout == "", run.stdout
+    assert "neither memory of this process nor device memory the CUDA driver knows" in \
+        run.stderr and "the CUDA driver does not know it as device memory" in run.stderr, \
+        run.stderr
+
+
 def polls(d, n, batch, **env):
     """te_harness polls: n copies of 8 KiB on daemon d, `batch` tasks a submit, each polled in
     a tight loop from C while a thread spins beside it."""

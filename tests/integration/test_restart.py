@@ -305,7 +305,8 @@ def test_a_daemon_back_as_another_users_is_refused(certs, door):
     os.chmod(shm, 0o777)
     mine = conftest.Daemon(world, world, ("--unix-socket", sock, "--shm-dir", shm)).start()
     theirs = None
-    c = mg.Client("unix:" + sock, timeout=5) if door == "python" else CProgram(mine, sock=sock)
+    c = mg.Client("unix:" + sock, timeout=5) if door == "python" else \
+        conftest.CProgram(mine, sock=sock)
     try:
         if door == "python":
             c.register_agent("kv-4")
@@ -539,38 +540,13 @@ def pattern(i):
     return (i.to_bytes(4, "little") * 1024)[:4096]
 
 
-class CProgram:
-    """tests/client/mgc_harness.c: a program on the C client (mg_client_open), a command a
-    line; each answers one line."""
-
-    def __init__(self, d, env=None, sock=None):
-        self.p = subprocess.Popen([os.path.join(conftest.BUILD, "mgc_harness"),
-                                   "unix:" + (sock or d.sock)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, **(env or {})))
-
-    def __call__(self, *words):
-        self.p.stdin.write(" ".join(str(w) for w in words) + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        assert line, "mgc_harness ended: " + self.p.stderr.read()
-        return line.split()
-
-    def close(self):
-        self.p.stdin.close()
-        assert self.p.wait(30) == 0, self.p.stderr.read()
-        self.p.stderr.close()
-        self.p.stdout.close()
-
-
 @pytest.mark.parametrize("how", ["kill", "term"])
 def test_a_c_client_makes_again_what_it_had(make_daemon, how):
     """The C client (libmgclient): its agent (same name and port), process memory and buffers
     come back under the ids the program holds; a segment the daemon made does not, and says
     so; no call of the program fails when it makes none while the daemon is away."""
     d = make_daemon()
-    c = CProgram(d)
+    c = conftest.CProgram(d)
     try:
         _, port = c("agent", "kv-c")
         _, src, src_at = c("process", "c-heap", 8192)
@@ -601,7 +577,7 @@ def test_a_c_client_makes_again_what_it_had(make_daemon, how):
 
 def test_a_c_client_gives_up_then_comes_back(make_daemon):
     d = make_daemon()
-    c = CProgram(d, {"MOONGATE_RECONNECT_S": "1"})
+    c = conftest.CProgram(d, {"MOONGATE_RECONNECT_S": "1"})
     try:
         _, port = c("agent", "kv-c2")
         d.kill()
@@ -620,7 +596,7 @@ def test_a_c_client_refused_by_the_daemon_back_says_so(make_daemon, tmp_path):
     auth = tmp_path / "auth"
     auth.write_text("token %s team-a\n" % sha("tok-a-0123456789"))
     d = make_daemon("--allow-anonymous=false", "--auth-file", str(auth))
-    c = CProgram(d, {"MOONGATE_TOKEN": "tok-a-0123456789"})
+    c = conftest.CProgram(d, {"MOONGATE_TOKEN": "tok-a-0123456789"})
     try:
         assert c("agent", "kv-c3")[0] == "port"
         auth.write_text("token %s team-a\n" % sha("tok-b-0123456789"))
@@ -639,7 +615,8 @@ def test_a_c_clients_gpu_memory_comes_back(make_daemon):
     """Device memory (the CUDA driver emulator) registered by mg_vram_register is exported and
     registered again by address after a restart."""
     d = make_daemon("--ibverbs-lib", os.path.join(conftest.BUILD, "libmgverbs_emu.so"))
-    c = CProgram(d, {"MOONGATE_CUDA_LIB": os.path.join(conftest.BUILD, "libmgcuda_emu.so")})
+    c = conftest.CProgram(d, {"MOONGATE_CUDA_LIB": os.path.join(conftest.BUILD,
+                                                                 "libmgcuda_emu.so")})
     try:
         _, seg, at = c("vram", 1 << 20)
         restart(d, "kill")

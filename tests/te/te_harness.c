@@ -243,10 +243,14 @@ static struct {
     int (*alloc)(uint64_t *, size_t);
     int (*htod)(uint64_t, const void *, size_t);
     int (*dtoh)(void *, uint64_t, size_t);
+    int (*free)(uint64_t);
+    int (*host_alloc)(void **, size_t, unsigned);
 } cu;
 
-/* SIZE bytes of device 0's memory, zeroed, or NULL (said on stderr). */
-static void *device_memory(size_t size)
+/* SIZE bytes of device 0's memory, zeroed, or NULL (said on stderr). kind "pinned": page-locked
+ * host memory from the driver (cuMemHostAlloc, what cudaHostAlloc makes); "freed": device memory
+ * freed at once (a pointer the driver no longer knows). */
+static void *device_memory(size_t size, const char *kind)
 {
     const char *lib = getenv("MOONGATE_CUDA_LIB");
     void *h = dlopen(lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *ctx, *zero;
@@ -262,10 +266,22 @@ static void *device_memory(size_t size)
     *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
     *(void **)&cu.htod = dlsym(h, "cuMemcpyHtoD_v2");
     *(void **)&cu.dtoh = dlsym(h, "cuMemcpyDtoH_v2");
+    *(void **)&cu.free = dlsym(h, "cuMemFree_v2");
+    *(void **)&cu.host_alloc = dlsym(h, "cuMemHostAlloc");
     zero = calloc(1, size);
-    ok = cu.init && cu.retain && cu.set_current && cu.alloc && cu.htod && cu.dtoh && zero &&
-         cu.init(0) == 0 && cu.retain(&ctx, 0) == 0 && cu.set_current(ctx) == 0 &&
-         cu.alloc(&d, size) == 0 && cu.htod(d, zero, size) == 0;
+    ok = cu.init && cu.retain && cu.set_current && cu.alloc && cu.htod && cu.dtoh && cu.free &&
+         cu.host_alloc && zero && cu.init(0) == 0 && cu.retain(&ctx, 0) == 0 &&
+         cu.set_current(ctx) == 0;
+    if (ok && strcmp(kind, "pinned") == 0) {
+        void *p = NULL;
+        ok = cu.host_alloc(&p, size, 0) == 0;
+        free(zero);
+        if (!ok)
+            fprintf(stderr, "pinned memory: the CUDA driver failed\n");
+        return ok ? memset(p, 0, size) : NULL;
+    }
+    ok = ok && cu.alloc(&d, size) == 0 && cu.htod(d, zero, size) == 0 &&
+         (strcmp(kind, "freed") != 0 || cu.free(d) == 0);
     free(zero);
     if (!ok)
         fprintf(stderr, "device memory: the CUDA driver failed\n");
@@ -286,18 +302,22 @@ static void json_text(const char *t)
 }
 
 /* A target engine with `size` bytes of memory registered remote-accessible: a sealed memfd's
- * mapping, or malloc'd memory ("malloc") or device memory ("device") registered as TensorRT-LLM's
- * and NIXL's Mooncake backends register theirs (location "*"). */
+ * mapping, or malloc'd memory ("malloc"), device memory ("device"), page-locked host memory
+ * ("pinned") or a freed device pointer ("freed") registered as TensorRT-LLM's and NIXL's
+ * Mooncake backends register theirs (location "*"). */
 static int target(size_t size, const char *kind)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
     char where[128], line[256];
     int heap = strcmp(kind, "malloc") == 0, device = strcmp(kind, "device") == 0;
-    uint8_t *mem = heap ? calloc(1, size) : device ? device_memory(size) : sealed_memory(size);
+    int driver = device || strcmp(kind, "pinned") == 0 || strcmp(kind, "freed") == 0;
+    uint8_t *mem = heap     ? calloc(1, size)
+                   : driver ? device_memory(size, kind)
+                            : sealed_memory(size);
     uint8_t *seen = device ? malloc(size) : mem;
     if (e == NULL || mem == NULL || seen == NULL ||
         te.getLocalIpAndPort(e, where, sizeof(where)) != 0 ||
-        te.registerLocalMemory(e, mem, size, heap || device ? "*" : "cpu:0", 1) != 0) {
+        te.registerLocalMemory(e, mem, size, heap || driver ? "*" : "cpu:0", 1) != 0) {
         if (e != NULL)
             te.destroyTransferEngine(e);
         if (heap)
@@ -735,7 +755,7 @@ static void first_note(engine_t e)
 static int device(const char *session, uint64_t taddr, size_t size)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "127.0.0.1", 0, 1);
-    uint8_t *d = device_memory(size), *host = malloc(size), *back = calloc(1, size);
+    uint8_t *d = device_memory(size, "device"), *host = malloc(size), *back = calloc(1, size);
     int first = 0, seg;
     if (e == NULL || d == NULL || host == NULL || back == NULL)
         return 1;

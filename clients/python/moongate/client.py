@@ -49,7 +49,7 @@ from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
 __all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
-           "address_of", "device_of", "default_target", "default_token"]
+           "address_of", "device_of", "default_target", "default_token", "Registered"]
 _names = itertools.count(1)
 
 
@@ -148,16 +148,32 @@ def device_of(address):
     """The CUDA device ordinal of `address` when the driver knows it as device memory, else
     None: host memory, or no CUDA driver or C library to ask. The driver ($MOONGATE_CUDA_LIB,
     else libcuda.so.1) and libmgclient are loaded by the first call, not before."""
+    return _device_or_why(address)[0]
+
+
+def _device_or_why(address):
+    """(device_of(address), "") or (None, why not: no C library, no driver, or the driver
+    does not know it as device memory)."""
     try:
         lib = _client_lib()
-    except Error:
-        return None
+    except Error as e:
+        return None, e.message
     err = ctypes.create_string_buffer(256)
     cu = lib.mg_cuda_get(err, 256)
+    if not cu:
+        return None, "no CUDA driver: " + err.value.decode(errors="replace")
     info = _CudaPtrInfo()
-    if not cu or lib.mg_cuda_pointer(cu, address, ctypes.byref(info)) != 1:
-        return None
-    return info.device
+    if lib.mg_cuda_pointer(cu, address, ctypes.byref(info)) != 1:
+        return None, "the CUDA driver does not know it as device memory"
+    return info.device, ""
+
+
+Registered = collections.namedtuple("Registered", "segments kind path why")
+Registered.__doc__ = """What Client.register_any made. segments: the Segments (one; one per
+device allocation the range crosses by dma-buf). kind: "process" (host memory) or "device".
+path: how peers reach it, "process_vm" (over TCP), "dmabuf" (over RDMA), "staged" (over TCP,
+this process's copy thread moving it to and from the device), or "" (this process's own
+transfers only). why: what refused a better path ("" when none did)."""
 
 
 def _client_lib():
@@ -828,6 +844,63 @@ class Client:
     def read_vram(self, address, size, **kw):
         """move_vram(False, ...): the target -> GPU memory."""
         return self.move_vram(False, address, size, **kw)
+
+    def register_any(self, address, size, name=None, remote_accessible=True):
+        """Memory of this process by its address, whatever it is (malloc, mmap, a NumPy
+        array, pinned host memory, GPU memory), registered the way a path serves it: host
+        memory as process memory (register_memory); memory the daemon cannot reach in this
+        process that the CUDA driver (loaded only then) knows as a device's by its dma-bufs
+        (register_vram: peers reach it over RDMA), and where that is refused (no RDMA device
+        on the daemon, a GPU without dma-buf) staged (register_vram_staged: over TCP). With
+        remote_accessible, where no path lets peers reach it (the daemon's TCP data plane off)
+        it is registered for this process's transfers only. Returns a Registered saying which.
+        Raises Error: FAILED_PRECONDITION where no path serves it at all (process memory off on
+        the daemon: the error names the setting), INVALID_ARGUMENT naming both ways tried for
+        memory that is neither (freed, another process's, of a CUDA context that is gone)."""
+        name = name or "mem-%d-%x" % (os.getpid(), address)
+        remote = remote_accessible
+        try:
+            seg = self.register_memory(name, address, size, remote_accessible=remote)
+            return Registered([seg], "process", "process_vm" if remote else "", "")
+        except Error as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+                return self._register_device_any(name, address, size, remote, e)
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION or not remote:
+                raise
+            why = e.message  # no data plane for peers; process memory off fails again below
+        try:
+            seg = self.register_memory(name, address, size)
+        except Error as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+                return self._register_device_any(name, address, size, False, e)
+            raise
+        return Registered([seg], "process", "", why)
+
+    def _register_device_any(self, name, address, size, remote, refused):
+        """register_any of memory the daemon refused as this process's (`refused`)."""
+        device, why_not = _device_or_why(address)
+        if device is None:
+            raise Error(grpc.StatusCode.INVALID_ARGUMENT,
+                        "0x%x (%d bytes) is neither memory of this process nor device memory "
+                        "the CUDA driver knows (freed, another process's, or of a context that "
+                        "is gone): as host memory, %s; as device memory, %s" % (
+                            address, size, refused.message, why_not))
+        try:
+            return Registered(self.register_vram(address, size, remote, name), "device",
+                              "dmabuf" if remote else "", "")
+        except Error as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            why = "GPU memory by dma-buf: " + e.message
+        try:
+            return Registered([self.register_vram_staged(address, size, remote, name)],
+                              "device", "staged" if remote else "", why)
+        except Error as e:
+            if e.code != grpc.StatusCode.FAILED_PRECONDITION or not remote:
+                raise
+            why += "; staged for peers: " + e.message  # no TCP data plane for peers here
+        return Registered([self.register_vram_staged(address, size, False, name)], "device",
+                          "", why)
 
     def register_memory(self, name, address, size, **kw):
         """Registers memory this process allocated itself (a bytearray, a numpy array: see

@@ -1,10 +1,12 @@
 """GPU memory through `mooncake.engine` (moongate's shim first on PYTHONPATH), as SGLang's and
-vLLM's Mooncake connectors use it: device pointers (from the CUDA driver, here its emulator as
-$MOONGATE_CUDA_LIB) passed to register_memory and to the transfers.
+vLLM's Mooncake connectors use it: device pointers (from the CUDA driver, libcuda.so.1, or in
+the tests its emulator as $MOONGATE_CUDA_LIB) passed to register_memory and to the transfers.
 
   gpu.py target HOST SIZE
-      allocates SIZE bytes of device memory, registers it and says {"rc", "session",
-      "address", "kind"} in one JSON line; then obeys lines on stdin:
+  gpu.py pinned HOST SIZE
+      allocates SIZE bytes of device memory (pinned: page-locked host memory, cuMemHostAlloc,
+      as cudaHostAlloc makes), registers it and says {"rc", "session", "address", "kind"} in one
+      JSON line; then obeys lines on stdin:
         dump OFF LEN   the device bytes there, in hex
         noted LEN      waits for the first notification, then at once the device's first LEN
                        bytes: [name, msg, hex]
@@ -16,6 +18,9 @@ $MOONGATE_CUDA_LIB) passed to register_memory and to the transfers.
   gpu.py host HOST SESSION ADDRESS SIZE [NOTE]
       as initiator, but from host memory (a managed buffer); with NOTE, the WRITE carries the
       notification ("gpu", NOTE). Says {"write", "read", "same"}.
+  gpu.py unreachable HOST
+      registers device memory the driver no longer knows (freed after its allocation) and says
+      {"freed": register_memory's answer, "kind"} (the reason is logged on stderr).
   gpu.py on_cuda HOST SESSION ADDRESS SIZE [OFFSET]
       as initiator, on a CUDA stream held by a host function of its own until it is done
       queueing: the pattern's copy into device memory, then transfer_write_on_cuda to
@@ -31,7 +36,7 @@ import threading
 
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
-cu = ctypes.CDLL(os.environ["MOONGATE_CUDA_LIB"])
+cu = ctypes.CDLL(os.environ.get("MOONGATE_CUDA_LIB") or "libcuda.so.1")
 
 
 def device_memory(size):
@@ -57,22 +62,34 @@ def engine(host):
     return e
 
 
-def target(host, size):
+def pinned_memory(size):
+    ctx, p = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    assert cu.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(size), 0) == 0
+    ctypes.memset(p.value, 0, size)
+    return p.value
+
+
+def target(host, size, pinned=False):
     e = engine(host)
-    d = device_memory(size)
-    to_device(d, bytes(size))
+    if pinned:  # host memory: read where it lies
+        d, read = pinned_memory(size), ctypes.string_at
+    else:
+        d, read = device_memory(size), from_device
+        to_device(d, bytes(size))
     rc = e.register_memory(d, size)
     print(json.dumps({"rc": rc, "session": "%s:%d" % (host, e.get_rpc_port()), "address": d,
                       "kind": e.memory_kind(d)}), flush=True)
     for line in sys.stdin:
         cmd = line.split()
         if cmd[0] == "dump":
-            print(from_device(d + int(cmd[1]), int(cmd[2])).hex(), flush=True)
+            print(read(d + int(cmd[1]), int(cmd[2])).hex(), flush=True)
         elif cmd[0] == "noted":
             notes = []
             while not notes:
                 notes = e.get_notifies()
-            seen = from_device(d, int(cmd[1])).hex()
+            seen = read(d, int(cmd[1])).hex()
             print(json.dumps([notes[0].name, notes[0].msg, seen]), flush=True)
         elif cmd[0] == "quit":
             break
@@ -89,6 +106,14 @@ def initiator(host, session, addr, size):
     out["read"] = e.transfer_sync_read(session, d, addr, size)
     out["same"] = from_device(d, size) == data
     print(json.dumps(out), flush=True)
+
+
+def unreachable(host):
+    e = engine(host)
+    d = device_memory(1 << 20)
+    assert cu.cuMemFree_v2(ctypes.c_uint64(d)) == 0
+    print(json.dumps({"freed": e.register_memory(d, 1 << 20), "kind": e.memory_kind(d)}),
+          flush=True)
 
 
 def host_initiator(host, session, addr, size, note=None):
@@ -154,7 +179,9 @@ if __name__ == "__main__":
     elif sys.argv[1] == "on_cuda":
         on_cuda(sys.argv[2], sys.argv[3], int(sys.argv[4]) + int((sys.argv[6:] or [0])[0]),
                 int(sys.argv[5]))
-    elif sys.argv[1] == "target":
-        target(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] in ("target", "pinned"):
+        target(sys.argv[2], int(sys.argv[3]), sys.argv[1] == "pinned")
+    elif sys.argv[1] == "unreachable":
+        unreachable(sys.argv[2])
     else:
         initiator(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

@@ -392,54 +392,21 @@ class TransferEngine:
         return 0
 
     def _register_own(self, name, addr, size):
-        """Memory of no shared file: (segments, kind). Process memory, a peer's target as
-        Mooncake's memory is; on a daemon whose data plane is off (FAILED_PRECONDITION naming
-        it), this process's own transfers only. A daemon with process memory off refuses both,
-        and that error is the registration's. Memory the daemon cannot reach in this process
-        that the CUDA driver (loaded only then) knows as a device's is GPU memory: registered by
-        its dma-bufs (one segment per allocation), a peer's target over RDMA; where that path is
-        refused (no RDMA device on the daemon, a GPU without dma-buf), staged: a peer's target
-        over TCP, this process's C library copying to and from the device."""
-        try:
-            return [self._c.register_memory(name, addr, size, remote_accessible=True)], "process"
-        except mg.Error as e:
-            if e.code == grpc.StatusCode.INVALID_ARGUMENT and mg.device_of(addr) is not None:
-                return self._register_device(name, addr, size), "device"
-            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
-            why = e.message
-        try:
-            seg = self._c.register_memory(name, addr, size)
-        except mg.Error as e:  # no data plane here, and not host memory either
-            if e.code == grpc.StatusCode.INVALID_ARGUMENT and mg.device_of(addr) is not None:
-                return self._register_device(name, addr, size), "device"
-            raise
-        say_once("no-tcp-targets", logging.WARNING, "register_memory(0x%x): %s; registered for "
-                 "this process's transfers only", addr, why)
-        return [seg], "process"
-
-    def _register_device(self, name, addr, size):
-        try:
-            return self._c.register_vram(addr, size, remote_accessible=True, name=name)
-        except mg.Error as e:
-            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
-            why = e.message
-        try:
-            segs = [self._c.register_vram_staged(addr, size, name=name)]
-        except mg.Error as e:
-            if e.code != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
-            # no TCP data plane for peers here: staged for this process's own transfers
-            segs = [self._c.register_vram_staged(addr, size, remote_accessible=False,
-                                                 name=name)]
+        """Memory of no shared file: (segments, kind), registered as Client.register_any does
+        (process memory; GPU memory by its dma-bufs, else staged), a peer's target wherever a
+        path lets peers reach it, else this process's own transfers (a warning says why)."""
+        r = self._c.register_any(addr, size, name=name)
+        if r.kind == "device" and r.path == "staged":
+            say_once("staged", logging.WARNING, "register_memory(0x%x): %s; registered staged "
+                     "instead: peers reach it over TCP, this process's copy thread moving it "
+                     "to and from the device", addr, r.why)
+        elif r.kind == "device" and not r.path:
             say_once("staged-local", logging.WARNING, "register_memory(0x%x): %s; registered "
-                     "staged for this process's transfers only", addr, e.message)
-            return segs
-        say_once("staged", logging.WARNING, "register_memory(0x%x): GPU memory by dma-buf: %s; "
-                 "registered staged instead: peers reach it over TCP, this process's copy "
-                 "thread moving it to and from the device", addr, why)
-        return segs
+                     "staged for this process's transfers only", addr, r.why)
+        elif not r.path:
+            say_once("no-tcp-targets", logging.WARNING, "register_memory(0x%x): %s; registered "
+                     "for this process's transfers only", addr, r.why)
+        return r.segments, r.kind
 
     def _register_shared(self, name, addr, size, fd, offset):
         try:
