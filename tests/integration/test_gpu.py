@@ -346,6 +346,42 @@ def test_any_memory_by_address_through_moongates_own_clients(make_daemon, gpus):
     t.close()
 
 
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_a_python_processs_staged_gpu_memory_outlives_its_daemon(make_daemon, gpus, how):
+    """GPU memory a Python process registered staged (Client.register_any on a daemon without
+    RDMA devices) is made again, with a new copy channel, after its daemon is SIGKILLed or
+    stopped and started again, while the process makes no call of its own: a peer's WRITE by
+    (agent, address) lands in its device memory again once the agent is back."""
+    a, b = pair(make_daemon, a_flags=(), b_flags=())
+    t = gpus(b, "kv-staged", size=MiB, remote="any")
+    assert (t.kind, t.path) == ("device", "staged")
+    agent, n = "127.0.0.1:%d" % t.port, 256 * 1024 + 5
+    with mg.Client("unix:" + a.sock) as c:
+        buf = c.allocate_buffer(MiB)
+        for k in range(2):
+            buf.view[:n] = os.urandom(n)
+            deadline = time.monotonic() + 60
+            while True:  # after the restart: until the process has made its memory again
+                try:
+                    c.transfer([mg.write(address=buf.address, agent=agent,
+                                         remote_address=t.address + 1, length=n)])
+                    break
+                except mg.Error as e:
+                    assert k == 1 and time.monotonic() < deadline, e
+                    time.sleep(0.1)
+            assert bytes.fromhex(t.ask("dump 1 %d" % n)) == bytes(buf.view[:n])
+            if k == 0:
+                if how == "kill":
+                    b.kill()
+                else:
+                    assert b.stop() == 0, b.read_log()
+                b.log.close()
+                b._start_once()
+        buf.free()
+    assert b.metric("moongate_staged_bytes_total", op="write") == n  # this epoch's
+    t.close()
+
+
 def test_staged_through_a_small_pool_and_refused_without_one(make_daemon, gpus):
     a, b = staged_pair(make_daemon, pool="1M")
     g = gpus(a, "-", size=3 * MiB, remote=None)
