@@ -46,13 +46,13 @@ int mg_batch_note_over(mg_batch_counts *c, int failed)
     return 0;
 }
 
-int mg_note_write_ended(mg_note_gate *g, size_t index, int failed)
+int mg_note_req_ended(mg_note_gate *g, size_t index, int failed)
 {
-    if (g->state != MG_NOTE_WAITING || g->writes_left == 0)
+    if (g->state != MG_NOTE_WAITING || g->reqs_left == 0)
         return 0;
-    if (failed && g->failed_write == 0)
-        g->failed_write = index + 1;
-    return --g->writes_left == 0;
+    if (failed && g->failed_req == 0)
+        g->failed_req = index + 1;
+    return --g->reqs_left == 0;
 }
 
 int mg_batch_over(const mg_batch_counts *c)

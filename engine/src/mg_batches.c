@@ -171,7 +171,7 @@ void mg_batches_add(mg_batches *s, mg_batch *b, uint64_t now_ns)
 void mg_batch_notes_start(mg_batch *b)
 {
     for (size_t i = 0; i < b->nnotes; i++) {
-        if (b->notes[i].g.state == MG_NOTE_WAITING && b->notes[i].g.writes_left == 0)
+        if (b->notes[i].g.state == MG_NOTE_WAITING && b->notes[i].g.reqs_left == 0)
             b->set->cfg.note_due(b->set->cfg.arg, &b->notes[i]);
     }
 }
@@ -338,13 +338,13 @@ void mg_batch_req_say(mg_batch_req *r, const char *text)
     r->msg = copy;
 }
 
-/* A WRITE of the batch ended: the notifications for its peer may be due now. */
-static void notes_write_ended(mg_batch_req *r, int err)
+/* A request of the batch ended: the notifications for its peer may be due now. */
+static void notes_req_ended(mg_batch_req *r, int err)
 {
     mg_batch *b = r->b;
     for (size_t i = 0; i < b->nnotes; i++) {
         mg_batch_note *n = &b->notes[i];
-        if (n->peer == r->peer && mg_note_write_ended(&n->g, (size_t)(r - b->reqs), err != 0))
+        if (n->peer == r->peer && mg_note_req_ended(&n->g, (size_t)(r - b->reqs), err != 0))
             b->set->cfg.note_due(b->set->cfg.arg, n);
     }
 }
@@ -365,8 +365,7 @@ int mg_batch_req_end(mg_batch_req *r, int err, const char *msg)
     req_traced_end(r);
     req_release_local(r);
     b->set->cfg.request_ended(b->set->cfg.arg, r);
-    if (r->write)
-        notes_write_ended(r, err);
+    notes_req_ended(r, err);
     batch_changed(b);
     return 0;
 }

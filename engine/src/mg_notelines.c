@@ -167,17 +167,17 @@ void mg_notelines_delivered(mg_note_item *it, int status, int answered, const ch
     if (closed(it->line->nl))
         return; /* what waits goes with mg_notelines_del */
     traced_end(it, status);
-    if (n && n->g.failed_write) { /* it was the failure notice */
+    if (n && n->g.failed_req) { /* it was the failure notice */
         if (status)
             snprintf(
                 why, sizeof(why), "not sent: request %zu to this peer failed; %s %.80s%s: %.120s",
-                n->g.failed_write - 1, answered ? "peer" : "the failure notice did not reach peer",
+                n->g.failed_req - 1, answered ? "peer" : "the failure notice did not reach peer",
                 addr, answered ? " refused the failure notice" : "", message);
         else
             snprintf(why, sizeof(why),
                      "not sent: request %zu to this peer failed; the peer's topic got a failure "
                      "notice",
-                     n->g.failed_write - 1);
+                     n->g.failed_req - 1);
         item_over(it, MG_GRPC_FAILED_PRECONDITION, why);
         return;
     }
@@ -192,12 +192,12 @@ static void notice_of(const mg_batch_note *n, mg_note_msg *m, uint32_t *failed, 
                       size_t cap)
 {
     const mg_batch *b = n->b;
-    const mg_batch_req *first = &b->reqs[n->g.failed_write - 1];
+    const mg_batch_req *first = &b->reqs[n->g.failed_req - 1];
     m->outcome = first->err == MG_ERR_CANCELLED ? MG_OUTCOME_CANCELLED
                  : first->err == MG_ERR_TIMEOUT ? MG_OUTCOME_TIMED_OUT
                                                 : MG_OUTCOME_FAILED;
     m->code = mg_err_grpc(first->err);
-    snprintf(msg, cap, "request %zu: %s", n->g.failed_write - 1,
+    snprintf(msg, cap, "request %zu: %s", n->g.failed_req - 1,
              first->msg ? first->msg : mg_strerror(first->err));
     m->message = msg;
     m->failed = failed;
@@ -219,7 +219,7 @@ static void fire(mg_note_item *it)
     uint32_t *failed = NULL;
     char err[256], why[300], msg[1024];
     int rc;
-    if (it->n && it->n->g.failed_write) {
+    if (it->n && it->n->g.failed_req) {
         if ((failed = malloc(MG_NOTE_FAILED_MAX * sizeof(*failed))) == NULL) {
             item_over(it, MG_GRPC_RESOURCE_EXHAUSTED, "out of memory");
             return;

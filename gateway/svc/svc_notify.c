@@ -1,8 +1,8 @@
 /*
  * svc_notify: moongate.v1.Notify — the receiving end of transfer notifications.
  *
- * A peer daemon delivers a notification once every WRITE of its batch to this daemon is in
- * place. Notifications go to topics: a topic is a queue of what nobody has taken yet plus the
+ * A peer daemon delivers a notification once every request of its batch to this daemon ended
+ * (its WRITEs in place here, its READs from here landed there). Notifications go to topics: a topic is a queue of what nobody has taken yet plus the
  * Watch calls reading it. A delivery goes straight to a watcher that can take it (the one
  * waiting longest first), else into the queue; Watch starts by taking the queue, Poll takes
  * from it. Bounded: --notify-queue notifications per topic and --notify-max-bytes queued in all;

@@ -300,8 +300,8 @@ static void batch_peers(mg_batch *b)
         b->reqs[i].peer_name = b->reqs[i].agent_arg = b->reqs[i].peer_arg = NULL;
     for (size_t i = 0; i < b->nnotes; i++) {
         for (size_t k = 0; k < b->n; k++) {
-            if (b->reqs[k].write && b->reqs[k].peer == b->notes[i].peer)
-                b->notes[i].g.writes_left++;
+            if (b->reqs[k].peer == b->notes[i].peer)
+                b->notes[i].g.reqs_left++;
         }
     }
 }

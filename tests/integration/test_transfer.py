@@ -613,6 +613,51 @@ def test_notification_arrives_only_after_the_data(make_daemon):
     assert b.metric("moongate_notifications_received_total", result="queued") == 1
 
 
+def test_a_reads_notification_arrives_only_after_its_bytes_landed(make_daemon):
+    """A batch of READs from B carrying a notification for B (as a NIXL decode side tells the
+    prefill side it may free the blocks it read): when the notification reaches B's reader,
+    A's batch is over and every byte read is in A's segment."""
+    import threading
+    from moongate.v1 import notify_pb2, notify_pb2_grpc
+    a, b = two_daemons(make_daemon)
+    n = 256 * MiB
+    dst = register(a, "dst", n)
+    src = register(b, "src", n, remote=True)
+    data = os.urandom(n)
+    with open(src.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as v:
+        v[:] = data
+    seen, bid = {}, []
+
+    def reader():
+        with h2c_channel(b) as ch:
+            for note in notify_pb2_grpc.NotifyStub(ch).Watch(
+                    notify_pb2.WatchRequest(topic="kv/read"), timeout=60):
+                with h2c_channel(a) as ach:
+                    seen["batch"] = transfer_pb2_grpc.TransferStub(ach).GetBatch(
+                        transfer_pb2.GetBatchRequest(id=note.batch_id, brief=True))
+                with open(dst.path, "rb") as f:
+                    seen["in_place"] = f.read() == data
+                seen["note"] = note
+                return
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.3)  # the Watch is open
+    with h2c_channel(a) as ch:
+        t = transfer_pb2_grpc.TransferStub(ch)
+        bid = t.Submit(transfer_pb2.SubmitRequest(
+            requests=[req(transfer_pb2.READ, dst.id, b.h2c, src.id, n // 4, o, o)
+                      for o in range(0, n, n // 4)],
+            notify=[transfer_pb2.NotifyPeer(peer=b.h2c, topic="kv/read",
+                                            payload=b"req-7:1")])).batch_id
+        final = list(t.Wait(transfer_pb2.GetBatchRequest(id=bid), timeout=60))[-1]
+    th.join(60)
+    assert final.state == transfer_pb2.DONE, final
+    assert [(s.state, s.topic) for s in final.notify] == [(transfer_pb2.NOTIFY_SENT, "kv/read")]
+    assert seen["note"].payload == b"req-7:1" and seen["note"].batch_id == bid
+    assert (seen["batch"].done, seen["batch"].failed) == (4, 0), seen["batch"]  # READs ended
+    assert seen["in_place"], "the notification came before the bytes were read"
+
+
 def test_notification_not_sent_when_a_write_fails_and_bounded_queues(make_daemon):
     import json
     from conftest import curl

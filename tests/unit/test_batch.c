@@ -144,23 +144,23 @@ static void test_random_walk(void)
  * no longer waiting, or with nothing left to wait for, is never due again. */
 static void test_notification_after_every_write(void)
 {
-    mg_note_gate g = {.state = MG_NOTE_WAITING, .writes_left = 3};
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 4, 0), 0);
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 0, 0), 0);
-    CU_ASSERT_EQUAL(g.failed_write, 0u);
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 2, 0), 1); /* the last of the three */
-    CU_ASSERT_EQUAL(g.failed_write, 0u);
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 5, 0), 0); /* an extra end: not due twice */
+    mg_note_gate g = {.state = MG_NOTE_WAITING, .reqs_left = 3};
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 4, 0), 0);
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 0, 0), 0);
+    CU_ASSERT_EQUAL(g.failed_req, 0u);
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 2, 0), 1); /* the last of the three */
+    CU_ASSERT_EQUAL(g.failed_req, 0u);
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 5, 0), 0); /* an extra end: not due twice */
 
-    g = (mg_note_gate){.state = MG_NOTE_WAITING, .writes_left = 3};
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 7, 1), 0);
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 1, 1), 0);
-    CU_ASSERT_EQUAL(g.failed_write, 8u); /* the first that failed speaks */
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 3, 0), 1);
+    g = (mg_note_gate){.state = MG_NOTE_WAITING, .reqs_left = 3};
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 7, 1), 0);
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 1, 1), 0);
+    CU_ASSERT_EQUAL(g.failed_req, 8u); /* the first that failed speaks */
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 3, 0), 1);
 
-    g = (mg_note_gate){.state = MG_NOTE_FAILED, .writes_left = 1};
-    CU_ASSERT_EQUAL(mg_note_write_ended(&g, 0, 0), 0); /* failed already (daemon stopping) */
-    CU_ASSERT_EQUAL(g.writes_left, 1u);
+    g = (mg_note_gate){.state = MG_NOTE_FAILED, .reqs_left = 1};
+    CU_ASSERT_EQUAL(mg_note_req_ended(&g, 0, 0), 0); /* failed already (daemon stopping) */
+    CU_ASSERT_EQUAL(g.reqs_left, 1u);
 }
 
 int main(void)

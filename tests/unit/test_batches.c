@@ -322,7 +322,7 @@ static void test_notes_after_writes(void)
     b->reqs[2].peer = q;
     b->reqs[2].write = 0; /* a READ from q: nothing for q's notification to wait for */
     b->notes[0].peer = p;
-    b->notes[0].g.writes_left = 2;
+    b->notes[0].g.reqs_left = 2;
     b->notes[1].peer = q;
     enter(s, b);
     mg_batch_notes_start(b);
@@ -335,7 +335,7 @@ static void test_notes_after_writes(void)
     mg_batch_req_end(&b->reqs[1], MG_ERR_UNAVAILABLE, "peer gone");
     CU_ASSERT_EQUAL_FATAL(n_due, 2);
     CU_ASSERT_PTR_EQUAL(due[1], &b->notes[0]);
-    CU_ASSERT_EQUAL(b->notes[0].g.failed_write, 2u); /* request 1, counted from 1 */
+    CU_ASSERT_EQUAL(b->notes[0].g.failed_req, 2u); /* request 1, counted from 1 */
     mg_batch_note_end(due[1], MG_NOTE_FAILED, 9, "not sent: request 1 to this peer failed");
     CU_ASSERT_FALSE(mg_batch_is_over(b)); /* the READ runs */
     mg_batch_req_end(&b->reqs[2], MG_ERR_CANCELLED, NULL);

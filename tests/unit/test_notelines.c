@@ -177,7 +177,7 @@ static mg_batch *batch(mg_xfer_peer *to, size_t n)
     b->notes[0].peer = to;
     b->notes[0].payload = (uint8_t *)strdup("b");
     b->notes[0].len = 1;
-    b->notes[0].g.writes_left = (unsigned)n;
+    b->notes[0].g.reqs_left = (unsigned)n;
     snprintf(b->notes[0].topic, sizeof(b->notes[0].topic), "kv");
     mg_batches_add(set, b, 1);
     mg_notelines_enter(nl, b);

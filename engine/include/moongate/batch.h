@@ -55,9 +55,10 @@ int mg_req_end(mg_req_life *r, mg_batch_counts *c, int failed);
 /* A notification of the batch was sent (failed 0) or failed. -1 when all are already over. */
 int mg_batch_note_over(mg_batch_counts *c, int failed);
 
-/* A notification the batch sends one peer once every WRITE of the batch to that peer ended
- * (NOTIFY's contract: the bytes are in place before the receiver hears of them). The values
- * are those of moongate.v1.NotifyState. */
+/* A notification the batch sends one peer once every request of the batch to that peer ended
+ * (NOTIFY's contract: the bytes are in place before the receiver hears of them — a WRITE's
+ * acknowledged on the peer, a READ's landed here, so that the peer may reuse the memory it was
+ * read from). The values are those of moongate.v1.NotifyState. */
 typedef enum {
     MG_NOTE_WAITING = 0,
     MG_NOTE_SENDING = 1,
@@ -67,14 +68,14 @@ typedef enum {
 
 typedef struct mg_note_gate {
     mg_note_state state;
-    size_t writes_left;  /* WRITEs of the batch to the peer not ended */
-    size_t failed_write; /* 1 + the index of the first of them that failed, or 0 */
+    size_t reqs_left;  /* requests of the batch to the peer not ended */
+    size_t failed_req; /* 1 + the index of the first of them that failed, or 0 */
 } mg_note_gate;
 
-/* WRITE `index` of the batch to the note's peer ended (failed or not). Returns 1 when the note is
- * due now — its last WRITE ended: send it, or fail it when failed_write says one failed — and 0
- * otherwise (WRITEs still running, or the note is no longer waiting). */
-int mg_note_write_ended(mg_note_gate *g, size_t index, int failed);
+/* Request `index` of the batch to the note's peer ended (failed or not). Returns 1 when the
+ * note is due now — its last request ended: send it, or fail it when failed_req says one
+ * failed — and 0 otherwise (requests still running, or the note is no longer waiting). */
+int mg_note_req_ended(mg_note_gate *g, size_t index, int failed);
 
 int mg_batch_over(const mg_batch_counts *c);
 /* RUNNING until over, then FAILED or DONE (as mg_req_state values). */
