@@ -170,6 +170,8 @@ class Daemon:
         certs, workdir, extra = self.certs, self.workdir, self.extra
         # three different ports: a daemon once drew the same one for TLS and h2c, and failed
         self.tls_port, self.h2c_port, self.ops_port = free_ports(3)
+        # "{h2c_port}" in an argument is this daemon's h2c port (--advertise 127.0.0.1:{h2c_port})
+        extra = [a.replace("{h2c_port}", str(self.h2c_port)) for a in extra]
         self.sock = os.path.join(workdir, "moongate-%d.sock" % self.tls_port)
         self.shm = os.path.join(workdir, "shm-%d" % self.tls_port)  # one per daemon
         if "--shm-dir" in extra:  # the flag given last wins, in the daemon as here

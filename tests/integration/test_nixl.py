@@ -1,0 +1,210 @@
+"""NIXL's Python agent on moongate (`nixl._api`, moongate's shim first on PYTHONPATH), driven as
+vLLM's NixlConnector drives it: agents in their own processes on two daemons exchange metadata
+over the test's own channel (as vLLM's ZMQ side channel), the decode side READs the prefill
+side's blocks by index with a "req_id:N" notification and the prefill side frees them on it
+(pull); the prefill side WRITEs into the decode side's blocks (push); heterogeneous block counts;
+NIXL's exceptions for each error; telemetry; the notification only after the bytes landed."""
+import json
+import os
+import sys
+
+import pytest
+
+import conftest
+
+os.environ.setdefault("MOONGATE_PYGEN", conftest.GEN)
+import moongate_client as mg  # noqa: E402,F401  (the package, with stubs)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.join(conftest.ROOT, "clients", "python")
+SHIM = os.path.join(CLIENT, "moongate", "compat", "shim")
+KiB = 1024
+
+
+def env_for(d):
+    env = dict(os.environ, MOONGATE_SOCKET=d.sock, MOONGATE_PYGEN=conftest.GEN,
+               PYTHONPATH=os.pathsep.join([SHIM, CLIENT]))
+    env.pop("MOONGATE_TOKEN", None)
+    return env
+
+
+class Agent(conftest.Child):
+    """tests/integration/nixl/agent.py on daemon d: .metadata, .bases, .blocks, .block_len."""
+
+    def __init__(self, d, name, regions, blocks, block_len):
+        super().__init__([sys.executable, os.path.join(HERE, "nixl", "agent.py"), name,
+                          str(regions), str(blocks), str(block_len)], env=env_for(d))
+
+    def __call__(self, *words):
+        return json.loads(self.ask(" ".join(
+            w if isinstance(w, str) else json.dumps(w, separators=(",", ":")) for w in words)))
+
+    def add(self, other):
+        return self("add", other.metadata, other.bases, str(other.blocks), str(other.block_len))
+
+
+def pair(make_daemon):
+    """Daemons a (decode) and b (prefill), each advertising its h2c endpoint to peers."""
+    return [make_daemon("--peer-tls=false", "--advertise", "127.0.0.1:{h2c_port}")
+            for _ in range(2)]
+
+
+def test_vllm_pull_push_and_heterogeneous_blocks(make_daemon, children):
+    """Pull: the decode agent adds the prefill agent's metadata, prepares its blocks (an Nx3
+    array) and READs 12 of them by index (int64 arrays, as vLLM's) into its own, with
+    notif "req-1:1"; the prefill side hears it from the decode agent, by name, and the bytes
+    read are the prefill side's. Push: the prefill agent WRITEs into the decode agent's blocks,
+    which hears "req-2:1". The two sides have different block counts (16 and 24 a region)."""
+    a, b = pair(make_daemon)
+    p = children(Agent, b, "prefill-0", 2, 16, 16 * KiB)
+    d = children(Agent, a, "decode-0", 2, 24, 16 * KiB)
+    assert d.add(p) == {"name": "prefill-0", "bytes": True}  # NIXL's binding answers bytes
+    remote = [3, 5, 7, 8, 9, 15, 16 + 0, 16 + 1, 16 + 2, 16 + 10, 16 + 14, 16 + 15]
+    local = [0, 1, 2, 3, 4, 5, 24 + 0, 24 + 1, 24 + 2, 24 + 3, 24 + 4, 24 + 5]
+    assert p("fill", "s1", remote) == {"ok": True}
+    moved = d("move", "READ", "prefill-0", "req-1", local, remote)
+    assert (moved["state"], moved["bytes"], moved["descs"]) == ("DONE", 12 * 16 * KiB, 12), moved
+    assert moved["xfer_us"] >= moved["post_us"] >= 0, moved
+    assert d("digest", local) == p("digest", remote)
+    assert p("notifs") == {"decode-0": ["req-1:1"]}
+    assert p("notifs") == {}  # each once
+    assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="read",
+                    transport="tcp") >= 12 * 16 * KiB
+    # push: the prefill side writes into the decode side's blocks
+    assert p.add(d)["name"] == "decode-0"
+    assert p("fill", "s2", [0, 1, 31]) == {"ok": True}
+    moved = p("move", "WRITE", "decode-0", "req-2", [0, 1, 31], [40, 41, 47])
+    assert (moved["state"], moved["descs"]) == ("DONE", 3), moved
+    assert d("digest", [40, 41, 47]) == p("digest", [0, 1, 31])
+    assert d("notifs") == {"prefill-0": ["req-2:1"]}
+    # a notification on its own, by the bytes name add_remote_agent gave
+    assert d("call", "send_notif", ["prefill-0", "req-3:1"]) == {"ok": "None"}
+    assert p("notifs") == {"decode-0": ["req-3:1"]}
+    p.close()
+    d.close()
+
+
+@pytest.fixture
+def nixl(monkeypatch):
+    """moongate.compat.nixl, and agent(d, name, **config) made on daemon d."""
+    from moongate.compat import nixl as nx
+    made = []
+
+    def agent(d, name, **conf):
+        monkeypatch.setenv("MOONGATE_SOCKET", d.sock)
+        monkeypatch.delenv("MOONGATE_TOKEN", raising=False)
+        a = nx.nixl_agent(name, nx.nixl_agent_config(**conf))
+        made.append(a)
+        return a
+    nx.agent = agent
+    yield nx
+    for a in made:
+        a.close()
+
+
+def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl):
+    """Each refusal raises the exception NIXL raises for it, its status name first and
+    moongate's reason after: a plugin moongate does not serve, metadata that is not an agent's,
+    an agent not added, a descriptor outside registered memory, indices out of range or of
+    different counts, pairs of different lengths, sides swapped, a transfer not posted,
+    telemetry off; a region the peer unregistered under a prepared list fails the transfer by
+    name; the agent goes on after each."""
+    a, b = pair(make_daemon)
+    mem_b, mem_a = bytearray(64 * KiB), bytearray(64 * KiB)
+    (ab, _), (aa, _) = mg.address_of(mem_b), mg.address_of(mem_a)
+    pb = nixl.agent(b, "p-err", capture_telemetry=True)
+    pa = nixl.agent(a, "d-err")  # telemetry off
+    assert set(pa.get_plugin_list()) == {"MOONGATE", "UCX"}
+    assert pa.get_backend_params("UCX")["served_by"] == "moongate"
+    with pytest.raises(nixl.nixlNotFoundError, match="no plugin 'GDS'"):
+        pa.create_backend("GDS")
+    regs_b = pb.register_memory([(ab, 64 * KiB, 0, "")], "DRAM")
+    pa.register_memory(pa.get_reg_descs([(aa, 64 * KiB, 0, "")], "DRAM"))
+    with pytest.raises(nixl.nixlInvalidParamError, match="overlaps memory registered before"):
+        pa.register_memory([(aa + 4096, 4096, 0, "")], "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match="NIXL_ERR_INVALID_PARAM: "
+                       "add_remote_agent: not a moongate NIXL agent's metadata"):
+        pa.add_remote_agent(b"\x00junk")
+    with pytest.raises(nixl.nixlNotFoundError, match="add_remote_agent.. its metadata first"):
+        pa.prep_xfer_dlist("p-err", [(ab, 4096, 0)], "DRAM")
+    assert pa.add_remote_agent(pb.get_agent_metadata()) == b"p-err"
+    with pytest.raises(nixl.nixlNotFoundError, match=r"descriptor 1 \(0x%x, 4096\) is outside "
+                       r"the registered memory of agent 'p-err'" % (ab + 64 * KiB)):
+        pa.prep_xfer_dlist(b"p-err", [(ab, 4096, 0), (ab + 64 * KiB, 4096, 0)], "DRAM")
+    with pytest.raises(nixl.nixlNotFoundError, match="outside the registered memory of this "
+                       "agent"):
+        pa.prep_xfer_dlist("NIXL_INIT_AGENT", [(aa - 4096, 4096, 0)], "DRAM")
+    local = pa.prep_xfer_dlist("", [(aa + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+    remote = pa.prep_xfer_dlist(b"p-err", [(ab + i * 4096, 4096, 0) for i in range(15)] +
+                                [(ab + 15 * 4096, 2048, 0)], "DRAM")
+    with pytest.raises(nixl.nixlInvalidParamError, match=r"remote index 16 out of range "
+                       r"\(the list has 16 descriptors\)"):
+        pa.make_prepped_xfer("READ", local, [0, 1], remote, [0, 16])
+    with pytest.raises(nixl.nixlInvalidParamError, match="2 local indices, 1 remote"):
+        pa.make_prepped_xfer("READ", local, [0, 1], remote, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="pair 1: local descriptor 3 is 4096 "
+                       "bytes, remote descriptor 15 2048"):
+        pa.make_prepped_xfer("WRITE", local, [2, 3], remote, [2, 15])
+    with pytest.raises(nixl.nixlInvalidParamError, match="remote_xfer_side is prepared as "
+                       "NIXL_INIT_AGENT"):
+        pa.make_prepped_xfer("READ", local, [0], local, [0])
+    with pytest.raises(nixl.nixlInvalidParamError, match="operation 'MOVE': READ or WRITE"):
+        pa.make_prepped_xfer("MOVE", local, [0], remote, [0])
+    x = pa.make_prepped_xfer("READ", local, [0, 1], remote, [4, 5], b"r:1")
+    with pytest.raises(nixl.nixlNotPostedError):
+        pa.check_xfer_state(x)
+    mem_b[4 * 4096:6 * 4096] = os.urandom(8192)
+    assert pa.transfer(x) in ("PROC", "DONE")
+    while pa.check_xfer_state(x) == "PROC":
+        pass
+    assert bytes(mem_a[:8192]) == bytes(mem_b[4 * 4096:6 * 4096])
+    with pytest.raises(nixl.nixlNoTelemetryError, match="capture_telemetry=True"):
+        pa.get_xfer_telemetry(x)
+    assert pa.query_xfer_backend(x) == "UCX"  # the config's default, as vLLM's
+    pa.release_xfer_handle(x)
+    with pytest.raises(nixl.nixlNotFoundError, match="released"):
+        pa.transfer(x)
+    assert pb.get_new_notifs() == {"d-err": [b"r:1"]}
+    pb.deregister_memory(regs_b)  # the region goes from under the prepared list
+    with pytest.raises(nixl.nixlNotFoundError, match="deregister_memory.*is not registered"):
+        pb.deregister_memory(regs_b)
+    x = pa.make_prepped_xfer("READ", local, [0], remote, [0], b"r:2")
+    pa.transfer(x)
+    with pytest.raises((nixl.nixlInvalidParamError, nixl.nixlNotFoundError)) as e:
+        while pa.check_xfer_state(x) == "PROC":
+            pass
+    assert "transfer of 1 descriptors" in str(e.value) and "0x%x" % ab in str(e.value), e.value
+    assert pb.get_new_notifs() == {}  # a transfer that failed notifies nobody
+    pa.release_xfer_handle(x)
+    pa.remove_remote_agent(b"p-err")
+    with pytest.raises(nixl.nixlNotFoundError):
+        pa.remove_remote_agent("p-err")
+    with pytest.raises(nixl.nixlNotSupportedError, match="metadata listener"):
+        pa.fetch_remote_metadata("p-err", "127.0.0.1", 8888)
+
+
+def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, monkeypatch):
+    """NIXL_TELEMETRY_ENABLE=y turns telemetry on as capture_telemetry does; a transfer between
+    two regions of one agent (its own name as the remote side, reached through its daemon as any
+    agent is) moves, and its notification reaches the agent itself."""
+    monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "y")
+    d = pair(make_daemon)[0]
+    src, dst = bytearray(os.urandom(32 * KiB)), bytearray(32 * KiB)
+    (s, _), (t, _) = mg.address_of(src), mg.address_of(dst)
+    ag = nixl.agent(d, "solo")
+    ag.register_memory([(s, 32 * KiB, 0, ""), (t, 32 * KiB, 0, "")], "DRAM")
+    local = ag.prep_xfer_dlist("NIXL_INIT_AGENT", [(s + i * 8192, 8192, 0) for i in range(4)],
+                               "DRAM")
+    mine = ag.prep_xfer_dlist("solo", [(t + i * 8192, 8192, 0) for i in range(4)], "DRAM")
+    x = ag.make_prepped_xfer("WRITE", local, [0, 1, 2, 3], mine, [3, 2, 1, 0], b"self:1")
+    ag.transfer(x)
+    while ag.check_xfer_state(x) == "PROC":
+        pass
+    for i in range(4):
+        assert dst[(3 - i) * 8192:(4 - i) * 8192] == src[i * 8192:(i + 1) * 8192]
+    tel = ag.get_xfer_telemetry(x)
+    assert (tel.totalBytes, tel.descCount) == (32 * KiB, 4) and tel.xferDuration > 0
+    assert ag.get_new_notifs() == {"solo": [b"self:1"]}
+    ag.release_dlist_handle(local)
+    with pytest.raises(nixl.nixlNotFoundError, match="released"):
+        ag.make_prepped_xfer("WRITE", local, [0], mine, [0])
