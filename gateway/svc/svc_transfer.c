@@ -72,13 +72,43 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     mg_batches_expire(ts->batches, mg_now_mono_ms());
 }
 
-/* The requests of a Submit one after another: `requests`, then each block of `blocks` spelled
- * out as a request (in `tmp`; the peer string stays the message's). */
+/* The requests of a Submit one after another: `requests`, then each block of `blocks`, then
+ * each pair of `prepared` (its lists found and checked by submit_count), spelled out as a
+ * request (in `tmp`; the peer strings stay the message's and the lists'). */
 typedef struct {
     const Moongate__V1__SubmitRequest *req;
-    size_t i, g, k;
+    size_t i, g, k, pg, pk;
     Moongate__V1__TransferRequest tmp;
+    const mg_xlist *lo[64], *ro[64]; /* each prepared group's lists */
 } item_iter;
+
+static const Moongate__V1__TransferRequest *prepared_next(item_iter *it)
+{
+    const Moongate__V1__Prepared *p;
+    const mg_xlist *lo, *ro;
+    uint32_t li, ri;
+    while (it->pg < it->req->n_prepared && it->pk >= it->req->prepared[it->pg]->n_local_indices) {
+        it->pg++;
+        it->pk = 0;
+    }
+    if (it->pg == it->req->n_prepared)
+        return NULL;
+    p = it->req->prepared[it->pg];
+    lo = it->lo[it->pg];
+    ro = it->ro[it->pg];
+    li = p->local_indices[it->pk];
+    ri = p->remote_indices[it->pk];
+    moongate__v1__transfer_request__init(&it->tmp);
+    it->tmp.op = p->op;
+    it->tmp.local_address = lo->addrs[li];
+    it->tmp.length = lo->lens[li];
+    it->tmp.peer = (char *)ro->peer;
+    it->tmp.remote_agent = (char *)ro->agent;
+    it->tmp.remote_address = ro->addrs[ri];
+    it->pk++;
+    it->i++;
+    return &it->tmp;
+}
 
 static const Moongate__V1__TransferRequest *item_next(item_iter *it)
 {
@@ -90,7 +120,7 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
         it->k = 0;
     }
     if (it->g == it->req->n_blocks)
-        return NULL;
+        return prepared_next(it);
     bl = it->req->blocks[it->g];
     moongate__v1__transfer_request__init(&it->tmp);
     it->tmp.op = bl->op;
@@ -110,13 +140,20 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
     return &it->tmp;
 }
 
-/* How many requests a Submit names, or -1 after failing the call. */
-static long submit_count(mg_call *call, const Moongate__V1__SubmitRequest *req, uint64_t max)
+/* How many requests a Submit names (its prepared groups' lists found and checked, into it),
+ * or -1 after failing the call. */
+static long submit_count(mg_call *call, struct mg_transfer_svc *ts, item_iter *it, uint64_t max)
 {
+    const Moongate__V1__SubmitRequest *req = it->req;
     uint64_t n = req->n_requests;
-    if (req->n_blocks > 64) {
-        mg_call_fail(call, MG_ERR_INVALID, "at most 64 groups of blocks");
+    if (req->n_blocks > 64 || req->n_prepared > 64) {
+        mg_call_fail(call, MG_ERR_INVALID, "at most 64 groups of blocks and 64 of prepared");
         return -1;
+    }
+    for (size_t g = 0; g < req->n_prepared; g++) {
+        if (mg_xfer_svc_prepared(call, ts, req->prepared[g], g, &it->lo[g], &it->ro[g]) != 0)
+            return -1;
+        n += req->prepared[g]->n_local_indices;
     }
     for (size_t g = 0; g < req->n_blocks; g++) {
         const Moongate__V1__Blocks *bl = req->blocks[g];
@@ -324,7 +361,7 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
         return;
     }
-    if ((count = submit_count(call, req, gw->cfg->max_transfer_requests)) < 0)
+    if ((count = submit_count(call, ts, &it, gw->cfg->max_transfer_requests)) < 0)
         return;
     if (strlen(req->request_id) > MG_BATCH_REQUEST_ID_MAX) {
         mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes",
@@ -413,6 +450,10 @@ static const mg_method transfer_methods[] = {
      .on_cancel = mg_xfer_svc_wait_cancel}, /* with `wait` */
     MG_UNARY("/moongate.v1.Notify/Send", &moongate__v1__send_request__descriptor,
              &moongate__v1__send_response__descriptor, mg_xfer_svc_send),
+    MG_UNARY("/moongate.v1.Transfer/PrepareList", &moongate__v1__prepare_list_request__descriptor,
+             &moongate__v1__prepared_list__descriptor, mg_xfer_svc_prepare_list),
+    MG_UNARY("/moongate.v1.Transfer/ReleaseList", &moongate__v1__release_list_request__descriptor,
+             &moongate__v1__release_list_response__descriptor, mg_xfer_svc_release_list),
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
              &moongate__v1__batch__descriptor, mg_xfer_svc_get),
     MG_UNARY("/moongate.v1.Transfer/Cancel", &moongate__v1__get_batch_request__descriptor,
@@ -462,6 +503,8 @@ static int mg_svc_transfer_init(mg_gateway *gw)
         if ((rc = mg_batches_new(&ts->batches, &bc)) != 0)
             return rc;
     }
+    if ((rc = mg_xlists_new(&ts->xlists, MG_XLISTS_MAX_RANGES)) != 0)
+        return rc;
     if ((rc = mg_xfer_svc_engine(ts, prepared)) != 0)
         return rc;
     ts->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ts);
@@ -482,6 +525,7 @@ static void mg_svc_transfer_free(mg_gateway *gw)
     mg_runner_del(ts->run);      /* the batches it was preparing are discarded */
     mg_notelines_del(ts->lines); /* before the batches whose notifications wait in line */
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
+    mg_xlists_del(ts->xlists);   /* the connections, and their bindings, are gone */
     free(ts);
     *mg_gateway_state(gw, &mg_svc_transfer) = NULL;
 }

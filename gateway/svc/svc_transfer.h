@@ -13,10 +13,12 @@
 #include "moongate/notelines.h"
 #include "moongate/peerdir.h"
 #include "moongate/runner.h"
+#include "moongate/xlists.h"
 
 #include <jansson.h>
 
 struct event;
+struct Moongate__V1__Prepared;
 struct evbuffer;
 
 /* What the front keeps of a batch (mg_batch.front): its Wait calls and its timers. */
@@ -67,6 +69,7 @@ struct mg_transfer_svc {
     mg_notelines *lines; /* notifications in order per (connection, peer, topic) */
     mg_runner *run;      /* batches from their checks to their start (moongate/runner.h) */
     struct event *sweep; /* forgets batches past --batch-retention */
+    mg_xlists *xlists;   /* prepared lists (PrepareList), each bound to its connection */
     mg_transfer_stats stats;
 };
 
@@ -97,6 +100,17 @@ int mg_xfer_svc_engine(struct mg_transfer_svc *ts,
                        void (*prepared)(void *, void *, mg_batch *, const mg_xfer_refusal *));
 /* Notify/Send. */
 void mg_xfer_svc_send(mg_call *call, const ProtobufCMessage *m);
+
+/* ---- svc_transfer_lists.c ---- */
+
+/* PrepareList and ReleaseList. */
+void mg_xfer_svc_prepare_list(mg_call *call, const ProtobufCMessage *m);
+void mg_xfer_svc_release_list(mg_call *call, const ProtobufCMessage *m);
+/* The prepared lists of group g of a Submit, checked (*lo, *ro), or NULL after failing the
+ * call. */
+int mg_xfer_svc_prepared(mg_call *call, struct mg_transfer_svc *ts,
+                         const struct Moongate__V1__Prepared *p, size_t g, const mg_xlist **lo,
+                         const mg_xlist **ro);
 
 /* ---- svc_transfer_view.c ---- */
 

@@ -208,3 +208,84 @@ def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, mo
     ag.release_dlist_handle(local)
     with pytest.raises(nixl.nixlNotFoundError, match="released"):
         ag.make_prepped_xfer("WRITE", local, [0], mine, [0])
+
+
+def test_prepared_lists_in_the_native_api(make_daemon):
+    """Client.prepare_list and Submit's prepared groups, as the NIXL door uses them: a batch of
+    pairs by index moves what the same ranges by address would; each refusal names what is
+    wrong (a range outside the process's regions, another connection's list, an index past the
+    list, pairs of different lengths, a list released or gone with its connection); a region
+    unregistered under a list fails the batch that uses it, naming the address."""
+    from moongate.v1 import transfer_pb2
+    a, b = pair(make_daemon)
+    src, dst = bytearray(os.urandom(64 * KiB)), bytearray(64 * KiB)
+    (s, _), (t, _) = mg.address_of(src), mg.address_of(dst)
+    with mg.Client("unix:" + a.sock) as ca, mg.Client("unix:" + b.sock) as cb, \
+            mg.Client("unix:" + a.sock) as other:
+        cb.register_agent("lists-b")
+        seg_t = cb.register_memory("dst", t, 64 * KiB, remote_accessible=True)
+        seg_s = ca.register_memory("src", s, 64 * KiB)
+        with pytest.raises(mg.Error, match=r"range 1 \(0x%x, 4096\): " % (s + 64 * KiB)) as e:
+            ca.prepare_list([s, s + 64 * KiB], [4096, 4096])
+        assert e.value.code == mg.grpc.StatusCode.INVALID_ARGUMENT
+        local = ca.prepare_list([s + i * 4096 for i in range(16)], [4096] * 15 + [2048])
+        remote = ca.prepare_list([t + i * 4096 for i in range(16)], [4096] * 16, peer=b.h2c,
+                                 agent="lists-b")
+        WRITE = transfer_pb2.WRITE
+        b1 = ca.transfer([], prepared=[mg.prepared(WRITE, local, [0, 1, 2], remote,
+                                                   [15, 14, 13])])
+        assert b1.done == 3
+        for k, r in ((0, 15), (1, 14), (2, 13)):
+            assert dst[r * 4096:(r + 1) * 4096] == src[k * 4096:(k + 1) * 4096]
+        for bad, why in (((0, 16), r"prepared 0: pair 1: remote index 16 is past the list's "
+                                   r"16 ranges"),
+                         ((15, 15), r"pair 1: local range 15 is 2048 bytes, remote range 15 "
+                                    r"4096")):
+            with pytest.raises(mg.Error, match=why) as e:
+                ca.transfer([], prepared=[mg.prepared(WRITE, local, [0, bad[0]], remote,
+                                                      [0, bad[1]])])
+            assert e.value.code == mg.grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(mg.Error, match="no prepared list %d of this connection" % local):
+            other.transfer([], prepared=[mg.prepared(WRITE, local, [0], remote, [0])])
+        with pytest.raises(mg.Error, match="remote_list is the caller's own memory"):
+            ca.transfer([], prepared=[mg.prepared(WRITE, local, [0], local, [0])])
+        ca.unregister(seg_s.id)  # the region goes from under the list
+        with pytest.raises(mg.Error, match="0x%x" % s):
+            ca.transfer([], prepared=[mg.prepared(WRITE, local, [0], remote, [0])])
+        ca.release_list(remote)
+        with pytest.raises(mg.Error, match="no prepared list %d" % remote) as e:
+            ca.release_list(remote)
+        assert e.value.code == mg.grpc.StatusCode.NOT_FOUND
+        cb.unregister(seg_t.id)
+    with mg.Client("unix:" + a.sock) as ca:  # the connection that made them closed: gone
+        with pytest.raises(mg.Error, match="no prepared list %d" % local):
+            ca.release_list(local)
+
+
+def test_a_prepared_transfer_goes_on_after_the_daemon_restarts(make_daemon, nixl):
+    """The daemon's prepared lists go with a restart (they live with their connection); the
+    agent's memory and name come back (the client's restore table) and the door prepares its
+    lists again when a transfer finds them gone: the same handles move the same blocks."""
+    a, b = pair(make_daemon)
+    mem_a, mem_b = bytearray(64 * KiB), bytearray(os.urandom(64 * KiB))
+    (aa, _), (ab, _) = mg.address_of(mem_a), mg.address_of(mem_b)
+    pb = nixl.agent(b, "p-rs")
+    pb.register_memory([(ab, 64 * KiB, 0, "")], "DRAM")
+    pa = nixl.agent(a, "d-rs")
+    pa.register_memory([(aa, 64 * KiB, 0, "")], "DRAM")
+    pa.add_remote_agent(pb.get_agent_metadata())
+    local = pa.prep_xfer_dlist("", [(aa + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+    remote = pa.prep_xfer_dlist("p-rs", [(ab + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+    for k in range(2):
+        x = pa.make_prepped_xfer("READ", local, [k, 8 + k], remote, [k, 8 + k], b"rs:%d" % k)
+        pa.transfer(x)
+        while pa.check_xfer_state(x) == "PROC":
+            pass
+        pa.release_xfer_handle(x)
+        for i in (k, 8 + k):
+            assert mem_a[i * 4096:(i + 1) * 4096] == mem_b[i * 4096:(i + 1) * 4096]
+        if k == 0:
+            a.kill()
+            a.log.close()
+            a._start_once()
+    assert pb.get_new_notifs() == {"d-rs": [b"rs:0", b"rs:1"]}

@@ -48,8 +48,9 @@ from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,
                          memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc, pool_pb2,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
-__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "pass_fd",
-           "address_of", "device_of", "default_target", "default_token", "Registered"]
+__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "prepared",
+           "pass_fd", "address_of", "device_of", "default_target", "default_token",
+           "Registered"]
 _names = itertools.count(1)
 
 
@@ -319,6 +320,14 @@ def _buffer_memory(size, name):
         os.close(fd)
         raise
     return fd, mm, address_of(mm)[0]
+
+
+def prepared(op, local_list, local_indices, remote_list, remote_indices):
+    """A group of requests by index into two prepared lists (Client.prepare_list): pair k moves
+    local_indices[k] of local_list (this process's memory) with remote_indices[k] of
+    remote_list (an agent's); op transfer_pb2.READ or WRITE."""
+    return transfer_pb2.Prepared(op=op, local_list=local_list, local_indices=local_indices,
+                                 remote_list=remote_list, remote_indices=remote_indices)
 
 
 def notify(peer, topic, payload=b""):
@@ -976,32 +985,50 @@ class Client:
             raise Error(grpc.StatusCode.NOT_FOUND, "lease %d: %s" % (lid, why))
         self._call(self.pool.ReleaseLease, pool_pb2.ReleaseLeaseRequest(id=lid))
 
+    # prepared lists
+    def prepare_list(self, addresses, lengths, peer="", agent=""):
+        """Keeps a list of ranges on the daemon that later batches of this client name by
+        index (prepared(); NIXL's prepared lists): this process's own memory by address
+        (peer and agent ""), each range checked now to lie in one region it registered; or an
+        agent's memory (agent, on peer), checked when a batch uses it. Returns the list's id.
+        The list lives as long as this client's connection: after a daemon restart, or when the
+        connection is made again, prepare it again (a batch naming it fails NOT_FOUND)."""
+        return self._call(self.transfers.PrepareList, transfer_pb2.PrepareListRequest(
+            addresses=list(addresses), lengths=list(lengths), peer=peer,
+            remote_agent=agent)).id
+
+    def release_list(self, list_id):
+        self._call(self.transfers.ReleaseList, transfer_pb2.ReleaseListRequest(id=list_id))
+
     # transfers
     def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
-                 digest=False, traceparent="", brief=False):
+                 digest=False, traceparent="", brief=False, prepared=()):
         """Submits a batch and waits for its end (one call: Submit with wait). Returns the
         Batch; with check, raises Error for the first failed request or notification.
         digest: every request checked end to end (CRC32C; DATA_LOSS when the bytes that
         landed differ); traceparent: a W3C traceparent the batch's trace continues; brief:
         the Batch lists only the requests that failed (each with its index), not one status
-        per request."""
+        per request. prepared: groups by index into prepared lists (see prepared()), after
+        the requests."""
         requests = list(requests)
         resp = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True, digest=digest, brief=brief),
+            request_id=request_id, wait=True, digest=digest, brief=brief,
+            prepared=list(prepared)),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
         return resp.batch
 
     def submit(self, requests, notify=(), timeout_ms=0, request_id="", digest=False,
-               traceparent=""):
-        """Submits a batch without waiting; returns its id (see wait()). digest and
-        traceparent as for transfer()."""
+               traceparent="", prepared=()):
+        """Submits a batch without waiting; returns its id (see wait()). digest, traceparent
+        and prepared as for transfer()."""
         requests = list(requests)
         bid = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, digest=digest), traceparent=traceparent).batch_id
+            request_id=request_id, digest=digest, prepared=list(prepared)),
+            traceparent=traceparent).batch_id
         self._ran(bid)
         return bid
 

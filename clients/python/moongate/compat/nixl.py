@@ -306,22 +306,28 @@ _Region = collections.namedtuple("_Region", "addr size segments")
 
 class _Prepped:
     """A prepared descriptor list: local (remote None) or an agent's (remote its _Remote; this
-    agent's own memory as a target too)."""
+    agent's own memory as a target too), kept on the daemon as list `lid` (PrepareList) and
+    here, to check indices and to prepare it again on a new connection."""
 
-    __slots__ = ("remote", "addrs", "lens", "mem_type")
+    __slots__ = ("remote", "addrs", "lens", "mem_type", "lid")
 
     def __init__(self, remote, addrs, lens, mem_type):
         self.remote, self.addrs, self.lens, self.mem_type = remote, addrs, lens, mem_type
+        self.lid = 0
 
 
 class _Xfer:
-    __slots__ = ("op", "blocks", "remote", "notif", "batch", "t0", "post_us", "xfer_us",
-                 "nbytes", "count", "state", "backend")
+    """A transfer: its group of requests (Blocks of addresses, or Prepared indices into the
+    daemon's lists lo and ro) and its state."""
 
-    def __init__(self, op, blocks, remote, notif, backend):
-        self.op, self.blocks, self.remote, self.notif = op, blocks, remote, bytes(notif or b"")
+    __slots__ = ("op", "group", "lo", "ro", "remote", "notif", "batch", "t0", "post_us",
+                 "xfer_us", "nbytes", "count", "state", "backend")
+
+    def __init__(self, op, group, lengths, remote, notif, backend, lo=None, ro=None):
+        self.op, self.group, self.remote, self.notif = op, group, remote, bytes(notif or b"")
+        self.lo, self.ro = lo, ro
         self.batch, self.t0, self.post_us, self.xfer_us = 0, 0, 0, 0
-        self.nbytes, self.count = sum(blocks.lengths), len(blocks.lengths)
+        self.nbytes, self.count = sum(lengths), len(lengths)
         self.state, self.backend = "NEW", backend
 
 
@@ -712,17 +718,33 @@ class nixl_agent:
                                       who or "NIXL_INIT_AGENT", k, a, n,
                                       "this agent" if rem is None or rem.name == self.name
                                       else "agent %r" % who))
+        p = _Prepped(rem, addrs, lens, descs.getType())
+        self._prepare(p, "prep_xfer_dlist(%r)" % (who or "NIXL_INIT_AGENT"))
         h = next(self._ids)
         with self._lock:
-            self._dlists[h] = _Prepped(rem, addrs, lens, descs.getType())
+            self._dlists[h] = p
         return nixl_prepped_dlist_handle(self, h)
+
+    def _prepare(self, p, what):
+        """Keeps list p on the daemon (PrepareList): its ranges sent once, later transfers
+        naming them by index."""
+        peer, agent = ("", "") if p.remote is None else (p.remote.peer, p.remote.agent)
+        try:
+            p.lid = self._c.prepare_list(p.addrs, p.lens, peer=peer, agent=agent)
+        except mg.Error as e:
+            raise _from_mg(e, what) from None
 
     def release_dlist_handle(self, handle):
         handle.release()
 
     def _release_dlist(self, h):
         with self._lock:
-            self._dlists.pop(h, None)
+            p = self._dlists.pop(h, None)
+        if p is not None and p.lid and self._c is not None:
+            try:
+                self._c.release_list(p.lid)
+            except mg.Error as e:  # gone with its connection already: nothing left to free
+                log.debug("release_dlist_handle: list %d: %s", p.lid, e)
 
     # transfers
     def _op(self, operation):
@@ -741,11 +763,7 @@ class nixl_agent:
         b.peer, b.remote_agent = rem.peer, rem.agent
         return b
 
-    def _xfer(self, op, la, ll, rem, ra, notif_msg, backends):
-        backend = self._backend(backends)
-        if not la:
-            raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
-        x = _Xfer(op, self._blocks(op, la, ll, rem, ra), rem, notif_msg, backend)
+    def _xfer(self, x):
         h = next(self._ids)
         with self._lock:
             self._xfers[h] = x
@@ -780,15 +798,19 @@ class nixl_agent:
             if bad is not None:
                 raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %s index %d out "
                                   "of range (the list has %d descriptors)" % (side, bad, n))
-        la, ll = [lo.addrs[i] for i in li], [lo.lens[i] for i in li]
-        rl = [ro.lens[i] for i in ri]
+        ll, rl = [lo.lens[i] for i in li], [ro.lens[i] for i in ri]
         if ll != rl:
             k = next(k for k in range(len(ll)) if ll[k] != rl[k])
             raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: pair %d: local "
                               "descriptor %d is %d bytes, remote descriptor %d %d" % (
                                   k, li[k], ll[k], ri[k], rl[k]))
-        return self._xfer(op, la, ll, ro.remote, [ro.addrs[i] for i in ri], notif_msg,
-                          backends)
+        if not li:
+            raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
+        group = transfer_pb2.Prepared(op=op, local_list=lo.lid, remote_list=ro.lid)
+        group.local_indices.extend(li)
+        group.remote_indices.extend(ri)
+        return self._xfer(_Xfer(op, group, ll, ro.remote, notif_msg, self._backend(backends),
+                                lo, ro))
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent,
                         notif_msg=b"", backends=[]):  # noqa: B006
@@ -815,7 +837,10 @@ class nixl_agent:
             la.append(ld[0])
             ll.append(ld[1])
             ra.append(rd[0])
-        return self._xfer(op, la, ll, rem, ra, notif_msg, backends)
+        if not la:
+            raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
+        return self._xfer(_Xfer(op, self._blocks(op, la, ll, rem, ra), ll, rem, notif_msg,
+                                self._backend(backends)))
 
     def _get_xfer(self, handle, what):
         with self._lock:
@@ -840,14 +865,27 @@ class nixl_agent:
                                               payload=note_payload(self.name, x.notif))]
         t0 = time.monotonic_ns()
         try:
-            x.batch = self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
-                blocks=[x.blocks], notify=notify)).batch_id
+            try:
+                x.batch = self._submit(x, notify)
+            except mg.Error as e:  # lists gone with a connection (a daemon restart): again
+                if x.lo is None or e.code != grpc.StatusCode.NOT_FOUND or \
+                        "no prepared list" not in e.message:
+                    raise
+                for p in (x.lo, x.ro):
+                    self._prepare(p, "transfer: preparing list again")
+                x.group.local_list, x.group.remote_list = x.lo.lid, x.ro.lid
+                x.batch = self._submit(x, notify)
         except mg.Error as e:
             x.state = "ERR"
             raise _from_mg(e, "transfer") from None
         t1 = time.monotonic_ns()
         x.t0, x.post_us, x.xfer_us, x.state = t0, (t1 - t0) // 1000, 0, "PROC"
         return "PROC"
+
+    def _submit(self, x, notify):
+        group = {"prepared" if x.lo is not None else "blocks": [x.group]}
+        return self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
+            notify=notify, **group)).batch_id
 
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a transfer that failed raises NIXL's exception for it (moongate's
