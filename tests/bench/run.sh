@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|gpu|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|nixl|gpu|staged|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -41,6 +41,10 @@
 #           64 KiB x 128 scattered WRITEs with and without it, alternated, medians of 3
 #           (tests/bench/bench_digest.py; `digest -- --rounds 5`), then the CRC32C alone, each
 #           way the CPU sums, beside memcpy (bench/bench_checksum).
+# nixl:     the NIXL door (nixl._api) against the native API with the same prepared lists:
+#           1024 block-indexed 64 KiB READs per transfer, alternated, medians of 5; then posting
+#           10,000 descriptors by index against as descriptors (tests/bench/bench_nixl.py;
+#           `nixl -- --rounds 9`).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -99,6 +103,10 @@ cdoor)
     /usr/bin/python3 tests/bench/bench_cdoor.py --moongate "$build/moongate" \
         --lib "$build/libtransfer_engine.so" --harness "$build/te_harness" \
         --mgbench "$build/mgbench" "$@"
+    ;;
+nixl)
+    MOONGATE_PYGEN=${MOONGATE_PYGEN:-$build/pygen} /usr/bin/python3 tests/bench/bench_nixl.py \
+        --moongate "$build/moongate" "$@"
     ;;
 staged)
     MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so MOONGATE_CLIENT_LIB=$build/libmgclient.so.0 \

@@ -142,7 +142,7 @@ static void test_random_walk(void)
 /* A notification is due only once every WRITE of the batch to its peer ended, whatever their
  * order; a failed one is remembered (the first) so the note is failed instead of sent; a note
  * no longer waiting, or with nothing left to wait for, is never due again. */
-static void test_notification_after_every_write(void)
+static void test_notification_after_every_request(void)
 {
     mg_note_gate g = {.state = MG_NOTE_WAITING, .reqs_left = 3};
     CU_ASSERT_EQUAL(mg_note_req_ended(&g, 4, 0), 0);
@@ -169,7 +169,7 @@ int main(void)
         MG_TEST(test_request_life),
         MG_TEST(test_batch_with_notifications),
         MG_TEST(test_random_walk),
-        MG_TEST(test_notification_after_every_write),
+        MG_TEST(test_notification_after_every_request),
     };
     return mg_test_run("batch", cases, sizeof(cases) / sizeof(cases[0]));
 }

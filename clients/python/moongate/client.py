@@ -1032,6 +1032,15 @@ class Client:
         self._ran(bid)
         return bid
 
+    def submit_pending(self, request):
+        """A SubmitRequest sent with `wait` set, not waited for: a Pending whose done() looks
+        without a call to the daemon and whose result() is the SubmitResponse with the batch
+        at its end (Error if it failed to be taken). For callers that poll many transfers
+        (the NIXL door's check_xfer_state)."""
+        self._re.gate()
+        request.wait = True
+        return _Pending(self, self.transfers.Submit.future(request, metadata=self.md))
+
     def _now(self, requests):
         return _ids_now(requests, self._id)
 
@@ -1136,6 +1145,22 @@ class Client:
     def expectations(self):
         return list(self._call(self._notify.ListExpectations,
                                notify_pb2.ListExpectationsRequest()).expectations)
+
+
+class _Pending:
+    """Client.submit_pending's call in flight."""
+
+    def __init__(self, client, future):
+        self._c, self._f = client, future
+
+    def done(self):
+        return self._f.done()
+
+    def result(self):
+        try:
+            return self._f.result()
+        except grpc.RpcError as e:
+            raise self._c._error(e) from None
 
 
 class _SyncLease(Lease):

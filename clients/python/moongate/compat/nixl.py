@@ -309,25 +309,75 @@ class _Prepped:
     agent's own memory as a target too), kept on the daemon as list `lid` (PrepareList) and
     here, to check indices and to prepare it again on a new connection."""
 
-    __slots__ = ("remote", "addrs", "lens", "mem_type", "lid")
+    __slots__ = ("remote", "addrs", "lens", "mem_type", "lid", "np_lens")
 
     def __init__(self, remote, addrs, lens, mem_type):
         self.remote, self.addrs, self.lens, self.mem_type = remote, addrs, lens, mem_type
-        self.lid = 0
+        self.lid, self.np_lens = 0, None
+
+
+def _pairs(lo, ro, local_indices, remote_indices):
+    """(local indices, remote indices, bytes) of a transfer by index, checked: as many of
+    each, every index in its list, each pair's descriptors the same length. Index arrays of
+    NumPy (vLLM's) are checked with NumPy, without a Python step per pair."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(local_indices, np.ndarray) and \
+            isinstance(remote_indices, np.ndarray) and local_indices.ndim == 1 and \
+            remote_indices.ndim == 1 and local_indices.size == remote_indices.size and \
+            local_indices.size:
+        li, ri = local_indices.astype(np.int64), remote_indices.astype(np.int64)
+        for side, idx, lst in (("local", li, lo), ("remote", ri, ro)):
+            if idx.min() < 0 or idx.max() >= len(lst.addrs):
+                bad = int(idx[(idx < 0) | (idx >= len(lst.addrs))][0])
+                raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %s index %d out "
+                                  "of range (the list has %d descriptors)" % (
+                                      side, bad, len(lst.addrs)))
+            if lst.np_lens is None:
+                lst.np_lens = np.array(lst.lens, dtype=np.uint64)
+        ll, rl = lo.np_lens[li], ro.np_lens[ri]
+        diff = np.flatnonzero(ll != rl)
+        if diff.size:
+            k = int(diff[0])
+            raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: pair %d: local "
+                              "descriptor %d is %d bytes, remote descriptor %d %d" % (
+                                  k, li[k], ll[k], ri[k], rl[k]))
+        return li.tolist(), ri.tolist(), int(ll.sum())
+    li, ri = _ints(local_indices), _ints(remote_indices)
+    if len(li) != len(ri):
+        raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %d local indices, %d "
+                          "remote" % (len(li), len(ri)))
+    if not li:
+        raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
+    for side, idx, lst in (("local", li, lo), ("remote", ri, ro)):
+        n = len(lst.addrs)
+        bad = next((i for i in idx if not 0 <= i < n), None)
+        if bad is not None:
+            raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %s index %d out "
+                              "of range (the list has %d descriptors)" % (side, bad, n))
+    ll, rl = [lo.lens[i] for i in li], [ro.lens[i] for i in ri]
+    if ll != rl:
+        k = next(k for k in range(len(ll)) if ll[k] != rl[k])
+        raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: pair %d: local "
+                          "descriptor %d is %d bytes, remote descriptor %d %d" % (
+                              k, li[k], ll[k], ri[k], rl[k]))
+    return li, ri, sum(ll)
 
 
 class _Xfer:
-    """A transfer: its group of requests (Blocks of addresses, or Prepared indices into the
-    daemon's lists lo and ro) and its state."""
+    """A transfer: its Submit (req) of one group of requests (Blocks of addresses, or Prepared
+    indices into the daemon's lists lo and ro), made once and posted as often as asked, and its
+    state."""
 
-    __slots__ = ("op", "group", "lo", "ro", "remote", "notif", "batch", "t0", "post_us",
-                 "xfer_us", "nbytes", "count", "state", "backend")
+    __slots__ = ("op", "req", "group", "lo", "ro", "remote", "notif", "rid", "pending", "t0",
+                 "post_us", "xfer_us", "nbytes", "count", "state", "backend")
 
-    def __init__(self, op, group, lengths, remote, notif, backend, lo=None, ro=None):
-        self.op, self.group, self.remote, self.notif = op, group, remote, bytes(notif or b"")
+    def __init__(self, op, req, group, nbytes, count, remote, notif, backend, lo=None,
+                 ro=None):
+        self.op, self.req, self.group = op, req, group
+        self.remote, self.notif = remote, bytes(notif or b"")
         self.lo, self.ro = lo, ro
-        self.batch, self.t0, self.post_us, self.xfer_us = 0, 0, 0, 0
-        self.nbytes, self.count = sum(lengths), len(lengths)
+        self.rid, self.pending, self.t0, self.post_us, self.xfer_us = "", None, 0, 0, 0
+        self.nbytes, self.count = nbytes, count
         self.state, self.backend = "NEW", backend
 
 
@@ -395,6 +445,7 @@ class nixl_agent:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._regs = []        # _Region, by address
+        self._starts = []      # their addresses
         self._remotes = {}     # NIXL name -> _Remote
         self._dlists = {}      # id -> _Prepped
         self._xfers = {}       # id -> _Xfer
@@ -549,7 +600,7 @@ class nixl_agent:
                     raise _nixl_error(nixlInvalidParamError, "register_memory: (0x%x, 0): "
                                       "length 0" % addr)
                 with self._lock:
-                    i = bisect.bisect_right([r.addr for r in self._regs], addr)
+                    i = bisect.bisect_right(self._starts, addr)
                     if (i and self._regs[i - 1].addr + self._regs[i - 1].size > addr) or \
                             (i < len(self._regs) and self._regs[i].addr < addr + size):
                         raise _nixl_error(nixlInvalidParamError, "register_memory: (0x%x, %d) "
@@ -563,6 +614,7 @@ class nixl_agent:
                 reg = _Region(addr, size, tuple(s.id for s in r.segments))
                 with self._lock:
                     bisect.insort(self._regs, reg)
+                    self._starts = [r.addr for r in self._regs]
                 made.append(reg)
         except BaseException:
             for reg in made:
@@ -574,6 +626,7 @@ class nixl_agent:
         with self._lock:
             if reg in self._regs:
                 self._regs.remove(reg)
+                self._starts = [r.addr for r in self._regs]
         for seg in reg.segments:
             try:
                 self._c.unregister(seg)
@@ -601,7 +654,7 @@ class nixl_agent:
 
     def _in_regs(self, addr, size):
         with self._lock:
-            i = bisect.bisect_right([r.addr for r in self._regs], addr) - 1
+            i = bisect.bisect_right(self._starts, addr) - 1
             return i >= 0 and addr + size <= self._regs[i].addr + self._regs[i].size
 
     # metadata and remote agents
@@ -788,29 +841,13 @@ class nixl_agent:
         if ro.remote is None:
             raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: remote_xfer_side is "
                               "prepared as NIXL_INIT_AGENT, not for an agent")
-        li, ri = _ints(local_indices), _ints(remote_indices)
-        if len(li) != len(ri):
-            raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %d local indices, %d "
-                              "remote" % (len(li), len(ri)))
-        for side, idx, lst in (("local", li, lo), ("remote", ri, ro)):
-            n = len(lst.addrs)
-            bad = next((i for i in idx if not 0 <= i < n), None)
-            if bad is not None:
-                raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %s index %d out "
-                                  "of range (the list has %d descriptors)" % (side, bad, n))
-        ll, rl = [lo.lens[i] for i in li], [ro.lens[i] for i in ri]
-        if ll != rl:
-            k = next(k for k in range(len(ll)) if ll[k] != rl[k])
-            raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: pair %d: local "
-                              "descriptor %d is %d bytes, remote descriptor %d %d" % (
-                                  k, li[k], ll[k], ri[k], rl[k]))
-        if not li:
-            raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
-        group = transfer_pb2.Prepared(op=op, local_list=lo.lid, remote_list=ro.lid)
+        li, ri, nbytes = _pairs(lo, ro, local_indices, remote_indices)
+        req = transfer_pb2.SubmitRequest(brief=True)
+        group = req.prepared.add(op=op, local_list=lo.lid, remote_list=ro.lid)
         group.local_indices.extend(li)
         group.remote_indices.extend(ri)
-        return self._xfer(_Xfer(op, group, ll, ro.remote, notif_msg, self._backend(backends),
-                                lo, ro))
+        return self._xfer(_Xfer(op, req, group, nbytes, len(li), ro.remote, notif_msg,
+                                self._backend(backends), lo, ro))
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent,
                         notif_msg=b"", backends=[]):  # noqa: B006
@@ -839,7 +876,10 @@ class nixl_agent:
             ra.append(rd[0])
         if not la:
             raise _nixl_error(nixlInvalidParamError, "a transfer of no descriptors")
-        return self._xfer(_Xfer(op, self._blocks(op, la, ll, rem, ra), ll, rem, notif_msg,
+        req = transfer_pb2.SubmitRequest(brief=True)
+        group = req.blocks.add()
+        group.CopyFrom(self._blocks(op, la, ll, rem, ra))
+        return self._xfer(_Xfer(op, req, group, sum(ll), len(ll), rem, notif_msg,
                                 self._backend(backends)))
 
     def _get_xfer(self, handle, what):
@@ -851,30 +891,19 @@ class nixl_agent:
         return x
 
     def transfer(self, handle, notif_msg=b""):
-        """Posts the transfer (again, once it ended): one batch of the daemon. Returns "PROC"
-        (or "DONE" once it ended already). A non-empty notif_msg replaces the handle's."""
+        """Posts the transfer (again, once it ended): one batch of the daemon, submitted
+        with `wait` and not waited for — check_xfer_state then looks at the call, with no call
+        of its own. Returns "PROC". A non-empty notif_msg replaces the handle's."""
         x = self._get_xfer(handle, "transfer")
         if x.state == "PROC":
             raise _nixl_error(nixlRepostActiveError, "transfer: the handle's transfer is "
                               "still going")
         if notif_msg:
             x.notif = bytes(notif_msg)
-        notify = []
-        if x.notif:
-            notify = [transfer_pb2.NotifyPeer(peer=x.remote.peer, topic=x.remote.topic,
-                                              payload=note_payload(self.name, x.notif))]
         t0 = time.monotonic_ns()
+        x.rid = "nixl-%d-%d-%d" % (os.getpid(), self._port, next(self._ids))
         try:
-            try:
-                x.batch = self._submit(x, notify)
-            except mg.Error as e:  # lists gone with a connection (a daemon restart): again
-                if x.lo is None or e.code != grpc.StatusCode.NOT_FOUND or \
-                        "no prepared list" not in e.message:
-                    raise
-                for p in (x.lo, x.ro):
-                    self._prepare(p, "transfer: preparing list again")
-                x.group.local_list, x.group.remote_list = x.lo.lid, x.ro.lid
-                x.batch = self._submit(x, notify)
+            x.pending = self._submit(x)
         except mg.Error as e:
             x.state = "ERR"
             raise _from_mg(e, "transfer") from None
@@ -882,35 +911,48 @@ class nixl_agent:
         x.t0, x.post_us, x.xfer_us, x.state = t0, (t1 - t0) // 1000, 0, "PROC"
         return "PROC"
 
-    def _submit(self, x, notify):
-        group = {"prepared" if x.lo is not None else "blocks": [x.group]}
-        return self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
-            notify=notify, **group)).batch_id
+    def _submit(self, x):
+        del x.req.notify[:]
+        if x.notif:
+            x.req.notify.add(peer=x.remote.peer, topic=x.remote.topic,
+                             payload=note_payload(self.name, x.notif))
+        x.req.request_id = x.rid
+        return self._c.submit_pending(x.req)
 
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a transfer that failed raises NIXL's exception for it (moongate's
-        reason attached); one never posted nixlNotPostedError."""
+        reason attached); one never posted nixlNotPostedError. Looks at the transfer's call:
+        no call to the daemon while it goes."""
         x = self._get_xfer(handle, "check_xfer_state")
         if x.state == "NEW":
             raise _nixl_error(nixlNotPostedError, "check_xfer_state: the transfer was not "
                               "posted")
         if x.state == "DONE":
             return "DONE"
-        try:
-            b = self._c._call(self._c.transfers.GetBatch,
-                              transfer_pb2.GetBatchRequest(id=x.batch, brief=True))
-        except mg.Error as e:
-            x.state = "ERR"
-            raise _from_mg(e, "check_xfer_state") from None
-        if b.state == transfer_pb2.RUNNING or b.state == transfer_pb2.PENDING:
+        if x.state == "PROC" and not x.pending.done():
+            os.sched_yield()  # a caller polling in a tight loop leaves the core to the daemon
             return "PROC"
+        try:
+            b = x.pending.result().batch
+        except mg.Error as e:
+            if x.lo is not None and e.code == grpc.StatusCode.NOT_FOUND and \
+                    "no prepared list" in e.message:  # gone with a connection: again
+                try:
+                    for p in (x.lo, x.ro):
+                        self._prepare(p, "transfer: preparing list again")
+                    x.group.local_list, x.group.remote_list = x.lo.lid, x.ro.lid
+                    x.pending = self._submit(x)
+                    return "PROC"
+                except (mg.Error, nixlNotFoundError, nixlInvalidParamError) as again:
+                    e = again if isinstance(again, mg.Error) else e
+            x.state = "ERR"
+            raise _from_mg(e, "transfer of %d descriptors" % x.count) from None
         if b.state == transfer_pb2.DONE:
             x.xfer_us = (time.monotonic_ns() - x.t0) // 1000
             x.state = "DONE"
             return "DONE"
         x.state = "ERR"
-        err = mg._batch_error(b)
-        raise _from_mg(err, "transfer of %d descriptors" % x.count) from None
+        raise _from_mg(mg._batch_error(b), "transfer of %d descriptors" % x.count) from None
 
     def get_xfer_telemetry(self, handle):
         x = self._get_xfer(handle, "get_xfer_telemetry")
@@ -937,10 +979,13 @@ class nixl_agent:
         its requests end CANCELLED within about 100 ms there). Never waits for it."""
         with self._lock:
             x = self._xfers.get(h)
-        if x is not None and x.state == "PROC" and self._c is not None:
-            try:
+        if x is not None and x.state == "PROC" and not x.pending.done() and \
+                self._c is not None:
+            try:  # the batch's id: the same Submit again (its request_id) answers it
+                x.req.wait = False
+                bid = self._c._call(self._c.transfers.Submit, x.req).batch_id
                 self._c._call(self._c.transfers.Cancel, transfer_pb2.GetBatchRequest(
-                    id=x.batch, brief=True))
+                    id=bid, brief=True))
             except mg.Error as e:
                 if e.code != grpc.StatusCode.NOT_FOUND:
                     raise _nixl_error(nixlRepostActiveError, "release_xfer_handle: the "
