@@ -29,11 +29,18 @@ def env_for(d):
 
 
 class Agent(conftest.Child):
-    """tests/integration/nixl/agent.py on daemon d: .metadata, .bases, .blocks, .block_len."""
+    """tests/integration/nixl/agent.py on daemon d: .metadata, .bases, .blocks, .block_len
+    (vram: its memory the CUDA driver emulator's device memory)."""
 
-    def __init__(self, d, name, regions, blocks, block_len):
+    def __init__(self, d, name, regions, blocks, block_len, vram=False):
+        env = env_for(d)
+        if vram:
+            env.update(MOONGATE_CUDA_LIB=os.path.join(conftest.BUILD, "libmgcuda_emu.so"),
+                       MOONGATE_CLIENT_LIB=os.path.join(conftest.BUILD, "libmgclient.so.0"),
+                       **conftest.sanitizer_preload())
         super().__init__([sys.executable, os.path.join(HERE, "nixl", "agent.py"), name,
-                          str(regions), str(blocks), str(block_len)], env=env_for(d))
+                          str(regions), str(blocks), str(block_len)] + ["VRAM"] * vram,
+                         env=env)
 
     def __call__(self, *words):
         return json.loads(self.ask(" ".join(
@@ -80,6 +87,29 @@ def test_vllm_pull_push_and_heterogeneous_blocks(make_daemon, children):
     # a notification on its own, by the bytes name add_remote_agent gave
     assert d("call", "send_notif", ["prefill-0", "req-3:1"]) == {"ok": "None"}
     assert p("notifs") == {"decode-0": ["req-3:1"]}
+    p.close()
+    d.close()
+
+
+@pytest.mark.skipif(conftest.tsan(), reason="python3 cannot host a ThreadSanitizer build's "
+                    "libmgclient without reports from grpcio's own threads")
+def test_vllm_pull_between_gpus_staged_without_rdma(make_daemon, children):
+    """vLLM's pull with "VRAM" (kv_buffer_device cuda): both agents' KV caches are device
+    memory of the CUDA driver emulator, registered through the door by address (staged: the
+    daemons have no RDMA devices); the decode side READs the prefill side's blocks by index into
+    its own device memory, and the prefill side hears the notification once they landed."""
+    a, b = pair(make_daemon)
+    p = children(Agent, b, "prefill-g", 2, 8, 64 * KiB, vram=True)
+    d = children(Agent, a, "decode-g", 2, 8, 64 * KiB, vram=True)
+    assert d.add(p)["name"] == "prefill-g"
+    remote, local = [1, 2, 8 + 5, 8 + 7], [7, 6, 8 + 0, 8 + 1]
+    assert p("fill", "g1", remote) == {"ok": True}
+    moved = d("move", "READ", "prefill-g", "req-g", local, remote)
+    assert (moved["state"], moved["bytes"], moved["descs"]) == ("DONE", 4 * 64 * KiB, 4), moved
+    assert d("digest", local) == p("digest", remote)
+    assert p("notifs") == {"decode-g": ["req-g:1"]}
+    assert b.metric("moongate_staged_bytes_total", op="read") >= 4 * 64 * KiB  # out of P's GPU
+    assert a.metric("moongate_staged_bytes_total", op="write") >= 4 * 64 * KiB  # into D's
     p.close()
     d.close()
 
@@ -289,3 +319,50 @@ def test_a_prepared_transfer_goes_on_after_the_daemon_restarts(make_daemon, nixl
             a.log.close()
             a._start_once()
     assert pb.get_new_notifs() == {"d-rs": [b"rs:0", b"rs:1"]}
+
+
+class Tensor:
+    """What the door reads of a torch tensor (it never imports torch): a CPU tensor over a
+    NumPy array, or one that claims a device."""
+
+    def __init__(self, arr, device=-1, contiguous=True):
+        self.arr, self.device, self.contiguous = arr, device, contiguous
+
+    def data_ptr(self):
+        return int(self.arr.ctypes.data)
+
+    def numel(self):
+        return self.arr.size
+
+    def element_size(self):
+        return self.arr.itemsize
+
+    def get_device(self):
+        return self.device
+
+    def is_contiguous(self):
+        return self.contiguous
+
+
+def test_tensors_and_arrays_are_taken_as_nixl_takes_them(make_daemon, nixl):
+    """Descriptors from a tensor, a list of tensors (one region each, DRAM for CPU tensors)
+    and an Nx3 array; tensors on different devices, one not contiguous, a list of 3-tuples for
+    registration and a list without mem_type are refused as NIXL refuses them (None)."""
+    import numpy as np
+    d = pair(make_daemon)[0]
+    ag = nixl.agent(d, "tensors")
+    k, v = np.zeros(4096, dtype=np.float32), np.zeros(2048, dtype=np.float16)
+    regs = ag.get_reg_descs([Tensor(k), Tensor(v)])
+    assert (regs.getType(), list(regs)) == (nixl.DRAM_SEG, [
+        (int(k.ctypes.data), 16384, 0, ""), (int(v.ctypes.data), 4096, 0, "")])
+    ag.register_memory(regs)
+    one = ag.get_xfer_descs(Tensor(k))
+    assert list(one) == [(int(k.ctypes.data), 16384, 0)]
+    arr = np.array([[int(k.ctypes.data), 4096, 0], [int(v.ctypes.data), 4096, 0]],
+                   dtype=np.uint64)
+    assert ag.prep_xfer_dlist("NIXL_INIT_AGENT", arr, "DRAM") is not None
+    assert ag.get_xfer_descs([Tensor(k), Tensor(v, device=1)]) is None
+    assert ag.get_xfer_descs(Tensor(k, contiguous=False)) is None
+    assert ag.get_reg_descs([(int(k.ctypes.data), 64, 0)], "DRAM") is None
+    assert ag.get_xfer_descs([(int(k.ctypes.data), 64, 0)]) is None
+    assert list(ag.deserialize_descs(ag.get_serialized_descs(one))) == list(one)

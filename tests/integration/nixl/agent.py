@@ -1,11 +1,12 @@
 """A NIXL agent process as vLLM's NixlConnector drives one (`from nixl._api import nixl_agent`,
 moongate's shim first on PYTHONPATH), on the daemon of $MOONGATE_SOCKET.
 
-  agent.py NAME REGIONS BLOCKS BLOCK_LEN
+  agent.py NAME REGIONS BLOCKS BLOCK_LEN [VRAM]
       imports what vLLM imports, makes nixl_agent(NAME, nixl_agent_config(backends=["UCX"],
       capture_telemetry=True)), allocates REGIONS NumPy arrays of BLOCKS x BLOCK_LEN bytes
-      (as a layer's K and V caches), registers them (get_reg_descs of 4-tuples "DRAM",
-      register_memory), prepares its own blocks region-major ("NIXL_INIT_AGENT") and says
+      (as a layer's K and V caches; with VRAM, device memory of the CUDA driver,
+      $MOONGATE_CUDA_LIB), registers them (get_reg_descs of 4-tuples, register_memory),
+      prepares its own blocks region-major ("NIXL_INIT_AGENT") and says
       {"metadata" (base64), "bases", "blocks", "block_len"} in one JSON line; then obeys lines:
         add META BASES BLOCKS BLOCK_LEN   add_remote_agent, then its blocks prepared as vLLM's
                                           handshake does (Nx3 array): {"name"}
@@ -23,8 +24,10 @@ moongate's shim first on PYTHONPATH), on the daemon of $MOONGATE_SOCKET.
         quit
 """
 import base64
+import ctypes
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -34,22 +37,58 @@ from nixl._bindings import nixlXferTelemetry  # noqa: F401
 from nixl._api import nixl_agent_config
 
 
+class Vram:
+    """Device memory of the CUDA driver, read and written with its copies."""
+
+    def __init__(self, size):
+        self.cu = ctypes.CDLL(os.environ.get("MOONGATE_CUDA_LIB") or "libcuda.so.1")
+        ctx, d = ctypes.c_void_p(), ctypes.c_uint64()
+        assert self.cu.cuInit(0) == 0
+        assert self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert self.cu.cuCtxSetCurrent(ctx) == 0
+        assert self.cu.cuMemAlloc_v2(ctypes.byref(d), ctypes.c_size_t(size)) == 0
+        self.base = d.value
+
+    def get(self, off, n):
+        buf = ctypes.create_string_buffer(n)
+        assert self.cu.cuMemcpyDtoH_v2(buf, ctypes.c_uint64(self.base + off),
+                                       ctypes.c_size_t(n)) == 0
+        return buf.raw
+
+    def put(self, off, data):
+        assert self.cu.cuMemcpyHtoD_v2(ctypes.c_uint64(self.base + off), data,
+                                       ctypes.c_size_t(len(data))) == 0
+
+
 def main():
     name, nreg, nblocks, blen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    kind = "VRAM" if sys.argv[5:] == ["VRAM"] else "DRAM"
     agent = NixlWrapper(name, nixl_agent_config(backends=["UCX"], capture_telemetry=True))
-    mem = [np.zeros(nblocks * blen, dtype=np.uint8) for _ in range(nreg)]
-    bases = [int(m.ctypes.data) for m in mem]
-    descs = agent.get_reg_descs([(b, nblocks * blen, 0, "") for b in bases], "DRAM")
+    if kind == "VRAM":
+        mem = [Vram(nblocks * blen) for _ in range(nreg)]
+        bases = [m.base for m in mem]
+    else:
+        mem = [np.zeros(nblocks * blen, dtype=np.uint8) for _ in range(nreg)]
+        bases = [int(m.ctypes.data) for m in mem]
+    descs = agent.get_reg_descs([(b, nblocks * blen, 0, "") for b in bases], kind)
     agent.register_memory(descs, backends=["UCX"])
     blocks = [(b + i * blen, blen, 0) for b in bases for i in range(nblocks)]
     handles = {"local": agent.prep_xfer_dlist("NIXL_INIT_AGENT",
-                                              agent.get_xfer_descs(blocks, "DRAM"))}
+                                              agent.get_xfer_descs(blocks, kind))}
     names = {}
     print(json.dumps({"metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
                       "bases": bases, "blocks": nblocks, "block_len": blen}), flush=True)
 
-    def block(i):
-        return mem[i // nblocks][(i % nblocks) * blen:(i % nblocks + 1) * blen]
+    def get(i):
+        m, off = mem[i // nblocks], (i % nblocks) * blen
+        return m.get(off, blen) if kind == "VRAM" else m[off:off + blen].tobytes()
+
+    def put(i, data):
+        m, off = mem[i // nblocks], (i % nblocks) * blen
+        if kind == "VRAM":
+            m.put(off, data)
+        else:
+            m[off:off + blen] = np.frombuffer(data, np.uint8)
 
     def handle(h):
         return handles[h[2:]] if isinstance(h, str) and h.startswith("h:") else h
@@ -65,19 +104,19 @@ def main():
                 arr = np.array([(b + i * rl, rl, 0) for b in rb for i in range(rn)],
                                dtype=np.uint64)
                 handles[rname.decode()] = agent.prep_xfer_dlist(
-                    rname, agent.get_xfer_descs(arr, "DRAM"))
+                    rname, agent.get_xfer_descs(arr, kind))
                 names[rname.decode()] = rname
                 out = {"name": rname.decode(), "bytes": isinstance(rname, bytes)}
             elif cmd[0] == "fill":
                 seed, ids = rest.split(" ", 1)
                 for i in json.loads(ids):
-                    block(i)[:] = np.frombuffer(hashlib.sha256(b"%s:%d" % (
-                        seed.encode(), i)).digest() * (blen // 32 + 1), np.uint8)[:blen]
+                    put(i, (hashlib.sha256(b"%s:%d" % (seed.encode(), i)).digest() *
+                            (blen // 32 + 1))[:blen])
                 out = {"ok": True}
             elif cmd[0] == "digest":
                 h = hashlib.sha256()
                 for i in json.loads(rest):
-                    h.update(block(i).tobytes())
+                    h.update(get(i))
                 out = {"digest": h.hexdigest()}
             elif cmd[0] == "move":
                 op, rname, req, lids, rids = rest.split(" ", 4)
