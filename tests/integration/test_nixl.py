@@ -366,3 +366,23 @@ def test_tensors_and_arrays_are_taken_as_nixl_takes_them(make_daemon, nixl):
     assert ag.get_reg_descs([(int(k.ctypes.data), 64, 0)], "DRAM") is None
     assert ag.get_xfer_descs([(int(k.ctypes.data), 64, 0)]) is None
     assert list(ag.deserialize_descs(ag.get_serialized_descs(one))) == list(one)
+
+
+def test_index_arrays_are_encoded_as_protobuf_encodes_them():
+    """The door writes a prepared group of NumPy index arrays itself (no Python step per
+    index): its bytes are protobuf's own for the same group, for indices of every varint
+    length, and parse back with the rest of the request."""
+    import numpy as np
+    from moongate.compat import nixl as nx
+    from moongate.v1 import transfer_pb2
+    for arr in (np.arange(10000), np.array([0, 1, 127, 128, 300, 16383, 16384, 2 ** 21,
+                                             2 ** 32 - 1], dtype=np.int64), np.array([5])):
+        g = nx._PackedGroup(1, 2 ** 40, arr, 77, arr[::-1].copy())
+        ref = transfer_pb2.SubmitRequest(prepared=[transfer_pb2.Prepared(
+            op=1, local_list=2 ** 40, local_indices=arr.tolist(), remote_list=77,
+            remote_indices=arr[::-1].tolist())]).SerializeToString()
+        assert g.encode() == ref
+        r = transfer_pb2.SubmitRequest.FromString(transfer_pb2.SubmitRequest(
+            request_id="x", wait=True).SerializeToString() + g.encode())
+        assert (r.request_id, r.wait, list(r.prepared[0].local_indices)) == (
+            "x", True, arr.tolist())

@@ -528,6 +528,7 @@ class Client:
         self.memory = memory_pb2_grpc.MemoryStub(self._ch)
         self.pool = pool_pb2_grpc.PoolStub(self._ch)
         self.transfers = transfer_pb2_grpc.TransferStub(self._ch)
+        self._submit_raw = None  # Submit of a request serialized by the caller
         self._notify = notify_pb2_grpc.NotifyStub(self._ch)
         self.agent = agent_pb2_grpc.AgentStub(self._ch)
         self.daemon = daemon_pb2_grpc.DaemonStub(self._ch)
@@ -1036,8 +1037,15 @@ class Client:
         """A SubmitRequest sent with `wait` set, not waited for: a Pending whose done() looks
         without a call to the daemon and whose result() is the SubmitResponse with the batch
         at its end (Error if it failed to be taken). For callers that poll many transfers
-        (the NIXL door's check_xfer_state)."""
+        (the NIXL door's check_xfer_state). `request` may be the request's bytes, serialized
+        by the caller (who sets `wait` in them, or not)."""
         self._re.gate()
+        if isinstance(request, (bytes, bytearray)):
+            if self._submit_raw is None:
+                self._submit_raw = self._ch.unary_unary(
+                    "/moongate.v1.Transfer/Submit", request_serializer=None,
+                    response_deserializer=transfer_pb2.SubmitResponse.FromString)
+            return _Pending(self, self._submit_raw.future(bytes(request), metadata=self.md))
         request.wait = True
         return _Pending(self, self.transfers.Submit.future(request, metadata=self.md))
 

@@ -316,6 +316,70 @@ class _Prepped:
         self.lid, self.np_lens = 0, None
 
 
+def _varint(v):
+    out = bytearray()
+    while v > 0x7f:
+        out.append(v & 0x7f | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _packed(np, field, a):
+    """Field `field` of packed varints a (NumPy, non-negative), as protobuf writes it."""
+    v = a.astype(np.uint64)
+    size = np.ones(v.size, dtype=np.int64)
+    rest = v >> np.uint64(7)
+    while rest.any():
+        size += rest > 0
+        rest >>= np.uint64(7)
+    out = np.empty(int(size.sum()), dtype=np.uint8)
+    at = np.cumsum(size) - size
+    for k in range(int(size.max(initial=0))):
+        m = size > k
+        out[at[m] + k] = ((v[m] & np.uint64(0x7f)) | np.where(
+            size[m] > k + 1, np.uint64(0x80), np.uint64(0))).astype(np.uint8)
+        v >>= np.uint64(7)
+    body = out.tobytes()
+    return _varint(field << 3 | 2) + _varint(len(body)) + body
+
+
+class _PackedGroup:
+    """SubmitRequest.prepared's group of index arrays of NumPy, encoded with NumPy (vLLM's
+    transfers name thousands of blocks: no Python step per index)."""
+
+    __slots__ = ("op", "local_list", "li", "remote_list", "ri", "_bytes", "_ids")
+
+    def __init__(self, op, local_list, li, remote_list, ri):
+        self.op, self.local_list, self.li = op, local_list, li
+        self.remote_list, self.ri = remote_list, ri
+        self._bytes, self._ids = b"", None
+
+    def encode(self):
+        """Field 10 (prepared) of a SubmitRequest, for the lists' ids now."""
+        if self._ids != (self.local_list, self.remote_list):
+            np = sys.modules["numpy"]
+            body = (_varint(1 << 3) + _varint(self.op) + _varint(2 << 3) +
+                    _varint(self.local_list) + _packed(np, 3, self.li) + _varint(4 << 3) +
+                    _varint(self.remote_list) + _packed(np, 5, self.ri))
+            self._bytes = _varint(10 << 3 | 2) + _varint(len(body)) + body
+            self._ids = (self.local_list, self.remote_list)
+        return self._bytes
+
+
+class _Done:
+    """An answer already in, shaped as a pending one."""
+
+    def __init__(self, resp):
+        self._r = resp
+
+    def done(self):
+        return True
+
+    def result(self):
+        return self._r
+
+
 def _pairs(lo, ro, local_indices, remote_indices):
     """(local indices, remote indices, bytes) of a transfer by index, checked: as many of
     each, every index in its list, each pair's descriptors the same length. Index arrays of
@@ -341,7 +405,7 @@ def _pairs(lo, ro, local_indices, remote_indices):
             raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: pair %d: local "
                               "descriptor %d is %d bytes, remote descriptor %d %d" % (
                                   k, li[k], ll[k], ri[k], rl[k]))
-        return li.tolist(), ri.tolist(), int(ll.sum())
+        return li, ri, int(ll.sum())
     li, ri = _ints(local_indices), _ints(remote_indices)
     if len(li) != len(ri):
         raise _nixl_error(nixlInvalidParamError, "make_prepped_xfer: %d local indices, %d "
@@ -843,9 +907,12 @@ class nixl_agent:
                               "prepared as NIXL_INIT_AGENT, not for an agent")
         li, ri, nbytes = _pairs(lo, ro, local_indices, remote_indices)
         req = transfer_pb2.SubmitRequest(brief=True)
-        group = req.prepared.add(op=op, local_list=lo.lid, remote_list=ro.lid)
-        group.local_indices.extend(li)
-        group.remote_indices.extend(ri)
+        if isinstance(li, list):
+            group = req.prepared.add(op=op, local_list=lo.lid, remote_list=ro.lid)
+            group.local_indices.extend(li)
+            group.remote_indices.extend(ri)
+        else:  # NumPy's: the group's bytes encoded with NumPy, no Python step per index
+            group = _PackedGroup(op, lo.lid, li, ro.lid, ri)
         return self._xfer(_Xfer(op, req, group, nbytes, len(li), ro.remote, notif_msg,
                                 self._backend(backends), lo, ro))
 
@@ -911,13 +978,17 @@ class nixl_agent:
         x.t0, x.post_us, x.xfer_us, x.state = t0, (t1 - t0) // 1000, 0, "PROC"
         return "PROC"
 
-    def _submit(self, x):
+    def _submit(self, x, wait=True):
         del x.req.notify[:]
         if x.notif:
             x.req.notify.add(peer=x.remote.peer, topic=x.remote.topic,
                              payload=note_payload(self.name, x.notif))
         x.req.request_id = x.rid
-        return self._c.submit_pending(x.req)
+        x.req.wait = wait
+        if isinstance(x.group, _PackedGroup):
+            return self._c.submit_pending(x.req.SerializeToString() + x.group.encode())
+        return self._c.submit_pending(x.req) if wait else \
+            _Done(self._c._call(self._c.transfers.Submit, x.req))
 
     def check_xfer_state(self, handle):
         """"DONE" or "PROC"; a transfer that failed raises NIXL's exception for it (moongate's
@@ -982,8 +1053,7 @@ class nixl_agent:
         if x is not None and x.state == "PROC" and not x.pending.done() and \
                 self._c is not None:
             try:  # the batch's id: the same Submit again (its request_id) answers it
-                x.req.wait = False
-                bid = self._c._call(self._c.transfers.Submit, x.req).batch_id
+                bid = self._submit(x, wait=False).result().batch_id
                 self._c._call(self._c.transfers.Cancel, transfer_pb2.GetBatchRequest(
                     id=bid, brief=True))
             except mg.Error as e:
