@@ -211,6 +211,8 @@ def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl
         pa.remove_remote_agent("p-err")
     with pytest.raises(nixl.nixlNotSupportedError, match="metadata listener"):
         pa.fetch_remote_metadata("p-err", "127.0.0.1", 8888)
+    with pytest.raises(nixl.nixlNotSupportedError, match="GPU kernel"):
+        pa.prep_mem_view(local)
 
 
 def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, monkeypatch):

@@ -35,6 +35,11 @@ import numpy as np
 from nixl._api import nixl_agent as NixlWrapper  # vLLM's import block
 from nixl._bindings import nixlXferTelemetry  # noqa: F401
 from nixl._api import nixl_agent_config
+from nixl import (DEFAULT_COMM_PORT, nixl_agent, nixl_backend_handle,  # the package's exports
+                  nixl_prepped_dlist_handle, nixl_thread_sync_t, nixl_xfer_handle)
+
+assert DEFAULT_COMM_PORT == 8888 and nixl_agent is NixlWrapper and nixl_backend_handle is int
+assert nixl_prepped_dlist_handle and nixl_xfer_handle and nixl_thread_sync_t.NIXL_THREAD_SYNC_RW
 
 
 class Vram:

@@ -20,6 +20,7 @@ What differs from NIXL is in docs/migrating.md ("NIXL").
 import base64
 import bisect
 import collections
+import enum
 import itertools
 import json
 import logging
@@ -252,6 +253,15 @@ class nixlRegDList(_DList):
 
 # ---- nixl._api ----
 
+class nixl_thread_sync_t(enum.Enum):
+    """NIXL's thread-safety modes: taken, with no effect (the agent is thread-safe: its state
+    is under a lock, and the daemon serializes the rest)."""
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 0
+
+
 class nixl_agent_config:
     """NIXL's agent configuration. The daemon runs the progress and the transfers: the thread
     settings are taken and have no effect; capture_telemetry (or NIXL_TELEMETRY_ENABLE) turns
@@ -259,7 +269,10 @@ class nixl_agent_config:
     is not served yet: exchange get_agent_metadata's bytes over a channel of your own)."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
-                 capture_telemetry=False, num_threads=0, backends=("UCX",)):
+                 capture_telemetry=False, num_threads=0, backends=("UCX",), sync_mode=None):
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError("sync_mode must be a nixl_thread_sync_t")
+        self.sync_mode = sync_mode
         self.backends = list(backends)
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
@@ -1110,6 +1123,15 @@ class nixl_agent:
             self._c.send(rem.topic, note_payload(self.name, msg), peer=rem.peer)
         except mg.Error as e:
             raise _from_mg(e, "send_notif(%r)" % who) from None
+
+    def prep_mem_view(self, dlist, *, backends=None):
+        raise _nixl_error(nixlNotSupportedError, "prep_mem_view: memory views for transfers "
+                          "a GPU kernel starts (UCX's GPU device API) are not served: moongate's "
+                          "transfers start from the host")
+
+    def release_mem_view(self, mvh):
+        raise _nixl_error(nixlNotSupportedError, "release_mem_view: no memory view was made "
+                          "(prep_mem_view is not served)")
 
     # NIXL's metadata listener and the rest of its surface, not served yet
     def _not_yet(self, what):
