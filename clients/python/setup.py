@@ -30,9 +30,10 @@ class build_py_with_stubs(build_py):
 setup(
     name="moongate",
     version="0.1.0",
-    description="Client of the moongate memory-transfer daemon; Mooncake's TransferEngine API",
+    description="Client of the moongate memory-transfer daemon; Mooncake's TransferEngine and "
+                "NIXL's agent APIs",
     packages=["moongate", "moongate.compat"],
-    package_data={"moongate.compat": ["shim/mooncake/*.py"]},
+    package_data={"moongate.compat": ["shim/mooncake/*.py", "shim/nixl/*.py"]},
     py_modules=["moongate_client"],
     python_requires=">=3.9",
     cmdclass={"build_py": build_py_with_stubs},

@@ -1,8 +1,8 @@
 """The Python package installs offline, as docs/python.md says: a venv with the system's site
 packages (Debian's grpcio) and `pip install --no-build-isolation --no-index` of clients/python;
 the installed package carries its stubs and needs nothing of the source tree, and Mooncake's
-`from mooncake.engine import TransferEngine` works with the shim it prints first on PYTHONPATH,
-against a real daemon."""
+`from mooncake.engine import TransferEngine` and NIXL's `from nixl._api import nixl_agent` work
+with the shim it prints first on PYTHONPATH, against a real daemon."""
 import os
 import shutil
 import subprocess
@@ -27,6 +27,14 @@ assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
 addr = e.allocate_managed_buffer(1 << 20)
 assert addr and e.memory_kind(addr) == "descriptor" and e.get_rpc_port() >= 20000
 print("mooncake", e.get_rpc_port())
+"""
+
+NIXL = r"""
+from nixl._api import nixl_agent, nixl_agent_config
+from nixl._bindings import nixlXferTelemetry, nixlNotFoundError
+a = nixl_agent("installed-nixl", nixl_agent_config(backends=["UCX"]))
+assert a.get_agent_metadata() and "UCX" in a.get_plugin_list()
+print("nixl", a.name)
 """
 
 
@@ -54,3 +62,8 @@ def test_venv_install_offline(make_daemon, tmp_path):
     out = subprocess.run([py, "-c", MOONCAKE], env=dict(env, PYTHONPATH=path), cwd=str(tmp_path),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "mooncake" in out.stdout, out.stderr
+    path = subprocess.run([py, "-m", "moongate.compat.nixl", "--pythonpath"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run([py, "-c", NIXL], env=dict(env, PYTHONPATH=path), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "nixl installed-nixl" in out.stdout, out.stderr

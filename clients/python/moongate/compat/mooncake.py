@@ -794,17 +794,6 @@ class TransferEngine:
     get_engine_ptr = get_engine
 
 
-def _main():
-    if sys.argv[1:] == ["--pythonpath"]:  # the shim, then where the moongate package lies
-        here = os.path.dirname(os.path.abspath(__file__))
-        print(os.pathsep.join([os.path.join(here, "shim"),
-                               os.path.dirname(os.path.dirname(here))]))
-        return 0
-    print("usage: python3 -m moongate.compat.mooncake --pythonpath\n"
-          "  prints the directory to put first on PYTHONPATH for `from mooncake.engine import "
-          "TransferEngine` to load this module")
-    return 2
-
-
 if __name__ == "__main__":
-    sys.exit(_main())
+    from moongate.compat import pythonpath_main
+    sys.exit(pythonpath_main("mooncake", "from mooncake.engine import TransferEngine"))
