@@ -7,6 +7,7 @@ NIXL's exceptions for each error; telemetry; the notification only after the byt
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -32,8 +33,10 @@ class Agent(conftest.Child):
     """tests/integration/nixl/agent.py on daemon d: .metadata, .bases, .blocks, .block_len
     (vram: its memory the CUDA driver emulator's device memory)."""
 
-    def __init__(self, d, name, regions, blocks, block_len, vram=False):
+    def __init__(self, d, name, regions, blocks, block_len, vram=False, listen=0):
         env = env_for(d)
+        if listen:
+            env["NIXL_TEST_LISTEN_PORT"] = str(listen)
         if vram:
             env.update(MOONGATE_CUDA_LIB=os.path.join(conftest.BUILD, "libmgcuda_emu.so"),
                        MOONGATE_CLIENT_LIB=os.path.join(conftest.BUILD, "libmgclient.so.0"),
@@ -87,6 +90,53 @@ def test_vllm_pull_push_and_heterogeneous_blocks(make_daemon, children):
     # a notification on its own, by the bytes name add_remote_agent gave
     assert d("call", "send_notif", ["prefill-0", "req-3:1"]) == {"ok": "None"}
     assert p("notifs") == {"decode-0": ["req-3:1"]}
+    p.close()
+    d.close()
+
+
+def test_metadata_through_nixls_listener_alone(make_daemon, children):
+    """Two agents, each with its metadata listener (enable_listen_thread), exchange metadata
+    through the listeners alone: the decode side fetches the prefill side's and READs from it;
+    the decode side sends its own (partial: one region) and the prefill side WRITEs into it;
+    invalidate_local_metadata makes the prefill side forget it. A listener refuses what does
+    not check (junk, metadata that is not an agent's, an agent it does not serve) and goes on."""
+    import socket
+    a, b = pair(make_daemon)
+    pp, dp = conftest.free_ports(2)
+    p = children(Agent, b, "prefill-l", 1, 8, 16 * KiB, listen=pp)
+    d = children(Agent, a, "decode-l", 2, 8, 16 * KiB, listen=dp)
+    with socket.create_connection(("127.0.0.1", pp)) as s:  # junk: closed, nothing answered
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            assert s.recv(100) == b""
+        except ConnectionResetError:  # closed with the rest unread
+            pass
+    assert d("call", "fetch_remote_metadata", ["prefill-l", "127.0.0.1", pp]) == {"ok": "None"}
+    deadline = time.monotonic() + 30
+    while d("call", "check_remote_metadata", ["prefill-l"]) != {"ok": "True"}:
+        assert time.monotonic() < deadline, "the metadata never came"
+        time.sleep(0.05)
+    assert d("prep", "prefill-l", p.bases, str(p.blocks), str(p.block_len)) == {
+        "name": "prefill-l", "bytes": True}
+    assert p("fill", "l1", [1, 5]) == {"ok": True}
+    assert d("move", "READ", "prefill-l", "req-l", [0, 1], [1, 5])["state"] == "DONE"
+    assert d("digest", [0, 1]) == p("digest", [1, 5])
+    regions = [[base, 8 * 16 * KiB, 0] for base in d.bases[:1]]
+    assert d("call", "send_partial_agent_metadata", [regions, False, [], "127.0.0.1", pp]) == \
+        {"ok": "None"}
+    assert p("prep", "decode-l", d.bases[:1], "8", str(16 * KiB))["name"] == "decode-l"
+    assert p("move", "WRITE", "decode-l", "req-w", [5], [3])["state"] == "DONE"
+    assert d("digest", [3]) == p("digest", [5])
+    refused = d("call", "fetch_remote_metadata", ["nobody", "", pp])
+    assert refused["error"] == "nixlNotSupportedError", refused
+    said = p("call", "send_local_metadata", ["127.0.0.1", dp])  # fine: D adds P again
+    assert said == {"ok": "None"}, said
+    said = d("call", "invalidate_local_metadata", ["127.0.0.1", pp])
+    assert said == {"ok": "None"}, said
+    assert p("call", "check_remote_metadata", ["decode-l"]) == {"ok": "False"}
+    said = p("call", "invalidate_local_metadata", ["127.0.0.1", conftest.free_ports(1)[0]])
+    assert said["error"] == "nixlBackendError" and "metadata listener at 127.0.0.1" in \
+        said["message"], said
     p.close()
     d.close()
 
@@ -209,8 +259,8 @@ def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl
     pa.remove_remote_agent(b"p-err")
     with pytest.raises(nixl.nixlNotFoundError):
         pa.remove_remote_agent("p-err")
-    with pytest.raises(nixl.nixlNotSupportedError, match="metadata listener"):
-        pa.fetch_remote_metadata("p-err", "127.0.0.1", 8888)
+    with pytest.raises(nixl.nixlNotSupportedError, match="central metadata store"):
+        pa.fetch_remote_metadata("p-err", "", 8888)
     with pytest.raises(nixl.nixlNotSupportedError, match="GPU kernel"):
         pa.prep_mem_view(local)
 

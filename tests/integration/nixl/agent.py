@@ -6,10 +6,13 @@ moongate's shim first on PYTHONPATH), on the daemon of $MOONGATE_SOCKET.
       capture_telemetry=True)), allocates REGIONS NumPy arrays of BLOCKS x BLOCK_LEN bytes
       (as a layer's K and V caches; with VRAM, device memory of the CUDA driver,
       $MOONGATE_CUDA_LIB), registers them (get_reg_descs of 4-tuples, register_memory),
-      prepares its own blocks region-major ("NIXL_INIT_AGENT") and says
+      prepares its own blocks region-major ("NIXL_INIT_AGENT"; with $NIXL_TEST_LISTEN_PORT,
+      its metadata listener on that port) and says
       {"metadata" (base64), "bases", "blocks", "block_len"} in one JSON line; then obeys lines:
         add META BASES BLOCKS BLOCK_LEN   add_remote_agent, then its blocks prepared as vLLM's
                                           handshake does (Nx3 array): {"name"}
+        prep NAME BASES BLOCKS BLOCK_LEN  the blocks of an agent known already (through the
+                                          metadata listener) prepared: {"name"}
         fill SEED IDS                      fills local blocks IDS (JSON list) with a pattern
         digest IDS                         {"digest"} of local blocks IDS, in that order
         move OP NAME REQ LOCAL REMOTE      make_prepped_xfer(OP, local, LOCAL, remote of NAME,
@@ -68,7 +71,10 @@ class Vram:
 def main():
     name, nreg, nblocks, blen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     kind = "VRAM" if sys.argv[5:] == ["VRAM"] else "DRAM"
-    agent = NixlWrapper(name, nixl_agent_config(backends=["UCX"], capture_telemetry=True))
+    listen = int(os.environ.get("NIXL_TEST_LISTEN_PORT", "0"))
+    agent = NixlWrapper(name, nixl_agent_config(backends=["UCX"], capture_telemetry=True,
+                                                enable_listen_thread=bool(listen),
+                                                listen_port=listen))
     if kind == "VRAM":
         mem = [Vram(nblocks * blen) for _ in range(nreg)]
         bases = [m.base for m in mem]
@@ -102,9 +108,10 @@ def main():
         cmd = line.rstrip("\n").split(" ", 1)
         rest = cmd[1] if len(cmd) > 1 else ""
         try:
-            if cmd[0] == "add":
+            if cmd[0] in ("add", "prep"):
                 meta, rbases, rn, rl = rest.split()
-                rname = agent.add_remote_agent(base64.b64decode(meta))
+                rname = agent.add_remote_agent(base64.b64decode(meta)) if cmd[0] == "add" \
+                    else meta.encode()
                 rb, rn, rl = json.loads(rbases), int(rn), int(rl)
                 arr = np.array([(b + i * rl, rl, 0) for b in rb for i in range(rn)],
                                dtype=np.uint64)

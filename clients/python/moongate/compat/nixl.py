@@ -46,6 +46,7 @@ PLUGINS = (BACKEND, "UCX")
 MEM_TYPES = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
 METADATA_MAGIC = b"moongate-nixl/1\n"
 NOTE_MAGIC = b"nixl1"
+SEND_OP, FETCH_OP, INVALIDATE_OP = 1, 2, 3  # the metadata listener's (nixl_listen.py)
 MAX_METADATA = 1 << 20
 
 
@@ -265,8 +266,9 @@ class nixl_thread_sync_t(enum.Enum):
 class nixl_agent_config:
     """NIXL's agent configuration. The daemon runs the progress and the transfers: the thread
     settings are taken and have no effect; capture_telemetry (or NIXL_TELEMETRY_ENABLE) turns
-    get_xfer_telemetry on, as in NIXL; enable_listen_thread is refused (the metadata listener
-    is not served yet: exchange get_agent_metadata's bytes over a channel of your own)."""
+    get_xfer_telemetry on, as in NIXL; enable_listen_thread serves the agent's metadata on
+    listen_port (0: DEFAULT_COMM_PORT), for peers' fetch_remote_metadata and
+    send_local_metadata (moongate.compat.nixl_listen)."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
                  capture_telemetry=False, num_threads=0, backends=("UCX",), sync_mode=None):
@@ -513,11 +515,8 @@ class nixl_agent:
             log.warning("nixl_agent(%r): instantiate_all is ignored with a config", agent_name)
             instantiate_all = False
         conf = nixl_conf or nixl_agent_config()
-        if conf.enable_listen:
-            raise _nixl_error(nixlNotSupportedError, "enable_listen_thread: moongate does not "
-                              "serve NIXL's metadata listener yet; hand get_agent_metadata()'s "
-                              "bytes to the peer over a channel of your own")
         self.name = _name(agent_name)
+        self._listener = None
         self._telemetry = bool(conf.capture_telemetry) or _telemetry_env()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -543,6 +542,15 @@ class nixl_agent:
                               "SOCKET): %s" % (self.name, mg.default_target(), e)) from None
         self._port = info.port
         self._topic = "nixl.%d" % info.port
+        if conf.enable_listen:
+            from moongate.compat.nixl_listen import Listener
+            try:
+                self._listener = Listener(self, conf.port or DEFAULT_COMM_PORT)
+            except OSError as e:
+                self._c.close()
+                raise _nixl_error(nixlBackendError, "agent %r: its metadata listener on port "
+                                  "%d: %s" % (self.name, conf.port or DEFAULT_COMM_PORT, e)) \
+                    from None
         for b in (self.plugin_list if instantiate_all else conf.backends):
             if b not in self.plugin_list:
                 log.warning("nixl_agent(%r): backend %r is not served by moongate (it serves "
@@ -557,6 +565,9 @@ class nixl_agent:
     def close(self):
         """Ends the agent: its memory is unregistered with it (moongate's; NIXL's agent ends
         when it is garbage)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         c, self._c = self._c, None
         if c is not None:
             c.close()
@@ -1133,28 +1144,64 @@ class nixl_agent:
         raise _nixl_error(nixlNotSupportedError, "release_mem_view: no memory view was made "
                           "(prep_mem_view is not served)")
 
-    # NIXL's metadata listener and the rest of its surface, not served yet
-    def _not_yet(self, what):
-        raise _nixl_error(nixlNotSupportedError, "%s: moongate does not serve NIXL's metadata "
-                          "listener or central store yet; hand get_agent_metadata()'s bytes "
-                          "to the peer over a channel of your own" % what)
+    # NIXL's metadata listener (moongate.compat.nixl_listen) and partial metadata
+    def _ask(self, what, ip_addr, port, op, payload):
+        from moongate.compat import nixl_listen
+        if not ip_addr:
+            raise _nixl_error(nixlNotSupportedError, "%s: no ip_addr: NIXL's central metadata "
+                              "store (etcd) is not served; name the peer's listener" % what)
+        try:
+            ok, out = nixl_listen.ask(ip_addr, port, op, payload)
+        except (OSError, ValueError) as e:
+            raise _nixl_error(nixlBackendError, "%s: the metadata listener at %s:%d: %s" % (
+                what, ip_addr, port, e)) from None
+        if not ok:
+            raise _nixl_error(nixlBackendError, "%s: the listener at %s:%d refused: %s" % (
+                what, ip_addr, port, out.decode(errors="replace")))
+        return out
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        self._not_yet("send_local_metadata")
-
-    def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT,
-                              label=""):
-        self._not_yet("fetch_remote_metadata")
-
-    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        self._not_yet("invalidate_local_metadata")
+        """This agent's metadata to the listener at ip_addr:port, whose agent adds it (checked
+        as add_remote_agent checks it)."""
+        self._ask("send_local_metadata", ip_addr, port, SEND_OP, self.get_agent_metadata())
 
     def get_partial_agent_metadata(self, descs, inc_conn_info=False, backends=[]):  # noqa
-        self._not_yet("get_partial_agent_metadata")
+        """This agent's metadata with only the registered regions that hold descs (the peer
+        checks it with the daemon as any; the regions it may use are the daemon's)."""
+        md = self.get_agent_metadata()
+        d = json.loads(md[len(METADATA_MAGIC):])
+        want = [(x[0], x[1]) for x in (descs or [])]
+        d["regions"] = [r for r in d["regions"] if any(
+            r[0] <= a and a + n <= r[0] + r[1] for a, n in want)]
+        return METADATA_MAGIC + json.dumps(d).encode()
 
     def send_partial_agent_metadata(self, descs, inc_conn_info=False, backends=[],  # noqa
                                     ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        self._not_yet("send_partial_agent_metadata")
+        self._ask("send_partial_agent_metadata", ip_addr, port, SEND_OP,
+                  self.get_partial_agent_metadata(descs, inc_conn_info, backends))
+
+    def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT,
+                              label=""):
+        """Asks the listener at ip_addr:port for remote_agent's metadata and adds it, on a
+        thread of its own, as NIXL's does: check_remote_metadata(remote_agent) says when it is
+        in. A failure is logged, naming it."""
+        who = _name(remote_agent)
+        if not ip_addr:
+            self._ask("fetch_remote_metadata", ip_addr, port, FETCH_OP, b"")
+
+        def fetch():
+            try:
+                md = self._ask("fetch_remote_metadata(%r)" % who, ip_addr, port, FETCH_OP,
+                               json.dumps({"agent": who, "label": label}).encode())
+                self.add_remote_agent(md)
+            except tuple(STATUS.values()) as e:
+                log.error("fetch_remote_metadata(%r, %s:%d): %s", who, ip_addr, port, e)
+        threading.Thread(target=fetch, name="nixl-fetch", daemon=True).start()
+
+    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        """Tells the listener at ip_addr:port that its agent should forget this one."""
+        self._ask("invalidate_local_metadata", ip_addr, port, INVALIDATE_OP,
+                  self.name.encode())
 
 
 if __name__ == "__main__":
