@@ -438,3 +438,71 @@ def test_index_arrays_are_encoded_as_protobuf_encodes_them():
             request_id="x", wait=True).SerializeToString() + g.encode())
         assert (r.request_id, r.wait, list(r.prepared[0].local_indices)) == (
             "x", True, arr.tolist())
+
+
+# NIXL's nixl_agent methods and their parameters, as ai-dynamo/nixl's src/api/python/_api.py
+# names them (the version vLLM uses): code calls them by these keywords.
+NIXL_SIGNATURES = {
+    "__init__": ["agent_name", "nixl_conf", "instantiate_all"],
+    "get_plugin_list": [], "get_plugin_mem_types": ["backend"],
+    "get_plugin_params": ["backend"], "get_backend_mem_types": ["backend"],
+    "get_backend_params": ["backend"], "create_backend": ["backend", "initParams"],
+    "register_memory": ["reg_list", "mem_type", "backends"],
+    "deregister_memory": ["dereg_list", "backends"],
+    "query_memory": ["reg_list", "backend", "mem_type"],
+    "make_connection": ["remote_agent", "backends"],
+    "prep_xfer_dlist": ["agent_name", "xfer_list", "mem_type", "backends"],
+    "make_prepped_xfer": ["operation", "local_xfer_side", "local_indices", "remote_xfer_side",
+                          "remote_indices", "notif_msg", "backends", "skip_desc_merge"],
+    "initialize_xfer": ["operation", "local_descs", "remote_descs", "remote_agent", "notif_msg",
+                        "backends"],
+    "transfer": ["handle", "notif_msg"], "check_xfer_state": ["handle"],
+    "get_xfer_telemetry": ["handle"], "query_xfer_backend": ["handle"],
+    "estimate_xfer_cost": ["req_handle"], "release_xfer_handle": ["handle"],
+    "release_dlist_handle": ["handle"], "get_new_notifs": ["backends"],
+    "update_notifs": ["backends"],
+    "check_remote_xfer_done": ["remote_agent_name", "lookup_tag", "backends", "tag_is_prefix"],
+    "send_notif": ["remote_agent_name", "notif_msg", "backend"],
+    "get_agent_metadata": [], "add_remote_agent": ["metadata"],
+    "remove_remote_agent": ["agent"],
+    "get_partial_agent_metadata": ["descs", "inc_conn_info", "backends"],
+    "send_local_metadata": ["ip_addr", "port"],
+    "send_partial_agent_metadata": ["descs", "inc_conn_info", "backends", "ip_addr", "port",
+                                    "label"],
+    "fetch_remote_metadata": ["remote_agent", "ip_addr", "port", "label"],
+    "invalidate_local_metadata": ["ip_addr", "port"],
+    "check_remote_metadata": ["agent", "descs"],
+    "get_reg_descs": ["descs", "mem_type"], "get_xfer_descs": ["descs", "mem_type"],
+    "get_serialized_descs": ["descs"], "deserialize_descs": ["serialized_descs"],
+    "prep_mem_view": ["dlist", "backends"], "release_mem_view": ["mvh"],
+}
+
+
+def test_every_method_takes_nixls_keywords_and_two_agents_may_share_a_name(make_daemon, nixl):
+    """Each public method of NIXL's agent is there with NIXL's parameter names, in NIXL's
+    order (code calls them by keyword); the config takes NIXL's keywords; two agents of one
+    name in one process both work, as in NIXL."""
+    import inspect
+    for method, params in NIXL_SIGNATURES.items():
+        got = [p for p in inspect.signature(getattr(nixl.nixl_agent, method)).parameters
+               if p != "self"]
+        assert got == params, (method, got)
+    assert list(inspect.signature(nixl.nixl_agent_config).parameters) == [
+        "enable_prog_thread", "enable_listen_thread", "listen_port", "capture_telemetry",
+        "num_threads", "backends", "sync_mode"]
+    d = pair(make_daemon)[0]
+    one, two = nixl.agent(d, "twin"), nixl.agent(d, "twin")
+    assert one.name == two.name == "twin"
+    mem = bytearray(os.urandom(8192))
+    (m, _) = mg.address_of(mem)
+    one.register_memory(reg_list=[(m, 4096, 0, "")], mem_type="DRAM", backends=["UCX"])
+    two.register_memory(reg_list=[(m + 4096, 4096, 0, "")], mem_type="DRAM")
+    for ag, src, dst in ((one, m, m + 2048), (two, m + 4096, m + 6144)):
+        x = ag.initialize_xfer(operation="WRITE", local_descs=[(src, 1024, 0)],
+                               remote_descs=[(dst, 1024, 0)], remote_agent="twin",
+                               notif_msg=b"t:1")
+        assert ag.transfer(handle=x) == "PROC"
+        while ag.check_xfer_state(handle=x) == "PROC":
+            pass
+        assert mem[dst - m:dst - m + 1024] == mem[src - m:src - m + 1024]
+        assert ag.get_new_notifs() == {"twin": [b"t:1"]}  # each its own, by its own topic

@@ -497,6 +497,9 @@ def note_of_payload(p):
         return None
 
 
+_agent_serial = itertools.count(1)
+
+
 def _agent_name_of(name):
     """The moongate agent name of a NIXL agent name: itself where moongate takes it (1..128 of
     [A-Za-z0-9._:-], as vLLM's uuid4 names are), else "nixl-" and a digest of it."""
@@ -536,7 +539,14 @@ class nixl_agent:
         self._mg_name = _agent_name_of(self.name)
         try:
             self._c = mg.Client(mg.default_target(), token=mg.default_token())
-            info = self._c.register_agent(self._mg_name)
+            try:
+                info = self._c.register_agent(self._mg_name)
+            except mg.Error as e:  # another agent of the name here (NIXL allows it): its own
+                if e.code != grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+                self._mg_name = _agent_name_of("%s#%d-%d" % (self.name, os.getpid(),
+                                                             next(_agent_serial)))
+                info = self._c.register_agent(self._mg_name)
         except (OSError, mg.Error) as e:
             raise _nixl_error(nixlBackendError, "agent %r: moongate daemon at %s (MOONGATE_"
                               "SOCKET): %s" % (self.name, mg.default_target(), e)) from None
@@ -960,7 +970,7 @@ class nixl_agent:
                                   "(0x%x, %d) is outside registered memory" % (k, ld[0], ld[1]))
             if not self._in(rem, rd[0], rd[1]):
                 raise _nixl_error(nixlNotFoundError, "initialize_xfer: remote descriptor %d "
-                                  "(0x%x, %d) is outside agent %r's registered memory" % (
+                                  "(0x%x, %d) is outside the registered memory of agent %r" % (
                                       k, rd[0], rd[1], who))
             la.append(ld[0])
             ll.append(ld[1])
