@@ -506,3 +506,40 @@ def test_every_method_takes_nixls_keywords_and_two_agents_may_share_a_name(make_
             pass
         assert mem[dst - m:dst - m + 1024] == mem[src - m:src - m + 1024]
         assert ag.get_new_notifs() == {"twin": [b"t:1"]}  # each its own, by its own topic
+
+
+def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named(make_daemon,
+                                                                                 nixl):
+    """A READ from an agent whose daemon is frozen (SIGSTOP) stays "PROC"; posting it again
+    raises nixlRepostActiveError; release_xfer_handle returns at once (the batch is cancelled
+    on this daemon). With the peer's daemon gone, a transfer raises nixlRemoteDisconnectError
+    from check_xfer_state, naming the peer."""
+    import signal
+    a, b = pair(make_daemon)
+    mem_a, mem_b = bytearray(1 << 20), bytearray(1 << 20)
+    (ma, _), (mb, _) = mg.address_of(mem_a), mg.address_of(mem_b)
+    pb = nixl.agent(b, "frozen-p")
+    pb.register_memory([(mb, 1 << 20, 0, "")], "DRAM")
+    pa = nixl.agent(a, "frozen-d")
+    pa.register_memory([(ma, 1 << 20, 0, "")], "DRAM")
+    pa.add_remote_agent(pb.get_agent_metadata())
+    local = pa.prep_xfer_dlist("", [(ma, 1 << 20, 0)], "DRAM")
+    remote = pa.prep_xfer_dlist("frozen-p", [(mb, 1 << 20, 0)], "DRAM")
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        x = pa.make_prepped_xfer("READ", local, [0], remote, [0])
+        assert pa.transfer(x) == "PROC"
+        assert pa.check_xfer_state(x) == "PROC"
+        with pytest.raises(nixl.nixlRepostActiveError, match="still going"):
+            pa.transfer(x)
+        t0 = time.monotonic()
+        pa.release_xfer_handle(x)
+        assert time.monotonic() - t0 < 5  # never waits for the frozen peer
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    b.kill()
+    x = pa.make_prepped_xfer("READ", local, [0], remote, [0])
+    pa.transfer(x)
+    with pytest.raises(nixl.nixlRemoteDisconnectError, match=b.h2c):
+        while pa.check_xfer_state(x) == "PROC":
+            pass
