@@ -2,12 +2,13 @@
  * svc_notify: moongate.v1.Notify — the receiving end of transfer notifications.
  *
  * A peer daemon delivers a notification once every request of its batch to this daemon ended
- * (its WRITEs in place here, its READs from here landed there). Notifications go to topics: a topic is a queue of what nobody has taken yet plus the
- * Watch calls reading it. A delivery goes straight to a watcher that can take it (the one
- * waiting longest first), else into the queue; Watch starts by taking the queue, Poll takes
- * from it. Bounded: --notify-queue notifications per topic and --notify-max-bytes queued in all;
- * past either, Deliver answers RESOURCE_EXHAUSTED and the sender's batch says so — nothing is
- * dropped silently. A topic with nothing queued and nobody watching is forgotten.
+ * (its WRITEs in place here, its READs from here landed there). Notifications go to topics: a topic
+ * is a queue of what nobody has taken yet plus the Watch calls reading it. A delivery goes straight
+ * to a watcher that can take it (the one waiting longest first), else into the queue; Watch starts
+ * by taking the queue, Poll takes from it. Bounded: --notify-queue notifications per topic and
+ * --notify-max-bytes queued in all; past either, Deliver answers RESOURCE_EXHAUSTED and the
+ * sender's batch says so — nothing is dropped silently. A topic with nothing queued and nobody
+ * watching is forgotten.
  *
  * A failure notice (outcome other than LANDED) goes the same way: a peer's batch whose WRITEs
  * here failed delivers one, and this daemon posts one itself when an expectation fails
