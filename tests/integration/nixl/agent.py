@@ -21,7 +21,8 @@ moongate's shim first on PYTHONPATH), on the daemon of $MOONGATE_SOCKET.
                                            check_xfer_state until DONE; telemetry, release:
                                            {"state", "bytes", "descs", "post_us", "xfer_us"} or
                                            {"error": class name, "message"}
-        notifs                             get_new_notifs: {name: [messages]}
+        notifs [N]                         get_new_notifs until N messages came (within 30 s;
+                                           default 0: at once): {name: [messages]}
         call METHOD ARGS                   agent.METHOD(*ARGS) (JSON list; "h:local"/"h:NAME"
                                            for a prepared handle): {"ok"} or {"error", "message"}
         quit
@@ -32,6 +33,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -144,7 +146,13 @@ def main():
                 out = {"state": state, "bytes": t.totalBytes, "descs": t.descCount,
                        "post_us": t.postDuration, "xfer_us": t.xferDuration}
             elif cmd[0] == "notifs":
-                out = {k: [m.decode() for m in v] for k, v in agent.get_new_notifs().items()}
+                want, out, end = int(rest or 0), {}, time.monotonic() + 30
+                while True:
+                    for k, v in agent.get_new_notifs().items():
+                        out.setdefault(k, []).extend(m.decode() for m in v)
+                    if sum(map(len, out.values())) >= want or time.monotonic() > end:
+                        break
+                    time.sleep(0.01)
             elif cmd[0] == "call":
                 method, args = rest.split(" ", 1)
                 got = getattr(agent, method)(*[handle(a) for a in json.loads(args)])

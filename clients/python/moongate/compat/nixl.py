@@ -448,7 +448,7 @@ class _Xfer:
     state."""
 
     __slots__ = ("op", "req", "group", "lo", "ro", "remote", "notif", "rid", "pending", "t0",
-                 "post_us", "xfer_us", "nbytes", "count", "state", "backend")
+                 "post_us", "xfer_us", "nbytes", "count", "state", "backend", "polls")
 
     def __init__(self, op, req, group, nbytes, count, remote, notif, backend, lo=None,
                  ro=None):
@@ -457,7 +457,7 @@ class _Xfer:
         self.lo, self.ro = lo, ro
         self.rid, self.pending, self.t0, self.post_us, self.xfer_us = "", None, 0, 0, 0
         self.nbytes, self.count = nbytes, count
-        self.state, self.backend = "NEW", backend
+        self.state, self.backend, self.polls = "NEW", backend, 0
 
 
 def _name(name):
@@ -552,6 +552,8 @@ class nixl_agent:
                               "SOCKET): %s" % (self.name, mg.default_target(), e)) from None
         self._port = info.port
         self._topic = "nixl.%d" % info.port
+        self._inbox = []  # notifications delivered, not yet taken (get_new_notifs)
+        threading.Thread(target=self._watch, name="nixl-notifs", daemon=True).start()
         if conf.enable_listen:
             from moongate.compat.nixl_listen import Listener
             try:
@@ -1009,7 +1011,7 @@ class nixl_agent:
             x.state = "ERR"
             raise _from_mg(e, "transfer") from None
         t1 = time.monotonic_ns()
-        x.t0, x.post_us, x.xfer_us, x.state = t0, (t1 - t0) // 1000, 0, "PROC"
+        x.t0, x.post_us, x.xfer_us, x.state, x.polls = t0, (t1 - t0) // 1000, 0, "PROC", 0
         return "PROC"
 
     def _submit(self, x, wait=True):
@@ -1035,7 +1037,14 @@ class nixl_agent:
         if x.state == "DONE":
             return "DONE"
         if x.state == "PROC" and not x.pending.done():
-            os.sched_yield()  # a caller polling in a tight loop leaves the core to the daemon
+            # A caller polling in a tight loop leaves the cores to the daemons: it yields, and
+            # once the transfer has gone on for a while (a large one), it pauses 50 µs a poll
+            # (a small transfer is seen done as soon as it is, a large one at most 50 µs late).
+            x.polls += 1
+            if x.polls > 256:
+                time.sleep(50e-6)
+            else:
+                os.sched_yield()
             return "PROC"
         try:
             b = x.pending.result().batch
@@ -1098,26 +1107,44 @@ class nixl_agent:
             self._xfers.pop(h, None)
 
     # notifications
+    def _watch(self):
+        """This agent's notifications as the daemon delivers them (Notify/Watch on its topic,
+        watched again after a daemon restart), kept for get_new_notifs: no call per
+        get_new_notifs. The open call also keeps the channel's gRPC poller thread running, so
+        that posting a transfer starts no thread."""
+        while True:
+            c = self._c
+            if c is None:
+                return
+            try:
+                for n in c.notifications(self._topic):
+                    with self._lock:
+                        self._inbox.append(n)
+                return
+            except ValueError:  # the agent closed its channel
+                return
+            except mg.Error as e:
+                if self._c is None:
+                    return
+                log.warning("notifications of agent %r: %s; watching again", self.name, e)
+                time.sleep(0.5)
+
     def get_new_notifs(self, backends=[]):  # noqa: B006
         """The notifications that reached this agent since the last call: {sender agent name:
         [message bytes, ...]}, oldest first."""
         out = {}
-        while True:
-            try:
-                got = self._c.poll(self._topic, max=256)
-            except mg.Error as e:
-                raise _from_mg(e, "get_new_notifs") from None
-            for n in got:
-                if n.outcome != 0:  # a failure notice: the transfer failed, and said so there
-                    continue
-                parsed = note_of_payload(n.payload)
-                if parsed is None:
-                    log.warning("get_new_notifs: a notification that is not a NIXL agent's "
-                                "(%d bytes) skipped", len(n.payload))
-                    continue
-                out.setdefault(parsed[0], []).append(parsed[1])
-            if len(got) < 256:
-                return out
+        with self._lock:
+            got, self._inbox = self._inbox, []
+        for n in got:
+            if n.outcome != 0:  # a failure notice: the transfer failed, and said so there
+                continue
+            parsed = note_of_payload(n.payload)
+            if parsed is None:
+                log.warning("get_new_notifs: a notification that is not a NIXL agent's "
+                            "(%d bytes) skipped", len(n.payload))
+                continue
+            out.setdefault(parsed[0], []).append(parsed[1])
+        return out
 
     def update_notifs(self, backends=[]):  # noqa: B006
         for who, msgs in self.get_new_notifs().items():
