@@ -11,6 +11,7 @@ pkgs=(
     python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest python3-h2
     python3-pytest-xdist  # integration tests on parallel workers (tests/run.sh)
     python3-numpy  # NIXL's descriptor arrays and index arrays (tests/integration/test_nixl.py)
+    python3-torch  # CPU tensors handed to the NIXL door as vLLM hands them (test_nixl.py)
     python3-venv python3-setuptools  # the Python package, installed offline (docs/python.md)
     curl nghttp2-client openssl ca-certificates procps iproute2
     debootstrap umoci  # the OCI image without a container engine (scripts/image.sh)

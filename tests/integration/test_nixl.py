@@ -556,3 +556,32 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
     with pytest.raises(nixl.nixlRemoteDisconnectError, match=b.h2c):
         while pa.check_xfer_state(x) == "PROC":
             pass
+
+
+def test_torch_cpu_tensors_as_vllm_hands_them(make_daemon, nixl):
+    """Debian's torch (python3-torch, installed by scripts/deps.sh): KV caches as CPU tensors,
+    registered from the tensors themselves (get_reg_descs of a list of tensors), their blocks
+    prepared from data_ptr() as vLLM computes them, a READ by index between two agents on two
+    daemons into a tensor, compared with torch."""
+    torch = pytest.importorskip("torch")
+    a, b = pair(make_daemon)
+    src = torch.arange(8 * 1024, dtype=torch.float32).reshape(8, 1024)  # 8 blocks of 4 KiB
+    dst = torch.zeros(8, 1024, dtype=torch.float32)
+    pb, pa = nixl.agent(b, "torch-p"), nixl.agent(a, "torch-d")
+    regs = pb.get_reg_descs([src])
+    assert list(regs) == [(src.data_ptr(), 32 * KiB, 0, "")] and regs.getType() == nixl.DRAM_SEG
+    pb.register_memory(regs)
+    pa.register_memory(pa.get_reg_descs([dst]))
+    pa.add_remote_agent(pb.get_agent_metadata())
+    blk = src[0].numel() * src.element_size()
+    local = pa.prep_xfer_dlist("NIXL_INIT_AGENT", [(dst.data_ptr() + i * blk, blk, 0)
+                                                   for i in range(8)], "DRAM")
+    remote = pa.prep_xfer_dlist("torch-p", [(src.data_ptr() + i * blk, blk, 0)
+                                            for i in range(8)], "DRAM")
+    x = pa.make_prepped_xfer("READ", local, torch.tensor([0, 1, 2]).numpy(), remote,
+                             torch.tensor([5, 6, 7]).numpy(), b"torch:1")
+    pa.transfer(x)
+    while pa.check_xfer_state(x) == "PROC":
+        pass
+    assert torch.equal(dst[:3], src[5:]) and not dst[3:].any()
+    assert notes(pb, 1) == {"torch-d": [b"torch:1"]}
