@@ -183,9 +183,12 @@ def nixl(monkeypatch):
     from moongate.compat import nixl as nx
     made = []
 
-    def agent(d, name, **conf):
+    def agent(d, name, token=None, **conf):
         monkeypatch.setenv("MOONGATE_SOCKET", d.sock)
-        monkeypatch.delenv("MOONGATE_TOKEN", raising=False)
+        if token:
+            monkeypatch.setenv("MOONGATE_TOKEN", token)
+        else:
+            monkeypatch.delenv("MOONGATE_TOKEN", raising=False)
         a = nx.nixl_agent(name, nx.nixl_agent_config(**conf))
         made.append(a)
         return a
@@ -488,6 +491,7 @@ NIXL_SIGNATURES = {
     "get_reg_descs": ["descs", "mem_type"], "get_xfer_descs": ["descs", "mem_type"],
     "get_serialized_descs": ["descs"], "deserialize_descs": ["serialized_descs"],
     "prep_mem_view": ["dlist", "backends"], "release_mem_view": ["mvh"],
+    "get_remote_descs": ["descs", "mem_type"],
 }
 
 
@@ -585,3 +589,24 @@ def test_torch_cpu_tensors_as_vllm_hands_them(make_daemon, nixl):
         pass
     assert torch.equal(dst[:3], src[5:]) and not dst[3:].any()
     assert notes(pb, 1) == {"torch-d": [b"torch:1"]}
+
+
+def test_another_tenants_agent_is_not_allowed(make_daemon, nixl, tmp_path):
+    """Metadata of another tenant's agent (daemons with an auth file, each agent its token's
+    tenant) is refused by the daemon it names: nixlNotAllowedError, naming why; the agent's own
+    tenant adds it. A list naming several remote agents (get_remote_descs) is refused by name."""
+    import hashlib
+    auth = tmp_path / "auth"
+    auth.write_text("token sha256:%s t1\ntoken sha256:%s t2\n" % (
+        hashlib.sha256(b"tok1-0123456789").hexdigest(),
+        hashlib.sha256(b"tok2-0123456789").hexdigest()))
+    a, b = [make_daemon("--peer-tls=false", "--advertise", "127.0.0.1:{h2c_port}",
+                        "--auth-file", str(auth)) for _ in range(2)]
+    p = nixl.agent(b, "tenant-p", token="tok1-0123456789")
+    other = nixl.agent(a, "tenant-x", token="tok2-0123456789")
+    with pytest.raises(nixl.nixlNotAllowedError, match="NIXL_ERR_NOT_ALLOWED: add_remote_agent"):
+        other.add_remote_agent(p.get_agent_metadata())
+    mine = nixl.agent(a, "tenant-d", token="tok1-0123456789")
+    assert mine.add_remote_agent(p.get_agent_metadata()) == b"tenant-p"
+    with pytest.raises(nixl.nixlNotSupportedError, match="one list per agent"):
+        mine.get_remote_descs([(0x1000, 64, 0, "tenant-p")], "DRAM")

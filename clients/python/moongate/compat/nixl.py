@@ -671,6 +671,11 @@ class nixl_agent:
     def get_xfer_descs(self, descs, mem_type=None):
         return self._descs(nixlXferDList, descs, mem_type, "get_xfer_descs")
 
+    def get_remote_descs(self, descs, mem_type=None):
+        raise _nixl_error(nixlNotSupportedError, "get_remote_descs: a list naming several "
+                          "remote agents (nixlRemoteDList) is not served: prepare one list per "
+                          "agent (prep_xfer_dlist)")
+
     def get_serialized_descs(self, descs):
         """A descriptor list as bytes (JSON; NIXL pickles, which nobody should load from a
         peer)."""
