@@ -201,9 +201,9 @@ def nixl(monkeypatch):
 def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl):
     """Each refusal raises the exception NIXL raises for it, its status name first and
     moongate's reason after: a plugin moongate does not serve, metadata that is not an agent's,
-    an agent not added, a descriptor outside registered memory, indices out of range or of
-    different counts, pairs of different lengths, sides swapped, a transfer not posted,
-    telemetry off; a region the peer unregistered under a prepared list fails the transfer by
+    metadata naming a daemon that does not advertise where peers reach it, an agent not added,
+    a descriptor outside registered memory, indices out of range or of different counts, pairs
+    of different lengths, sides swapped, a transfer not posted, telemetry off; a region the peer unregistered under a prepared list fails the transfer by
     name; the agent goes on after each."""
     a, b = pair(make_daemon)
     mem_b, mem_a = bytearray(64 * KiB), bytearray(64 * KiB)
@@ -223,6 +223,10 @@ def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl
         pa.add_remote_agent(b"\x00junk")
     with pytest.raises(nixl.nixlNotFoundError, match="add_remote_agent.. its metadata first"):
         pa.prep_xfer_dlist("p-err", [(ab, 4096, 0)], "DRAM")
+    lost = nixl.agent(make_daemon("--peer-tls=false"), "p-unadvertised")  # no --advertise
+    with pytest.raises((nixl.nixlNotFoundError, nixl.nixlRemoteDisconnectError),
+                       match="--advertise must be the endpoint peers reach it at"):
+        pa.add_remote_agent(lost.get_agent_metadata())
     assert pa.add_remote_agent(pb.get_agent_metadata()) == b"p-err"
     with pytest.raises(nixl.nixlNotFoundError, match=r"descriptor 1 \(0x%x, 4096\) is outside "
                        r"the registered memory of agent 'p-err'" % (ab + 64 * KiB)):
@@ -284,7 +288,8 @@ def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl
 def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, monkeypatch):
     """NIXL_TELEMETRY_ENABLE=y turns telemetry on as capture_telemetry does; a transfer between
     two regions of one agent (its own name as the remote side, reached through its daemon as any
-    agent is) moves, and its notification reaches the agent itself."""
+    agent is) moves, and its notification (given as str, as NIXL's binding takes it) reaches the
+    agent itself."""
     monkeypatch.setenv("NIXL_TELEMETRY_ENABLE", "y")
     d = pair(make_daemon)[0]
     src, dst = bytearray(os.urandom(32 * KiB)), bytearray(32 * KiB)
@@ -294,7 +299,7 @@ def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, mo
     local = ag.prep_xfer_dlist("NIXL_INIT_AGENT", [(s + i * 8192, 8192, 0) for i in range(4)],
                                "DRAM")
     mine = ag.prep_xfer_dlist("solo", [(t + i * 8192, 8192, 0) for i in range(4)], "DRAM")
-    x = ag.make_prepped_xfer("WRITE", local, [0, 1, 2, 3], mine, [3, 2, 1, 0], b"self:1")
+    x = ag.make_prepped_xfer("WRITE", local, [0, 1, 2, 3], mine, [3, 2, 1, 0], "self:1")
     ag.transfer(x)
     while ag.check_xfer_state(x) == "PROC":
         pass

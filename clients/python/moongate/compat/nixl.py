@@ -453,7 +453,7 @@ class _Xfer:
     def __init__(self, op, req, group, nbytes, count, remote, notif, backend, lo=None,
                  ro=None):
         self.op, self.req, self.group = op, req, group
-        self.remote, self.notif = remote, bytes(notif or b"")
+        self.remote, self.notif = remote, _bytes(notif)
         self.lo, self.ro = lo, ro
         self.rid, self.pending, self.t0, self.post_us, self.xfer_us = "", None, 0, 0, 0
         self.nbytes, self.count = nbytes, count
@@ -463,6 +463,11 @@ class _Xfer:
 def _name(name):
     """An agent name as NIXL's binding takes it: str or bytes."""
     return name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
+
+
+def _bytes(msg):
+    """A notification's bytes: bytes as given, str as UTF-8 (NIXL's binding takes both)."""
+    return msg.encode() if isinstance(msg, str) else bytes(msg or b"")
 
 
 def _ints(xs):
@@ -622,6 +627,10 @@ class nixl_agent:
     def _descs(self, cls, descs, mem_type, what):
         if isinstance(descs, cls):
             return descs
+        if descs is None:
+            log.error("%s: no descriptors (None: a get_reg_descs or get_xfer_descs that refused "
+                      "its input, logged before)", what)
+            return None
         if isinstance(descs, _DList):
             log.error("%s: a %s where a %s is wanted", what, type(descs).__name__, cls.__name__)
             return None
@@ -793,7 +802,16 @@ class nixl_agent:
         try:
             info = self._c.import_agent(blob)
         except mg.Error as e:
-            raise _from_mg(e, "add_remote_agent(%r)" % name) from None
+            err = _from_mg(e, "add_remote_agent(%r)" % name)
+            if e.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                try:
+                    where = agent_pb2.AgentDescriptor.FromString(blob).endpoint
+                except Exception:  # noqa: BLE001 (the daemon said what is wrong with it)
+                    where = "?"
+                err.args = (err.args[0] + " (the metadata names the daemon at %s: that "
+                            "daemon's --advertise must be the endpoint peers reach it at)" %
+                            where,)
+            raise err from None
         regions = sorted((r.address, r.length) for r in info.regions)
         rem = _Remote(name, info.peer, info.name, info.port, "nixl.%d" % info.port,
                       [a for a, _ in regions], [a + n for a, n in regions])
@@ -1007,7 +1025,7 @@ class nixl_agent:
             raise _nixl_error(nixlRepostActiveError, "transfer: the handle's transfer is "
                               "still going")
         if notif_msg:
-            x.notif = bytes(notif_msg)
+            x.notif = _bytes(notif_msg)
         t0 = time.monotonic_ns()
         x.rid = "nixl-%d-%d-%d" % (os.getpid(), self._port, next(self._ids))
         try:
@@ -1170,7 +1188,7 @@ class nixl_agent:
         """A notification to an agent, on its own: after this agent's earlier notifications to
         it (its transfers' included)."""
         who = _name(remote_agent_name)
-        msg = notif_msg.encode() if isinstance(notif_msg, str) else bytes(notif_msg)
+        msg = _bytes(notif_msg)
         rem = self._remote(who, "send_notif")
         try:
             self._c.send(rem.topic, note_payload(self.name, msg), peer=rem.peer)
