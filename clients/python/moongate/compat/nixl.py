@@ -448,7 +448,7 @@ class _Xfer:
     state."""
 
     __slots__ = ("op", "req", "group", "lo", "ro", "remote", "notif", "rid", "pending", "t0",
-                 "post_us", "xfer_us", "nbytes", "count", "state", "backend", "polls")
+                 "post_us", "xfer_us", "nbytes", "count", "state", "backend", "polls", "err")
 
     def __init__(self, op, req, group, nbytes, count, remote, notif, backend, lo=None,
                  ro=None):
@@ -457,7 +457,7 @@ class _Xfer:
         self.lo, self.ro = lo, ro
         self.rid, self.pending, self.t0, self.post_us, self.xfer_us = "", None, 0, 0, 0
         self.nbytes, self.count = nbytes, count
-        self.state, self.backend, self.polls = "NEW", backend, 0
+        self.state, self.backend, self.polls, self.err = "NEW", backend, 0, None
 
 
 def _name(name):
@@ -1031,8 +1031,9 @@ class nixl_agent:
         try:
             x.pending = self._submit(x)
         except mg.Error as e:
-            x.state = "ERR"
-            raise _from_mg(e, "transfer") from None
+            x.state, x.pending = "ERR", None
+            x.err = _from_mg(e, "transfer")
+            raise x.err from None
         t1 = time.monotonic_ns()
         x.t0, x.post_us, x.xfer_us, x.state, x.polls = t0, (t1 - t0) // 1000, 0, "PROC", 0
         return "PROC"
@@ -1059,6 +1060,8 @@ class nixl_agent:
                               "posted")
         if x.state == "DONE":
             return "DONE"
+        if x.pending is None:  # its post failed, and raised then
+            raise x.err
         if x.state == "PROC" and not x.pending.done():
             # A caller polling in a tight loop leaves the cores to the daemons: it yields, and
             # once the transfer has gone on for a while (a large one), it pauses 50 µs a poll
