@@ -218,9 +218,11 @@ def test_each_error_is_nixls_exception_naming_moongates_reason(make_daemon, nixl
     pa.register_memory(pa.get_reg_descs([(aa, 64 * KiB, 0, "")], "DRAM"))
     with pytest.raises(nixl.nixlInvalidParamError, match="overlaps memory registered before"):
         pa.register_memory([(aa + 4096, 4096, 0, "")], "DRAM")
-    with pytest.raises(nixl.nixlInvalidParamError, match="NIXL_ERR_INVALID_PARAM: "
+    with pytest.raises(nixl.nixlMismatchError, match="NIXL_ERR_MISMATCH: "
                        "add_remote_agent: not a moongate NIXL agent's metadata"):
         pa.add_remote_agent(b"\x00junk")
+    with pytest.raises(nixl.nixlInvalidParamError, match="is this agent's own"):
+        pa.add_remote_agent(pa.get_agent_metadata())
     with pytest.raises(nixl.nixlNotFoundError, match="add_remote_agent.. its metadata first"):
         pa.prep_xfer_dlist("p-err", [(ab, 4096, 0)], "DRAM")
     lost = nixl.agent(make_daemon("--peer-tls=false"), "p-unadvertised")  # no --advertise

@@ -788,17 +788,25 @@ class nixl_agent:
     def add_remote_agent(self, metadata):
         """Checks a peer's metadata with the daemon it names (ImportAgent: the agent must be
         there, of this tenant, under the same epoch); returns its name (bytes, as NIXL's
-        binding does). Its regions are the daemon's answer, never the metadata's."""
+        binding does). Its regions are the daemon's answer, never the metadata's. As NIXL's:
+        metadata that does not parse is nixlMismatchError, an agent of this agent's own name
+        nixlInvalidParamError."""
         metadata = bytes(metadata)
         if len(metadata) > MAX_METADATA or not metadata.startswith(METADATA_MAGIC):
-            raise _nixl_error(nixlInvalidParamError, "add_remote_agent: not a moongate NIXL "
+            raise _nixl_error(nixlMismatchError, "add_remote_agent: not a moongate NIXL "
                               "agent's metadata (%d bytes)" % len(metadata))
         try:
             d = json.loads(metadata[len(METADATA_MAGIC):])
             name, blob = str(d["name"]), base64.b64decode(d["descriptor"], validate=True)
         except (ValueError, KeyError, TypeError) as e:
-            raise _nixl_error(nixlInvalidParamError, "add_remote_agent: metadata that does "
-                              "not parse: %s" % e) from None
+            raise _nixl_error(nixlMismatchError, "add_remote_agent: metadata that does not "
+                              "parse: %s" % e) from None
+        if not name:
+            raise _nixl_error(nixlMismatchError, "add_remote_agent: metadata without an "
+                              "agent's name")
+        if name == self.name:
+            raise _nixl_error(nixlInvalidParamError, "add_remote_agent: the remote agent's "
+                              "name %r is this agent's own" % name)
         try:
             info = self._c.import_agent(blob)
         except mg.Error as e:
