@@ -122,6 +122,7 @@ _CODE = {
     grpc.StatusCode.UNIMPLEMENTED: nixlNotSupportedError,
     grpc.StatusCode.CANCELLED: nixlCancelledError,
     grpc.StatusCode.UNAVAILABLE: nixlRemoteDisconnectError,
+    grpc.StatusCode.UNKNOWN: nixlUnknownError,
 }
 
 
