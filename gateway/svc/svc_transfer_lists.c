@@ -1,8 +1,8 @@
 /*
  * svc_transfer_lists: moongate.v1.Transfer PrepareList and ReleaseList — lists of ranges that a
- * connection's later batches name by index (moongate/xlists.h), and the check of a Submit's
- * groups by index. A list is bound to the connection that made it: it goes when that
- * connection closes.
+ * connection's later batches name by index (moongate/xlists.h), each range checked once, when
+ * the list is made, against the regions it must lie in; and the check of a Submit's groups by
+ * index. A list is bound to the connection that made it: it goes when that connection closes.
  */
 #include "svc_transfer.h"
 
@@ -57,6 +57,49 @@ static int check_own(mg_call *call, struct mg_transfer_svc *ts,
     return 0;
 }
 
+/* Each range of an agent's memory lies in one of its regions, where this daemon knows them: an
+ * agent here, or one on a peer whose regions it learnt (ImportAgent, DescribeAgent, a batch).
+ * Returns 0, or fails the call naming the first range that does not. An agent on a peer not
+ * known yet is checked when a batch uses the list. */
+static int check_agent(mg_call *call, struct mg_transfer_svc *ts,
+                       const Moongate__V1__PrepareListRequest *req, const mg_agent_ref *ref)
+{
+    mg_registry *reg = mg_engine_registry(ts->gw->engine);
+    const mg_agents *ags = mg_gateway_agents(ts->gw);
+    const char *tenant = mg_call_tenant(call);
+    char err[MG_SEG_ERROR_MAX], key[MG_SEG_NAME_MAX + MG_PEER_NAME_MAX + 2], who[160];
+    const mg_agent *ag = NULL;
+    mg_remote_region region;
+    uint64_t id, off, epoch;
+    if (ref->peer[0] == '\0') { /* an agent on this daemon: its process's regions */
+        if (ags)
+            ag = ref->name[0] ? mg_agents_by_name(ags, tenant, ref->name)
+                              : mg_agents_by_port(ags, tenant, ref->port);
+        if (ag == NULL || ag->proc.pid <= 0) {
+            mg_call_fail(call, MG_ERR_NOT_FOUND, "no %s with regions on this daemon",
+                         mg_agent_ref_str(ref, who, sizeof(who)));
+            return -1;
+        }
+    }
+    snprintf(key, sizeof(key), "%s@%s", tenant, ref->peer);
+    epoch = ag ? 0 : mg_peer_cache_epoch_of(ts->descs, key);
+    for (size_t i = 0; i < req->n_addresses; i++) {
+        int rc = ag ? mg_registry_resolve(reg, tenant, &ag->proc, req->addresses[i],
+                                          req->lengths[i], &id, &off, err)
+                    : mg_agent_cache_region(ts->agents, key, epoch, ref, req->addresses[i],
+                                            req->lengths[i], &region, err, sizeof(err));
+        if (rc == MG_ERR_NOT_FOUND && !ag)
+            return 0; /* not known here yet */
+        if (rc != 0) {
+            mg_call_fail(call, MG_ERR_INVALID, "range %zu (0x%" PRIx64 ", %" PRIu64 ") of %s: %s",
+                         i, req->addresses[i], req->lengths[i],
+                         mg_agent_ref_str(ref, who, sizeof(who)), err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 void mg_xfer_svc_prepare_list(mg_call *call, const ProtobufCMessage *m)
 {
     const Moongate__V1__PrepareListRequest *req = (const void *)m;
@@ -94,7 +137,8 @@ void mg_xfer_svc_prepare_list(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, MG_ERR_INVALID, "%s", why);
         return;
     }
-    if (!req->remote_agent[0] && check_own(call, ts, req) != 0)
+    if (!req->remote_agent[0] ? check_own(call, ts, req) != 0
+                              : check_agent(call, ts, req, &ref) != 0)
         return;
     if ((f = calloc(1, sizeof(*f))) == NULL) {
         mg_call_fail(call, MG_ERR_NOMEM, NULL);

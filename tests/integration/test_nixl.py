@@ -318,9 +318,10 @@ def test_telemetry_by_environment_and_an_agents_own_memory(make_daemon, nixl, mo
 def test_prepared_lists_in_the_native_api(make_daemon):
     """Client.prepare_list and Submit's prepared groups, as the NIXL door uses them: a batch of
     pairs by index moves what the same ranges by address would; each refusal names what is
-    wrong (a range outside the process's regions, another connection's list, an index past the
-    list, pairs of different lengths, a list released or gone with its connection); a region
-    unregistered under a list fails the batch that uses it, naming the address."""
+    wrong (a range outside the process's regions, or outside the regions of an agent the daemon
+    knows, here or on a peer; another connection's list, an index past the list, pairs of
+    different lengths, a list released or gone with its connection); a region unregistered
+    under a list fails the batch that uses it, naming the address."""
     from moongate.v1 import transfer_pb2
     a, b = pair(make_daemon)
     src, dst = bytearray(os.urandom(64 * KiB)), bytearray(64 * KiB)
@@ -342,6 +343,19 @@ def test_prepared_lists_in_the_native_api(make_daemon):
         assert b1.done == 3
         for k, r in ((0, 15), (1, 14), (2, 13)):
             assert dst[r * 4096:(r + 1) * 4096] == src[k * 4096:(k + 1) * 4096]
+        # an agent this daemon knows the regions of: each range checked when the list is made
+        with pytest.raises(mg.Error, match=r'range 1 \(0x%x, 4096\) of agent "lists-b"' % (
+                t + 64 * KiB)) as e:
+            ca.prepare_list([t, t + 64 * KiB], [4096, 4096], peer=b.h2c, agent="lists-b")
+        assert e.value.code == mg.grpc.StatusCode.INVALID_ARGUMENT
+        ca.register_agent("lists-a")  # an agent on this daemon: its process's regions
+        assert ca.prepare_list([s], [4096], agent="lists-a")
+        with pytest.raises(mg.Error, match=r'range 0 \(0x%x, 4096\) of agent "lists-a"' % (
+                s + 64 * KiB)):
+            ca.prepare_list([s + 64 * KiB], [4096], agent="lists-a")
+        with pytest.raises(mg.Error, match='no agent "nobody" with regions on this daemon') as e:
+            ca.prepare_list([s], [4096], agent="nobody")
+        assert e.value.code == mg.grpc.StatusCode.NOT_FOUND
         for bad, why in (((0, 16), r"prepared 0: pair 1: remote index 16 is past the list's "
                                    r"16 ranges"),
                          ((15, 15), r"pair 1: local range 15 is 2048 bytes, remote range 15 "

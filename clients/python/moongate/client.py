@@ -991,7 +991,8 @@ class Client:
         """Keeps a list of ranges on the daemon that later batches of this client name by
         index (prepared(); NIXL's prepared lists): this process's own memory by address
         (peer and agent ""), each range checked now to lie in one region it registered; or an
-        agent's memory (agent, on peer), checked when a batch uses it. Returns the list's id.
+        agent's memory (agent, on peer), checked now where the daemon knows the agent's regions
+        (import_agent), else when a batch uses it. Returns the list's id.
         The list lives as long as this client's connection: after a daemon restart, or when the
         connection is made again, prepare it again (a batch naming it fails NOT_FOUND)."""
         return self._call(self.transfers.PrepareList, transfer_pb2.PrepareListRequest(

@@ -5,7 +5,8 @@
  *
  * A list is the caller's own memory by address (peer and agent "": checked by the front when
  * it is made, each range in one region of the caller's process) or an agent's memory (named as
- * a request names it, checked against the agent's regions when a batch uses it). A list
+ * a request names it, checked by the front against the agent's regions where the daemon knows
+ * them, else when a batch uses it). A list
  * belongs to its owner (the front's id of the connection that made it) and its tenant: no
  * other may use it. Bounded: at most max_ranges ranges in all the daemon's lists.
  *
