@@ -6,6 +6,7 @@ side's blocks by index with a "req_id:N" notification and the prefill side frees
 NIXL's exceptions for each error; telemetry; the notification only after the bytes landed."""
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -549,7 +550,8 @@ def test_every_method_takes_nixls_keywords_and_two_agents_may_share_a_name(make_
 def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named(make_daemon,
                                                                                  nixl):
     """A READ from an agent whose daemon is frozen (SIGSTOP) stays "PROC"; posting it again
-    raises nixlRepostActiveError; release_xfer_handle returns at once (the batch is cancelled
+    raises nixlRepostActiveError; an operator's cancel of its batch makes it raise
+    nixlCancelledError; release_xfer_handle of another returns at once (the batch is cancelled
     on this daemon). With the peer's daemon gone, a transfer raises nixlRemoteDisconnectError
     from check_xfer_state, naming the peer."""
     import signal
@@ -570,6 +572,21 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
         assert pa.check_xfer_state(x) == "PROC"
         with pytest.raises(nixl.nixlRepostActiveError, match="still going"):
             pa.transfer(x)
+        # an operator cancels the stuck batch (mgctl transfers cancel ID; its id found here by
+        # the request_id the door gave it): the transfer raises nixlCancelledError
+        with mg.Client("unix:" + a.sock) as op:
+            bid = op.submit([mg.write(segment=1, remote_segment=1, length=1)],
+                            request_id=pa._xfers[x._handle].rid)
+            run = subprocess.run([os.path.join(conftest.BUILD, "mgctl"), "--target",
+                                  "unix:" + a.sock, "transfers", "cancel", str(bid)],
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+        with pytest.raises(nixl.nixlCancelledError, match="NIXL_ERR_CANCELED"):
+            while pa.check_xfer_state(x) == "PROC":
+                pass
+        pa.release_xfer_handle(x)
+        x = pa.make_prepped_xfer("READ", local, [0], remote, [0])
+        assert pa.transfer(x) == "PROC"
         t0 = time.monotonic()
         pa.release_xfer_handle(x)
         assert time.monotonic() - t0 < 5  # never waits for the frozen peer
