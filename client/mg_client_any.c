@@ -27,23 +27,6 @@ static int register_process(mg_client *c, uintptr_t ptr, size_t len, int remote,
     return mg_client_register(c, &q, id, status, err, errcap);
 }
 
-/* The device of ptr, or -1 with why[cap] saying why it is not device memory. */
-static int device_or_why(uintptr_t ptr, char *why, size_t cap)
-{
-    mg_cuda_ptr_info info;
-    char e[256];
-    const mg_cuda *cu = mg_cuda_get(e, sizeof(e));
-    if (cu == NULL) {
-        snprintf(why, cap, "no CUDA driver: %.200s", e);
-        return -1;
-    }
-    if (mg_cuda_pointer(cu, ptr, &info) != 1) {
-        snprintf(why, cap, "the CUDA driver does not know it as device memory");
-        return -1;
-    }
-    return info.device;
-}
-
 /* The device paths of mg_client_register_any, for memory the daemon refused as the process's
  * own (its reason in err). */
 static int register_device(mg_client *c, uintptr_t ptr, size_t len, int remote, const char *name,
@@ -52,7 +35,7 @@ static int register_device(mg_client *c, uintptr_t ptr, size_t len, int remote, 
 {
     char not_device[256], why[512];
     int n;
-    if (device_or_why(ptr, not_device, sizeof(not_device)) < 0) {
+    if (mg_cuda_device_of(ptr, not_device, sizeof(not_device)) < 0) {
         snprintf(why, sizeof(why), "%s", err);
         *status = MG_GRPC_INVALID_ARGUMENT;
         snprintf(err, errcap,

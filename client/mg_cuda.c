@@ -133,3 +133,19 @@ int mg_cuda_pointer(const mg_cuda *cu, uintptr_t ptr, mg_cuda_ptr_info *info)
     info->size = size;
     return 1;
 }
+
+int mg_cuda_device_of(uintptr_t ptr, char *whynot, size_t cap)
+{
+    mg_cuda_ptr_info info;
+    char err[512];
+    const mg_cuda *cu = mg_cuda_get(err, sizeof(err));
+    if (cu == NULL) {
+        snprintf(whynot, cap, "no CUDA driver: %.400s", err);
+        return -1;
+    }
+    if (mg_cuda_pointer(cu, ptr, &info) != 1) {
+        snprintf(whynot, cap, "the CUDA driver does not know it as device memory");
+        return -1;
+    }
+    return info.device;
+}

@@ -90,5 +90,8 @@ typedef struct mg_cuda_ptr_info {
 /* 1 with *info set when ptr is device memory, 0 when the driver does not know it (host memory),
  * -1 with err set when there is no driver. */
 int mg_cuda_pointer(const mg_cuda *cu, uintptr_t ptr, mg_cuda_ptr_info *info);
+/* The device of ptr as the driver (loaded by this call) knows it, or -1 with why[cap] saying
+ * why it is not device memory: no driver (the dlopen error), or the driver does not know it. */
+int mg_cuda_device_of(uintptr_t ptr, char *why, size_t cap);
 
 #endif

@@ -181,26 +181,17 @@ static int host_memory(uintptr_t addr, size_t len)
  * only when asked for: a "cuda" location, or a range no host mapping holds. */
 static int device_of(uintptr_t addr, size_t len, const char *location, char *why, size_t cap)
 {
-    int asked = location != NULL && strncmp(location, "cuda", 4) == 0;
-    mg_cuda_ptr_info info;
-    const mg_cuda *cu;
-    char err[256];
+    int asked = location != NULL && strncmp(location, "cuda", 4) == 0, device;
     if (!asked && host_memory(addr, len))
         return -1;
-    if ((cu = mg_cuda_get(err, sizeof(err))) == NULL) {
-        snprintf(why, cap, "no CUDA driver: %s", err);
-        return asked ? -2 : -1; /* the daemon says what it makes of the range */
-    }
-    if (mg_cuda_pointer(cu, addr, &info) == 1)
-        return info.device;
-    if (asked)
+    if ((device = mg_cuda_device_of(addr, why, cap)) >= 0)
+        return device;
+    if (asked && strncmp(why, "no CUDA driver", 14) != 0)
         snprintf(why, cap,
                  "location \"%s\", but the CUDA driver does not know %#lx as device "
                  "memory",
                  location, (unsigned long)addr);
-    else
-        snprintf(why, cap, "the CUDA driver does not know it as device memory");
-    return asked ? -2 : -1;
+    return asked ? -2 : -1; /* not asked: the daemon says what it makes of the range */
 }
 
 /* Unregisters segment id, registered for addr, with the daemon: 0, or -1 (logged). */

@@ -140,11 +140,6 @@ VRAM_PATHS = {"auto": 0, "staged": 1, "dmabuf": 2}
 _mgclient = None
 
 
-class _CudaPtrInfo(ctypes.Structure):  # mg_cuda_ptr_info (client/mg_cuda.h)
-    _fields_ = [("device", ctypes.c_int), ("context", ctypes.c_void_p),
-                ("base", ctypes.c_ulonglong), ("size", ctypes.c_size_t)]
-
-
 def device_of(address):
     """The CUDA device ordinal of `address` when the driver knows it as device memory, else
     None: host memory, or no CUDA driver or C library to ask. The driver ($MOONGATE_CUDA_LIB,
@@ -159,14 +154,9 @@ def _device_or_why(address):
         lib = _client_lib()
     except Error as e:
         return None, e.message
-    err = ctypes.create_string_buffer(256)
-    cu = lib.mg_cuda_get(err, 256)
-    if not cu:
-        return None, "no CUDA driver: " + err.value.decode(errors="replace")
-    info = _CudaPtrInfo()
-    if lib.mg_cuda_pointer(cu, address, ctypes.byref(info)) != 1:
-        return None, "the CUDA driver does not know it as device memory"
-    return info.device, ""
+    why = ctypes.create_string_buffer(512)
+    device = lib.mg_cuda_device_of(address, why, 512)
+    return (device, "") if device >= 0 else (None, why.value.decode(errors="replace"))
 
 
 Registered = collections.namedtuple("Registered", "segments kind path why")
@@ -192,11 +182,8 @@ def _client_lib():
         lib.mg_vram_export.argtypes = [ctypes.c_uint64, ctypes.c_size_t,
                                        ctypes.POINTER(_VramPiece), ctypes.c_int,
                                        ctypes.c_char_p, ctypes.c_size_t]
-        lib.mg_cuda_get.restype = ctypes.c_void_p
-        lib.mg_cuda_get.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.mg_cuda_pointer.restype = ctypes.c_int
-        lib.mg_cuda_pointer.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
-                                        ctypes.POINTER(_CudaPtrInfo)]
+        lib.mg_cuda_device_of.restype = ctypes.c_int
+        lib.mg_cuda_device_of.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
         lib.mg_client_open.restype = ctypes.c_void_p
         lib.mg_client_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                        ctypes.c_size_t]
