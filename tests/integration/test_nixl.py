@@ -458,6 +458,29 @@ def test_tensors_and_arrays_are_taken_as_nixl_takes_them(make_daemon, nixl):
     assert list(ag.deserialize_descs(ag.get_serialized_descs(one))) == list(one)
 
 
+def test_every_grpc_code_raises_its_nixl_class():
+    """A failure the daemon reports raises NIXL's class for its gRPC code, its status name and
+    moongate's reason in the message: nixlUnknownError for UNKNOWN (the daemon names every
+    failure it makes, so only the transport gives UNKNOWN, e.g. a proxy answering a status gRPC
+    cannot map), nixlBackendError for a code NIXL has no class for."""
+    import grpc
+    from moongate.compat import nixl as nx
+    want = {"INVALID_ARGUMENT": "nixlInvalidParamError", "OUT_OF_RANGE": "nixlInvalidParamError",
+            "NOT_FOUND": "nixlNotFoundError", "PERMISSION_DENIED": "nixlNotAllowedError",
+            "UNAUTHENTICATED": "nixlNotAllowedError", "UNIMPLEMENTED": "nixlNotSupportedError",
+            "CANCELLED": "nixlCancelledError", "UNAVAILABLE": "nixlRemoteDisconnectError",
+            "UNKNOWN": "nixlUnknownError"}
+    for code in grpc.StatusCode:
+        if code == grpc.StatusCode.OK:
+            continue
+        e = nx._from_mg(mg.Error(code, "why it failed"), "check_xfer_state")
+        cls = want.get(code.name, "nixlBackendError")
+        assert type(e).__name__ == cls and isinstance(e, getattr(nx, cls)), (code, e)
+        status = "NIXL_ERR_" + {"nixlUnknownError": "UNKNOWN"}.get(cls, "")
+        assert str(e).startswith(status) and str(e).endswith(
+            "check_xfer_state: %s: why it failed" % code.name), str(e)
+
+
 def test_index_arrays_are_encoded_as_protobuf_encodes_them():
     """The door writes a prepared group of NumPy index arrays itself (no Python step per
     index): its bytes are protobuf's own for the same group, for indices of every varint
