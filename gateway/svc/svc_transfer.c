@@ -72,15 +72,45 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     mg_batches_expire(ts->batches, mg_now_mono_ms());
 }
 
-/* The requests of a Submit one after another: `requests`, then each block of `blocks`, then
- * each pair of `prepared` (its lists found and checked by submit_count), spelled out as a
- * request (in `tmp`; the peer strings stay the message's and the lists'). */
+/* The requests of a Submit one after another: `requests`, then each block of `blocks`, each
+ * pair of `prepared` (its lists found and checked by submit_count), then each block of
+ * `strided`, spelled out as a request (in `tmp`; the peer strings stay the message's and the
+ * lists'). */
 typedef struct {
     const Moongate__V1__SubmitRequest *req;
-    size_t i, g, k, pg, pk;
+    size_t i, g, k, pg, pk, sg, sk;
     Moongate__V1__TransferRequest tmp;
     const mg_xlist *lo[64], *ro[64]; /* each prepared group's lists */
 } item_iter;
+
+/* Block sk of strided group sg; its offsets cannot overflow (submit_count checked). */
+static const Moongate__V1__TransferRequest *strided_next(item_iter *it)
+{
+    const Moongate__V1__Strided *st;
+    while (it->sg < it->req->n_strided && it->sk >= it->req->strided[it->sg]->count) {
+        it->sg++;
+        it->sk = 0;
+    }
+    if (it->sg == it->req->n_strided)
+        return NULL;
+    st = it->req->strided[it->sg];
+    moongate__v1__transfer_request__init(&it->tmp);
+    it->tmp.op = st->op;
+    it->tmp.local_segment = st->local_segment;
+    it->tmp.local_lease = st->local_lease;
+    it->tmp.local_address = st->local_address;
+    it->tmp.local_offset = st->local_offset + it->sk * st->local_stride;
+    it->tmp.peer = st->peer;
+    it->tmp.remote_segment = st->remote_segment;
+    it->tmp.remote_lease = st->remote_lease;
+    it->tmp.remote_agent = st->remote_agent;
+    it->tmp.remote_address = st->remote_address;
+    it->tmp.remote_offset = st->remote_offset + it->sk * st->remote_stride;
+    it->tmp.length = st->length;
+    it->sk++;
+    it->i++;
+    return &it->tmp;
+}
 
 static const Moongate__V1__TransferRequest *prepared_next(item_iter *it)
 {
@@ -92,7 +122,7 @@ static const Moongate__V1__TransferRequest *prepared_next(item_iter *it)
         it->pk = 0;
     }
     if (it->pg == it->req->n_prepared)
-        return NULL;
+        return strided_next(it);
     p = it->req->prepared[it->pg];
     lo = it->lo[it->pg];
     ro = it->ro[it->pg];
@@ -140,14 +170,32 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
     return &it->tmp;
 }
 
+/* Strided group g's last block's offsets fit in 64 bits (each block's bytes are checked as a
+ * request's are when the batch is filled). Returns 0, or -1 after failing the call. */
+static int strided_check(mg_call *call, const Moongate__V1__Strided *st, size_t g)
+{
+    uint64_t last = st->count ? st->count - 1 : 0;
+    const char *side = NULL;
+    if (st->local_stride && last > (UINT64_MAX - st->local_offset) / st->local_stride)
+        side = "local_offset + (count - 1) * local_stride";
+    else if (st->remote_stride && last > (UINT64_MAX - st->remote_offset) / st->remote_stride)
+        side = "remote_offset + (count - 1) * remote_stride";
+    if (side == NULL)
+        return 0;
+    mg_call_fail(call, MG_ERR_INVALID, "strided %zu: %s overflows (count %u); nothing was moved", g,
+                 side, st->count);
+    return -1;
+}
+
 /* How many requests a Submit names (its prepared groups' lists found and checked, into it),
  * or -1 after failing the call. */
 static long submit_count(mg_call *call, struct mg_transfer_svc *ts, item_iter *it, uint64_t max)
 {
     const Moongate__V1__SubmitRequest *req = it->req;
     uint64_t n = req->n_requests;
-    if (req->n_blocks > 64 || req->n_prepared > 64) {
-        mg_call_fail(call, MG_ERR_INVALID, "at most 64 groups of blocks and 64 of prepared");
+    if (req->n_blocks > 64 || req->n_prepared > 64 || req->n_strided > 64) {
+        mg_call_fail(call, MG_ERR_INVALID,
+                     "at most 64 groups of blocks, 64 of prepared and 64 of strided");
         return -1;
     }
     for (size_t g = 0; g < req->n_prepared; g++) {
@@ -166,6 +214,11 @@ static long submit_count(mg_call *call, struct mg_transfer_svc *ts, item_iter *i
             return -1;
         }
         n += bl->n_lengths;
+    }
+    for (size_t g = 0; g < req->n_strided; g++) {
+        if (strided_check(call, req->strided[g], g) != 0)
+            return -1;
+        n += req->strided[g]->count;
     }
     if (n == 0 || n > max) {
         mg_call_fail(call, MG_ERR_INVALID,

@@ -185,3 +185,60 @@ def test_the_c_example(make_daemon):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == grpc.StatusCode.ALREADY_EXISTS.value[0], (r.returncode, r.stderr)
     assert "exists" in r.stderr
+
+
+def test_strided_groups_of_a_layer_major_cache(make_daemon):
+    """strided(): one group names block 5 of every layer of a layer-major cache (this process's
+    memory by address) and lands them side by side in an agent's memory on a peer; the READ
+    back with its own strides puts them at block 2 of each layer. Each block is a request:
+    statuses number it after the batch's other requests, one past the end is refused naming
+    it, a group whose last offset overflows 64 bits is refused naming the group, and a group of
+    count 0 adds nothing."""
+    layers, blocks, blk = 4, 8, 4096
+    layer = blocks * blk
+    a, b = [make_daemon("--peer-tls=false", "--advertise", "127.0.0.1:{h2c_port}")
+            for _ in range(2)]
+    cache, peer_mem = bytearray(os.urandom(layers * layer)), bytearray(layers * blk)
+    (c, _), (p, _) = mg.address_of(cache), mg.address_of(peer_mem)
+    with mg.Client("unix:" + a.sock) as ca, mg.Client("unix:" + b.sock) as cb:
+        cb.register_agent("strided-b")
+        cb.register_memory("peer", p, len(peer_mem), remote_accessible=True)
+        ca.register_memory("cache", c, len(cache))
+        W, R = transfer_pb2.WRITE, transfer_pb2.READ
+        batch = ca.transfer([], strided=[mg.strided(
+            W, layers, blk, layer, remote_stride=blk, address=c, offset=5 * blk, peer=b.h2c,
+            agent="strided-b", remote_address=p)])
+        assert batch.state == transfer_pb2.DONE and batch.done == layers
+        for i in range(layers):
+            assert peer_mem[i * blk:(i + 1) * blk] == \
+                cache[i * layer + 5 * blk:i * layer + 6 * blk]
+        batch = ca.transfer([mg.read(address=c, length=16, peer=b.h2c, agent="strided-b",
+                                     remote_address=p)],
+                            strided=[mg.strided(R, layers, blk, layer, remote_stride=blk,
+                                                address=c, offset=2 * blk, peer=b.h2c,
+                                                agent="strided-b", remote_address=p),
+                                     mg.strided(R, 0, blk, layer, address=c, peer=b.h2c,
+                                                agent="strided-b", remote_address=p)])
+        assert batch.done == 1 + layers
+        for i in range(layers):
+            assert cache[i * layer + 2 * blk:i * layer + 3 * blk] == \
+                cache[i * layer + 5 * blk:i * layer + 6 * blk]
+        # block 4 (request 5, after the read) is past the end of the cache
+        with pytest.raises(mg.Error, match="request 5: ") as e:
+            ca.transfer([mg.read(address=c, length=16, peer=b.h2c, agent="strided-b",
+                                 remote_address=p)],
+                        strided=[mg.strided(W, layers + 1, blk, layer, remote_stride=0,
+                                            address=c, peer=b.h2c, agent="strided-b",
+                                            remote_address=p)])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(mg.Error, match=r"strided 1: remote_offset \+ \(count - 1\) \* "
+                                           r"remote_stride overflows \(count 3\)") as e:
+            ca.transfer([], strided=[
+                mg.strided(W, 1, blk, 0, address=c, peer=b.h2c, agent="strided-b",
+                           remote_address=p),
+                mg.strided(W, 3, blk, 0, remote_stride=1 << 63, address=c, peer=b.h2c,
+                           agent="strided-b", remote_address=p, remote_offset=1)])
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert ca.transfer([], strided=[mg.strided(W, 1, blk, 0, address=c, peer=b.h2c,
+                                                   agent="strided-b",
+                                                   remote_address=p)]).done == 1

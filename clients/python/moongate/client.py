@@ -48,7 +48,7 @@ from moongate.v1 import (agent_pb2, agent_pb2_grpc, daemon_pb2, daemon_pb2_grpc,
                          memory_pb2, memory_pb2_grpc, notify_pb2, notify_pb2_grpc, pool_pb2,
                          pool_pb2_grpc, transfer_pb2, transfer_pb2_grpc)
 
-__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "prepared",
+__all__ = ["Client", "AsyncClient", "Buffer", "Error", "read", "write", "notify", "prepared", "strided",
            "pass_fd", "address_of", "device_of", "default_target", "default_token",
            "Registered"]
 _names = itertools.count(1)
@@ -231,6 +231,25 @@ def read(segment=None, lease=None, offset=0, peer="", remote_segment=None, remot
     """A READ: a peer's bytes (or an agent's, as in write) into local memory."""
     return _request(transfer_pb2.READ, segment, lease, offset, peer, remote_segment,
                     remote_lease, remote_offset, length, address, agent, remote_address)
+
+
+def strided(op, count, length, stride, remote_stride=None, segment=None, lease=None, offset=0,
+            peer="", remote_segment=None, remote_lease=None, remote_offset=0, address=None,
+            agent=None, remote_address=0):
+    """`count` blocks of `length` bytes at regular intervals (a cache laid out layer by layer):
+    block k's local bytes at offset + k * stride of the local memory, its remote bytes at
+    remote_offset + k * remote_stride (default: stride) of the target; memory named as in
+    read() and write(); op transfer_pb2.READ or WRITE. One group of a batch
+    (transfer(strided=[...])): each block one request, checked as such."""
+    r = _request(op, segment, lease, offset, peer, remote_segment, remote_lease, remote_offset,
+                 length, address, agent, remote_address)
+    return transfer_pb2.Strided(
+        op=op, local_segment=r.local_segment, local_lease=r.local_lease,
+        local_address=r.local_address, local_offset=offset, local_stride=stride, peer=peer,
+        remote_segment=r.remote_segment, remote_lease=r.remote_lease,
+        remote_agent=r.remote_agent, remote_address=remote_address, remote_offset=remote_offset,
+        remote_stride=stride if remote_stride is None else remote_stride, length=length,
+        count=count)
 
 
 def address_of(buf):
@@ -449,13 +468,14 @@ def _segment_now(table, value):
 
 
 def _ids_now(requests, id_now):
-    """The requests with the segment ids the daemon has now (after a restart): id_now(id)."""
+    """The requests (or strided groups) with the segment ids the daemon has now (after a
+    restart): id_now(id)."""
     out = []
     for r in requests:
         local = id_now(r.local_segment)
         remote = id_now(r.remote_segment) if not r.peer else r.remote_segment
         if (local, remote) != (r.local_segment, r.remote_segment):
-            r = transfer_pb2.TransferRequest.FromString(r.SerializeToString())
+            r = type(r).FromString(r.SerializeToString())
             r.local_segment, r.remote_segment = local, remote
         out.append(r)
     return out
@@ -991,32 +1011,34 @@ class Client:
 
     # transfers
     def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
-                 digest=False, traceparent="", brief=False, prepared=()):
+                 digest=False, traceparent="", brief=False, prepared=(), strided=()):
         """Submits a batch and waits for its end (one call: Submit with wait). Returns the
         Batch; with check, raises Error for the first failed request or notification.
         digest: every request checked end to end (CRC32C; DATA_LOSS when the bytes that
         landed differ); traceparent: a W3C traceparent the batch's trace continues; brief:
         the Batch lists only the requests that failed (each with its index), not one status
         per request. prepared: groups by index into prepared lists (see prepared()), after
-        the requests."""
-        requests = list(requests)
+        the requests; strided: groups of blocks at regular intervals (see strided()), after
+        those."""
+        requests, strided = list(requests), list(strided)
         resp = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
             request_id=request_id, wait=True, digest=digest, brief=brief,
-            prepared=list(prepared)),
+            prepared=list(prepared), strided=self._now(strided)),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
         return resp.batch
 
     def submit(self, requests, notify=(), timeout_ms=0, request_id="", digest=False,
-               traceparent="", prepared=()):
-        """Submits a batch without waiting; returns its id (see wait()). digest, traceparent
-        and prepared as for transfer()."""
-        requests = list(requests)
+               traceparent="", prepared=(), strided=()):
+        """Submits a batch without waiting; returns its id (see wait()). digest, traceparent,
+        prepared and strided as for transfer()."""
+        requests, strided = list(requests), list(strided)
         bid = self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=self._now(requests), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, digest=digest, prepared=list(prepared)),
+            request_id=request_id, digest=digest, prepared=list(prepared),
+            strided=self._now(strided)),
             traceparent=traceparent).batch_id
         self._ran(bid)
         return bid
@@ -1353,11 +1375,12 @@ class AsyncClient:
         return await self._call(fn, build(), **kw)
 
     async def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
-                       digest=False, traceparent="", brief=False):
-        requests = list(requests)
+                       digest=False, traceparent="", brief=False, prepared=(), strided=()):
+        requests, strided = list(requests), list(strided)
         resp = await self._call_ids(self.transfers.Submit, lambda: transfer_pb2.SubmitRequest(
             requests=_ids_now(requests, self._id), notify=list(notify), timeout_ms=timeout_ms,
-            request_id=request_id, wait=True, digest=digest, brief=brief),
+            request_id=request_id, wait=True, digest=digest, brief=brief,
+            prepared=list(prepared), strided=_ids_now(strided, self._id)),
             timeout=max(self.timeout, timeout_ms / 1000.0 + 5), traceparent=traceparent)
         if check and resp.batch.state != transfer_pb2.DONE:
             raise _batch_error(resp.batch)
