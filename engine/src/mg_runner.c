@@ -490,6 +490,8 @@ void mg_runner_del(mg_runner *xr)
         prep *pr = xr->preparing;
         xr->preparing = pr->next;
         mg_batch_discard(pr->b);
+        if (xr->cfg.forget)
+            xr->cfg.forget(xr->cfg.arg, pr->ctx);
         free(pr->keys);
         free(pr);
     }

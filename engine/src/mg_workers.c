@@ -92,6 +92,20 @@ static void cq_push(mg_cq *cq, mg_job *job)
         cq_wake(cq);
 }
 
+int mg_cq_post(mg_cq *cq, mg_done_fn done, void *arg, int result)
+{
+    mg_job *job = calloc(1, sizeof(*job));
+    if (job == NULL)
+        return MG_ERR_NOMEM;
+    job->done = done;
+    job->arg = arg;
+    job->cq = cq;
+    job->result = result;
+    __atomic_fetch_add(&cq->outstanding, 1, __ATOMIC_ACQ_REL);
+    cq_push(cq, job);
+    return 0;
+}
+
 unsigned mg_cq_drain(mg_cq *cq, unsigned max)
 {
     uint64_t v;

@@ -424,3 +424,22 @@ uint64_t mg_fdsock_discarded(const mg_gateway *gw)
 {
     return gw->core->fdsock ? gw->core->fdsock->discarded : 0;
 }
+
+int mg_call_take_fd(mg_call *call, uint64_t handle, int *fd, char *err)
+{
+    mg_fd_handles *t = mg_fdsock_handles(mg_call_gateway(call));
+    mg_fd_owner who;
+    if (t == NULL) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "this daemon takes no descriptors: it runs without an fd socket (--fd-socket)");
+        return MG_ERR_UNSUPPORTED;
+    }
+    if (!mg_call_socket_cred(call, &who.uid, &who.proc)) {
+        snprintf(err, MG_SEG_ERROR_MAX,
+                 "a passed descriptor is used by the process that passed it, calling on the Unix "
+                 "socket; this call came over the network");
+        return MG_ERR_PERMISSION;
+    }
+    mg_strlcpy(who.tenant, mg_call_tenant(call), sizeof(who.tenant));
+    return mg_fd_handles_take(t, handle, &who, mg_now_mono_ms(), fd, err, MG_SEG_ERROR_MAX);
+}

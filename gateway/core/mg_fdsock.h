@@ -45,6 +45,11 @@ mg_fd_handles *mg_fdsock_handles(mg_gateway *gw);
 /* Descriptors closed because the message that brought them was refused or broken (the table's
  * own refusals are counted there). 0 when the daemon has no fd socket. */
 uint64_t mg_fdsock_discarded(const mg_gateway *gw);
+/* The descriptor `handle` names, if the caller of `call` is the process and tenant that passed
+ * it, on the Unix socket: the last check before the caller's use takes it (it is used up
+ * whatever follows). Returns 0 with *fd (now the caller's), or an MG_ERR_* with err
+ * (MG_SEG_ERROR_MAX bytes) set. */
+int mg_call_take_fd(mg_call *call, uint64_t handle, int *fd, char *err);
 /* The socket's path, or "" when there is none. */
 const char *mg_fdsock_path(const mg_gateway *gw);
 

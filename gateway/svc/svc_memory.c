@@ -207,28 +207,6 @@ out:
 
 /* ---- handlers ---- */
 
-/* The descriptor `handle` names, if the caller is the process and tenant that passed it: the
- * last check before the registry takes it (it is used up whatever follows). Returns 0 with *fd
- * set, or an MG_ERR_* with err set. */
-static int take_fd(mg_call *call, uint64_t handle, int *fd, char *err)
-{
-    mg_fd_handles *t = mg_fdsock_handles(mg_call_gateway(call));
-    mg_fd_owner who;
-    if (t == NULL) {
-        snprintf(err, MG_SEG_ERROR_MAX,
-                 "this daemon takes no descriptors: it runs without an fd socket (--fd-socket)");
-        return MG_ERR_UNSUPPORTED;
-    }
-    if (!mg_call_socket_cred(call, &who.uid, &who.proc)) {
-        snprintf(err, MG_SEG_ERROR_MAX,
-                 "a passed descriptor is registered by the process that passed it, calling on the "
-                 "Unix socket; this call came over the network");
-        return MG_ERR_PERMISSION;
-    }
-    mg_strlcpy(who.tenant, mg_call_tenant(call), sizeof(who.tenant));
-    return mg_fd_handles_take(t, handle, &who, mg_now_mono_ms(), fd, err, MG_SEG_ERROR_MAX);
-}
-
 /* Checks a request of `call` and reserves its segment. Returns 0, or an MG_ERR_* with err set. */
 static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__RegisterRequest *req,
                    int memlock_policy, mg_segment **seg, char *err)
@@ -298,7 +276,7 @@ static int reserve(mg_registry *reg, mg_call *call, const Moongate__V1__Register
     }
     spec.share = share;
     if ((mg_seg_source_caps(spec.source) & MG_SEG_CAP_FD) &&
-        (rc = take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
+        (rc = mg_call_take_fd(call, req->fd_handle, &spec.fd, err)) != 0)
         return rc;
     return mg_registry_reserve(reg, &spec, seg, err);
 }

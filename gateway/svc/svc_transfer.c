@@ -61,7 +61,7 @@ static void batch_timeout(evutil_socket_t fd, short what, void *arg)
     mg_batch_stop(b, MG_ERR_TIMEOUT, why);
 }
 
-static void submit_go(mg_call *call, mg_batch *b);
+static void submit_go(const xfer_origin *o, mg_batch *b);
 
 /* ---- handlers ---- */
 
@@ -172,7 +172,7 @@ static const Moongate__V1__TransferRequest *item_next(item_iter *it)
 
 /* Strided group g's last block's offsets fit in 64 bits (each block's bytes are checked as a
  * request's are when the batch is filled). Returns 0, or -1 after failing the call. */
-static int strided_check(mg_call *call, const Moongate__V1__Strided *st, size_t g)
+static int strided_check(const xfer_origin *o, const Moongate__V1__Strided *st, size_t g)
 {
     uint64_t last = st->count ? st->count - 1 : 0;
     const char *side = NULL;
@@ -182,24 +182,25 @@ static int strided_check(mg_call *call, const Moongate__V1__Strided *st, size_t 
         side = "remote_offset + (count - 1) * remote_stride";
     if (side == NULL)
         return 0;
-    mg_call_fail(call, MG_ERR_INVALID, "strided %zu: %s overflows (count %u); nothing was moved", g,
-                 side, st->count);
+    mg_xfer_origin_fail(o, MG_ERR_INVALID,
+                        "strided %zu: %s overflows (count %u); nothing was moved", g, side,
+                        st->count);
     return -1;
 }
 
 /* How many requests a Submit names (its prepared groups' lists found and checked, into it),
  * or -1 after failing the call. */
-static long submit_count(mg_call *call, struct mg_transfer_svc *ts, item_iter *it, uint64_t max)
+static long submit_count(const xfer_origin *o, item_iter *it, uint64_t max)
 {
     const Moongate__V1__SubmitRequest *req = it->req;
     uint64_t n = req->n_requests;
     if (req->n_blocks > 64 || req->n_prepared > 64 || req->n_strided > 64) {
-        mg_call_fail(call, MG_ERR_INVALID,
-                     "at most 64 groups of blocks, 64 of prepared and 64 of strided");
+        mg_xfer_origin_fail(o, MG_ERR_INVALID,
+                            "at most 64 groups of blocks, 64 of prepared and 64 of strided");
         return -1;
     }
     for (size_t g = 0; g < req->n_prepared; g++) {
-        if (mg_xfer_svc_prepared(call, ts, req->prepared[g], g, &it->lo[g], &it->ro[g]) != 0)
+        if (mg_xfer_svc_prepared(o, req->prepared[g], g, &it->lo[g], &it->ro[g]) != 0)
             return -1;
         n += req->prepared[g]->n_local_indices;
     }
@@ -207,68 +208,113 @@ static long submit_count(mg_call *call, struct mg_transfer_svc *ts, item_iter *i
         const Moongate__V1__Blocks *bl = req->blocks[g];
         if ((bl->n_local_offsets && bl->n_local_offsets != bl->n_lengths) ||
             (bl->n_remote_offsets && bl->n_remote_offsets != bl->n_lengths)) {
-            mg_call_fail(call, MG_ERR_INVALID,
-                         "blocks %zu: local_offsets, remote_offsets and lengths differ in count "
-                         "(%zu, %zu, %zu)",
-                         g, bl->n_local_offsets, bl->n_remote_offsets, bl->n_lengths);
+            mg_xfer_origin_fail(
+                o, MG_ERR_INVALID,
+                "blocks %zu: local_offsets, remote_offsets and lengths differ in count "
+                "(%zu, %zu, %zu)",
+                g, bl->n_local_offsets, bl->n_remote_offsets, bl->n_lengths);
             return -1;
         }
         n += bl->n_lengths;
     }
     for (size_t g = 0; g < req->n_strided; g++) {
-        if (strided_check(call, req->strided[g], g) != 0)
+        if (strided_check(o, req->strided[g], g) != 0)
             return -1;
         n += req->strided[g]->count;
     }
     if (n == 0 || n > max) {
-        mg_call_fail(call, MG_ERR_INVALID,
-                     "a batch has 1..%llu requests (--max-transfer-requests), not %llu",
-                     (unsigned long long)max, (unsigned long long)n);
+        mg_xfer_origin_fail(o, MG_ERR_INVALID,
+                            "a batch has 1..%llu requests (--max-transfer-requests), not %llu",
+                            (unsigned long long)max, (unsigned long long)n);
         return -1;
     }
     return (long)n;
 }
 
+/* ---- origins: a Submit call, or a ring's submission ---- */
+
+xfer_origin *mg_xfer_origin_keep(const xfer_origin *o)
+{
+    xfer_origin *k = malloc(sizeof(*k));
+    if (k == NULL)
+        return NULL;
+    *k = *o;
+    k->tenant = k->who = NULL; /* the caller's strings: gone after the check */
+    if (k->call)
+        mg_call_ref(k->call);
+    else
+        mg_xfer_ring_hold(k->ring, 1);
+    return k;
+}
+
+void mg_xfer_origin_free(xfer_origin *o)
+{
+    if (o->call)
+        mg_call_unref(o->call);
+    else
+        mg_xfer_ring_hold(o->ring, -1);
+    free(o);
+}
+
 /* ---- refusals ---- */
 
-/* Submit refused before b started: the call fails with gRPC status `code` and the message,
- * b's notifications' peers hear when that is for good (mg_notelines_refused), b is discarded. */
-static void refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void refuse(mg_call *call, mg_batch *b, int code, const char *fmt, ...)
+void mg_xfer_origin_fail(const xfer_origin *o, int err, const char *fmt, ...)
 {
     char why[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    mg_notelines_refused(svc_of(b)->lines, b, mg_call_traceparent(call), code, why);
-    mg_call_finish(call, code, "%s", why);
+    if (o->call)
+        mg_call_fail(o->call, err, "%s", why);
+    else
+        mg_xfer_ring_refused(o, mg_err_grpc(err), "%s: %s", mg_strerror(err), why);
+}
+
+/* Submit refused before b started: the caller hears gRPC status `code` and the message, b's
+ * notifications' peers hear when that is for good (mg_notelines_refused), b is discarded. */
+static void refuse(const xfer_origin *o, mg_batch *b, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(const xfer_origin *o, mg_batch *b, int code, const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    mg_notelines_refused(svc_of(b)->lines, b, o->call ? mg_call_traceparent(o->call) : "", code,
+                         why);
+    if (o->call)
+        mg_call_finish(o->call, code, "%s", why);
+    else
+        mg_xfer_ring_refused(o, code, "%s", why);
     mg_batch_discard(b);
 }
 
 /* The same for request i of b, which cannot run for err (an MG_ERR_*) and why: "<err's text>:
  * request i: why; nothing was moved", as mg_call_fail words it. */
-static void refuse_request(mg_call *call, mg_batch *b, int err, size_t i, const char *why)
+static void refuse_request(const xfer_origin *o, mg_batch *b, int err, size_t i, const char *why)
 {
-    refuse(call, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved", mg_strerror(err), i,
+    refuse(o, b, mg_err_grpc(err), "%s: request %zu: %s; nothing was moved", mg_strerror(err), i,
            why);
 }
 
-/* The runner's answer for a Submit's batch (moongate/runner.h): it starts, or is refused. */
+/* The runner's answer for a Submit's batch (moongate/runner.h): it starts, or is refused. ctx
+ * is the Submit's origin, copied (the call referenced). */
 static void prepared(void *arg, void *ctx, mg_batch *b, const mg_xfer_refusal *no)
 {
-    mg_call *call = ctx;
-    mg_call_set_data(call, NULL); /* submit_go may set its own (a Submit with `wait`) */
-    if (mg_call_done(call) || transfer_closing(arg)) /* the caller left, or the daemon stops */
-        mg_batch_discard(b);
+    xfer_origin *o = ctx;
+    if (o->call)
+        mg_call_set_data(o->call, NULL); /* submit_go may set its own (a Submit with `wait`) */
+    if ((o->call ? mg_call_done(o->call) : mg_xfer_ring_gone(o)) || transfer_closing(arg))
+        mg_batch_discard(b); /* the caller left, or the daemon stops */
     else if (no == NULL)
-        submit_go(call, b);
+        submit_go(o, b);
     else if (no->err && no->request != SIZE_MAX)
-        refuse_request(call, b, no->err, no->request, no->why);
+        refuse_request(o, b, no->err, no->request, no->why);
     else
-        refuse(call, b, no->err ? mg_err_grpc(no->err) : no->grpc, "%s", no->why);
-    mg_call_unref(call);
+        refuse(o, b, no->err ? mg_err_grpc(no->err) : no->grpc, "%s", no->why);
+    mg_xfer_origin_free(o);
 }
 
 /* A Submit with a request_id a batch of the tenant already has gets that batch (answered now,
@@ -296,11 +342,11 @@ static int submit_retry(mg_call *call, struct mg_transfer_svc *ts,
     return 0;
 }
 
-/* The batch's notifications, checked. Returns 0, or -1 after failing the call. */
-static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
+/* The batch's notifications, checked. Returns 0, or -1 after failing the caller. */
+static int notify_check(const xfer_origin *o, const Moongate__V1__SubmitRequest *req)
 {
     if (req->n_notify > NOTIFY_MAX) {
-        mg_call_fail(call, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
+        mg_xfer_origin_fail(o, MG_ERR_INVALID, "a batch has at most %d notifications", NOTIFY_MAX);
         return -1;
     }
     for (size_t i = 0; i < req->n_notify; i++) {
@@ -308,7 +354,8 @@ static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
         const char *bad = mg_is_host_port(np->peer) ? mg_note_bad(np->topic, np->payload.len)
                                                     : "peer must be host:port";
         if (bad) {
-            mg_call_fail(call, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i, bad);
+            mg_xfer_origin_fail(o, MG_ERR_INVALID, "notification %zu: %s; nothing was moved", i,
+                                bad);
             return -1;
         }
     }
@@ -316,20 +363,21 @@ static int notify_check(mg_call *call, const Moongate__V1__SubmitRequest *req)
 }
 
 /* --max-tenant-batches: the tenant's batches not over, those being checked too. Returns 0, or
- * -1 after failing the call. */
-static int quota_check(mg_call *call, struct mg_transfer_svc *ts)
+ * -1 after failing the caller. */
+static int quota_check(const xfer_origin *o)
 {
+    struct mg_transfer_svc *ts = o->ts;
     uint64_t running, max = ts->gw->cfg->max_tenant_batches;
     if (max == 0)
         return 0;
-    running = mg_batches_running(ts->batches, mg_call_tenant(call)) +
-              mg_runner_preparing(ts->run, mg_call_tenant(call), NULL);
+    running =
+        mg_batches_running(ts->batches, o->tenant) + mg_runner_preparing(ts->run, o->tenant, NULL);
     if (running < max)
         return 0;
-    mg_call_fail(call, MG_ERR_QUOTA,
-                 "tenant \"%s\" has %llu batches running, its quota (--max-tenant-batches); "
-                 "nothing was moved",
-                 mg_call_tenant(call), (unsigned long long)running);
+    mg_xfer_origin_fail(o, MG_ERR_QUOTA,
+                        "tenant \"%s\" has %llu batches running, its quota "
+                        "(--max-tenant-batches); nothing was moved",
+                        o->tenant, (unsigned long long)running);
     return -1;
 }
 
@@ -398,55 +446,67 @@ static void batch_peers(mg_batch *b)
 
 static void submit_message(mg_call *call, const ProtobufCMessage *m)
 {
-    const Moongate__V1__SubmitRequest *req = (const void *)m;
     mg_gateway *gw = mg_call_gateway(call);
-    struct mg_transfer_svc *ts = transfer_of(gw);
+    xfer_origin o = {.ts = transfer_of(gw),
+                     .call = call,
+                     .tenant = mg_call_tenant(call),
+                     .conn = mg_call_conn_id(call),
+                     .who = mg_call_peer(call)};
+    uint32_t uid;
+    if (o.ts == NULL || mg_engine_registry(gw->engine) == NULL) {
+        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
+        return;
+    }
+    if (!mg_call_socket_cred(call, &uid, &o.proc))
+        o.proc.pid = 0; /* not a local process: no local addresses */
+    mg_xfer_svc_submit(&o, (const void *)m);
+}
+
+void mg_xfer_svc_submit(const xfer_origin *o, const Moongate__V1__SubmitRequest *req)
+{
+    struct mg_transfer_svc *ts = o->ts;
+    mg_gateway *gw = ts->gw;
     mg_batch *b;
     item_iter it = {.req = req};
     uint64_t last_segment = 0;
-    uint32_t uid;
-    mg_proc proc;
+    xfer_origin *keep;
     long count;
     int tag;
     char holder[MG_SEG_HOLDER_MAX];
 
-    if (ts == NULL || mg_engine_registry(gw->engine) == NULL) {
-        mg_call_fail(call, MG_ERR_UNAVAILABLE, "this daemon cannot transfer");
-        return;
-    }
-    if ((count = submit_count(call, ts, &it, gw->cfg->max_transfer_requests)) < 0)
+    if ((count = submit_count(o, &it, gw->cfg->max_transfer_requests)) < 0)
         return;
     if (strlen(req->request_id) > MG_BATCH_REQUEST_ID_MAX) {
-        mg_call_fail(call, MG_ERR_INVALID, "request_id is at most %d bytes",
-                     MG_BATCH_REQUEST_ID_MAX);
+        mg_xfer_origin_fail(o, MG_ERR_INVALID, "request_id is at most %d bytes",
+                            MG_BATCH_REQUEST_ID_MAX);
         return;
     }
     if ((tag = mg_batch_tag_parse(req->tag)) < 0) {
-        mg_call_fail(call, MG_ERR_INVALID,
-                     "tag \"%.64s\" is none of \"\", \"staged\" and \"rdma-dmabuf\"", req->tag);
+        mg_xfer_origin_fail(o, MG_ERR_INVALID,
+                            "tag \"%.64s\" is none of \"\", \"staged\" and \"rdma-dmabuf\"",
+                            req->tag);
         return;
     }
-    if (submit_retry(call, ts, req) || notify_check(call, req) != 0 || quota_check(call, ts) != 0)
+    if ((o->call && submit_retry(o->call, ts, req)) || notify_check(o, req) != 0 ||
+        quota_check(o) != 0)
         return;
-    b = mg_batch_new(ts->batches, mg_call_tenant(call), (size_t)count, req->n_notify);
+    b = mg_batch_new(ts->batches, o->tenant, (size_t)count, req->n_notify);
     if (b == NULL) {
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        mg_xfer_origin_fail(o, MG_ERR_NOMEM, "no memory for the batch");
         return;
     }
-    b->conn = mg_call_conn_id(call);
+    b->conn = o->conn;
     if (batch_notes(b, req) != 0) {
         mg_batch_discard(b);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        mg_xfer_origin_fail(o, MG_ERR_NOMEM, "no memory for the batch's notifications");
         return;
     }
-    snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, mg_call_peer(call));
-    if (!mg_call_socket_cred(call, &uid, &proc))
-        proc.pid = 0;                   /* not a local process: no local addresses */
+    snprintf(holder, sizeof(holder), "transfer batch %" PRIu64 " by %s", b->id, o->who);
     for (size_t i = 0; i < b->n; i++) { /* the whole batch is checked before anything moves */
-        const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &proc);
+        const char *bad = req_fill(b, i, item_next(&it), &last_segment, holder, &o->proc);
         if (bad) { /* it may be the request's own text, which goes with the batch */
             int err = b->reqs[i].err ? b->reqs[i].err : MG_ERR_INVALID;
-            refuse_request(call, b, err, i, bad);
+            refuse_request(o, b, err, i, bad);
             return;
         }
     }
@@ -456,19 +516,23 @@ static void submit_message(mg_call *call, const ProtobufCMessage *m)
     b->brief = req->brief;
     b->tag = (mg_batch_tag)tag;
     b->digest = req->digest;
-    if (mg_batch_trace(b, mg_call_traceparent(call)) != 0) {
+    if (mg_batch_trace(b, o->call ? mg_call_traceparent(o->call) : "") != 0) {
         mg_batch_discard(b);
-        mg_call_fail(call, MG_ERR_SYSTEM, "no random bytes for a trace span");
+        mg_xfer_origin_fail(o, MG_ERR_SYSTEM, "no random bytes for a trace span");
         return;
     }
     b->timeout_ms = req->timeout_ms ? req->timeout_ms : (uint32_t)gw->cfg->transfer_timeout * 1000;
-    mg_call_ref(call); /* until prepared */
-    mg_runner_prepare(ts->run, b, call);
+    if ((keep = mg_xfer_origin_keep(o)) == NULL) {
+        mg_batch_discard(b);
+        mg_xfer_origin_fail(o, MG_ERR_NOMEM, "no memory for the batch");
+        return;
+    }
+    mg_runner_prepare(ts->run, b, keep);
 }
 
 /* The batch passed every check: it is entered, answered with its id (minted by mg_batch_new)
  * and its requests start. */
-static void submit_go(mg_call *call, mg_batch *b)
+static void submit_go(const xfer_origin *o, mg_batch *b)
 {
     struct mg_transfer_svc *ts = svc_of(b);
     mg_gateway *gw = ts->gw;
@@ -477,8 +541,8 @@ static void submit_go(mg_call *call, mg_batch *b)
     batch_front *f = calloc(1, sizeof(*f));
     if (f == NULL || (f->timer = evtimer_new(gw->base, batch_timeout, b)) == NULL) {
         free(f);
-        mg_batch_discard(b);
-        mg_call_fail(call, MG_ERR_NOMEM, NULL);
+        refuse(o, b, mg_err_grpc(MG_ERR_NOMEM), "%s: no memory for the batch",
+               mg_strerror(MG_ERR_NOMEM));
         return;
     }
     mg_list_init(&f->watchers);
@@ -487,8 +551,10 @@ static void submit_go(mg_call *call, mg_batch *b)
     ts->stats.in_flight += b->n;
     mg_batches_add(ts->batches, b, mg_now_mono_ns());
     resp.batch_id = b->id;
-    if (!b->wait || mg_xfer_svc_watch(call, b, 1, b->brief) != 0) /* no memory: the id, at least */
-        mg_call_reply(call, &resp.base);
+    if (o->call == NULL)
+        mg_xfer_ring_entered(o, b); /* answered on the ring at its end */
+    else if (!b->wait || mg_xfer_svc_watch(o->call, b, 1, b->brief) != 0) /* no memory: the id */
+        mg_call_reply(o->call, &resp.base);
     mg_runner_start(ts->run, b);
 }
 
@@ -507,6 +573,8 @@ static const mg_method transfer_methods[] = {
              &moongate__v1__prepared_list__descriptor, mg_xfer_svc_prepare_list),
     MG_UNARY("/moongate.v1.Transfer/ReleaseList", &moongate__v1__release_list_request__descriptor,
              &moongate__v1__release_list_response__descriptor, mg_xfer_svc_release_list),
+    MG_UNARY("/moongate.v1.Transfer/AttachRing", &moongate__v1__attach_ring_request__descriptor,
+             &moongate__v1__attach_ring_response__descriptor, mg_xfer_svc_attach_ring),
     MG_UNARY("/moongate.v1.Transfer/GetBatch", &moongate__v1__get_batch_request__descriptor,
              &moongate__v1__batch__descriptor, mg_xfer_svc_get),
     MG_UNARY("/moongate.v1.Transfer/Cancel", &moongate__v1__get_batch_request__descriptor,
@@ -558,7 +626,7 @@ static int mg_svc_transfer_init(mg_gateway *gw)
     }
     if ((rc = mg_xlists_new(&ts->xlists, MG_XLISTS_MAX_RANGES)) != 0)
         return rc;
-    if ((rc = mg_xfer_svc_engine(ts, prepared)) != 0)
+    if ((rc = mg_xfer_svc_engine(ts, prepared)) != 0 || (rc = mg_xfer_rings_start(ts)) != 0)
         return rc;
     ts->sweep = event_new(gw->base, -1, EV_PERSIST, sweep_cb, ts);
     if (ts->sweep == NULL || event_add(ts->sweep, &every) != 0)
@@ -579,6 +647,7 @@ static void mg_svc_transfer_free(mg_gateway *gw)
     mg_notelines_del(ts->lines); /* before the batches whose notifications wait in line */
     mg_batches_del(ts->batches); /* their Wait calls end, their memory is let go */
     mg_xlists_del(ts->xlists);   /* the connections, and their bindings, are gone */
+    mg_xfer_rings_stop(ts);      /* their rings closed, their batches gone */
     free(ts);
     *mg_gateway_state(gw, &mg_svc_transfer) = NULL;
 }

@@ -19,10 +19,15 @@
 
 struct event;
 struct Moongate__V1__Prepared;
+struct Moongate__V1__SubmitRequest;
 struct evbuffer;
 
 /* What the front keeps of a batch (mg_batch.front): its Wait calls and its timers. */
+struct xring; /* a submission ring's front (svc_transfer_ring.c) */
+
 typedef struct batch_front {
+    struct xring *ring;       /* posted on this ring, answered there at its end; or NULL */
+    uint64_t user_data;       /* the ring's submission's */
     mg_list watchers;         /* Wait calls and Submits with `wait` (bwatch.park) */
     struct event *timer;      /* the batch's timeout */
     struct event *wait_ev;    /* the next progress report to Wait calls */
@@ -66,10 +71,12 @@ struct mg_transfer_svc {
     mg_peerdir *dir;
     mg_peer_cache *descs;
     mg_agent_cache *agents;
-    mg_notelines *lines; /* notifications in order per (connection, peer, topic) */
-    mg_runner *run;      /* batches from their checks to their start (moongate/runner.h) */
-    struct event *sweep; /* forgets batches past --batch-retention */
-    mg_xlists *xlists;   /* prepared lists (PrepareList), each bound to its connection */
+    mg_notelines *lines;     /* notifications in order per (connection, peer, topic) */
+    mg_runner *run;          /* batches from their checks to their start (moongate/runner.h) */
+    struct event *sweep;     /* forgets batches past --batch-retention */
+    mg_xlists *xlists;       /* prepared lists (PrepareList), each bound to its connection */
+    struct mg_rings *rings;  /* local clients' submission rings (AttachRing) */
+    struct xring *ring_list; /* their fronts */
     mg_transfer_stats stats;
 };
 
@@ -96,6 +103,44 @@ static inline int transfer_closing(const struct mg_transfer_svc *ts)
 
 /* The engine's notification lines and batch runner of ts, which ask peers through this file;
  * `prepared` is the runner's answer (mg_runner_config). Returns 0 or an MG_ERR_*. */
+/* Where a Submit comes from: a call, or a submission of a ring (moongate/ring.h). */
+typedef struct xfer_origin {
+    struct mg_transfer_svc *ts;
+    mg_call *call;      /* the Submit call, or NULL */
+    struct xring *ring; /* or the ring, */
+    uint64_t user_data; /* and its submission's user_data */
+    /* While the Submit is checked: */
+    const char *tenant;
+    uint64_t conn; /* the connection (its prepared lists; notifications keep its order) */
+    mg_proc proc;  /* the calling process (pid 0: not on the Unix socket) */
+    const char *who;
+} xfer_origin;
+
+/* Checks the Submit (of an origin whose service is there) and runs its batch; answers a
+ * refusal as its origin hears it. */
+void mg_xfer_svc_submit(const xfer_origin *o, const struct Moongate__V1__SubmitRequest *req);
+/* Fails the origin: err (an MG_ERR_*) as its gRPC code, "<err's text>: <message>". */
+void mg_xfer_origin_fail(const xfer_origin *o, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A copy that outlives the check (the call or ring held), and its end. NULL: no memory. */
+xfer_origin *mg_xfer_origin_keep(const xfer_origin *o);
+void mg_xfer_origin_free(xfer_origin *o);
+
+/* svc_transfer_ring.c: rings. */
+int mg_xfer_rings_start(struct mg_transfer_svc *ts);
+void mg_xfer_rings_stop(struct mg_transfer_svc *ts);
+void mg_xfer_svc_attach_ring(mg_call *call, const ProtobufCMessage *m);
+void mg_xfer_ring_hold(struct xring *x, int delta);
+/* The ring's process is gone (nothing to answer). */
+int mg_xfer_ring_gone(const xfer_origin *o);
+/* A refusal, answered on the ring. */
+void mg_xfer_ring_refused(const xfer_origin *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The batch entered: the ring hears of it at its end (mg_xfer_ring_over). */
+void mg_xfer_ring_entered(const xfer_origin *o, mg_batch *b);
+/* b, posted on a ring, is over (or freed before: the daemon stops): its answer, once. */
+void mg_xfer_ring_over(mg_batch *b);
+
 int mg_xfer_svc_engine(struct mg_transfer_svc *ts,
                        void (*prepared)(void *, void *, mg_batch *, const mg_xfer_refusal *));
 /* Notify/Send. */
@@ -108,9 +153,8 @@ void mg_xfer_svc_prepare_list(mg_call *call, const ProtobufCMessage *m);
 void mg_xfer_svc_release_list(mg_call *call, const ProtobufCMessage *m);
 /* The prepared lists of group g of a Submit, checked (*lo, *ro), or NULL after failing the
  * call. */
-int mg_xfer_svc_prepared(mg_call *call, struct mg_transfer_svc *ts,
-                         const struct Moongate__V1__Prepared *p, size_t g, const mg_xlist **lo,
-                         const mg_xlist **ro);
+int mg_xfer_svc_prepared(const xfer_origin *o, const struct Moongate__V1__Prepared *p, size_t g,
+                         const mg_xlist **lo, const mg_xlist **ro);
 
 /* ---- svc_transfer_view.c ---- */
 

@@ -196,25 +196,24 @@ void mg_xfer_svc_release_list(mg_call *call, const ProtobufCMessage *m)
     mg_call_reply(call, &resp.base);
 }
 
-int mg_xfer_svc_prepared(mg_call *call, struct mg_transfer_svc *ts, const Moongate__V1__Prepared *p,
-                         size_t g, const mg_xlist **lo, const mg_xlist **ro)
+int mg_xfer_svc_prepared(const xfer_origin *o, const Moongate__V1__Prepared *p, size_t g,
+                         const mg_xlist **lo, const mg_xlist **ro)
 {
-    const char *tenant = mg_call_tenant(call), *bad;
-    uint64_t conn = mg_call_conn_id(call);
+    const char *bad;
     char why[256];
-    *lo = mg_xlists_find(ts->xlists, p->local_list, tenant, conn);
-    *ro = mg_xlists_find(ts->xlists, p->remote_list, tenant, conn);
+    *lo = mg_xlists_find(o->ts->xlists, p->local_list, o->tenant, o->conn);
+    *ro = mg_xlists_find(o->ts->xlists, p->remote_list, o->tenant, o->conn);
     if (*lo == NULL || *ro == NULL) {
-        mg_call_fail(call, MG_ERR_NOT_FOUND,
-                     "prepared %zu: no prepared list %" PRIu64 " of this connection (a list lives "
-                     "with the connection that prepared it)",
-                     g, *lo == NULL ? p->local_list : p->remote_list);
+        mg_xfer_origin_fail(o, MG_ERR_NOT_FOUND,
+                            "prepared %zu: no prepared list %" PRIu64 " of this connection (a "
+                            "list lives with the connection that prepared it)",
+                            g, *lo == NULL ? p->local_list : p->remote_list);
         return -1;
     }
     bad = mg_xlists_check_pairs(*lo, *ro, p->local_indices, p->n_local_indices, p->remote_indices,
                                 p->n_remote_indices, why, sizeof(why));
     if (bad) {
-        mg_call_fail(call, MG_ERR_INVALID, "prepared %zu: %s", g, bad);
+        mg_xfer_origin_fail(o, MG_ERR_INVALID, "prepared %zu: %s", g, bad);
         return -1;
     }
     return 0;

@@ -166,6 +166,13 @@ static int checksum(void *arg, const mg_batch_req *r, void *job, char *why, size
         &moongate__v1__checksum_response__descriptor, checksum_answered, job, why, cap);
 }
 
+/* A Submit's origin the runner held when it went (the daemon stops). */
+static void forget(void *arg, void *ctx)
+{
+    (void)arg;
+    mg_xfer_origin_free(ctx);
+}
+
 int mg_xfer_svc_engine(struct mg_transfer_svc *ts,
                        void (*prepared)(void *, void *, mg_batch *, const mg_xfer_refusal *))
 {
@@ -186,7 +193,8 @@ int mg_xfer_svc_engine(struct mg_transfer_svc *ts,
                            .describe_agent = describe_agent,
                            .describe_target = describe_target,
                            .checksum = checksum,
-                           .prepared = prepared};
+                           .prepared = prepared,
+                           .forget = forget};
     int err = mg_notelines_new(&ts->lines, &nc);
     if (err == 0) {
         rc.lines = ts->lines;

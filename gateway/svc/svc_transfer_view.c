@@ -5,6 +5,8 @@
  */
 #include "svc_transfer.h"
 
+#include "moongate/ring.h"
+
 #include "mg_service.h"
 #include "mg_peer_rpc.h"
 
@@ -183,6 +185,8 @@ void mg_xfer_svc_changed(void *arg, mg_batch *b)
     int over = mg_batch_is_over(b);
     if (f == NULL)
         return; /* not entered yet (the daemon stops while it is checked) */
+    if (over && f->ring)
+        mg_xfer_ring_over(b);
     if (over && f->compact_ev == NULL) {
         event_del(f->timer);
         f->compact_ev = event_new(ts->gw->base, -1, 0, compact_cb, b);
@@ -210,6 +214,8 @@ void mg_xfer_svc_freed(void *arg, mg_batch *b)
 {
     batch_front *f = front_of(b);
     (void)arg;
+    if (f->ring)
+        mg_xfer_ring_over(b);
     while (!mg_list_empty(&f->watchers)) {
         bwatch *w = bwatch_of(mg_list_first(&f->watchers));
         mg_call_unpark(&w->park, -1, NULL);
@@ -528,6 +534,16 @@ void mg_xfer_svc_metrics(mg_gateway *gw, struct evbuffer *out)
                         (long long)(transfer_of(gw) ? mg_xfer_sched_slices_in_flight(
                                                           mg_peerdir_sched(transfer_of(gw)->dir))
                                                     : 0));
+    if (transfer_of(gw) && transfer_of(gw)->rings)
+        evbuffer_add_printf(out,
+                            "# HELP moongate_rings_open Submission rings of local clients "
+                            "served (AttachRing).\n# TYPE moongate_rings_open gauge\n"
+                            "moongate_rings_open %zu\n"
+                            "# HELP moongate_ring_submissions_total Submissions taken from "
+                            "rings.\n# TYPE moongate_ring_submissions_total counter\n"
+                            "moongate_ring_submissions_total %llu\n",
+                            mg_rings_open(transfer_of(gw)->rings),
+                            (unsigned long long)mg_rings_taken(transfer_of(gw)->rings));
     for (int c = 1; c < MG_GRPC_CODE_COUNT; c++) {
         if (s->failed_by_code[c])
             evbuffer_add_printf(out, "moongate_transfer_failures_total{grpc_code=\"%s\"} %llu\n",

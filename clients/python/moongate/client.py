@@ -1009,6 +1009,13 @@ class Client:
     def release_list(self, list_id):
         self._call(self.transfers.ReleaseList, transfer_pb2.ReleaseListRequest(id=list_id))
 
+    def attach_ring(self, entries=256):
+        """A submission ring for this client's connection (on the daemon's Unix socket): a
+        moongate.ring.Ring where batches by index into this connection's prepared lists are
+        posted, and their ends read, without a call each. It goes with the connection."""
+        from moongate import ring
+        return ring.attach(self, entries)
+
     # transfers
     def transfer(self, requests, notify=(), timeout_ms=0, request_id="", check=True,
                  digest=False, traceparent="", brief=False, prepared=(), strided=()):
@@ -1080,6 +1087,11 @@ class Client:
                          "%016x): daemon restarted; what it moved is unknown" % (
                              batch_id, was, self._re.epoch))
         return self._error(e)
+
+    def get_batch(self, batch_id, brief=False):
+        """The batch as it stands (GetBatch): its state, counts and requests."""
+        return self._call(self.transfers.GetBatch,
+                          transfer_pb2.GetBatchRequest(id=batch_id, brief=brief))
 
     def wait(self, batch_id, progress=None, check=True, brief=False):
         """Follows a batch to its end (Transfer/Wait); `progress(batch)` sees each report.

@@ -67,6 +67,10 @@ unsigned mg_cq_drain(mg_cq *cq, unsigned max);
  * as they come). For teardown: a queue must not be freed while a worker may still push to it. */
 void mg_cq_settle(mg_cq *cq);
 
+/* Hands `done` (with `result`) to the loop that drains cq, from any thread: for engine threads
+ * other than the workers (the ring thread). Returns 0 or MG_ERR_NOMEM (nothing was posted). */
+int mg_cq_post(mg_cq *cq, mg_done_fn done, void *arg, int result);
+
 /* Queues `work` on the pool; `done` later runs on the thread that drains `cq`.
  * Returns 0, MG_ERR_FULL when queue_depth jobs are queued or running, MG_ERR_SHUTDOWN after
  * mg_engine_del began, or MG_ERR_NOMEM. On error nothing was queued and `done` never runs. */

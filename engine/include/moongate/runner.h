@@ -79,12 +79,14 @@ typedef struct mg_runner_config {
     /* mg_runner_prepare's answer for b: no is NULL (b may start: mg_runner_start) or says why not
      * (b is the front's to refuse and discard). ctx: mg_runner_prepare's. */
     void (*prepared)(void *arg, void *ctx, mg_batch *b, const mg_xfer_refusal *no);
+    /* A batch still being prepared when the runner goes: its ctx is let go (NULL: nothing). */
+    void (*forget)(void *arg, void *ctx);
 } mg_runner_config;
 
 /* Returns 0, MG_ERR_INVALID or MG_ERR_NOMEM. */
 int mg_runner_new(mg_runner **out, const mg_runner_config *cfg);
 /* Accepts NULL. After the directory is closed and every ask was answered: batches still being
- * prepared are discarded (their `prepared` is not called). */
+ * prepared are discarded (their `prepared` is not called; `forget` is). */
 void mg_runner_del(mg_runner *xr);
 
 /* Prepares b (filled, its peers set, not entered): `prepared` is called once, perhaps before
