@@ -28,7 +28,7 @@ _Static_assert(offsetof(mg_ring_hdr, why) == 44 && offsetof(mg_ring_hdr, sq_tail
                    offsetof(mg_ring_hdr, client_waiting) == 388,
                "the header's layout");
 _Static_assert(offsetof(mg_ring_sqe, u.strided.length) == 72 &&
-                   offsetof(mg_ring_sqe, reserved) == 112 && offsetof(mg_ring_cqe, why) == 32,
+                   offsetof(mg_ring_sqe, note_len) == 112 && offsetof(mg_ring_cqe, why) == 32,
                "the slots' layout");
 
 #define LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -112,60 +112,98 @@ static int sqe_bad(mg_ring_sub *s, const char *fmt, ...)
     return -1;
 }
 
-static int sqe_check(const mg_ring_sqe *e, uint32_t avail, mg_ring_sub *s, uint64_t *slots)
+/* Slots of `bytes` bytes. */
+static uint64_t slots_of(uint64_t bytes)
 {
-    *slots = 1;
+    return (bytes + MG_RING_SQE_SIZE - 1) / MG_RING_SQE_SIZE;
+}
+
+/* The shape of e: 0 with *pair_slots and *note_slots (the slots after the entry's), or -1 with
+ * s->bad set. */
+static int sqe_check(const mg_ring_sqe *e, uint32_t avail, mg_ring_sub *s, uint64_t *pair_slots,
+                     uint64_t *note_slots)
+{
+    *pair_slots = *note_slots = 0;
     if (e->op != MG_RING_READ && e->op != MG_RING_WRITE)
         return sqe_bad(s, "op %u: READ (0) or WRITE (1)", e->op);
-    if (e->flags != 0 || e->reserved[0] != 0 || e->reserved[1] != 0)
-        return sqe_bad(s, "flags and reserved words must be 0");
+    if ((e->flags & ~MG_RING_NOTIFY) != 0 || e->reserved0 != 0 || e->reserved1 != 0)
+        return sqe_bad(s, "flags other than NOTIFY (1), and reserved words, must be 0");
     if (e->count == 0)
         return sqe_bad(s, "count 0: a submission moves at least one block");
     if (e->kind == MG_RING_STRIDED) {
         if (e->u.strided.length == 0)
             return sqe_bad(s, "length 0");
-        return 0;
-    }
-    if (e->kind != MG_RING_PAIRS)
+    } else if (e->kind != MG_RING_PAIRS) {
         return sqe_bad(s, "kind %u: PAIRS (1) or STRIDED (2)", e->kind);
-    if (e->count > MG_RING_INLINE_PAIRS)
-        *slots += ((uint64_t)e->count - MG_RING_INLINE_PAIRS + MG_RING_SLOT_PAIRS - 1) /
-                  MG_RING_SLOT_PAIRS;
-    if (*slots > avail) {
-        uint64_t want = *slots;
-        *slots = 1;
-        return sqe_bad(s, "%u pairs take %llu slots; %u are published", e->count,
-                       (unsigned long long)want, avail);
+    } else if (e->count > MG_RING_INLINE_PAIRS) {
+        *pair_slots = slots_of(8 * ((uint64_t)e->count - MG_RING_INLINE_PAIRS));
+    }
+    if (e->flags & MG_RING_NOTIFY) {
+        if (e->note_len < 2 || e->note_len > MG_RING_NOTE_MAX)
+            return sqe_bad(s, "note_len %u: 2..%u bytes (topic, NUL, payload)", e->note_len,
+                           MG_RING_NOTE_MAX);
+        *note_slots = slots_of(e->note_len);
+    } else if (e->note_len != 0) {
+        return sqe_bad(s, "note_len %u without the NOTIFY flag", e->note_len);
+    }
+    if (1 + *pair_slots + *note_slots > avail) {
+        uint64_t want = 1 + *pair_slots + *note_slots;
+        *pair_slots = *note_slots = 0;
+        return sqe_bad(s, "the entry takes %llu slots (%u pairs%s); %u are published",
+                       (unsigned long long)want, e->count,
+                       e->flags & MG_RING_NOTIFY ? " and a note" : "", avail);
     }
     return 0;
+}
+
+/* Copies `len` bytes that start at slot `from` (wrapping around the ring) into out. */
+static void copy_slots(const uint8_t *sq, uint32_t entries, uint32_t from, uint8_t *out,
+                       uint64_t len)
+{
+    for (uint64_t done = 0; done < len; from++) {
+        uint64_t n = len - done < MG_RING_SQE_SIZE ? len - done : MG_RING_SQE_SIZE;
+        memcpy(out + done, sq + (size_t)(from & (entries - 1)) * MG_RING_SQE_SIZE, n);
+        done += n;
+    }
 }
 
 uint32_t mg_ring_sqe_copy(const uint8_t *sq, uint32_t entries, uint32_t head, uint32_t avail,
                           mg_ring_sub *s)
 {
-    uint32_t mask = entries - 1, k = 0;
-    uint64_t slots;
-    uint8_t slot[MG_RING_SQE_SIZE];
-    memcpy(&s->e, sq + (size_t)(head & mask) * MG_RING_SQE_SIZE, sizeof(s->e));
+    uint64_t pair_slots, note_slots;
+    uint32_t k = 0;
+    memcpy(&s->e, sq + (size_t)(head & (entries - 1)) * MG_RING_SQE_SIZE, sizeof(s->e));
     s->bad[0] = '\0';
-    if (sqe_check(&s->e, avail, s, &slots) != 0 || s->e.kind != MG_RING_PAIRS)
+    if (sqe_check(&s->e, avail, s, &pair_slots, &note_slots) != 0)
         return 1;
-    s->local = malloc(sizeof(uint32_t) * s->e.count);
-    s->remote = malloc(sizeof(uint32_t) * s->e.count);
-    if (s->local == NULL || s->remote == NULL)
-        return 0;
-    for (; k < s->e.count && k < MG_RING_INLINE_PAIRS; k++) {
-        s->local[k] = s->e.u.pairs[k][0];
-        s->remote[k] = s->e.u.pairs[k][1];
-    }
-    for (uint32_t i = 1; i < slots; i++) { /* each slot copied out once, then read */
-        memcpy(slot, sq + (size_t)((head + i) & mask) * MG_RING_SQE_SIZE, sizeof(slot));
-        for (uint32_t j = 0; j < MG_RING_SLOT_PAIRS && k < s->e.count; j++, k++) {
-            memcpy(&s->local[k], slot + 8 * j, 4);
-            memcpy(&s->remote[k], slot + 8 * j + 4, 4);
+    if (s->e.kind == MG_RING_PAIRS) {
+        uint8_t *more = NULL;
+        uint64_t extra = s->e.count > MG_RING_INLINE_PAIRS
+                             ? 8 * ((uint64_t)s->e.count - MG_RING_INLINE_PAIRS)
+                             : 0;
+        s->local = malloc(sizeof(uint32_t) * s->e.count);
+        s->remote = malloc(sizeof(uint32_t) * s->e.count);
+        if (s->local == NULL || s->remote == NULL || (extra && (more = malloc(extra)) == NULL))
+            return 0;
+        for (; k < s->e.count && k < MG_RING_INLINE_PAIRS; k++) {
+            s->local[k] = s->e.u.pairs[k][0];
+            s->remote[k] = s->e.u.pairs[k][1];
+        }
+        if (more) { /* copied out once, then read */
+            copy_slots(sq, entries, head + 1, more, extra);
+            for (uint64_t j = 0; k < s->e.count; j++, k++) {
+                memcpy(&s->local[k], more + 8 * j, 4);
+                memcpy(&s->remote[k], more + 8 * j + 4, 4);
+            }
+            free(more);
         }
     }
-    return (uint32_t)slots;
+    if (note_slots) {
+        if ((s->note = malloc(s->e.note_len)) == NULL)
+            return 0;
+        copy_slots(sq, entries, head + 1 + (uint32_t)pair_slots, (uint8_t *)s->note, s->e.note_len);
+    }
+    return 1 + (uint32_t)pair_slots + (uint32_t)note_slots;
 }
 
 /* ---- the ring thread ---- */
@@ -577,5 +615,6 @@ void mg_ring_sub_free(mg_ring_sub *s)
         ring_unref(s->ring);
     free(s->local);
     free(s->remote);
+    free(s->note);
     free(s);
 }

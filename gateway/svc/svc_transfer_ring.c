@@ -209,6 +209,23 @@ static int strided_group(const xfer_origin *o, const mg_ring_sqe *e, Moongate__V
     return 0;
 }
 
+/* The note of a submission with MG_RING_NOTIFY, for the remote list's peer. Returns 0 (np
+ * set; topic and payload point into s->note), or -1 after answering it. */
+static int ring_note(const xfer_origin *o, mg_ring_sub *s, Moongate__V1__NotifyPeer *np)
+{
+    const mg_xlist *ro = mg_xlists_find(o->ts->xlists, s->e.remote_list, o->tenant, o->conn);
+    char *nul = memchr(s->note, '\0', s->e.note_len);
+    if (nul == NULL) {
+        mg_xfer_origin_fail(o, MG_ERR_INVALID, "note: no NUL after its topic; nothing was moved");
+        return -1;
+    }
+    np->peer = ro ? (char *)ro->peer : ""; /* no list: the batch is refused naming it */
+    np->topic = s->note;
+    np->payload.data = (uint8_t *)nul + 1;
+    np->payload.len = s->e.note_len - (size_t)(nul + 1 - s->note);
+    return 0;
+}
+
 /* A submission the ring thread took (mg_ring_sub_fn): a Submit of its connection. */
 static void ring_submission(void *arg, mg_ring_sub *s)
 {
@@ -217,6 +234,7 @@ static void ring_submission(void *arg, mg_ring_sub *s)
     Moongate__V1__SubmitRequest req = MOONGATE__V1__SUBMIT_REQUEST__INIT;
     Moongate__V1__Prepared p = MOONGATE__V1__PREPARED__INIT, *pp = &p;
     Moongate__V1__Strided st = MOONGATE__V1__STRIDED__INIT, *stp = &st;
+    Moongate__V1__NotifyPeer np = MOONGATE__V1__NOTIFY_PEER__INIT, *npp = &np;
     xfer_origin o = {.ts = ts,
                      .ring = x,
                      .user_data = s->e.user_data,
@@ -228,6 +246,8 @@ static void ring_submission(void *arg, mg_ring_sub *s)
         mg_xfer_origin_fail(&o, MG_ERR_INVALID, "%s; nothing was moved", s->bad);
     } else if (transfer_closing(ts)) {
         mg_xfer_origin_fail(&o, MG_ERR_SHUTDOWN, "the daemon is stopping; nothing was moved");
+    } else if (s->note && ring_note(&o, s, &np) != 0) {
+        /* answered */
     } else if (s->e.kind == MG_RING_PAIRS) {
         p.op = s->e.op;
         p.local_list = s->e.local_list;
@@ -237,10 +257,14 @@ static void ring_submission(void *arg, mg_ring_sub *s)
         p.remote_indices = s->remote;
         req.n_prepared = 1;
         req.prepared = &pp;
+        req.n_notify = s->note ? 1 : 0;
+        req.notify = &npp;
         mg_xfer_svc_submit(&o, &req);
     } else if (strided_group(&o, &s->e, &st) == 0) {
         req.n_strided = 1;
         req.strided = &stp;
+        req.n_notify = s->note ? 1 : 0;
+        req.notify = &npp;
         mg_xfer_svc_submit(&o, &req);
     }
     mg_ring_sub_free(s);

@@ -97,6 +97,21 @@ def test_pairs_and_strided_posted_on_a_ring_move_and_end_there(make_daemon):
             ring.post_pairs(R, s.local, [5], s.remote, [3])
             c = one(ring)
             assert c.code == 0 and s.block(s.src, 5) == s.block(s.dst, 3)
+            # a notification: the peer's topic has it once the bytes are there
+            notes = s.cb.notifications("ring-t", timeout=20)
+            ring.post_pairs(W, s.local, list(range(12)), s.remote, list(range(12)),
+                            notify=("ring-t", b"\x00bytes\xff"))
+            note = next(notes)
+            assert note.payload == b"\x00bytes\xff" and s.dst[:12 * 4 * KiB] == \
+                s.src[:12 * 4 * KiB]
+            c = one(ring)
+            assert c.code == 0 and note.batch_id == c.batch_id, c
+            # numpy index arrays are taken as lists are
+            import numpy as np
+            ring.post_pairs(W, s.local, np.arange(16, dtype=np.int64), s.remote,
+                            np.arange(16)[::-1].copy())
+            assert one(ring).code == 0
+            assert s.block(s.dst, 15) == s.block(s.src, 0)
     finally:
         s.close()
 
@@ -116,17 +131,25 @@ def test_every_bad_entry_is_answered_by_name_and_the_ring_goes_on(make_daemon):
         raw = [
             (head.pack(1, 7, 1, 0, 1, s.local, s.remote), "op 7"),
             (head.pack(2, 1, 9, 0, 1, s.local, s.remote), "kind 9"),
-            (head.pack(3, 1, 1, 4, 1, s.local, s.remote), "flags and reserved"),
+            (head.pack(3, 1, 1, 4, 1, s.local, s.remote), "flags other than NOTIFY"),
             (head.pack(4, 1, 1, 0, 0, s.local, s.remote), "count 0"),
             (head.pack(5, 1, 2, 0, 1, s.local, s.remote) + struct.pack("=IIQQQQQ", 0, 0, 0, 0,
                                                                          0, 0, 0), "length 0"),
-            (head.pack(6, 1, 1, 0, 200, s.local, s.remote), "200 pairs take 13 slots"),
+            (head.pack(6, 1, 1, 0, 200, s.local, s.remote), "the entry takes 13 slots (200 pairs)"),
+            (head.pack(7, 1, 1, 0, 1, s.local, s.remote).ljust(112, b"\0") +
+             struct.pack("=I", 5), "note_len 5 without the NOTIFY flag"),
+            (head.pack(8, 1, 1, 1, 1, s.local, s.remote).ljust(112, b"\0") +
+             struct.pack("=I", 1), "note_len 1: 2.."),
         ]
         with s.ca.attach_ring(entries=16) as ring:
             for entry, why in raw:
                 ring.post_raw([entry])
                 c = one(ring)
                 assert c.code == INVALID and why in c.why and c.batch_id == 0, (why, c)
+            ring.post_raw([head.pack(9, 1, 1, 1, 1, s.local, s.remote).ljust(112, b"\0") +
+                           struct.pack("=I", 3), b"abc"])  # a note without its NUL
+            c = one(ring)
+            assert c.code == INVALID and "no NUL after its topic" in c.why, c
             cases = [
                 (lambda: ring.post_pairs(W, s.local, [16], s.remote, [0]), INVALID,
                  "pair 0: local index 16 is past the list's 16 ranges"),
@@ -147,6 +170,9 @@ def test_every_bad_entry_is_answered_by_name_and_the_ring_goes_on(make_daemon):
                 ud = post()
                 c = one(ring)
                 assert c.user_data == ud and c.code == code and why in c.why, (why, c)
+            ring.post_pairs(W, s.local, [0], s.remote, [0], notify=("", b"x"))
+            c = one(ring)
+            assert c.code == INVALID and "notification 0" in c.why and "topic" in c.why, c
             assert s.dst == bytearray(64 * KiB)  # nothing moved
             ring.post_pairs(W, s.local, [4], s.remote, [4])
             assert one(ring).code == 0 and s.block(s.dst, 4) == s.block(s.src, 4)

@@ -22,6 +22,7 @@ import grpc
 MAGIC = 0x31676e69726d6d
 SQE, CQE = 128, 256
 PAIRS, STRIDED = 1, 2
+NOTIFY = 1
 INLINE_PAIRS, SLOT_PAIRS = 10, SQE // 8
 # mg_ring_hdr's fields (offsets pinned by engine/src/mg_ring.c).
 H_SQ_ENTRIES, H_SQ_OFF, H_CQ_OFF, H_BROKEN, H_WHY = 8, 16, 24, 40, 44
@@ -129,45 +130,72 @@ class Ring:
             user_data, self._next = self._next, self._next + 1
         return user_data
 
-    def post_pairs(self, op, local_list, local_indices, remote_list, remote_indices,
-                   user_data=None):
-        """A batch of pairs by index into two prepared lists of this connection (as
-        Client.transfer's prepared groups). Returns its user_data (given, or numbered)."""
-        n = len(local_indices)
-        if n != len(remote_indices) or n == 0:
-            raise ValueError("1 or more pairs, local and remote indices of equal count")
-        slots = 1 + (max(0, n - INLINE_PAIRS) + SLOT_PAIRS - 1) // SLOT_PAIRS
+    def _post(self, entry, extra, user_data):
+        """Writes the entry (its first slot, SQE bytes) and the bytes of the slots after it,
+        then publishes them."""
+        slots = 1 + (len(extra) + SQE - 1) // SQE
         self._room(slots)
-        user_data = self._user_data(user_data)
-        pairs = struct.pack("=%dI" % (2 * n), *[x for p in zip(local_indices, remote_indices)
-                                                for x in p])
-        first = self._slot(0)
-        self._mm[first:first + SQE] = bytes(SQE)
-        _HEAD.pack_into(self._mm, first, user_data, op, PAIRS, 0, n, local_list, remote_list)
-        head = pairs[:8 * INLINE_PAIRS]
-        self._mm[first + 32:first + 32 + len(head)] = head
-        rest = pairs[8 * INLINE_PAIRS:]
+        at = self._slot(0)
+        self._mm[at:at + SQE] = entry
         for k in range(1, slots):
-            chunk = rest[(k - 1) * SQE:k * SQE]
+            chunk = extra[(k - 1) * SQE:k * SQE]
             at = self._slot(k)
             self._mm[at:at + len(chunk)] = chunk
         return self._publish(slots, user_data)
 
+    @staticmethod
+    def _note(notify):
+        """(flags, note_len, bytes) of a notification (topic, payload) or None."""
+        if notify is None:
+            return 0, 0, b""
+        topic, payload = notify
+        note = topic.encode() + b"\0" + bytes(payload)
+        return NOTIFY, len(note), note
+
+    def post_pairs(self, op, local_list, local_indices, remote_list, remote_indices,
+                   user_data=None, notify=None):
+        """A batch of pairs by index into two prepared lists of this connection (as
+        Client.transfer's prepared groups). notify: (topic, payload) for the remote list's
+        peer, sent once the batch's requests there ended (as SubmitRequest.notify). Returns
+        its user_data (given, or numbered)."""
+        n = len(local_indices)
+        if n != len(remote_indices) or n == 0:
+            raise ValueError("1 or more pairs, local and remote indices of equal count")
+        user_data = self._user_data(user_data)
+        flags, note_len, note = self._note(notify)
+        if hasattr(local_indices, "astype"):  # NumPy: interleaved without a Python step each
+            import numpy as np
+            both = np.empty((n, 2), dtype=np.uint32)
+            both[:, 0], both[:, 1] = local_indices, remote_indices
+            pairs = both.tobytes()
+        else:
+            pairs = struct.pack("=%dI" % (2 * n), *[x for p in zip(local_indices,
+                                                                   remote_indices) for x in p])
+        entry = bytearray(SQE)
+        _HEAD.pack_into(entry, 0, user_data, op, PAIRS, flags, n, local_list, remote_list)
+        entry[32:32 + min(len(pairs), 8 * INLINE_PAIRS)] = pairs[:8 * INLINE_PAIRS]
+        _U32.pack_into(entry, 112, note_len)
+        rest = pairs[8 * INLINE_PAIRS:]
+        if note:
+            rest = rest.ljust((len(rest) + SQE - 1) // SQE * SQE, b"\0") + note
+        return self._post(entry, rest, user_data)
+
     def post_strided(self, op, local_list, local_index, remote_list, remote_index, count,
                      length, local_offset=0, remote_offset=0, local_stride=0, remote_stride=0,
-                     user_data=None):
+                     user_data=None, notify=None):
         """A batch of `count` blocks of `length` bytes: block k at local_offset + k *
         local_stride of range local_index of local_list, and at remote_offset + k *
-        remote_stride of range remote_index of remote_list. One slot; count 1 is one block
-        anywhere in two listed ranges. Returns its user_data."""
-        self._room(1)
+        remote_stride of range remote_index of remote_list. One slot (and a note's); count 1
+        is one block anywhere in two listed ranges. notify as for post_pairs. Returns its
+        user_data."""
         user_data = self._user_data(user_data)
-        at = self._slot(0)
-        self._mm[at:at + SQE] = bytes(SQE)
-        _HEAD.pack_into(self._mm, at, user_data, op, STRIDED, 0, count, local_list, remote_list)
-        _STRIDED.pack_into(self._mm, at + 32, local_index, remote_index, local_offset,
-                           remote_offset, local_stride, remote_stride, length)
-        return self._publish(1, user_data)
+        flags, note_len, note = self._note(notify)
+        entry = bytearray(SQE)
+        _HEAD.pack_into(entry, 0, user_data, op, STRIDED, flags, count, local_list, remote_list)
+        _STRIDED.pack_into(entry, 32, local_index, remote_index, local_offset, remote_offset,
+                           local_stride, remote_stride, length)
+        _U32.pack_into(entry, 112, note_len)
+        return self._post(entry, note, user_data)
 
     def post_raw(self, slots):
         """Publishes slots of bytes as written (for tests of the daemon's checks). Returns

@@ -36,6 +36,7 @@ typedef struct mg_ring_sub {
     mg_ring_sqe e;    /* its first slot */
     uint32_t *local;  /* MG_RING_PAIRS: the count local indices, */
     uint32_t *remote; /* and remote ones */
+    char *note;       /* MG_RING_NOTIFY: e.note_len bytes, topic NUL payload (malloc'd) */
     char bad[96];     /* not "": what is wrong with its shape (answer INVALID_ARGUMENT) */
 } mg_ring_sub;
 
@@ -77,8 +78,8 @@ void mg_ring_sub_free(mg_ring_sub *s);
 /* What the ring thread does with the submission at slot counter `head` of a submission queue
  * of `entries` slots (a power of two) holding `avail` published slots from there: copies it
  * into s (its first slot into s->e, an MG_RING_PAIRS entry's pairs into s->local and
- * s->remote, malloc'd) and checks its shape (s->bad says what is wrong; the entry then takes
- * one slot). Returns the slots it takes (>= 1), or 0 when out of memory. */
+ * s->remote, a note into s->note, malloc'd) and checks its shape (s->bad says what is wrong; the
+ * entry then takes one slot). Returns the slots it takes (>= 1), or 0 when out of memory. */
 uint32_t mg_ring_sqe_copy(const uint8_t *sq, uint32_t entries, uint32_t head, uint32_t avail,
                           mg_ring_sub *s);
 

@@ -74,6 +74,12 @@ enum {
 
 enum { MG_RING_INLINE_PAIRS = 10, MG_RING_SLOT_PAIRS = MG_RING_SQE_SIZE / 8 };
 
+/* flags: the batch notifies the remote list's peer once its requests there ended (as
+ * SubmitRequest.notify): note_len bytes in the slots after the entry's (and its pairs'), the
+ * topic (1..128 printable characters), a NUL, then the payload (at most 65536 bytes). */
+#define MG_RING_NOTIFY   1u
+#define MG_RING_NOTE_MAX (128 + 1 + 65536)
+
 /* MG_RING_SQE_SIZE bytes. */
 typedef struct mg_ring_sqe {
     uint64_t user_data; /* given back in the completion */
@@ -91,7 +97,9 @@ typedef struct mg_ring_sqe {
             uint64_t length;
         } strided;
     } u;
-    uint64_t reserved[2]; /* 0 */
+    uint32_t note_len;  /* MG_RING_NOTIFY: the note's bytes */
+    uint32_t reserved0; /* 0 */
+    uint64_t reserved1; /* 0 */
 } mg_ring_sqe;
 
 /* MG_RING_CQE_SIZE bytes: a submission's end. */
@@ -104,13 +112,5 @@ typedef struct mg_ring_cqe {
     uint32_t failed;   /* index of the first failed request, or UINT32_MAX */
     char why[224];     /* NUL-terminated: what failed, when code is not 0 */
 } mg_ring_cqe;
-
-/* Slots a submission takes. */
-static inline uint32_t mg_ring_sqe_slots(const mg_ring_sqe *e)
-{
-    if (e->kind != MG_RING_PAIRS || e->count <= MG_RING_INLINE_PAIRS)
-        return 1;
-    return 1 + (e->count - MG_RING_INLINE_PAIRS + MG_RING_SLOT_PAIRS - 1) / MG_RING_SLOT_PAIRS;
-}
 
 #endif

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Small operations: one 4 KiB WRITE to a peer daemon, posted on a submission ring, against
+the same WRITE as a Submit with wait over HTTP/2, and the floor — a 4 KiB TCP ping-pong between
+two processes on loopback (bench/bench_pingpong) — in the same run; then posting 4096 blocks
+of 4 KiB on the ring (one submission of prepared pairs) and as one Submit of a prepared group.
+
+Two daemons over TCP loopback; this process is a client of daemon a with a registered source
+and prepared lists; an agent of daemon b's holds the target.
+  one     --ops WRITEs one at a time, each timed from the post until its completion is seen
+          (the ring: read from shared memory, spinning --spin-us first; Submit: the call's
+          answer); rounds alternated; median and p99 of each round, and their ratio to the
+          floor's
+  many    4096 pairs: from the post until the daemon took the batch (its id seen: the ring's
+          answer carries it at the end, so this is timed to the completion, and the Submit
+          without wait to its answer), and the whole transfer
+
+Usage: bench_ring.py --moongate BIN --pingpong BIN [--rounds 5] [--ops 2000] [--spin-us 200]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, HERE)
+from bench_memory import free_port, start  # noqa: E402
+from bench_names import alternate  # noqa: E402
+
+import moongate_client as mg  # noqa: E402
+from moongate.v1 import transfer_pb2  # noqa: E402
+
+W = transfer_pb2.WRITE
+KiB = 1024
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(len(v) * p))]
+
+
+def floor(pingpong, ops):
+    out = subprocess.run([pingpong, "4096", str(ops), "200"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return [float(x) for x in out]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--moongate", required=True)
+    ap.add_argument("--pingpong", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--spin-us", type=int, default=200)
+    ap.add_argument("--blocks", type=int, default=4096)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mg-bench-ring-") as work:
+        pb_port, pa_port = free_port(), free_port()
+        limit = ["--max-transfer-requests", str(max(4096, a.blocks))]
+        procs = []
+        try:
+            p, sb = start(a.moongate, work, "b", h2c="127.0.0.1:%d" % pb_port,
+                          extra=["--advertise", "127.0.0.1:%d" % pb_port] + limit)
+            procs.append(p)
+            p, sa = start(a.moongate, work, "a", h2c="127.0.0.1:%d" % pa_port,
+                          extra=["--advertise", "127.0.0.1:%d" % pa_port] + limit)
+            procs.append(p)
+            run(a, sa, sb, "127.0.0.1:%d" % pb_port)
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait()
+
+
+def run(a, sa, sb, b_h2c):
+    n = a.blocks
+    src, dst = bytearray(os.urandom(n * 4 * KiB)), bytearray(n * 4 * KiB)
+    (s, _), (t, _) = mg.address_of(src), mg.address_of(dst)
+    with mg.Client("unix:" + sa) as ca, mg.Client("unix:" + sb) as cb:
+        cb.register_agent("bench-b")
+        cb.register_memory("dst", t, len(dst), remote_accessible=True)
+        ca.register_memory("src", s, len(src))
+        local = ca.prepare_list([s + i * 4 * KiB for i in range(n)], [4 * KiB] * n)
+        remote = ca.prepare_list([t + i * 4 * KiB for i in range(n)], [4 * KiB] * n,
+                                 peer=b_h2c, agent="bench-b")
+        ring = ca.attach_ring(entries=4096)
+        group = [mg.prepared(W, local, [0], remote, [0])]
+
+        def one_ring():
+            t0 = time.perf_counter()
+            ring.post_pairs(W, local, [0], remote, [0])
+            c = ring.wait(30, spin_us=a.spin_us)
+            dt = (time.perf_counter() - t0) * 1e6
+            assert len(c) == 1 and c[0].code == 0, c
+            return dt
+
+        def one_submit():
+            t0 = time.perf_counter()
+            ca.transfer([], prepared=group, brief=True)
+            return (time.perf_counter() - t0) * 1e6
+
+        def measure(way):
+            if way == "floor":
+                return floor(a.pingpong, a.ops)
+            fn = one_ring if way == "ring" else one_submit
+            for _ in range(100):
+                fn()
+            return [fn() for _ in range(a.ops)]
+
+        ways = ["floor", "ring", "submit"]
+        got = alternate(ways, a.rounds, measure)
+        print("one 4 KiB WRITE to a peer daemon, post to completion seen (µs), %d rounds of %d "
+              "alternated: median [min-max] of the rounds' p50 and p99" % (a.rounds, a.ops))
+        p50 = {w: [statistics.median(r) for r in got[w]] for w in ways}
+        p99 = {w: [pct(r, 0.99) for r in got[w]] for w in ways}
+        for w, label in (("floor", "TCP ping-pong, 2 processes"),
+                         ("ring", "ring (spin %d µs)" % a.spin_us),
+                         ("submit", "Submit with wait (HTTP/2)")):
+            print("  %-28s p50 %7.1f [%.1f-%.1f]  p99 %7.1f [%.1f-%.1f]" % (
+                label, statistics.median(p50[w]), min(p50[w]), max(p50[w]),
+                statistics.median(p99[w]), min(p99[w]), max(p99[w])))
+        for w in ("ring", "submit"):
+            r50 = [x / f for x, f in zip(p50[w], p50["floor"])]
+            r99 = [x / f for x, f in zip(p99[w], p99["floor"])]
+            print("  %-6s / floor: p50 %.2f [%.2f-%.2f] (sought <= 3), p99 %.2f [%.2f-%.2f] "
+                  "(sought <= 5)" % (w, statistics.median(r50), min(r50), max(r50),
+                                     statistics.median(r99), min(r99), max(r99)))
+
+        pairs = list(range(n))
+        many = [mg.prepared(W, local, pairs, remote, pairs)]
+
+        def post(way):
+            if way == "ring":
+                t0 = time.perf_counter()
+                ring.post_pairs(W, local, pairs, remote, pairs)
+                posted = time.perf_counter()
+                c = ring.wait(60)
+                end = time.perf_counter()
+                assert c[0].code == 0 and c[0].done == n, c
+            else:
+                t0 = time.perf_counter()
+                bid = ca.submit([], prepared=many)
+                posted = time.perf_counter()
+                ca.wait(bid, brief=True)
+                end = time.perf_counter()
+            return (posted - t0) * 1e3, n * 4 * KiB / (end - t0) / 1e9
+
+        got = alternate(["ring", "submit"], a.rounds, post)
+        print("%d blocks of 4 KiB by index, one batch, %d rounds alternated: the post "
+              "(ms; the ring: written to shared memory, the Submit: its answer), and the whole "
+              "transfer (GB/s)" % (n, a.rounds))
+        for w in ("ring", "submit"):
+            ms = [x[0] for x in got[w]]
+            gbs = [x[1] for x in got[w]]
+            print("  %-7s post %.3f [%.3f-%.3f] ms   transfer %.3f [%.3f-%.3f] GB/s" % (
+                w, statistics.median(ms), min(ms), max(ms), statistics.median(gbs), min(gbs),
+                max(gbs)))
+        assert dst == src
+        ring.close()
+
+
+if __name__ == "__main__":
+    main()
