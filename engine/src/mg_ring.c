@@ -28,7 +28,7 @@ _Static_assert(offsetof(mg_ring_hdr, why) == 44 && offsetof(mg_ring_hdr, sq_tail
                    offsetof(mg_ring_hdr, client_waiting) == 388,
                "the header's layout");
 _Static_assert(offsetof(mg_ring_sqe, u.strided.length) == 72 &&
-                   offsetof(mg_ring_sqe, note_len) == 112 && offsetof(mg_ring_cqe, why) == 32,
+                   offsetof(mg_ring_sqe, note_len) == 112 && offsetof(mg_ring_cqe, why) == 36,
                "the slots' layout");
 
 #define LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -126,8 +126,10 @@ static int sqe_check(const mg_ring_sqe *e, uint32_t avail, mg_ring_sub *s, uint6
     *pair_slots = *note_slots = 0;
     if (e->op != MG_RING_READ && e->op != MG_RING_WRITE)
         return sqe_bad(s, "op %u: READ (0) or WRITE (1)", e->op);
-    if ((e->flags & ~MG_RING_NOTIFY) != 0 || e->reserved0 != 0 || e->reserved1 != 0)
-        return sqe_bad(s, "flags other than NOTIFY (1), and reserved words, must be 0");
+    if ((e->flags & ~(MG_RING_NOTIFY | MG_RING_ACCEPTED)) != 0 || e->reserved0 != 0 ||
+        e->reserved1 != 0)
+        return sqe_bad(s, "flags other than NOTIFY (1) and ACCEPTED (2), and reserved words, "
+                          "must be 0");
     if (e->count == 0)
         return sqe_bad(s, "count 0: a submission moves at least one block");
     if (e->kind == MG_RING_STRIDED) {
@@ -243,7 +245,7 @@ static void sub_done(void *arg, int result)
     mg_ring *r = s->ring;
     (void)result;
     if (LOAD(&r->closed)) {
-        __atomic_sub_fetch(&r->unanswered, 1, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&r->unanswered, s->answers, __ATOMIC_ACQ_REL);
         mg_ring_sub_free(s);
         return;
     }
@@ -269,7 +271,7 @@ static unsigned ring_serve(mg_rings *rs, mg_ring *r)
         uint32_t slots;
         if (room < 0)
             break;
-        if (room == 0) {
+        if (room < 2) { /* room for both answers of any submission */
             STORE(&r->hdr->daemon_needs_room, 1u);
             break;
         }
@@ -285,9 +287,10 @@ static unsigned ring_serve(mg_rings *rs, mg_ring *r)
         r->sq_head += slots;
         avail -= slots;
         STORE(&r->hdr->sq_head, r->sq_head);
-        __atomic_add_fetch(&r->unanswered, 1, __ATOMIC_ACQ_REL);
+        s->answers = s->e.flags & MG_RING_ACCEPTED && !s->bad[0] ? 2 : 1;
+        __atomic_add_fetch(&r->unanswered, s->answers, __ATOMIC_ACQ_REL);
         if (mg_cq_post(rs->cq, sub_done, s, 0) != 0) {
-            __atomic_sub_fetch(&r->unanswered, 1, __ATOMIC_ACQ_REL);
+            __atomic_sub_fetch(&r->unanswered, s->answers, __ATOMIC_ACQ_REL);
             mg_ring_sub_free(s);
             ring_break(r, "the daemon is out of memory");
             break;
@@ -305,7 +308,7 @@ static int ring_ready(mg_ring *r)
 {
     if (r->broken || LOAD(&r->closed) || LOAD(&r->hdr->sq_tail) == r->sq_head)
         return 0;
-    return ring_room(r) != 0;
+    return ring_room(r) >= 2;
 }
 
 static void live_drop(mg_rings *rs, mg_ring *r)
@@ -599,12 +602,9 @@ void mg_ring_complete(mg_ring *r, const mg_ring_cqe *c)
         ring_bell(r->bell);
 }
 
-void mg_ring_refuse(mg_ring_sub *s, uint32_t code, const char *why)
+void mg_ring_forgo(mg_ring *r)
 {
-    mg_ring_cqe c = {.user_data = s->e.user_data, .code = code, .failed = UINT32_MAX};
-    snprintf(c.why, sizeof(c.why), "%s", why);
-    mg_ring_complete(s->ring, &c);
-    mg_ring_sub_free(s);
+    __atomic_sub_fetch(&r->unanswered, 1, __ATOMIC_ACQ_REL);
 }
 
 void mg_ring_sub_free(mg_ring_sub *s)

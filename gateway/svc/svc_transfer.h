@@ -109,6 +109,7 @@ typedef struct xfer_origin {
     mg_call *call;      /* the Submit call, or NULL */
     struct xring *ring; /* or the ring, */
     uint64_t user_data; /* and its submission's user_data */
+    int accepted;       /* and whether it is answered when accepted too (MG_RING_ACCEPTED) */
     /* While the Submit is checked: */
     const char *tenant;
     uint64_t conn; /* the connection (its prepared lists; notifications keep its order) */

@@ -39,6 +39,7 @@ typedef struct xring {
     struct xring *prev, *next; /* the service's rings */
     int refs;                  /* the binding's, each batch's and each held origin's */
     int gone;                  /* its connection closed */
+    int chan;                  /* the process's channel: closed when the ring goes, it hears */
     uint64_t conn;
     mg_proc proc;
     char tenant[MG_SEG_NAME_MAX + 1];
@@ -59,6 +60,8 @@ static void ring_closed(mg_conn_bind *b)
     xring *x = mg_container_of(b, xring, bind);
     x->gone = 1;
     mg_ring_close(x->ring);
+    close(x->chan); /* the process hears the ring is gone (its end reads EOF) */
+    x->chan = -1;
     if (x->prev)
         x->prev->next = x->next;
     else
@@ -89,6 +92,8 @@ void mg_xfer_ring_refused(const xfer_origin *o, int code, const char *fmt, ...)
     vsnprintf(c.why, sizeof(c.why), fmt, ap);
     va_end(ap);
     answer(o->ring, o->user_data, &c);
+    if (o->accepted) /* it will not be accepted: one answer only */
+        mg_ring_forgo(o->ring->ring);
 }
 
 void mg_xfer_ring_entered(const xfer_origin *o, mg_batch *b)
@@ -97,6 +102,13 @@ void mg_xfer_ring_entered(const xfer_origin *o, mg_batch *b)
     f->ring = o->ring;
     f->user_data = o->user_data;
     mg_xfer_ring_hold(o->ring, 1);
+    if (o->accepted) {
+        mg_ring_cqe c = {.batch_id = b->id,
+                         .requests = (uint32_t)b->n,
+                         .failed = UINT32_MAX,
+                         .flags = MG_RING_CQE_ACCEPTED};
+        answer(o->ring, o->user_data, &c);
+    }
 }
 
 /* The first request of b that failed: its index, error and message. */
@@ -238,6 +250,7 @@ static void ring_submission(void *arg, mg_ring_sub *s)
     xfer_origin o = {.ts = ts,
                      .ring = x,
                      .user_data = s->e.user_data,
+                     .accepted = s->answers == 2,
                      .tenant = x->tenant,
                      .conn = x->conn,
                      .proc = x->proc,
@@ -353,9 +366,10 @@ void mg_xfer_svc_attach_ring(mg_call *call, const ProtobufCMessage *m)
         mg_call_fail(call, rc, "%s", err);
         return;
     }
-    close(chan); /* the process has the ring's descriptors now */
+    x->chan = chan; /* kept open while the ring is served: the process can tell */
     x->bind.closed = ring_closed;
     if (mg_call_bind(call, &x->bind) != 0) { /* the connection is gone */
+        close(chan);
         mg_ring_free(x->ring);
         free(x);
         mg_call_fail(call, MG_ERR_UNAVAILABLE, "the connection closed");

@@ -231,6 +231,21 @@ def test_ring_and_http2_submits_mix_and_ring_batches_are_batches(make_daemon):
             assert a.metric("moongate_transfer_requests_total", op="write",
                             result="done") == before + 4
             assert s.ca.get_batch(c2.batch_id).requests[0].state == transfer_pb2.DONE
+        # accepted=True: a first completion when the batch is accepted, with its id; a batch
+        # refused gets one completion only, and the ring's room is whole after it
+        with s.ca.attach_ring(entries=8) as r3:
+            for k in range(12):
+                u = r3.post_pairs(W, s.local, [k % 16], s.remote, [k % 16], accepted=True)
+                got = r3.wait(20)
+                while len(got) < 2:
+                    got += r3.wait(20)
+                assert [c.accepted for c in got] == [True, False], got
+                assert got[0].batch_id == got[1].batch_id and got[0].user_data == u
+                assert got[1].code == 0
+                r3.post_pairs(W, s.local, [99], s.remote, [0], accepted=True)
+                c = one(r3)
+                assert not c.accepted and c.code == INVALID, c
+                assert r3.poll() == []
         with mg.Client(a.h2c, plaintext=True) as tcp:
             with pytest.raises(mgring.RingError, match="Unix socket"):
                 tcp.attach_ring()
@@ -292,5 +307,35 @@ def test_a_process_killed_with_entries_in_flight(make_daemon):
         with s.ca.attach_ring() as ring:
             ring.post_pairs(W, s.local, [6], s.remote, [6])
             assert one(ring).code == 0 and s.block(s.dst, 6) == s.block(s.src, 6)
+    finally:
+        s.close()
+
+
+def test_a_ring_whose_connection_closes_says_so(make_daemon):
+    """When the ring's connection closes (the client's channel to the daemon, or the daemon
+    gone), the process hears it: alive() turns False and a wait raises UNAVAILABLE instead of
+    waiting for ever; a ring of the new connection works."""
+    a, b = pair(make_daemon)
+    s = Setup(a, b)
+    try:
+        ring = s.ca.attach_ring(entries=8)
+        assert ring.alive()
+        ring.post_pairs(W, s.local, [1], s.remote, [1])
+        assert one(ring).code == 0
+        s.ca._ch.close()  # the connection the ring belongs to
+        deadline = time.monotonic() + 10
+        while ring.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not ring.alive()
+        with pytest.raises(mgring.RingError, match="the daemon let the ring go") as e:
+            ring.wait(5)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        ring.close()
+        with mg.Client("unix:" + a.sock) as again:
+            lo = again.prepare_list([s.s], [4 * KiB])
+            ro = again.prepare_list([s.t], [4 * KiB], peer=b.h2c, agent="ring-b")
+            with again.attach_ring(entries=8) as r2:
+                r2.post_pairs(W, lo, [0], ro, [0])
+                assert one(r2).code == 0
     finally:
         s.close()

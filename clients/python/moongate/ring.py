@@ -22,7 +22,8 @@ import grpc
 MAGIC = 0x31676e69726d6d
 SQE, CQE = 128, 256
 PAIRS, STRIDED = 1, 2
-NOTIFY = 1
+NOTIFY, ACCEPTED = 1, 2
+CQE_ACCEPTED = 1
 INLINE_PAIRS, SLOT_PAIRS = 10, SQE // 8
 # mg_ring_hdr's fields (offsets pinned by engine/src/mg_ring.c).
 H_SQ_ENTRIES, H_SQ_OFF, H_CQ_OFF, H_BROKEN, H_WHY = 8, 16, 24, 40, 44
@@ -32,13 +33,14 @@ H_CQ_TAIL, H_CQ_HEAD, H_WAITING = 320, 384, 388
 _U32 = struct.Struct("=I")
 _HEAD = struct.Struct("=QBBHIQQ")              # user_data, op, kind, flags, count, lists
 _STRIDED = struct.Struct("=IIQQQQQ")           # indices, offsets, strides, length
-_CQE = struct.Struct("=QQIIII")                # user_data, batch_id, code, requests, done, failed
+_CQE = struct.Struct("=QQIIIII")  # user_data, batch_id, code, requests, done, failed, flags
 
 Completion = collections.namedtuple(
-    "Completion", "user_data batch_id code requests done failed why")
+    "Completion", "user_data batch_id code requests done failed why accepted")
 Completion.__doc__ = """A submission's end: code 0 (grpc.StatusCode.OK) when every request is
 done; else the gRPC code (an int), failed the index of the first failed request (or None) and
-why; batch_id 0 when it was refused before a batch was made."""
+why; batch_id 0 when it was refused before a batch was made. accepted: this is not the end but
+the batch's acceptance (posted with accepted=True), with its batch_id; the end follows."""
 
 
 class RingError(Exception):
@@ -58,13 +60,13 @@ def attach(client, entries=256):
         raise RingError(grpc.StatusCode.FAILED_PRECONDITION,
                         "a ring is for a process on the daemon's host: connect on its Unix socket")
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with mine:
+    fds = []
+    try:
         with theirs:
             handle, _ = pass_fd(client.fd_socket, theirs.fileno(), client._token)
         resp = client._call(client.transfers.AttachRing,
                             transfer_pb2.AttachRingRequest(channel=handle, entries=entries))
         msg, fds, _, _ = socket.recv_fds(mine, 64, 3)
-    try:
         magic, ring_id, size = struct.unpack("=QQQ", msg[:24])
         if magic != MAGIC or ring_id != resp.ring_id or len(fds) != 3:
             raise RingError(grpc.StatusCode.INTERNAL, "the daemon's ring hello does not check")
@@ -72,15 +74,17 @@ def attach(client, entries=256):
     except BaseException:
         for fd in fds:
             os.close(fd)
+        mine.close()
         raise
     os.close(fds[0])
-    return Ring(mm, fds[1], fds[2], resp.ring_id)
+    return Ring(mm, fds[1], fds[2], resp.ring_id, mine)
 
 
 class Ring:
-    def __init__(self, mm, doorbell, bell, ring_id):
+    def __init__(self, mm, doorbell, bell, ring_id, channel):
         self.id = ring_id
         self._mm = mm
+        self._chan = channel  # the daemon's end closes when the ring is let go there
         self._doorbell, self._bell = doorbell, bell
         self.entries = _U32.unpack_from(mm, H_SQ_ENTRIES)[0]
         self._mask = self.entries - 1
@@ -100,7 +104,16 @@ class Ring:
         self._fence_lock.acquire()
         self._fence_lock.release()
 
+    def alive(self):
+        """Whether the daemon still serves the ring (one system call): its connection closed,
+        or the daemon stopped, ends it."""
+        if self._mm is None:
+            return False
+        return not select.select([self._chan], [], [], 0)[0]
+
     def _check(self):
+        if self._mm is None:
+            raise RingError(grpc.StatusCode.FAILED_PRECONDITION, "the ring was closed here")
         if self._u32(H_BROKEN):
             why = bytes(self._mm[H_WHY:H_WHY + 96]).split(b"\0", 1)[0].decode(errors="replace")
             raise RingError(grpc.StatusCode.INVALID_ARGUMENT, "the ring broke: " + why)
@@ -144,25 +157,28 @@ class Ring:
         return self._publish(slots, user_data)
 
     @staticmethod
-    def _note(notify):
+    def _note(notify, accepted):
         """(flags, note_len, bytes) of a notification (topic, payload) or None."""
+        flags = ACCEPTED if accepted else 0
         if notify is None:
-            return 0, 0, b""
+            return flags, 0, b""
         topic, payload = notify
         note = topic.encode() + b"\0" + bytes(payload)
-        return NOTIFY, len(note), note
+        return flags | NOTIFY, len(note), note
 
     def post_pairs(self, op, local_list, local_indices, remote_list, remote_indices,
-                   user_data=None, notify=None):
+                   user_data=None, notify=None, accepted=False):
         """A batch of pairs by index into two prepared lists of this connection (as
         Client.transfer's prepared groups). notify: (topic, payload) for the remote list's
-        peer, sent once the batch's requests there ended (as SubmitRequest.notify). Returns
-        its user_data (given, or numbered)."""
+        peer, sent once the batch's requests there ended (as SubmitRequest.notify); accepted:
+        a completion when the batch is accepted too (its batch_id, to Cancel or GetBatch it
+        while it goes), before the one at its end. Returns its user_data (given, or
+        numbered)."""
         n = len(local_indices)
         if n != len(remote_indices) or n == 0:
             raise ValueError("1 or more pairs, local and remote indices of equal count")
         user_data = self._user_data(user_data)
-        flags, note_len, note = self._note(notify)
+        flags, note_len, note = self._note(notify, accepted)
         if hasattr(local_indices, "astype"):  # NumPy: interleaved without a Python step each
             import numpy as np
             both = np.empty((n, 2), dtype=np.uint32)
@@ -182,14 +198,14 @@ class Ring:
 
     def post_strided(self, op, local_list, local_index, remote_list, remote_index, count,
                      length, local_offset=0, remote_offset=0, local_stride=0, remote_stride=0,
-                     user_data=None, notify=None):
+                     user_data=None, notify=None, accepted=False):
         """A batch of `count` blocks of `length` bytes: block k at local_offset + k *
         local_stride of range local_index of local_list, and at remote_offset + k *
         remote_stride of range remote_index of remote_list. One slot (and a note's); count 1
-        is one block anywhere in two listed ranges. notify as for post_pairs. Returns its
-        user_data."""
+        is one block anywhere in two listed ranges. notify and accepted as for post_pairs.
+        Returns its user_data."""
         user_data = self._user_data(user_data)
-        flags, note_len, note = self._note(notify)
+        flags, note_len, note = self._note(notify, accepted)
         entry = bytearray(SQE)
         _HEAD.pack_into(entry, 0, user_data, op, STRIDED, flags, count, local_list, remote_list)
         _STRIDED.pack_into(entry, 32, local_index, remote_index, local_offset, remote_offset,
@@ -214,10 +230,11 @@ class Ring:
         tail = self._u32(H_CQ_TAIL)
         while self._head != tail:
             at = self._cq + (self._head & self._mask) * CQE
-            ud, bid, code, reqs, done, failed = _CQE.unpack_from(self._mm, at)
-            why = bytes(self._mm[at + 32:at + CQE]).split(b"\0", 1)[0].decode(errors="replace")
+            ud, bid, code, reqs, done, failed, flags = _CQE.unpack_from(self._mm, at)
+            why = bytes(self._mm[at + 36:at + CQE]).split(b"\0", 1)[0].decode(errors="replace")
             out.append(Completion(ud, bid, code, reqs, done,
-                                  None if failed == 0xffffffff else failed, why))
+                                  None if failed == 0xffffffff else failed, why,
+                                  bool(flags & CQE_ACCEPTED)))
             self._head = (self._head + 1) & 0xffffffff
         if out:
             _U32.pack_into(self._mm, H_CQ_HEAD, self._head)
@@ -246,7 +263,11 @@ class Ring:
             got = self.poll()
             if not got:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                select.select([self._bell], [], [], left)
+                ready = select.select([self._bell, self._chan], [], [], left)[0]
+                if self._chan in ready and not self.poll_again():
+                    raise RingError(grpc.StatusCode.UNAVAILABLE,
+                                    "the daemon let the ring go (its connection closed, or the "
+                                    "daemon stopped): what it had not answered is unknown")
                 try:
                     os.eventfd_read(self._bell)
                 except BlockingIOError:
@@ -257,12 +278,18 @@ class Ring:
             if deadline is not None and time.monotonic() >= deadline:
                 return self.poll()
 
+    def poll_again(self):
+        """Whether completions are waiting (after the daemon let the ring go, the last ones
+        it wrote are still read)."""
+        return self._u32(H_CQ_TAIL) != self._head
+
     def close(self):
         """Lets go of the ring here (the daemon's goes with the connection)."""
         if self._mm is not None:
             self._mm.close()
             os.close(self._doorbell)
             os.close(self._bell)
+            self._chan.close()
             self._mm = None
 
     def __enter__(self):

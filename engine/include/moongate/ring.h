@@ -38,6 +38,7 @@ typedef struct mg_ring_sub {
     uint32_t *remote; /* and remote ones */
     char *note;       /* MG_RING_NOTIFY: e.note_len bytes, topic NUL payload (malloc'd) */
     char bad[96];     /* not "": what is wrong with its shape (answer INVALID_ARGUMENT) */
+    unsigned answers; /* completions it is owed: 2 with MG_RING_ACCEPTED, else 1 */
 } mg_ring_sub;
 
 /* Runs on the loop for each submission; the callee frees it (mg_ring_sub_free). */
@@ -69,10 +70,11 @@ void mg_ring_close(mg_ring *r);
 /* The front lets go (closing it first): the ring is freed once the thread and every submission
  * let go of it too. Accepts NULL. */
 void mg_ring_free(mg_ring *r);
-/* Writes a submission's answer and rings the bell if the process waits for one. */
+/* Writes one of a submission's answers and rings the bell if the process waits for one. A
+ * submission refused before its acceptance is answered once: mg_ring_forgo gives back the
+ * room of the answer it was owed and will not get. */
 void mg_ring_complete(mg_ring *r, const mg_ring_cqe *c);
-/* Answers s with `code` and why, then frees it. */
-void mg_ring_refuse(mg_ring_sub *s, uint32_t code, const char *why);
+void mg_ring_forgo(mg_ring *r);
 void mg_ring_sub_free(mg_ring_sub *s);
 
 /* What the ring thread does with the submission at slot counter `head` of a submission queue

@@ -77,7 +77,11 @@ enum { MG_RING_INLINE_PAIRS = 10, MG_RING_SLOT_PAIRS = MG_RING_SQE_SIZE / 8 };
 /* flags: the batch notifies the remote list's peer once its requests there ended (as
  * SubmitRequest.notify): note_len bytes in the slots after the entry's (and its pairs'), the
  * topic (1..128 printable characters), a NUL, then the payload (at most 65536 bytes). */
-#define MG_RING_NOTIFY   1u
+#define MG_RING_NOTIFY 1u
+/* flags: the submission is answered twice: once when its batch is accepted (checked and
+ * entered: the completion has MG_RING_CQE_ACCEPTED and the batch's id), then at its end. A
+ * refused one is answered once. */
+#define MG_RING_ACCEPTED 2u
 #define MG_RING_NOTE_MAX (128 + 1 + 65536)
 
 /* MG_RING_SQE_SIZE bytes. */
@@ -102,7 +106,9 @@ typedef struct mg_ring_sqe {
     uint64_t reserved1; /* 0 */
 } mg_ring_sqe;
 
-/* MG_RING_CQE_SIZE bytes: a submission's end. */
+#define MG_RING_CQE_ACCEPTED 1u
+
+/* MG_RING_CQE_SIZE bytes: a submission's end (or its acceptance, with MG_RING_ACCEPTED). */
 typedef struct mg_ring_cqe {
     uint64_t user_data;
     uint64_t batch_id; /* 0 when it was refused before a batch was made */
@@ -110,7 +116,8 @@ typedef struct mg_ring_cqe {
     uint32_t requests; /* in the batch */
     uint32_t done;     /* requests done */
     uint32_t failed;   /* index of the first failed request, or UINT32_MAX */
-    char why[224];     /* NUL-terminated: what failed, when code is not 0 */
+    uint32_t flags;    /* MG_RING_CQE_ACCEPTED: the batch was accepted, it goes on */
+    char why[220];     /* NUL-terminated: what failed, when code is not 0 */
 } mg_ring_cqe;
 
 #endif
