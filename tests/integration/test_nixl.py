@@ -81,6 +81,8 @@ def test_vllm_pull_push_and_heterogeneous_blocks(make_daemon, children):
     assert p("notifs") == {}  # each once
     assert a.metric("moongate_peer_bytes_total", peer=b.h2c, tenant="default", op="read",
                     transport="tcp") >= 12 * 16 * KiB
+    if os.environ.get("MOONGATE_RING", "1") != "0":  # posted on the agent's ring
+        assert a.metric("moongate_ring_submissions_total") == 1
     # push: the prefill side writes into the decode side's blocks
     assert p.add(d)["name"] == "decode-0"
     assert p("fill", "s2", [0, 1, 31]) == {"ok": True}
@@ -595,11 +597,19 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
         assert pa.check_xfer_state(x) == "PROC"
         with pytest.raises(nixl.nixlRepostActiveError, match="still going"):
             pa.transfer(x)
-        # an operator cancels the stuck batch (mgctl transfers cancel ID; its id found here by
-        # the request_id the door gave it): the transfer raises nixlCancelledError
+        # an operator cancels the stuck batch (mgctl transfers cancel ID; its id found here as
+        # the door knows it: from the ring's completion at its acceptance, or by the request_id
+        # the door gave its Submit): the transfer raises nixlCancelledError
+        xf = pa._xfers[x._handle]
         with mg.Client("unix:" + a.sock) as op:
-            bid = op.submit([mg.write(segment=1, remote_segment=1, length=1)],
-                            request_id=pa._xfers[x._handle].rid)
+            if hasattr(xf.pending, "ud"):  # posted on the agent's ring
+                deadline = time.monotonic() + 20
+                while not pa._ring_acc.get(xf.pending.ud) and time.monotonic() < deadline:
+                    assert pa.check_xfer_state(x) == "PROC"
+                bid = pa._ring_acc[xf.pending.ud]
+            else:
+                bid = op.submit([mg.write(segment=1, remote_segment=1, length=1)],
+                                request_id=xf.rid)
             run = subprocess.run([os.path.join(conftest.BUILD, "mgctl"), "--target",
                                   "unix:" + a.sock, "transfers", "cancel", str(bid)],
                                  capture_output=True, text=True, timeout=60)

@@ -396,6 +396,41 @@ class _Done:
         return self._r
 
 
+# What a transfer posted on a ring the daemon let go ends with (its connection closed): it is
+# posted again as a Submit, its lists prepared again.
+_RING_GONE = object()
+_RING_GONE_ERROR = mg.Error(grpc.StatusCode.UNAVAILABLE, "the daemon let the agent's ring go "
+                            "(its connection closed)")
+
+
+class _RingResp:
+    """A ring completion shaped as a Submit's answer: its batch DONE."""
+
+    class batch:  # noqa: N801
+        state = transfer_pb2.DONE
+
+
+class _RingPending:
+    """A transfer posted on the agent's submission ring: done() reads the ring's completions
+    from shared memory, with no call to the daemon."""
+
+    __slots__ = ("_a", "ud")
+
+    def __init__(self, agent, ud):
+        self._a, self.ud = agent, ud
+
+    def done(self):
+        return self._a._ring_ended(self.ud)
+
+    def result(self):
+        c = self._a._ring_take(self.ud)
+        if c is _RING_GONE:
+            raise _RING_GONE_ERROR
+        if c.code == 0:
+            return _RingResp
+        raise mg.Error(mg._code(c.code), c.why)
+
+
 def _pairs(lo, ro, local_indices, remote_indices):
     """(local indices, remote indices, bytes) of a transfer by index, checked: as many of
     each, every index in its list, each pair's descriptors the same length. Index arrays of
@@ -534,6 +569,13 @@ class nixl_agent:
         self._remotes = {}     # NIXL name -> _Remote
         self._dlists = {}      # id -> _Prepped
         self._xfers = {}       # id -> _Xfer
+        # The submission ring prepared transfers are posted on (on the daemon's Unix socket;
+        # MOONGATE_RING=0: never), and its completions by user_data.
+        self._ring, self._ring_off = None, os.environ.get("MOONGATE_RING", "1") == "0"
+        self._ring_lock = threading.Lock()
+        self._ring_ids = itertools.count(1)
+        self._ring_out, self._ring_end, self._ring_acc = set(), {}, {}
+        self._ring_polls = 0
         self._self = None      # this agent as a transfer's remote side, once named so
         self.notifs = {}       # update_notifs' map
         self.plugin_list = list(PLUGINS)
@@ -586,9 +628,104 @@ class nixl_agent:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        with self._ring_lock:
+            ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
         c, self._c = self._c, None
         if c is not None:
             c.close()
+
+    # the submission ring
+    def _ring_now(self):
+        """The agent's ring, attached on first use; None where there is none (not on the Unix
+        socket, a daemon without rings, MOONGATE_RING=0): transfers go as Submit calls."""
+        if self._ring_off:
+            return None
+        if self._ring is None:
+            from moongate import ring as mgring
+            try:
+                self._ring = self._c.attach_ring(4096)
+            except (mgring.RingError, mg.Error, OSError) as e:
+                self._ring_off = True
+                log.info("agent %r: transfers go as Submit calls, not on a ring: %s",
+                         self.name, e)
+                return None
+        return self._ring
+
+    def _ring_post(self, x):
+        """Posts x on the ring: a _RingPending, or None (no ring, or full: a Submit call)."""
+        from moongate import ring as mgring
+        g = x.group
+        li, ri = (g.li, g.ri) if isinstance(g, _PackedGroup) else (list(g.local_indices),
+                                                                   list(g.remote_indices))
+        note = (x.remote.topic, note_payload(self.name, x.notif)) if x.notif else None
+        ud = next(self._ring_ids)
+        with self._ring_lock:
+            ring = self._ring_now()
+            if ring is None:
+                return None
+            try:
+                ring.post_pairs(x.op, x.lo.lid, li, x.ro.lid, ri, user_data=ud, notify=note,
+                                accepted=True)
+            except mgring.RingError as e:
+                if e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:  # broken: let it go
+                    self._ring_lost()
+                return None
+            self._ring_out.add(ud)
+        return _RingPending(self, ud)
+
+    def _ring_lost(self):
+        """The daemon let the ring go: what was posted there ends UNAVAILABLE (a transfer by
+        index is then posted again as a Submit, its lists prepared again). Under _ring_lock."""
+        ring, self._ring = self._ring, None
+        for ud in self._ring_out:
+            self._ring_end[ud] = _RING_GONE
+        self._ring_out.clear()
+        if ring is not None:
+            ring.close()
+
+    def _ring_read(self):
+        """Takes the ring's completions in (no system call; every 512th look asks whether the
+        daemon still serves it). Under _ring_lock."""
+        ring = self._ring
+        if ring is None:
+            return
+        for c in ring.poll():
+            if c.user_data not in self._ring_out:
+                continue  # released before it ended
+            if c.accepted:
+                self._ring_acc[c.user_data] = c.batch_id
+            else:
+                self._ring_out.discard(c.user_data)
+                self._ring_acc.pop(c.user_data, None)
+                self._ring_end[c.user_data] = c
+        self._ring_polls += 1
+        if self._ring_out and self._ring_polls % 512 == 0 and not ring.alive():
+            for c in ring.poll():  # the last it wrote
+                if c.user_data in self._ring_out and not c.accepted:
+                    self._ring_out.discard(c.user_data)
+                    self._ring_end[c.user_data] = c
+            self._ring_lost()
+
+    def _ring_ended(self, ud):
+        with self._ring_lock:
+            if ud not in self._ring_end:
+                self._ring_read()
+            return ud in self._ring_end
+
+    def _ring_take(self, ud):
+        with self._ring_lock:
+            return self._ring_end.pop(ud)
+
+    def _ring_forget(self, ud):
+        """A transfer released while it goes: its batch's id if it was accepted (to cancel
+        it), else 0; its completions are not kept."""
+        with self._ring_lock:
+            self._ring_read()
+            self._ring_out.discard(ud)
+            self._ring_end.pop(ud, None)
+            return self._ring_acc.pop(ud, 0)
 
     # backends
     def get_plugin_list(self):
@@ -1054,6 +1191,10 @@ class nixl_agent:
                              payload=note_payload(self.name, x.notif))
         x.req.request_id = x.rid
         x.req.wait = wait
+        if wait and x.lo is not None and not self._ring_off:
+            pending = self._ring_post(x)
+            if pending is not None:
+                return pending
         if isinstance(x.group, _PackedGroup):
             return self._c.submit_pending(x.req.SerializeToString() + x.group.encode())
         return self._c.submit_pending(x.req) if wait else \
@@ -1084,8 +1225,9 @@ class nixl_agent:
         try:
             b = x.pending.result().batch
         except mg.Error as e:
-            if x.lo is not None and e.code == grpc.StatusCode.NOT_FOUND and \
-                    "no prepared list" in e.message:  # gone with a connection: again
+            if x.lo is not None and (e.code == grpc.StatusCode.NOT_FOUND and
+                                     "no prepared list" in e.message or
+                                     e is _RING_GONE_ERROR):  # gone with a connection: again
                 try:
                     for p in (x.lo, x.ro):
                         self._prepare(p, "transfer: preparing list again")
@@ -1128,7 +1270,17 @@ class nixl_agent:
         its requests end CANCELLED within about 100 ms there). Never waits for it."""
         with self._lock:
             x = self._xfers.get(h)
-        if x is not None and x.state == "PROC" and not x.pending.done() and \
+        if x is not None and x.state == "PROC" and isinstance(x.pending, _RingPending):
+            bid = self._ring_forget(x.pending.ud)  # 0: not accepted yet, or over
+            if bid and self._c is not None:
+                try:
+                    self._c._call(self._c.transfers.Cancel, transfer_pb2.GetBatchRequest(
+                        id=bid, brief=True))
+                except mg.Error as e:
+                    if e.code != grpc.StatusCode.NOT_FOUND:
+                        raise _nixl_error(nixlRepostActiveError, "release_xfer_handle: the "
+                                          "transfer could not be cancelled: %s" % e) from None
+        elif x is not None and x.state == "PROC" and not x.pending.done() and \
                 self._c is not None:
             try:  # the batch's id: the same Submit again (its request_id) answers it
                 bid = self._submit(x, wait=False).result().batch_id
