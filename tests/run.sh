@@ -301,7 +301,7 @@ fuzz_one() { # target: runs it from its corpus; prints what it found; exits non-
 fuzz_run() { # every target, fuzz_jobs at a time (each is one process on one core)
     local rc=0 target out pids=() names=() i
     out=$(mktemp -d)
-    for target in deframer json proto alloc dataframe auth fdproto agentdesc trace agentstate; do
+    for target in deframer json proto alloc dataframe auth fdproto agentdesc trace agentstate ring; do
         fuzz_one "$target" >"$out/$target" 2>&1 &
         pids+=($!)
         names+=("$target")
