@@ -289,13 +289,14 @@ static unsigned ring_serve(mg_rings *rs, mg_ring *r)
         STORE(&r->hdr->sq_head, r->sq_head);
         s->answers = s->e.flags & MG_RING_ACCEPTED && !s->bad[0] ? 2 : 1;
         __atomic_add_fetch(&r->unanswered, s->answers, __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&rs->taken, 1, __ATOMIC_RELAXED); /* before the loop may see it */
         if (mg_cq_post(rs->cq, sub_done, s, 0) != 0) {
             __atomic_sub_fetch(&r->unanswered, s->answers, __ATOMIC_ACQ_REL);
+            __atomic_sub_fetch(&rs->taken, 1, __ATOMIC_RELAXED);
             mg_ring_sub_free(s);
             ring_break(r, "the daemon is out of memory");
             break;
         }
-        __atomic_add_fetch(&rs->taken, 1, __ATOMIC_RELAXED);
         taken++;
     }
     if (avail == 0)
