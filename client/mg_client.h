@@ -218,4 +218,55 @@ int mg_client_register_any(mg_client *c, uintptr_t ptr, size_t len, int remote_a
  * either way; a segment the daemon still holds is unregistered by its id later). */
 int mg_buffer_free(mg_client *c, mg_buffer *b, int *status, char *err, size_t errcap);
 
+/* ---- prepared lists and submission rings (docs/api.md "Submission rings") ----
+ * A ring is shared memory with the daemon where this process posts batches by index into its
+ * connection's prepared lists and reads their ends, without a call each. Its layout, the
+ * completion (struct mg_ring_cqe) and the flags are moongate/ringwire.h's. One thread posts
+ * and reads a ring at a time. */
+
+/* Keeps a list of ranges on the daemon for this client's connection (Transfer/PrepareList):
+ * this process's own memory (peer and agent NULL or "") or an agent's (agent on peer). Returns
+ * 0 with *id, or -1 with *status and err. */
+int mg_client_prepare_list(mg_client *c, const uint64_t *addrs, const uint64_t *lens, size_t n,
+                           const char *peer, const char *agent, uint64_t *id, int *status,
+                           char *err, size_t errcap);
+
+typedef struct mg_client_ring mg_client_ring;
+struct mg_ring_cqe;
+/* A ring of `entries` slots each way (a power of two, 8..4096; 0: 256) for c's connection (a
+ * "unix:" target). Returns 0 with *out, or -1 with *status and err. */
+int mg_client_ring_attach(mg_client *c, uint32_t entries, mg_client_ring **out, int *status,
+                          char *err, size_t errcap);
+uint64_t mg_client_ring_id(const mg_client_ring *r);
+/* Posts n pairs by index (local_idx[k] of local_list with remote_idx[k] of remote_list), op 0
+ * READ or 1 WRITE; flags MG_RING_ACCEPTED for a completion at acceptance too; topic (not NULL)
+ * and payload: the notification for the remote list's peer. Returns 0, RESOURCE_EXHAUSTED (the
+ * ring is full: read completions, post again), INVALID_ARGUMENT (no pairs, a note or a
+ * submission larger than the ring), or the gRPC code the ring broke with. */
+int mg_client_ring_post_pairs(mg_client_ring *r, int op, uint64_t local_list,
+                              const uint32_t *local_idx, uint64_t remote_list,
+                              const uint32_t *remote_idx, uint32_t n, uint64_t user_data,
+                              unsigned flags, const char *topic, const void *payload,
+                              uint32_t payload_len);
+/* Posts count blocks of length bytes: block k at local_offset + k * local_stride of range
+ * local_index of local_list, and at remote_offset + k * remote_stride of range remote_index of
+ * remote_list. Returns as mg_client_ring_post_pairs. */
+int mg_client_ring_post_strided(mg_client_ring *r, int op, uint64_t local_list,
+                                uint32_t local_index, uint64_t local_offset, uint64_t local_stride,
+                                uint64_t remote_list, uint32_t remote_index, uint64_t remote_offset,
+                                uint64_t remote_stride, uint64_t length, uint32_t count,
+                                uint64_t user_data, unsigned flags);
+/* Up to max completions written so far, into out; no system call unless the daemon waits for
+ * room. Returns how many. */
+unsigned mg_client_ring_poll(mg_client_ring *r, struct mg_ring_cqe *out, unsigned max);
+/* The same, waiting up to timeout_ms (-1: for ever; spinning spin_us first) for at least one.
+ * Returns how many (0: the time passed), or minus a gRPC code: UNAVAILABLE when the daemon let
+ * the ring go (its connection closed, the daemon stopped), the code the ring broke with. */
+int mg_client_ring_wait(mg_client_ring *r, struct mg_ring_cqe *out, unsigned max, int timeout_ms,
+                        unsigned spin_us);
+/* Whether the daemon still serves the ring (one system call). */
+int mg_client_ring_alive(mg_client_ring *r);
+/* Lets go of the ring here (the daemon's goes with the connection). Accepts NULL. */
+void mg_client_ring_detach(mg_client_ring *r);
+
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Small operations: one 4 KiB WRITE to a peer daemon, posted on a submission ring, against
-the same WRITE as a Submit with wait over HTTP/2, and the floor — a 4 KiB TCP ping-pong between
-two processes on loopback (bench/bench_pingpong) — in the same run; then posting 4096 blocks
+the same WRITE as a Submit with wait over HTTP/2, from C (bench/bench_ringlat, libmgclient) and
+from Python, and the floor — a 4 KiB TCP ping-pong between two processes on loopback
+(bench/bench_pingpong) — in the same run; then posting 4096 blocks
 of 4 KiB on the ring (one submission of prepared pairs) and as one Submit of a prepared group.
 
 Two daemons over TCP loopback; this process is a client of daemon a with a registered source
@@ -14,7 +15,8 @@ and prepared lists; an agent of daemon b's holds the target.
           answer carries it at the end, so this is timed to the completion, and the Submit
           without wait to its answer), and the whole transfer
 
-Usage: bench_ring.py --moongate BIN --pingpong BIN [--rounds 5] [--ops 2000] [--spin-us 200]
+Usage: bench_ring.py --moongate BIN --pingpong BIN --ringlat BIN [--rounds 5] [--ops 2000]
+                     [--spin-us 200]
 """
 import argparse
 import os
@@ -52,6 +54,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--moongate", required=True)
     ap.add_argument("--pingpong", required=True)
+    ap.add_argument("--ringlat", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--spin-us", type=int, default=200)
@@ -102,30 +105,40 @@ def run(a, sa, sb, b_h2c):
             ca.transfer([], prepared=group, brief=True)
             return (time.perf_counter() - t0) * 1e6
 
+        def c_client(way):
+            out = subprocess.run([a.ringlat, "unix:" + sa, b_h2c, "bench-b", str(t), way,
+                                  str(a.ops), "200", str(a.spin_us)], capture_output=True,
+                                 text=True, check=True).stdout.split("\n")
+            return [float(x.split()[1]) for x in out if x]
+
         def measure(way):
             if way == "floor":
                 return floor(a.pingpong, a.ops)
-            fn = one_ring if way == "ring" else one_submit
+            if way in ("ring", "submit"):
+                return c_client(way)
+            fn = one_ring if way == "ring-py" else one_submit
             for _ in range(100):
                 fn()
             return [fn() for _ in range(a.ops)]
 
-        ways = ["floor", "ring", "submit"]
+        ways = ["floor", "ring", "submit", "ring-py", "submit-py"]
         got = alternate(ways, a.rounds, measure)
         print("one 4 KiB WRITE to a peer daemon, post to completion seen (µs), %d rounds of %d "
               "alternated: median [min-max] of the rounds' p50 and p99" % (a.rounds, a.ops))
         p50 = {w: [statistics.median(r) for r in got[w]] for w in ways}
         p99 = {w: [pct(r, 0.99) for r in got[w]] for w in ways}
         for w, label in (("floor", "TCP ping-pong, 2 processes"),
-                         ("ring", "ring (spin %d µs)" % a.spin_us),
-                         ("submit", "Submit with wait (HTTP/2)")):
+                         ("ring", "C: ring (spin %d µs)" % a.spin_us),
+                         ("submit", "C: Submit with wait"),
+                         ("ring-py", "Python: ring (spin %d µs)" % a.spin_us),
+                         ("submit-py", "Python: Submit with wait")):
             print("  %-28s p50 %7.1f [%.1f-%.1f]  p99 %7.1f [%.1f-%.1f]" % (
                 label, statistics.median(p50[w]), min(p50[w]), max(p50[w]),
                 statistics.median(p99[w]), min(p99[w]), max(p99[w])))
-        for w in ("ring", "submit"):
+        for w in ways[1:]:
             r50 = [x / f for x, f in zip(p50[w], p50["floor"])]
             r99 = [x / f for x, f in zip(p99[w], p99["floor"])]
-            print("  %-6s / floor: p50 %.2f [%.2f-%.2f] (sought <= 3), p99 %.2f [%.2f-%.2f] "
+            print("  %-9s / floor: p50 %.2f [%.2f-%.2f] (sought <= 3), p99 %.2f [%.2f-%.2f] "
                   "(sought <= 5)" % (w, statistics.median(r50), min(r50), max(r50),
                                      statistics.median(r99), min(r99), max(r99)))
 

@@ -339,3 +339,25 @@ def test_a_ring_whose_connection_closes_says_so(make_daemon):
                 assert one(r2).code == 0
     finally:
         s.close()
+
+
+def test_the_c_ring_example(make_daemon):
+    """client/example_ring.c, built with the project: pairs with a notification and a strided
+    group posted on a ring from C land in an agent's memory on a peer, and the peer hears."""
+    a, b = pair(make_daemon)
+    dst = bytearray(64 * KiB)
+    (t, _) = mg.address_of(dst)
+    with mg.Client("unix:" + b.sock) as cb:
+        cb.register_agent("ring-c")
+        cb.register_memory("dst", t, 64 * KiB, remote_accessible=True)
+        notes = cb.notifications("ring-example", timeout=30)
+        r = subprocess.run([os.path.join(conftest.BUILD, "example_ring"), "unix:" + a.sock,
+                            b.h2c, "ring-c", str(t)], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, **conftest.sanitizer_preload()))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("ok ring "), r.stdout
+        assert next(notes).payload == b"landed"
+        for k in range(8):  # the strided group: 512 bytes of blocks 0, 2, 4, ... side by side
+            assert dst[k * 512:(k + 1) * 512] == bytes([ord("a") + 2 * k]) * 512
+        for k in range(1, 16):  # the pairs: block k is 'a' + k
+            assert dst[k * 4 * KiB:(k + 1) * 4 * KiB] == bytes([ord("a") + k]) * 4 * KiB
