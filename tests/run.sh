@@ -253,7 +253,7 @@ tsan_restore() {
 # restart, drain, a shrunk file), and the same over the RDMA emulator's queue pairs and pollers.
 # Node ids: a test renamed or gone fails the stage ("not found") rather than leaving it.
 ti=tests/integration
-TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpool.py
+TSAN_PYTEST=($ti/test_mooncake_c.py $ti/test_python_client.py $ti/test_bufferpool.py $ti/test_ring.py
     $ti/test_restart.py::test_a_c_target_outlives_its_daemon
     $ti/test_restart.py::test_a_c_initiator_outlives_its_daemon
     $ti/test_restart.py::test_a_c_engine_gives_up_and_comes_back_with_its_daemon

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests: they take minutes and print figures, no pass/fail thresholds).
-#   tests/bench/run.sh [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|nixl|gpu|staged|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
+#   tests/bench/run.sh [control|register|batch|memory|pmem|names|pool|mooncake|cdoor|nixl|ring|gpu|staged|scale|fanout|wire|receiver|restart|digest|lease|dataplane|transfer] [-- options]
 # control:  h2load against Health/Check on moongate and on reference gRPC C++ servers, same run.
 # register: Health/Check latency idle and during a multi-GiB registration, same run.
 # batch:    a batch registration on 1 and N workers against registering one by one.
@@ -45,6 +45,10 @@
 #           1024 block-indexed 64 KiB READs per transfer, alternated, medians of 5; then posting
 #           10,000 descriptors by index against as descriptors (tests/bench/bench_nixl.py;
 #           `nixl -- --rounds 9`).
+# ring:     one 4 KiB WRITE to a peer daemon posted on a submission ring, against the same as a
+#           Submit with wait, from C and from Python, beside a 4 KiB TCP ping-pong between two
+#           processes, alternated, medians and p99 of 5 rounds; then 4096 blocks posted on the
+#           ring and as one Submit (tests/bench/bench_ring.py; `ring -- --rounds 9 --spin-us 200`).
 # gpu:      GPU memory on the CUDA driver emulator: 64 MiB device -> peer through staging
 #           (mgbench vram, tests/gpu/check.sh) against the same transfer from host memory and a
 #           cuMemcpyDtoH into pinned memory, medians of 3 (`gpu -- --size 1G --rounds 5`).
@@ -107,6 +111,11 @@ cdoor)
 nixl)
     MOONGATE_PYGEN=${MOONGATE_PYGEN:-$build/pygen} /usr/bin/python3 tests/bench/bench_nixl.py \
         --moongate "$build/moongate" "$@"
+    ;;
+ring)
+    MOONGATE_PYGEN=${MOONGATE_PYGEN:-$build/pygen} /usr/bin/python3 tests/bench/bench_ring.py \
+        --moongate "$build/moongate" --pingpong "$build/bench/bench_pingpong" \
+        --ringlat "$build/bench/bench_ringlat" "$@"
     ;;
 staged)
     MOONGATE_CUDA_LIB=$build/libmgcuda_emu.so MOONGATE_CLIENT_LIB=$build/libmgclient.so.0 \
