@@ -21,9 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define FENCE()     __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define LOAD(p)     __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
 struct mg_client_ring {
     uint64_t id;
@@ -184,7 +183,7 @@ static void publish(mg_client_ring *r, uint32_t slots)
 {
     r->tail += slots;
     STORE(&r->h->sq_tail, r->tail);
-    FENCE(); /* the tail is out before the daemon's flag is read */
+    /* the tail is out before the daemon's flag is read (both sequentially consistent) */
     if (LOAD(&r->h->daemon_sleeping))
         eventfd_write(r->doorbell, 1);
 }
@@ -301,7 +300,7 @@ unsigned mg_client_ring_poll(mg_client_ring *r, struct mg_ring_cqe *out, unsigne
     }
     if (n) {
         STORE(&r->h->cq_head, r->head);
-        FENCE(); /* the head is out before the daemon's flag is read */
+        /* the head is out before the daemon's flag is read (both sequentially consistent) */
         if (LOAD(&r->h->daemon_needs_room))
             eventfd_write(r->doorbell, 1);
     }
@@ -335,7 +334,7 @@ int mg_client_ring_wait(mg_client_ring *r, struct mg_ring_cqe *out, unsigned max
         if (LOAD(&r->h->broken))
             return -(int)LOAD(&r->h->broken);
         STORE(&r->h->client_waiting, 1u);
-        FENCE(); /* the flag is out before the queue is looked at again */
+        /* the flag is out before the queue is looked at again (sequentially consistent) */
         if ((n = mg_client_ring_poll(r, out, max)) == 0 && (timeout_ms < 0 || left > 0)) {
             poll(p, 2, left);
             if (eventfd_read(r->bell, &v) != 0 && errno != EAGAIN)

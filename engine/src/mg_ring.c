@@ -31,9 +31,8 @@ _Static_assert(offsetof(mg_ring_sqe, u.strided.length) == 72 &&
                    offsetof(mg_ring_sqe, note_len) == 112 && offsetof(mg_ring_cqe, why) == 36,
                "the slots' layout");
 
-#define LOAD(p)     __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define FENCE()     __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define LOAD(p)     __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
 struct mg_ring {
     mg_rings *rs;
@@ -390,7 +389,8 @@ static void *ring_main(void *p)
         } while (took);
         for (size_t i = 0; i < rs->nlive; i++)
             STORE(&rs->live[i]->hdr->daemon_sleeping, 1u);
-        FENCE(); /* then look again: a doorbell not rung was not needed */
+        /* then look again (every load and store of the protocol is sequentially consistent:
+         * a doorbell the process did not ring, after it saw the flag 0, was not needed) */
         for (size_t i = 0; i < rs->nlive && !again; i++)
             again = ring_ready(rs->live[i]);
         if (!again) {
@@ -598,7 +598,7 @@ void mg_ring_complete(mg_ring *r, const mg_ring_cqe *c)
         STORE(&r->cq_tail, tail + 1);
     }
     __atomic_sub_fetch(&r->unanswered, 1, __ATOMIC_ACQ_REL);
-    FENCE(); /* the answer is out before the process's flag is read */
+    /* the answer is out before the process's flag is read (both sequentially consistent) */
     if (LOAD(&r->hdr->client_waiting))
         ring_bell(r->bell);
 }

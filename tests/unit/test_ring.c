@@ -62,9 +62,8 @@ static void post(proc *p, uint64_t ud, uint32_t count)
     e->kind = MG_RING_STRIDED;
     e->count = count;
     e->u.strided.length = 4096;
-    __atomic_store_n(&p->h->sq_tail, tail + 1, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&p->h->daemon_sleeping, __ATOMIC_ACQUIRE))
+    __atomic_store_n(&p->h->sq_tail, tail + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->h->daemon_sleeping, __ATOMIC_SEQ_CST))
         eventfd_write(p->doorbell, 1);
 }
 
@@ -102,19 +101,19 @@ static void test_submissions_in_order_and_back_pressure(void)
     mg_ring_start(r);
     for (uint64_t ud = 1; ud <= 8; ud++) /* a full queue; none answered */
         post(&p, ud, (uint32_t)ud);
-    for (int i = 0; i < 500 && !__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_ACQUIRE); i++)
+    for (int i = 0; i < 500 && !__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_SEQ_CST); i++)
         usleep(10000); /* it stops when the completion queue has no room */
     drain_until(cq, &l, 7);
     /* room for both answers of any submission: 7 taken of 8 unanswered places, then it waits */
     CU_ASSERT_EQUAL(l.n, 7);
-    CU_ASSERT_EQUAL(__atomic_load_n(&p.h->sq_head, __ATOMIC_ACQUIRE), 7u);
+    CU_ASSERT_EQUAL(__atomic_load_n(&p.h->sq_head, __ATOMIC_SEQ_CST), 7u);
     for (int i = 0; i < l.n; i++) {
         CU_ASSERT_EQUAL(l.got[i]->e.user_data, (uint64_t)i + 1);
         CU_ASSERT_EQUAL(l.got[i]->e.count, (uint32_t)i + 1);
         CU_ASSERT_EQUAL(l.got[i]->bad[0], '\0');
         CU_ASSERT_PTR_EQUAL(l.got[i]->ring, r);
     }
-    CU_ASSERT_EQUAL(__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_ACQUIRE), 1u);
+    CU_ASSERT_EQUAL(__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_SEQ_CST), 1u);
     for (int i = 0; i < l.n; i++) { /* the loop answers them all */
         mg_ring_cqe c = {.user_data = l.got[i]->e.user_data, .done = 1};
         mg_ring_complete(r, &c);
@@ -127,9 +126,8 @@ static void test_submissions_in_order_and_back_pressure(void)
     }
     l.n = 0;
     /* the process reads them, and rings because the daemon waits for room */
-    __atomic_store_n(&p.h->cq_head, 7u, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_ACQUIRE))
+    __atomic_store_n(&p.h->cq_head, 7u, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p.h->daemon_needs_room, __ATOMIC_SEQ_CST))
         eventfd_write(p.doorbell, 1);
     drain_until(cq, &l, 1);
     CU_ASSERT_EQUAL_FATAL(l.n, 1);
@@ -162,11 +160,11 @@ static void test_an_impossible_tail_breaks_only_that_ring(void)
     proc_map(good, &pg);
     mg_ring_start(bad);
     mg_ring_start(good);
-    __atomic_store_n(&pb.h->sq_tail, 1000u, __ATOMIC_RELEASE); /* 1000 slots in a ring of 8 */
+    __atomic_store_n(&pb.h->sq_tail, 1000u, __ATOMIC_SEQ_CST); /* 1000 slots in a ring of 8 */
     eventfd_write(pb.doorbell, 1);
     pfd = (struct pollfd){pb.bell, POLLIN, 0};
     CU_ASSERT_EQUAL(poll(&pfd, 1, 5000), 1); /* told by the bell */
-    CU_ASSERT_EQUAL(__atomic_load_n(&pb.h->broken, __ATOMIC_ACQUIRE), 3u);
+    CU_ASSERT_EQUAL(__atomic_load_n(&pb.h->broken, __ATOMIC_SEQ_CST), 3u);
     CU_ASSERT_PTR_NOT_NULL(strstr(pb.h->why, "sq_tail is 1000 slots past sq_head 0"));
     post(&pg, 42, 1); /* the other ring goes on */
     drain_until(cq, &l, 1);

@@ -228,6 +228,13 @@ class TransferEngine:
         self._targets = set()  # target names a peer has answered for
         self._timeout_s = transfer_timeout_s()
         self._host_fns = []    # [callback, ran] of *_on_cuda calls: kept until they ran
+        # A single synchronous transfer is posted on a submission ring (on the daemon's Unix
+        # socket; MOONGATE_RING=0: never): one strided entry over two prepared lists, each a
+        # whole region (this process's, keyed by address; a target's, by (target, address)).
+        self._ring, self._ring_off = None, os.environ.get("MOONGATE_RING", "1") == "0"
+        self._ring_lock = threading.Lock()
+        self._ring_lists = {}
+        self._ring_regions = {}  # target -> its regions [(address, length)], from DescribeAgent
 
     # setup
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
@@ -287,6 +294,9 @@ class TransferEngine:
         c, self._c = self._c, None
         if c is None:
             return
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         for buf in self._managed.values():
             try:
                 buf.free()
@@ -500,13 +510,68 @@ class TransferEngine:
         if target in self._targets:
             return True
         try:
-            self._c.describe_agent(target)
+            info = self._c.describe_agent(target)
         except mg.Error as e:
             log.error("target %r: %s", target, e)
             return False
         with self._lock:
             self._targets.add(target)
+            self._ring_regions[target] = [(r.address, r.length) for r in info.regions]
         return True
+
+    # the submission ring
+    def _ring_list(self, key, addr, length, agent):
+        """The prepared list of one whole region (cached per connection)."""
+        lid = self._ring_lists.get(key)
+        if lid is None:
+            lid = self._c.prepare_list([addr], [length], agent=agent)
+            self._ring_lists[key] = lid
+        return lid
+
+    def _ring_sync(self, what, target, buffer, peer_address, length, op):
+        """One synchronous transfer posted on the engine's ring: 0 or -1 (logged), or None
+        where the ring cannot take it (no ring, memory outside what it knows, the ring full or
+        gone): the caller submits it as a call."""
+        from moongate import ring as mgring
+        mine = [(a, n) for a, (n, _, _) in self._regions.items()]
+        mine += [(a, b.size) for a, b in self._managed.items()]
+        local = next(((a, n) for a, n in mine if a <= buffer and buffer + length <= a + n),
+                     None)
+        remote = next(((a, n) for a, n in self._ring_regions.get(target, ())
+                       if a <= peer_address and peer_address + length <= a + n), None)
+        if local is None or remote is None or length == 0:
+            return None
+        with self._ring_lock:
+            attached = self._ring is None
+            try:
+                if attached:
+                    self._ring = self._c.attach_ring(256)
+                    self._ring_lists.clear()
+                lo = self._ring_list(("local",) + local, local[0], local[1], "")
+                ro = self._ring_list((target,) + remote, remote[0], remote[1], target)
+                self._ring.post_strided(op, lo, 0, ro, 0, 1, length,
+                                        local_offset=buffer - local[0],
+                                        remote_offset=peer_address - remote[0])
+                done = self._ring.wait(self._deadline_ms(length) / 1000.0 + 5)
+            except (mgring.RingError, mg.Error, OSError) as e:
+                if isinstance(e, mgring.RingError) and \
+                        e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    return None
+                if self._ring is not None:  # gone with its connection: again next time
+                    self._ring.close()
+                self._ring = None
+                if attached or not isinstance(e, mgring.RingError):  # refused: calls only
+                    self._ring_off = True
+                    log.info("%s: transfers go as Submit calls, not on a ring: %s", what, e)
+                return None
+        if not done:
+            log.error("%s to %s: no answer within its deadline", what, target)
+            return -1
+        if done[0].code != 0:
+            log.error("%s to %s: %s", what, target, done[0].why)
+            self._forget(target, mg.Error(mg._code(done[0].code), done[0].why))
+            return -1
+        return 0
 
     def _blocks(self, what, target, buffers, peer_addresses, lengths, opcode):
         """The batch as one compact group, or None (logged) when it cannot be one."""
@@ -529,11 +594,17 @@ class TransferEngine:
         if err.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
             with self._lock:
                 self._targets.discard(target)
+                self._ring_regions.pop(target, None)
 
     def _sync(self, what, target, buffers, peer_addresses, lengths, opcode, notify):
         blocks = self._blocks(what, target, buffers, peer_addresses, lengths, opcode)
         if blocks is None:
             return -1
+        if len(lengths) == 1 and notify is None and not self._ring_off:
+            rc = self._ring_sync(what, target, buffers[0], peer_addresses[0], lengths[0],
+                                 blocks.op)
+            if rc is not None:
+                return rc
         timeout_ms = self._deadline_ms(sum(lengths))
         try:
             resp = self._c._call(self._c.transfers.Submit, transfer_pb2.SubmitRequest(
