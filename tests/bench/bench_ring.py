@@ -2,7 +2,8 @@
 """Small operations: one 4 KiB WRITE to a peer daemon, posted on a submission ring, against
 the same WRITE as a Submit with wait over HTTP/2, from C (bench/bench_ringlat, libmgclient) and
 from Python, and the floor — a 4 KiB TCP ping-pong between two processes on loopback
-(bench/bench_pingpong) — in the same run; then posting 4096 blocks
+(bench/bench_pingpong) — in the same run, and Mooncake's transfer_sync_write through
+mooncake.engine (moongate's door, on its ring); then posting 4096 blocks
 of 4 KiB on the ring (one submission of prepared pairs) and as one Submit of a prepared group.
 
 Two daemons over TCP loopback; this process is a client of daemon a with a registered source
@@ -28,6 +29,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python", "moongate", "compat",
+                                "shim"))  # mooncake.engine
 sys.path.insert(0, HERE)
 from bench_memory import free_port, start  # noqa: E402
 from bench_names import alternate  # noqa: E402
@@ -67,11 +70,15 @@ def main():
         limit = ["--max-transfer-requests", str(max(4096, a.blocks))]
         procs = []
         try:
+            # each daemon's --peer-port the other's: an agent's "host:port" (Mooncake's target
+            # names) reaches the other daemon
             p, sb = start(a.moongate, work, "b", h2c="127.0.0.1:%d" % pb_port,
-                          extra=["--advertise", "127.0.0.1:%d" % pb_port] + limit)
+                          extra=["--advertise", "127.0.0.1:%d" % pb_port,
+                                 "--peer-port", str(pa_port)] + limit)
             procs.append(p)
             p, sa = start(a.moongate, work, "a", h2c="127.0.0.1:%d" % pa_port,
-                          extra=["--advertise", "127.0.0.1:%d" % pa_port] + limit)
+                          extra=["--advertise", "127.0.0.1:%d" % pa_port,
+                                 "--peer-port", str(pb_port)] + limit)
             procs.append(p)
             run(a, sa, sb, "127.0.0.1:%d" % pb_port)
         finally:
@@ -85,7 +92,7 @@ def run(a, sa, sb, b_h2c):
     src, dst = bytearray(os.urandom(n * 4 * KiB)), bytearray(n * 4 * KiB)
     (s, _), (t, _) = mg.address_of(src), mg.address_of(dst)
     with mg.Client("unix:" + sa) as ca, mg.Client("unix:" + sb) as cb:
-        cb.register_agent("bench-b")
+        b_port = cb.register_agent("bench-b").port
         cb.register_memory("dst", t, len(dst), remote_accessible=True)
         ca.register_memory("src", s, len(src))
         local = ca.prepare_list([s + i * 4 * KiB for i in range(n)], [4 * KiB] * n)
@@ -113,17 +120,32 @@ def run(a, sa, sb, b_h2c):
                                  text=True, check=True).stdout.split("\n")
             return [float(x.split()[1]) for x in out if x]
 
+        os.environ["MOONGATE_SOCKET"] = sa  # Mooncake's engine: its daemon is a
+        from mooncake.engine import TransferEngine
+        eng = TransferEngine()
+        assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        msrc = bytearray(os.urandom(4096))  # its own memory (src is the native client's)
+        (ms, _) = mg.address_of(msrc)
+        assert eng.register_memory(ms, len(msrc)) == 0
+        session = "127.0.0.1:%d" % b_port
+
+        def one_mooncake():
+            t0 = time.perf_counter()
+            assert eng.transfer_sync_write(session, ms, t, 4096) == 0
+            return (time.perf_counter() - t0) * 1e6
+
         def measure(way):
             if way == "floor":
                 return floor(a.pingpong, a.ops)
             if way in ("ring", "submit"):
                 return c_client(way)
-            fn = one_ring if way == "ring-py" else one_submit
+            fn = {"ring-py": one_ring, "submit-py": one_submit,
+                  "mooncake": one_mooncake}[way]
             for _ in range(100):
                 fn()
             return [fn() for _ in range(a.ops)]
 
-        ways = ["floor", "ring", "submit", "ring-py", "submit-py"]
+        ways = ["floor", "ring", "submit", "ring-py", "submit-py", "mooncake"]
         got = alternate(ways, a.rounds, measure)
         print("one 4 KiB WRITE to a peer daemon, post to completion seen (µs), %d rounds of %d "
               "alternated: median [min-max] of the rounds' p50 and p99" % (a.rounds, a.ops))
@@ -133,7 +155,8 @@ def run(a, sa, sb, b_h2c):
                          ("ring", "C: ring (spin %d µs)" % a.spin_us),
                          ("submit", "C: Submit with wait"),
                          ("ring-py", "Python: ring (spin %d µs)" % a.spin_us),
-                         ("submit-py", "Python: Submit with wait")):
+                         ("submit-py", "Python: Submit with wait"),
+                         ("mooncake", "Python: mooncake.engine sync")):
             print("  %-28s p50 %7.1f [%.1f-%.1f]  p99 %7.1f [%.1f-%.1f]" % (
                 label, statistics.median(p50[w]), min(p50[w]), max(p50[w]),
                 statistics.median(p99[w]), min(p99[w]), max(p99[w])))
@@ -143,6 +166,9 @@ def run(a, sa, sb, b_h2c):
             print("  %-9s / floor: p50 %.2f [%.2f-%.2f] (sought <= 3), p99 %.2f [%.2f-%.2f] "
                   "(sought <= 5)" % (w, statistics.median(r50), min(r50), max(r50),
                                      statistics.median(r99), min(r99), max(r99)))
+        rm = [x / r for x, r in zip(p50["mooncake"], p50["ring-py"])]
+        print("  mooncake.engine transfer_sync_write / the Python ring, p50: %.2f [%.2f-%.2f] "
+              "(sought <= 1.3)" % (statistics.median(rm), min(rm), max(rm)))
 
         pairs = list(range(n))
         many = [mg.prepared(W, local, pairs, remote, pairs)]
