@@ -394,17 +394,19 @@ static void *ring_main(void *p)
         for (size_t i = 0; i < rs->nlive && !again; i++)
             again = ring_ready(rs->live[i]);
         if (!again) {
+            int changes = 0;
             n = epoll_wait(rs->ep, evs, 32, -1);
-            for (int i = 0; i < n; i++) {
+            for (int i = 0; i < n; i++) { /* doorbells first: the changes may let rings go */
+                uint64_t v;
                 if (evs[i].data.ptr == NULL) {
-                    if (apply_ctls(rs))
-                        goto out;
+                    changes = 1;
                 } else {
-                    uint64_t v;
                     ssize_t rd = read(((mg_ring *)evs[i].data.ptr)->doorbell, &v, sizeof(v));
                     (void)rd;
                 }
             }
+            if (changes && apply_ctls(rs))
+                goto out;
         }
         for (size_t i = 0; i < rs->nlive; i++)
             STORE(&rs->live[i]->hdr->daemon_sleeping, 0u);
