@@ -1270,26 +1270,21 @@ class nixl_agent:
         its requests end CANCELLED within about 100 ms there). Never waits for it."""
         with self._lock:
             x = self._xfers.get(h)
-        if x is not None and x.state == "PROC" and isinstance(x.pending, _RingPending):
-            bid = self._ring_forget(x.pending.ud)  # 0: not accepted yet, or over
-            if bid and self._c is not None:
-                try:
-                    self._c._call(self._c.transfers.Cancel, transfer_pb2.GetBatchRequest(
-                        id=bid, brief=True))
-                except mg.Error as e:
-                    if e.code != grpc.StatusCode.NOT_FOUND:
-                        raise _nixl_error(nixlRepostActiveError, "release_xfer_handle: the "
-                                          "transfer could not be cancelled: %s" % e) from None
-        elif x is not None and x.state == "PROC" and not x.pending.done() and \
-                self._c is not None:
-            try:  # the batch's id: the same Submit again (its request_id) answers it
+        going = x is not None and x.state == "PROC" and self._c is not None
+        try:
+            bid = 0
+            if going and isinstance(x.pending, _RingPending):
+                bid = self._ring_forget(x.pending.ud)  # 0: not accepted yet, or over
+            elif going and not x.pending.done():
+                # the batch's id: the same Submit again (its request_id) answers it
                 bid = self._submit(x, wait=False).result().batch_id
+            if bid:
                 self._c._call(self._c.transfers.Cancel, transfer_pb2.GetBatchRequest(
                     id=bid, brief=True))
-            except mg.Error as e:
-                if e.code != grpc.StatusCode.NOT_FOUND:
-                    raise _nixl_error(nixlRepostActiveError, "release_xfer_handle: the "
-                                      "transfer could not be cancelled: %s" % e) from None
+        except mg.Error as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise _nixl_error(nixlRepostActiveError, "release_xfer_handle: the transfer "
+                                  "could not be cancelled: %s" % e) from None
         with self._lock:
             self._xfers.pop(h, None)
 
