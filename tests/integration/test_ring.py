@@ -194,6 +194,10 @@ def test_a_full_ring_is_back_pressure_and_nothing_is_lost(make_daemon):
                     posted.append(ring.post_pairs(W, s.local, [i % 16], s.remote, [i % 16]))
             assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert 8 <= len(posted) <= 16, len(posted)  # 8 answered + 8 waiting in the queue
+            # one larger than the whole ring is refused as such, not as "full"
+            with pytest.raises(mgring.RingError, match="takes 13 slots; the ring has 8") as e:
+                ring.post_pairs(W, s.local, [0] * 200, s.remote, [0] * 200)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
             seen = []
             while len(seen) < len(posted):
                 got = ring.wait(20)
@@ -246,6 +250,15 @@ def test_ring_and_http2_submits_mix_and_ring_batches_are_batches(make_daemon):
                 c = one(r3)
                 assert not c.accepted and c.code == INVALID, c
                 assert r3.poll() == []
+            # accepted: its id while it goes, to cancel it
+            u = r3.post_pairs(W, s.local, list(range(16)), s.remote, list(range(16)),
+                              accepted=True)
+            c = one(r3)
+            assert c.accepted and c.user_data == u
+            assert s.ca.cancel(c.batch_id).id == c.batch_id
+            c = one(r3)
+            assert c.user_data == u and not c.accepted
+            assert c.code in (0, grpc.StatusCode.CANCELLED.value[0]), c
         with mg.Client(a.h2c, plaintext=True) as tcp:
             with pytest.raises(mgring.RingError, match="Unix socket"):
                 tcp.attach_ring()

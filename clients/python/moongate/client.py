@@ -1088,6 +1088,12 @@ class Client:
                              batch_id, was, self._re.epoch))
         return self._error(e)
 
+    def cancel(self, batch_id, brief=True):
+        """Cancels a batch (Transfer/Cancel): its requests not done end CANCELLED. Returns the
+        batch as it stands."""
+        return self._call(self.transfers.Cancel,
+                          transfer_pb2.GetBatchRequest(id=batch_id, brief=brief))
+
     def get_batch(self, batch_id, brief=False):
         """The batch as it stands (GetBatch): its state, counts and requests."""
         return self._call(self.transfers.GetBatch,

@@ -106,21 +106,27 @@ class Ring:
 
     def alive(self):
         """Whether the daemon still serves the ring (one system call): its connection closed,
-        or the daemon stopped, ends it."""
-        if self._mm is None:
+        the daemon stopped, or the ring broke, ends it."""
+        if self._mm is None or self._u32(H_BROKEN):
             return False
         return not select.select([self._chan], [], [], 0)[0]
 
     def _check(self):
         if self._mm is None:
             raise RingError(grpc.StatusCode.FAILED_PRECONDITION, "the ring was closed here")
-        if self._u32(H_BROKEN):
+        broken = self._u32(H_BROKEN)
+        if broken:
+            from moongate.client import _code
             why = bytes(self._mm[H_WHY:H_WHY + 96]).split(b"\0", 1)[0].decode(errors="replace")
-            raise RingError(grpc.StatusCode.INVALID_ARGUMENT, "the ring broke: " + why)
+            raise RingError(_code(broken), "the ring broke: " + why)
 
     # posting
     def _room(self, slots):
         self._check()
+        if slots > self.entries:
+            raise RingError(grpc.StatusCode.INVALID_ARGUMENT,
+                            "the submission takes %d slots; the ring has %d (attach a larger "
+                            "ring, or post it in parts)" % (slots, self.entries))
         used = (self._tail - self._u32(H_SQ_HEAD)) & 0xffffffff
         if used + slots > self.entries:
             raise RingError(grpc.StatusCode.RESOURCE_EXHAUSTED,

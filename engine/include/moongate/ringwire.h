@@ -24,7 +24,11 @@
  * the completion queue past its tail, breaks the ring (the daemon stops taking from it, sets
  * `broken` to a gRPC code and `why`, and rings the completion bell); an entry that does not
  * check is answered with INVALID_ARGUMENT naming why. A process that scribbles on its ring hurts
- * only itself.
+ * only itself. An entry that does not check takes one slot: what the process meant as its
+ * pairs or note is read as the next entries (each answered too).
+ *
+ * The offsets of the header's fields and the slots' are pinned by engine/src/mg_ring.c's
+ * static assertions, for clients in other languages (clients/python/moongate/ring.py).
  */
 #ifndef MOONGATE_RINGWIRE_H
 #define MOONGATE_RINGWIRE_H
@@ -89,7 +93,7 @@ typedef struct mg_ring_sqe {
     uint64_t user_data; /* given back in the completion */
     uint8_t op;         /* MG_RING_READ or MG_RING_WRITE */
     uint8_t kind;       /* MG_RING_PAIRS or MG_RING_STRIDED */
-    uint16_t flags;     /* 0 */
+    uint16_t flags;     /* MG_RING_NOTIFY, MG_RING_ACCEPTED, or 0 */
     uint32_t count;     /* pairs or blocks, >= 1 */
     uint64_t local_list, remote_list;
     union {
