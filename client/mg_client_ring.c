@@ -214,6 +214,22 @@ static void put_note(mg_client_ring *r, uint32_t k, const char *topic, const voi
     free(buf);
 }
 
+/* The next entry's slot, cleared, with what every entry says. */
+static mg_ring_sqe *entry(mg_client_ring *r, int op, uint8_t kind, unsigned flags, uint32_t count,
+                          uint64_t local_list, uint64_t remote_list, uint64_t user_data)
+{
+    mg_ring_sqe *e = slot(r, 0);
+    memset(e, 0, sizeof(*e));
+    e->user_data = user_data;
+    e->op = (uint8_t)op;
+    e->kind = kind;
+    e->flags = (uint16_t)flags;
+    e->count = count;
+    e->local_list = local_list;
+    e->remote_list = remote_list;
+    return e;
+}
+
 int mg_client_ring_post_pairs(mg_client_ring *r, int op, uint64_t local_list,
                               const uint32_t *local_idx, uint64_t remote_list,
                               const uint32_t *remote_idx, uint32_t n, uint64_t user_data,
@@ -232,15 +248,8 @@ int mg_client_ring_post_pairs(mg_client_ring *r, int op, uint64_t local_list,
         return MG_GRPC_INVALID_ARGUMENT;
     if ((rc = ring_room(r, (uint32_t)total)) != 0)
         return rc;
-    e = slot(r, 0);
-    memset(e, 0, sizeof(*e));
-    e->user_data = user_data;
-    e->op = (uint8_t)op;
-    e->kind = MG_RING_PAIRS;
-    e->flags = (uint16_t)((flags & MG_RING_ACCEPTED) | (topic ? MG_RING_NOTIFY : 0));
-    e->count = n;
-    e->local_list = local_list;
-    e->remote_list = remote_list;
+    e = entry(r, op, MG_RING_PAIRS, (flags & MG_RING_ACCEPTED) | (topic ? MG_RING_NOTIFY : 0), n,
+              local_list, remote_list, user_data);
     e->note_len = topic ? (uint32_t)(strlen(topic) + 1 + payload_len) : 0;
     for (uint32_t k = 0; k < n; k++) {
         if (k < MG_RING_INLINE_PAIRS) {
@@ -269,15 +278,8 @@ int mg_client_ring_post_strided(mg_client_ring *r, int op, uint64_t local_list,
     int rc = ring_room(r, 1);
     if (rc != 0)
         return rc;
-    e = slot(r, 0);
-    memset(e, 0, sizeof(*e));
-    e->user_data = user_data;
-    e->op = (uint8_t)op;
-    e->kind = MG_RING_STRIDED;
-    e->flags = (uint16_t)(flags & MG_RING_ACCEPTED);
-    e->count = count;
-    e->local_list = local_list;
-    e->remote_list = remote_list;
+    e = entry(r, op, MG_RING_STRIDED, flags & MG_RING_ACCEPTED, count, local_list, remote_list,
+              user_data);
     e->u.strided.local_index = local_index;
     e->u.strided.remote_index = remote_index;
     e->u.strided.local_offset = local_offset;
