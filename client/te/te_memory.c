@@ -194,17 +194,33 @@ static int device_of(uintptr_t addr, size_t len, const char *location, char *why
     return asked ? -2 : -1; /* not asked: the daemon says what it makes of the range */
 }
 
-/* Unregisters segment id, registered for addr, with the daemon: 0, or -1 (logged). */
+/* Appends n regions to the engine's list: 0, or -1 (out of memory: none added). */
+static int append_regions(te_engine *e, const te_region *g, size_t n)
+{
+    te_region *grown;
+    pthread_mutex_lock(&e->mu);
+    grown = realloc(e->regions, (e->n_regions + n) * sizeof(*grown));
+    if (grown != NULL) {
+        e->regions = grown;
+        memcpy(grown + e->n_regions, g, n * sizeof(*g));
+        e->n_regions += n;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return grown != NULL ? 0 : -1;
+}
+
+/* Unregisters segment id, registered for addr, with the daemon: 0, or the gRPC code (logged). */
 static int unregister_id(te_engine *e, uint64_t id, const void *addr)
 {
     Moongate__V1__UnregisterRequest q = MOONGATE__V1__UNREGISTER_REQUEST__INIT;
     char msg[512];
+    int st;
     q.id = id;
-    if (te_call_run(e, "/moongate.v1.Memory/UnregisterSegment", &q.base, 60000, NULL, NULL, msg,
-                    sizeof(msg)) == 0)
+    if ((st = te_call_run(e, "/moongate.v1.Memory/UnregisterSegment", &q.base, 60000, NULL, NULL,
+                          msg, sizeof(msg))) == 0)
         return 0;
     te_log("unregisterLocalMemory(%p): segment %llu: %s", addr, (unsigned long long)id, msg);
-    return -1;
+    return st;
 }
 
 /* RegisterSegment of q; the segment's id in *id. 0, or a gRPC code with msg. */
@@ -298,15 +314,7 @@ static int register_device(te_engine *e, uintptr_t a, size_t length, int remote,
     for (int i = 0; i < n; i++)
         close(pieces[i].fd); /* passed: the daemon holds its own */
     if (st == 0) {
-        pthread_mutex_lock(&e->mu);
-        te_region *grown = realloc(e->regions, (e->n_regions + n) * sizeof(*grown));
-        if (grown != NULL) {
-            e->regions = grown;
-            memcpy(grown + e->n_regions, made, n * sizeof(*made));
-            e->n_regions += n;
-        }
-        pthread_mutex_unlock(&e->mu);
-        if (grown != NULL)
+        if (append_regions(e, made, (size_t)n) == 0)
             return 0;
         snprintf(msg, msgcap, "out of memory");
         st = MG_GRPC_RESOURCE_EXHAUSTED;
@@ -320,15 +328,7 @@ static int register_device(te_engine *e, uintptr_t a, size_t length, int remote,
 /* Adds region g to the engine's list: 0, or -1 (out of memory: the segment is let go). */
 static int add_region(te_engine *e, const te_region *g)
 {
-    te_region *grown;
-    pthread_mutex_lock(&e->mu);
-    grown = realloc(e->regions, (e->n_regions + 1) * sizeof(*grown));
-    if (grown != NULL) {
-        e->regions = grown;
-        grown[e->n_regions++] = *g;
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (grown != NULL)
+    if (append_regions(e, g, 1) == 0)
         return 0;
     unregister_id(e, g->segment, (void *)g->addr);
     return -1;
@@ -511,14 +511,14 @@ int registerLocalMemory(transfer_engine_t engine, void *addr, size_t length, con
 int unregisterLocalMemory(transfer_engine_t engine, void *addr)
 {
     te_engine *e = engine;
-    uint64_t ids[16];
-    int found = 0, rc = 0;
+    te_region gone[16];
+    size_t found = 0, kept = 0;
     if (e == NULL)
         return ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&e->mu);
     for (size_t i = 0; i < e->n_regions && found < 16;) /* device memory: every piece */
         if (e->regions[i].group == (uintptr_t)addr) {
-            ids[found++] = e->regions[i].segment;
+            gone[found++] = e->regions[i];
             e->regions[i] = e->regions[--e->n_regions];
         } else {
             i++;
@@ -528,10 +528,14 @@ int unregisterLocalMemory(transfer_engine_t engine, void *addr)
         te_log("unregisterLocalMemory(%p): not registered", addr);
         return ERR_ADDRESS_NOT_REGISTERED;
     }
-    for (int k = 0; k < found; k++)
-        if (unregister_id(e, ids[k], addr) != 0)
-            rc = -1;
-    return rc;
+    for (size_t k = 0; k < found; k++) {
+        int st = unregister_id(e, gone[k].segment, addr);
+        if (st != 0 && st != MG_GRPC_NOT_FOUND) /* held by a transfer: it stays, to retry */
+            gone[kept++] = gone[k];
+    }
+    if (kept && append_regions(e, gone, kept) != 0)
+        te_log("unregisterLocalMemory(%p): out of memory keeping what stays registered", addr);
+    return kept ? -1 : 0;
 }
 
 int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_list,

@@ -426,7 +426,7 @@ static int corrupt_this(mg_dp_server *s)
 static void target_done(mg_dp_server *s, dp_target *t)
 {
     if (t->seg)
-        mg_registry_put(s->cfg.registry, t->seg);
+        mg_registry_put_passing(s->cfg.registry, t->seg);
     if (t->slot)
         mg_lease_table_end(s->cfg.leases, t->slot);
     t->seg = NULL;
@@ -615,8 +615,8 @@ static void tally(mg_dp_server *s, uint32_t st, int write, uint64_t bytes)
 }
 
 /* Checks a slice against its target; on success holds a reference and gives the address. */
-static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *holder,
-                             const mg_df_header *h, dp_target *t, uint8_t **addr, uint64_t *size)
+static uint32_t check_target(mg_dp_server *s, const char *tenant, const mg_df_header *h,
+                             dp_target *t, uint8_t **addr, uint64_t *size)
 {
     mg_segment_info info;
     mg_segment **seg = &t->seg;
@@ -633,15 +633,15 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
             return ST_NOT_FOUND;
         }
     }
-    if (mg_registry_acquire(s->cfg.registry, tenant, h->target, holder, seg) != 0)
+    if (mg_registry_acquire_passing(s->cfg.registry, tenant, h->target, seg) != 0)
         return ST_NOT_FOUND;
     mg_segment_get_info(s->cfg.registry, *seg, &info);
     if (!info.remote_accessible || !(mg_segment_caps(*seg) & MG_SEG_CAP_TCP)) { /* RDMA only */
-        mg_registry_put(s->cfg.registry, *seg);
+        mg_registry_put_passing(s->cfg.registry, *seg);
         return info.remote_accessible ? ST_UNIMPLEMENTED : ST_PERMISSION_DENIED;
     }
     if (mg_bounds_check(info.size, h->offset, h->length) != 0) {
-        mg_registry_put(s->cfg.registry, *seg);
+        mg_registry_put_passing(s->cfg.registry, *seg);
         return ST_OUT_OF_RANGE;
     }
     /* memory this process does not map (a process's) is moved through its kind's read and
@@ -657,21 +657,21 @@ static uint32_t check_target(mg_dp_server *s, const char *tenant, const char *ho
  * segment's reference becomes the one held (a READ's only when none is: the answers held may
  * be in the one before). A checksummed READ keeps its own reference: the answers may go out
  * (and the held one with them) before it is summed into the stage. */
-static uint32_t check_hot_target(dp_conn *c, const char *tenant, const char *holder,
-                                 const mg_df_header *h, dp_target *t, uint8_t **addr)
+static uint32_t check_hot_target(dp_conn *c, const char *tenant, const mg_df_header *h,
+                                 dp_target *t, uint8_t **addr)
 {
     dp_hot *hot = &c->hot[h->type == MG_DF_READ];
     uint64_t size = 0;
     uint32_t st;
     if (h->type == MG_DF_READ && (h->flags & MG_DF_CRC))
-        return check_target(c->srv, tenant, holder, h, t, addr, &size);
+        return check_target(c->srv, tenant, h, t, addr, &size);
     if (hot->t.seg && !(h->flags & MG_DF_LEASE) && h->target == hot->id) {
         if (mg_bounds_check(hot->size, h->offset, h->length) != 0)
             return ST_OUT_OF_RANGE;
         *addr = hot->addr + h->offset;
         return ST_OK;
     }
-    st = check_target(c->srv, tenant, holder, h, t, addr, &size);
+    st = check_target(c->srv, tenant, h, t, addr, &size);
     if (st == ST_OK && t->seg && *addr && (h->type == MG_DF_WRITE || !hot->t.seg)) {
         target_done(c->srv, &hot->t); /* a WRITE's: its slices have landed */
         *hot = (dp_hot){*t, h->target, size, *addr - h->offset};
@@ -825,13 +825,12 @@ static void *conn_main(void *arg)
 {
     dp_conn *c = arg;
     mg_dp_server *s = c->srv;
-    char tenant[MG_SEG_NAME_MAX + 1], holder[MG_SEG_HOLDER_MAX];
+    char tenant[MG_SEG_NAME_MAX + 1];
     int timeout = (int)s->cfg.io_timeout_ms;
 
     if (serve_hello(c, tenant) != 0)
         goto out;
     set_send_buffer(c->fd, s->cfg.tcp.send_buffer, c->peer);
-    snprintf(holder, sizeof(holder), "a data-plane slice from %s", c->peer);
     for (;;) {
         uint8_t head[MG_DF_HEADER_BYTES];
         mg_df_header h, reply = {0};
@@ -851,7 +850,7 @@ static void *conn_main(void *arg)
                 send_frame(c->fd, &reply, why, reply.length, (int)s->cfg.io_timeout_ms, NULL);
             break; /* the stream cannot be trusted any more */
         }
-        st = check_hot_target(c, tenant, holder, &h, &tgt, &addr);
+        st = check_hot_target(c, tenant, &h, &tgt, &addr);
         reply.slice = h.slice;
         reply.target = h.target;
         reply.offset = h.offset;

@@ -67,6 +67,7 @@ struct mg_segment {
     int prefault;
     mg_seg_state state;
     uint32_t refs;
+    uint32_t passing; /* of refs, data-plane slices in flight: theirs go once their bytes went */
     mg_seg_transport transports[MG_TRANSPORT_COUNT];
     mg_rdma_mr *mr;                 /* its registration with the RDMA devices */
     int cancel;                     /* set by mg_segment_cancel (any thread), read between chunks */

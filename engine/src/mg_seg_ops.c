@@ -308,6 +308,7 @@ int mg_registry_register_async(mg_registry *reg, mg_engine *engine, mg_cq *cq, m
 static int unregister_work(void *arg)
 {
     reg_job *j = arg;
+    mg_registry_drain(j->reg, j->seg); /* data-plane slices still passing */
     mg_segment_unmap(j->seg);
     return 0;
 }

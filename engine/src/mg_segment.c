@@ -50,7 +50,8 @@ typedef struct tenant_count {
 
 struct mg_registry {
     pthread_mutex_t lock;
-    mg_seg_env env; /* what the kinds use of the configuration */
+    pthread_cond_t passed; /* a segment going lost its last reference (mg_registry_drain) */
+    mg_seg_env env;        /* what the kinds use of the configuration */
     uint64_t max_segments, max_bytes, max_segment_bytes, max_tenant_segments, max_tenant_bytes;
     mg_register_gate_fn gate; /* a test hook (mg_registry_set_gate) */
     void *gate_arg;
@@ -213,6 +214,7 @@ int mg_registry_new(mg_registry **out, const mg_registry_config *cfg)
     reg->max_bytes = cfg->max_registered_bytes;
     reg->max_segment_bytes = cfg->max_segment_bytes;
     pthread_mutex_init(&reg->lock, NULL);
+    pthread_cond_init(&reg->passed, NULL);
     remove_stale_files(reg);
     *out = reg;
     return 0;
@@ -305,6 +307,7 @@ void mg_registry_del(mg_registry *reg)
         free(seg);
     }
     close(reg->env.dirfd);
+    pthread_cond_destroy(&reg->passed);
     pthread_mutex_destroy(&reg->lock);
     free_tables(reg);
 }
@@ -620,8 +623,8 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result)
     free(seg);
 }
 
-int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
-                        mg_segment **out)
+static int acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
+                   int passing, mg_segment **out)
 {
     mg_segment *seg;
     pthread_mutex_lock(&reg->lock);
@@ -631,10 +634,24 @@ int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const
         return MG_ERR_NOT_FOUND;
     }
     seg->refs++;
-    snprintf(seg->holder, sizeof(seg->holder), "%s", holder ? holder : "");
+    if (passing) /* the holder named stays the latest lasting one */
+        seg->passing++;
+    else
+        snprintf(seg->holder, sizeof(seg->holder), "%s", holder ? holder : "");
     pthread_mutex_unlock(&reg->lock);
     *out = seg;
     return 0;
+}
+
+int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
+                        mg_segment **out)
+{
+    return acquire(reg, tenant, id, holder, 0, out);
+}
+
+int mg_registry_acquire_passing(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out)
+{
+    return acquire(reg, tenant, id, NULL, 1, out);
 }
 
 void mg_registry_hold(mg_registry *reg, mg_segment *seg)
@@ -644,11 +661,33 @@ void mg_registry_hold(mg_registry *reg, mg_segment *seg)
     pthread_mutex_unlock(&reg->lock);
 }
 
-void mg_registry_put(mg_registry *reg, mg_segment *seg)
+static void put(mg_registry *reg, mg_segment *seg, int passing)
 {
     pthread_mutex_lock(&reg->lock);
     if (seg->refs > 0)
         seg->refs--;
+    if (passing && seg->passing > 0)
+        seg->passing--;
+    if (seg->refs == 0 && seg->state == MG_SEG_UNREGISTERING)
+        pthread_cond_broadcast(&reg->passed);
+    pthread_mutex_unlock(&reg->lock);
+}
+
+void mg_registry_put(mg_registry *reg, mg_segment *seg)
+{
+    put(reg, seg, 0);
+}
+
+void mg_registry_put_passing(mg_registry *reg, mg_segment *seg)
+{
+    put(reg, seg, 1);
+}
+
+void mg_registry_drain(mg_registry *reg, mg_segment *seg)
+{
+    pthread_mutex_lock(&reg->lock);
+    while (seg->refs > 0)
+        pthread_cond_wait(&reg->passed, &reg->lock);
     pthread_mutex_unlock(&reg->lock);
 }
 
@@ -664,10 +703,10 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
         snprintf(err, MG_SEG_ERROR_MAX, "no segment %llu", (unsigned long long)id);
         return MG_ERR_NOT_FOUND;
     }
-    if (seg->refs > 0) {
+    if (seg->refs > seg->passing) { /* slices passing are waited for (mg_registry_drain) */
         snprintf(err, MG_SEG_ERROR_MAX,
                  "segment %llu (\"%s\") is held by %u lease(s) or transfer(s), the latest: %s",
-                 (unsigned long long)id, seg->name, seg->refs,
+                 (unsigned long long)id, seg->name, seg->refs - seg->passing,
                  seg->holder[0] ? seg->holder : "unnamed");
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_BUSY;

@@ -389,6 +389,37 @@ def test_a_second_thread_runs_while_a_sync_transfer_waits(make_daemon, target, m
     e.close()
 
 
+def test_memory_a_transfer_holds_stays_registered(make_daemon, monkeypatch):
+    """unregister_memory of a buffer a transfer still uses (its peer's daemon frozen) fails
+    (-1) and leaves it registered: asked again it fails the same way, not as unknown (-3); once
+    the transfer ended it goes (0)."""
+    a, b = pair(make_daemon)
+    monkeypatch.setenv("MOONGATE_SOCKET", b.sock)
+    t = mooncake.TransferEngine()
+    assert t.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    dst = t.allocate_managed_buffer(MiB)
+    monkeypatch.setenv("MOONGATE_SOCKET", a.sock)
+    i = mooncake.TransferEngine()
+    assert i.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    buf = ctypes.create_string_buffer(MiB)
+    src = ctypes.addressof(buf)
+    assert i.register_memory(src, MiB) == 0
+    assert i.transfer_sync_write(t.session, src, dst, 4096) == 0  # the target opened
+    b.signal(signal.SIGSTOP)
+    try:
+        bid = i.batch_transfer_async_write(t.session, [src], [dst], [MiB])
+        assert bid > 0
+        assert i.unregister_memory(src) == -1
+        assert i.unregister_memory(src) == -1  # still registered
+    finally:
+        b.signal(signal.SIGCONT)
+    assert i.get_batch_transfer_status([bid]) == 0
+    assert i.unregister_memory(src) == 0
+    assert i.unregister_memory(src) == -3
+    for e in (i, t):
+        e.close()
+
+
 def test_the_first_buffer_is_the_one_registered_first(make_daemon, monkeypatch):
     """get_first_buffer_address answers the buffer the engine registered first (of those it
     still has), as Mooncake's: here the higher of two, asked of the target's daemon through the

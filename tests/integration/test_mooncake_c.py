@@ -11,11 +11,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 import conftest
 from test_mooncake import EXPECTED, GpuTarget, env_for, gpu_env, pair, target  # noqa: F401
+
+import moongate_client as mg  # noqa: E402  (the package, with stubs)
 
 HARNESS = os.path.join(conftest.BUILD, "te_harness")
 LIB = os.path.join(conftest.BUILD, "libtransfer_engine.so")
@@ -227,6 +230,47 @@ def polls(d, n, batch, **env):
                          timeout=600)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
+
+
+def test_memory_a_transfer_holds_stays_registered(make_daemon, target):
+    """unregisterLocalMemory of a buffer a submitted WRITE still uses (its peer's daemon frozen)
+    returns -1 and leaves it registered (-1 again, not -3); once the WRITE ended it goes (0, then
+    -3). te_harness `held` waits for a line from the test between steps."""
+    import signal
+    a, b = pair(make_daemon)
+    t = c_target(target, b)
+    p = subprocess.Popen([HARNESS, LIB, "held", t.session, str(t.address)], env=env_for(a),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+
+    def step(line=None):
+        if line is not None:
+            p.stdin.write(line + "\n")
+            p.stdin.flush()
+        got = p.stdout.readline().split()
+        assert got, p.communicate(timeout=60)[1]
+        return got
+
+    try:
+        assert step() == ["ready", "0"]
+        b.signal(signal.SIGSTOP)
+        try:
+            assert step("frozen") == ["submitted", "0"]
+            with mg.Client("unix:" + a.sock) as c:  # the batch took its hold on the memory
+                deadline = time.monotonic() + 120
+                while not any(s.holders for s in c.segments()):
+                    assert time.monotonic() < deadline, "no hold came"
+                    time.sleep(0.01)
+            assert step("held") == ["held", "-1", "-1"]
+        finally:
+            b.signal(signal.SIGCONT)
+        assert step("resumed") == ["after", "1", "0", "-3"]
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    assert t.dump(0, 4096) == b"\x6b" * 4096
 
 
 def test_a_poll_straddling_the_publish_of_a_status_is_never_torn(make_daemon):

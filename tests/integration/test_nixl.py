@@ -577,8 +577,9 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
     """A READ from an agent whose daemon is frozen (SIGSTOP) stays "PROC"; posting it again
     raises nixlRepostActiveError; an operator's cancel of its batch makes it raise
     nixlCancelledError; release_xfer_handle of another returns at once (the batch is cancelled
-    on this daemon). With the peer's daemon gone, a transfer raises nixlRemoteDisconnectError
-    from check_xfer_state, naming the peer."""
+    on this daemon). While the READ holds the memory it lands in, deregister_memory of it raises
+    nixlBackendError and it stays registered. With the peer's daemon gone, a transfer raises
+    nixlRemoteDisconnectError from check_xfer_state, naming the peer."""
     import signal
     a, b = pair(make_daemon)
     mem_a, mem_b = bytearray(1 << 20), bytearray(1 << 20)
@@ -586,7 +587,8 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
     pb = nixl.agent(b, "frozen-p")
     pb.register_memory([(mb, 1 << 20, 0, "")], "DRAM")
     pa = nixl.agent(a, "frozen-d")
-    pa.register_memory([(ma, 1 << 20, 0, "")], "DRAM")
+    regs_a = [(ma, 1 << 20, 0, "")]
+    pa.register_memory(regs_a, "DRAM")
     pa.add_remote_agent(pb.get_agent_metadata())
     local = pa.prep_xfer_dlist("", [(ma, 1 << 20, 0)], "DRAM")
     remote = pa.prep_xfer_dlist("frozen-p", [(mb, 1 << 20, 0)], "DRAM")
@@ -610,6 +612,11 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
             else:
                 bid = op.submit([mg.write(segment=1, remote_segment=1, length=1)],
                                 request_id=xf.rid)
+            # the READ holds the memory it lands in: deregistering it is refused and it stays
+            with pytest.raises(nixl.nixlBackendError, match=r"deregister_memory\(0x%x\): "
+                               r"FAILED_PRECONDITION: .*held by 1 lease\(s\) or transfer" % ma):
+                pa.deregister_memory(regs_a)
+            assert pa.query_memory(regs_a, "UCX", "DRAM") == [{"registered": "yes"}]
             run = subprocess.run([os.path.join(conftest.BUILD, "mgctl"), "--target",
                                   "unix:" + a.sock, "transfers", "cancel", str(bid)],
                                  capture_output=True, text=True, timeout=60)
@@ -631,6 +638,9 @@ def test_a_transfer_that_cannot_end_is_released_at_once_and_a_lost_peer_is_named
     with pytest.raises(nixl.nixlRemoteDisconnectError, match=b.h2c):
         while pa.check_xfer_state(x) == "PROC":
             pass
+    pa.release_xfer_handle(x)
+    pa.deregister_memory(regs_a)  # its transfers ended: it goes
+    assert pa.query_memory(regs_a, "UCX", "DRAM") == [None]
 
 
 def test_torch_cpu_tensors_as_vllm_hands_them(make_daemon, nixl):

@@ -390,6 +390,11 @@ class Loop:
         return out, self.p.stderr.read()
 
 
+# The loop's target takes its notifications at the end only: its daemon keeps every one the loop
+# sends, however many iterations this machine's pace makes (the default --notify-queue is 1024).
+LOOP_FLAGS = ("--notify-queue", str(1 << 20))
+
+
 def loop_across(a, b, t, restarts, c_door=False):
     """The loop on daemon a against target t on daemon b across `restarts` ((daemon, how)...):
     it fails only while a daemon is away, the target keeps its agent's name and port, every
@@ -431,7 +436,7 @@ def loop_across(a, b, t, restarts, c_door=False):
 
 
 def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
-    a, b = test_mooncake.pair(make_daemon)
+    a, b = test_mooncake.pair(make_daemon, *LOOP_FLAGS)
     t = children(test_mooncake.Target, b)
     loop_across(a, b, t, ((b, "kill"), (b, "term"), (a, "kill")))
     t.close()
@@ -440,7 +445,7 @@ def test_a_mooncake_loop_goes_on_across_restarts(make_daemon, children):
 def test_a_c_initiator_outlives_its_daemon(make_daemon, children):
     """Mooncake's C API as the initiator (tests/te/te_harness.c loop): its own daemon killed and
     stopped under it, then the target's."""
-    a, b = test_mooncake.pair(make_daemon)
+    a, b = test_mooncake.pair(make_daemon, *LOOP_FLAGS)
     t = children(test_mooncake.Target, b)
     loop_across(a, b, t, ((a, "kill"), (a, "term"), (b, "kill")), c_door=True)
     t.close()
@@ -526,7 +531,7 @@ def test_a_c_target_outlives_its_daemon(make_daemon, children, memory):
     if gpu and conftest.tsan():
         pytest.skip("python3 cannot host a ThreadSanitizer build's libmgclient")
     flags = ["--ibverbs-lib", test_mooncake_c.EMU] if memory == "device" else []
-    a, b = test_mooncake.pair(make_daemon, *flags)
+    a, b = test_mooncake.pair(make_daemon, *LOOP_FLAGS, *flags)
     argv = [test_mooncake_c.HARNESS, test_mooncake_c.LIB, "target", str(1 << 20)]
     kind = {"memfd": [], "malloc": ["malloc"], "device": ["device"], "staged": ["device"]}
     t = children(test_mooncake.Target, b, argv + kind[memory], notes="notifs",

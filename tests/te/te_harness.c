@@ -535,6 +535,57 @@ static int one_task(engine_t e, int op, uint8_t *local, int32_t seg, uint64_t re
     return rc;
 }
 
+/* Reads the test's next line (its go-ahead); 0, or -1 when stdin ended. */
+static int next_line(void)
+{
+    char line[64];
+    return fgets(line, sizeof(line), stdin) ? 0 : -1;
+}
+
+/* Memory a transfer holds, its peer's daemon frozen by the test between the lines it sends:
+ * unregisterLocalMemory fails and the memory stays registered; once the transfer ended it
+ * goes. Prints a line per step (ready, submitted, held, after). */
+static int held(const char *session, uint64_t taddr)
+{
+    engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    size_t size = 1 << 20;
+    uint8_t *src = malloc(size);
+    unsigned long polls = 0;
+    int32_t seg;
+    uint64_t b;
+    int rc = 1;
+    if (e == NULL || src == NULL)
+        goto out;
+    memset(src, 0x6b, size);
+    seg = te.registerLocalMemory(e, src, size, "cpu:0", 1) == 0 ? te.openSegment(e, session) : -1;
+    printf("ready %d\n", seg >= 0 ? one_task(e, OPCODE_WRITE, src, seg, taddr, NULL) : -1);
+    fflush(stdout);
+    if (seg < 0 || next_line() != 0) /* the test freezes the peer's daemon */
+        goto out;
+    b = te.allocateBatchID(e, 1);
+    printf("submitted %d\n",
+           te.submitTransfer(e, b, &(struct transfer_request){OPCODE_WRITE, src, seg, taddr, size},
+                             1));
+    fflush(stdout);
+    if (next_line() != 0) /* the daemon holds the memory for the batch now */
+        goto out;
+    printf("held %d", te.unregisterLocalMemory(e, src));
+    printf(" %d\n", te.unregisterLocalMemory(e, src));
+    fflush(stdout);
+    if (next_line() != 0) /* the peer's daemon resumed */
+        goto out;
+    printf("after %zu", wait_tasks(e, b, 1, &polls));
+    te.freeBatchID(e, b);
+    printf(" %d", te.unregisterLocalMemory(e, src));
+    printf(" %d\n", te.unregisterLocalMemory(e, src));
+    rc = 0;
+out:
+    if (e != NULL)
+        te.destroyTransferEngine(e);
+    free(src);
+    return rc;
+}
+
 static int loop(const char *session, uint64_t taddr, unsigned slots)
 {
     engine_t e = te.createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
@@ -872,7 +923,7 @@ int main(int argc, char **argv)
     if (argc < 4 || load(argv[1]) != 0) {
         fprintf(stderr, "usage: te_harness LIB target SIZE [malloc|device] | "
                         "LIB device SESSION ADDRESS SIZE | "
-                        "LIB initiator SESSION ADDRESS | "
+                        "LIB initiator SESSION ADDRESS | LIB held SESSION ADDRESS | "
                         "LIB loop SESSION ADDRESS SLOTS | LIB polls N SIZE BATCH | "
                         "LIB notify SESSION NAME_HEX MSG_HEX | "
                         "LIB latency SESSION ADDRESS N SIZE\n");
@@ -884,6 +935,8 @@ int main(int argc, char **argv)
         return device(argv[3], strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0));
     if (strcmp(argv[2], "initiator") == 0 && argc > 4)
         return initiator(argv[3], strtoull(argv[4], NULL, 0));
+    if (strcmp(argv[2], "held") == 0 && argc > 4)
+        return held(argv[3], strtoull(argv[4], NULL, 0));
     if (strcmp(argv[2], "loop") == 0 && argc > 5)
         return loop(argv[3], strtoull(argv[4], NULL, 0), (unsigned)strtoul(argv[5], NULL, 0));
     if (strcmp(argv[2], "nixl") == 0 && argc > 4)

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -739,6 +740,60 @@ static void test_references_block_unregister(void)
     remove_dir();
 }
 
+typedef struct {
+    mg_registry *reg;
+    mg_segment *seg;
+    int done; /* atomic */
+} drainer;
+
+static void *drain_main(void *arg)
+{
+    drainer *d = arg;
+    mg_registry_drain(d->reg, d->seg);
+    __atomic_store_n(&d->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A data-plane slice passing (its reference goes once its bytes went) does not refuse an
+ * unregister, as a lease or a transfer does: the unmapping waits for it (drain). A peer told its
+ * transfer is done may unregister before the sender's thread let the slice go. */
+static void test_slices_passing_are_waited_for(void)
+{
+    mg_registry *reg;
+    mg_segment_spec s = anon("t", "passing", 4096);
+    mg_segment *seg = NULL, *slice = NULL, *lease = NULL, *gone = NULL;
+    mg_segment_info info;
+    char err[MG_SEG_ERROR_MAX];
+    drainer d = {0};
+    pthread_t th;
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL(mg_registry_acquire_passing(reg, "other", info.id, &slice), MG_ERR_NOT_FOUND);
+    /* A lasting holder still refuses it, named as the latest though a slice came after. */
+    CU_ASSERT_EQUAL_FATAL(mg_registry_acquire(reg, "t", info.id, "lease 7", &lease), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_acquire_passing(reg, "t", info.id, &slice), 0);
+    CU_ASSERT_EQUAL(mg_registry_unregister(reg, "t", info.id, &gone, err), MG_ERR_BUSY);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "held by 1 lease(s) or transfer(s), the latest: lease 7"));
+    mg_registry_put(reg, lease);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, "t", info.id, &gone, err), 0);
+    CU_ASSERT_EQUAL(mg_registry_acquire_passing(reg, "t", info.id, &lease), MG_ERR_NOT_FOUND);
+    d = (drainer){reg, gone, 0};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, drain_main, &d), 0);
+    poll(NULL, 0, 50); /* the drain, were it not waiting, would be done by now */
+    CU_ASSERT_EQUAL(__atomic_load_n(&d.done, __ATOMIC_ACQUIRE), 0);
+    mg_registry_put_passing(reg, slice);
+    pthread_join(th, NULL);
+    CU_ASSERT_EQUAL(d.done, 1);
+    mg_segment_get_info(reg, gone, &info);
+    CU_ASSERT_EQUAL(info.refs, 0);
+    mg_segment_unmap(gone);
+    mg_registry_release(reg, gone);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static void test_list_pages_in_id_order(void)
 {
     mg_registry *reg;
@@ -1219,6 +1274,7 @@ int main(void)
         MG_TEST(test_register_and_unregister_async),
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
+        MG_TEST(test_slices_passing_are_waited_for),
         MG_TEST(test_list_pages_in_id_order),
         MG_TEST(test_idmap_walks_in_id_order),
         MG_TEST(test_restart_removes_old_daemon_files),

@@ -232,14 +232,25 @@ const char *mg_segment_error(const mg_segment *seg);
  * names ("ReadSegment by uid:1000 pid:42"). Returns 0, MG_ERR_NOT_FOUND. */
 int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
                         mg_segment **out);
+/* Any thread. mg_registry_acquire for a data-plane slice in flight: a reference that goes as soon
+ * as the slice's bytes went. An unregister does not refuse it but waits for it (drain). */
+int mg_registry_acquire_passing(mg_registry *reg, const char *tenant, uint64_t id,
+                                mg_segment **out);
 /* One more reference on a segment the caller already holds one on (same holder). */
 void mg_registry_hold(mg_registry *reg, mg_segment *seg);
 /* Drops a reference taken by mg_registry_acquire() or mg_registry_hold(). */
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
+/* Drops a reference taken by mg_registry_acquire_passing(). */
+void mg_registry_put_passing(mg_registry *reg, mg_segment *seg);
+/* Worker. Waits until an UNREGISTERING segment's last reference (a slice passing) went. Bounded
+ * by the data plane's io timeout: a slice stalled longer drops its connection and its hold. */
+void mg_registry_drain(mg_registry *reg, mg_segment *seg);
 
 /* Loop. Starts unregistering a READY segment of `tenant` (NULL: of any tenant, for admins). Returns
  * 0 (now UNREGISTERING: unmap it on a worker, then release it), MG_ERR_NOT_FOUND (unknown, another
- * tenant's, or already going), MG_ERR_BUSY (references held; err names how many). */
+ * tenant's, or already going), MG_ERR_BUSY (references held; err names how many). Data-plane slices
+ * passing do not refuse it: the unmapping waits for them (mg_registry_drain), so a peer told a
+ * transfer is done can unregister at once though the slice's sender has not let go yet. */
 int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg_segment **out,
                            char *err);
 /* Loop. Undoes mg_registry_unregister() when the unmapping cannot be started: READY again. */

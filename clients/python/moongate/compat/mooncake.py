@@ -443,11 +443,15 @@ class TransferEngine:
         if ent is None:
             log.error("unregister_memory(0x%x): not registered", buffer_addr)
             return ERR_ADDRESS_NOT_REGISTERED
-        for seg_id in ent[1]:
+        for i, seg_id in enumerate(ent[1]):
             try:
                 self._c.unregister(seg_id)
             except mg.Error as e:
+                if e.code == grpc.StatusCode.NOT_FOUND:  # gone already: with its daemon
+                    continue
                 log.error("unregister_memory(0x%x): %s", buffer_addr, e)
+                with self._lock:  # still registered (a transfer holds it): the caller may retry
+                    self._regions[buffer_addr] = (ent[0], ent[1][i:], ent[2])
                 return -1
         return 0
 

@@ -870,22 +870,32 @@ class nixl_agent:
                 made.append(reg)
         except BaseException:
             for reg in made:
-                self._unregister(reg)
+                left = self._unregister(reg)
+                if left is not None:
+                    log.warning("register_memory: undoing 0x%x: %s", reg.addr, left[1])
             raise
         return descs
 
     def _unregister(self, reg):
+        """Forgets a region and unregisters its segments. Returns None, or the region of the
+        segments the daemon kept (a lease or a transfer of this tenant holds them) and why."""
         with self._lock:
             if reg in self._regs:
                 self._regs.remove(reg)
                 self._starts = [r.addr for r in self._regs]
+        kept, why = [], None
         for seg in reg.segments:
             try:
                 self._c.unregister(seg)
             except mg.Error as e:
-                log.warning("deregister_memory(0x%x): segment %d: %s", reg.addr, seg, e)
+                if e.code != grpc.StatusCode.NOT_FOUND:  # gone already: with its daemon
+                    kept.append(seg)
+                    why = why or e
+        return (reg._replace(segments=tuple(kept)), why) if kept else None
 
     def deregister_memory(self, dereg_list, backends=[]):  # noqa: B006
+        """Unregisters each region; one the daemon still holds (a transfer not ended) stays
+        registered, and nixlBackendError (FAILED_PRECONDITION) names what holds it."""
         with self._lock:
             found = []
             for d in dereg_list:
@@ -894,8 +904,16 @@ class nixl_agent:
                     raise _nixl_error(nixlNotFoundError, "deregister_memory: (0x%x, %d) is not "
                                       "registered" % (d[0], d[1]))
                 found.append(reg)
+        failed = None
         for reg in found:
-            self._unregister(reg)
+            left = self._unregister(reg)
+            if left is not None:
+                with self._lock:
+                    bisect.insort(self._regs, left[0])
+                    self._starts = [r.addr for r in self._regs]
+                failed = failed or left
+        if failed:
+            raise _from_mg(failed[1], "deregister_memory(0x%x)" % failed[0].addr)
 
     def query_memory(self, reg_list, backend, mem_type=None):
         if backend not in self.backends:
