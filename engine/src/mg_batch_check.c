@@ -40,8 +40,11 @@ static const char *resolve_local(mg_batch_req *r, const mg_batch_item *t, uint64
     const mg_batch_req *prev = r > r->b->reqs ? r - 1 : NULL;
     int rc;
     if (!t->local_lease && prev && prev->local && !prev->local_lease && t->local_segment == same) {
-        r->local = prev->local; /* the same segment as the request before */
-        mg_registry_hold(cfg->reg, r->local);
+        r->local = prev->local; /* the same segment as the request before: owed till the run ends */
+        if (r->b->owed_seg != r->local)
+            mg_batch_pay_holds(r->b);
+        r->b->owed_seg = r->local;
+        r->b->owed++;
         if (mg_bounds_check(mg_segment_size(r->local), t->local_offset, t->length) != 0)
             return "local offset + length is outside the local segment";
         r->local_addr = (uint8_t *)mg_segment_addr(r->local) + t->local_offset;
@@ -178,8 +181,29 @@ static const char *resolve_agent(mg_batch_req *r, const mg_batch_item *t, mg_bat
     return NULL;
 }
 
+void mg_batch_pay_holds(mg_batch *b)
+{
+    if (b->owed)
+        mg_registry_hold(b->set->cfg.reg, b->owed_seg, b->owed);
+    b->owed = 0;
+    b->owed_seg = NULL;
+}
+
+/* mg_batch_fill, the references owed taken after the last request. */
+static const char *fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
+                        const char *holder);
+
 const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
                           const char *holder)
+{
+    const char *bad = fill(b, i, t, last, holder);
+    if (i + 1 == b->n)
+        mg_batch_pay_holds(b);
+    return bad;
+}
+
+static const char *fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_t *last,
+                        const char *holder)
 {
     mg_batch_req *r = &b->reqs[i], *prev = i > 0 ? &b->reqs[i - 1] : NULL;
     uint64_t same = *last;
@@ -203,7 +227,8 @@ const char *mg_batch_fill(mg_batch *b, size_t i, const mg_batch_item *t, uint64_
     r->length = t->length;
     if (t->length == 0)
         return "length must be greater than 0";
-    if (t->peer[0] && (prev == NULL || strcmp(t->peer, prev->peer_name) != 0) &&
+    if (t->peer[0] &&
+        (prev == NULL || (t->peer != prev->peer_name && strcmp(t->peer, prev->peer_name))) &&
         !mg_is_host_port(t->peer)) /* names are looked up later, on a worker */
         return "peer must be host:port (\"10.0.0.2:7443\", \"[::1]:7443\", "
                "\"node-b.moongate.svc:7443\"), or \"\" for this daemon";

@@ -81,6 +81,7 @@ static void req_release_local(mg_batch_req *r)
 
 static void batch_free(mg_batch *b)
 {
+    mg_batch_pay_holds(b); /* a batch refused while filled: then each request lets go of its own */
     if (b->front)
         b->set->cfg.freed(b->set->cfg.arg, b);
     for (size_t i = 0; i < b->nnotes; i++)

@@ -11,4 +11,7 @@ struct mg_batches {
     size_t n;
 };
 
+/* Takes the references a batch's fill owes (b->owed on b->owed_seg). */
+void mg_batch_pay_holds(mg_batch *b);
+
 #endif

@@ -12,8 +12,9 @@
  * one by (tenant, name), plus a list of all segments. The id table is common/mg_idmap.h, shared
  * with the pools, which mints the ids: a bijective 64-bit mix of a counter that starts at a
  * random value, so they are unique, never 0 and not guessable from one another.
- * The mutex guards the tables, the list, the counters and each segment's state and refs; it is
- * held for O(1) work except in mg_registry_list (O(n), n <= max_segments).
+ * The mutex guards the tables, the list, the counters and each segment's state and refs (but
+ * mg_registry_hold's, atomic: a holder adding one); it is held for O(1) work except in
+ * mg_registry_list (O(n), n <= max_segments).
  *
  * Files the daemon creates are named "moongate-seg-<id>" in shm_dir (a client's file may not use
  * that prefix); the registry removes an earlier daemon's when it opens. A third hash table by
@@ -623,6 +624,11 @@ void mg_registry_commit(mg_registry *reg, mg_segment *seg, int result)
     free(seg);
 }
 
+/* A segment's references: changed under the lock, but for mg_registry_hold's (atomic, so read
+ * atomically everywhere). */
+#define REFS(seg)        __atomic_load_n(&(seg)->refs, __ATOMIC_ACQUIRE)
+#define REFS_ADD(seg, d) __atomic_add_fetch(&(seg)->refs, (uint32_t)(d), __ATOMIC_ACQ_REL)
+
 static int acquire(mg_registry *reg, const char *tenant, uint64_t id, const char *holder,
                    int passing, mg_segment **out)
 {
@@ -633,7 +639,7 @@ static int acquire(mg_registry *reg, const char *tenant, uint64_t id, const char
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_NOT_FOUND;
     }
-    seg->refs++;
+    REFS_ADD(seg, 1);
     if (passing) /* the holder named stays the latest lasting one */
         seg->passing++;
     else
@@ -654,21 +660,20 @@ int mg_registry_acquire_passing(mg_registry *reg, const char *tenant, uint64_t i
     return acquire(reg, tenant, id, NULL, 1, out);
 }
 
-void mg_registry_hold(mg_registry *reg, mg_segment *seg)
+void mg_registry_hold(mg_registry *reg, mg_segment *seg, uint32_t n)
 {
-    pthread_mutex_lock(&reg->lock);
-    seg->refs++;
-    pthread_mutex_unlock(&reg->lock);
+    (void)reg; /* the caller's reference keeps it READY: no lock */
+    REFS_ADD(seg, n);
 }
 
 static void put(mg_registry *reg, mg_segment *seg, int passing)
 {
     pthread_mutex_lock(&reg->lock);
-    if (seg->refs > 0)
-        seg->refs--;
+    if (REFS(seg) > 0)
+        REFS_ADD(seg, -1);
     if (passing && seg->passing > 0)
         seg->passing--;
-    if (seg->refs == 0 && seg->state == MG_SEG_UNREGISTERING)
+    if (REFS(seg) == 0 && seg->state == MG_SEG_UNREGISTERING)
         pthread_cond_broadcast(&reg->passed);
     pthread_mutex_unlock(&reg->lock);
 }
@@ -686,7 +691,7 @@ void mg_registry_put_passing(mg_registry *reg, mg_segment *seg)
 void mg_registry_drain(mg_registry *reg, mg_segment *seg)
 {
     pthread_mutex_lock(&reg->lock);
-    while (seg->refs > 0)
+    while (REFS(seg) > 0)
         pthread_cond_wait(&reg->passed, &reg->lock);
     pthread_mutex_unlock(&reg->lock);
 }
@@ -703,10 +708,10 @@ int mg_registry_unregister(mg_registry *reg, const char *tenant, uint64_t id, mg
         snprintf(err, MG_SEG_ERROR_MAX, "no segment %llu", (unsigned long long)id);
         return MG_ERR_NOT_FOUND;
     }
-    if (seg->refs > seg->passing) { /* slices passing are waited for (mg_registry_drain) */
+    if (REFS(seg) > seg->passing) { /* slices passing are waited for (mg_registry_drain) */
         snprintf(err, MG_SEG_ERROR_MAX,
                  "segment %llu (\"%s\") is held by %u lease(s) or transfer(s), the latest: %s",
-                 (unsigned long long)id, seg->name, seg->refs - seg->passing,
+                 (unsigned long long)id, seg->name, REFS(seg) - seg->passing,
                  seg->holder[0] ? seg->holder : "unnamed");
         pthread_mutex_unlock(&reg->lock);
         return MG_ERR_BUSY;
@@ -757,7 +762,7 @@ static void info_nolock(const mg_registry *reg, const mg_segment *seg, mg_segmen
             out->rdma_rkeys[out->rdma_ndev++] = mg_rdma_mr_rkey(seg->mr, i);
     }
     out->state = seg->state;
-    out->refs = seg->refs;
+    out->refs = REFS(seg);
     memcpy(out->share, seg->share, sizeof(out->share));
 }
 

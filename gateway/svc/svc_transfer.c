@@ -128,12 +128,14 @@ static const Moongate__V1__TransferRequest *prepared_next(item_iter *it)
     ro = it->ro[it->pg];
     li = p->local_indices[it->pk];
     ri = p->remote_indices[it->pk];
-    moongate__v1__transfer_request__init(&it->tmp);
-    it->tmp.op = p->op;
+    if (it->pk == 0) { /* what the group's items share; the rest of tmp stays as set here */
+        moongate__v1__transfer_request__init(&it->tmp);
+        it->tmp.op = p->op;
+        it->tmp.peer = (char *)ro->peer;
+        it->tmp.remote_agent = (char *)ro->agent;
+    }
     it->tmp.local_address = lo->addrs[li];
     it->tmp.length = lo->lens[li];
-    it->tmp.peer = (char *)ro->peer;
-    it->tmp.remote_agent = (char *)ro->agent;
     it->tmp.remote_address = ro->addrs[ri];
     it->pk++;
     it->i++;
@@ -430,7 +432,8 @@ static void batch_peers(mg_batch *b)
     struct mg_transfer_svc *ts = svc_of(b);
     for (size_t i = 0; i < b->n; i++) {
         mg_batch_req *r = &b->reqs[i];
-        r->peer = i > 0 && !strcmp(r->peer_name, b->reqs[i - 1].peer_name)
+        const char *before = i > 0 ? b->reqs[i - 1].peer_name : NULL;
+        r->peer = before && (r->peer_name == before || !strcmp(r->peer_name, before))
                       ? b->reqs[i - 1].peer
                       : mg_peerdir_get(ts->dir, r->peer_name, b->tenant);
     }

@@ -14,7 +14,8 @@ and prepared lists; an agent of daemon b's holds the target.
           floor's
   many    4096 pairs: from the post until the daemon accepted the batch (the ring: its
           acceptance completion, MG_RING_ACCEPTED; the Submit without wait: its answer), and
-          the whole transfer
+          the whole transfer; posted on the ring from Python and from C (bench_ringlat many:
+          each round the medians of 20 batches), and as a Submit
 
 Usage: bench_ring.py --moongate BIN --pingpong BIN --ringlat BIN [--rounds 5] [--ops 2000]
                      [--spin-us 200]
@@ -176,6 +177,13 @@ def run(a, sa, sb, b_h2c):
         idx = np.arange(n, dtype=np.uint32)
 
         def post(way):
+            if way == "ring-c":  # the same from C (libmgclient): 20 batches, their medians
+                out = subprocess.run([a.ringlat, "unix:" + sa, b_h2c, "bench-b", str(t), "many",
+                                      "20", "3", "0", str(n)], capture_output=True, text=True,
+                                     check=True).stdout.split("\n")
+                rows = [[float(x) for x in line.split()[1:]] for line in out if line]
+                return tuple(statistics.median(r[k] for r in rows) / 1e3 for k in range(2)) + (
+                    n * 4 * KiB / (statistics.median(r[2] for r in rows) / 1e6) / 1e9,)
             if way == "ring":
                 t0 = time.perf_counter()
                 ring.post_pairs(W, local, idx, remote, idx, accepted=True)
@@ -198,19 +206,20 @@ def run(a, sa, sb, b_h2c):
             return ((written - t0) * 1e3, (accepted - t0) * 1e3,
                     n * 4 * KiB / (end - t0) / 1e9)
 
-        got = alternate(["ring", "submit"], a.rounds, post)
+        got = alternate(["ring", "ring-c", "submit"], a.rounds, post)
         print("%d blocks of 4 KiB by index, one batch, %d rounds alternated: from the post until "
               "the daemon accepted the batch (ms; the ring: its acceptance completion seen, the "
               "Submit: its answer), the ring's own write, and the whole transfer (GB/s)" % (
                   n, a.rounds))
-        for w in ("ring", "submit"):
+        for w in ("ring", "ring-c", "submit"):
             wr = [x[0] for x in got[w]]
             ms = [x[1] for x in got[w]]
             gbs = [x[2] for x in got[w]]
             print("  %-7s accepted %.3f [%.3f-%.3f] ms%s   transfer %.3f [%.3f-%.3f] GB/s" % (
                 w, statistics.median(ms), min(ms), max(ms),
-                "  (written %.3f ms)" % statistics.median(wr) if w == "ring" else "",
+                "  (written %.3f ms)" % statistics.median(wr) if w != "submit" else "",
                 statistics.median(gbs), min(gbs), max(gbs)))
+        post("submit")  # the last word in dst is src's (the C client writes its own bytes)
         assert dst == src
         ring.close()
 

@@ -485,7 +485,7 @@ static void test_digest(void)
         b->reqs[i].length = 4096;
         b->reqs[i].peer = p;
         b->reqs[i].local = seg;
-        mg_registry_hold(reg, seg);
+        mg_registry_hold(reg, seg, 1);
         b->reqs[i].local_addr = mem;
         CU_ASSERT_EQUAL(mg_req_start(&b->reqs[i].life), 0);
     }

@@ -162,6 +162,11 @@ struct mg_batch {
     mg_batch_counts counts; /* requests and notifications ended */
     mg_agent_ref **agents;  /* the remote agents its requests name */
     size_t nagents;
+    /* While it is filled: references its requests took on owed_seg, the segment of the request
+     * before (one atomic add for a run of blocks in one segment, at its end, the last fill or
+     * the discard). */
+    struct mg_segment *owed_seg;
+    uint32_t owed;
     void *front;       /* the front's state of it (Wait calls, timers) */
     mg_list_node link; /* in the set, newest first */
 };

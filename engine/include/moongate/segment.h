@@ -236,8 +236,8 @@ int mg_registry_acquire(mg_registry *reg, const char *tenant, uint64_t id, const
  * as the slice's bytes went. An unregister does not refuse it but waits for it (drain). */
 int mg_registry_acquire_passing(mg_registry *reg, const char *tenant, uint64_t id,
                                 mg_segment **out);
-/* One more reference on a segment the caller already holds one on (same holder). */
-void mg_registry_hold(mg_registry *reg, mg_segment *seg);
+/* n more references on a segment the caller already holds one on (same holder). */
+void mg_registry_hold(mg_registry *reg, mg_segment *seg, uint32_t n);
 /* Drops a reference taken by mg_registry_acquire() or mg_registry_hold(). */
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
 /* Drops a reference taken by mg_registry_acquire_passing(). */
