@@ -259,7 +259,11 @@ def test_memory_a_transfer_holds_stays_registered(make_daemon, target):
             with mg.Client("unix:" + a.sock) as c:  # the batch took its hold on the memory
                 deadline = time.monotonic() + 120
                 while not any(s.holders for s in c.segments()):
-                    assert time.monotonic() < deadline, "no hold came"
+                    if time.monotonic() > deadline:
+                        p.kill()
+                        raise AssertionError("no hold came; the engine's log: %s; daemon a's: %s"
+                                             % (p.communicate(timeout=60)[1][-3000:],
+                                                a.read_log()[-3000:]))
                     time.sleep(0.01)
             assert step("held") == ["held", "-1", "-1"]
         finally:
