@@ -242,8 +242,9 @@ void mg_registry_hold(mg_registry *reg, mg_segment *seg, uint32_t n);
 void mg_registry_put(mg_registry *reg, mg_segment *seg);
 /* Drops a reference taken by mg_registry_acquire_passing(). */
 void mg_registry_put_passing(mg_registry *reg, mg_segment *seg);
-/* Worker. Waits until an UNREGISTERING segment's last reference (a slice passing) went. Bounded
- * by the data plane's io timeout: a slice stalled longer drops its connection and its hold. */
+/* Worker. Waits until an UNREGISTERING segment's last reference (a slice passing) went. Bounded:
+ * a slice stalled past the data plane's io timeout, or staged GPU memory whose process does not
+ * answer (STAGE_ANSWER_MS), fails, and its connection lets go of its hold. */
 void mg_registry_drain(mg_registry *reg, mg_segment *seg);
 
 /* Loop. Starts unregistering a READY segment of `tenant` (NULL: of any tenant, for admins). Returns
