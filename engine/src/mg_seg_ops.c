@@ -317,6 +317,10 @@ static void unregister_done(void *arg, int result)
 {
     reg_job *j = arg;
     mg_segment_info info;
+    if (result != 0) { /* given up as the workers stopped (shutdown): unmapped here, not leaked */
+        mg_registry_drain(j->reg, j->seg);
+        mg_segment_unmap(j->seg);
+    }
     mg_segment_get_info(j->reg, j->seg, &info);
     mg_registry_release(j->reg, j->seg);
     if (j->unreg_done)
