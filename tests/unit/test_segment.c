@@ -533,6 +533,84 @@ static void test_register_and_unregister_async(void)
     remove_dir();
 }
 
+/* A job that holds the one worker until told to go, then a while longer: the stop's flag is set
+ * by then, so the job queued behind it is given up, not run. */
+typedef struct {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int started, go;
+} blocker;
+
+static int block_work(void *arg)
+{
+    blocker *b = arg;
+    pthread_mutex_lock(&b->m);
+    b->started = 1;
+    pthread_cond_broadcast(&b->c);
+    while (!b->go)
+        pthread_cond_wait(&b->c, &b->m);
+    pthread_mutex_unlock(&b->m);
+    poll(NULL, 0, 50);
+    return 0;
+}
+
+static void block_done(void *arg, int result)
+{
+    (void)arg;
+    (void)result;
+}
+
+static void *stop_main(void *arg)
+{
+    mg_engine_stop(arg);
+    return NULL;
+}
+
+/* An unregister still queued when the workers stop is answered cancelled: the segment is
+ * unmapped there all the same (its file gone; a device registration let go), not leaked. */
+static void test_unregister_given_up_at_stop(void)
+{
+    mg_registry *reg;
+    mg_engine *e;
+    mg_cq *cq;
+    mg_engine_config ec = {.workers = 1, .queue_depth = 4};
+    mg_segment_spec s = anon("t", "given-up", 8192);
+    mg_segment *seg = NULL, *gone = NULL;
+    mg_segment_info info;
+    blocker b = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    async_rec r = {0};
+    struct stat sb;
+    pthread_t th;
+    char err[MG_SEG_ERROR_MAX];
+    make_dir();
+    reg = open_reg(8, 0, 0);
+    CU_ASSERT_EQUAL_FATAL(mg_engine_new(&e, &ec), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_cq_new(&cq), 0);
+    CU_ASSERT_EQUAL_FATAL(reg_segment(reg, &s, &seg, err), 0);
+    mg_segment_get_info(reg, seg, &info);
+    CU_ASSERT_EQUAL_FATAL(mg_engine_submit(e, cq, block_work, block_done, &b), 0);
+    pthread_mutex_lock(&b.m);
+    while (!b.started)
+        pthread_cond_wait(&b.c, &b.m);
+    pthread_mutex_unlock(&b.m);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister(reg, "t", info.id, &gone, err), 0);
+    CU_ASSERT_EQUAL_FATAL(mg_registry_unregister_async(reg, e, cq, gone, rec_unregistered, &r), 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, stop_main, e), 0);
+    poll(NULL, 0, 50); /* the stop sets its flag */
+    pthread_mutex_lock(&b.m);
+    b.go = 1;
+    pthread_cond_broadcast(&b.c);
+    pthread_mutex_unlock(&b.m);
+    pthread_join(th, NULL);
+    wait_rec(cq, &r);
+    CU_ASSERT(r.calls == 1 && r.info.id == info.id);
+    CU_ASSERT_EQUAL(stat(info.path, &sb), -1); /* unmapped: the daemon's file is gone */
+    mg_engine_del(e);
+    mg_cq_del(cq);
+    mg_registry_del(reg);
+    remove_dir();
+}
+
 static int open_fds(void)
 {
     int n = 0;
@@ -1275,6 +1353,7 @@ int main(void)
         MG_TEST(test_shm_whole_file_and_client_bytes),
         MG_TEST(test_references_block_unregister),
         MG_TEST(test_slices_passing_are_waited_for),
+        MG_TEST(test_unregister_given_up_at_stop),
         MG_TEST(test_list_pages_in_id_order),
         MG_TEST(test_idmap_walks_in_id_order),
         MG_TEST(test_restart_removes_old_daemon_files),
