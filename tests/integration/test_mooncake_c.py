@@ -403,14 +403,23 @@ def test_a_program_shaped_like_nixls_mooncake_plugin(certs, tmp_path):
     agent, one on each of two daemons, openSegment both ways, WRITEs and READs both ways polled
     in tight loops, notifications both ways, the first a pickled message (bytes that are not
     UTF-8)."""
-    b = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false"])
-    a = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false", "--peer-port",
-                                                str(b.h2c_port)])
-    b.args += ["--peer-port", str(a.h2c_port)]  # each reaches the other's engines by host:port
     started = []
+    for attempt in range(5):  # a port taken meanwhile: both drawn again (each names the other's)
+        b = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false"])
+        a = conftest.Daemon(certs, str(tmp_path), ["--peer-tls=false", "--peer-port",
+                                                    str(b.h2c_port)])
+        b.args += ["--peer-port", str(a.h2c_port)]  # each reaches the other's engines
+        try:
+            for d in (a, b):
+                started.append(d._start_once())
+            break
+        except RuntimeError as e:
+            for d in started:
+                d.kill()
+            started = []
+            if "listen_failed" not in str(e) or attempt == 4:
+                raise
     try:
-        for d in (a, b):
-            started.append(d._start_once())
         run = subprocess.run([HARNESS, LIB, "nixl", a.sock, b.sock], env=env_for(a),
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
